@@ -1,0 +1,92 @@
+"""Alembic environment of mnestoma.
+
+The connection comes from ``config.attributes["connection"]`` (an Engine or a Connection
+handed over by ``mnestoma.upgrade`` or a test), else ``-x database_url=URL``, else the
+package's own resolution (MNESTOMA_DATABASE_URL, MNESTOMA_DB_PATH, the default workspace).
+"""
+
+from __future__ import annotations
+
+import logging.config
+from typing import Any
+
+from alembic import context
+from sqlalchemy import Connection, Engine
+
+from mnestoma.config import make_engine, resolve_database_url
+from mnestoma.models import VIEW_NAME, Base
+
+config = context.config
+if config.config_file_name is not None and not config.attributes.get("skip_logging"):
+    logging.config.fileConfig(config.config_file_name, disable_existing_loggers=False)
+
+target_metadata = Base.metadata
+
+
+def include_object(
+    obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any
+) -> bool:
+    """Leave the view out of autogenerate: it is managed by hand in the revisions."""
+    return not (type_ == "table" and name == VIEW_NAME)
+
+
+def _configure(connection: Connection) -> None:
+    context.configure(
+        connection=connection,
+        target_metadata=target_metadata,
+        include_object=include_object,
+        compare_type=True,
+        compare_server_default=False,
+        render_as_batch=connection.dialect.name == "sqlite",
+        transaction_per_migration=False,
+    )
+
+
+def run_migrations_offline() -> None:
+    """Write the SQL script instead of running it (``mnestoma db sql``)."""
+    url = context.get_x_argument(as_dictionary=True).get("database_url") or config.get_main_option(
+        "sqlalchemy.url"
+    )
+    context.configure(
+        url=str(resolve_database_url(url)),
+        target_metadata=target_metadata,
+        include_object=include_object,
+        literal_binds=True,
+        dialect_opts={"paramstyle": "named"},
+        render_as_batch=False,
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def _run(connection: Connection) -> None:
+    _configure(connection)
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def run_migrations_online() -> None:
+    """Run the migrations on a live connection."""
+    handed: Engine | Connection | None = config.attributes.get("connection")
+    if isinstance(handed, Connection):
+        _run(handed)
+        return
+    if isinstance(handed, Engine):
+        with handed.connect() as connection:
+            _run(connection)
+            connection.commit()
+        return
+    url = context.get_x_argument(as_dictionary=True).get("database_url")
+    engine = make_engine(url)
+    try:
+        with engine.connect() as connection:
+            _run(connection)
+            connection.commit()
+    finally:
+        engine.dispose()
+
+
+if context.is_offline_mode():
+    run_migrations_offline()
+else:
+    run_migrations_online()

@@ -1,0 +1,58 @@
+"""mnestoma: a durable, queryable memory of how an agent runtime's executors feed each other."""
+
+from __future__ import annotations
+
+from .config import make_engine, make_session_factory, resolve_database_url
+from .errors import (
+    ConflictError,
+    DatabaseUnavailable,
+    InvalidInput,
+    InvalidTransition,
+    MnestomaError,
+    NotFound,
+    SchemaError,
+    StoreError,
+)
+from .facade import Mnestoma
+from .migration import current_revision, downgrade, head_revision, upgrade
+from .models import CanonicalQuery, Event, Mnest, MnestomaView, ReadOnlyError
+from .repository import CanonicalQueryRepository, MnestRepository, QueryFrequency
+from .rules import AgerReport, EventKind, MnestState
+from .uow import JoinedUnitOfWork, UnitOfWork
+from .validation import Passing
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AgerReport",
+    "CanonicalQuery",
+    "CanonicalQueryRepository",
+    "ConflictError",
+    "DatabaseUnavailable",
+    "Event",
+    "EventKind",
+    "InvalidInput",
+    "InvalidTransition",
+    "JoinedUnitOfWork",
+    "Mnest",
+    "MnestRepository",
+    "MnestState",
+    "Mnestoma",
+    "MnestomaError",
+    "MnestomaView",
+    "NotFound",
+    "Passing",
+    "QueryFrequency",
+    "ReadOnlyError",
+    "SchemaError",
+    "StoreError",
+    "UnitOfWork",
+    "__version__",
+    "current_revision",
+    "downgrade",
+    "head_revision",
+    "make_engine",
+    "make_session_factory",
+    "resolve_database_url",
+    "upgrade",
+]

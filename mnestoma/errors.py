@@ -1,0 +1,112 @@
+"""The package's error hierarchy and the one place that translates driver errors into it."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from sqlalchemy import exc as sa_exc
+
+__all__ = [
+    "ConflictError",
+    "DatabaseUnavailable",
+    "InvalidInput",
+    "InvalidTransition",
+    "MnestomaError",
+    "NotFound",
+    "SchemaError",
+    "StoreError",
+    "translate_errors",
+]
+
+
+class MnestomaError(Exception):
+    """Base of every error this package raises on purpose."""
+
+
+class InvalidInput(MnestomaError, ValueError):
+    """A caller gave a value the contract refuses (empty name, naive datetime, bad JSON...)."""
+
+
+class NotFound(MnestomaError, LookupError):
+    """No mnest has the id the caller named."""
+
+
+class ConflictError(MnestomaError):
+    """The change would give a second row the key another row already holds."""
+
+
+class InvalidTransition(MnestomaError):
+    """The state change is not allowed by the transition table of the contract."""
+
+
+class SchemaError(MnestomaError):
+    """The database schema is not at the revision this package expects."""
+
+
+class StoreError(MnestomaError):
+    """The database failed in a way that is not the caller's fault (I/O, corruption...)."""
+
+
+class DatabaseUnavailable(StoreError):
+    """The database cannot be reached or opened right now."""
+
+
+def _message(err: sa_exc.DBAPIError) -> str:
+    """The driver's first line, without SQL text or parameters (they may carry secrets)."""
+    orig = err.orig if err.orig is not None else err
+    text = str(orig).strip().splitlines()
+    return text[0] if text else type(orig).__name__
+
+
+@contextlib.contextmanager
+def translate_errors() -> Iterator[None]:
+    """Turn SQLAlchemy/driver exceptions raised inside the block into this package's errors."""
+    try:
+        yield
+    except MnestomaError:
+        raise
+    except sa_exc.IntegrityError as err:
+        raise ConflictError(f"constraint violated: {_message(err)}") from err
+    except sa_exc.OperationalError as err:
+        msg = _message(err)
+        if err.connection_invalidated or _looks_unreachable(msg):
+            raise DatabaseUnavailable(f"database unavailable: {msg}") from err
+        raise StoreError(f"database error: {msg}") from err
+    except sa_exc.DBAPIError as err:
+        msg = _message(err)
+        if err.connection_invalidated:
+            raise DatabaseUnavailable(f"database unavailable: {msg}") from err
+        raise StoreError(f"database error: {msg}") from err
+    except sa_exc.SQLAlchemyError as err:
+        raise StoreError(f"database error: {type(err).__name__}: {err}") from err
+
+
+def _looks_unreachable(msg: str) -> bool:
+    low = msg.lower()
+    return any(
+        s in low
+        for s in (
+            "connection refused",
+            "could not connect",
+            "connection failed",
+            "server closed the connection",
+            "terminating connection",
+            "unable to open database",
+            "file is not a database",
+            "consuming input failed",
+        )
+    )
+
+
+def is_retryable(err: BaseException) -> bool:
+    """True for transient conflicts a bounded retry resolves (serialization, deadlock, busy)."""
+    cause = err.__cause__ if isinstance(err, MnestomaError) else err
+    if isinstance(cause, sa_exc.DBAPIError) and cause.orig is not None:
+        sqlstate = getattr(cause.orig, "sqlstate", None)
+        if sqlstate in {"40001", "40P01", "23505"}:
+            return True
+        low = str(cause.orig).lower()
+        if "database is locked" in low or "database is busy" in low:
+            return True
+    return False

@@ -1,0 +1,232 @@
+"""The ``Mnestoma`` facade: one transaction per call, safe to share between threads."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+from sqlalchemy import Engine
+from sqlalchemy.engine import URL
+
+from .config import (
+    READ_ONLY_OPTION,
+    is_memory_sqlite,
+    is_sqlite,
+    make_engine,
+    make_session_factory,
+)
+from .errors import InvalidInput, MnestomaError, is_retryable
+from .migration import ensure_at_head
+from .models import CanonicalQuery, Event, Mnest
+from .repository import QueryFrequency
+from .rules import RECURRING_MIN_USES, RECURRING_MIN_WEIGHT, AgerReport
+from .uow import UnitOfWork
+from .validation import Clock, Passing
+
+__all__ = ["Mnestoma"]
+
+T = TypeVar("T")
+MAX_ATTEMPTS = 8
+
+
+class Mnestoma:
+    """The store, ready to use: ``Mnestoma()`` opens the default SQLite file.
+
+    A new or empty SQLite database is migrated to head on first use; any other database
+    must already be at head (``mnestoma db upgrade``), else :class:`SchemaError`.
+    """
+
+    def __init__(
+        self, url_or_engine: str | URL | Engine | None = None, *, clock: Clock | None = None
+    ):
+        if isinstance(url_or_engine, Engine):
+            self.engine = url_or_engine
+            self._owns_engine = False
+        else:
+            self.engine = make_engine(url_or_engine)
+            self._owns_engine = True
+        if is_memory_sqlite(self.engine.url):
+            raise InvalidInput("an in-memory SQLite database cannot be shared: use a file")
+        if clock is not None and not callable(clock):
+            raise InvalidInput("clock must be a zero-argument callable")
+        self.clock = clock
+        try:
+            ensure_at_head(self.engine, auto_migrate=is_sqlite(self.engine) and _is_empty(self))
+        except BaseException:
+            self.close()
+            raise
+        self._writes = make_session_factory(self.engine)
+        self._reads = make_session_factory(
+            self.engine.execution_options(**{READ_ONLY_OPTION: True})
+        )
+
+    # --- transaction helpers --------------------------------------------------------------
+
+    def _write(self, work: Callable[[UnitOfWork], T]) -> T:
+        for attempt in range(MAX_ATTEMPTS):
+            try:
+                with UnitOfWork(self._writes, clock=self.clock) as uow:
+                    result = work(uow)
+                    uow.commit()
+                    return result
+            except MnestomaError as err:
+                if attempt + 1 < MAX_ATTEMPTS and is_retryable(err):
+                    time.sleep(random.uniform(0, 0.002 * 2**attempt))
+                    continue
+                raise
+        raise AssertionError("unreachable")
+
+    def _read(self, work: Callable[[UnitOfWork], T]) -> T:
+        with UnitOfWork(self._reads, clock=self.clock) as uow:
+            return work(uow)
+
+    # --- the contract's operations ----------------------------------------------------------
+
+    def record_passing(
+        self,
+        src_executor: str,
+        src_version: str,
+        dst_executor: str,
+        dst_version: str | None = None,
+        *,
+        dst_exists: bool = True,
+        turn_id: str | None = None,
+        tags: Any = None,
+        desired_sig: Any = None,
+    ) -> Mnest:
+        """Record one passing (create at 0.30 or reinforce by 0.15) in its own transaction."""
+        return self._write(
+            lambda u: u.mnests.record_passing(
+                src_executor,
+                src_version,
+                dst_executor,
+                dst_version,
+                dst_exists=dst_exists,
+                turn_id=turn_id,
+                tags=tags,
+                desired_sig=desired_sig,
+            )
+        )
+
+    def record_turn(
+        self, turn_id: str, passings: Iterable[Passing | tuple[Any, ...]]
+    ) -> list[Mnest]:
+        """Record every passing of a turn in one transaction: all or nothing."""
+        items = list(passings) if not isinstance(passings, str | bytes) else passings
+        return self._write(lambda u: u.mnests.record_turn(turn_id, items))  # type: ignore[arg-type]
+
+    def get(self, mnest_id: str) -> Mnest | None:
+        """The mnest with this id, or None."""
+        return self._read(lambda u: u.mnests.get(mnest_id))
+
+    def find(
+        self,
+        src_executor: str,
+        src_version: str,
+        dst_executor: str,
+        dst_version: str | None,
+        state: str = "active",
+    ) -> Mnest | None:
+        """The row with this key and state, or None."""
+        return self._read(
+            lambda u: u.mnests.find(src_executor, src_version, dst_executor, dst_version, state)
+        )
+
+    def edges(
+        self,
+        *,
+        src_executor: str | None = None,
+        dst_executor: str | None = None,
+        states: Iterable[str] | str | None = None,
+    ) -> list[Mnest]:
+        """Rows filtered by source, destination and states (None: every state)."""
+        return self._read(
+            lambda u: u.mnests.edges(
+                src_executor=src_executor, dst_executor=dst_executor, states=states
+            )
+        )
+
+    def events(self, *, mnest_id: str | None = None, turn_id: str | None = None) -> list[Event]:
+        """Events, oldest first."""
+        return self._read(lambda u: u.mnests.events(mnest_id=mnest_id, turn_id=turn_id))
+
+    def walk(
+        self, src_executor: str, *, max_depth: int = 3, min_weight: float = 0.0
+    ) -> list[list[Mnest]]:
+        """Every simple path of active edges from ``src_executor``, best score first."""
+        return self._read(
+            lambda u: u.mnests.walk(src_executor, max_depth=max_depth, min_weight=min_weight)
+        )
+
+    def suggest_next(
+        self, src_executor: str, src_version: str | None = None, *, k: int = 5
+    ) -> list[tuple[Mnest, float]]:
+        """The k strongest active edges out of the source, with their effective weights."""
+        return self._read(lambda u: u.mnests.suggest_next(src_executor, src_version, k=k))
+
+    def transition_state(
+        self, mnest_id: str, new_state: str, *, reason: str | None = None
+    ) -> Mnest:
+        """Move a row to another state (see the transition rules)."""
+        return self._write(lambda u: u.mnests.transition_state(mnest_id, new_state, reason=reason))
+
+    def recurring_protos(
+        self, *, min_uses: int = RECURRING_MIN_USES, min_weight: float = RECURRING_MIN_WEIGHT
+    ) -> list[Mnest]:
+        """Protos wished for at least ``min_uses`` times with weight ≥ ``min_weight``."""
+        return self._read(
+            lambda u: u.mnests.recurring_protos(min_uses=min_uses, min_weight=min_weight)
+        )
+
+    def promote_proto_to_active(self, mnest_id: str, dst_version: str) -> Mnest:
+        """The wished-for executor now exists at ``dst_version``: the proto becomes active."""
+        return self._write(lambda u: u.mnests.promote_proto_to_active(mnest_id, dst_version))
+
+    def apply_ager(self, *, dry_run: bool = False) -> AgerReport:
+        """Run the ager at the clock's now; ``dry_run`` reports and rolls everything back."""
+        if not isinstance(dry_run, bool):
+            raise InvalidInput("dry_run must be True or False")
+        if dry_run:
+            with UnitOfWork(self._writes, clock=self.clock) as uow:
+                return uow.mnests.apply_ager()  # left without commit: rolled back
+        return self._write(lambda u: u.mnests.apply_ager())
+
+    def log_canonical_query(
+        self, raw_query: str, canonical_query: str, *, turn_id: str | None = None
+    ) -> CanonicalQuery:
+        """Append one normalised request to the query log."""
+        return self._write(lambda u: u.queries.log(raw_query, canonical_query, turn_id=turn_id))
+
+    def top_queries(self, *, limit: int = 10) -> list[QueryFrequency]:
+        """The most frequent canonical forms."""
+        return self._read(lambda u: u.queries.top(limit=limit))
+
+    def recent_queries(self, *, limit: int = 20) -> list[CanonicalQuery]:
+        """The latest query-log entries, newest first."""
+        return self._read(lambda u: u.queries.recent(limit=limit))
+
+    def unit_of_work(self) -> UnitOfWork:
+        """A unit of work on this store's engine and clock, for several operations at once."""
+        return UnitOfWork(self._writes, clock=self.clock)
+
+    def close(self) -> None:
+        """Release the connections (the engine too, when this facade created it)."""
+        if self._owns_engine:
+            self.engine.dispose()
+
+    def __enter__(self) -> Mnestoma:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _is_empty(store: Mnestoma) -> bool:
+    from sqlalchemy import inspect
+
+    from .errors import translate_errors
+
+    with translate_errors():
+        return not inspect(store.engine).get_table_names()

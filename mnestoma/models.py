@@ -1,0 +1,257 @@
+"""Typed declarative models of the store: ``mnests``, ``events``, ``canonical_query_log``
+and the read-only view ``v_mnestoma``.
+
+Alembic revisions are the source of schema truth; these models describe the head revision
+(a test checks that both agree).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    CreateView,
+    Float,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    event,
+    select,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+from .errors import MnestomaError
+from .rules import MnestState, decayed_weight
+from .types import JSONDocument, UTCDateTime
+
+__all__ = [
+    "NAMING_CONVENTION",
+    "Base",
+    "CanonicalQuery",
+    "Event",
+    "Mnest",
+    "MnestState",
+    "MnestomaView",
+    "ReadOnlyError",
+]
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+STATES_SQL = "'active', 'proto', 'decaying', 'superseded'"
+EVENT_KINDS_SQL = "'created', 'reinforced', 'transition', 'promoted', 'merged', 'pruned'"
+
+# Integer primary keys: BIGINT identity on PostgreSQL, the rowid alias on SQLite.
+EventId = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class ReadOnlyError(MnestomaError):
+    """A write was attempted through the read-only view ``v_mnestoma``."""
+
+
+class Base(DeclarativeBase):
+    """One declarative base whose metadata names every constraint by one convention."""
+
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {datetime: UTCDateTime(), dict[str, Any]: JSONDocument()}
+
+
+def _name_check(column: str) -> str:
+    return f"length(trim({column})) > 0 AND length({column}) <= 255"
+
+
+class Mnest(Base):
+    """A directed, versioned edge ``src@version → dst@version`` with a weight that decays."""
+
+    __tablename__ = "mnests"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    src_executor: Mapped[str] = mapped_column(String(255))
+    src_version: Mapped[str] = mapped_column(String(255))
+    dst_executor: Mapped[str] = mapped_column(String(255))
+    dst_version: Mapped[str | None] = mapped_column(String(255))
+    weight: Mapped[float] = mapped_column(Float)
+    uses: Mapped[int] = mapped_column(Integer)
+    ts_first: Mapped[datetime]
+    ts_last: Mapped[datetime]
+    ts_weight: Mapped[datetime]
+    decay_lambda: Mapped[float] = mapped_column(Float, default=0.018, server_default=text("0.018"))
+    state: Mapped[str] = mapped_column(String(16))
+    tags: Mapped[Any | None] = mapped_column(JSONDocument())
+    desired_sig: Mapped[Any | None] = mapped_column(JSONDocument())
+
+    __table_args__ = (
+        CheckConstraint("substr(id, 1, 3) = 'mn_' AND length(id) >= 15", name="id_format"),
+        CheckConstraint(_name_check("src_executor"), name="src_executor_nonempty"),
+        CheckConstraint(_name_check("src_version"), name="src_version_nonempty"),
+        CheckConstraint(_name_check("dst_executor"), name="dst_executor_nonempty"),
+        CheckConstraint(
+            "dst_version IS NULL OR (" + _name_check("dst_version") + ")",
+            name="dst_version_nonempty",
+        ),
+        CheckConstraint("weight >= 0 AND weight <= 1", name="weight_range"),
+        CheckConstraint("uses >= 1", name="uses_positive"),
+        CheckConstraint("ts_last >= ts_first", name="ts_order"),
+        CheckConstraint("decay_lambda >= 0", name="decay_lambda_nonneg"),
+        CheckConstraint(f"state IN ({STATES_SQL})", name="state_known"),
+        CheckConstraint(
+            "(state = 'proto' AND dst_version IS NULL)"
+            " OR (state IN ('active', 'decaying') AND dst_version IS NOT NULL)"
+            " OR state = 'superseded'",
+            name="proto_has_no_version",
+        ),
+        # The edge key, NULL-safe: one index for versioned rows, one for rows without a
+        # destination version. Both can be the target of ON CONFLICT ... WHERE.
+        Index(
+            "ux_mnests_edge_key",
+            "src_executor",
+            "src_version",
+            "dst_executor",
+            "dst_version",
+            "state",
+            unique=True,
+            sqlite_where=text("dst_version IS NOT NULL"),
+            postgresql_where=text("dst_version IS NOT NULL"),
+        ),
+        Index(
+            "ux_mnests_proto_key",
+            "src_executor",
+            "src_version",
+            "dst_executor",
+            "state",
+            unique=True,
+            sqlite_where=text("dst_version IS NULL"),
+            postgresql_where=text("dst_version IS NULL"),
+        ),
+        # walk() joins edges on (src_executor, src_version) among active rows.
+        Index("ix_mnests_state_src", "state", "src_executor", "src_version"),
+        Index("ix_mnests_dst_executor", "dst_executor"),
+    )
+
+    def effective_weight(self, at: datetime) -> float:
+        """The weight at instant ``at``: ``weight × exp(−decay_lambda × days(at − ts_weight))``."""
+        from .types import ensure_aware_utc
+
+        return decayed_weight(
+            self.weight, self.decay_lambda, self.ts_weight, ensure_aware_utc(at, "at")
+        )
+
+    @property
+    def is_proto(self) -> bool:
+        """True for a row that points to an executor that does not exist yet."""
+        return self.state == MnestState.PROTO
+
+    def as_dict(self) -> dict[str, Any]:
+        """Every column, keyed by column name."""
+        return {c.key: getattr(self, c.key) for c in self.__table__.columns}
+
+    def __repr__(self) -> str:
+        dst = self.dst_executor + (f"@{self.dst_version}" if self.dst_version else "")
+        return (
+            f"<Mnest {self.id} {self.src_executor}@{self.src_version} -> {dst}"
+            f" {self.state} w={self.weight:.3f} uses={self.uses}>"
+        )
+
+
+class Event(Base):
+    """One thing that happened to a mnest; kept after the mnest itself is gone."""
+
+    __tablename__ = "events"
+
+    id: Mapped[int] = mapped_column(EventId, primary_key=True, autoincrement=True)
+    mnest_id: Mapped[str] = mapped_column(String(64))
+    kind: Mapped[str] = mapped_column(String(16))
+    ts: Mapped[datetime]
+    turn_id: Mapped[str | None] = mapped_column(String(255))
+    weight_before: Mapped[float | None] = mapped_column(Float)
+    weight_after: Mapped[float | None] = mapped_column(Float)
+    state_before: Mapped[str | None] = mapped_column(String(16))
+    state_after: Mapped[str | None] = mapped_column(String(16))
+    reason: Mapped[str | None] = mapped_column(Text)
+    related_id: Mapped[str | None] = mapped_column(String(64))
+
+    __table_args__ = (
+        CheckConstraint(f"kind IN ({EVENT_KINDS_SQL})", name="kind_known"),
+        Index("ix_events_mnest_id", "mnest_id"),
+        Index("ix_events_turn_id", "turn_id"),
+        # A turn reinforces (or creates) a given row at most once: safe retries.
+        Index(
+            "ux_events_turn_edge",
+            "turn_id",
+            "mnest_id",
+            unique=True,
+            sqlite_where=text("turn_id IS NOT NULL AND kind IN ('created', 'reinforced')"),
+            postgresql_where=text("turn_id IS NOT NULL AND kind IN ('created', 'reinforced')"),
+        ),
+    )
+
+    def as_dict(self) -> dict[str, Any]:
+        """Every column, keyed by column name."""
+        return {c.key: getattr(self, c.key) for c in self.__table__.columns}
+
+    def __repr__(self) -> str:
+        return f"<Event {self.id} {self.kind} {self.mnest_id} turn={self.turn_id}>"
+
+
+class CanonicalQuery(Base):
+    """One normalised request (request-normalisation telemetry); never touches mnests."""
+
+    __tablename__ = "canonical_query_log"
+
+    id: Mapped[int] = mapped_column(EventId, primary_key=True, autoincrement=True)
+    ts: Mapped[datetime]
+    turn_id: Mapped[str | None] = mapped_column(String(255))
+    raw_query: Mapped[str] = mapped_column(Text)
+    canonical_query: Mapped[str] = mapped_column(Text)
+    canonical_hash: Mapped[str] = mapped_column(String(64))
+
+    __table_args__ = (
+        CheckConstraint("length(canonical_hash) = 64", name="canonical_hash_sha256"),
+        Index("ix_canonical_query_log_canonical_hash", "canonical_hash"),
+        Index("ix_canonical_query_log_ts", "ts"),
+    )
+
+    def as_dict(self) -> dict[str, Any]:
+        """Every column, keyed by column name."""
+        return {c.key: getattr(self, c.key) for c in self.__table__.columns}
+
+
+VIEW_NAME = "v_mnestoma"
+
+_mnests = Mnest.__table__
+create_view = CreateView(
+    select(*_mnests.c).where(_mnests.c.state.in_(["active", "proto"])),
+    VIEW_NAME,
+    metadata=Base.metadata,
+)
+view_table = create_view.table
+
+
+class MnestomaView(Base):
+    """The ``active`` and ``proto`` rows of ``mnests``, read-only."""
+
+    __table__ = view_table
+    __mapper_args__ = {"primary_key": [view_table.c.id]}
+
+    def effective_weight(self, at: datetime) -> float:
+        """The weight at instant ``at`` (see :meth:`Mnest.effective_weight`)."""
+        return Mnest.effective_weight(self, at)  # type: ignore[arg-type]
+
+
+@event.listens_for(Session, "before_flush")
+def _refuse_view_writes(session: Session, flush_context: Any, instances: Any) -> None:
+    """PostgreSQL would let a write through a simple view; the session refuses it."""
+    for obj in (*session.new, *session.dirty, *session.deleted):
+        if isinstance(obj, MnestomaView):
+            raise ReadOnlyError(f"{VIEW_NAME} is read-only; write through Mnest instead")

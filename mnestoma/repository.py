@@ -1,0 +1,999 @@
+"""Repositories: every operation of contract §4 on a caller's session.
+
+A repository takes a session, may flush, and never commits: the unit of work (or the
+calling service) owns the transaction. Hot paths run Core statements built once at import
+and executed with bound parameters on the session's connection.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import (
+    Connection,
+    Text,
+    and_,
+    bindparam,
+    case,
+    delete,
+    exists,
+    func,
+    insert,
+    literal,
+    or_,
+    select,
+    text,
+    tuple_,
+    update,
+)
+from sqlalchemy.dialects import postgresql as pg_dialect
+from sqlalchemy.dialects import sqlite as sqlite_dialect
+from sqlalchemy.orm import Session, make_transient_to_detached
+from sqlalchemy.sql import Executable
+
+from .errors import ConflictError, InvalidInput, InvalidTransition, NotFound, translate_errors
+from .models import CanonicalQuery, Event, Mnest
+from .rules import (
+    ARCHIVE_AFTER_DAYS,
+    ARCHIVE_BELOW,
+    DECAYING_BELOW,
+    DEFAULT_DECAY_LAMBDA,
+    INITIAL_WEIGHT,
+    PROTO_PRUNE_BELOW,
+    RECURRING_MIN_USES,
+    RECURRING_MIN_WEIGHT,
+    AgerReport,
+    EventKind,
+    MnestState,
+    check_transition,
+    decayed_weight,
+    new_mnest_id,
+    reinforced_weight,
+)
+from .sqlrules import decayed, greatest, least, now_param
+from .types import UTCDateTime
+from .validation import (
+    Clock,
+    Passing,
+    check_name,
+    check_optional_name,
+    check_positive_int,
+    check_state,
+    check_states,
+    check_text,
+    check_weight_threshold,
+    normalise_passing,
+    read_clock,
+    utc_now,
+)
+
+__all__ = ["CanonicalQueryRepository", "MnestRepository", "QueryFrequency"]
+
+M = Mnest.__table__
+E = Event.__table__
+Q = CanonicalQuery.__table__
+_MNEST_COLUMNS = [c.key for c in M.columns]
+_EVENT_COLUMNS = [c.key for c in E.columns]
+_Key = tuple[str, str, str, str | None]
+MAX_WALK_DEPTH = 16
+_FETCH_CHUNK = 5_000
+_MAX_RACE_ROUNDS = 8
+
+# --- statements built once -------------------------------------------------------------
+
+_SEL_KEYS = (
+    select(M)
+    .where(
+        or_(
+            and_(
+                M.c.state == "active",
+                tuple_(M.c.src_executor, M.c.src_version, M.c.dst_executor, M.c.dst_version).in_(
+                    bindparam("akeys", expanding=True)
+                ),
+            ),
+            and_(
+                M.c.state == "proto",
+                M.c.dst_version.is_(None),
+                tuple_(M.c.src_executor, M.c.src_version, M.c.dst_executor).in_(
+                    bindparam("pkeys", expanding=True)
+                ),
+            ),
+        )
+    )
+    .order_by(M.c.id)
+    .with_for_update()
+)
+_SEL_ONE_ACTIVE = (
+    select(M)
+    .where(
+        M.c.src_executor == bindparam("s"),
+        M.c.src_version == bindparam("sv"),
+        M.c.dst_executor == bindparam("d"),
+        M.c.dst_version == bindparam("dv"),
+        M.c.state == "active",
+    )
+    .with_for_update()
+)
+_SEL_ONE_PROTO = (
+    select(M)
+    .where(
+        M.c.src_executor == bindparam("s"),
+        M.c.src_version == bindparam("sv"),
+        M.c.dst_executor == bindparam("d"),
+        M.c.dst_version.is_(None),
+        M.c.state == "proto",
+    )
+    .with_for_update()
+)
+_SEL_TURN_DONE = select(E.c.mnest_id).where(
+    E.c.turn_id == bindparam("turn_id"),
+    E.c.mnest_id.in_(bindparam("ids", expanding=True)),
+    E.c.kind.in_(["created", "reinforced"]),
+)
+_SEL_TURN_DONE_ONE = select(E.c.mnest_id).where(
+    E.c.turn_id == bindparam("turn_id"),
+    E.c.mnest_id == bindparam("mid"),
+    E.c.kind.in_(["created", "reinforced"]),
+)
+_UPD_REINFORCE = (
+    update(M)
+    .where(M.c.id == bindparam("b_id"))
+    .values(
+        weight=bindparam("b_weight"),
+        uses=M.c.uses + 1,
+        ts_last=bindparam("b_ts_last"),
+        ts_weight=bindparam("b_ts_weight"),
+        tags=bindparam("b_tags"),
+        desired_sig=bindparam("b_desired_sig"),
+    )
+)
+_INSERT_MNEST = {
+    "sqlite": sqlite_dialect.insert(M).on_conflict_do_nothing(),
+    "postgresql": pg_dialect.insert(M).on_conflict_do_nothing(),
+}
+_INSERT_EVENT = insert(E)
+_SEL_BY_ID = select(M).where(M.c.id == bindparam("id"))
+_SEL_BY_ID_LOCK = _SEL_BY_ID.with_for_update()
+_SEL_BY_IDS = select(M).where(M.c.id.in_(bindparam("ids", expanding=True)))
+
+
+def _key(p: Passing) -> _Key:
+    return (p.src_executor, p.src_version, p.dst_executor, p.dst_version)
+
+
+def _snapshot(values: Any) -> Mnest:
+    """A detached Mnest with every column set, from a row mapping or dict."""
+    obj = Mnest(**{k: values[k] for k in _MNEST_COLUMNS})
+    make_transient_to_detached(obj)
+    return obj
+
+
+def _event_snapshot(values: Any) -> Event:
+    obj = Event(**{k: values[k] for k in _EVENT_COLUMNS})
+    make_transient_to_detached(obj)
+    return obj
+
+
+def _event(
+    mnest_id: str,
+    kind: EventKind,
+    ts: datetime,
+    *,
+    turn_id: str | None = None,
+    weight_before: float | None = None,
+    weight_after: float | None = None,
+    state_before: str | None = None,
+    state_after: str | None = None,
+    reason: str | None = None,
+    related_id: str | None = None,
+) -> dict[str, Any]:
+    return {
+        "mnest_id": mnest_id,
+        "kind": kind.value,
+        "ts": ts,
+        "turn_id": turn_id,
+        "weight_before": weight_before,
+        "weight_after": weight_after,
+        "state_before": state_before,
+        "state_after": state_after,
+        "reason": reason,
+        "related_id": related_id,
+    }
+
+
+class MnestRepository:
+    """Every rule of contract §4 on one session; flushes, never commits."""
+
+    def __init__(self, session: Session, *, clock: Clock | None = None) -> None:
+        self._session = session
+        self._clock: Clock = clock or utc_now
+
+    # --- plumbing ---------------------------------------------------------------------
+
+    @property
+    def session(self) -> Session:
+        """The session this repository works in."""
+        return self._session
+
+    def _conn(self) -> Connection:
+        s = self._session
+        if s.new or s.dirty or s.deleted:
+            s.flush()
+        return s.connection()
+
+    def _dialect(self, conn: Connection) -> str:
+        return conn.dialect.name
+
+    def _now(self) -> datetime:
+        return read_clock(self._clock)
+
+    def _run(self, conn: Connection, stmt: Executable, params: Any = None) -> Any:
+        with translate_errors():
+            return conn.execute(stmt, params) if params is not None else conn.execute(stmt)
+
+    # --- recording --------------------------------------------------------------------
+
+    def record_passing(
+        self,
+        src_executor: str,
+        src_version: str,
+        dst_executor: str,
+        dst_version: str | None = None,
+        *,
+        dst_exists: bool = True,
+        turn_id: str | None = None,
+        tags: Any = None,
+        desired_sig: Any = None,
+    ) -> Mnest:
+        """Create or reinforce the edge of one passing (see contract §4)."""
+        passing = normalise_passing(
+            Passing(
+                src_executor, src_version, dst_executor, dst_version, dst_exists, tags, desired_sig
+            )
+        )
+        turn = check_optional_name(turn_id, "turn_id")
+        return self._record_one(passing, turn)
+
+    def record_turn(
+        self, turn_id: str, passings: Iterable[Passing | tuple[Any, ...]]
+    ) -> list[Mnest]:
+        """Record every passing of one turn; each edge counts once per turn."""
+        turn = check_name(turn_id, "turn_id")
+        if isinstance(passings, str | bytes) or not isinstance(passings, Iterable):
+            raise InvalidInput("passings must be an iterable of Passing or tuples")
+        items = [normalise_passing(p) for p in passings]
+        if not items:
+            return []
+        if len(items) == 1:
+            return [self._record_one(items[0], turn)]
+        return self._record_many(items, turn)
+
+    def _record_one(self, p: Passing, turn_id: str | None) -> Mnest:
+        conn = self._conn()
+        proto = not p.dst_exists
+        sel = _SEL_ONE_PROTO if proto else _SEL_ONE_ACTIVE
+        params = {"s": p.src_executor, "sv": p.src_version, "d": p.dst_executor}
+        if not proto:
+            params["dv"] = p.dst_version
+        insert_stmt = _INSERT_MNEST[self._dialect(conn)]
+        for _ in range(_MAX_RACE_ROUNDS):
+            row = self._run(conn, sel, params).mappings().first()
+            now = self._now()  # read once the write lock is held
+            if row is not None:
+                if turn_id is not None and (
+                    self._run(
+                        conn, _SEL_TURN_DONE_ONE, {"turn_id": turn_id, "mid": row["id"]}
+                    ).first()
+                    is not None
+                ):
+                    return _snapshot(row)
+                values, ev = self._reinforcement(row, p, turn_id, now)
+                self._run(conn, _UPD_REINFORCE, values)
+                self._run(conn, _INSERT_EVENT, [ev])
+                return _snapshot({**row, **_unprefix(values), "uses": row["uses"] + 1})
+            values, ev = self._creation(p, turn_id, now)
+            if self._run(conn, insert_stmt, values).rowcount == 1:
+                self._run(conn, _INSERT_EVENT, [ev])
+                return _snapshot(values)
+            # Another transaction created the row first: lock it and reinforce instead.
+        raise ConflictError("could not record the passing: the edge kept changing under us")
+
+    def _record_many(self, items: list[Passing], turn_id: str) -> list[Mnest]:
+        conn = self._conn()
+        insert_stmt = _INSERT_MNEST[self._dialect(conn)]
+        unique: dict[tuple[bool, _Key], Passing] = {}
+        for p in items:
+            # The last tags / desired_sig given for an edge in the turn win.
+            unique[(p.dst_exists, _key(p))] = p
+        result: dict[tuple[bool, _Key], Mnest] = {}
+        pending = dict(unique)
+        for _ in range(_MAX_RACE_ROUNDS):
+            akeys = [k for (exists_, k) in pending if exists_]
+            pkeys = [k[:3] for (exists_, k) in pending if not exists_]
+            rows = self._run(conn, _SEL_KEYS, {"akeys": akeys, "pkeys": pkeys}).mappings().all()
+            now = self._now()
+            found = {(r["state"] == "active", _row_key(r)): r for r in rows}
+            done: set[str] = set()
+            if found:
+                ids = [r["id"] for r in found.values()]
+                done = set(
+                    self._run(conn, _SEL_TURN_DONE, {"turn_id": turn_id, "ids": ids}).scalars()
+                )
+            updates: list[dict[str, Any]] = []
+            creations: list[tuple[tuple[bool, _Key], dict[str, Any], dict[str, Any]]] = []
+            events: list[dict[str, Any]] = []
+            for ident, p in pending.items():
+                row = found.get(ident)
+                if row is None:
+                    values, ev = self._creation(p, turn_id, now)
+                    creations.append((ident, values, ev))
+                elif row["id"] in done:
+                    result[ident] = _snapshot(row)
+                else:
+                    values, ev = self._reinforcement(row, p, turn_id, now)
+                    updates.append(values)
+                    events.append(ev)
+                    result[ident] = _snapshot({**row, **_unprefix(values), "uses": row["uses"] + 1})
+            if updates:
+                self._run(conn, _UPD_REINFORCE, updates)
+            lost: dict[tuple[bool, _Key], Passing] = {}
+            for ident, values, ev in creations:
+                if self._run(conn, insert_stmt, values).rowcount == 1:
+                    events.append(ev)
+                    result[ident] = _snapshot(values)
+                else:
+                    lost[ident] = pending[ident]
+            if events:
+                self._run(conn, _INSERT_EVENT, events)
+            if not lost:
+                return [result[(p.dst_exists, _key(p))] for p in items]
+            pending = lost
+        raise ConflictError("could not record the turn: its edges kept changing under us")
+
+    def _reinforcement(
+        self, row: Any, p: Passing, turn_id: str | None, now: datetime
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        ts_last = max(row["ts_last"], now)
+        ts_weight = max(row["ts_weight"], now)
+        before = decayed_weight(row["weight"], row["decay_lambda"], row["ts_weight"], ts_weight)
+        after = reinforced_weight(row["weight"], row["decay_lambda"], row["ts_weight"], ts_weight)
+        values = {
+            "b_id": row["id"],
+            "b_weight": after,
+            "b_ts_last": ts_last,
+            "b_ts_weight": ts_weight,
+            "b_tags": p.tags if p.tags is not None else row["tags"],
+            "b_desired_sig": (p.desired_sig if p.desired_sig is not None else row["desired_sig"]),
+        }
+        ev = _event(
+            row["id"],
+            EventKind.REINFORCED,
+            ts_last,
+            turn_id=turn_id,
+            weight_before=before,
+            weight_after=after,
+            state_before=row["state"],
+            state_after=row["state"],
+        )
+        return values, ev
+
+    def _creation(
+        self, p: Passing, turn_id: str | None, now: datetime
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        state = MnestState.ACTIVE if p.dst_exists else MnestState.PROTO
+        values = {
+            "id": new_mnest_id(),
+            "src_executor": p.src_executor,
+            "src_version": p.src_version,
+            "dst_executor": p.dst_executor,
+            "dst_version": p.dst_version,
+            "weight": INITIAL_WEIGHT,
+            "uses": 1,
+            "ts_first": now,
+            "ts_last": now,
+            "ts_weight": now,
+            "decay_lambda": DEFAULT_DECAY_LAMBDA,
+            "state": state.value,
+            "tags": p.tags,
+            "desired_sig": p.desired_sig,
+        }
+        ev = _event(
+            values["id"],
+            EventKind.CREATED,
+            now,
+            turn_id=turn_id,
+            weight_before=None,
+            weight_after=INITIAL_WEIGHT,
+            state_before=None,
+            state_after=state.value,
+        )
+        return values, ev
+
+    # --- reading ----------------------------------------------------------------------
+
+    def get(self, mnest_id: str) -> Mnest | None:
+        """The mnest with this id, or None."""
+        if not isinstance(mnest_id, str):
+            raise InvalidInput(f"mnest_id must be a string, got {type(mnest_id).__name__}")
+        row = self._run(self._conn(), _SEL_BY_ID, {"id": mnest_id}).mappings().first()
+        return _snapshot(row) if row is not None else None
+
+    def find(
+        self,
+        src_executor: str,
+        src_version: str,
+        dst_executor: str,
+        dst_version: str | None,
+        state: str = "active",
+    ) -> Mnest | None:
+        """The row with this key and state, or None."""
+        check_name(src_executor, "src_executor")
+        check_name(src_version, "src_version")
+        check_name(dst_executor, "dst_executor")
+        check_optional_name(dst_version, "dst_version")
+        st = check_state(state)
+        dv = M.c.dst_version.is_(None) if dst_version is None else M.c.dst_version == dst_version
+        stmt = select(M).where(
+            M.c.src_executor == src_executor,
+            M.c.src_version == src_version,
+            M.c.dst_executor == dst_executor,
+            dv,
+            M.c.state == st.value,
+        )
+        row = self._run(self._conn(), stmt).mappings().first()
+        return _snapshot(row) if row is not None else None
+
+    def edges(
+        self,
+        *,
+        src_executor: str | None = None,
+        dst_executor: str | None = None,
+        states: Iterable[str] | str | None = None,
+    ) -> list[Mnest]:
+        """Rows filtered by source, destination and states (None: every state)."""
+        stmt = select(M)
+        if src_executor is not None:
+            stmt = stmt.where(M.c.src_executor == check_name(src_executor, "src_executor"))
+        if dst_executor is not None:
+            stmt = stmt.where(M.c.dst_executor == check_name(dst_executor, "dst_executor"))
+        st = check_states(states)
+        if st is not None:
+            stmt = stmt.where(M.c.state.in_([s.value for s in st]))
+        stmt = stmt.order_by(M.c.ts_first, M.c.id)
+        return [_snapshot(r) for r in self._run(self._conn(), stmt).mappings()]
+
+    def events(self, *, mnest_id: str | None = None, turn_id: str | None = None) -> list[Event]:
+        """Events, oldest first, optionally for one mnest and/or one turn."""
+        stmt = select(E)
+        if mnest_id is not None:
+            if not isinstance(mnest_id, str):
+                raise InvalidInput("mnest_id must be a string")
+            stmt = stmt.where(E.c.mnest_id == mnest_id)
+        if turn_id is not None:
+            stmt = stmt.where(E.c.turn_id == check_name(turn_id, "turn_id"))
+        stmt = stmt.order_by(E.c.ts, E.c.id)
+        return [_event_snapshot(r) for r in self._run(self._conn(), stmt).mappings()]
+
+    def _fetch_by_ids(self, conn: Connection, ids: Sequence[str]) -> dict[str, Mnest]:
+        out: dict[str, Mnest] = {}
+        unique = list(dict.fromkeys(ids))
+        for i in range(0, len(unique), _FETCH_CHUNK):
+            chunk = unique[i : i + _FETCH_CHUNK]
+            for r in self._run(conn, _SEL_BY_IDS, {"ids": chunk}).mappings():
+                out[r["id"]] = _snapshot(r)
+        return out
+
+    def walk(
+        self, src_executor: str, *, max_depth: int = 3, min_weight: float = 0.0
+    ) -> list[list[Mnest]]:
+        """Every simple path of 1..max_depth active edges from ``src_executor``, best first.
+
+        One recursive query: an edge follows another when its source (executor and version)
+        is the previous destination; no executor appears twice; each edge's effective
+        weight is at least ``min_weight``; paths are ordered by the product of weights.
+        """
+        src = check_name(src_executor, "src_executor")
+        depth = check_positive_int(max_depth, "max_depth", maximum=MAX_WALK_DEPTH)
+        floor = check_weight_threshold(min_weight, "min_weight")
+        conn = self._conn()
+        stmt = _walk_statement(self._dialect(conn))
+        rows = self._run(
+            conn, stmt, {"src": src, "max_depth": depth, "min_weight": floor, "now": self._now()}
+        ).all()
+        paths = [r.path.split(",") for r in rows]
+        by_id = self._fetch_by_ids(conn, [i for path in paths for i in path])
+        return [[by_id[i] for i in path] for path in paths]
+
+    def suggest_next(
+        self, src_executor: str, src_version: str | None = None, *, k: int = 5
+    ) -> list[tuple[Mnest, float]]:
+        """The k active edges out of the source with the highest effective weight."""
+        src = check_name(src_executor, "src_executor")
+        version = check_optional_name(src_version, "src_version")
+        limit = check_positive_int(k, "k", maximum=10_000)
+        conn = self._conn()
+        dialect = self._dialect(conn)
+        stmt = _suggest_statement(dialect, version is not None)
+        params: dict[str, Any] = {"src": src, "k": limit, "now": self._now()}
+        if version is not None:
+            params["sv"] = version
+        rows = self._run(conn, stmt, params).mappings().all()
+        return [(_snapshot(r), float(r["effective"])) for r in rows]
+
+    def recurring_protos(
+        self, *, min_uses: int = RECURRING_MIN_USES, min_weight: float = RECURRING_MIN_WEIGHT
+    ) -> list[Mnest]:
+        """Protos with at least ``min_uses`` uses and effective weight ≥ ``min_weight``."""
+        uses = check_positive_int(min_uses, "min_uses")
+        floor = check_weight_threshold(min_weight, "min_weight")
+        conn = self._conn()
+        dialect = self._dialect(conn)
+        eff = decayed(dialect, M.c.weight, M.c.decay_lambda, M.c.ts_weight, now_param())
+        stmt = (
+            select(M)
+            .where(M.c.state == "proto", M.c.uses >= uses, eff >= floor)
+            .order_by(M.c.uses.desc(), eff.desc(), M.c.id)
+        )
+        rows = self._run(conn, stmt, {"now": self._now()}).mappings()
+        return [_snapshot(r) for r in rows]
+
+    # --- changing state ---------------------------------------------------------------
+
+    def _locked(self, conn: Connection, mnest_id: Any) -> Any:
+        if not isinstance(mnest_id, str) or not mnest_id:
+            raise InvalidInput("mnest_id must be a non-empty string")
+        row = self._run(conn, _SEL_BY_ID_LOCK, {"id": mnest_id}).mappings().first()
+        if row is None:
+            raise NotFound(f"no mnest with id {mnest_id!r}")
+        return row
+
+    def _key_taken(
+        self, conn: Connection, row: Any, state: str, dst_version: str | None, own_id: str
+    ) -> bool:
+        dv = M.c.dst_version.is_(None) if dst_version is None else M.c.dst_version == dst_version
+        stmt = select(M.c.id).where(
+            M.c.src_executor == row["src_executor"],
+            M.c.src_version == row["src_version"],
+            M.c.dst_executor == row["dst_executor"],
+            dv,
+            M.c.state == state,
+            M.c.id != own_id,
+        )
+        return self._run(conn, stmt).first() is not None
+
+    def transition_state(
+        self, mnest_id: str, new_state: str, *, reason: str | None = None
+    ) -> Mnest:
+        """Move a row to another state, with a ``transition`` event (same state: no-op)."""
+        target = check_state(new_state)
+        if reason is not None:
+            reason = check_text(reason, "reason", max_length=2_000)
+        conn = self._conn()
+        row = self._locked(conn, mnest_id)
+        current = MnestState(row["state"])
+        if current == target:
+            return _snapshot(row)
+        why = check_transition(current, target, has_version=row["dst_version"] is not None)
+        if why is not None:
+            raise InvalidTransition(why)
+        if self._key_taken(conn, row, target.value, row["dst_version"], row["id"]):
+            raise ConflictError(
+                f"a {target.value} row with the same key as {row['id']} already exists"
+            )
+        now = max(self._now(), row["ts_last"])
+        self._run(conn, update(M).where(M.c.id == row["id"]).values(state=target.value))
+        eff = decayed_weight(row["weight"], row["decay_lambda"], row["ts_weight"], now)
+        self._run(
+            conn,
+            _INSERT_EVENT,
+            [
+                _event(
+                    row["id"],
+                    EventKind.TRANSITION,
+                    now,
+                    weight_before=eff,
+                    weight_after=eff,
+                    state_before=current.value,
+                    state_after=target.value,
+                    reason=reason,
+                )
+            ],
+        )
+        return _snapshot({**row, "state": target.value})
+
+    def promote_proto_to_active(self, mnest_id: str, dst_version: str) -> Mnest:
+        """Give a proto its destination version and make it active (event ``promoted``)."""
+        version = check_name(dst_version, "dst_version")
+        conn = self._conn()
+        row = self._locked(conn, mnest_id)
+        if row["state"] != MnestState.PROTO.value:
+            raise InvalidTransition(f"{row['id']} is {row['state']}, not a proto")
+        if self._key_taken(conn, row, "active", version, row["id"]):
+            raise ConflictError(
+                f"an active edge {row['src_executor']}@{row['src_version']} -> "
+                f"{row['dst_executor']}@{version} already exists"
+            )
+        now = max(self._now(), row["ts_last"])
+        self._run(
+            conn,
+            update(M)
+            .where(M.c.id == row["id"])
+            .values(dst_version=version, desired_sig=None, state="active"),
+        )
+        eff = decayed_weight(row["weight"], row["decay_lambda"], row["ts_weight"], now)
+        self._run(
+            conn,
+            _INSERT_EVENT,
+            [
+                _event(
+                    row["id"],
+                    EventKind.PROMOTED,
+                    now,
+                    weight_before=eff,
+                    weight_after=eff,
+                    state_before="proto",
+                    state_after="active",
+                )
+            ],
+        )
+        return _snapshot({**row, "dst_version": version, "desired_sig": None, "state": "active"})
+
+    # --- ageing -----------------------------------------------------------------------
+
+    def apply_ager(self) -> AgerReport:
+        """Decay, demote, merge, prune and count archive candidates, in set-based SQL."""
+        conn = self._conn()
+        dialect = self._dialect(conn)
+        s = _ager_statements(dialect)
+        now = self._now()
+        p = {"now": now, "cutoff": now - timedelta(days=ARCHIVE_AFTER_DAYS)}
+        if dialect == "postgresql":
+            # One lock order with writers: they wait for the ager instead of deadlocking.
+            self._run(conn, s["lock"])
+        self._run(conn, s["prune_events"], p)
+        pruned = self._run(conn, s["prune"], p).rowcount
+        self._run(conn, s["merge_events_absorbed"], p)
+        self._run(conn, s["merge_events_target"], p)
+        self._run(conn, s["merge_update"], p)
+        merged = self._run(conn, s["merge_delete"], p).rowcount
+        self._run(conn, s["demote_events"], p)
+        demoted = self._run(conn, s["demote"], p).rowcount
+        decayed_rows = self._run(conn, s["decay"], p).rowcount
+        archive = self._run(conn, s["archive_count"], p).scalar_one()
+        return AgerReport(
+            decayed=decayed_rows,
+            to_decaying=demoted + merged,
+            merged=merged,
+            protos_pruned=pruned,
+            archive_candidates=int(archive),
+        )
+
+    # --- query log --------------------------------------------------------------------
+
+    def log_canonical_query(
+        self, raw_query: str, canonical_query: str, *, turn_id: str | None = None
+    ) -> CanonicalQuery:
+        """Append to the canonical query log (touches no mnest)."""
+        return CanonicalQueryRepository(self._session, clock=self._clock).log(
+            raw_query, canonical_query, turn_id=turn_id
+        )
+
+
+def _unprefix(values: dict[str, Any]) -> dict[str, Any]:
+    return {k[2:]: v for k, v in values.items() if k.startswith("b_") and k != "b_id"}
+
+
+def _row_key(r: Any) -> _Key:
+    return (r["src_executor"], r["src_version"], r["dst_executor"], r["dst_version"])
+
+
+# --- statements that depend on the dialect, built once per dialect ------------------------
+
+_CACHE: dict[tuple[str, str], Any] = {}
+
+
+def _walk_statement(dialect: str) -> Any:
+    key = ("walk", dialect)
+    if key in _CACHE:
+        return _CACHE[key]
+    now = now_param()
+    sep = func.chr(1) if dialect == "postgresql" else func.char(1)
+    instr = func.strpos if dialect == "postgresql" else func.instr
+    eff = decayed(dialect, M.c.weight, M.c.decay_lambda, M.c.ts_weight, now)
+    start = (
+        select(
+            M.c.id.label("last_id"),
+            M.c.dst_executor.label("dst_executor"),
+            M.c.dst_version.label("dst_version"),
+            literal(1).label("depth"),
+            eff.label("score"),
+            M.c.id.cast(Text).label("path"),
+            (sep + M.c.src_executor + sep + M.c.dst_executor + sep).cast(Text).label("seen"),
+        )
+        .where(
+            M.c.state == "active",
+            M.c.src_executor == bindparam("src"),
+            M.c.dst_executor != M.c.src_executor,
+            eff >= bindparam("min_weight"),
+        )
+        .cte("paths", recursive=True)
+    )
+    nxt = M.alias("nxt")
+    eff_n = decayed(dialect, nxt.c.weight, nxt.c.decay_lambda, nxt.c.ts_weight, now)
+    step = select(
+        nxt.c.id,
+        nxt.c.dst_executor,
+        nxt.c.dst_version,
+        start.c.depth + 1,
+        start.c.score * eff_n,
+        (start.c.path + literal(",") + nxt.c.id).cast(Text),
+        (start.c.seen + nxt.c.dst_executor + sep).cast(Text),
+    ).where(
+        nxt.c.state == "active",
+        nxt.c.src_executor == start.c.dst_executor,
+        nxt.c.src_version == start.c.dst_version,
+        start.c.depth < bindparam("max_depth"),
+        instr(start.c.seen, sep + nxt.c.dst_executor + sep) == 0,
+        eff_n >= bindparam("min_weight"),
+    )
+    paths = start.union_all(step)
+    stmt = select(paths.c.path, paths.c.score, paths.c.depth).order_by(
+        paths.c.score.desc(), paths.c.depth, paths.c.path
+    )
+    _CACHE[key] = stmt
+    return stmt
+
+
+def _suggest_statement(dialect: str, with_version: bool) -> Any:
+    key = ("suggest" + ("_v" if with_version else ""), dialect)
+    if key in _CACHE:
+        return _CACHE[key]
+    eff = decayed(dialect, M.c.weight, M.c.decay_lambda, M.c.ts_weight, now_param())
+    stmt = select(M, eff.label("effective")).where(
+        M.c.state == "active", M.c.src_executor == bindparam("src")
+    )
+    if with_version:
+        stmt = stmt.where(M.c.src_version == bindparam("sv"))
+    stmt = stmt.order_by(eff.desc(), M.c.uses.desc(), M.c.id).limit(bindparam("k"))
+    _CACHE[key] = stmt
+    return stmt
+
+
+def _ager_statements(dialect: str) -> dict[str, Any]:
+    key = ("ager", dialect)
+    if key in _CACHE:
+        return _CACHE[key]
+    now = now_param()
+    a = M.alias("a")
+    d = M.alias("d")
+
+    def eff(t: Any) -> Any:
+        return decayed(dialect, t.c.weight, t.c.decay_lambda, t.c.ts_weight, now)
+
+    anchor = case((M.c.ts_weight > now, M.c.ts_weight), else_=now)
+    ev_cols = [
+        "mnest_id",
+        "kind",
+        "ts",
+        "weight_before",
+        "weight_after",
+        "state_before",
+        "state_after",
+        "related_id",
+    ]
+    now_ts = now.cast(UTCDateTime()) if dialect == "postgresql" else now
+
+    # protos whose weight fell below 0.05 are deleted, their history kept.
+    proto_dying = and_(M.c.state == "proto", eff(M) < PROTO_PRUNE_BELOW)
+    prune_events = insert(E).from_select(
+        ev_cols,
+        select(
+            M.c.id,
+            literal("pruned"),
+            now_ts,
+            eff(M),
+            literal(None),
+            literal("proto"),
+            literal(None),
+            literal(None),
+        ).where(proto_dying),
+    )
+    prune = delete(M).where(proto_dying)
+
+    # actives below 0.20 whose key already has a decaying row merge into it.
+    def twin_of(active: Any, decaying: Any) -> Any:
+        return and_(
+            decaying.c.state == "decaying",
+            decaying.c.src_executor == active.c.src_executor,
+            decaying.c.src_version == active.c.src_version,
+            decaying.c.dst_executor == active.c.dst_executor,
+            decaying.c.dst_version == active.c.dst_version,
+        )
+
+    merged_weight = greatest(dialect, eff(a), eff(d))
+    pair = and_(a.c.state == "active", eff(a) < DECAYING_BELOW, twin_of(a, d))
+    merge_events_absorbed = insert(E).from_select(
+        ev_cols,
+        select(
+            a.c.id,
+            literal("merged"),
+            now_ts,
+            eff(a),
+            merged_weight,
+            literal("active"),
+            literal("decaying"),
+            d.c.id,
+        ).where(pair),
+    )
+    merge_events_target = insert(E).from_select(
+        ev_cols,
+        select(
+            d.c.id,
+            literal("merged"),
+            now_ts,
+            eff(d),
+            merged_weight,
+            literal("decaying"),
+            literal("decaying"),
+            a.c.id,
+        ).where(pair),
+    )
+
+    def from_absorbed(col: Any) -> Any:
+        return (
+            select(col)
+            .where(
+                a.c.state == "active",
+                eff(a) < DECAYING_BELOW,
+                twin_of(a, M),
+            )
+            .scalar_subquery()
+        )
+
+    has_absorbed = exists(
+        select(a.c.id).where(a.c.state == "active", eff(a) < DECAYING_BELOW, twin_of(a, M))
+    )
+    merge_update = (
+        update(M)
+        .where(M.c.state == "decaying", has_absorbed)
+        .values(
+            uses=M.c.uses + from_absorbed(a.c.uses),
+            ts_first=least(dialect, M.c.ts_first, from_absorbed(a.c.ts_first)),
+            ts_last=greatest(dialect, M.c.ts_last, from_absorbed(a.c.ts_last)),
+            weight=greatest(dialect, eff(M), from_absorbed(eff(a))),
+            ts_weight=anchor,
+        )
+    )
+    has_twin = exists(select(literal(1)).where(twin_of(M, d)))
+    merge_delete = delete(M).where(M.c.state == "active", eff(M) < DECAYING_BELOW, has_twin)
+
+    # the other actives below 0.20 become decaying.
+    demoting = and_(M.c.state == "active", eff(M) < DECAYING_BELOW)
+    demote_events = insert(E).from_select(
+        ev_cols,
+        select(
+            M.c.id,
+            literal("transition"),
+            now_ts,
+            eff(M),
+            eff(M),
+            literal("active"),
+            literal("decaying"),
+            literal(None),
+        ).where(demoting),
+    )
+    demote = update(M).where(demoting).values(state="decaying", weight=eff(M), ts_weight=anchor)
+
+    # every remaining active and proto row: weight brought to now.
+    decay = (
+        update(M)
+        .where(M.c.state.in_(["active", "proto"]), M.c.ts_weight < now)
+        .values(weight=eff(M), ts_weight=now)
+    )
+    archive_count = select(func.count()).where(
+        M.c.state == "decaying",
+        eff(M) < ARCHIVE_BELOW,
+        M.c.ts_last <= bindparam("cutoff", type_=UTCDateTime()),
+    )
+    stmts = {
+        "prune_events": prune_events,
+        "prune": prune,
+        "merge_events_absorbed": merge_events_absorbed,
+        "merge_events_target": merge_events_target,
+        "merge_update": merge_update,
+        "merge_delete": merge_delete,
+        "demote_events": demote_events,
+        "demote": demote,
+        "decay": decay,
+        "archive_count": archive_count,
+    }
+    if dialect == "postgresql":
+        stmts["lock"] = text("LOCK TABLE mnests IN SHARE ROW EXCLUSIVE MODE")
+    _CACHE[key] = stmts
+    return stmts
+
+
+# --- the canonical query log ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class QueryFrequency:
+    """How often one canonical form was logged, and when last."""
+
+    canonical_query: str
+    canonical_hash: str
+    count: int
+    last_ts: datetime
+
+
+_INSERT_QUERY = insert(Q).returning(Q.c.id)
+
+
+class CanonicalQueryRepository:
+    """The request-normalisation log; it never touches ``mnests`` or ``events``."""
+
+    def __init__(self, session: Session, *, clock: Clock | None = None) -> None:
+        self._session = session
+        self._clock: Clock = clock or utc_now
+
+    def log(
+        self, raw_query: str, canonical_query: str, *, turn_id: str | None = None
+    ) -> CanonicalQuery:
+        """Append one normalised request; the hash is SHA-256 of the canonical form."""
+        raw = check_text(raw_query, "raw_query")
+        canonical = check_text(canonical_query, "canonical_query")
+        turn = check_optional_name(turn_id, "turn_id")
+        values = {
+            "ts": read_clock(self._clock),
+            "turn_id": turn,
+            "raw_query": raw,
+            "canonical_query": canonical,
+            "canonical_hash": hashlib.sha256(canonical.encode("utf-8")).hexdigest(),
+        }
+        with translate_errors():
+            new_id = self._session.connection().execute(_INSERT_QUERY, values).scalar_one()
+        obj = CanonicalQuery(id=new_id, **values)
+        make_transient_to_detached(obj)
+        return obj
+
+    def recent(self, *, limit: int = 20) -> list[CanonicalQuery]:
+        """The latest entries, newest first."""
+        n = check_positive_int(limit, "limit", maximum=100_000)
+        stmt = select(Q).order_by(Q.c.ts.desc(), Q.c.id.desc()).limit(n)
+        with translate_errors():
+            rows = self._session.connection().execute(stmt).mappings().all()
+        out = []
+        for r in rows:
+            obj = CanonicalQuery(**dict(r))
+            make_transient_to_detached(obj)
+            out.append(obj)
+        return out
+
+    def top(self, *, limit: int = 10) -> list[QueryFrequency]:
+        """The most frequent canonical forms, most frequent first."""
+        n = check_positive_int(limit, "limit", maximum=100_000)
+        count = func.count().label("count")
+        last = func.max(Q.c.ts).label("last_ts")
+        stmt = (
+            select(Q.c.canonical_query, Q.c.canonical_hash, count, last)
+            .group_by(Q.c.canonical_hash, Q.c.canonical_query)
+            .order_by(count.desc(), last.desc())
+            .limit(n)
+        )
+        with translate_errors():
+            rows = self._session.connection().execute(stmt).all()
+        return [
+            QueryFrequency(r.canonical_query, r.canonical_hash, int(r.count), _as_utc(r.last_ts))
+            for r in rows
+        ]
+
+
+def _as_utc(value: Any) -> datetime:
+    return UTCDateTime().process_result_value(value, _SQLITE)  # type: ignore[return-value]
+
+
+_SQLITE = sqlite_dialect.dialect()

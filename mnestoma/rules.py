@@ -1,0 +1,136 @@
+"""The contract's rules as pure functions and constants, shared by Python code and SQL."""
+
+from __future__ import annotations
+
+import math
+import secrets
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+
+__all__ = [
+    "ARCHIVE_AFTER_DAYS",
+    "ARCHIVE_BELOW",
+    "DECAYING_BELOW",
+    "DEFAULT_DECAY_LAMBDA",
+    "INITIAL_WEIGHT",
+    "PROTO_PRUNE_BELOW",
+    "RECURRING_MIN_USES",
+    "RECURRING_MIN_WEIGHT",
+    "REINFORCEMENT",
+    "SECONDS_PER_DAY",
+    "AgerReport",
+    "EventKind",
+    "MnestState",
+    "check_transition",
+    "clamp_weight",
+    "days_between",
+    "decayed_weight",
+    "new_mnest_id",
+    "reinforced_weight",
+]
+
+INITIAL_WEIGHT = 0.30
+REINFORCEMENT = 0.15
+DEFAULT_DECAY_LAMBDA = 0.018
+DECAYING_BELOW = 0.20
+PROTO_PRUNE_BELOW = 0.05
+ARCHIVE_BELOW = 0.05
+ARCHIVE_AFTER_DAYS = 90
+RECURRING_MIN_USES = 3
+RECURRING_MIN_WEIGHT = 0.30
+SECONDS_PER_DAY = 86400.0
+MAX_NAME_LENGTH = 255
+
+
+class MnestState(StrEnum):
+    """Lifecycle states of a mnest."""
+
+    ACTIVE = "active"
+    PROTO = "proto"
+    DECAYING = "decaying"
+    SUPERSEDED = "superseded"
+
+
+class EventKind(StrEnum):
+    """Kinds of event recorded in ``events``."""
+
+    CREATED = "created"
+    REINFORCED = "reinforced"
+    TRANSITION = "transition"
+    PROMOTED = "promoted"
+    MERGED = "merged"
+    PRUNED = "pruned"
+
+
+@dataclass(frozen=True, slots=True)
+class AgerReport:
+    """What one run of the ager did (or, in a dry run, would do)."""
+
+    decayed: int = 0
+    to_decaying: int = 0
+    merged: int = 0
+    protos_pruned: int = 0
+    archive_candidates: int = 0
+
+
+def new_mnest_id() -> str:
+    """A fresh mnest id: ``mn_`` followed by 16 url-safe random characters."""
+    return "mn_" + secrets.token_urlsafe(12)
+
+
+def clamp_weight(w: float) -> float:
+    """Clamp a weight into [0, 1]."""
+    return 0.0 if w < 0.0 else 1.0 if w > 1.0 else w
+
+
+def days_between(earlier: datetime, later: datetime) -> float:
+    """Days from ``earlier`` to ``later``, never negative (a clock that steps back decays nothing)."""
+    return max(0.0, (later - earlier).total_seconds() / SECONDS_PER_DAY)
+
+
+def decayed_weight(weight: float, decay_lambda: float, since: datetime, now: datetime) -> float:
+    """``weight × exp(−decay_lambda × days(now − since))``: the effective weight at ``now``."""
+    return weight * math.exp(-decay_lambda * days_between(since, now))
+
+
+def reinforced_weight(weight: float, decay_lambda: float, since: datetime, now: datetime) -> float:
+    """Weight after one more passing: the decayed weight plus 0.15, clamped to [0, 1]."""
+    return clamp_weight(decayed_weight(weight, decay_lambda, since, now) + REINFORCEMENT)
+
+
+# Allowed (from, to) state changes for transition_state; the same state is a no-op.
+_ALLOWED: frozenset[tuple[MnestState, MnestState]] = frozenset(
+    {
+        (MnestState.ACTIVE, MnestState.DECAYING),
+        (MnestState.ACTIVE, MnestState.SUPERSEDED),
+        (MnestState.DECAYING, MnestState.ACTIVE),
+        (MnestState.DECAYING, MnestState.SUPERSEDED),
+        (MnestState.SUPERSEDED, MnestState.ACTIVE),
+        (MnestState.SUPERSEDED, MnestState.DECAYING),
+        (MnestState.PROTO, MnestState.SUPERSEDED),
+    }
+)
+
+
+def check_transition(current: MnestState, target: MnestState, *, has_version: bool) -> str | None:
+    """Why ``current → target`` is refused, or None when it is allowed.
+
+    A proto may only be superseded (promotion is ``promote_proto_to_active``); a versioned row
+    can never become a proto; a superseded proto (no version) cannot become active or decaying.
+    """
+    if current == target:
+        return None
+    if target == MnestState.PROTO:
+        return "a row cannot become a proto"
+    if current == MnestState.PROTO:
+        return (
+            f"a proto cannot become {target.value}; use promote_proto_to_active"
+            if target != MnestState.SUPERSEDED
+            else None
+        )
+    if not has_version and target in (MnestState.ACTIVE, MnestState.DECAYING):
+        return f"a row without dst_version cannot become {target.value}"
+    if (current, target) not in _ALLOWED:
+        return f"{current.value} cannot become {target.value}"
+    return None

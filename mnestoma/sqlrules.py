@@ -1,0 +1,45 @@
+"""The SQL twins of :mod:`mnestoma.rules`: the same decay formula as SQL expressions.
+
+Each builder takes the dialect name, because SQLite and PostgreSQL spell day arithmetic
+and the two-argument max differently.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import ColumnElement, Float, bindparam, func, literal
+from sqlalchemy.sql.elements import BindParameter
+
+from .rules import SECONDS_PER_DAY
+from .types import UTCDateTime
+
+__all__ = ["days_since", "decayed", "greatest", "least", "now_param"]
+
+
+def now_param(name: str = "now") -> BindParameter[Any]:
+    """A bound ``now`` typed as an aware UTC datetime."""
+    return bindparam(name, type_=UTCDateTime())
+
+
+def greatest(dialect: str, *args: Any) -> ColumnElement[Any]:
+    """The larger of the arguments: ``GREATEST`` on PostgreSQL, scalar ``max`` on SQLite."""
+    return func.greatest(*args) if dialect == "postgresql" else func.max(*args)
+
+
+def least(dialect: str, *args: Any) -> ColumnElement[Any]:
+    """The smaller of the arguments."""
+    return func.least(*args) if dialect == "postgresql" else func.min(*args)
+
+
+def days_since(dialect: str, earlier: Any, now: Any) -> ColumnElement[float]:
+    """Days from ``earlier`` to ``now`` as a float, not clamped."""
+    if dialect == "postgresql":
+        return func.extract("epoch", now - earlier) / literal(SECONDS_PER_DAY, Float)
+    return (func.julianday(now) - func.julianday(earlier)).cast(Float)
+
+
+def decayed(dialect: str, weight: Any, decay_lambda: Any, since: Any, now: Any) -> Any:
+    """``weight × exp(−decay_lambda × max(0, days(now − since)))`` in SQL."""
+    days = greatest(dialect, literal(0.0, Float), days_since(dialect, since, now))
+    return weight * func.exp(-decay_lambda * days)

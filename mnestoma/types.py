@@ -1,0 +1,92 @@
+"""Column types that behave the same on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import JSON, DateTime
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.engine import Dialect
+from sqlalchemy.types import TypeDecorator
+
+from .errors import InvalidInput
+
+__all__ = ["JSONDocument", "UTCDateTime", "ensure_aware_utc", "ensure_json"]
+
+
+def ensure_aware_utc(value: Any, what: str = "datetime") -> datetime:
+    """Return ``value`` in UTC, refusing naive datetimes and non-datetimes."""
+    if not isinstance(value, datetime):
+        raise InvalidInput(f"{what} must be a datetime, got {type(value).__name__}")
+    if value.tzinfo is None or value.tzinfo.utcoffset(value) is None:
+        raise InvalidInput(f"{what} must be timezone-aware (got a naive datetime)")
+    return value.astimezone(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Aware UTC datetimes in and out; naive values are refused.
+
+    SQLite keeps no zone, so values are stored as naive UTC text in one format (which also
+    makes text comparison chronological); PostgreSQL keeps ``timestamptz`` and psycopg
+    returns it in the session zone, so results are converted back to UTC.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        value = ensure_aware_utc(value)
+        if dialect.name == "sqlite":
+            return value.replace(tzinfo=None)
+        return value
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if isinstance(value, str):
+            value = datetime.fromisoformat(value)
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+def ensure_json(value: Any, what: str) -> Any:
+    """Check that ``value`` is plain JSON (dict/list/str/number/bool/None, finite numbers)."""
+    if value is None:
+        return None
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as err:
+        raise InvalidInput(f"{what} must be JSON-serialisable: {err}") from None
+    _check_keys(value, what)
+    return value
+
+
+def _check_keys(value: Any, what: str) -> None:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise InvalidInput(f"{what} keys must be strings, got {type(k).__name__}")
+            _check_keys(v, what)
+    elif isinstance(value, list | tuple):
+        for v in value:
+            _check_keys(v, what)
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise InvalidInput(f"{what} must not contain NaN or infinity")
+
+
+class JSONDocument(TypeDecorator[Any]):
+    """JSON on SQLite, JSONB on PostgreSQL; a Python ``None`` is stored as SQL NULL."""
+
+    impl = JSON(none_as_null=True)
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> Any:
+        if dialect.name == "postgresql":
+            return dialect.type_descriptor(JSONB(none_as_null=True))
+        return dialect.type_descriptor(JSON(none_as_null=True))

@@ -1,0 +1,110 @@
+"""The unit of work: owns one transaction; repositories work inside it."""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Self
+
+from sqlalchemy.orm import Session, SessionTransaction, sessionmaker
+
+from .errors import MnestomaError, translate_errors
+from .repository import CanonicalQueryRepository, MnestRepository
+from .validation import Clock
+
+__all__ = ["JoinedUnitOfWork", "UnitOfWork"]
+
+
+class UnitOfWork:
+    """Opens a session on enter; commits only when asked; rolls back otherwise; always closes.
+
+    >>> with UnitOfWork(session_factory) as uow:
+    ...     uow.mnests.record_passing("search", "1", "read", "2")
+    ...     uow.commit()
+    """
+
+    mnests: MnestRepository
+    queries: CanonicalQueryRepository
+    session: Session
+
+    def __init__(self, session_factory: sessionmaker[Session], *, clock: Clock | None = None):
+        self._factory = session_factory
+        self._clock = clock
+
+    def __enter__(self) -> Self:
+        self.session = self._factory()
+        self.mnests = MnestRepository(self.session, clock=self._clock)
+        self.queries = CanonicalQueryRepository(self.session, clock=self._clock)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            self.session.rollback()
+        finally:
+            self.session.close()
+
+    def commit(self) -> None:
+        """Commit the work done so far; a later operation starts a new transaction."""
+        with translate_errors():
+            self.session.commit()
+
+    def rollback(self) -> None:
+        """Throw away the work done since the last commit."""
+        self.session.rollback()
+
+    @classmethod
+    def joining(cls, session: Session, *, clock: Clock | None = None) -> JoinedUnitOfWork:
+        """A unit of work inside a session (and transaction) that the caller owns."""
+        return JoinedUnitOfWork(session, clock=clock)
+
+
+class JoinedUnitOfWork:
+    """Works in a SAVEPOINT of a caller's session; never commits or closes that session.
+
+    ``commit()`` releases the savepoint: the work becomes part of the caller's transaction,
+    which the caller commits or rolls back. Leaving without ``commit()``, or by an exception,
+    rolls back to the savepoint and leaves the caller's own work untouched.
+    """
+
+    mnests: MnestRepository
+    queries: CanonicalQueryRepository
+
+    def __init__(self, session: Session, *, clock: Clock | None = None):
+        self.session = session
+        self._clock = clock
+        self._savepoint: SessionTransaction | None = None
+
+    def __enter__(self) -> Self:
+        with translate_errors():
+            self._savepoint = self.session.begin_nested()
+        self.mnests = MnestRepository(self.session, clock=self._clock)
+        self.queries = CanonicalQueryRepository(self.session, clock=self._clock)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._savepoint is not None and self._savepoint.is_active:
+            self._savepoint.rollback()
+        self._savepoint = None
+
+    def commit(self) -> None:
+        """Release the savepoint into the caller's transaction."""
+        if self._savepoint is None or not self._savepoint.is_active:
+            raise MnestomaError("this unit of work has no open savepoint to commit")
+        with translate_errors():
+            self._savepoint.commit()
+        self._savepoint = None
+
+    def rollback(self) -> None:
+        """Roll back to the savepoint taken on enter."""
+        if self._savepoint is not None and self._savepoint.is_active:
+            self._savepoint.rollback()
+        self._savepoint = None

@@ -1,0 +1,165 @@
+"""Input checks shared by the repository, the facade and the command line.
+
+Every check raises :class:`InvalidInput` before anything is written.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
+from typing import Any, NamedTuple
+
+from .errors import InvalidInput
+from .rules import MAX_NAME_LENGTH, MnestState
+from .types import ensure_aware_utc, ensure_json
+
+__all__ = [
+    "Clock",
+    "Passing",
+    "check_name",
+    "check_optional_name",
+    "check_positive_int",
+    "check_state",
+    "check_states",
+    "check_weight_threshold",
+    "normalise_passing",
+    "read_clock",
+    "utc_now",
+]
+
+Clock = Callable[[], datetime]
+
+
+class Passing(NamedTuple):
+    """One passing of output from ``src_executor@src_version`` to ``dst_executor``."""
+
+    src_executor: str
+    src_version: str
+    dst_executor: str
+    dst_version: str | None = None
+    dst_exists: bool = True
+    tags: Any = None
+    desired_sig: Any = None
+
+
+def utc_now() -> datetime:
+    """The default clock: the system's current time in UTC."""
+    return datetime.now(UTC)
+
+
+def read_clock(clock: Clock) -> datetime:
+    """Call ``clock`` and check it returned an aware datetime; return it in UTC."""
+    return ensure_aware_utc(clock(), "clock()")
+
+
+def _has_control(value: str) -> bool:
+    return any(ord(ch) < 32 or 127 <= ord(ch) < 160 for ch in value)
+
+
+def check_name(value: Any, what: str) -> str:
+    """An executor name, version or turn id: a non-blank string of at most 255 characters."""
+    if not isinstance(value, str):
+        raise InvalidInput(f"{what} must be a string, got {type(value).__name__}")
+    if not value.strip():
+        raise InvalidInput(f"{what} must not be empty or blank")
+    if len(value) > MAX_NAME_LENGTH:
+        raise InvalidInput(f"{what} is {len(value)} characters long; the limit is 255")
+    if _has_control(value):
+        raise InvalidInput(f"{what} must not contain control characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInput(f"{what} is not valid Unicode text") from None
+    return value
+
+
+def check_optional_name(value: Any, what: str) -> str | None:
+    """Like :func:`check_name`, but None is allowed."""
+    return None if value is None else check_name(value, what)
+
+
+def check_state(value: Any) -> MnestState:
+    """One of the four states, else InvalidInput."""
+    if isinstance(value, MnestState):
+        return value
+    if isinstance(value, str):
+        try:
+            return MnestState(value)
+        except ValueError:
+            pass
+    allowed = ", ".join(s.value for s in MnestState)
+    raise InvalidInput(f"unknown state {value!r}; expected one of {allowed}")
+
+
+def check_states(values: Iterable[Any] | None) -> list[MnestState] | None:
+    """A collection of states (None means every state)."""
+    if values is None:
+        return None
+    if isinstance(values, str | MnestState):
+        return [check_state(values)]
+    return [check_state(v) for v in values]
+
+
+def check_positive_int(value: Any, what: str, *, maximum: int | None = None) -> int:
+    """An int ≥ 1 (bools refused)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidInput(f"{what} must be an integer, got {type(value).__name__}")
+    if value < 1:
+        raise InvalidInput(f"{what} must be at least 1, got {value}")
+    if maximum is not None and value > maximum:
+        raise InvalidInput(f"{what} must be at most {maximum}, got {value}")
+    return value
+
+
+def check_weight_threshold(value: Any, what: str) -> float:
+    """A finite number in [0, 1]."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidInput(f"{what} must be a number, got {type(value).__name__}")
+    value = float(value)
+    if not math.isfinite(value) or not 0.0 <= value <= 1.0:
+        raise InvalidInput(f"{what} must be a finite number between 0 and 1, got {value}")
+    return value
+
+
+def check_text(value: Any, what: str, *, max_length: int = 100_000) -> str:
+    """Free text (a query): a non-blank string; newlines and tabs allowed."""
+    if not isinstance(value, str):
+        raise InvalidInput(f"{what} must be a string, got {type(value).__name__}")
+    if not value.strip():
+        raise InvalidInput(f"{what} must not be empty or blank")
+    if len(value) > max_length:
+        raise InvalidInput(f"{what} is longer than {max_length} characters")
+    if any((ord(ch) < 32 and ch not in "\n\r\t") or ord(ch) == 127 for ch in value):
+        raise InvalidInput(f"{what} must not contain control characters")
+    return value
+
+
+def normalise_passing(p: Passing | tuple[Any, ...] | Any) -> Passing:
+    """Check one passing against the contract and return it as a :class:`Passing`."""
+    if isinstance(p, Passing):
+        passing = p
+    elif isinstance(p, tuple | list):
+        if not 3 <= len(p) <= 7:
+            raise InvalidInput("a passing is (src_executor, src_version, dst_executor, ...)")
+        passing = Passing(*p)
+    else:
+        raise InvalidInput(f"a passing must be a Passing or a tuple, got {type(p).__name__}")
+    src = check_name(passing.src_executor, "src_executor")
+    src_version = check_name(passing.src_version, "src_version")
+    dst = check_name(passing.dst_executor, "dst_executor")
+    if not isinstance(passing.dst_exists, bool):
+        raise InvalidInput("dst_exists must be True or False")
+    if passing.dst_exists:
+        if passing.dst_version is None:
+            raise InvalidInput("dst_version is required when the destination exists")
+        dst_version: str | None = check_name(passing.dst_version, "dst_version")
+        if passing.desired_sig is not None:
+            raise InvalidInput("desired_sig is only meaningful on a proto (dst_exists=False)")
+    else:
+        if passing.dst_version is not None:
+            raise InvalidInput("a proto (dst_exists=False) has no dst_version")
+        dst_version = None
+    tags = ensure_json(passing.tags, "tags")
+    desired_sig = ensure_json(passing.desired_sig, "desired_sig")
+    return Passing(src, src_version, dst, dst_version, passing.dst_exists, tags, desired_sig)
