@@ -85,7 +85,7 @@ def clamp_weight(w: float) -> float:
 
 
 def days_between(earlier: datetime, later: datetime) -> float:
-    """Days from ``earlier`` to ``later``, never negative (a clock that steps back decays nothing)."""
+    """Days from ``earlier`` to ``later``, never negative (a clock stepping back decays nothing)."""
     return max(0.0, (later - earlier).total_seconds() / SECONDS_PER_DAY)
 
 

@@ -1,0 +1,183 @@
+"""Shared fixtures: every test that takes ``store_url`` runs on SQLite and on PostgreSQL.
+
+PostgreSQL comes from ``MNESTOMA_TEST_PG_ADMIN_URL`` (default: root on 127.0.0.1:5432,
+database ``test``), used only to create and drop throwaway databases. When the server is
+unreachable its tests are skipped, unless ``MNESTOMA_REQUIRE_POSTGRESQL=1`` (set by
+``.ci/run``), which turns the skip into a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import URL, make_url
+
+import mnestoma
+from mnestoma.config import make_engine
+
+PG_ADMIN_URL = os.environ.get(
+    "MNESTOMA_TEST_PG_ADMIN_URL", "postgresql+psycopg://root@127.0.0.1:5432/test"
+)
+REQUIRE_PG = os.environ.get("MNESTOMA_REQUIRE_POSTGRESQL", "") not in ("", "0", "false")
+ENGINES = ["sqlite", "postgresql"]
+TABLES = ("events", "canonical_query_log", "mnests")
+
+
+class MovableClock:
+    """A clock tests move by hand; it is the only source of "now" for the store."""
+
+    def __init__(self, start: datetime | None = None) -> None:
+        self.now = start or datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, days: float = 0.0, **kwargs: float) -> datetime:
+        self.now = self.now + timedelta(days=days, **kwargs)
+        return self.now
+
+    def set(self, when: datetime) -> datetime:
+        self.now = when
+        return when
+
+
+_pg_reachable: bool | None = None
+
+
+def postgresql_available() -> bool:
+    """True when the test server answers; cached for the session."""
+    global _pg_reachable
+    if _pg_reachable is None:
+        try:
+            eng = create_engine(PG_ADMIN_URL, connect_args={"connect_timeout": 3})
+            with eng.connect() as conn:
+                conn.execute(text("SELECT 1"))
+            eng.dispose()
+            _pg_reachable = True
+        except Exception:
+            _pg_reachable = False
+    return _pg_reachable
+
+
+def require_postgresql() -> None:
+    """Skip (or, in CI, fail) the calling test when PostgreSQL is unreachable."""
+    if postgresql_available():
+        return
+    msg = f"PostgreSQL unreachable at {make_url(PG_ADMIN_URL).render_as_string()}"
+    if REQUIRE_PG:
+        pytest.fail(msg + " (MNESTOMA_REQUIRE_POSTGRESQL is set)", pytrace=False)
+    pytest.skip(msg)
+
+
+def create_pg_database(prefix: str = "mnestoma_test") -> URL:
+    """Create an empty throwaway database and return its URL."""
+    require_postgresql()
+    name = f"{prefix}_{os.getpid()}_{secrets.token_hex(4)}"
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    admin.dispose()
+    return make_url(PG_ADMIN_URL).set(database=name)
+
+
+def drop_pg_database(url: URL) -> None:
+    """Drop a throwaway database, ending any session still connected to it."""
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(
+            text(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = :d AND pid <> pg_backend_pid()"
+            ),
+            {"d": url.database},
+        )
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{url.database}"'))
+    admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def _sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite file migrated to head once; tests get copies of it."""
+    path = tmp_path_factory.mktemp("template") / "head.sqlite"
+    engine = make_engine(f"sqlite:///{path}")
+    mnestoma.upgrade(engine)
+    with engine.connect() as conn:
+        conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+    engine.dispose()
+    return path
+
+
+@pytest.fixture(scope="session")
+def _pg_head_database() -> Iterator[URL | None]:
+    """One PostgreSQL database migrated to head for the session (tables emptied per test)."""
+    if not postgresql_available():
+        yield None
+        return
+    url = create_pg_database()
+    mnestoma.upgrade(url.render_as_string(hide_password=False))
+    yield url
+    drop_pg_database(url)
+
+
+@pytest.fixture(params=ENGINES)
+def engine_name(request: pytest.FixtureRequest) -> str:
+    """The engine a parametrised test runs on."""
+    if request.param == "postgresql":
+        require_postgresql()
+    return request.param
+
+
+@pytest.fixture
+def store_url(
+    engine_name: str,
+    tmp_path: Path,
+    _sqlite_template: Path,
+    request: pytest.FixtureRequest,
+) -> Iterator[str]:
+    """The URL of an empty store at head, on each engine."""
+    if engine_name == "sqlite":
+        path = tmp_path / "store.sqlite"
+        shutil.copy(_sqlite_template, path)
+        yield f"sqlite:///{path}"
+        return
+    url: URL | None = request.getfixturevalue("_pg_head_database")
+    assert url is not None
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text("TRUNCATE " + ", ".join(TABLES) + " RESTART IDENTITY"))
+    engine.dispose()
+    yield url.render_as_string(hide_password=False)
+
+
+@pytest.fixture
+def empty_db_url(engine_name: str, tmp_path: Path) -> Iterator[str]:
+    """The URL of a brand-new empty database (no schema), on each engine."""
+    if engine_name == "sqlite":
+        yield f"sqlite:///{tmp_path / 'empty.sqlite'}"
+        return
+    url = create_pg_database("mnestoma_empty")
+    try:
+        yield url.render_as_string(hide_password=False)
+    finally:
+        drop_pg_database(url)
+
+
+@pytest.fixture
+def clock() -> MovableClock:
+    """A movable clock starting at 2026-01-01 12:00 UTC."""
+    return MovableClock()
+
+
+@pytest.fixture
+def store(store_url: str, clock: MovableClock) -> Iterator[mnestoma.Mnestoma]:
+    """The facade on an empty store at head, driven by ``clock``."""
+    m = mnestoma.Mnestoma(store_url, clock=clock)
+    yield m
+    m.close()
