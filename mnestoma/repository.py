@@ -152,8 +152,8 @@ _UPD_REINFORCE = (
     )
 )
 _INSERT_MNEST = {
-    "sqlite": sqlite_dialect.insert(M).on_conflict_do_nothing(),
-    "postgresql": pg_dialect.insert(M).on_conflict_do_nothing(),
+    "sqlite": sqlite_dialect.insert(M).on_conflict_do_nothing().returning(M.c.id),
+    "postgresql": pg_dialect.insert(M).on_conflict_do_nothing().returning(M.c.id),
 }
 _INSERT_EVENT = insert(E)
 _SEL_BY_ID = select(M).where(M.c.id == bindparam("id"))
@@ -296,7 +296,7 @@ class MnestRepository:
                 self._run(conn, _INSERT_EVENT, [ev])
                 return _snapshot({**row, **_unprefix(values), "uses": row["uses"] + 1})
             values, ev = self._creation(p, turn_id, now)
-            if self._run(conn, insert_stmt, values).rowcount == 1:
+            if self._run(conn, insert_stmt, values).first() is not None:
                 self._run(conn, _INSERT_EVENT, [ev])
                 return _snapshot(values)
             # Another transaction created the row first: lock it and reinforce instead.
@@ -342,7 +342,7 @@ class MnestRepository:
                 self._run(conn, _UPD_REINFORCE, updates)
             lost: dict[tuple[bool, _Key], Passing] = {}
             for ident, values, ev in creations:
-                if self._run(conn, insert_stmt, values).rowcount == 1:
+                if self._run(conn, insert_stmt, values).first() is not None:
                     events.append(ev)
                     result[ident] = _snapshot(values)
                 else:
