@@ -99,8 +99,9 @@ def downgrade(url_or_engine: str | URL | Engine | None, revision: str) -> None:
 def offline_sql(dialect_url: str, revision_range: str = "head") -> str:
     """The SQL script a DBA reviews before applying it (Alembic's offline mode)."""
     buf = io.StringIO()
-    cfg = alembic_config(stdout=buf)  # type: ignore[arg-type]
-    cfg.cmd_opts = None
+    cfg = Config(output_buffer=buf)
+    cfg.set_main_option("script_location", str(migrations_path()))
+    cfg.attributes["skip_logging"] = True
     cfg.set_main_option("sqlalchemy.url", dialect_url)
     command.upgrade(cfg, revision_range, sql=True)
     return buf.getvalue()

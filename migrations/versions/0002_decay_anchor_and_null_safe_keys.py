@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
+from sqlalchemy.dialects import postgresql
 
 revision: str = "0002"
 down_revision: str | Sequence[str] | None = "0001"
@@ -46,6 +47,99 @@ VIEW_0002 = (
     "desired_sig FROM mnests WHERE state IN ('active', 'proto')"
 )
 TURN_EDGE_WHERE = "turn_id IS NOT NULL AND kind IN ('created', 'reinforced')"
+JSON = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
+BIGID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+
+
+def _name_check(column: str) -> str:
+    return f"length(trim({column})) > 0 AND length({column}) <= 255"
+
+
+def _mnests_table(*, ts_weight_nullable: bool, with_unique: bool) -> sa.Table:
+    """``mnests`` as it stands when a batch block starts: batch mode copies from it instead
+    of reflecting, so the offline SQL script (``--sql``) works on SQLite too."""
+    md = sa.MetaData()
+    extra: list[sa.SchemaItem] = []
+    if with_unique:
+        extra.append(
+            sa.UniqueConstraint(
+                "src_executor",
+                "src_version",
+                "dst_executor",
+                "dst_version",
+                "state",
+                name="uq_mnests_edge",
+            )
+        )
+    return sa.Table(
+        "mnests",
+        md,
+        sa.Column("id", sa.String(64), nullable=False),
+        sa.Column("src_executor", sa.String(255), nullable=False),
+        sa.Column("src_version", sa.String(255), nullable=False),
+        sa.Column("dst_executor", sa.String(255), nullable=False),
+        sa.Column("dst_version", sa.String(255), nullable=True),
+        sa.Column("weight", sa.Float(), nullable=False),
+        sa.Column("uses", sa.Integer(), nullable=False),
+        sa.Column("ts_first", TS, nullable=False),
+        sa.Column("ts_last", TS, nullable=False),
+        sa.Column("decay_lambda", sa.Float(), server_default=sa.text("0.018"), nullable=False),
+        sa.Column("state", sa.String(16), nullable=False),
+        sa.Column("tags", JSON, nullable=True),
+        sa.Column("desired_sig", JSON, nullable=True),
+        sa.Column("ts_weight", TS, nullable=ts_weight_nullable),
+        sa.PrimaryKeyConstraint("id", name="pk_mnests"),
+        sa.CheckConstraint(
+            "substr(id, 1, 3) = 'mn_' AND length(id) >= 15", name="ck_mnests_id_format"
+        ),
+        sa.CheckConstraint(_name_check("src_executor"), name="ck_mnests_src_executor_nonempty"),
+        sa.CheckConstraint(_name_check("src_version"), name="ck_mnests_src_version_nonempty"),
+        sa.CheckConstraint(_name_check("dst_executor"), name="ck_mnests_dst_executor_nonempty"),
+        sa.CheckConstraint(
+            "dst_version IS NULL OR (" + _name_check("dst_version") + ")",
+            name="ck_mnests_dst_version_nonempty",
+        ),
+        sa.CheckConstraint("weight >= 0 AND weight <= 1", name="ck_mnests_weight_range"),
+        sa.CheckConstraint("uses >= 1", name="ck_mnests_uses_positive"),
+        sa.CheckConstraint("ts_last >= ts_first", name="ck_mnests_ts_order"),
+        sa.CheckConstraint("decay_lambda >= 0", name="ck_mnests_decay_lambda_nonneg"),
+        sa.CheckConstraint(
+            "state IN ('active', 'proto', 'decaying', 'superseded')", name="ck_mnests_state_known"
+        ),
+        sa.CheckConstraint(
+            "(state = 'proto' AND dst_version IS NULL)"
+            " OR (state IN ('active', 'decaying') AND dst_version IS NOT NULL)"
+            " OR state = 'superseded'",
+            name="ck_mnests_proto_has_no_version",
+        ),
+        *extra,
+    )
+
+
+def _events_table() -> sa.Table:
+    """``events`` at head, for the downgrade's batch block."""
+    md = sa.MetaData()
+    return sa.Table(
+        "events",
+        md,
+        sa.Column("id", BIGID, autoincrement=True, nullable=False),
+        sa.Column("mnest_id", sa.String(64), nullable=False),
+        sa.Column("kind", sa.String(16), nullable=False),
+        sa.Column("ts", TS, nullable=False),
+        sa.Column("turn_id", sa.String(255), nullable=True),
+        sa.Column("weight_before", sa.Float(), nullable=True),
+        sa.Column("weight_after", sa.Float(), nullable=True),
+        sa.Column("state_before", sa.String(16), nullable=True),
+        sa.Column("state_after", sa.String(16), nullable=True),
+        sa.Column("reason", sa.Text(), nullable=True),
+        sa.Column("related_id", sa.String(64), nullable=True),
+        sa.PrimaryKeyConstraint("id", name="pk_events"),
+        sa.CheckConstraint(
+            "kind IN ('created', 'reinforced', 'transition', 'promoted', 'merged', 'pruned')",
+            name="ck_events_kind_known",
+        ),
+        sa.Index("ix_events_mnest_id", "mnest_id"),
+    )
 
 
 def upgrade() -> None:
@@ -53,7 +147,11 @@ def upgrade() -> None:
 
     op.add_column("mnests", sa.Column("ts_weight", TS, nullable=True))
     op.execute("UPDATE mnests SET ts_weight = ts_last")
-    with op.batch_alter_table("mnests", naming_convention=NAMING) as batch:
+    with op.batch_alter_table(
+        "mnests",
+        naming_convention=NAMING,
+        copy_from=_mnests_table(ts_weight_nullable=True, with_unique=True),
+    ) as batch:
         batch.alter_column("ts_weight", existing_type=TS, nullable=False)
         batch.drop_constraint("uq_mnests_edge", type_="unique")
     op.create_index(
@@ -103,7 +201,9 @@ def downgrade() -> None:
 
     op.drop_index("ux_events_turn_edge", table_name="events")
     op.drop_index("ix_events_turn_id", table_name="events")
-    with op.batch_alter_table("events", naming_convention=NAMING) as batch:
+    with op.batch_alter_table(
+        "events", naming_convention=NAMING, copy_from=_events_table()
+    ) as batch:
         batch.drop_column("related_id")
         batch.drop_column("reason")
 
@@ -118,7 +218,11 @@ def downgrade() -> None:
     else:
         days = "(julianday(ts_weight) - julianday(ts_last))"
         op.execute(f"UPDATE mnests SET weight = min(1.0, weight * exp(decay_lambda * {days}))")
-    with op.batch_alter_table("mnests", naming_convention=NAMING) as batch:
+    with op.batch_alter_table(
+        "mnests",
+        naming_convention=NAMING,
+        copy_from=_mnests_table(ts_weight_nullable=False, with_unique=False),
+    ) as batch:
         batch.drop_column("ts_weight")
         batch.create_unique_constraint(
             "uq_mnests_edge",

@@ -1,0 +1,246 @@
+"""Alembic is the schema's only source of truth: one head, round trips, models == migrations."""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import inspect, text
+
+import mnestoma
+from mnestoma.config import make_engine
+from mnestoma.migration import alembic_config, current_revision, head_revision, offline_sql
+from mnestoma.models import VIEW_NAME, Base
+
+EXPECTED_TABLES = {"mnests", "events", "canonical_query_log", "alembic_version"}
+
+
+def _diff(url: str) -> list:
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            ctx = MigrationContext.configure(
+                conn,
+                opts={
+                    "compare_type": True,
+                    "include_object": lambda o, name, type_, r, c: not (
+                        type_ == "table" and name == VIEW_NAME
+                    ),
+                },
+            )
+            return compare_metadata(ctx, Base.metadata)
+    finally:
+        engine.dispose()
+
+
+def test_the_scripts_have_exactly_one_head() -> None:
+    script = ScriptDirectory.from_config(alembic_config())
+    assert script.get_heads() == [head_revision()]
+    assert head_revision() == "0002"
+
+
+def test_revisions_tell_the_story_in_order() -> None:
+    script = ScriptDirectory.from_config(alembic_config())
+    chain = [rev.revision for rev in script.walk_revisions()]
+    assert chain == ["0002", "0001"]
+
+
+def test_upgrade_builds_tables_view_and_stamps_head(empty_db_url: str) -> None:
+    mnestoma.upgrade(empty_db_url)
+    engine = make_engine(empty_db_url)
+    try:
+        insp = inspect(engine)
+        assert EXPECTED_TABLES <= set(insp.get_table_names())
+        assert VIEW_NAME in insp.get_view_names()
+        assert current_revision(engine) == head_revision()
+    finally:
+        engine.dispose()
+
+
+def test_upgrade_downgrade_to_base_and_upgrade_again(empty_db_url: str) -> None:
+    mnestoma.upgrade(empty_db_url)
+    mnestoma.downgrade(empty_db_url, "base")
+    engine = make_engine(empty_db_url)
+    try:
+        tables = set(inspect(engine).get_table_names()) - {"alembic_version"}
+        assert tables == set()
+        assert current_revision(engine) is None
+        mnestoma.upgrade(engine)
+        assert current_revision(engine) == head_revision()
+    finally:
+        engine.dispose()
+    assert _diff(empty_db_url) == []
+
+
+def test_migrated_schema_equals_the_models(empty_db_url: str) -> None:
+    mnestoma.upgrade(empty_db_url)
+    assert _diff(empty_db_url) == []
+
+
+def _schema_names(url: str) -> dict:
+    engine = make_engine(url)
+    try:
+        insp = inspect(engine)
+        return {
+            t: (
+                sorted(c["name"] for c in insp.get_columns(t)),
+                sorted(str(c["name"]) for c in insp.get_check_constraints(t)),
+                sorted(str(i["name"]) for i in insp.get_indexes(t)),
+            )
+            for t in ("mnests", "events", "canonical_query_log")
+        }
+    finally:
+        engine.dispose()
+
+
+def test_downgrade_to_0001_and_back_keeps_every_constraint_name(empty_db_url: str) -> None:
+    mnestoma.upgrade(empty_db_url)
+    at_head = _schema_names(empty_db_url)
+    mnestoma.downgrade(empty_db_url, "0001")
+    at_0001 = _schema_names(empty_db_url)
+    assert "ts_weight" not in at_0001["mnests"][0]
+    assert at_0001["mnests"][1] == at_head["mnests"][1]
+    mnestoma.upgrade(empty_db_url)
+    assert _schema_names(empty_db_url) == at_head
+
+
+def test_create_all_from_models_equals_what_migrations_build(
+    empty_db_url: str, engine_name: str
+) -> None:
+    """Tests may use create_all; it must build what the revisions build (names included)."""
+    engine = make_engine(empty_db_url)
+    try:
+        Base.metadata.create_all(engine)
+        insp = inspect(engine)
+        built = {
+            t: (
+                sorted(c["name"] for c in insp.get_columns(t)),
+                sorted(str(c["name"]) for c in insp.get_check_constraints(t)),
+                sorted(str(i["name"]) for i in insp.get_indexes(t)),
+            )
+            for t in ("mnests", "events", "canonical_query_log")
+        }
+        Base.metadata.drop_all(engine)
+    finally:
+        engine.dispose()
+    mnestoma.upgrade(empty_db_url)
+    engine = make_engine(empty_db_url)
+    try:
+        insp = inspect(engine)
+        migrated = {
+            t: (
+                sorted(c["name"] for c in insp.get_columns(t)),
+                sorted(str(c["name"]) for c in insp.get_check_constraints(t)),
+                sorted(str(i["name"]) for i in insp.get_indexes(t)),
+            )
+            for t in ("mnests", "events", "canonical_query_log")
+        }
+    finally:
+        engine.dispose()
+    assert built == migrated
+
+
+def _seed_0001(url: str) -> None:
+    """Rows as the seed system writes them at revision 0001 (no ts_weight)."""
+    engine = make_engine(url)
+    rows = [
+        ("mn_seedactive00001", "search", "1", "read", "2", 0.7, 4, "active"),
+        ("mn_seedproto000001", "read", "2", "pdf.to_text", None, 0.3, 1, "proto"),
+        ("mn_seeddecaying001", "search", "1", "read", "1", 0.1, 9, "decaying"),
+    ]
+    first = datetime(2026, 1, 1, tzinfo=UTC)
+    last = datetime(2026, 2, 1, 8, 30, tzinfo=UTC)
+    if engine.dialect.name == "sqlite":
+        first_v: object = first.replace(tzinfo=None).isoformat(" ", "microseconds")
+        last_v: object = last.replace(tzinfo=None).isoformat(" ", "microseconds")
+    else:
+        first_v, last_v = first, last
+    with engine.begin() as conn:
+        for r in rows:
+            conn.execute(
+                text(
+                    "INSERT INTO mnests (id, src_executor, src_version, dst_executor, dst_version,"
+                    " weight, uses, ts_first, ts_last, decay_lambda, state)"
+                    " VALUES (:id, :s, :sv, :d, :dv, :w, :u, :f, :l, 0.018, :st)"
+                ),
+                dict(
+                    id=r[0], s=r[1], sv=r[2], d=r[3], dv=r[4], w=r[5], u=r[6], st=r[7],
+                    f=first_v, l=last_v,
+                ),
+            )
+        conn.execute(
+            text(
+                "INSERT INTO events (mnest_id, kind, ts, turn_id, weight_after, state_after)"
+                " VALUES ('mn_seedactive00001', 'created', :f, 't-1', 0.3, 'active')"
+            ),
+            {"f": first_v},
+        )
+        conn.execute(
+            text(
+                "INSERT INTO canonical_query_log (ts, raw_query, canonical_query, canonical_hash)"
+                " VALUES (:f, 'Find PDFs', 'find pdf', :h)"
+            ),
+            {"f": first_v, "h": "0" * 64},
+        )
+    engine.dispose()
+
+
+def test_a_0001_store_with_rows_upgrades_to_head_keeping_every_row(empty_db_url: str) -> None:
+    mnestoma.upgrade(empty_db_url, "0001")
+    _seed_0001(empty_db_url)
+    mnestoma.upgrade(empty_db_url)
+    m = mnestoma.Mnestoma(empty_db_url)
+    try:
+        rows = {r.id: r for r in m.edges()}
+        assert set(rows) == {"mn_seedactive00001", "mn_seedproto000001", "mn_seeddecaying001"}
+        active = rows["mn_seedactive00001"]
+        assert (active.weight, active.uses, active.state) == (0.7, 4, "active")
+        # ts_weight is backfilled from ts_last: the weight refers to the last passing.
+        assert active.ts_weight == active.ts_last == datetime(2026, 2, 1, 8, 30, tzinfo=UTC)
+        assert rows["mn_seedproto000001"].dst_version is None
+        assert [e.turn_id for e in m.events()] == ["t-1"]
+        assert [q.canonical_query for q in m.recent_queries()] == ["find pdf"]
+    finally:
+        m.close()
+    assert _diff(empty_db_url) == []
+
+
+def test_downgrade_to_0001_keeps_rows_and_re_anchors_weights_at_ts_last(
+    store_url: str, clock
+) -> None:
+    m = mnestoma.Mnestoma(store_url, clock=clock)
+    try:
+        m.record_passing("search", "1", "read", "2")
+        clock.advance(days=10)
+        m.apply_ager()  # weight now refers to ts_weight = ts_last + 10 days
+        row = m.edges()[0]
+    finally:
+        m.close()
+    mnestoma.downgrade(store_url, "0001")
+    engine = make_engine(store_url)
+    try:
+        with engine.connect() as conn:
+            weight, uses = conn.execute(text("SELECT weight, uses FROM mnests")).one()
+        assert uses == 1
+        # 0001 decays from ts_last: the stored weight is the weight at ts_last again.
+        assert row.weight == pytest.approx(0.30 * math.exp(-0.018 * 10))
+        assert weight == pytest.approx(0.30)
+    finally:
+        engine.dispose()
+    mnestoma.upgrade(store_url)
+
+
+@pytest.mark.parametrize("dialect", ["sqlite", "postgresql"])
+def test_offline_sql_script_is_produced_for_each_dialect(dialect: str) -> None:
+    url = "sqlite://" if dialect == "sqlite" else "postgresql+psycopg://"
+    sql = offline_sql(url)
+    assert "CREATE TABLE mnests" in sql
+    assert "CREATE UNIQUE INDEX ux_mnests_proto_key" in sql
+    assert "CREATE VIEW v_mnestoma" in sql
+    assert "UPDATE alembic_version SET version_num='0002'" in sql
+    if dialect == "postgresql":
+        assert "JSONB" in sql and "TIMESTAMP WITH TIME ZONE" in sql
