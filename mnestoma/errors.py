@@ -66,20 +66,25 @@ def translate_errors() -> Iterator[None]:
         yield
     except MnestomaError:
         raise
-    except sa_exc.IntegrityError as err:
-        raise ConflictError(f"constraint violated: {_message(err)}") from err
-    except sa_exc.OperationalError as err:
-        msg = _message(err)
-        if err.connection_invalidated or _looks_unreachable(msg):
-            raise DatabaseUnavailable(f"database unavailable: {msg}") from err
-        raise StoreError(f"database error: {msg}") from err
-    except sa_exc.DBAPIError as err:
-        msg = _message(err)
-        if err.connection_invalidated:
-            raise DatabaseUnavailable(f"database unavailable: {msg}") from err
-        raise StoreError(f"database error: {msg}") from err
+    except sa_exc.StatementError as err:
+        if isinstance(err.orig, MnestomaError):
+            # raised by one of our column types while binding a parameter
+            raise err.orig from None
+        raise translate(err) from err
     except sa_exc.SQLAlchemyError as err:
-        raise StoreError(f"database error: {type(err).__name__}: {err}") from err
+        raise translate(err) from err
+
+
+def translate(err: sa_exc.SQLAlchemyError) -> MnestomaError:
+    """The package error that stands for a SQLAlchemy or driver error."""
+    if not isinstance(err, sa_exc.DBAPIError):
+        return StoreError(f"database error: {type(err).__name__}")
+    msg = _message(err)
+    if isinstance(err, sa_exc.IntegrityError):
+        return ConflictError(f"constraint violated: {msg}")
+    if err.connection_invalidated or _looks_unreachable(msg):
+        return DatabaseUnavailable(f"database unavailable: {msg}")
+    return StoreError(f"database error: {msg}")
 
 
 def _looks_unreachable(msg: str) -> bool:

@@ -1,0 +1,269 @@
+"""factory-boy factories whose rows pass every constraint of the schema (contract §2).
+
+Factories write through the session bound by :func:`bind_factories` (the pytest plugin binds
+``mnestoma_session`` for every test) and take "now" from the bound clock, so that an ``old``
+edge is old for the ager too. Outside pytest::
+
+    with bind_factories(session, clock=my_clock):
+        MnestFactory.create_batch(3)
+
+Only ``Mnest``, ``Event`` and ``CanonicalQuery`` are built: the view ``v_mnestoma`` is
+read-only and the session refuses to flush it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import factory
+from factory.alchemy import SQLAlchemyModelFactory
+from sqlalchemy.orm import Session
+
+from ..models import CanonicalQuery, Event, Mnest
+from ..rules import DEFAULT_DECAY_LAMBDA, INITIAL_WEIGHT, MnestState, new_mnest_id
+from ..types import ensure_aware_utc
+
+__all__ = [
+    "CanonicalQueryFactory",
+    "DecayingMnestFactory",
+    "EventFactory",
+    "MnestFactory",
+    "ProtoMnestFactory",
+    "bind_factories",
+    "bound_session",
+    "factory_now",
+]
+
+Clock = Callable[[], datetime]
+SessionProvider = Callable[[], Session]
+
+
+@dataclass
+class _Binding:
+    session: SessionProvider | None = None
+    clock: Clock | None = None
+
+
+_binding = _Binding()
+
+
+@contextmanager
+def bind_factories(
+    session: Session | SessionProvider | None = None, *, clock: Clock | None = None
+) -> Iterator[None]:
+    """Make the factories write through ``session`` and read "now" from ``clock``.
+
+    ``session`` may be a Session or a zero-argument callable returning one (asked for only
+    when a factory first creates a row). The previous binding is restored on exit.
+    """
+    provider: SessionProvider | None
+    if session is None or isinstance(session, Session):
+        provider = (lambda: session) if session is not None else None  # type: ignore[assignment,return-value]
+    else:
+        provider = session
+    previous = _Binding(_binding.session, _binding.clock)
+    _binding.session, _binding.clock = provider, clock
+    try:
+        yield
+    finally:
+        _binding.session, _binding.clock = previous.session, previous.clock
+
+
+def bound_session() -> Session:
+    """The session the factories write through; a clear error when none is bound."""
+    if _binding.session is None:
+        raise RuntimeError(
+            "no session for mnestoma factories: use them inside a test of a suite with "
+            'pytest_plugins = ["mnestoma.testing"], or wrap the code in bind_factories(session)'
+        )
+    return _binding.session()
+
+
+def factory_now() -> datetime:
+    """The bound clock's now (the plugin binds ``mnestoma_clock``), else the system's UTC now."""
+    clock = _binding.clock
+    return ensure_aware_utc(clock() if clock is not None else datetime.now(UTC), "clock()")
+
+
+def _days_before(now: datetime, days: float) -> datetime:
+    return now - timedelta(days=days)
+
+
+def _canonical(raw: str) -> str:
+    return " ".join(raw.lower().split())
+
+
+class _MnestomaFactory(SQLAlchemyModelFactory):
+    """Common options: the bound session, flushed (never committed) on create."""
+
+    class Meta:
+        abstract = True
+        sqlalchemy_session_factory = bound_session
+        sqlalchemy_session_persistence = "flush"
+
+    @classmethod
+    def _create(cls, model_class: Any, *args: Any, **kwargs: Any) -> Any:
+        # factory-boy stores the factory's session on _meta, where a closed session of an
+        # earlier test would linger; ask for the bound one on every create instead.
+        session = cls._meta.sqlalchemy_session_factory()
+        return cls._save(model_class, session, args, kwargs)
+
+
+class MnestFactory(_MnestomaFactory):
+    """An ``active``, versioned edge ``executor_N@1.0.0 → executor_N_next@1.0.0``.
+
+    Params: ``last_seen_days_ago`` (ts_last = ts_weight = now − that), ``first_seen_days_ago``.
+    Traits: ``strong`` (0.9, 12 uses, seen now), ``weak`` (0.12: the ager makes it decaying),
+    ``old`` (last seen 120 days ago, weight 0.10), ``superseded``.
+    """
+
+    class Meta:
+        model = Mnest
+
+    class Params:
+        now = factory.LazyFunction(factory_now)
+        last_seen_days_ago = 1.0
+        first_seen_days_ago = 14.0
+        strong = factory.Trait(weight=0.9, uses=12, last_seen_days_ago=0.0)
+        weak = factory.Trait(weight=0.12, uses=1)
+        old = factory.Trait(
+            weight=0.10, uses=2, last_seen_days_ago=120.0, first_seen_days_ago=150.0
+        )
+        superseded = factory.Trait(state=MnestState.SUPERSEDED.value)
+
+    id = factory.LazyFunction(new_mnest_id)
+    src_executor = factory.Sequence(lambda n: f"executor_{n}")
+    src_version = "1.0.0"
+    dst_executor = factory.Sequence(lambda n: f"executor_{n}_next")
+    dst_version: Any = "1.0.0"
+    weight = 0.45
+    uses = 2
+    ts_last = factory.LazyAttribute(lambda o: _days_before(o.now, o.last_seen_days_ago))
+    ts_first = factory.LazyAttribute(
+        lambda o: min(o.ts_last, _days_before(o.now, o.first_seen_days_ago))
+    )
+    ts_weight = factory.SelfAttribute("ts_last")
+    decay_lambda = DEFAULT_DECAY_LAMBDA
+    state = MnestState.ACTIVE.value
+    tags: Any = None
+    desired_sig: Any = None
+
+
+class ProtoMnestFactory(MnestFactory):
+    """A proto: ``dst_version`` NULL, state ``proto``, a ``desired_sig`` for the missing tool.
+
+    Traits: ``recurring`` (4 uses, weight 0.45 now: listed by ``recurring_protos()``),
+    ``old`` (weight 0.08, 120 days: the ager prunes it).
+    """
+
+    class Params:
+        recurring = factory.Trait(weight=0.45, uses=4, last_seen_days_ago=0.0)
+        old = factory.Trait(
+            weight=0.08, uses=1, last_seen_days_ago=120.0, first_seen_days_ago=150.0
+        )
+
+    dst_executor = factory.Sequence(lambda n: f"missing_executor_{n}")
+    dst_version = None
+    weight = INITIAL_WEIGHT
+    uses = 1
+    state = MnestState.PROTO.value
+    desired_sig = factory.LazyAttribute(
+        lambda o: {
+            "summary": f"turn the output of {o.src_executor} into what {o.dst_executor} needs",
+            "inputs": [f"{o.src_executor}.output"],
+            "outputs": [f"{o.dst_executor}.result"],
+            "errors": ["InvalidInput"],
+        }
+    )
+
+
+class DecayingMnestFactory(MnestFactory):
+    """A ``decaying`` edge (weight 0.15). Trait ``old``: weight 0.04, last seen 120 days ago,
+    so ``apply_ager()`` counts it as an archive candidate."""
+
+    class Params:
+        old = factory.Trait(
+            weight=0.04, uses=3, last_seen_days_ago=120.0, first_seen_days_ago=200.0
+        )
+
+    weight = 0.15
+    uses = 3
+    state = MnestState.DECAYING.value
+
+
+class EventFactory(_MnestomaFactory):
+    """A ``created`` event of a mnest.
+
+    Pass ``mnest=<Mnest>`` or ``mnest_id=...``; with neither, a :class:`MnestFactory` row is
+    made for it (events have no foreign key: a ``mnest_id`` of a pruned row is fine).
+    Traits: ``reinforced``, ``transition`` (active → decaying), ``promoted``, ``pruned``.
+    """
+
+    class Meta:
+        model = Event
+
+    class Params:
+        mnest = None
+        reinforced = factory.Trait(
+            kind="reinforced", weight_before=0.30, weight_after=0.45, state_before="active"
+        )
+        transition = factory.Trait(
+            kind="transition",
+            weight_before=0.19,
+            weight_after=0.19,
+            state_before="active",
+            state_after="decaying",
+        )
+        promoted = factory.Trait(
+            kind="promoted", weight_before=0.45, weight_after=0.45, state_before="proto"
+        )
+        pruned = factory.Trait(
+            kind="pruned",
+            weight_before=0.04,
+            weight_after=None,
+            state_before="proto",
+            state_after=None,
+        )
+
+    # With neither mnest nor mnest_id given, a MnestFactory row is made (same strategy);
+    # an explicit mnest_id overrides this declaration, so no row is made for nothing.
+    mnest_id = factory.Maybe(
+        "mnest",
+        yes_declaration=factory.SelfAttribute("mnest.id"),
+        no_declaration=factory.SubFactory(MnestFactory),
+    )
+    kind = "created"
+    ts = factory.LazyFunction(factory_now)
+    turn_id: Any = None
+    weight_before: Any = None
+    weight_after: Any = INITIAL_WEIGHT
+    state_before: Any = None
+    state_after: Any = MnestState.ACTIVE.value
+    reason: Any = None
+    related_id: Any = None
+
+    @classmethod
+    def _adjust_kwargs(cls, **kwargs: Any) -> dict[str, Any]:
+        if isinstance(kwargs.get("mnest_id"), Mnest):
+            kwargs["mnest_id"] = kwargs["mnest_id"].id
+        return kwargs
+
+
+class CanonicalQueryFactory(_MnestomaFactory):
+    """One normalised request; ``canonical_hash`` is the SHA-256 hex of ``canonical_query``."""
+
+    class Meta:
+        model = CanonicalQuery
+
+    ts = factory.LazyFunction(factory_now)
+    turn_id = factory.Sequence(lambda n: f"turn-{n}")
+    raw_query = factory.Sequence(lambda n: f"  Find flights to City {n}  ")
+    canonical_query = factory.LazyAttribute(lambda o: _canonical(o.raw_query))
+    canonical_hash = factory.LazyAttribute(
+        lambda o: hashlib.sha256(o.canonical_query.encode("utf-8")).hexdigest()
+    )

@@ -1,0 +1,220 @@
+"""Every invariant of the contract, checked on a whole database after a test has run.
+
+``check_invariants(url)`` reads the store with plain SQL (not through the package under test)
+and fails with an ``AssertionError`` listing every broken rule. ``dump_tables(url)`` returns
+every row of every table, ordered, so a test can prove a failed call changed nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from collections import Counter, defaultdict
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import URL, Engine, make_url
+
+__all__ = ["check_invariants", "dump_tables", "plain_engine"]
+
+STATES = {"active", "proto", "decaying", "superseded"}
+KINDS = {"created", "reinforced", "transition", "promoted", "merged", "pruned"}
+COUNTED = {"created", "reinforced"}
+ID_RE = re.compile(r"^mn_[A-Za-z0-9_-]{12,}$")
+TABLES = {"mnests": "id", "events": "id", "canonical_query_log": "id"}
+
+
+def plain_engine(url: str | URL) -> Engine:
+    """An engine that talks to the store without any of the package's configuration."""
+    parsed = make_url(url) if isinstance(url, str) else url
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    return create_engine(parsed)
+
+
+def _utc(value: Any) -> datetime | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def dump_tables(url: str | URL) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of every table (and the Alembic revision), ordered by primary key."""
+    engine = plain_engine(url)
+    try:
+        with engine.connect() as conn:
+            out = {
+                table: [
+                    tuple(r) for r in conn.execute(text(f"SELECT * FROM {table} ORDER BY {key}"))
+                ]
+                for table, key in TABLES.items()
+            }
+            out["alembic_version"] = [
+                tuple(r) for r in conn.execute(text("SELECT version_num FROM alembic_version"))
+            ]
+            return out
+    finally:
+        engine.dispose()
+
+
+def _name_ok(value: Any) -> bool:
+    return isinstance(value, str) and bool(value.strip()) and len(value) <= 255
+
+
+def check_invariants(url: str | URL) -> None:
+    """Assert every invariant of the contract on the database at ``url``."""
+    engine = plain_engine(url)
+    problems: list[str] = []
+    try:
+        with engine.connect() as conn:
+            if engine.dialect.name == "sqlite":
+                integrity = [r[0] for r in conn.exec_driver_sql("PRAGMA integrity_check")]
+                if integrity != ["ok"]:
+                    problems.append(f"PRAGMA integrity_check: {integrity[:5]}")
+                fk = conn.exec_driver_sql("PRAGMA foreign_key_check").all()
+                if fk:
+                    problems.append(f"PRAGMA foreign_key_check: {fk[:5]}")
+            mnests = conn.execute(text("SELECT * FROM mnests ORDER BY id")).mappings().all()
+            events = conn.execute(text("SELECT * FROM events ORDER BY id")).mappings().all()
+            queries = conn.execute(text("SELECT * FROM canonical_query_log")).mappings().all()
+            view_ids = sorted(r[0] for r in conn.execute(text("SELECT id FROM v_mnestoma")))
+    finally:
+        engine.dispose()
+
+    rows = {r["id"]: r for r in mnests}
+    _check_rows(mnests, problems)
+    _check_keys(mnests, problems)
+    _check_events(rows, events, problems)
+    expected_view = sorted(i for i, r in rows.items() if r["state"] in ("active", "proto"))
+    if view_ids != expected_view:
+        problems.append("v_mnestoma does not hold exactly the active and proto rows")
+    for q in queries:
+        digest = hashlib.sha256(q["canonical_query"].encode("utf-8")).hexdigest()
+        if q["canonical_hash"] != digest:
+            problems.append(f"canonical_query_log {q['id']}: hash is not sha256 of the query")
+        if q["ts"] is None:
+            problems.append(f"canonical_query_log {q['id']}: no ts")
+    assert not problems, "invariants broken:\n  " + "\n  ".join(problems[:40])
+
+
+def _check_rows(mnests: Any, problems: list[str]) -> None:
+    for r in mnests:
+        rid = r["id"]
+        if not isinstance(rid, str) or not ID_RE.match(rid):
+            problems.append(f"{rid!r}: id is not mn_ + at least 12 url-safe characters")
+        for col in ("src_executor", "src_version", "dst_executor"):
+            if not _name_ok(r[col]):
+                problems.append(f"{rid}: {col} empty or over 255 characters")
+        if r["dst_version"] is not None and not _name_ok(r["dst_version"]):
+            problems.append(f"{rid}: dst_version empty or over 255 characters")
+        w = r["weight"]
+        if w is None or not math.isfinite(w) or not 0.0 <= w <= 1.0:
+            problems.append(f"{rid}: weight {w!r} outside [0, 1]")
+        lam = r["decay_lambda"]
+        if lam is None or not math.isfinite(lam) or lam < 0:
+            problems.append(f"{rid}: decay_lambda {lam!r} negative")
+        if r["uses"] is None or r["uses"] < 1:
+            problems.append(f"{rid}: uses {r['uses']!r} < 1")
+        first, last, wts = _utc(r["ts_first"]), _utc(r["ts_last"]), _utc(r["ts_weight"])
+        if first is None or last is None or wts is None:
+            problems.append(f"{rid}: a timestamp is NULL")
+        elif last < first:
+            problems.append(f"{rid}: ts_last {last} before ts_first {first}")
+        state = r["state"]
+        if state not in STATES:
+            problems.append(f"{rid}: unknown state {state!r}")
+        if state == "proto" and r["dst_version"] is not None:
+            problems.append(f"{rid}: a proto with a dst_version")
+        if state in ("active", "decaying") and r["dst_version"] is None:
+            problems.append(f"{rid}: {state} row without dst_version")
+        if state in ("active", "decaying") and r["desired_sig"] is not None:
+            problems.append(f"{rid}: {state} row keeps a desired_sig")
+
+
+def _check_keys(mnests: Any, problems: list[str]) -> None:
+    keys = Counter(
+        (r["src_executor"], r["src_version"], r["dst_executor"], r["dst_version"], r["state"])
+        for r in mnests
+    )
+    for key, n in keys.items():
+        if n > 1:
+            problems.append(f"key {key} held by {n} rows")
+    protos = Counter(
+        (r["src_executor"], r["src_version"], r["dst_executor"])
+        for r in mnests
+        if r["state"] == "proto"
+    )
+    for key, n in protos.items():
+        if n > 1:
+            problems.append(f"{n} protos for {key}")
+
+
+def _check_events(rows: dict[str, Any], events: Any, problems: list[str]) -> None:
+    counted: Counter[str] = Counter()
+    created: Counter[str] = Counter()
+    gone: set[str] = set()
+    merged_in: dict[str, list[str]] = defaultdict(list)
+    turn_edges: Counter[tuple[str, str]] = Counter()
+    last_state: dict[str, str | None] = {}
+    for e in events:
+        eid, mid, kind = e["id"], e["mnest_id"], e["kind"]
+        if kind not in KINDS:
+            problems.append(f"event {eid}: unknown kind {kind!r}")
+        if mid is None or e["ts"] is None:
+            problems.append(f"event {eid}: no mnest_id or no ts")
+        for col in ("weight_before", "weight_after"):
+            w = e[col]
+            if w is not None and (not math.isfinite(w) or not -1e-12 <= w <= 1.0 + 1e-12):
+                problems.append(f"event {eid}: {col} {w!r} outside [0, 1]")
+        for col in ("state_before", "state_after"):
+            if e[col] is not None and e[col] not in STATES:
+                problems.append(f"event {eid}: {col} {e[col]!r} unknown")
+        if kind in COUNTED:
+            counted[mid] += 1
+            if e["turn_id"] is not None:
+                turn_edges[(e["turn_id"], mid)] += 1
+        if kind == "created":
+            created[mid] += 1
+        if kind == "pruned" or (kind == "merged" and e["state_before"] == "active"):
+            gone.add(mid)
+        if kind == "merged" and e["state_before"] == "decaying":
+            merged_in[mid].append(e["related_id"])
+        if kind != "pruned":
+            last_state[mid] = e["state_after"]
+
+    for (turn, mid), n in turn_edges.items():
+        if n > 1:
+            problems.append(f"turn {turn!r} counted {n} times on {mid}")
+    for mid in counted:
+        if mid not in rows and mid not in gone:
+            problems.append(f"{mid}: has passings but is gone without a pruned/merged event")
+    for mid in gone:
+        if mid in rows:
+            problems.append(f"{mid}: pruned or merged away, yet still present")
+
+    memo: dict[str, int] = {}
+
+    def expected_uses(mid: str, depth: int = 0) -> int:
+        if mid not in memo:
+            if depth > 10_000:
+                raise AssertionError(f"merge cycle through {mid}")
+            memo[mid] = counted[mid] + sum(expected_uses(a, depth + 1) for a in merged_in[mid])
+        return memo[mid]
+
+    for mid, r in rows.items():
+        if created[mid] != 1:
+            problems.append(f"{mid}: {created[mid]} created events (expected 1)")
+        want = expected_uses(mid)
+        if r["uses"] != want:
+            problems.append(
+                f"{mid}: uses {r['uses']} but {counted[mid]} created/reinforced events"
+                f" + merged-in uses = {want}"
+            )
+        if last_state.get(mid) != r["state"]:
+            problems.append(
+                f"{mid}: state {r['state']!r} but its last event ends in {last_state.get(mid)!r}"
+            )
