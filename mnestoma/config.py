@@ -117,11 +117,11 @@ def _make_sqlite_engine(url: URL, **kwargs: Any) -> Engine:
     connect_args.setdefault("timeout", SQLITE_BUSY_TIMEOUT_MS / 1000)
     connect_args.setdefault("check_same_thread", False)
     engine = create_engine(url, connect_args=connect_args, **kwargs)
-    _configure_sqlite(engine)
+    _configure_sqlite(engine, busy_timeout_ms=int(float(connect_args["timeout"]) * 1000))
     return engine
 
 
-def _configure_sqlite(engine: Engine) -> None:
+def _configure_sqlite(engine: Engine, *, busy_timeout_ms: int) -> None:
     """The pysqlite recipe: the driver stops issuing BEGIN itself; we emit our own."""
 
     @event.listens_for(engine, "connect")
@@ -129,7 +129,7 @@ def _configure_sqlite(engine: Engine) -> None:
         dbapi_conn.isolation_level = None
         cur = dbapi_conn.cursor()
         try:
-            cur.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+            cur.execute(f"PRAGMA busy_timeout = {busy_timeout_ms}")
             cur.execute("PRAGMA journal_mode = WAL")
             cur.execute("PRAGMA synchronous = NORMAL")
             cur.execute("PRAGMA foreign_keys = ON")

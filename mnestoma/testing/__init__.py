@@ -1,0 +1,55 @@
+"""Test kit for suites that use mnestoma: factories, a movable clock and pytest fixtures.
+
+One line in a ``conftest.py`` enables it::
+
+    pytest_plugins = ["mnestoma.testing"]
+
+It gives the fixtures ``mnestoma_engine``, ``mnestoma_session``, ``mnestoma_clock``,
+``mnestoma_uow`` and ``mnestoma_repository``; inside a test the factories write through
+``mnestoma_session`` (rolled back after the test) with no further set-up.
+"""
+
+from __future__ import annotations
+
+from .clock import DEFAULT_START, MovableClock
+from .factories import (
+    CanonicalQueryFactory,
+    DecayingMnestFactory,
+    EventFactory,
+    MnestFactory,
+    ProtoMnestFactory,
+    bind_factories,
+    bound_session,
+    factory_now,
+)
+from .plugin import (
+    ENV_TEST_DATABASE_URL,
+    _mnestoma_factories,
+    mnestoma_clock,
+    mnestoma_engine,
+    mnestoma_repository,
+    mnestoma_session,
+    mnestoma_uow,
+)
+
+__all__ = [
+    "DEFAULT_START",
+    "ENV_TEST_DATABASE_URL",
+    "CanonicalQueryFactory",
+    "DecayingMnestFactory",
+    "EventFactory",
+    "MnestFactory",
+    "MovableClock",
+    "ProtoMnestFactory",
+    "bind_factories",
+    "bound_session",
+    "factory_now",
+    "mnestoma_clock",
+    "mnestoma_engine",
+    "mnestoma_repository",
+    "mnestoma_session",
+    "mnestoma_uow",
+]
+
+# Re-exported so that pytest finds the autouse fixture in this plugin module.
+_ = _mnestoma_factories

@@ -1,0 +1,186 @@
+"""Where the database is (contract §3) and how the engines are configured."""
+
+from __future__ import annotations
+
+import logging
+import stat
+import threading
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+
+from mnestoma import InvalidInput, make_engine, make_session_factory, resolve_database_url
+from mnestoma.config import redact_url
+
+ENV = ("MNESTOMA_DATABASE_URL", "MNESTOMA_DB_PATH", "METNOS_WORKSPACE")
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for name in ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)
+
+
+def test_an_explicit_url_wins_over_every_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MNESTOMA_DATABASE_URL", "sqlite:////env/url.sqlite")
+    monkeypatch.setenv("MNESTOMA_DB_PATH", "/env/path.sqlite")
+    assert resolve_database_url("sqlite:////explicit.sqlite").database == "/explicit.sqlite"
+
+
+def test_the_url_variable_comes_second(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MNESTOMA_DATABASE_URL", "postgresql://u@db.example/mn")
+    monkeypatch.setenv("MNESTOMA_DB_PATH", "/env/path.sqlite")
+    url = resolve_database_url()
+    assert (url.drivername, url.host, url.database) == ("postgresql+psycopg", "db.example", "mn")
+
+
+def test_the_path_variable_comes_third(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("MNESTOMA_DB_PATH", str(tmp_path / "p.sqlite"))
+    monkeypatch.setenv("METNOS_WORKSPACE", str(tmp_path / "ws"))
+    url = resolve_database_url()
+    assert url.get_backend_name() == "sqlite"
+    assert url.database == str(tmp_path / "p.sqlite")
+
+
+def test_the_workspace_comes_fourth(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("METNOS_WORKSPACE", str(tmp_path / "ws"))
+    assert resolve_database_url().database == str(tmp_path / "ws" / ".mnestoma" / "mnest.sqlite")
+
+
+def test_the_current_directory_is_the_last_resort(tmp_path: Path) -> None:
+    assert resolve_database_url().database == str(tmp_path / ".mnestoma" / "mnest.sqlite")
+
+
+def test_a_bare_postgresql_url_uses_psycopg_3() -> None:
+    assert resolve_database_url("postgresql://u@h/db").drivername == "postgresql+psycopg"
+
+
+@pytest.mark.parametrize("bad", ["not a url", "mysql://u@h/db", "oracle://x"])
+def test_a_bad_or_unsupported_url_is_invalid_input(bad: str) -> None:
+    with pytest.raises(InvalidInput):
+        resolve_database_url(bad)
+
+
+def test_an_unparsable_url_error_never_shows_its_password() -> None:
+    with pytest.raises(InvalidInput) as caught:
+        resolve_database_url("mysql://user:hunter2@host/db")
+    assert "hunter2" not in str(caught.value)
+
+
+def test_redacted_urls_hide_the_password() -> None:
+    text_ = redact_url("postgresql+psycopg://user:hunter2@host:5432/db")
+    assert "hunter2" not in text_ and "user" in text_ and "host" in text_
+
+
+def test_the_sqlite_parent_folder_is_created_private(tmp_path: Path) -> None:
+    target = tmp_path / "deep" / "er" / "mnest.sqlite"
+    engine = make_engine(f"sqlite:///{target}")
+    try:
+        assert target.parent.is_dir()
+        assert stat.S_IMODE(target.parent.stat().st_mode) == 0o700
+    finally:
+        engine.dispose()
+
+
+def test_sqlite_runs_in_wal_with_busy_timeout_and_foreign_keys(tmp_path: Path) -> None:
+    engine = make_engine(f"sqlite:///{tmp_path / 'a.sqlite'}")
+    try:
+        with engine.connect() as conn:
+            assert conn.execute(text("PRAGMA journal_mode")).scalar() == "wal"
+            assert conn.execute(text("PRAGMA busy_timeout")).scalar() >= 5000
+            assert conn.execute(text("PRAGMA foreign_keys")).scalar() == 1
+    finally:
+        engine.dispose()
+
+
+def test_sqlite_write_transactions_begin_immediate(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The write lock is taken at BEGIN: a second writer waits instead of failing later."""
+    path = tmp_path / "lock.sqlite"
+    engine = make_engine(f"sqlite:///{path}")
+    other = make_engine(f"sqlite:///{path}", connect_args={"timeout": 0.05})
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("CREATE TABLE t (x INTEGER)"))
+        holder = engine.connect()
+        holder.execute(text("SELECT 1"))  # BEGIN IMMEDIATE: the write lock is now held
+        with pytest.raises(Exception, match="locked"), other.connect() as conn2:
+            conn2.execute(text("SELECT 1"))
+        holder.rollback()
+        holder.close()
+    finally:
+        engine.dispose()
+        other.dispose()
+
+
+def test_sqlite_savepoints_work(tmp_path: Path) -> None:
+    engine = make_engine(f"sqlite:///{tmp_path / 'sp.sqlite'}")
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("CREATE TABLE t (x INTEGER)"))
+        sessions = make_session_factory(engine)
+        with sessions() as s:
+            s.execute(text("INSERT INTO t VALUES (1)"))
+            nested = s.begin_nested()
+            s.execute(text("INSERT INTO t VALUES (2)"))
+            nested.rollback()
+            s.commit()
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT x FROM t")).scalars().all() == [1]
+    finally:
+        engine.dispose()
+
+
+def test_concurrent_sqlite_writers_wait_for_each_other(tmp_path: Path) -> None:
+    engine = make_engine(f"sqlite:///{tmp_path / 'c.sqlite'}")
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE n (v INTEGER)"))
+        conn.execute(text("INSERT INTO n VALUES (0)"))
+    errors: list[BaseException] = []
+
+    def bump() -> None:
+        try:
+            for _ in range(50):
+                with engine.begin() as conn:
+                    v = conn.execute(text("SELECT v FROM n")).scalar_one()
+                    conn.execute(text("UPDATE n SET v = :v"), {"v": v + 1})
+        except BaseException as err:  # pragma: no cover - the assertion shows it
+            errors.append(err)
+
+    threads = [threading.Thread(target=bump) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT v FROM n")).scalar_one() == 200
+    engine.dispose()
+    assert errors == []
+
+
+def test_postgresql_engines_ping_their_connections() -> None:
+    engine = make_engine("postgresql://u:pw@127.0.0.1:1/db")
+    assert engine.pool._pre_ping is True
+    engine.dispose()
+
+
+def test_no_engine_or_session_is_built_at_import() -> None:
+    import mnestoma
+
+    assert not any(
+        type(v).__name__ in {"Engine", "Session", "sessionmaker"} for v in vars(mnestoma).values()
+    )
+
+
+def test_a_password_never_reaches_the_engine_log(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO)
+    engine = make_engine("postgresql://u:hunter2@127.0.0.1:1/db", echo=True)
+    logging.getLogger("x").info("engine %s", engine)
+    engine.dispose()
+    assert "hunter2" not in caplog.text
+    assert "hunter2" not in repr(engine)
