@@ -22,6 +22,8 @@ from sqlalchemy.engine import URL, make_url
 import mnestoma
 from mnestoma.config import make_engine
 
+pytest_plugins = ["mnestoma.testing"]
+
 PG_ADMIN_URL = os.environ.get(
     "MNESTOMA_TEST_PG_ADMIN_URL", "postgresql+psycopg://root@127.0.0.1:5432/test"
 )

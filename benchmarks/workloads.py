@@ -1,0 +1,298 @@
+"""The workloads, each runnable on the package (SQLite or PostgreSQL) or on the baseline.
+
+A *store* is either a :class:`mnestoma.Mnestoma` or a :class:`benchmarks.baseline.Baseline`:
+both offer the same five methods. ``impl`` names which one: ``package``, ``baseline`` or
+``package-pg``; ``where`` is a SQLite file path or a PostgreSQL URL.
+"""
+
+from __future__ import annotations
+
+import random
+import resource
+import threading
+import time
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from .baseline import Baseline
+from .data import NOW, FixedClock
+
+__all__ = [
+    "Edge",
+    "ager_once",
+    "edge_snapshot",
+    "make_edges",
+    "make_turns",
+    "open_store",
+    "path_ids",
+    "run_record_passing",
+    "run_record_turn",
+    "run_suggest",
+    "run_walk",
+    "run_writers",
+    "summary",
+]
+
+Edge = tuple[str, str, str, str]
+HOT_EDGE: Edge = ("planner", "1", "search", "1")
+
+
+def _url(impl: str, where: str) -> str:
+    return where if impl == "package-pg" else f"sqlite:///{Path(where).absolute()}"
+
+
+def open_store(impl: str, where: str, clock: Any = None) -> Any:
+    """The package's facade or the baseline on ``where``, with a stopped clock at NOW."""
+    clock = clock if clock is not None else FixedClock(NOW)
+    if impl == "baseline":
+        return Baseline(where, clock=clock)
+    from mnestoma import Mnestoma
+
+    return Mnestoma(_url(impl, where), clock=clock)
+
+
+def _engine(impl: str, where: str) -> Any:
+    from sqlalchemy import create_engine
+
+    url = _url(impl, where)
+    if url.startswith("postgresql://"):
+        url = "postgresql+psycopg://" + url[len("postgresql://") :]
+    return create_engine(url)
+
+
+# --- the recording workloads ----------------------------------------------------------------
+
+
+def make_edges(n: int, prefix: str = "t") -> list[Edge]:
+    """``n`` distinct active edges."""
+    return [(f"{prefix}{i}", "1", f"{prefix}{i + 1}", "2") for i in range(n)]
+
+
+def run_record_passing(store: Any, edges: Sequence[Edge], repeats: int, seed: int = 3) -> float:
+    """One ``record_passing`` per call (one transaction each) over ``edges``, each edge
+    ``repeats`` times in a shuffled order; returns the seconds taken."""
+    calls = [e for e in edges for _ in range(repeats)]
+    random.Random(seed).shuffle(calls)
+    record = store.record_passing
+    start = time.perf_counter()
+    for e in calls:
+        record(*e)
+    return time.perf_counter() - start
+
+
+def make_turns(turns: int, size: int, pool: int, seed: int = 5) -> list[tuple[str, list[Edge]]]:
+    """``turns`` turns of ``size`` distinct passings drawn from ``pool`` edges."""
+    rng = random.Random(seed)
+    edges = make_edges(pool, prefix="u")
+    return [(f"turn-{t}", rng.sample(edges, size)) for t in range(turns)]
+
+
+def run_record_turn(store: Any, turns: Sequence[tuple[str, list[Edge]]]) -> float:
+    """One ``record_turn`` per turn; returns the seconds taken."""
+    start = time.perf_counter()
+    for turn_id, passings in turns:
+        store.record_turn(turn_id, passings)
+    return time.perf_counter() - start
+
+
+# --- reading --------------------------------------------------------------------------------
+
+
+def path_ids(path: Sequence[Any]) -> tuple[str, ...]:
+    """The ids along a path of Mnest objects or baseline rows."""
+    return tuple(m.id if hasattr(m, "id") else m[0] for m in path)
+
+
+def run_walk(
+    store: Any, sources: Sequence[str], depth: int = 3
+) -> tuple[list[float], list[list[tuple[str, ...]]]]:
+    """One walk per source after one untimed warm-up; per-call seconds and the paths."""
+    store.walk(sources[0], max_depth=depth)
+    times, found = [], []
+    for src in sources:
+        start = time.perf_counter()
+        paths = store.walk(src, max_depth=depth)
+        times.append(time.perf_counter() - start)
+        found.append([path_ids(p) for p in paths])
+    return times, found
+
+
+def run_suggest(
+    store: Any, sources: Sequence[str], k: int = 5
+) -> tuple[list[float], list[list[str]]]:
+    """One ``suggest_next`` per source after one untimed warm-up; per-call seconds and ids."""
+    store.suggest_next(sources[0], k=k)
+    times, found = [], []
+    for src in sources:
+        start = time.perf_counter()
+        hits = store.suggest_next(src, k=k)
+        times.append(time.perf_counter() - start)
+        found.append([path_ids([m])[0] for m, _w in hits])
+    return times, found
+
+
+# --- the ager -------------------------------------------------------------------------------
+
+
+def _maxrss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
+
+
+def ager_once(impl: str, where: str, now: datetime = NOW) -> dict[str, Any]:
+    """Open a store, run the ager once; seconds, peak-RSS growth (MB) and its report.
+
+    Run it in a fresh process to read the memory figure: ``ru_maxrss`` is a high-water mark.
+    """
+    store = open_store(impl, where, FixedClock(now))
+    try:
+        store.suggest_next("warm-up")  # connections, pragmas and imports before the baseline
+        rss_before = _maxrss_mb()
+        start = time.perf_counter()
+        report = store.apply_ager()
+        seconds = time.perf_counter() - start
+        rss_after = _maxrss_mb()
+    finally:
+        store.close()
+    fields = report if isinstance(report, dict) else _report_dict(report)
+    return {"seconds": seconds, "rss_growth_mb": rss_after - rss_before, "report": fields}
+
+
+def _report_dict(report: Any) -> dict[str, int]:
+    keys = ("decayed", "to_decaying", "merged", "protos_pruned", "archive_candidates")
+    return {k: int(getattr(report, k)) for k in keys}
+
+
+# --- concurrent writers ---------------------------------------------------------------------
+
+
+def _writer(
+    impl: str, where: str, calls: int, barrier: Any, results: Any, use_real_clock: bool
+) -> None:
+    from datetime import UTC
+
+    clock = (lambda: datetime.now(UTC)) if use_real_clock else None
+    store = open_store(impl, where, clock)
+    ok = failed = 0
+    try:
+        store.suggest_next("warm-up")
+        barrier.wait()
+        start = time.perf_counter()
+        for _ in range(calls):
+            try:
+                store.record_passing(*HOT_EDGE)
+                ok += 1
+            except Exception:
+                failed += 1
+        end = time.perf_counter()
+    finally:
+        store.close()
+    results.put((ok, failed, start, end))
+
+
+def run_writers(
+    impl: str, where: str, writers: int, calls: int, *, processes: bool = True
+) -> dict[str, Any]:
+    """``writers`` concurrent writers on one hot edge; calls/s and the lost-update check."""
+    import multiprocessing
+    import queue as queue_mod
+
+    store = open_store(impl, where)
+    store.record_passing(*HOT_EDGE)  # the edge exists before the race: uses starts at 1
+    store.close()
+    if processes:
+        ctx = multiprocessing.get_context("spawn")
+        barrier, results = ctx.Barrier(writers), ctx.Queue()
+        workers: list[Any] = [
+            ctx.Process(target=_writer, args=(impl, where, calls, barrier, results, True))
+            for _ in range(writers)
+        ]
+    else:
+        barrier, results = threading.Barrier(writers), queue_mod.Queue()
+        workers = [
+            threading.Thread(target=_writer, args=(impl, where, calls, barrier, results, True))
+            for _ in range(writers)
+        ]
+    for w in workers:
+        w.start()
+    outcomes = [results.get(timeout=600) for _ in workers]
+    for w in workers:
+        w.join()
+    ok = sum(o[0] for o in outcomes)
+    failed = sum(o[1] for o in outcomes)
+    elapsed = max(o[3] for o in outcomes) - min(o[2] for o in outcomes)
+    engine = _engine(impl, where)
+    try:
+        from sqlalchemy import text
+
+        with engine.connect() as conn:
+            uses = conn.execute(
+                text(
+                    "SELECT uses FROM mnests WHERE src_executor = :s AND src_version = :sv"
+                    " AND dst_executor = :d AND dst_version = :dv AND state = 'active'"
+                ),
+                dict(zip(("s", "sv", "d", "dv"), HOT_EDGE, strict=True)),
+            ).scalar_one()
+            reinforced = conn.execute(
+                text("SELECT count(*) FROM events WHERE kind = 'reinforced'")
+            ).scalar_one()
+    finally:
+        engine.dispose()
+    return {
+        "calls": ok,
+        "failed": failed,
+        "seconds": elapsed,
+        "calls_per_s": ok / elapsed if elapsed > 0 else float("nan"),
+        "uses": uses,
+        "lost": (1 + ok) - uses,
+        "reinforced_events": reinforced,
+    }
+
+
+# --- what a run left behind -----------------------------------------------------------------
+
+
+def summary(impl: str, where: str) -> dict[str, Any]:
+    """Aggregates to compare two stores: rows, uses and weights by state, events by kind."""
+    from sqlalchemy import text
+
+    engine = _engine(impl, where)
+    try:
+        with engine.connect() as conn:
+            states = {
+                r[0]: (int(r[1]), int(r[2]), round(float(r[3]), 6))
+                for r in conn.execute(
+                    text(
+                        "SELECT state, count(*), sum(uses), sum(weight) FROM mnests"
+                        " GROUP BY state ORDER BY state"
+                    )
+                )
+            }
+            events = {
+                r[0]: int(r[1])
+                for r in conn.execute(
+                    text("SELECT kind, count(*) FROM events GROUP BY kind ORDER BY kind")
+                )
+            }
+    finally:
+        engine.dispose()
+    return {"states": states, "events": events}
+
+
+def edge_snapshot(impl: str, where: str) -> list[tuple[Any, ...]]:
+    """Every row's key, state, uses and weight (rounded), sorted: equal for equal work."""
+    from sqlalchemy import text
+
+    engine = _engine(impl, where)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(
+                text(
+                    "SELECT src_executor, src_version, dst_executor, dst_version, state, uses,"
+                    " weight FROM mnests"
+                )
+            ).all()
+    finally:
+        engine.dispose()
+    return sorted((*r[:6], round(float(r[6]), 9)) for r in rows)
