@@ -74,8 +74,7 @@ def _eff(alias: str = "") -> str:
     """The decay formula in SQL for the row ``alias`` (the same formula as the package)."""
     p = f"{alias}." if alias else ""
     return (
-        f"({p}weight * exp(-{p}decay_lambda * "
-        f"max(0.0, julianday(:now) - julianday({p}ts_weight))))"
+        f"({p}weight * exp(-{p}decay_lambda * max(0.0, julianday(:now) - julianday({p}ts_weight))))"
     )
 
 
@@ -88,8 +87,7 @@ _SEL_PROTO = (
     " AND dst_executor = ? AND dst_version IS NULL AND state = 'proto'"
 )
 _SEL_TURN_DONE = (
-    "SELECT 1 FROM events WHERE turn_id = ? AND mnest_id = ?"
-    " AND kind IN ('created', 'reinforced')"
+    "SELECT 1 FROM events WHERE turn_id = ? AND mnest_id = ? AND kind IN ('created', 'reinforced')"
 )
 _UPD_REINFORCE = (
     "UPDATE mnests SET weight = ?, uses = uses + 1, ts_last = ?, ts_weight = ?,"
@@ -182,9 +180,12 @@ class Baseline:
     def __init__(self, path: str, *, clock: Clock | None = None) -> None:
         self._clock: Clock = clock or _utc_now
         con = sqlite3.connect(
-            path, isolation_level=None, check_same_thread=False, timeout=30.0,
+            path,
+            isolation_level=None,
+            check_same_thread=False,
+            timeout=30.0,
             cached_statements=256,
-        )  # fmt: skip
+        )
         con.execute("PRAGMA busy_timeout = 30000")
         con.execute("PRAGMA journal_mode = WAL")
         con.execute("PRAGMA synchronous = NORMAL")
@@ -267,8 +268,18 @@ class Baseline:
         ts = format_ts(now.replace(tzinfo=UTC))
         state = "active" if dst_exists else "proto"
         values = (
-            mid, *key, INITIAL_WEIGHT, 1, ts, ts, ts, DEFAULT_DECAY_LAMBDA, state, tags, sig,
-        )  # fmt: skip
+            mid,
+            *key,
+            INITIAL_WEIGHT,
+            1,
+            ts,
+            ts,
+            ts,
+            DEFAULT_DECAY_LAMBDA,
+            state,
+            tags,
+            sig,
+        )
         event = (mid, "created", ts, turn_id, None, INITIAL_WEIGHT, None, state, None, None)
         return values, event
 
@@ -287,8 +298,18 @@ class Baseline:
         t_weight = format_ts(ts_weight.replace(tzinfo=UTC))
         new_tags = tags if tags is not None else row[12]
         new_sig = sig if sig is not None else row[13]
-        new_row = (*row[:5], after, uses + 1, row[7], t_last, t_weight, lam, state, new_tags,
-                   new_sig)  # fmt: skip
+        new_row = (
+            *row[:5],
+            after,
+            uses + 1,
+            row[7],
+            t_last,
+            t_weight,
+            lam,
+            state,
+            new_tags,
+            new_sig,
+        )
         update = (after, t_last, t_weight, tags, sig, mid)
         event = (mid, "reinforced", t_last, turn_id, before, after, state, state, None, None)
         return new_row, update, event

@@ -89,9 +89,21 @@ def graph_rows(executors: int, degree: int = 10, seed: int = 11) -> Iterator[Row
             ts = rng.choice(times)
             first = ts - timedelta(days=rng.randint(0, 30))
             yield (
-                f"mn_g{n:012d}", f"e{e}", "1", f"e{t}", "1", rng.uniform(0.3, 1.0),
-                rng.randint(1, 50), first, ts, ts, 0.018, "active", None, None,
-            )  # fmt: skip
+                f"mn_g{n:012d}",
+                f"e{e}",
+                "1",
+                f"e{t}",
+                "1",
+                rng.uniform(0.3, 1.0),
+                rng.randint(1, 50),
+                first,
+                ts,
+                ts,
+                0.018,
+                "active",
+                None,
+                None,
+            )
             n += 1
 
 
@@ -195,6 +207,13 @@ class PostgresServer:
         self._prefix = f"mnestoma_bench_{secrets.token_hex(3)}"
         self._templates: dict[str, str] = {}
         self._databases: list[str] = []
+
+    def version(self) -> str:
+        """The server's version number."""
+        from sqlalchemy import text
+
+        with self._admin.connect() as conn:
+            return str(conn.execute(text("SHOW server_version")).scalar_one()).split()[0]
 
     def url(self, database: str) -> str:
         """The URL of one database on this server (password kept, never printed)."""

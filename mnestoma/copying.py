@@ -121,9 +121,7 @@ def table_checksum(conn: Connection, table: Table, *, id_above: int | None = Non
     return _table_digest(conn, table, id_above=id_above, offset=0).hexdigest
 
 
-def _table_digest(
-    conn: Connection, table: Table, *, id_above: int | None, offset: int
-) -> _Digest:
+def _table_digest(conn: Connection, table: Table, *, id_above: int | None, offset: int) -> _Digest:
     columns = [c.key for c in table.columns]
     digest = _Digest()
     stmt = select(table)
@@ -155,9 +153,10 @@ def _same_database(a: URL, b: URL) -> bool:
     if a.get_backend_name() == "sqlite":
         from pathlib import Path
 
-        return Path(a.database or "").expanduser().resolve() == Path(
-            b.database or ""
-        ).expanduser().resolve()
+        return (
+            Path(a.database or "").expanduser().resolve()
+            == Path(b.database or "").expanduser().resolve()
+        )
     keys = ("host", "port", "database")
     return all(getattr(a, k) == getattr(b, k) for k in keys)
 
@@ -232,9 +231,7 @@ def _copy(
             for table, int_id in TABLES:
                 offsets[table.name] = _max_id(tconn, table) if (append and int_id) else 0
                 if append:
-                    before_digest[table.name] = _table_digest(
-                        tconn, table, id_above=None, offset=0
-                    )
+                    before_digest[table.name] = _table_digest(tconn, table, id_above=None, offset=0)
             source_digest: dict[str, _Digest] = {}
             with progress(sum(counts.values())) as advance:
                 for table, _ in TABLES:

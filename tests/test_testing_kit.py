@@ -283,5 +283,5 @@ def test_clock_returns_aware_utc_and_moves_only_when_told() -> None:
 def test_clock_set_refuses_a_naive_datetime() -> None:
     clock = MovableClock()
     with pytest.raises(mnestoma.InvalidInput):
-        clock.set(datetime(2026, 5, 1, 12, 0))  # noqa: DTZ001 - naive on purpose
+        clock.set(datetime(2026, 5, 1, 12, 0))  # naive on purpose
     assert clock() == DEFAULT_START

@@ -92,9 +92,7 @@ def mnestoma_clock() -> MovableClock:
 
 
 @pytest.fixture
-def mnestoma_uow(
-    mnestoma_session: Session, mnestoma_clock: MovableClock
-) -> Iterator[UnitOfWork]:
+def mnestoma_uow(mnestoma_session: Session, mnestoma_clock: MovableClock) -> Iterator[UnitOfWork]:
     """A :class:`~mnestoma.UnitOfWork` already entered, on ``mnestoma_session``, driven by
     ``mnestoma_clock``.
 
@@ -109,9 +107,7 @@ def mnestoma_uow(
 
 
 @pytest.fixture
-def mnestoma_repository(
-    mnestoma_session: Session, mnestoma_clock: MovableClock
-) -> MnestRepository:
+def mnestoma_repository(mnestoma_session: Session, mnestoma_clock: MovableClock) -> MnestRepository:
     """A :class:`~mnestoma.MnestRepository` on ``mnestoma_session`` with ``mnestoma_clock``."""
     return MnestRepository(mnestoma_session, clock=mnestoma_clock)
 

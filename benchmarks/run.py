@@ -1,0 +1,692 @@
+"""Run every workload on the package and on the baseline, interleaved, and print a table.
+
+``python -m benchmarks [--quick] [--postgresql URL] [--only NAME[,NAME]] [--rounds N]``
+
+Ratios are package time / baseline time (lower is better; 1.0 means as fast as
+hand-written ``sqlite3``). The exit status is 1 when a consistency check fails (the package
+and the baseline disagree after the same work); a missed performance target only prints MISS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field, replace
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+from . import workloads as w
+from .data import PostgresServer, SqliteFiles, ager_rows, graph_rows, graph_sources
+
+__all__ = ["FULL", "QUICK", "WORKLOADS", "Check", "Report", "Result", "Sizes", "main", "run"]
+
+PKG, BASE, PG = "package", "baseline", "package-pg"
+LABELS = {PKG: "package SQLite", BASE: "baseline sqlite3", PG: "package PostgreSQL"}
+WORKLOADS = ("record_passing", "record_turn", "apply_ager", "walk", "suggest_next", "writers")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How big each workload is and how many rounds it runs."""
+
+    rounds: int
+    passing_edges: int
+    passing_repeats: int
+    turns: int
+    turn_size: int
+    turn_pool: int
+    ager_sizes: tuple[int, ...]
+    ager_rounds: int
+    graph_executors: int
+    walk_sources: int
+    suggest_calls: int
+    writers: int
+    writer_calls: int
+    isolate: bool  # ager in a fresh process (memory figures), writers as processes
+
+
+FULL = Sizes(
+    rounds=5,
+    passing_edges=1_000,
+    passing_repeats=3,
+    turns=200,
+    turn_size=50,
+    turn_pool=2_000,
+    ager_sizes=(100_000, 300_000, 1_000_000),
+    ager_rounds=3,
+    graph_executors=100_000,
+    walk_sources=5,
+    suggest_calls=200,
+    writers=8,
+    writer_calls=250,
+    isolate=True,
+)
+QUICK = Sizes(
+    rounds=1,
+    passing_edges=50,
+    passing_repeats=2,
+    turns=4,
+    turn_size=50,
+    turn_pool=120,
+    ager_sizes=(2_000, 5_000, 10_000),
+    ager_rounds=1,
+    graph_executors=1_000,
+    walk_sources=2,
+    suggest_calls=20,
+    writers=8,
+    writer_calls=10,
+    isolate=False,
+)
+
+
+@dataclass
+class Result:
+    """One measured figure for each implementation, and package / baseline."""
+
+    workload: str
+    metric: str
+    values: dict[str, float | None]
+    ratio: float | None = None
+    note: str = ""
+
+
+@dataclass
+class Verdict:
+    """One performance target: what it asks, what was measured, PASS or MISS."""
+
+    target: str
+    measured: str
+    ok: bool | None  # None: not measured in this run
+
+
+@dataclass
+class Check:
+    """A consistency check between implementations (never about time)."""
+
+    name: str
+    ok: bool
+    detail: str = ""
+
+
+@dataclass
+class Report:
+    """Everything one run measured."""
+
+    mode: str
+    machine: str
+    results: list[Result] = field(default_factory=list)
+    verdicts: list[Verdict] = field(default_factory=list)
+    checks: list[Check] = field(default_factory=list)
+    curve: list[dict[str, Any]] = field(default_factory=list)
+    wall_seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def consistent(self) -> bool:
+        """True when every consistency check passed."""
+        return all(c.ok for c in self.checks)
+
+
+def _median(xs: Sequence[float]) -> float:
+    return statistics.median(xs) if xs else math.nan
+
+
+def _ratio(values: dict[str, float | None]) -> float | None:
+    p, b = values.get(PKG), values.get(BASE)
+    return p / b if p and b else None
+
+
+class Bench:
+    """Databases and implementations for one run."""
+
+    def __init__(self, sizes: Sizes, folder: Path, pg: PostgresServer | None) -> None:
+        self.sizes = sizes
+        self.files = SqliteFiles(folder)
+        self.pg = pg
+        self.impls = [PKG, BASE] + ([PG] if pg else [])
+
+    def order(self, r: int, impls: Sequence[str] | None = None) -> list[str]:
+        """The implementations in round ``r``'s order (rotated: interleaved, no fixed first)."""
+        xs = list(impls or self.impls)
+        k = r % len(xs)
+        return xs[k:] + xs[:k]
+
+    def _side(self, impl: str) -> Any:
+        return self.pg if impl == PG else self.files
+
+    def fresh(self, impl: str, name: str, rows: Callable[[], Any] | None = None) -> str:
+        """A writable copy of template ``name`` for ``impl``: a file path or a URL."""
+        side = self._side(impl)
+        made = side.clone(name, rows)
+        return side.url(made) if impl == PG else str(made)
+
+    def shared(self, impl: str, name: str, rows: Callable[[], Any] | None = None) -> str:
+        """Template ``name`` itself, for read-only workloads."""
+        side = self._side(impl)
+        made = side.template(name, rows)
+        return side.url(made) if impl == PG else str(made)
+
+    def discard(self, impl: str, where: str) -> None:
+        """Throw away a copy made by :meth:`fresh`."""
+        if impl == PG:
+            assert self.pg is not None
+            self.pg.discard(where.rsplit("/", 1)[-1].split("?", 1)[0])
+        else:
+            self.files.discard(where)
+
+    def close(self) -> None:
+        """Drop every database and file of this run."""
+        self.files.close()
+        if self.pg is not None:
+            self.pg.close()
+
+
+# --- the workloads as benchmark steps -------------------------------------------------------
+
+
+def _compare(
+    report: Report, name: str, per_impl: dict[str, Any], same: Callable[[Any, Any], bool]
+) -> None:
+    ref = per_impl.get(BASE)
+    for impl, value in per_impl.items():
+        if impl == BASE or ref is None:
+            continue
+        ok = same(value, ref)
+        detail = "" if ok else f"{impl}: {_short(value)} vs baseline: {_short(ref)}"
+        report.checks.append(Check(f"{name}: {impl} agrees with baseline", ok, detail))
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 300 else text[:300] + "..."
+
+
+def bench_record_passing(b: Bench, report: Report) -> None:
+    """Per-call record_passing, one transaction each, over distinct edges."""
+    s = b.sizes
+    edges = w.make_edges(s.passing_edges)
+    calls = len(edges) * s.passing_repeats
+    per_call: dict[str, list[float]] = {i: [] for i in b.impls}
+    snaps: dict[str, Any] = {}
+    for r in range(s.rounds):
+        for impl in b.order(r):
+            where = b.fresh(impl, "empty")
+            store = w.open_store(impl, where)
+            store.record_passing("warm", "1", "up", "1")
+            seconds = w.run_record_passing(store, edges, s.passing_repeats)
+            store.close()
+            if r == 0:
+                snaps[impl] = w.edge_snapshot(impl, where)
+            b.discard(impl, where)
+            per_call[impl].append(seconds / calls * 1e6)
+    values: dict[str, float | None] = {i: _median(v) for i, v in per_call.items()}
+    ratio = _ratio(values)
+    report.results.append(
+        Result(
+            "record_passing",
+            f"µs per call ({len(edges)} edges × {s.passing_repeats})",
+            values,
+            ratio,
+        )
+    )
+    report.verdicts.append(Verdict("record_passing ratio ≤ 4.0", _fmt(ratio, "×"), _le(ratio, 4.0)))
+    _compare(report, "record_passing rows", snaps, lambda a, b_: a == b_)
+
+
+def bench_record_turn(b: Bench, report: Report) -> None:
+    """record_turn with turns of ``turn_size`` passings; passings per second."""
+    s = b.sizes
+    turns = w.make_turns(s.turns, s.turn_size, s.turn_pool)
+    passings = s.turns * s.turn_size
+    seconds: dict[str, list[float]] = {i: [] for i in b.impls}
+    snaps: dict[str, Any] = {}
+    for r in range(s.rounds):
+        for impl in b.order(r):
+            where = b.fresh(impl, "empty")
+            store = w.open_store(impl, where)
+            store.record_turn("warm-up", [("warm", "1", "up", "1"), ("warm", "1", "up2", "1")])
+            seconds[impl].append(w.run_record_turn(store, turns))
+            # A retried turn is a no-op (the turn's edges count once).
+            store.record_turn(*turns[0])
+            store.close()
+            if r == 0:
+                snaps[impl] = w.edge_snapshot(impl, where)
+            b.discard(impl, where)
+    med = {i: _median(v) for i, v in seconds.items()}
+    rates: dict[str, float | None] = {i: passings / t for i, t in med.items()}
+    ratio = _ratio(dict(med))
+    report.results.append(
+        Result(
+            "record_turn",
+            f"passings/s (turns of {s.turn_size}, {passings} passings)",
+            rates,
+            ratio,
+            "ratio = package time / baseline time",
+        )
+    )
+    rate = rates.get(PKG)
+    report.verdicts.append(
+        Verdict(
+            "record_turn ≥ 20,000 passings/s",
+            _fmt(rate, " /s"),
+            None if rate is None else rate >= 20_000,
+        )
+    )
+    _compare(report, "record_turn rows", snaps, lambda a, b_: a == b_)
+
+
+def _ager_job(impl: str, where: str) -> dict[str, Any]:
+    return w.ager_once(impl, where)
+
+
+def _same_summary(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    if a["events"] != b["events"] or a["states"].keys() != b["states"].keys():
+        return False
+    for state, (count, uses, weight) in a["states"].items():
+        c2, u2, w2 = b["states"][state]
+        if count != c2 or uses != u2 or abs(weight - w2) > 1e-6 * max(1.0, abs(w2)):
+            return False
+    return True
+
+
+def bench_apply_ager(b: Bench, report: Report) -> None:
+    """apply_ager on growing tables: time, peak-memory growth and the scaling curve."""
+    s = b.sizes
+    pool = (
+        ProcessPoolExecutor(1, mp_context=get_context("spawn"), max_tasks_per_child=1)
+        if s.isolate
+        else None
+    )
+    try:
+        for n in s.ager_sizes:
+            name = f"ager{n}"
+
+            def rows(n: int = n) -> Any:
+                return ager_rows(n)
+
+            times: dict[str, list[float]] = {i: [] for i in b.impls}
+            mem: dict[str, list[float]] = {i: [] for i in b.impls}
+            reports: dict[str, Any] = {}
+            summaries: dict[str, Any] = {}
+            for impl in b.impls:  # build the templates before timing anything
+                b.shared(impl, name, rows)
+            for r in range(s.ager_rounds):
+                for impl in b.order(r):
+                    where = b.fresh(impl, name, rows)
+                    if pool is not None:
+                        out = pool.submit(_ager_job, impl, where).result()
+                    else:
+                        out = w.ager_once(impl, where)
+                    times[impl].append(out["seconds"])
+                    mem[impl].append(out["rss_growth_mb"])
+                    if r == 0:
+                        reports[impl] = out["report"]
+                        summaries[impl] = w.summary(impl, where)
+                    b.discard(impl, where)
+            t: dict[str, float | None] = {i: _median(v) for i, v in times.items()}
+            m = {i: max(v) for i, v in mem.items()}
+            ratio = _ratio(t)
+            report.results.append(
+                Result("apply_ager", f"seconds, {n:,} rows", t, ratio, _mem_note(m, s.isolate))
+            )
+            report.curve.append(
+                {
+                    "rows": n,
+                    "seconds": t,
+                    "us_per_row": {i: (v or 0) / n * 1e6 for i, v in t.items()},
+                    "rss_growth_mb": m,
+                    "ratio": ratio,
+                    "report": reports.get(PKG),
+                }
+            )
+            _compare(report, f"apply_ager {n:,} report", reports, lambda a, b_: a == b_)
+            _compare(report, f"apply_ager {n:,} table", summaries, _same_summary)
+    finally:
+        if pool is not None:
+            pool.shutdown()
+    _ager_verdicts(report, s)
+
+
+def _mem_note(m: dict[str, float], isolated: bool) -> str:
+    where = "own process" if isolated else "in-process, indicative"
+    return "peak RSS growth MB (" + where + "): " + ", ".join(f"{k} {v:.1f}" for k, v in m.items())
+
+
+def _ager_verdicts(report: Report, s: Sizes) -> None:
+    curve = report.curve
+    if not curve:
+        return
+    big, small = curve[-1], curve[0]
+    ratio = big["ratio"]
+    report.verdicts.append(
+        Verdict(
+            f"apply_ager {big['rows']:,} rows ≤ 1.5× baseline", _fmt(ratio, "×"), _le(ratio, 1.5)
+        )
+    )
+    t_big, t_small = big["seconds"].get(PKG), small["seconds"].get(PKG)
+    slope = None
+    if t_big and t_small and big["rows"] > small["rows"]:
+        slope = math.log(t_big / t_small) / math.log(big["rows"] / small["rows"])
+    report.verdicts.append(
+        Verdict(
+            "apply_ager linear (log-log slope ≤ 1.15)",
+            _fmt(slope, ""),
+            _le(slope, 1.15),
+        )
+    )
+    growth = big["rss_growth_mb"].get(PKG)
+    report.verdicts.append(
+        Verdict(
+            f"apply_ager memory growth < 100 MB at {big['rows']:,} rows",
+            _fmt(growth, " MB"),
+            None if growth is None else growth < 100,
+        )
+    )
+
+
+def _graph_rows(b: Bench) -> Callable[[], Any]:
+    n = b.sizes.graph_executors
+
+    def rows() -> Any:
+        return graph_rows(n)
+
+    return rows
+
+
+def bench_walk(b: Bench, report: Report) -> None:
+    """walk(depth 3) from executors of out-degree 10 in a 10×executors-edge graph."""
+    s = b.sizes
+    rows = _graph_rows(b)
+    sources = graph_sources(s.graph_executors, s.walk_sources)
+    for impl in b.impls:
+        b.shared(impl, "graph", rows)
+    per_walk: dict[str, list[float]] = {i: [] for i in b.impls}
+    found: dict[str, Any] = {}
+    for r in range(s.rounds):
+        for impl in b.order(r):
+            store = w.open_store(impl, b.shared(impl, "graph", rows))
+            times, paths = w.run_walk(store, sources)
+            store.close()
+            per_walk[impl].append(_median(times) * 1e3)
+            if r == 0:
+                found[impl] = paths
+    values: dict[str, float | None] = {i: _median(v) for i, v in per_walk.items()}
+    ratio = _ratio(values)
+    n_paths = [len(p) for p in found.get(PKG, found.get(BASE, []))]
+    report.results.append(
+        Result(
+            "walk",
+            f"ms per walk, depth 3 ({s.graph_executors * 10:,} edges)",
+            values,
+            ratio,
+            f"paths per walk: {n_paths}",
+        )
+    )
+    report.verdicts.append(
+        Verdict("walk depth 3 ≤ 1.5× baseline", _fmt(ratio, "×"), _le(ratio, 1.5))
+    )
+    _compare(
+        report,
+        "walk paths (set)",
+        found,
+        lambda a, b_: [sorted(x) for x in a] == [sorted(x) for x in b_],
+    )
+    _compare(report, "walk paths (best first)", found, _same_order)
+
+
+def _same_order(a: list[list[tuple[str, ...]]], b: list[list[tuple[str, ...]]]) -> bool:
+    # Paths with equal scores may come in either order; the ten best must match as sets.
+    return all(set(x[:10]) == set(y[:10]) or len(x) != len(y) for x, y in zip(a, b, strict=True))
+
+
+def bench_suggest_next(b: Bench, report: Report) -> None:
+    """suggest_next(k=5) from many sources of the same graph; median latency."""
+    s = b.sizes
+    rows = _graph_rows(b)
+    sources = graph_sources(s.graph_executors, s.suggest_calls, seed=17)
+    per_call: dict[str, list[float]] = {i: [] for i in b.impls}
+    found: dict[str, Any] = {}
+    for r in range(s.rounds):
+        for impl in b.order(r):
+            store = w.open_store(impl, b.shared(impl, "graph", rows))
+            times, ids = w.run_suggest(store, sources)
+            store.close()
+            per_call[impl].append(_median(times) * 1e3)
+            if r == 0:
+                found[impl] = ids
+    values: dict[str, float | None] = {i: _median(v) for i, v in per_call.items()}
+    ratio = _ratio(values)
+    report.results.append(
+        Result("suggest_next", f"ms per call, median of {len(sources)}", values, ratio)
+    )
+    med = values.get(PKG)
+    report.verdicts.append(
+        Verdict("suggest_next median < 5 ms", _fmt(med, " ms"), None if med is None else med < 5)
+    )
+    _compare(report, "suggest_next ids", found, lambda a, b_: a == b_)
+
+
+def bench_writers(b: Bench, report: Report) -> None:
+    """``writers`` concurrent writers on one hot edge: calls/s and no lost update."""
+    s = b.sizes
+    outcome: dict[str, dict[str, Any]] = {}
+    for impl in [*([PG] if b.pg else []), PKG, BASE]:
+        where = b.fresh(impl, "empty")
+        outcome[impl] = w.run_writers(impl, where, s.writers, s.writer_calls, processes=s.isolate)
+        b.discard(impl, where)
+        o = outcome[impl]
+        report.checks.append(
+            Check(
+                f"writers {impl}: no lost update (uses == calls)",
+                o["lost"] == 0 and o["failed"] == 0 and o["reinforced_events"] == o["calls"],
+                f"calls={o['calls']} failed={o['failed']} uses-1={o['uses'] - 1} "
+                f"reinforced events={o['reinforced_events']}",
+            )
+        )
+    rates: dict[str, float | None] = {i: o["calls_per_s"] for i, o in outcome.items()}
+    kind = "processes" if s.isolate else "threads"
+    report.results.append(
+        Result(
+            "writers",
+            f"calls/s, {s.writers} {kind} × {s.writer_calls} on one edge",
+            rates,
+            None,
+            "lost updates: " + ", ".join(f"{i} {o['lost']}" for i, o in outcome.items()),
+        )
+    )
+    o = outcome.get(PG)
+    report.verdicts.append(
+        Verdict(
+            f"PostgreSQL {s.writers} writers ≥ 1,000 calls/s, 0 lost",
+            "not run (no --postgresql)"
+            if o is None
+            else f"{o['calls_per_s']:,.0f} /s, lost {o['lost']}",
+            None if o is None else (o["calls_per_s"] >= 1_000 and o["lost"] == 0),
+        )
+    )
+
+
+STEPS: dict[str, Callable[[Bench, Report], None]] = {
+    "record_passing": bench_record_passing,
+    "record_turn": bench_record_turn,
+    "apply_ager": bench_apply_ager,
+    "walk": bench_walk,
+    "suggest_next": bench_suggest_next,
+    "writers": bench_writers,
+}
+
+
+# --- formatting -----------------------------------------------------------------------------
+
+
+def _fmt(value: float | None, unit: str = "") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    if abs(value) >= 1000:
+        text = f"{value:,.0f}"
+    elif abs(value) >= 100:
+        text = f"{value:.0f}"
+    elif abs(value) >= 10:
+        text = f"{value:.1f}"
+    else:
+        text = f"{value:.2f}"
+    return text + unit
+
+
+def _le(value: float | None, limit: float) -> bool | None:
+    return None if value is None else value <= limit
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    line = "| " + " | ".join(h.ljust(n) for h, n in zip(headers, widths, strict=True)) + " |"
+    rule = "|" + "|".join("-" * (n + 2) for n in widths) + "|"
+    body = [
+        "| " + " | ".join(c.ljust(n) for c, n in zip(r, widths, strict=True)) + " |" for r in rows
+    ]
+    return "\n".join([line, rule, *body])
+
+
+def format_report(report: Report, with_pg: bool) -> str:
+    """The report as markdown tables: figures, the ager's curve, targets, checks."""
+    impls = [PKG, BASE] + ([PG] if with_pg else [])
+    out = [f"mnestoma benchmarks ({report.mode}); {report.machine}", ""]
+    headers = ["workload", "metric", *(LABELS[i] for i in impls), "ratio pkg/base"]
+    rows = [
+        [r.workload, r.metric, *(_fmt(r.values.get(i)) for i in impls), _fmt(r.ratio, "×")]
+        for r in report.results
+    ]
+    if rows:
+        out += [_table(headers, rows), ""]
+    notes = [f"- {r.workload} ({r.metric}): {r.note}" for r in report.results if r.note]
+    if notes:
+        out += ["Notes:", *notes, ""]
+    if report.curve:
+        ch = [
+            "rows",
+            "package s",
+            "baseline s",
+            "ratio",
+            "package µs/row",
+            "baseline µs/row",
+            "package RSS growth MB",
+        ]
+        if with_pg:
+            ch += ["PostgreSQL s"]
+        crow = []
+        for c in report.curve:
+            line = [
+                f"{c['rows']:,}",
+                _fmt(c["seconds"].get(PKG)),
+                _fmt(c["seconds"].get(BASE)),
+                _fmt(c["ratio"], "×"),
+                _fmt(c["us_per_row"].get(PKG)),
+                _fmt(c["us_per_row"].get(BASE)),
+                _fmt(c["rss_growth_mb"].get(PKG)),
+            ]
+            if with_pg:
+                line.append(_fmt(c["seconds"].get(PG)))
+            crow.append(line)
+        out += ["apply_ager scaling:", _table(ch, crow), ""]
+    if report.verdicts:
+        vrows = [
+            [v.target, v.measured, "–" if v.ok is None else ("PASS" if v.ok else "MISS")]
+            for v in report.verdicts
+        ]
+        out += [_table(["target", "measured", "result"], vrows), ""]
+    bad = [c for c in report.checks if not c.ok]
+    out.append(f"consistency checks: {len(report.checks) - len(bad)}/{len(report.checks)} agree")
+    out += [f"  DISAGREE {c.name}: {c.detail}" for c in bad]
+    if report.wall_seconds:
+        out.append(
+            "wall time: " + ", ".join(f"{k} {v:.0f} s" for k, v in report.wall_seconds.items())
+        )
+    return "\n".join(out)
+
+
+def _machine(pg: PostgresServer | None) -> str:
+    text = (
+        f"machine: {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+        f"SQLite {sqlite3.sqlite_version}"
+    )
+    if pg is not None:
+        text += ", PostgreSQL " + pg.version()
+    return text
+
+
+# --- entry points ---------------------------------------------------------------------------
+
+
+def run(
+    *,
+    quick: bool = False,
+    postgresql: str | None = None,
+    only: Sequence[str] | None = None,
+    rounds: int | None = None,
+    workdir: str | None = None,
+    echo: Callable[[str], None] | None = None,
+) -> Report:
+    """Run the chosen workloads (all by default) and return what they measured."""
+    sizes = QUICK if quick else FULL
+    if rounds is not None:
+        sizes = replace(sizes, rounds=rounds, ager_rounds=rounds)
+    names = list(only) if only else list(WORKLOADS)
+    unknown = [n for n in names if n not in STEPS]
+    if unknown:
+        raise ValueError(f"unknown workload(s) {unknown}; choose from {', '.join(WORKLOADS)}")
+    with tempfile.TemporaryDirectory(prefix="mnestoma-bench-", dir=workdir) as folder:
+        pg = PostgresServer(postgresql) if postgresql else None
+        bench = Bench(sizes, Path(folder), pg)
+        report = Report("quick" if quick else "full", _machine(pg))
+        try:
+            for name in names:
+                start = time.perf_counter()
+                if echo:
+                    echo(f"running {name}...")
+                STEPS[name](bench, report)
+                report.wall_seconds[name] = time.perf_counter() - start
+        finally:
+            bench.close()
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line; exit status 1 when the implementations disagree."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, one round (CI)")
+    parser.add_argument(
+        "--postgresql", metavar="URL", help="a PostgreSQL server URL; throwaway databases"
+    )
+    parser.add_argument(
+        "--only", metavar="NAME", help=f"comma-separated subset of: {', '.join(WORKLOADS)}"
+    )
+    parser.add_argument("--rounds", type=int, help="rounds per workload (default 5, ager 3)")
+    parser.add_argument("--workdir", help="folder for the SQLite files (default: temp)")
+    parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")
+    args = parser.parse_args(argv)
+    only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else None
+    try:
+        report = run(
+            quick=args.quick,
+            postgresql=args.postgresql,
+            only=only,
+            rounds=args.rounds,
+            workdir=args.workdir,
+            echo=lambda m: print(m, file=sys.stderr, flush=True),
+        )
+    except ValueError as err:
+        parser.error(str(err))
+    print(format_report(report, with_pg=bool(args.postgresql)))
+    if args.json:
+        Path(args.json).write_text(json.dumps(asdict(report), indent=2, default=str))
+    return 0 if report.consistent else 1

@@ -1,0 +1,938 @@
+"""The ``mnestoma`` command line (contract §6): schema, status, recording, reading, ageing, copy.
+
+Errors never show a traceback (unless ``--debug``) and never a password: bad input is one
+line on stderr and exit status 2, with nothing written; any other failure exits 1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any, NoReturn
+
+import click
+from alembic.script import ScriptDirectory
+from alembic.util import CommandError
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
+from .config import ENV_DATABASE_URL, redact_text, redact_url, resolve_database_url
+from .errors import InvalidInput, MnestomaError
+from .facade import Mnestoma
+from .migration import (
+    alembic_config,
+    current_revision,
+    downgrade,
+    head_revision,
+    offline_sql,
+    upgrade,
+)
+from .models import CanonicalQuery, Event, Mnest
+from .repository import QueryFrequency
+from .rules import RECURRING_MIN_USES, RECURRING_MIN_WEIGHT, AgerReport
+from .status import collect_status, iso_utc, missing_sqlite_file, render_status
+from .validation import Clock, Passing, utc_now
+
+__all__ = ["cli", "main"]
+
+PROGRESS_THRESHOLD = 10_000
+_SECRETS: set[str] = set()
+
+
+# --- errors and secrets -------------------------------------------------------------------
+
+
+def _remember_secret(url: str | None) -> None:
+    """Note the password of a URL the user gave, so that no message can repeat it."""
+    if not url:
+        return
+    try:
+        password = make_url(url).password
+    except (ArgumentError, ValueError):
+        return
+    if password and len(str(password)) >= 4:
+        _SECRETS.add(str(password))
+
+
+def scrub(message: str) -> str:
+    """The message with every URL password and every known secret hidden."""
+    _remember_secret(os.environ.get(ENV_DATABASE_URL))
+    message = redact_text(message)
+    for secret in _SECRETS:
+        message = message.replace(secret, "***")
+    return message
+
+
+def _url_option_callback(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    _remember_secret(value)
+    return value
+
+
+class CliFailure(click.ClickException):
+    """A failure shown as one line; ``exit_code`` 2 for bad input, 1 otherwise."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err).strip()
+    if not isinstance(err, MnestomaError):
+        text = f"{type(err).__name__}: {text}" if text else type(err).__name__
+    first = text.splitlines()[0] if text else type(err).__name__
+    return scrub(first)
+
+
+def _error_line(message: str) -> None:
+    click.echo(f"Error: {scrub(message)}", err=True)
+
+
+class MnestomaGroup(click.Group):
+    """A group that turns every failure into one redacted line and an exit status."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except Exception as err:
+            if ctx.find_root().params.get("debug"):
+                raise
+            code = 2 if isinstance(err, InvalidInput) else 1
+            raise CliFailure(_one_line(err), code) from err
+
+    def main(  # type: ignore[override]
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, False, **extra)
+        except click.exceptions.NoArgsIsHelpError as err:
+            err.show()
+            sys.exit(err.exit_code)
+        except click.UsageError as err:
+            hint = f" (see '{err.ctx.command_path} --help')" if err.ctx is not None else ""
+            _error_line(err.format_message() + hint)
+            sys.exit(err.exit_code)
+        except click.ClickException as err:
+            _error_line(err.format_message())
+            sys.exit(err.exit_code)
+        except click.Abort:
+            _error_line("aborted")
+            sys.exit(1)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+# --- shared options -----------------------------------------------------------------------
+
+
+def database_url_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    """``--database-url URL``: overrides MNESTOMA_DATABASE_URL and the default SQLite file."""
+    return click.option(
+        "--database-url",
+        "database_url",
+        metavar="URL",
+        default=None,
+        callback=_url_option_callback,
+        expose_value=True,
+        help="SQLAlchemy URL of the store (overrides MNESTOMA_DATABASE_URL, MNESTOMA_DB_PATH).",
+    )(f)
+
+
+def json_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    """``--json``: machine-readable output instead of a table."""
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")(f)
+
+
+def _url(database_url: str | None) -> str | None:
+    """The URL given on this subcommand, else the group's ``--database-url``, else None."""
+    if database_url:
+        return database_url
+    ctx = click.get_current_context(silent=True)
+    root = ctx.find_root() if ctx is not None else None
+    return root.params.get("database_url") if root is not None else None
+
+
+@contextlib.contextmanager
+def _store(database_url: str | None, clock: Clock | None = None) -> Iterator[Mnestoma]:
+    store = Mnestoma(_url(database_url), clock=clock)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+def _now() -> datetime:
+    return utc_now()
+
+
+# --- rendering ----------------------------------------------------------------------------
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return iso_utc(value)
+    return value
+
+
+def _echo_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, ensure_ascii=False, default=str))
+
+
+def _fmt_time(value: datetime | None) -> str:
+    return "-" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _fmt_weight(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], right: set[str]) -> str:
+    cells = [[("-" if v is None else str(v)) for v in row] for row in rows]
+    widths = [len(h) for h in headers]
+    for row in cells:
+        for i, v in enumerate(row):
+            widths[i] = max(widths[i], len(v))
+
+    def line(values: Sequence[str]) -> str:
+        parts = [
+            v.rjust(widths[i]) if headers[i] in right else v.ljust(widths[i])
+            for i, v in enumerate(values)
+        ]
+        return "  ".join(parts).rstrip()
+
+    return "\n".join([line(headers), *(line(r) for r in cells)])
+
+
+def _endpoint(executor: str, version: str | None) -> str:
+    return executor if version is None else f"{executor}@{version}"
+
+
+def mnest_record(m: Mnest, at: datetime, effective: float | None = None) -> dict[str, Any]:
+    """Every column of a mnest, JSON-ready, plus its effective weight at ``at``."""
+    out = {k: _jsonable(v) for k, v in m.as_dict().items()}
+    out["effective_weight"] = effective if effective is not None else m.effective_weight(at)
+    return out
+
+
+def _summary(m: Mnest) -> str | None:
+    if isinstance(m.desired_sig, dict):
+        summary = m.desired_sig.get("summary")
+        return str(summary) if summary is not None else None
+    return None
+
+
+def render_edges(edges: Sequence[Mnest], at: datetime, as_json: bool, empty: str) -> None:
+    """Print mnests as a table (effective weight at ``at``) or as a JSON array."""
+    if as_json:
+        _echo_json([mnest_record(m, at) for m in edges])
+        return
+    if not edges:
+        click.echo(empty)
+        return
+    rows = [
+        (
+            m.id,
+            _endpoint(m.src_executor, m.src_version),
+            _endpoint(m.dst_executor, m.dst_version),
+            m.state,
+            _fmt_weight(m.effective_weight(at)),
+            m.uses,
+            _fmt_time(m.ts_last),
+        )
+        for m in edges
+    ]
+    headers = ("ID", "SOURCE", "DESTINATION", "STATE", "WEIGHT", "USES", "LAST")
+    click.echo(_table(headers, rows, {"WEIGHT", "USES"}))
+
+
+def render_walk(paths: Sequence[Sequence[Mnest]], at: datetime, as_json: bool) -> None:
+    """Print the paths of a walk, best score first."""
+    records = []
+    for rank, path in enumerate(paths, 1):
+        score = 1.0
+        for m in path:
+            score *= m.effective_weight(at)
+        text = " -> ".join(
+            [_endpoint(path[0].src_executor, path[0].src_version)]
+            + [_endpoint(m.dst_executor, m.dst_version) for m in path]
+        )
+        records.append(
+            {
+                "rank": rank,
+                "score": score,
+                "depth": len(path),
+                "path": text,
+                "mnest_ids": [m.id for m in path],
+                "edges": [mnest_record(m, at) for m in path],
+            }
+        )
+    if as_json:
+        _echo_json(records)
+    elif not records:
+        click.echo("(no path)")
+    else:
+        rows = [(r["rank"], _fmt_weight(r["score"]), r["depth"], r["path"]) for r in records]
+        click.echo(_table(("RANK", "SCORE", "DEPTH", "PATH"), rows, {"RANK", "SCORE", "DEPTH"}))
+
+
+def render_suggestions(
+    suggestions: Sequence[tuple[Mnest, float]], at: datetime, as_json: bool
+) -> None:
+    """Print what a planner would be told to try next, strongest first."""
+    if as_json:
+        _echo_json(
+            [
+                {"rank": i, **mnest_record(m, at, effective=w)}
+                for i, (m, w) in enumerate(suggestions, 1)
+            ]
+        )
+        return
+    if not suggestions:
+        click.echo("(no suggestion)")
+        return
+    rows = [
+        (i, _endpoint(m.dst_executor, m.dst_version), _fmt_weight(w), m.uses, m.id)
+        for i, (m, w) in enumerate(suggestions, 1)
+    ]
+    click.echo(_table(("RANK", "NEXT", "WEIGHT", "USES", "ID"), rows, {"RANK", "WEIGHT", "USES"}))
+
+
+def render_protos(protos: Sequence[Mnest], at: datetime, as_json: bool) -> None:
+    """Print proto-mnests: executors wished for that do not exist yet."""
+    if as_json:
+        _echo_json([mnest_record(m, at) for m in protos])
+        return
+    if not protos:
+        click.echo("(no recurring proto)")
+        return
+    rows = [
+        (
+            m.id,
+            _endpoint(m.src_executor, m.src_version),
+            m.dst_executor,
+            m.uses,
+            _fmt_weight(m.effective_weight(at)),
+            _summary(m),
+        )
+        for m in protos
+    ]
+    headers = ("ID", "SOURCE", "WISHED FOR", "USES", "WEIGHT", "SUMMARY")
+    click.echo(_table(headers, rows, {"USES", "WEIGHT"}))
+
+
+def render_events(events: Sequence[Event], as_json: bool) -> None:
+    """Print events, oldest first."""
+    if as_json:
+        _echo_json([{k: _jsonable(v) for k, v in e.as_dict().items()} for e in events])
+        return
+    if not events:
+        click.echo("(no event)")
+        return
+    rows = [
+        (
+            e.id,
+            _fmt_time(e.ts),
+            e.kind,
+            e.mnest_id,
+            e.turn_id,
+            f"{_fmt_weight(e.weight_before)} -> {_fmt_weight(e.weight_after)}",
+            f"{e.state_before or '-'} -> {e.state_after or '-'}",
+        )
+        for e in events
+    ]
+    headers = ("ID", "TS", "KIND", "MNEST", "TURN", "WEIGHT", "STATE")
+    click.echo(_table(headers, rows, {"ID"}))
+
+
+def render_ager(report: AgerReport, at: datetime, dry_run: bool, as_json: bool) -> None:
+    """Print what one run of the ager did, or would do."""
+    data = {**asdict(report), "dry_run": dry_run, "at": iso_utc(at)}
+    if as_json:
+        _echo_json(data)
+        return
+    head = "ager (dry run: nothing changed)" if dry_run else "ager"
+    click.echo(f"{head} at {_fmt_time(at)}")
+    for key in ("decayed", "to_decaying", "merged", "protos_pruned", "archive_candidates"):
+        click.echo(f"  {key:<19}{data[key]}")
+
+
+# --- argument parsing ---------------------------------------------------------------------
+
+
+def parse_endpoint(value: str, what: str, *, version_required: bool) -> tuple[str, str | None]:
+    """``EXECUTOR@VERSION`` → (executor, version); the last ``@`` separates them."""
+    executor, sep, version = value.rpartition("@")
+    if not sep:
+        if version_required:
+            raise InvalidInput(f"{what} must be EXECUTOR@VERSION, got {value!r}")
+        return value, None
+    if not executor or not version:
+        raise InvalidInput(f"{what} must be EXECUTOR@VERSION, got {value!r}")
+    return executor, version
+
+
+def parse_tags(pairs: Sequence[str]) -> dict[str, str] | None:
+    """``K=V`` pairs → a dict (None when there are none)."""
+    tags: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise InvalidInput(f"--tag must be KEY=VALUE, got {pair!r}")
+        tags[key.strip()] = value
+    return tags or None
+
+
+# --- the group ----------------------------------------------------------------------------
+
+
+@click.group(cls=MnestomaGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--debug", is_flag=True, help="Show full tracebacks on errors.")
+@database_url_option
+@click.version_option(package_name="mnestoma")
+def cli(debug: bool, database_url: str | None) -> None:
+    """mnestoma: a durable memory of how an agent runtime's executors feed each other.
+
+    The database is --database-url, else MNESTOMA_DATABASE_URL, else MNESTOMA_DB_PATH,
+    else $METNOS_WORKSPACE/.mnestoma/mnest.sqlite, else ./.mnestoma/mnest.sqlite.
+    """
+
+
+# --- db -----------------------------------------------------------------------------------
+
+
+@cli.group(cls=MnestomaGroup)
+def db() -> None:
+    """Schema migrations (Alembic): upgrade, downgrade, current, history, sql."""
+
+
+def _revision_error(err: CommandError) -> InvalidInput:
+    return InvalidInput(str(err).splitlines()[0] if str(err) else "unknown revision")
+
+
+@db.command("upgrade")
+@click.argument("revision", default="head")
+@database_url_option
+def db_upgrade(revision: str, database_url: str | None) -> None:
+    """Migrate the database up to REVISION (default: head)."""
+    url = resolve_database_url(_url(database_url))
+    before = current_revision(url)
+    try:
+        upgrade(url, revision)
+    except CommandError as err:
+        raise _revision_error(err) from err
+    after = current_revision(url)
+    where = redact_url(url)
+    if before == after:
+        click.echo(f"{where}: already at revision {after}{_head_mark(after)}")
+    else:
+        click.echo(f"{where}: upgraded from {before or 'empty'} to {after}{_head_mark(after)}")
+
+
+@db.command("downgrade")
+@click.argument("revision")
+@database_url_option
+def db_downgrade(revision: str, database_url: str | None) -> None:
+    """Migrate the database down to REVISION (``base`` removes the schema)."""
+    url = resolve_database_url(_url(database_url))
+    if missing_sqlite_file(url) is not None:
+        raise InvalidInput(f"no database at {missing_sqlite_file(url)}")
+    before = current_revision(url)
+    try:
+        downgrade(url, revision)
+    except CommandError as err:
+        raise _revision_error(err) from err
+    after = current_revision(url)
+    click.echo(f"{redact_url(url)}: downgraded from {before} to {after or 'base (no schema)'}")
+
+
+def _head_mark(revision: str | None) -> str:
+    return " (head)" if revision is not None and revision == head_revision() else ""
+
+
+@db.command("current")
+@database_url_option
+def db_current(database_url: str | None) -> None:
+    """Print the database's revision, followed by ``(head)`` when it is at head."""
+    url = resolve_database_url(_url(database_url))
+    missing = missing_sqlite_file(url)
+    if missing is not None:
+        click.echo(f"no database file at {missing} (head is {head_revision()})", err=True)
+        return
+    rev = current_revision(url)
+    if rev is None:
+        click.echo(f"no mnestoma revision stamped (head is {head_revision()})", err=True)
+        return
+    click.echo(f"{rev}{_head_mark(rev)}")
+
+
+@db.command("history")
+@click.option("--indicate-current", is_flag=True, help="Mark the database's revision (reads it).")
+@database_url_option
+def db_history(indicate_current: bool, database_url: str | None) -> None:
+    """List the migration scripts, newest first."""
+    current = None
+    if indicate_current:
+        url = resolve_database_url(_url(database_url))
+        current = None if missing_sqlite_file(url) is not None else current_revision(url)
+    script = ScriptDirectory.from_config(alembic_config())
+    for rev in script.walk_revisions():
+        marks = []
+        if rev.is_head:
+            marks.append("head")
+        if current is not None and rev.revision == current:
+            marks.append("current")
+        mark = f" ({', '.join(marks)})" if marks else ""
+        down = rev.down_revision or "<base>"
+        doc = (rev.doc or "").strip().splitlines()[0] if rev.doc else ""
+        click.echo(f"{down} -> {rev.revision}{mark}, {doc}")
+
+
+@db.command("sql")
+@click.option(
+    "--dialect",
+    type=click.Choice(["sqlite", "postgresql"]),
+    default=None,
+    help="Dialect of the script (default: that of the resolved database URL).",
+)
+@click.argument("revision_range", metavar="[RANGE]", default="head")
+@database_url_option
+def db_sql(dialect: str | None, revision_range: str, database_url: str | None) -> None:
+    """Print the SQL a DBA reviews before migrating (RANGE e.g. ``head`` or ``0001:0002``)."""
+    if dialect is None:
+        dialect = resolve_database_url(_url(database_url)).get_backend_name()
+    try:
+        script = offline_sql(f"{dialect}://", revision_range)
+    except CommandError as err:
+        raise _revision_error(err) from err
+    click.echo(script, nl=False)
+
+
+# --- status -------------------------------------------------------------------------------
+
+
+@cli.command()
+@json_option
+@database_url_option
+def status(as_json: bool, database_url: str | None) -> None:
+    """Where the store is, its revision, what it holds, and who feeds it (never migrates)."""
+    st = collect_status(_url(database_url))
+    if as_json:
+        _echo_json(st.as_dict())
+    else:
+        click.echo(render_status(st))
+
+
+# --- recording ----------------------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("src", metavar="SRC@VERSION")
+@click.argument("dst", metavar="DST[@VERSION]")
+@click.option("--proto", is_flag=True, help="DST does not exist yet (a proto-mnest).")
+@click.option("--summary", help="With --proto: what the missing executor should do.")
+@click.option("--sig", "sig_json", metavar="JSON", help="With --proto: a full desired_sig.")
+@click.option("--turn", "turn_id", metavar="ID", help="The turn this passing belongs to.")
+@click.option("--tag", "tag_pairs", multiple=True, metavar="K=V", help="A free label (repeat).")
+@json_option
+@database_url_option
+def record(
+    src: str,
+    dst: str,
+    proto: bool,
+    summary: str | None,
+    sig_json: str | None,
+    turn_id: str | None,
+    tag_pairs: tuple[str, ...],
+    as_json: bool,
+    database_url: str | None,
+) -> None:
+    """Record that SRC@VERSION passed its output to DST@VERSION (or to a missing DST)."""
+    src_exec, src_version = parse_endpoint(src, "SRC", version_required=True)
+    tags = parse_tags(tag_pairs)
+    desired_sig: dict[str, Any] | None = None
+    if proto:
+        dst_exec, dst_version = dst, None
+        if sig_json is not None:
+            try:
+                desired_sig = json.loads(sig_json)
+            except ValueError as err:
+                raise InvalidInput(f"--sig is not JSON: {err}") from None
+            if not isinstance(desired_sig, dict):
+                raise InvalidInput("--sig must be a JSON object")
+        if summary is not None:
+            desired_sig = {**(desired_sig or {}), "summary": summary}
+    else:
+        if summary is not None or sig_json is not None:
+            raise InvalidInput("--summary and --sig describe a missing executor: add --proto")
+        dst_exec, dst_version = parse_endpoint(dst, "DST", version_required=True)
+    with _store(database_url) as store:
+        m = store.record_passing(
+            src_exec,
+            src_version or "",
+            dst_exec,
+            dst_version,
+            dst_exists=not proto,
+            turn_id=turn_id,
+            tags=tags,
+            desired_sig=desired_sig,
+        )
+        now = _now()
+        if as_json:
+            _echo_json(mnest_record(m, now))
+        else:
+            render_edges([m], now, False, "")
+
+
+# --- reading ------------------------------------------------------------------------------
+
+
+@cli.command()
+@click.option("--src", "src_executor", metavar="EXECUTOR", help="Only edges from it.")
+@click.option("--dst", "dst_executor", metavar="EXECUTOR", help="Only edges to it.")
+@click.option("--state", "states", multiple=True, metavar="STATE", help="Only this state (repeat).")
+@json_option
+@database_url_option
+def edges(
+    src_executor: str | None,
+    dst_executor: str | None,
+    states: tuple[str, ...],
+    as_json: bool,
+    database_url: str | None,
+) -> None:
+    """List mnests (every state unless --state), oldest first."""
+    with _store(database_url) as store:
+        rows = store.edges(
+            src_executor=src_executor, dst_executor=dst_executor, states=list(states) or None
+        )
+        render_edges(rows, _now(), as_json, "(no edge)")
+
+
+@cli.command()
+@click.option("--mnest", "mnest_id", metavar="ID", help="Only the events of this mnest.")
+@click.option("--turn", "turn_id", metavar="ID", help="Only the events of this turn.")
+@json_option
+@database_url_option
+def events(
+    mnest_id: str | None, turn_id: str | None, as_json: bool, database_url: str | None
+) -> None:
+    """List events, oldest first (they outlive pruned mnests)."""
+    with _store(database_url) as store:
+        render_events(store.events(mnest_id=mnest_id, turn_id=turn_id), as_json)
+
+
+@cli.command()
+@click.argument("src")
+@click.option("--depth", default=3, show_default=True, type=int, help="Longest path, in edges.")
+@click.option("--min-weight", default=0.0, show_default=True, type=float, help="Weakest edge.")
+@json_option
+@database_url_option
+def walk(src: str, depth: int, min_weight: float, as_json: bool, database_url: str | None) -> None:
+    """Every path of active edges starting at SRC (any version), best score first."""
+    with _store(database_url) as store:
+        render_walk(store.walk(src, max_depth=depth, min_weight=min_weight), _now(), as_json)
+
+
+@cli.command()
+@click.argument("src", metavar="SRC[@VERSION]")
+@click.option("-k", "k", default=5, show_default=True, type=int, help="How many suggestions.")
+@json_option
+@database_url_option
+def suggest(src: str, k: int, as_json: bool, database_url: str | None) -> None:
+    """The K strongest active edges out of SRC: what a planner would ask."""
+    executor, version = parse_endpoint(src, "SRC", version_required=False)
+    with _store(database_url) as store:
+        render_suggestions(store.suggest_next(executor, version, k=k), _now(), as_json)
+
+
+@cli.command()
+@click.option("--min-uses", default=RECURRING_MIN_USES, show_default=True, type=int)
+@click.option("--min-weight", default=RECURRING_MIN_WEIGHT, show_default=True, type=float)
+@json_option
+@database_url_option
+def protos(min_uses: int, min_weight: float, as_json: bool, database_url: str | None) -> None:
+    """Recurring proto-mnests: missing executors wished for again and again."""
+    with _store(database_url) as store:
+        rows = store.recurring_protos(min_uses=min_uses, min_weight=min_weight)
+        render_protos(rows, _now(), as_json)
+
+
+@cli.command()
+@click.option("--top", "top", type=int, default=None, help="The N most frequent forms (default).")
+@click.option("--recent", "recent", type=int, default=None, help="The N latest entries.")
+@json_option
+@database_url_option
+def queries(top: int | None, recent: int | None, as_json: bool, database_url: str | None) -> None:
+    """The canonical query log: most frequent forms, or the latest entries."""
+    if top is not None and recent is not None:
+        raise InvalidInput("give --top or --recent, not both")
+    with _store(database_url) as store:
+        if recent is not None:
+            _render_recent(store.recent_queries(limit=recent), as_json)
+        else:
+            _render_top(store.top_queries(limit=10 if top is None else top), as_json)
+
+
+def _render_top(rows: Sequence[QueryFrequency], as_json: bool) -> None:
+    if as_json:
+        _echo_json(
+            [
+                {
+                    "canonical_query": r.canonical_query,
+                    "canonical_hash": r.canonical_hash,
+                    "count": r.count,
+                    "last_ts": iso_utc(r.last_ts),
+                }
+                for r in rows
+            ]
+        )
+    elif not rows:
+        click.echo("(no query logged)")
+    else:
+        table = [(r.count, _fmt_time(r.last_ts), r.canonical_query) for r in rows]
+        click.echo(_table(("COUNT", "LAST", "CANONICAL QUERY"), table, {"COUNT"}))
+
+
+def _render_recent(rows: Sequence[CanonicalQuery], as_json: bool) -> None:
+    if as_json:
+        _echo_json([{k: _jsonable(v) for k, v in r.as_dict().items()} for r in rows])
+    elif not rows:
+        click.echo("(no query logged)")
+    else:
+        table = [(r.id, _fmt_time(r.ts), r.turn_id, r.canonical_query, r.raw_query) for r in rows]
+        click.echo(_table(("ID", "TS", "TURN", "CANONICAL", "RAW"), table, {"ID"}))
+
+
+# --- changing state -----------------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("mnest_id", metavar="ID")
+@click.argument("version")
+@json_option
+@database_url_option
+def promote(mnest_id: str, version: str, as_json: bool, database_url: str | None) -> None:
+    """The executor a proto wished for now exists at VERSION: make the edge active."""
+    with _store(database_url) as store:
+        m = store.promote_proto_to_active(mnest_id, version)
+        _render_one(m, as_json)
+
+
+@cli.command()
+@click.argument("mnest_id", metavar="ID")
+@click.argument("state")
+@click.option("--reason", help="Why (kept in the event).")
+@json_option
+@database_url_option
+def transition(
+    mnest_id: str, state: str, reason: str | None, as_json: bool, database_url: str | None
+) -> None:
+    """Move a mnest to STATE (active, decaying, superseded)."""
+    with _store(database_url) as store:
+        m = store.transition_state(mnest_id, state, reason=reason)
+        _render_one(m, as_json)
+
+
+def _render_one(m: Mnest, as_json: bool) -> None:
+    now = _now()
+    if as_json:
+        _echo_json(mnest_record(m, now))
+    else:
+        render_edges([m], now, False, "")
+
+
+@cli.command()
+@click.option("--dry-run", is_flag=True, help="Report what would change, change nothing.")
+@json_option
+@database_url_option
+def age(dry_run: bool, as_json: bool, database_url: str | None) -> None:
+    """Run the ager now: decay, demote below 0.20, merge, prune protos below 0.05."""
+    with _store(database_url) as store:
+        now = _now()
+        report = store.apply_ager(dry_run=dry_run)
+        render_ager(report, now, dry_run, as_json)
+
+
+# --- copy ---------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _progress_bar(total: int) -> Iterator[Callable[[int], Any]]:
+    if total <= PROGRESS_THRESHOLD:
+        yield lambda n: None
+        return
+    with click.progressbar(length=total, label="copying rows", file=sys.stderr) as bar:
+        yield bar.update
+
+
+@cli.command("copy")
+@click.option(
+    "--from", "source", metavar="URL", callback=_url_option_callback, help="Source store."
+)
+@click.option(
+    "--to", "target", metavar="URL", required=True, callback=_url_option_callback,
+    help="Target store (migrated to head; must be empty unless --append).",
+)  # fmt: skip
+@click.option("--append", is_flag=True, help="Add to a target that already holds rows.")
+@json_option
+@database_url_option
+def copy_cmd(
+    source: str | None, target: str, append: bool, as_json: bool, database_url: str | None
+) -> None:
+    """Copy a whole store (mnests, events, query log; ids kept) to another database.
+
+    The source is --from, else --database-url, else the resolved default store.
+    """
+    from .copying import copy_store
+
+    report = copy_store(source or _url(database_url), target, append=append, progress=_progress_bar)
+    if as_json:
+        _echo_json(
+            {
+                "source": report.source,
+                "target": report.target,
+                "rows": report.rows,
+                "checksums": report.checksums,
+                "appended": report.appended,
+                "id_offsets": report.id_offsets,
+                "verified": True,
+            }
+        )
+        return
+    counts = ", ".join(f"{n} {name}" for name, n in report.rows.items())
+    click.echo(f"copied {counts}")
+    click.echo(f"  from {report.source}")
+    click.echo(f"  to   {report.target}")
+    click.echo("verified: row counts and content checksums match")
+
+
+# --- demo ---------------------------------------------------------------------------------
+
+
+class _DemoClock:
+    """A clock the demo moves by hand."""
+
+    def __init__(self, start: datetime) -> None:
+        self.now = start
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, **delta: float) -> None:
+        self.now += timedelta(**delta)
+
+
+DEMO_START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
+PDF_SIG = {
+    "summary": "extract the text of a PDF that http.fetch downloaded",
+    "inputs": {"body": "bytes (application/pdf)"},
+    "outputs": {"text": "str"},
+    "errors": ["encrypted PDF", "scanned image without text layer"],
+}
+
+
+def _demo_turns() -> list[tuple[str, list[Passing], tuple[str, str] | None]]:
+    search = ("web.search", "2.1")
+    fetch = ("http.fetch", "1.4")
+
+    def chain(summariser: str) -> list[Passing]:
+        return [
+            Passing(*search, *fetch),
+            Passing(*fetch, "text.summarise", summariser),
+        ]
+
+    pdf = Passing(*fetch, "pdf.to_text", None, False, None, PDF_SIG)
+    return [
+        ("turn-001", chain("0.9"), ("What's new in PostgreSQL 17?", "postgresql 17 changes")),
+        ("turn-002", chain("0.9"), None),
+        ("turn-003", [Passing(*search, *fetch), pdf], ("SQLite WAL paper pdf", "sqlite wal pdf")),
+        ("turn-004", [Passing(*search, "text.summarise", "1.0")], None),
+        ("turn-005", [*chain("1.0"), pdf], ("postgres 17 release notes", "postgresql 17 changes")),
+        ("turn-006", [*chain("1.0"), pdf], None),
+        ("turn-007", chain("1.0"), None),
+    ]
+
+
+def _section(title: str) -> None:
+    click.echo("")
+    click.echo(f"== {title}")
+
+
+def run_demo(url: str | None) -> None:
+    """Record a week of realistic turns, let 30 days pass, age, and show what is left."""
+    clock = _DemoClock(DEMO_START)
+    with contextlib.ExitStack() as stack:
+        if url is None:
+            folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="mnestoma-demo-"))
+            url = f"sqlite:///{folder}/demo.sqlite"
+            where = "a temporary SQLite file (deleted when the demo ends)"
+        else:
+            where = redact_url(resolve_database_url(url))
+            _prepare_demo_database(url)
+        store = Mnestoma(url, clock=clock)
+        stack.callback(store.close)
+        if store.edges() or store.events() or store.recent_queries(limit=1):
+            raise InvalidInput(
+                f"the demo writes made-up rows: give it an empty database, not {where}"
+            )
+        click.echo(f"mnestoma demo in {where}")
+        turns = _demo_turns()
+        for turn_id, passings, query in turns:
+            if query is not None:
+                store.log_canonical_query(query[0], query[1], turn_id=turn_id)
+            store.record_turn(turn_id, passings)
+            clock.advance(hours=3)
+        click.echo(
+            f"recorded {len(turns)} turns, {_fmt_time(DEMO_START)} to {_fmt_time(clock.now)}: "
+            "web.search -> http.fetch -> text.summarise (0.9, then 1.0), and three times a "
+            "PDF nothing could read (a proto for the missing pdf.to_text)"
+        )
+        _section("edges right after the turns")
+        render_edges(store.edges(), clock.now, False, "(no edge)")
+        clock.advance(days=30)
+        _section(f"30 days later ({_fmt_time(clock.now)}): mnestoma age")
+        render_ager(store.apply_ager(), clock.now, False, False)
+        _section("mnestoma edges")
+        render_edges(store.edges(), clock.now, False, "(no edge)")
+        _section("mnestoma walk web.search")
+        render_walk(store.walk("web.search"), clock.now, False)
+        _section("mnestoma suggest http.fetch@1.4")
+        render_suggestions(store.suggest_next("http.fetch", "1.4"), clock.now, False)
+        _section("mnestoma protos")
+        render_protos(store.recurring_protos(), clock.now, False)
+        _section("mnestoma status")
+        st = collect_status(store.engine, clock=clock)
+        click.echo(render_status(replace(st, database=where)))
+
+
+def _prepare_demo_database(url: str) -> None:
+    """An empty database given to the demo gets the schema (it asked for rows there)."""
+    resolved = resolve_database_url(url)
+    if missing_sqlite_file(resolved) is None and current_revision(resolved) is None:
+        upgrade(resolved)
+
+
+@cli.command()
+@database_url_option
+def demo(database_url: str | None) -> None:
+    """Show mnestoma at work on made-up turns (a throwaway SQLite file unless --database-url)."""
+    run_demo(_url(database_url))
+
+
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    """Entry point of the ``mnestoma`` script and of ``python -m mnestoma``."""
+    cli.main(args=list(argv) if argv is not None else None, prog_name="mnestoma")
+    raise SystemExit(0)  # pragma: no cover - cli.main always exits
