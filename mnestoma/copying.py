@@ -25,7 +25,7 @@ from sqlalchemy import Connection, Engine, Table, func, insert, inspect, select,
 from sqlalchemy.engine import URL
 
 from .config import READ_ONLY_OPTION, make_engine, redact_url, resolve_database_url
-from .errors import InvalidInput, MnestomaError, SchemaError, translate_errors
+from .errors import ConflictError, InvalidInput, MnestomaError, SchemaError, translate_errors
 from .migration import alembic_config, current_revision, head_revision
 from .models import CanonicalQuery, Event, Mnest
 from .status import missing_sqlite_file
@@ -127,7 +127,7 @@ def _table_digest(conn: Connection, table: Table, *, id_above: int | None, offse
     stmt = select(table)
     if id_above is not None:
         stmt = stmt.where(table.c.id > id_above)
-    result = conn.execution_options(yield_per=CHUNK_SIZE).execute(stmt)
+    result = conn.execute(stmt, execution_options={"yield_per": CHUNK_SIZE})
     for part in result.mappings().partitions():
         for row in part:
             digest.add(table.name, columns, _shifted(row, offset))
@@ -195,8 +195,14 @@ def copy_store(
                 f"the source {redact_url(src_url)} is at revision {src_rev or 'none'}, "
                 f"not head {head}: run `mnestoma db upgrade` on it first"
             )
-        with translate_errors():
-            return _copy(src_engine, dst_engine, append, chunk_size, progress or _no_progress)
+        try:
+            with translate_errors():
+                return _copy(src_engine, dst_engine, append, chunk_size, progress or _no_progress)
+        except ConflictError as err:
+            raise ConflictError(
+                "the target already holds a mnest with the same id or edge key as one of the "
+                f"source's ({err}): nothing was copied"
+            ) from err
     finally:
         src_engine.dispose()
         dst_engine.dispose()
@@ -287,7 +293,7 @@ def _copy_table(
     columns = [c.key for c in table.columns]
     digest = _Digest()
     stmt = select(table).order_by(table.c.id)
-    result = sconn.execution_options(yield_per=chunk_size).execute(stmt)
+    result = sconn.execute(stmt, execution_options={"yield_per": chunk_size})
     ins = insert(table)
     for part in result.mappings().partitions():
         rows = [dict(_shifted(r, offset)) for r in part]

@@ -1,0 +1,174 @@
+"""walk (one recursive query) and suggest_next (both engines)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from sqlalchemy import event
+
+from mnestoma import InvalidInput, Mnestoma
+
+
+def _names(paths: list) -> list[list[str]]:
+    return [[path[0].src_executor] + [m.dst_executor for m in path] for path in paths]
+
+
+def test_walk_follows_a_chain_of_two_rows(store: Mnestoma) -> None:
+    store.record_passing("a", "1", "b", "1")
+    store.record_passing("b", "1", "c", "1")
+    assert _names(store.walk("a")) == [["a", "b"], ["a", "b", "c"]]
+
+
+def test_walk_requires_the_next_source_version_to_match(store: Mnestoma) -> None:
+    store.record_passing("a", "1", "b", "1")
+    store.record_passing("b", "2", "c", "1")  # b@2 is not what a fed
+    assert _names(store.walk("a")) == [["a", "b"]]
+
+
+def test_walk_starts_from_any_version_of_the_source(store: Mnestoma) -> None:
+    store.record_passing("a", "1", "b", "1")
+    store.record_passing("a", "2", "c", "1")
+    assert sorted(_names(store.walk("a"))) == [["a", "b"], ["a", "c"]]
+
+
+def test_walk_never_visits_an_executor_twice(store: Mnestoma) -> None:
+    store.record_passing("a", "1", "b", "1")
+    store.record_passing("b", "1", "a", "1")
+    store.record_passing("b", "1", "c", "1")
+    store.record_passing("c", "1", "b", "1")
+    store.record_passing("a", "1", "a", "1")  # a self-loop is never a path
+    paths = _names(store.walk("a", max_depth=5))
+    assert sorted(paths) == [["a", "b"], ["a", "b", "c"]]
+    for p in paths:
+        assert len(p) == len(set(p))
+
+
+def test_walk_respects_max_depth(store: Mnestoma) -> None:
+    for src, dst in zip("abcde", "bcdef", strict=True):
+        store.record_passing(src, "1", dst, "1")
+    assert max(len(p) for p in store.walk("a", max_depth=2)) == 2
+    assert max(len(p) for p in store.walk("a", max_depth=4)) == 4
+    assert len(store.walk("a", max_depth=10)) == 5
+
+
+def test_walk_orders_paths_by_score_best_first(store: Mnestoma) -> None:
+    for _ in range(3):
+        store.record_passing("a", "1", "strong", "1")  # 0.60
+    store.record_passing("a", "1", "weak", "1")  # 0.30
+    store.record_passing("strong", "1", "z", "1")  # 0.30 → path score 0.18
+    paths = store.walk("a")
+    scores = [math.prod(m.weight for m in p) for p in paths]
+    assert scores == sorted(scores, reverse=True)
+    assert _names(paths)[0] == ["a", "strong"]
+
+
+def test_walk_skips_edges_below_min_weight(store: Mnestoma, clock) -> None:
+    store.record_passing("a", "1", "b", "1")
+    store.record_passing("a", "1", "b", "1")  # 0.45
+    store.record_passing("b", "1", "c", "1")  # 0.30
+    assert _names(store.walk("a", min_weight=0.4)) == [["a", "b"]]
+    clock.advance(days=30)  # 0.45·e^(−0.54) ≈ 0.26
+    assert store.walk("a", min_weight=0.4) == []
+
+
+def test_walk_follows_only_active_edges(store: Mnestoma) -> None:
+    ab = store.record_passing("a", "1", "b", "1")
+    store.record_passing("a", "1", "w", dst_exists=False)
+    store.record_passing("b", "1", "c", "1")
+    store.transition_state(ab.id, "superseded")
+    assert store.walk("a") == []
+
+
+def test_walk_is_one_query_whatever_the_depth(store: Mnestoma) -> None:
+    for src, dst in zip("abcdefg", "bcdefgh", strict=True):
+        store.record_passing(src, "1", dst, "1")
+    statements: list[str] = []
+
+    def count(conn, cursor, statement, params, context, executemany) -> None:  # type: ignore[no-untyped-def]
+        if statement.lstrip().upper().startswith(("WITH", "SELECT")):
+            statements.append(statement)
+
+    event.listen(store.engine, "before_cursor_execute", count)
+    try:
+        paths = store.walk("a", max_depth=6)
+    finally:
+        event.remove(store.engine, "before_cursor_execute", count)
+    assert len(paths) == 6
+    recursive = [s for s in statements if "RECURSIVE" in s.upper()]
+    assert len(recursive) == 1
+    assert len(statements) <= 2  # the walk, then one fetch of the rows it names
+
+
+def test_walk_of_an_unknown_executor_is_empty(store: Mnestoma) -> None:
+    assert store.walk("nobody") == []
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"max_depth": 0}, {"max_depth": -1}, {"max_depth": "3"}, {"min_weight": float("nan")},
+     {"min_weight": -0.1}, {"min_weight": 1.5}, {"max_depth": True}],
+)
+def test_walk_refuses_bad_bounds(store: Mnestoma, kwargs: dict) -> None:
+    with pytest.raises(InvalidInput):
+        store.walk("a", **kwargs)
+
+
+def test_suggest_next_orders_by_effective_weight(store: Mnestoma, clock) -> None:
+    store.record_passing("a", "1", "old", "1")
+    store.record_passing("a", "1", "old", "1")  # 0.45 at t0
+    clock.advance(days=40)  # old: 0.45·e^(−0.72) ≈ 0.219
+    store.record_passing("a", "1", "new", "1")  # 0.30
+    store.record_passing("a", "1", "w", dst_exists=False)  # protos are not suggested
+    got = store.suggest_next("a")
+    assert [m.dst_executor for m, _ in got] == ["new", "old"]
+    assert got[0][1] == pytest.approx(0.30)
+    assert got[1][1] == pytest.approx(0.45 * math.exp(-0.72))
+
+
+def test_suggest_next_breaks_ties_by_uses(store: Mnestoma, clock) -> None:
+    store.record_passing("a", "1", "x", "1")
+    for _ in range(8):
+        store.record_passing("a", "1", "y", "1")  # clamps at 1.0 with more uses
+    for _ in range(7):
+        store.record_passing("a", "1", "z", "1")  # 1.0 too, fewer uses
+    got = [(m.dst_executor, m.uses) for m, _ in store.suggest_next("a", k=2)]
+    assert got == [("y", 8), ("z", 7)]
+
+
+def test_suggest_next_filters_by_version_and_limits_to_k(store: Mnestoma) -> None:
+    for i in range(7):
+        store.record_passing("a", "1", f"d{i}", "1")
+    store.record_passing("a", "2", "only-v2", "1")
+    assert len(store.suggest_next("a")) == 5
+    assert len(store.suggest_next("a", k=3)) == 3
+    assert [m.dst_executor for m, _ in store.suggest_next("a", "2")] == ["only-v2"]
+
+
+def test_suggest_next_uses_an_index(store: Mnestoma) -> None:
+    store.record_passing("a", "1", "b", "1")
+    from sqlalchemy import text
+
+    with store.engine.connect() as conn:
+        if store.engine.dialect.name == "sqlite":
+            plan = " ".join(
+                str(r[-1])
+                for r in conn.execute(
+                    text(
+                        "EXPLAIN QUERY PLAN SELECT * FROM mnests "
+                        "WHERE state = 'active' AND src_executor = 'a'"
+                    )
+                )
+            )
+            assert "ix_mnests_state_src" in plan
+        else:
+            conn.execute(text("SET enable_seqscan = off"))
+            plan = " ".join(
+                r[0]
+                for r in conn.execute(
+                    text(
+                        "EXPLAIN SELECT * FROM mnests WHERE state = 'active' AND src_executor = 'a'"
+                    )
+                )
+            )
+            assert "ix_mnests_state_src" in plan
