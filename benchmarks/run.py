@@ -99,6 +99,7 @@ class Result:
     values: dict[str, float | None]
     ratio: float | None = None
     note: str = ""
+    details: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -430,6 +431,7 @@ def bench_walk(b: Bench, report: Report) -> None:
             values,
             ratio,
             f"paths per walk: {n_paths}",
+            {"paths_per_walk": {i: [len(p) for p in f] for i, f in found.items()}},
         )
     )
     report.verdicts.append(
@@ -502,6 +504,7 @@ def bench_writers(b: Bench, report: Report) -> None:
             rates,
             None,
             "lost updates: " + ", ".join(f"{i} {o['lost']}" for i, o in outcome.items()),
+            {"outcome": outcome},
         )
     )
     o = outcome.get(PG)

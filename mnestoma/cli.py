@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 import click
 from alembic.script import ScriptDirectory
 from alembic.util import CommandError
+from click.utils import PacifyFlushWrapper
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
@@ -100,7 +101,7 @@ class MnestomaGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except (click.ClickException, click.exceptions.Exit, click.Abort):
+        except (click.ClickException, click.exceptions.Exit, click.Abort, BrokenPipeError):
             raise
         except Exception as err:
             if ctx.find_root().params.get("debug"):
@@ -132,6 +133,11 @@ class MnestomaGroup(click.Group):
             sys.exit(err.exit_code)
         except click.Abort:
             _error_line("aborted")
+            sys.exit(1)
+        except BrokenPipeError:
+            # The reader went away (``mnestoma edges | head``): stop quietly, as click does.
+            sys.stdout = PacifyFlushWrapper(sys.stdout)
+            sys.stderr = PacifyFlushWrapper(sys.stderr)
             sys.exit(1)
         sys.exit(rv if isinstance(rv, int) else 0)
 
@@ -565,6 +571,8 @@ def record(
     tags = parse_tags(tag_pairs)
     desired_sig: dict[str, Any] | None = None
     if proto:
+        if "@" in dst:
+            raise InvalidInput(f"a proto's destination has no version yet: give DST, not {dst!r}")
         dst_exec, dst_version = dst, None
         if sig_json is not None:
             try:
@@ -890,15 +898,18 @@ def run_demo(url: str | None) -> None:
             )
         click.echo(f"mnestoma demo in {where}")
         turns = _demo_turns()
-        for turn_id, passings, query in turns:
+        for i, (turn_id, passings, query) in enumerate(turns):
+            if i:
+                clock.advance(hours=3)
             if query is not None:
                 store.log_canonical_query(query[0], query[1], turn_id=turn_id)
             store.record_turn(turn_id, passings)
-            clock.advance(hours=3)
         click.echo(
-            f"recorded {len(turns)} turns, {_fmt_time(DEMO_START)} to {_fmt_time(clock.now)}: "
-            "web.search -> http.fetch -> text.summarise (0.9, then 1.0), and three times a "
-            "PDF nothing could read (a proto for the missing pdf.to_text)"
+            f"recorded {len(turns)} turns from {_fmt_time(DEMO_START)} to {_fmt_time(clock.now)}:"
+        )
+        click.echo(
+            "  web.search -> http.fetch -> text.summarise (version 0.9, then 1.0), and three\n"
+            "  PDFs that nothing could read: a proto-mnest wishing for the missing pdf.to_text"
         )
         _section("edges right after the turns")
         render_edges(store.edges(), clock.now, False, "(no edge)")

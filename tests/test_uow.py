@@ -1,0 +1,143 @@
+"""The unit of work owns the transaction; repositories never commit."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import Engine, func, select, text
+
+from mnestoma import MnestRepository, UnitOfWork, make_engine, make_session_factory
+from mnestoma.config import READ_ONLY_OPTION
+from mnestoma.models import Mnest
+
+
+@pytest.fixture
+def engine(store_url: str) -> Iterator[Engine]:
+    eng = make_engine(store_url)
+    yield eng
+    eng.dispose()
+
+
+def _count(engine: Engine) -> int:
+    """Rows committed so far, read without taking SQLite's write lock."""
+    with engine.execution_options(**{READ_ONLY_OPTION: True}).connect() as conn:
+        return conn.execute(select(func.count()).select_from(Mnest)).scalar_one()
+
+
+def test_committed_work_is_kept(engine: Engine, clock) -> None:
+    with UnitOfWork(make_session_factory(engine), clock=clock) as uow:
+        uow.mnests.record_passing("a", "1", "b", "1")
+        uow.commit()
+    assert _count(engine) == 1
+
+
+def test_rolls_back_uncommitted_work_by_default(engine: Engine, clock) -> None:
+    with UnitOfWork(make_session_factory(engine), clock=clock) as uow:
+        uow.mnests.record_passing("a", "1", "b", "1")
+    assert _count(engine) == 0
+
+
+def test_rolls_back_on_error(engine: Engine, clock) -> None:
+    with pytest.raises(RuntimeError), UnitOfWork(make_session_factory(engine), clock=clock) as uow:
+        uow.mnests.record_passing("a", "1", "b", "1")
+        raise RuntimeError("boom")
+    assert _count(engine) == 0
+
+
+def test_the_session_is_closed_on_exit(engine: Engine, clock) -> None:
+    with UnitOfWork(make_session_factory(engine), clock=clock) as uow:
+        uow.mnests.record_passing("a", "1", "b", "1")
+        session = uow.session
+        uow.commit()
+    assert not session.in_transaction()
+    assert list(session.identity_map.values()) == []
+
+
+def test_work_after_a_commit_needs_its_own_commit(engine: Engine, clock) -> None:
+    with UnitOfWork(make_session_factory(engine), clock=clock) as uow:
+        uow.mnests.record_passing("a", "1", "b", "1")
+        uow.commit()
+        uow.mnests.record_passing("c", "1", "d", "1")
+    assert _count(engine) == 1
+
+
+def test_several_operations_in_one_unit_are_atomic(engine: Engine, clock) -> None:
+    with UnitOfWork(make_session_factory(engine), clock=clock) as uow:
+        a = uow.mnests.record_passing("a", "1", "b", "1")
+        uow.mnests.transition_state(a.id, "decaying")
+        uow.mnests.record_passing("a", "1", "b", "1")
+        uow.queries.log("Find it", "find it")
+        assert len(uow.mnests.edges()) == 2
+    assert _count(engine) == 0
+
+
+def test_the_repository_never_commits(engine: Engine, clock) -> None:
+    sessions = make_session_factory(engine)
+    with sessions() as session:
+        repo = MnestRepository(session, clock=clock)
+        repo.record_passing("a", "1", "b", "1")
+        repo.apply_ager()
+        assert session.in_transaction()
+        session.rollback()
+    assert _count(engine) == 0
+
+
+def test_joining_a_service_session_commits_with_the_service(engine: Engine, clock) -> None:
+    sessions = make_session_factory(engine)
+    with sessions() as session:
+        session.execute(text("SELECT 1"))
+        with UnitOfWork.joining(session, clock=clock) as uow:
+            uow.mnests.record_passing("a", "1", "b", "1")
+            uow.commit()
+        assert session.in_transaction()
+        assert _count(engine) == 0  # nothing visible before the service commits
+        session.commit()
+    assert _count(engine) == 1
+
+
+def test_joining_never_commits_when_the_service_rolls_back(engine: Engine, clock) -> None:
+    sessions = make_session_factory(engine)
+    with sessions() as session:
+        with UnitOfWork.joining(session, clock=clock) as uow:
+            uow.mnests.record_passing("a", "1", "b", "1")
+            uow.commit()
+        session.rollback()
+    assert _count(engine) == 0
+
+
+def test_a_failed_joined_unit_keeps_the_service_work(engine: Engine, clock) -> None:
+    sessions = make_session_factory(engine)
+    with sessions() as session:
+        session.add(
+            Mnest(
+                id="mn_servicerow0001",
+                src_executor="svc",
+                src_version="1",
+                dst_executor="x",
+                dst_version="1",
+                weight=0.5,
+                uses=1,
+                ts_first=clock.now,
+                ts_last=clock.now,
+                ts_weight=clock.now,
+                state="active",
+            )
+        )
+        session.flush()
+        with pytest.raises(RuntimeError), UnitOfWork.joining(session, clock=clock) as uow:
+            uow.mnests.record_passing("a", "1", "b", "1")
+            raise RuntimeError("the mnestoma part failed")
+        session.commit()
+    with engine.connect() as conn:
+        assert conn.execute(select(Mnest.src_executor)).scalars().all() == ["svc"]
+
+
+def test_joining_leaves_the_session_open(engine: Engine, clock) -> None:
+    sessions = make_session_factory(engine)
+    session = sessions()
+    with UnitOfWork.joining(session, clock=clock) as uow:
+        uow.mnests.record_passing("a", "1", "b", "1")
+    assert session.is_active
+    session.execute(text("SELECT 1"))
+    session.close()
