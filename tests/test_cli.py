@@ -190,9 +190,7 @@ def test_python_dash_m_mnestoma_shows_help() -> None:
 def test_mnestoma_script_runs_the_demo_without_leaving_files(tmp_path: Path) -> None:
     exe = Path(sys.executable).with_name("mnestoma")
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "mnestoma"]
-    proc = subprocess.run(
-        [*cmd, "demo"], capture_output=True, text=True, timeout=60, cwd=tmp_path
-    )
+    proc = subprocess.run([*cmd, "demo"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "pdf.to_text" in proc.stdout
     assert list(tmp_path.iterdir()) == []

@@ -143,7 +143,9 @@ def test_the_ager_among_writers_loses_no_reinforcement_and_its_reports_add_up(
     writers = 3
     ager = CTX.Process(target=ager_process, args=(store_url, 60.0, start, stop, out), daemon=True)
     ager.start()
-    targets = [(writer_process, (store_url, p, THREADS, CALLS, start, out, 7)) for p in range(writers)]
+    targets = [
+        (writer_process, (store_url, p, THREADS, CALLS, start, out, 7)) for p in range(writers)
+    ]
     results = run_children(targets, start, out)
     stop.set()
     ager_result = out.get(timeout=DEADLINE)

@@ -106,8 +106,15 @@ def test_walk_of_an_unknown_executor_is_empty(store: Mnestoma) -> None:
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"max_depth": 0}, {"max_depth": -1}, {"max_depth": "3"}, {"min_weight": float("nan")},
-     {"min_weight": -0.1}, {"min_weight": 1.5}, {"max_depth": True}],
+    [
+        {"max_depth": 0},
+        {"max_depth": -1},
+        {"max_depth": "3"},
+        {"min_weight": float("nan")},
+        {"min_weight": -0.1},
+        {"min_weight": 1.5},
+        {"max_depth": True},
+    ],
 )
 def test_walk_refuses_bad_bounds(store: Mnestoma, kwargs: dict) -> None:
     with pytest.raises(InvalidInput):

@@ -1,0 +1,156 @@
+"""The benchmark suite's quick mode keeps working, and its baseline keeps agreeing.
+
+No timing is asserted here: these tests only check that ``python -m benchmarks --quick``
+completes and that the package and the hand-written ``sqlite3`` baseline leave the same rows,
+weights, events and paths after the same work.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # ``benchmarks`` lives at the top of the checkout
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import run as bench  # noqa: E402
+from benchmarks import workloads as w  # noqa: E402
+from benchmarks.baseline import Baseline  # noqa: E402
+from benchmarks.data import NOW, FixedClock, SqliteFiles  # noqa: E402
+
+PG_ADMIN_URL = os.environ.get(
+    "MNESTOMA_TEST_PG_ADMIN_URL", "postgresql+psycopg://root@127.0.0.1:5432/test"
+)
+
+
+@pytest.fixture(scope="module")
+def quick_report(tmp_path_factory: pytest.TempPathFactory) -> bench.Report:
+    """One quick run of every workload on SQLite (package and baseline)."""
+    return bench.run(quick=True, workdir=str(tmp_path_factory.mktemp("bench")))
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> SqliteFiles:
+    """Migrated SQLite files in a temporary folder."""
+    return SqliteFiles(tmp_path)
+
+
+def test_quick_mode_runs_every_workload(quick_report: bench.Report) -> None:
+    assert [r.workload for r in quick_report.results if r.workload != "apply_ager"] == [
+        n for n in bench.WORKLOADS if n != "apply_ager"
+    ]
+    assert [c["rows"] for c in quick_report.curve] == list(bench.QUICK.ager_sizes)
+    for r in quick_report.results:
+        assert r.values["package"] and r.values["baseline"], r
+
+
+def test_package_and_baseline_agree_after_the_same_work(quick_report: bench.Report) -> None:
+    disagreements = [f"{c.name}: {c.detail}" for c in quick_report.checks if not c.ok]
+    assert disagreements == []
+    names = " ".join(c.name for c in quick_report.checks)
+    for what in ("record_passing rows", "record_turn rows", "apply_ager", "walk", "suggest"):
+        assert what in names
+
+
+def test_walk_returns_the_same_number_of_paths_on_both(quick_report: bench.Report) -> None:
+    (walk,) = [r for r in quick_report.results if r.workload == "walk"]
+    counts = walk.details["paths_per_walk"]
+    assert counts["package"] == counts["baseline"]
+    # Out-degree 10, depth 3: about 10 + 100 + 1,000 simple paths per walk.
+    assert all(1_000 <= n <= 1_110 for n in counts["package"])
+
+
+def test_concurrent_writers_lose_no_update(quick_report: bench.Report) -> None:
+    (writers,) = [r for r in quick_report.results if r.workload == "writers"]
+    for impl, outcome in writers.details["outcome"].items():
+        assert outcome["failed"] == 0, impl
+        assert outcome["lost"] == 0, impl
+        assert outcome["uses"] == 1 + outcome["calls"], impl
+
+
+def test_every_target_gets_a_verdict_line(quick_report: bench.Report) -> None:
+    text = bench.format_report(quick_report, with_pg=False)
+    assert "| target" in text
+    assert "PostgreSQL 8 writers" in text
+    assert len(quick_report.verdicts) == 8
+
+
+def test_baseline_follows_the_contract_numbers(files: SqliteFiles) -> None:
+    path = str(files.clone("empty"))
+    clock = FixedClock(NOW)
+    base = Baseline(path, clock=clock)
+    first = base.record_passing("a", "1", "b", "1")
+    second = base.record_passing("a", "1", "b", "1")
+    proto = base.record_passing("a", "1", "c", dst_exists=False)
+    base.close()
+    assert (first[5], first[6]) == (0.30, 1)
+    assert (second[5], second[6]) == (pytest.approx(0.45), 2)
+    assert (proto[4], proto[11]) == (None, "proto")
+    assert second[9] == "2026-06-01 12:00:00.000000"  # naive UTC text, as the package stores
+
+
+def test_baseline_and_package_age_a_store_alike(files: SqliteFiles) -> None:
+    clock = FixedClock(NOW)
+    outcome = {}
+    for impl in ("package", "baseline"):
+        where = str(files.clone("empty"))
+        clock.now = NOW
+        store = w.open_store(impl, where, clock)
+        store.record_passing("a", "1", "b", "1")
+        store.record_passing("a", "1", "c", dst_exists=False)
+        store.record_turn("t1", [("a", "1", "b", "1"), ("b", "1", "c", "1")])
+        store.record_turn("t1", [("a", "1", "b", "1")])  # a retried turn counts once
+        clock.now = NOW + timedelta(days=60)
+        report = store.apply_ager()
+        store.close()
+        fields = report if isinstance(report, dict) else w._report_dict(report)
+        outcome[impl] = (fields, w.edge_snapshot(impl, where), w.summary(impl, where))
+    assert outcome["package"] == outcome["baseline"]
+    assert outcome["package"][0]["to_decaying"] == 2  # 0.45 and 0.30, decayed 60 days
+
+
+def test_command_line_quick_subset_exits_zero(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--quick", "--only", "record_passing,walk",
+         "--workdir", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "record_passing" in proc.stdout and "walk" in proc.stdout
+    assert "consistency checks: " in proc.stdout
+
+
+def test_unknown_workload_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown workload"):
+        bench.run(quick=True, only=["nope"])
+
+
+@pytest.mark.postgresql
+def test_quick_mode_on_postgresql(tmp_path: Path) -> None:
+    try:
+        from sqlalchemy import create_engine, text
+
+        engine = create_engine(PG_ADMIN_URL, connect_args={"connect_timeout": 3})
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+        engine.dispose()
+    except Exception:
+        if os.environ.get("MNESTOMA_REQUIRE_POSTGRESQL", "") not in ("", "0", "false"):
+            pytest.fail("PostgreSQL unreachable (MNESTOMA_REQUIRE_POSTGRESQL is set)")
+        pytest.skip("PostgreSQL unreachable")
+    report = bench.run(
+        quick=True,
+        postgresql=PG_ADMIN_URL,
+        only=["record_passing", "record_turn", "walk", "writers"],
+        workdir=str(tmp_path),
+    )
+    assert [f"{c.name}: {c.detail}" for c in report.checks if not c.ok] == []
+    assert any("package-pg" in c.name for c in report.checks)
+    (writers,) = [r for r in report.results if r.workload == "writers"]
+    assert writers.details["outcome"]["package-pg"]["lost"] == 0
