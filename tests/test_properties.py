@@ -185,7 +185,7 @@ def test_sql_decay_agrees_with_the_pure_function(
         )
     now = start + timedelta(days=age_days)
     clock.set(now)
-    [(suggested, eff_sql)] = store.suggest_next("a")
+    [(_row, eff_sql)] = store.suggest_next("a")
     eff_py = decayed_weight(weight, lam, start, now)
     assert eff_sql == pytest.approx(eff_py, rel=1e-7, abs=1e-12)
     store.apply_ager()
