@@ -1,0 +1,241 @@
+"""``mnestoma db ...`` and ``mnestoma status``: migrations from the command line, honest facts."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+from sqlalchemy import inspect
+
+import mnestoma
+from mnestoma.cli import cli
+from mnestoma.config import make_engine
+from mnestoma.status import FEEDING_STATEMENT
+
+STATUS_KEYS = [
+    "database",
+    "dialect",
+    "schema",
+    "revision",
+    "head",
+    "at_head",
+    "advice",
+    "at",
+    "empty",
+    "mnests",
+    "mnests_by_state",
+    "events",
+    "events_by_kind",
+    "passings",
+    "passings_with_turn",
+    "last_passing",
+    "last_turn_passing",
+    "query_log",
+    "recurring_protos",
+    "feeding",
+]
+
+
+def run(*args: Any) -> Result:
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def run_ok(*args: Any) -> Result:
+    result = run(*args)
+    assert result.exit_code == 0, (result.stdout, result.stderr, result.exception)
+    return result
+
+
+def tables(url: str) -> set[str]:
+    engine = make_engine(url)
+    try:
+        return set(inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
+
+
+HEAD = mnestoma.head_revision()
+
+
+# --- db -------------------------------------------------------------------------------------
+
+
+def test_db_upgrade_creates_the_schema_and_current_shows_head(empty_db_url: str) -> None:
+    out = run_ok("db", "upgrade", "--database-url", empty_db_url).stdout
+    assert f"upgraded from empty to {HEAD} (head)" in out
+    assert {"mnests", "events", "canonical_query_log"} <= tables(empty_db_url)
+    assert run_ok("db", "current", "--database-url", empty_db_url).stdout == f"{HEAD} (head)\n"
+    again = run_ok("db", "upgrade", "--database-url", empty_db_url).stdout
+    assert f"already at revision {HEAD} (head)" in again
+
+
+def test_db_downgrade_and_upgrade_round_trip(empty_db_url: str) -> None:
+    url = empty_db_url
+    run_ok("db", "upgrade", "--database-url", url)
+    with mnestoma.Mnestoma(url) as m:
+        m.record_passing("a", "1", "b", "2")
+    out = run_ok("db", "downgrade", "0001", "--database-url", url).stdout
+    assert f"downgraded from {HEAD} to 0001" in out
+    assert run_ok("db", "current", "--database-url", url).stdout == "0001\n"
+    run_ok("db", "upgrade", "--database-url", url)
+    assert run_ok("db", "current", "--database-url", url).stdout == f"{HEAD} (head)\n"
+    with mnestoma.Mnestoma(url) as m:
+        assert m.find("a", "1", "b", "2") is not None  # the row survived both ways
+    run_ok("db", "downgrade", "base", "--database-url", url)
+    assert "mnests" not in tables(url)
+    current = run_ok("db", "current", "--database-url", url)
+    assert current.stdout == "" and "no mnestoma revision" in current.stderr
+
+
+def test_db_upgrade_to_a_chosen_revision(empty_db_url: str) -> None:
+    run_ok("db", "upgrade", "0001", "--database-url", empty_db_url)
+    assert run_ok("db", "current", "--database-url", empty_db_url).stdout == "0001\n"
+
+
+def test_db_unknown_revision_exits_2_and_migrates_nothing(empty_db_url: str) -> None:
+    result = run("db", "upgrade", "zz99", "--database-url", empty_db_url)
+    assert result.exit_code == 2
+    assert len(result.stderr.strip().splitlines()) == 1 and "zz99" in result.stderr
+    assert "mnests" not in tables(empty_db_url)
+
+
+def test_db_downgrade_needs_a_revision() -> None:
+    result = run("db", "downgrade")
+    assert result.exit_code == 2 and "REVISION" in result.stderr
+
+
+def test_db_history_lists_revisions_newest_first() -> None:
+    lines = run_ok("db", "history").stdout.splitlines()
+    assert lines[0].startswith(f"0001 -> {HEAD} (head)")
+    assert lines[-1].startswith("<base> -> 0001")
+
+
+def test_db_history_can_mark_the_current_revision(empty_db_url: str) -> None:
+    mnestoma.upgrade(empty_db_url, "0001")
+    out = run_ok("db", "history", "--indicate-current", "--database-url", empty_db_url).stdout
+    assert "<base> -> 0001 (current)" in out
+
+
+@pytest.mark.parametrize("dialect", ["sqlite", "postgresql"])
+def test_db_sql_prints_create_table_for_each_dialect(dialect: str) -> None:
+    out = run_ok("db", "sql", "--dialect", dialect).stdout
+    assert "CREATE TABLE mnests" in out and "CREATE TABLE events" in out
+    assert "CREATE VIEW v_mnestoma" in out
+    assert ("TIMESTAMP WITH TIME ZONE" in out) == (dialect == "postgresql")
+
+
+def test_db_sql_range_prints_only_that_step() -> None:
+    out = run_ok("db", "sql", "--dialect", "postgresql", "0001:0002").stdout
+    assert "Running upgrade 0001 -> 0002" in out
+    assert "CREATE TABLE mnests" not in out
+    assert "ADD COLUMN ts_weight" in out
+
+
+def test_db_sql_uses_the_dialect_of_the_database_url_and_never_connects() -> None:
+    url = "postgresql://alice:pa55-w0rd-XYZ@127.0.0.1:1/store"
+    out = run_ok("db", "sql", "--database-url", url).stdout
+    assert "TIMESTAMP WITH TIME ZONE" in out and "pa55-w0rd-XYZ" not in out
+
+
+def test_db_sql_with_unknown_dialect_exits_2() -> None:
+    assert run("db", "sql", "--dialect", "oracle").exit_code == 2
+
+
+def test_db_current_on_a_missing_sqlite_file_creates_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "nowhere" / "store.sqlite"
+    result = run_ok("db", "current", "--database-url", f"sqlite:///{path}")
+    assert result.stdout == "" and "no database file" in result.stderr
+    assert not path.parent.exists()
+
+
+# --- status ---------------------------------------------------------------------------------
+
+
+def test_status_on_an_empty_store_says_it_is_empty(store_url: str) -> None:
+    out = run_ok("status", "--database-url", store_url).stdout
+    assert f"revision {HEAD} (head)" in out
+    assert "the store is empty" in out
+    assert FEEDING_STATEMENT in out
+    data = json.loads(run_ok("status", "--json", "--database-url", store_url).stdout)
+    assert list(data) == STATUS_KEYS
+    assert (data["empty"], data["at_head"], data["mnests"], data["events"]) == (True, True, 0, 0)
+    assert data["last_turn_passing"] is None
+
+
+def test_status_on_a_populated_store_reports_the_facts(store_url: str, engine_name: str) -> None:
+    t0 = datetime.now(UTC) - timedelta(hours=3)
+    ticks = iter(t0 + timedelta(minutes=i) for i in range(100))
+    with mnestoma.Mnestoma(store_url, clock=lambda: next(ticks)) as m:
+        m.record_passing("a", "1", "b", "2")  # no turn
+        for turn in ("t1", "t2", "t3"):
+            m.record_turn(turn, [("a", "1", "b", "2"), ("b", "2", "pdf", None, False)])
+        m.log_canonical_query("raw", "canon")
+    data = json.loads(run_ok("status", "--json", "--database-url", store_url).stdout)
+    assert data["dialect"] == engine_name
+    assert data["empty"] is False
+    assert data["mnests_by_state"] == {"active": 1, "proto": 1, "decaying": 0, "superseded": 0}
+    assert data["events"] == 7 and data["events_by_kind"]["reinforced"] == 4
+    assert (data["passings"], data["passings_with_turn"]) == (7, 6)
+    last = datetime.fromisoformat(data["last_turn_passing"])
+    assert t0 < last < t0 + timedelta(minutes=10)
+    assert data["query_log"] == 1
+    assert [p["dst_executor"] for p in data["recurring_protos"]] == ["pdf"]
+    text = run_ok("status", "--database-url", store_url).stdout
+    assert "6 with a turn_id" in text and "b@2 -> pdf" in text
+
+
+def test_status_hides_the_password(store_url: str, engine_name: str) -> None:
+    if engine_name != "postgresql":
+        pytest.skip("a SQLite URL has no password")
+    from sqlalchemy.engine import make_url
+
+    url = make_url(store_url).set(password="pa55-w0rd-XYZ")  # trust auth ignores it
+    result = run("status", "--database-url", url.render_as_string(hide_password=False))
+    assert result.exit_code == 0
+    assert "pa55-w0rd-XYZ" not in result.output and "***" in result.stdout
+
+
+def test_status_on_a_database_behind_head_says_so_and_migrates_nothing(
+    empty_db_url: str,
+) -> None:
+    mnestoma.upgrade(empty_db_url, "0001")
+    out = run_ok("status", "--database-url", empty_db_url).stdout
+    assert f"revision 0001, head {HEAD}" in out
+    assert "run `mnestoma db upgrade`" in out
+    data = json.loads(run_ok("status", "--json", "--database-url", empty_db_url).stdout)
+    assert (data["schema"], data["at_head"], data["revision"]) == ("behind", False, "0001")
+    assert mnestoma.current_revision(empty_db_url) == "0001"
+
+
+def test_status_on_a_database_without_schema_creates_nothing(empty_db_url: str) -> None:
+    out = run_ok("status", "--database-url", empty_db_url).stdout
+    assert "no mnestoma schema" in out
+    assert tables(empty_db_url) == set()
+
+
+def test_status_on_a_missing_sqlite_file_creates_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "ws" / ".mnestoma" / "mnest.sqlite"
+    result = run_ok("status", "--json", "--database-url", f"sqlite:///{path}")
+    assert json.loads(result.stdout)["schema"] == "missing"
+    assert not path.parent.parent.exists()
+
+
+def test_commands_on_postgresql_behind_head_exit_1_and_say_what_to_run(
+    empty_db_url: str, engine_name: str
+) -> None:
+    if engine_name != "postgresql":
+        pytest.skip("an empty SQLite database is migrated on first use")
+    result = run("edges", "--database-url", empty_db_url)
+    assert result.exit_code == 1
+    assert "mnestoma db upgrade" in result.stderr
+    assert tables(empty_db_url) == set()
+
+
+def test_commands_on_a_fresh_sqlite_file_migrate_it(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'fresh.sqlite'}"
+    assert run_ok("edges", "--json", "--database-url", url).stdout.strip() == "[]"
+    assert mnestoma.current_revision(url) == HEAD
