@@ -17,10 +17,10 @@ from .config import (
     make_engine,
     make_session_factory,
 )
-from .errors import InvalidInput, MnestomaError, is_retryable
+from .errors import InvalidInput, MnestomaError, is_retryable, translate_errors
 from .migration import ensure_at_head
 from .models import CanonicalQuery, Event, Mnest
-from .repository import QueryFrequency
+from .repository import CanonicalQueryRepository, MnestRepository, QueryFrequency
 from .rules import RECURRING_MIN_USES, RECURRING_MIN_WEIGHT, AgerReport
 from .uow import UnitOfWork
 from .validation import Clock, Passing
@@ -58,18 +58,17 @@ class Mnestoma:
             self.close()
             raise
         self._writes = make_session_factory(self.engine)
-        self._reads = make_session_factory(
-            self.engine.execution_options(**{READ_ONLY_OPTION: True})
-        )
+        self._read_engine = self.engine.execution_options(**{READ_ONLY_OPTION: True})
 
     # --- transaction helpers --------------------------------------------------------------
 
-    def _write(self, work: Callable[[UnitOfWork], T]) -> T:
+    def _write(self, work: Callable[[_Unit], T]) -> T:
+        """Run ``work`` in one write transaction; retry transient conflicts, bounded."""
         for attempt in range(MAX_ATTEMPTS):
             try:
-                with UnitOfWork(self._writes, clock=self.clock) as uow:
-                    result = work(uow)
-                    uow.commit()
+                with _Unit(self.engine, self.clock) as unit:
+                    result = work(unit)
+                    unit.commit()
                     return result
             except MnestomaError as err:
                 if attempt + 1 < MAX_ATTEMPTS and is_retryable(err):
@@ -78,9 +77,10 @@ class Mnestoma:
                 raise
         raise AssertionError("unreachable")
 
-    def _read(self, work: Callable[[UnitOfWork], T]) -> T:
-        with UnitOfWork(self._reads, clock=self.clock) as uow:
-            return work(uow)
+    def _read(self, work: Callable[[_Unit], T]) -> T:
+        """Run ``work`` in a read transaction (SQLite: a plain BEGIN, no write lock)."""
+        with _Unit(self._read_engine, self.clock) as unit:
+            return work(unit)
 
     # --- the contract's operations ----------------------------------------------------------
 
@@ -189,8 +189,8 @@ class Mnestoma:
         if not isinstance(dry_run, bool):
             raise InvalidInput("dry_run must be True or False")
         if dry_run:
-            with UnitOfWork(self._writes, clock=self.clock) as uow:
-                return uow.mnests.apply_ager()  # left without commit: rolled back
+            with _Unit(self.engine, self.clock) as unit:
+                return unit.mnests.apply_ager()  # left without commit: rolled back
         return self._write(lambda u: u.mnests.apply_ager())
 
     def log_canonical_query(
@@ -221,6 +221,32 @@ class Mnestoma:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _Unit:
+    """One transaction on one connection for one facade call; rolled back unless committed."""
+
+    def __init__(self, engine: Engine, clock: Clock | None) -> None:
+        self._engine = engine
+        self._clock = clock
+
+    def __enter__(self) -> _Unit:
+        with translate_errors():
+            self._conn = self._engine.connect()
+        self.mnests = MnestRepository(self._conn, clock=self._clock)
+        self.queries = CanonicalQueryRepository(self._conn, clock=self._clock)
+        return self
+
+    def commit(self) -> None:
+        with translate_errors():
+            self._conn.commit()
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            if self._conn.in_transaction():
+                self._conn.rollback()
+        finally:
+            self._conn.close()
 
 
 def _is_empty(store: Mnestoma) -> bool:
