@@ -820,7 +820,8 @@ def copy_cmd(
             }
         )
         return
-    counts = ", ".join(f"{n} {name}" for name, n in report.rows.items())
+    labels = {"mnests": "mnests", "events": "events", "canonical_query_log": "query-log entries"}
+    counts = ", ".join(f"{n} {labels.get(name, name)}" for name, n in report.rows.items())
     click.echo(f"copied {counts}")
     click.echo(f"  from {report.source}")
     click.echo(f"  to   {report.target}")

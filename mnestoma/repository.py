@@ -55,7 +55,7 @@ from .rules import (
     new_mnest_id,
     reinforced_weight,
 )
-from .sqlrules import decayed, greatest, least, now_param
+from .sqlrules import decayed, greatest, least, now_param, safe_product
 from .types import UTCDateTime
 from .validation import (
     Clock,
@@ -353,12 +353,17 @@ class MnestRepository:
             if updates:
                 self._run(conn, _UPD_REINFORCE, updates)
             lost: dict[tuple[bool, _Key], Passing] = {}
-            for ident, values, ev in creations:
-                if self._run(conn, insert_stmt, values).first() is not None:
-                    events.append(ev)
-                    result[ident] = _snapshot(values)
-                else:
-                    lost[ident] = pending[ident]
+            if creations:
+                # one multi-row INSERT ... ON CONFLICT DO NOTHING RETURNING id: a key that
+                # another transaction created meanwhile comes back missing and is retried
+                params = [values for _, values, _ in creations]
+                inserted = set(self._run(conn, insert_stmt, params).scalars())
+                for ident, values, ev in creations:
+                    if values["id"] in inserted:
+                        events.append(ev)
+                        result[ident] = _snapshot(values)
+                    else:
+                        lost[ident] = pending[ident]
             if events:
                 self._run(conn, _INSERT_EVENT, events)
             if not lost:
@@ -751,7 +756,7 @@ def _walk_statement(dialect: str) -> Any:
         nxt.c.dst_executor,
         nxt.c.dst_version,
         start.c.depth + 1,
-        start.c.score * eff_n,
+        safe_product(start.c.score, eff_n),
         (start.c.path + literal(",") + nxt.c.id).cast(Text),
         (start.c.seen + nxt.c.dst_executor + sep).cast(Text),
     ).where(

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import ColumnElement, Float, bindparam, func, literal
+from sqlalchemy import ColumnElement, Float, bindparam, case, func, literal, or_
 from sqlalchemy.sql.elements import BindParameter
 
 from .rules import SECONDS_PER_DAY
 from .types import UTCDateTime
 
-__all__ = ["days_since", "decayed", "greatest", "least", "now_param"]
+__all__ = ["days_since", "decayed", "greatest", "least", "now_param", "safe_product"]
 
 
 def now_param(name: str = "now") -> BindParameter[Any]:
@@ -39,7 +39,23 @@ def days_since(dialect: str, earlier: Any, now: Any) -> ColumnElement[float]:
     return (func.julianday(now) - func.julianday(earlier)).cast(Float)
 
 
+# PostgreSQL raises "value out of range: underflow" where Python quietly returns 0.0:
+# exponents are capped and vanishing weights are 0. Below 1e-87 nothing is observable.
+MAX_EXPONENT = 200.0
+VANISHING = 1e-100
+
+
 def decayed(dialect: str, weight: Any, decay_lambda: Any, since: Any, now: Any) -> Any:
     """``weight × exp(−decay_lambda × max(0, days(now − since)))`` in SQL."""
     days = greatest(dialect, literal(0.0, Float), days_since(dialect, since, now))
-    return weight * func.exp(-decay_lambda * days)
+    exponent = least(dialect, decay_lambda * days, literal(MAX_EXPONENT, Float))
+    return case(
+        (weight < literal(VANISHING, Float), literal(0.0, Float)),
+        else_=weight * func.exp(-exponent),
+    )
+
+
+def safe_product(a: Any, b: Any) -> Any:
+    """``a × b`` for weights in [0, 1], 0 where the product would underflow."""
+    tiny = literal(1e-150, Float)
+    return case((or_(a < tiny, b < tiny), literal(0.0, Float)), else_=a * b)

@@ -252,6 +252,8 @@ def render_status(status: StoreStatus) -> str:
         lines.append(f"schema     revision {status.revision} (head)")
     elif status.schema == "missing":
         lines.append("schema     none: the database file does not exist")
+    elif status.schema == "none":
+        lines.append(f"schema     none (no mnestoma tables); head is {status.head}")
     else:
         rev = status.revision or "none"
         lines.append(f"schema     revision {rev}, head {status.head}: not at head")
@@ -267,11 +269,19 @@ def render_status(status: StoreStatus) -> str:
             kinds = ", ".join(f"{k} {v}" for k, v in status.events_by_kind.items() if v)
             lines.append(f"events     {status.events}" + (f" ({kinds})" if kinds else ""))
             lines.append(
-                f"passings   {status.passings} created/reinforced events, "
-                f"{status.passings_with_turn} with a turn_id; "
-                f"last with a turn_id: {_fmt_time(status.last_turn_passing)}; "
-                f"last of all: {_fmt_time(status.last_passing)}"
+                f"passings   {status.passings} (created/reinforced events), "
+                f"{status.passings_with_turn} with a turn_id"
             )
+            if status.passings_with_turn:
+                lines.append(
+                    f"           last with a turn_id {_fmt_time(status.last_turn_passing)}, "
+                    f"last of all {_fmt_time(status.last_passing)}"
+                )
+            elif status.passings:
+                lines.append(
+                    "           none carries a turn_id: no caller has recorded a turn here; "
+                    f"last passing {_fmt_time(status.last_passing)}"
+                )
             lines.append(f"query log  {status.query_log} entries")
         if status.schema == "head":
             lines.append(

@@ -194,3 +194,19 @@ def test_the_report_adds_up(store: Mnestoma, clock) -> None:
     assert report.decayed == 0  # "keep" was reinforced at now
     states = [r.state for r in store.edges()]
     assert states.count("decaying") == 5 and states.count("active") == 1
+
+
+def test_vanishing_weights_and_steep_decay_never_underflow(store: Mnestoma, clock) -> None:
+    """PostgreSQL raises on float underflow where Python returns 0.0: both must just work."""
+    from sqlalchemy import text
+
+    store.record_passing("a", "1", "b", "1")
+    store.record_passing("b", "1", "c", "1")
+    store.record_passing("a", "1", "w", dst_exists=False)
+    with store.engine.begin() as conn:
+        conn.execute(text("UPDATE mnests SET weight = 5e-324, decay_lambda = 50"))
+    clock.advance(days=400)
+    assert [w for _, w in store.suggest_next("a")] == [0.0]
+    assert len(store.walk("a")) == 2
+    report = store.apply_ager()
+    assert (report.to_decaying, report.protos_pruned) == (2, 1)
