@@ -210,3 +210,32 @@ def test_vanishing_weights_and_steep_decay_never_underflow(store: Mnestoma, cloc
     assert len(store.walk("a")) == 2
     report = store.apply_ager()
     assert (report.to_decaying, report.protos_pruned) == (2, 1)
+
+
+def test_the_ager_runs_the_same_few_statements_whatever_the_row_count(
+    store: Mnestoma, clock
+) -> None:
+    """Set-based: the number of statements does not grow with the number of rows."""
+    from sqlalchemy import event
+
+    def statements_for_one_run() -> int:
+        seen: list[str] = []
+
+        def count(conn, cursor, statement, params, context, executemany) -> None:  # type: ignore[no-untyped-def]
+            seen.append(statement)
+
+        event.listen(store.engine, "before_cursor_execute", count)
+        try:
+            store.apply_ager()
+        finally:
+            event.remove(store.engine, "before_cursor_execute", count)
+        return len(seen)
+
+    store.record_turn("t", [(f"s{i}", "1", "d", "1") for i in range(5)])
+    clock.advance(days=30)
+    few = statements_for_one_run()
+    store.record_turn("u", [(f"x{i}", "1", "d", "1") for i in range(300)])
+    store.record_turn("w", [(f"p{i}", "1", "wish", None, False) for i in range(100)])
+    clock.advance(days=60)
+    many = statements_for_one_run()
+    assert many == few <= 14
