@@ -11,11 +11,12 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from alembic.util import CommandError
 from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import URL
 
 from .config import make_engine, redact_url
-from .errors import SchemaError, translate_errors
+from .errors import InvalidInput, SchemaError, translate_errors
 
 __all__ = [
     "alembic_config",
@@ -84,15 +85,34 @@ def current_revision(url_or_engine: str | URL | Engine | None = None) -> str | N
         return MigrationContext.configure(conn).get_current_revision()
 
 
-def upgrade(url_or_engine: str | URL | Engine | None = None, revision: str = "head") -> None:
-    """Migrate the database up to ``revision`` with the packaged Alembic scripts."""
-    with _engine_for(url_or_engine) as engine, translate_errors():
+@contextmanager
+def _revision_errors() -> Iterator[None]:
+    """An unknown or unreachable revision is the caller's input error."""
+    try:
+        yield
+    except CommandError as err:
+        raise InvalidInput(f"revision: {err}") from None
+
+
+def upgrade(
+    url_or_engine: str | URL | Engine | Connection | None = None, revision: str = "head"
+) -> None:
+    """Migrate the database up to ``revision`` with the packaged Alembic scripts.
+
+    A Connection with an open transaction is migrated inside it (the caller commits or
+    rolls back); without one, Alembic begins and commits its own.
+    """
+    if isinstance(url_or_engine, Connection):
+        with translate_errors(), _revision_errors():
+            command.upgrade(alembic_config(url_or_engine), revision)
+        return
+    with _engine_for(url_or_engine) as engine, translate_errors(), _revision_errors():
         command.upgrade(alembic_config(engine), revision)
 
 
 def downgrade(url_or_engine: str | URL | Engine | None, revision: str) -> None:
     """Migrate the database down to ``revision``."""
-    with _engine_for(url_or_engine) as engine, translate_errors():
+    with _engine_for(url_or_engine) as engine, translate_errors(), _revision_errors():
         command.downgrade(alembic_config(engine), revision)
 
 

@@ -182,3 +182,26 @@ def store(store_url: str, clock: MovableClock) -> Iterator[mnestoma.Mnestoma]:
     m = mnestoma.Mnestoma(store_url, clock=clock)
     yield m
     m.close()
+
+
+@pytest.fixture
+def pg_store_url(request: pytest.FixtureRequest) -> str:
+    """An empty store at head on PostgreSQL only (for rules that only PostgreSQL has)."""
+    require_postgresql()
+    url: URL | None = request.getfixturevalue("_pg_head_database")
+    assert url is not None
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text("TRUNCATE " + ", ".join(TABLES) + " RESTART IDENTITY"))
+    engine.dispose()
+    return url.render_as_string(hide_password=False)
+
+
+@pytest.fixture
+def pg_empty_db_url() -> Iterator[str]:
+    """A brand-new empty PostgreSQL database (no schema)."""
+    url = create_pg_database("mnestoma_empty")
+    try:
+        yield url.render_as_string(hide_password=False)
+    finally:
+        drop_pg_database(url)

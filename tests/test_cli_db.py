@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 from sqlalchemy import inspect
+from sqlalchemy.engine import make_url
 
 import mnestoma
 from mnestoma.cli import cli
@@ -178,7 +179,7 @@ def test_status_on_a_populated_store_reports_the_facts(store_url: str, engine_na
     assert data["dialect"] == engine_name
     assert data["empty"] is False
     assert data["mnests_by_state"] == {"active": 1, "proto": 1, "decaying": 0, "superseded": 0}
-    assert data["events"] == 7 and data["events_by_kind"]["reinforced"] == 4
+    assert data["events"] == 7 and data["events_by_kind"]["reinforced"] == 5
     assert (data["passings"], data["passings_with_turn"]) == (7, 6)
     last = datetime.fromisoformat(data["last_turn_passing"])
     assert t0 < last < t0 + timedelta(minutes=10)
@@ -188,12 +189,8 @@ def test_status_on_a_populated_store_reports_the_facts(store_url: str, engine_na
     assert "6 with a turn_id" in text and "b@2 -> pdf" in text
 
 
-def test_status_hides_the_password(store_url: str, engine_name: str) -> None:
-    if engine_name != "postgresql":
-        pytest.skip("a SQLite URL has no password")
-    from sqlalchemy.engine import make_url
-
-    url = make_url(store_url).set(password="pa55-w0rd-XYZ")  # trust auth ignores it
+def test_status_hides_the_password(pg_store_url: str) -> None:
+    url = make_url(pg_store_url).set(password="pa55-w0rd-XYZ")  # trust auth ignores it
     result = run("status", "--database-url", url.render_as_string(hide_password=False))
     assert result.exit_code == 0
     assert "pa55-w0rd-XYZ" not in result.output and "***" in result.stdout
@@ -211,7 +208,11 @@ def test_status_on_a_database_behind_head_says_so_and_migrates_nothing(
     assert mnestoma.current_revision(empty_db_url) == "0001"
 
 
-def test_status_on_a_database_without_schema_creates_nothing(empty_db_url: str) -> None:
+def test_status_on_a_database_without_schema_creates_nothing(
+    empty_db_url: str, engine_name: str
+) -> None:
+    if engine_name == "sqlite":
+        Path(make_url(empty_db_url).database or "").touch()  # an empty file, no schema
     out = run_ok("status", "--database-url", empty_db_url).stdout
     assert "no mnestoma schema" in out
     assert tables(empty_db_url) == set()
@@ -225,17 +226,23 @@ def test_status_on_a_missing_sqlite_file_creates_nothing(tmp_path: Path) -> None
 
 
 def test_commands_on_postgresql_behind_head_exit_1_and_say_what_to_run(
-    empty_db_url: str, engine_name: str
+    pg_empty_db_url: str,
 ) -> None:
-    if engine_name != "postgresql":
-        pytest.skip("an empty SQLite database is migrated on first use")
-    result = run("edges", "--database-url", empty_db_url)
+    result = run("edges", "--database-url", pg_empty_db_url)
     assert result.exit_code == 1
     assert "mnestoma db upgrade" in result.stderr
-    assert tables(empty_db_url) == set()
+    assert tables(pg_empty_db_url) == set()
 
 
 def test_commands_on_a_fresh_sqlite_file_migrate_it(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'fresh.sqlite'}"
     assert run_ok("edges", "--json", "--database-url", url).stdout.strip() == "[]"
     assert mnestoma.current_revision(url) == HEAD
+
+
+def test_status_says_when_no_passing_carries_a_turn_id(store_url: str) -> None:
+    with mnestoma.Mnestoma(store_url) as m:
+        m.record_passing("a", "1", "b", "2")
+    text = run_ok("status", "--database-url", store_url).stdout
+    assert "0 with a turn_id" in text
+    assert "no caller has recorded a turn here" in text

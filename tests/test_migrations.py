@@ -252,3 +252,25 @@ def test_offline_sql_script_is_produced_for_each_dialect(dialect: str) -> None:
     assert "UPDATE alembic_version SET version_num='0002'" in sql
     if dialect == "postgresql":
         assert "JSONB" in sql and "TIMESTAMP WITH TIME ZONE" in sql
+
+
+def test_an_unknown_revision_is_invalid_input(empty_db_url: str) -> None:
+    with pytest.raises(mnestoma.InvalidInput):
+        mnestoma.upgrade(empty_db_url, "9999")
+    assert current_revision(empty_db_url) is None
+
+
+def test_upgrade_runs_inside_a_callers_connection(empty_db_url: str) -> None:
+    engine = make_engine(empty_db_url)
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))  # the caller's transaction is open
+            mnestoma.upgrade(conn)
+            conn.rollback()  # the caller decides: nothing was built
+        assert current_revision(engine) is None
+        with engine.connect() as conn:
+            mnestoma.upgrade(conn)
+            conn.commit()
+        assert current_revision(engine) == head_revision()
+    finally:
+        engine.dispose()
