@@ -316,60 +316,75 @@ class MnestRepository:
 
     def _record_many(self, items: list[Passing], turn_id: str) -> list[Mnest]:
         conn = self._conn()
-        insert_stmt = _INSERT_MNEST[self._dialect(conn)]
         unique: dict[tuple[bool, _Key], Passing] = {}
         for p in items:
             # The last tags / desired_sig given for an edge in the turn win.
             unique[(p.dst_exists, _key(p))] = p
-        result: dict[tuple[bool, _Key], Mnest] = {}
-        pending = dict(unique)
         for _ in range(_MAX_RACE_ROUNDS):
-            akeys = [k for (exists_, k) in pending if exists_]
-            pkeys = [k[:3] for (exists_, k) in pending if not exists_]
-            rows = self._run(conn, _SEL_KEYS, {"akeys": akeys, "pkeys": pkeys}).mappings().all()
-            now = self._now()
-            found = {(r["state"] == "active", _row_key(r)): r for r in rows}
-            done: set[str] = set()
-            if found:
-                ids = [r["id"] for r in found.values()]
-                done = set(
-                    self._run(conn, _SEL_TURN_DONE, {"turn_id": turn_id, "ids": ids}).scalars()
-                )
-            updates: list[dict[str, Any]] = []
-            creations: list[tuple[tuple[bool, _Key], dict[str, Any], dict[str, Any]]] = []
-            events: list[dict[str, Any]] = []
-            for ident, p in pending.items():
-                row = found.get(ident)
-                if row is None:
-                    values, ev = self._creation(p, turn_id, now)
-                    creations.append((ident, values, ev))
-                elif row["id"] in done:
-                    result[ident] = _snapshot(row)
-                else:
-                    values, ev = self._reinforcement(row, p, turn_id, now)
-                    updates.append(values)
-                    events.append(ev)
-                    result[ident] = _snapshot({**row, **_unprefix(values), "uses": row["uses"] + 1})
-            if updates:
-                self._run(conn, _UPD_REINFORCE, updates)
-            lost: dict[tuple[bool, _Key], Passing] = {}
-            if creations:
-                # one multi-row INSERT ... ON CONFLICT DO NOTHING RETURNING id: a key that
-                # another transaction created meanwhile comes back missing and is retried
-                params = [values for _, values, _ in creations]
-                inserted = set(self._run(conn, insert_stmt, params).scalars())
-                for ident, values, ev in creations:
-                    if values["id"] in inserted:
-                        events.append(ev)
-                        result[ident] = _snapshot(values)
-                    else:
-                        lost[ident] = pending[ident]
-            if events:
-                self._run(conn, _INSERT_EVENT, events)
-            if not lost:
+            # A savepoint per attempt: when another transaction creates one of our keys
+            # first, rolling back to it releases every row lock this attempt took, so the
+            # next attempt locks all the turn's rows again in one (id) order. Continuing
+            # instead would lock the new row after the others and could deadlock.
+            with translate_errors():
+                savepoint = conn.begin_nested()
+            try:
+                result = self._record_many_once(conn, unique, turn_id)
+            except BaseException:
+                if savepoint.is_active:
+                    savepoint.rollback()
+                raise
+            if result is not None:
+                with translate_errors():
+                    savepoint.commit()
                 return [result[(p.dst_exists, _key(p))] for p in items]
-            pending = lost
+            savepoint.rollback()
         raise ConflictError("could not record the turn: its edges kept changing under us")
+
+    def _record_many_once(
+        self, conn: Connection, pending: dict[tuple[bool, _Key], Passing], turn_id: str
+    ) -> dict[tuple[bool, _Key], Mnest] | None:
+        """One attempt at a turn; None when another transaction created one of its keys."""
+        result: dict[tuple[bool, _Key], Mnest] = {}
+        akeys = [k for (exists_, k) in pending if exists_]
+        pkeys = [k[:3] for (exists_, k) in pending if not exists_]
+        rows = self._run(conn, _SEL_KEYS, {"akeys": akeys, "pkeys": pkeys}).mappings().all()
+        now = self._now()
+        found = {(r["state"] == "active", _row_key(r)): r for r in rows}
+        done: set[str] = set()
+        if found:
+            ids = [r["id"] for r in found.values()]
+            done = set(self._run(conn, _SEL_TURN_DONE, {"turn_id": turn_id, "ids": ids}).scalars())
+        updates: list[dict[str, Any]] = []
+        creations: list[tuple[tuple[bool, _Key], dict[str, Any], dict[str, Any]]] = []
+        events: list[dict[str, Any]] = []
+        for ident, p in pending.items():
+            row = found.get(ident)
+            if row is None:
+                values, ev = self._creation(p, turn_id, now)
+                creations.append((ident, values, ev))
+            elif row["id"] in done:
+                result[ident] = _snapshot(row)
+            else:
+                values, ev = self._reinforcement(row, p, turn_id, now)
+                updates.append(values)
+                events.append(ev)
+                result[ident] = _snapshot({**row, **_unprefix(values), "uses": row["uses"] + 1})
+        if updates:
+            self._run(conn, _UPD_REINFORCE, updates)
+        if creations:
+            # one multi-row INSERT ... ON CONFLICT DO NOTHING RETURNING id, in key order; a
+            # key that another transaction created meanwhile comes back missing
+            creations.sort(key=lambda c: _sort_key(c[0]))
+            params = [values for _, values, _ in creations]
+            inserted = set(self._run(conn, _INSERT_MNEST[conn.dialect.name], params).scalars())
+            if len(inserted) < len(creations):
+                return None
+            for ident, values, ev in creations:
+                events.append(ev)
+                result[ident] = _snapshot(values)
+        if events:
+            self._run(conn, _INSERT_EVENT, events)
+        return result
 
     def _reinforcement(
         self, row: Any, p: Passing, turn_id: str | None, now: datetime
@@ -714,6 +729,11 @@ def _unprefix(values: dict[str, Any]) -> dict[str, Any]:
     return {k[2:]: v for k, v in values.items() if k.startswith("b_") and k != "b_id"}
 
 
+def _sort_key(ident: tuple[bool, _Key]) -> tuple[str, str, str, str, bool]:
+    exists_, (s, sv, d, dv) = ident
+    return (s, sv, d, dv or "", exists_)
+
+
 def _row_key(r: Any) -> _Key:
     return (r["src_executor"], r["src_version"], r["dst_executor"], r["dst_version"])
 
@@ -939,7 +959,9 @@ def _ager_statements(dialect: str) -> dict[str, Any]:
         "archive_count": archive_count,
     }
     if dialect == "postgresql":
-        stmts["lock"] = text("LOCK TABLE mnests IN SHARE ROW EXCLUSIVE MODE")
+        # EXCLUSIVE also conflicts with the ROW SHARE lock of a writer's SELECT ... FOR
+        # UPDATE: the ager waits for writers that hold row locks, never the reverse.
+        stmts["lock"] = text("LOCK TABLE mnests IN EXCLUSIVE MODE")
     _CACHE[key] = stmts
     return stmts
 

@@ -72,7 +72,12 @@ def _check_keys(value: Any, what: str) -> None:
         for k, v in value.items():
             if not isinstance(k, str):
                 raise InvalidInput(f"{what} keys must be strings, got {type(k).__name__}")
+            _check_keys(k, what)
             _check_keys(v, what)
+    elif isinstance(value, str):
+        # PostgreSQL's JSONB cannot hold U+0000; refuse it on both engines alike
+        if "\x00" in value:
+            raise InvalidInput(f"{what} must not contain the NUL character")
     elif isinstance(value, list | tuple):
         for v in value:
             _check_keys(v, what)

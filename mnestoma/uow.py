@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import TracebackType
 from typing import Self
 
@@ -26,7 +27,12 @@ class UnitOfWork:
     queries: CanonicalQueryRepository
     session: Session
 
-    def __init__(self, session_factory: sessionmaker[Session], *, clock: Clock | None = None):
+    def __init__(
+        self,
+        session_factory: sessionmaker[Session] | Callable[[], Session],
+        *,
+        clock: Clock | None = None,
+    ):
         self._factory = session_factory
         self._clock = clock
 

@@ -263,3 +263,15 @@ def test_now_is_never_before_the_last_passing(store: Mnestoma, clock) -> None:
     again = store.record_passing("a", "1", "b", "1")
     assert again.ts_last == first.ts_last and again.ts_first == first.ts_first
     assert again.weight == pytest.approx(0.45)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"k": "a\x00b"}, {"a\x00": 1}, ["\x00"], {1: "x"}, {"x": float("nan")}, {"x": object()}],
+)
+def test_tags_that_are_not_portable_json_are_invalid_input(store: Mnestoma, bad: object) -> None:
+    with pytest.raises(InvalidInput):
+        store.record_passing("a", "1", "b", "1", tags=bad)
+    with pytest.raises(InvalidInput):
+        store.record_passing("a", "1", "w", dst_exists=False, desired_sig=bad)
+    assert store.edges() == []

@@ -119,6 +119,8 @@ def _mnestoma_factories(
     """Bind the factories to this test: its clock, and ``mnestoma_session`` on first use.
 
     The session is asked for lazily, so a test that never creates a row opens no database.
+    A suite that overrides ``mnestoma_engine`` with a parametrised fixture must request
+    ``mnestoma_session`` in the test itself (pytest cannot parametrise a fixture asked for late).
     """
     with bind_factories(lambda: request.getfixturevalue("mnestoma_session"), clock=mnestoma_clock):
         yield
