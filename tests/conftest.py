@@ -12,15 +12,18 @@ import os
 import secrets
 import shutil
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import URL, make_url
 
-import mnestoma
-from mnestoma.config import make_engine
+pytest.register_assert_rewrite("mnestoma.testing")  # the plugin below is imported early
+
+from sqlalchemy import create_engine, text  # noqa: E402
+from sqlalchemy.engine import URL, make_url  # noqa: E402
+
+import mnestoma  # noqa: E402
+from mnestoma.config import make_engine  # noqa: E402
+from mnestoma.testing.clock import MovableClock  # noqa: E402
 
 pytest_plugins = ["mnestoma.testing"]
 
@@ -30,24 +33,6 @@ PG_ADMIN_URL = os.environ.get(
 REQUIRE_PG = os.environ.get("MNESTOMA_REQUIRE_POSTGRESQL", "") not in ("", "0", "false")
 ENGINES = ["sqlite", "postgresql"]
 TABLES = ("events", "canonical_query_log", "mnests")
-
-
-class MovableClock:
-    """A clock tests move by hand; it is the only source of "now" for the store."""
-
-    def __init__(self, start: datetime | None = None) -> None:
-        self.now = start or datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def advance(self, days: float = 0.0, **kwargs: float) -> datetime:
-        self.now = self.now + timedelta(days=days, **kwargs)
-        return self.now
-
-    def set(self, when: datetime) -> datetime:
-        self.now = when
-        return when
 
 
 _pg_reachable: bool | None = None

@@ -10,6 +10,7 @@ from sqlalchemy import Engine, func, select, text
 from mnestoma import MnestRepository, UnitOfWork, make_engine, make_session_factory
 from mnestoma.config import READ_ONLY_OPTION
 from mnestoma.models import Mnest
+from mnestoma.testing import MnestFactory, bind_factories
 
 
 @pytest.fixture
@@ -109,21 +110,8 @@ def test_joining_never_commits_when_the_service_rolls_back(engine: Engine, clock
 def test_a_failed_joined_unit_keeps_the_service_work(engine: Engine, clock) -> None:
     sessions = make_session_factory(engine)
     with sessions() as session:
-        session.add(
-            Mnest(
-                id="mn_servicerow0001",
-                src_executor="svc",
-                src_version="1",
-                dst_executor="x",
-                dst_version="1",
-                weight=0.5,
-                uses=1,
-                ts_first=clock.now,
-                ts_last=clock.now,
-                ts_weight=clock.now,
-                state="active",
-            )
-        )
+        with bind_factories(session, clock=clock):
+            MnestFactory(id="mn_servicerow0001", src_executor="svc")
         session.flush()
         with pytest.raises(RuntimeError), UnitOfWork.joining(session, clock=clock) as uow:
             uow.mnests.record_passing("a", "1", "b", "1")

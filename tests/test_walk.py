@@ -179,3 +179,34 @@ def test_suggest_next_uses_an_index(store: Mnestoma) -> None:
                 )
             )
             assert "ix_mnests_state_src" in plan
+
+
+def test_walk_and_suggest_on_a_factory_built_graph(store_url: str, clock) -> None:
+    """Rows built by the testing kit, read by the repository in the same transaction."""
+    from mnestoma import MnestRepository, make_engine, make_session_factory
+    from mnestoma.testing import (
+        DecayingMnestFactory,
+        MnestFactory,
+        ProtoMnestFactory,
+        bind_factories,
+    )
+
+    engine = make_engine(store_url)
+    try:
+        with make_session_factory(engine)() as session, bind_factories(session, clock=clock):
+            MnestFactory(src_executor="plan", dst_executor="search", dst_version="2", strong=True)
+            MnestFactory(src_executor="search", src_version="2", dst_executor="read")
+            MnestFactory(src_executor="search", src_version="1", dst_executor="lost")
+            MnestFactory(src_executor="plan", dst_executor="guess", weak=True)
+            DecayingMnestFactory(src_executor="plan", dst_executor="old")
+            ProtoMnestFactory(src_executor="plan", recurring=True)
+            repo = MnestRepository(session, clock=clock)
+            paths = _names(repo.walk("plan"))
+            assert paths[0] == ["plan", "search"]
+            assert ["plan", "search", "read"] in paths
+            assert all("lost" not in p and "old" not in p for p in paths)
+            assert [m.dst_executor for m, _ in repo.suggest_next("plan")] == ["search", "guess"]
+            assert len(repo.recurring_protos()) == 1
+            session.rollback()
+    finally:
+        engine.dispose()
