@@ -50,6 +50,7 @@ class Sizes:
     ager_rounds: int
     graph_executors: int
     walk_sources: int
+    big_turns: int
     suggest_calls: int
     writers: int
     writer_calls: int
@@ -67,6 +68,7 @@ FULL = Sizes(
     ager_rounds=3,
     graph_executors=100_000,
     walk_sources=5,
+    big_turns=20,
     suggest_calls=200,
     writers=8,
     writer_calls=250,
@@ -83,6 +85,7 @@ QUICK = Sizes(
     ager_rounds=1,
     graph_executors=1_000,
     walk_sources=2,
+    big_turns=2,
     suggest_calls=20,
     writers=8,
     writer_calls=10,
@@ -284,6 +287,42 @@ def bench_record_turn(b: Bench, report: Report) -> None:
         )
     )
     _compare(report, "record_turn rows", snaps, lambda a, b_: a == b_)
+    _record_turn_into_big_store(b, report)
+
+
+def _record_turn_into_big_store(b: Bench, report: Report) -> None:
+    """record_turn into a store that already holds the whole graph: half the passings
+    reinforce existing edges, half create new ones. Shows whether the lookup of a turn's
+    edges uses the edge-key index or scans the table."""
+    s = b.sizes
+    rows = _graph_rows(b)
+    turns = w.make_big_store_turns(s.graph_executors, s.big_turns, s.turn_size)
+    passings = s.big_turns * s.turn_size
+    seconds: dict[str, list[float]] = {i: [] for i in b.impls}
+    sums: dict[str, Any] = {}
+    for impl in b.impls:
+        b.shared(impl, "graph", rows)
+    for r in range(min(s.rounds, 3)):
+        for impl in b.order(r):
+            where = b.fresh(impl, "graph", rows)
+            store = w.open_store(impl, where)
+            seconds[impl].append(w.run_record_turn(store, turns))
+            store.close()
+            if r == 0:
+                sums[impl] = w.summary(impl, where)
+            b.discard(impl, where)
+    med = {i: _median(v) for i, v in seconds.items()}
+    rates: dict[str, float | None] = {i: passings / t for i, t in med.items()}
+    report.results.append(
+        Result(
+            "record_turn",
+            f"passings/s into a {s.graph_executors * 10:,}-edge store ({passings} passings)",
+            rates,
+            _ratio(dict(med)),
+            "ratio = package time / baseline time",
+        )
+    )
+    _compare(report, "record_turn into a big store", sums, _same_summary)
 
 
 def _ager_job(impl: str, where: str) -> dict[str, Any]:
@@ -317,6 +356,7 @@ def bench_apply_ager(b: Bench, report: Report) -> None:
 
             times: dict[str, list[float]] = {i: [] for i in b.impls}
             mem: dict[str, list[float]] = {i: [] for i in b.impls}
+            peak: dict[str, list[float]] = {i: [] for i in b.impls}
             reports: dict[str, Any] = {}
             summaries: dict[str, Any] = {}
             for impl in b.impls:  # build the templates before timing anything
@@ -330,6 +370,7 @@ def bench_apply_ager(b: Bench, report: Report) -> None:
                         out = w.ager_once(impl, where)
                     times[impl].append(out["seconds"])
                     mem[impl].append(out["rss_growth_mb"])
+                    peak[impl].append(out["rss_peak_mb"])
                     if r == 0:
                         reports[impl] = out["report"]
                         summaries[impl] = w.summary(impl, where)
@@ -346,6 +387,7 @@ def bench_apply_ager(b: Bench, report: Report) -> None:
                     "seconds": t,
                     "us_per_row": {i: (v or 0) / n * 1e6 for i, v in t.items()},
                     "rss_growth_mb": m,
+                    "rss_peak_mb": {i: max(v) for i, v in peak.items()},
                     "ratio": ratio,
                     "report": reports.get(PKG),
                 }
@@ -583,6 +625,7 @@ def format_report(report: Report, with_pg: bool) -> str:
             "package µs/row",
             "baseline µs/row",
             "package RSS growth MB",
+            "baseline RSS growth MB",
         ]
         if with_pg:
             ch += ["PostgreSQL s"]
@@ -596,6 +639,7 @@ def format_report(report: Report, with_pg: bool) -> str:
                 _fmt(c["us_per_row"].get(PKG)),
                 _fmt(c["us_per_row"].get(BASE)),
                 _fmt(c["rss_growth_mb"].get(PKG)),
+                _fmt(c["rss_growth_mb"].get(BASE)),
             ]
             if with_pg:
                 line.append(_fmt(c["seconds"].get(PG)))
@@ -607,6 +651,8 @@ def format_report(report: Report, with_pg: bool) -> str:
             for v in report.verdicts
         ]
         out += [_table(["target", "measured", "result"], vrows), ""]
+        if report.mode == "quick":
+            out += ["(quick mode: sizes are too small for PASS/MISS to mean anything)", ""]
     bad = [c for c in report.checks if not c.ok]
     out.append(f"consistency checks: {len(report.checks) - len(bad)}/{len(report.checks)} agree")
     out += [f"  DISAGREE {c.name}: {c.detail}" for c in bad]

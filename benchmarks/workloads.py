@@ -21,8 +21,10 @@ from .data import NOW, FixedClock
 
 __all__ = [
     "Edge",
+    "PeakMemory",
     "ager_once",
     "edge_snapshot",
+    "make_big_store_turns",
     "make_edges",
     "make_turns",
     "open_store",
@@ -89,6 +91,29 @@ def make_turns(turns: int, size: int, pool: int, seed: int = 5) -> list[tuple[st
     return [(f"turn-{t}", rng.sample(edges, size)) for t in range(turns)]
 
 
+def make_big_store_turns(
+    executors: int, turns: int, size: int, seed: int = 19
+) -> list[tuple[str, list[Edge]]]:
+    """Turns for a store holding :func:`benchmarks.data.graph_rows`: in each turn, half the
+    passings reinforce edges of the graph and half create new edges."""
+    from .data import graph_rows
+
+    rng = random.Random(seed)
+    wanted = turns * (size // 2)
+    step = max(1, executors * 10 // max(1, wanted))
+    existing = [
+        (r[1], r[2], r[3], r[4]) for i, r in enumerate(graph_rows(executors)) if i % step == 0
+    ][:wanted]
+    out = []
+    for t in range(turns):
+        old = existing[t * (size // 2) : (t + 1) * (size // 2)]
+        new = [
+            (f"e{rng.randrange(executors)}", "1", f"n{t}-{k}", "1") for k in range(size - len(old))
+        ]
+        out.append((f"big-turn-{t}", old + new))
+    return out
+
+
 def run_record_turn(store: Any, turns: Sequence[tuple[str, list[Edge]]]) -> float:
     """One ``record_turn`` per turn; returns the seconds taken."""
     start = time.perf_counter()
@@ -140,6 +165,44 @@ def _maxrss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
 
 
+def _proc_status_mb(field: str) -> float | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return None
+
+
+def _reset_peak() -> bool:
+    """Reset the kernel's peak-RSS mark (Linux), so that VmHWM is the peak from now on."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+class PeakMemory:
+    """Peak resident memory growth of this process over a block, in MB.
+
+    Linux: the peak mark is reset on entry, so ``growth`` = peak during the block − RSS at
+    entry. Elsewhere: the ``ru_maxrss`` high-water mark's growth (a lower bound).
+    """
+
+    def __enter__(self) -> PeakMemory:
+        self._exact = _reset_peak() and _proc_status_mb("VmRSS") is not None
+        self.before = (_proc_status_mb("VmRSS") if self._exact else None) or _maxrss_mb()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.peak = (_proc_status_mb("VmHWM") if self._exact else None) or _maxrss_mb()
+        self.growth = max(0.0, self.peak - self.before)
+
+
 def ager_once(impl: str, where: str, now: datetime = NOW) -> dict[str, Any]:
     """Open a store, run the ager once; seconds, peak-RSS growth (MB) and its report.
 
@@ -148,15 +211,19 @@ def ager_once(impl: str, where: str, now: datetime = NOW) -> dict[str, Any]:
     store = open_store(impl, where, FixedClock(now))
     try:
         store.suggest_next("warm-up")  # connections, pragmas and imports before the baseline
-        rss_before = _maxrss_mb()
-        start = time.perf_counter()
-        report = store.apply_ager()
-        seconds = time.perf_counter() - start
-        rss_after = _maxrss_mb()
+        with PeakMemory() as mem:
+            start = time.perf_counter()
+            report = store.apply_ager()
+            seconds = time.perf_counter() - start
     finally:
         store.close()
     fields = report if isinstance(report, dict) else _report_dict(report)
-    return {"seconds": seconds, "rss_growth_mb": rss_after - rss_before, "report": fields}
+    return {
+        "seconds": seconds,
+        "rss_growth_mb": mem.growth,
+        "rss_peak_mb": mem.peak,
+        "report": fields,
+    }
 
 
 def _report_dict(report: Any) -> dict[str, int]:
