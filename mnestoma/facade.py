@@ -114,7 +114,9 @@ class Mnestoma:
         self, turn_id: str, passings: Iterable[Passing | tuple[Any, ...]]
     ) -> list[Mnest]:
         """Record every passing of a turn in one transaction: all or nothing."""
-        items = list(passings) if not isinstance(passings, str | bytes) else passings
+        if isinstance(passings, str | bytes) or not isinstance(passings, Iterable):
+            raise InvalidInput("passings must be an iterable of Passing or tuples")
+        items = list(passings)  # read once: a generator is not replayed by a retry
         return self._write(lambda u: u.mnests.record_turn(turn_id, items))  # type: ignore[arg-type]
 
     def get(self, mnest_id: str) -> Mnest | None:

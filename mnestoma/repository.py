@@ -7,8 +7,9 @@ and executed with bound parameters on the session's connection.
 
 from __future__ import annotations
 
+import functools
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -27,12 +28,11 @@ from sqlalchemy import (
     or_,
     select,
     text,
-    tuple_,
     update,
 )
 from sqlalchemy.dialects import postgresql as pg_dialect
 from sqlalchemy.dialects import sqlite as sqlite_dialect
-from sqlalchemy.orm import Session, configure_mappers, make_transient_to_detached
+from sqlalchemy.orm import Session, configure_mappers
 from sqlalchemy.orm.base import instance_state
 from sqlalchemy.sql import Executable
 
@@ -83,33 +83,51 @@ _QUERY_COLUMNS = [c.key for c in Q.columns]
 _Key = tuple[str, str, str, str | None]
 T = TypeVar("T")
 MAX_WALK_DEPTH = 16
-_FETCH_CHUNK = 5_000
 _MAX_RACE_ROUNDS = 8
 
 # --- statements built once -------------------------------------------------------------
 
-_SEL_KEYS = (
-    select(M)
-    .where(
-        or_(
-            and_(
-                M.c.state == "active",
-                tuple_(M.c.src_executor, M.c.src_version, M.c.dst_executor, M.c.dst_version).in_(
-                    bindparam("akeys", expanding=True)
-                ),
-            ),
-            and_(
-                M.c.state == "proto",
-                M.c.dst_version.is_(None),
-                tuple_(M.c.src_executor, M.c.src_version, M.c.dst_executor).in_(
-                    bindparam("pkeys", expanding=True)
-                ),
-            ),
+_KEYS_PER_STATEMENT = 64
+
+
+@functools.lru_cache(maxsize=512)
+def _select_keys(n_active: int, n_proto: int) -> Any:
+    """Lock the rows of ``n_active`` versioned keys and ``n_proto`` proto keys, in id order.
+
+    An OR of per-key equalities, so that each term can use a unique index (a row-value IN
+    list makes SQLite scan every active row); one statement per shape, built once.
+    """
+    terms = [
+        and_(
+            M.c.state == "active",
+            M.c.src_executor == bindparam(f"as{i}"),
+            M.c.src_version == bindparam(f"av{i}"),
+            M.c.dst_executor == bindparam(f"ad{i}"),
+            M.c.dst_version == bindparam(f"aw{i}"),
         )
-    )
-    .order_by(M.c.id)
-    .with_for_update()
-)
+        for i in range(n_active)
+    ] + [
+        and_(
+            M.c.state == "proto",
+            M.c.dst_version.is_(None),
+            M.c.src_executor == bindparam(f"ps{j}"),
+            M.c.src_version == bindparam(f"pv{j}"),
+            M.c.dst_executor == bindparam(f"pd{j}"),
+        )
+        for j in range(n_proto)
+    ]
+    return select(M).where(or_(*terms)).order_by(M.c.id).with_for_update()
+
+
+def _key_params(akeys: list[_Key], pkeys: list[_Key]) -> dict[str, Any]:
+    params: dict[str, Any] = {}
+    for i, (s, sv, d, dv) in enumerate(akeys):
+        params[f"as{i}"], params[f"av{i}"], params[f"ad{i}"], params[f"aw{i}"] = s, sv, d, dv
+    for j, (s, sv, d, _) in enumerate(pkeys):
+        params[f"ps{j}"], params[f"pv{j}"], params[f"pd{j}"] = s, sv, d
+    return params
+
+
 _SEL_ONE_ACTIVE = (
     select(M)
     .where(
@@ -161,7 +179,6 @@ _INSERT_MNEST = {
 _INSERT_EVENT = insert(E)
 _SEL_BY_ID = select(M).where(M.c.id == bindparam("id"))
 _SEL_BY_ID_LOCK = _SEL_BY_ID.with_for_update()
-_SEL_BY_IDS = select(M).where(M.c.id.in_(bindparam("ids", expanding=True)))
 
 
 def _key(p: Passing) -> _Key:
@@ -169,14 +186,18 @@ def _key(p: Passing) -> _Key:
 
 
 def _detached(cls: type[T], columns: list[str], values: Any) -> T:
-    """A detached instance with every column loaded, built without running ``__init__``
-    (three times cheaper than the constructor on the hot path)."""
+    """A detached instance with every column loaded, built without ``__init__`` or events.
+
+    What ``make_transient_to_detached`` does for a fresh object, minus its generic
+    bookkeeping: the hot paths build one per returned row.
+    """
     manager = cls._sa_class_manager  # type: ignore[attr-defined]
     if not manager.mapper.configured:
         configure_mappers()
     obj = manager.new_instance()
-    instance_state(obj).dict.update({k: values[k] for k in columns})
-    make_transient_to_detached(obj)
+    state = instance_state(obj)
+    state.dict.update({k: values[k] for k in columns})
+    state.key = (cls, (values["id"],), None)
     return obj  # type: ignore[no-any-return]
 
 
@@ -345,9 +366,7 @@ class MnestRepository:
     ) -> dict[tuple[bool, _Key], Mnest] | None:
         """One attempt at a turn; None when another transaction created one of its keys."""
         result: dict[tuple[bool, _Key], Mnest] = {}
-        akeys = [k for (exists_, k) in pending if exists_]
-        pkeys = [k[:3] for (exists_, k) in pending if not exists_]
-        rows = self._run(conn, _SEL_KEYS, {"akeys": akeys, "pkeys": pkeys}).mappings().all()
+        rows = self._lock_keys(conn, list(pending))
         now = self._now()
         found = {(r["state"] == "active", _row_key(r)): r for r in rows}
         done: set[str] = set()
@@ -385,6 +404,18 @@ class MnestRepository:
         if events:
             self._run(conn, _INSERT_EVENT, events)
         return result
+
+    def _lock_keys(self, conn: Connection, idents: list[tuple[bool, _Key]]) -> list[Any]:
+        """Lock and read the rows of these keys, every chunk in id order."""
+        idents = sorted(idents, key=_sort_key)
+        rows: list[Any] = []
+        for i in range(0, len(idents), _KEYS_PER_STATEMENT):
+            chunk = idents[i : i + _KEYS_PER_STATEMENT]
+            akeys = [k for (exists_, k) in chunk if exists_]
+            pkeys = [k for (exists_, k) in chunk if not exists_]
+            stmt = _select_keys(len(akeys), len(pkeys))
+            rows.extend(self._run(conn, stmt, _key_params(akeys, pkeys)).mappings().all())
+        return rows
 
     def _reinforcement(
         self, row: Any, p: Passing, turn_id: str | None, now: datetime
@@ -510,15 +541,6 @@ class MnestRepository:
         stmt = stmt.order_by(E.c.ts, E.c.id)
         return [_event_snapshot(r) for r in self._run(self._conn(), stmt).mappings()]
 
-    def _fetch_by_ids(self, conn: Connection, ids: Sequence[str]) -> dict[str, Mnest]:
-        out: dict[str, Mnest] = {}
-        unique = list(dict.fromkeys(ids))
-        for i in range(0, len(unique), _FETCH_CHUNK):
-            chunk = unique[i : i + _FETCH_CHUNK]
-            for r in self._run(conn, _SEL_BY_IDS, {"ids": chunk}).mappings():
-                out[r["id"]] = _snapshot(r)
-        return out
-
     def walk(
         self, src_executor: str, *, max_depth: int = 3, min_weight: float = 0.0
     ) -> list[list[Mnest]]:
@@ -535,9 +557,14 @@ class MnestRepository:
         stmt = _walk_statement(self._dialect(conn))
         rows = self._run(
             conn, stmt, {"src": src, "max_depth": depth, "min_weight": floor, "now": self._now()}
-        ).all()
-        paths = [r.path.split(",") for r in rows]
-        by_id = self._fetch_by_ids(conn, [i for path in paths for i in path])
+        ).mappings()
+        # every prefix of a path is a path too, so each edge is the last edge of some row
+        paths: list[list[str]] = []
+        by_id: dict[str, Mnest] = {}
+        for r in rows:
+            paths.append(r["path"].split(","))
+            if r["id"] not in by_id:
+                by_id[r["id"]] = _snapshot(r)
         return [[by_id[i] for i in path] for path in paths]
 
     def suggest_next(
@@ -788,8 +815,10 @@ def _walk_statement(dialect: str) -> Any:
         eff_n >= bindparam("min_weight"),
     )
     paths = start.union_all(step)
-    stmt = select(paths.c.path, paths.c.score, paths.c.depth).order_by(
-        paths.c.score.desc(), paths.c.depth, paths.c.path
+    stmt = (
+        select(paths.c.path, paths.c.score, paths.c.depth, *M.c)
+        .join_from(paths, M, M.c.id == paths.c.last_id)
+        .order_by(paths.c.score.desc(), paths.c.depth, paths.c.path)
     )
     _CACHE[key] = stmt
     return stmt

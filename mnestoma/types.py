@@ -61,9 +61,11 @@ def ensure_json(value: Any, what: str) -> Any:
         return None
     try:
         json.dumps(value, allow_nan=False)
+        _check_keys(value, what)
     except (TypeError, ValueError) as err:
         raise InvalidInput(f"{what} must be JSON-serialisable: {err}") from None
-    _check_keys(value, what)
+    except RecursionError:
+        raise InvalidInput(f"{what} is nested too deeply") from None
     return value
 
 
@@ -75,9 +77,13 @@ def _check_keys(value: Any, what: str) -> None:
             _check_keys(k, what)
             _check_keys(v, what)
     elif isinstance(value, str):
-        # PostgreSQL's JSONB cannot hold U+0000; refuse it on both engines alike
+        # PostgreSQL's JSONB cannot hold U+0000 nor lone surrogates: refused on both engines
         if "\x00" in value:
             raise InvalidInput(f"{what} must not contain the NUL character")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidInput(f"{what} is not valid Unicode text (a lone surrogate?)") from None
     elif isinstance(value, list | tuple):
         for v in value:
             _check_keys(v, what)

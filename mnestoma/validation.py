@@ -67,10 +67,7 @@ def check_name(value: Any, what: str) -> str:
         raise InvalidInput(f"{what} is {len(value)} characters long; the limit is 255")
     if _has_control(value):
         raise InvalidInput(f"{what} must not contain control characters")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidInput(f"{what} is not valid Unicode text") from None
+    _check_utf8(value, what)
     return value
 
 
@@ -98,6 +95,8 @@ def check_states(values: Iterable[Any] | None) -> list[MnestState] | None:
         return None
     if isinstance(values, str | MnestState):
         return [check_state(values)]
+    if not isinstance(values, Iterable):
+        raise InvalidInput(f"states must be a state or a list of states, got {values!r}")
     return [check_state(v) for v in values]
 
 
@@ -132,7 +131,15 @@ def check_text(value: Any, what: str, *, max_length: int = 100_000) -> str:
         raise InvalidInput(f"{what} is longer than {max_length} characters")
     if any((ord(ch) < 32 and ch not in "\n\r\t") or ord(ch) == 127 for ch in value):
         raise InvalidInput(f"{what} must not contain control characters")
+    _check_utf8(value, what)
     return value
+
+
+def _check_utf8(value: str, what: str) -> None:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInput(f"{what} is not valid Unicode text (a lone surrogate?)") from None
 
 
 def normalise_passing(p: Passing | tuple[Any, ...] | Any) -> Passing:

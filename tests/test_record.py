@@ -275,3 +275,27 @@ def test_tags_that_are_not_portable_json_are_invalid_input(store: Mnestoma, bad:
     with pytest.raises(InvalidInput):
         store.record_passing("a", "1", "w", dst_exists=False, desired_sig=bad)
     assert store.edges() == []
+
+
+def test_a_turn_finds_its_rows_through_the_unique_indexes(store: Mnestoma) -> None:
+    """The lookup of a turn's keys must not scan the table (it did with a row-value IN)."""
+    from sqlalchemy import text
+
+    from mnestoma.repository import _key_params, _select_keys
+
+    store.record_turn("bulk", [(f"s{i % 50}", str(i % 7), f"d{i}", "1") for i in range(2000)])
+    stmt = _select_keys(2, 1)
+    params = _key_params([("s1", "1", "d1", "1"), ("s2", "2", "d2", "1")], [("s3", "3", "y", None)])
+    with store.engine.connect() as conn:
+        conn.execute(text("ANALYZE"))
+        compiled = stmt.compile(dialect=conn.dialect)
+        values = {**compiled.params, **params}
+        if conn.dialect.name == "sqlite":
+            args = tuple(values[k] for k in compiled.positiontup)
+            rows = conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {compiled}", args)
+            plan = " ".join(str(r[-1]) for r in rows)
+            assert "ux_mnests_edge_key" in plan and "ux_mnests_proto_key" in plan
+            assert "SCAN mnests" not in plan
+        else:
+            plan = " ".join(r[0] for r in conn.exec_driver_sql(f"EXPLAIN {compiled}", values))
+            assert "Seq Scan" not in plan and "Index" in plan

@@ -97,7 +97,7 @@ def test_walk_is_one_query_whatever_the_depth(store: Mnestoma) -> None:
     assert len(paths) == 6
     recursive = [s for s in statements if "RECURSIVE" in s.upper()]
     assert len(recursive) == 1
-    assert len(statements) <= 2  # the walk, then one fetch of the rows it names
+    assert len(statements) == 1  # paths and their rows come back together
 
 
 def test_walk_of_an_unknown_executor_is_empty(store: Mnestoma) -> None:
