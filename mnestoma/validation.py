@@ -6,6 +6,7 @@ Every check raises :class:`InvalidInput` before anything is written.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
@@ -53,8 +54,8 @@ def read_clock(clock: Clock) -> datetime:
     return ensure_aware_utc(clock(), "clock()")
 
 
-def _has_control(value: str) -> bool:
-    return any(ord(ch) < 32 or 127 <= ord(ch) < 160 for ch in value)
+# control characters (C0, DEL, C1) and lone surrogates, which no database text can hold
+_NOT_A_NAME = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
 def check_name(value: Any, what: str) -> str:
@@ -65,9 +66,11 @@ def check_name(value: Any, what: str) -> str:
         raise InvalidInput(f"{what} must not be empty or blank")
     if len(value) > MAX_NAME_LENGTH:
         raise InvalidInput(f"{what} is {len(value)} characters long; the limit is 255")
-    if _has_control(value):
+    bad = _NOT_A_NAME.search(value)
+    if bad is not None:
+        if "\ud800" <= bad.group() <= "\udfff":
+            raise InvalidInput(f"{what} is not valid Unicode text (a lone surrogate?)")
         raise InvalidInput(f"{what} must not contain control characters")
-    _check_utf8(value, what)
     return value
 
 
