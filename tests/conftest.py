@@ -112,6 +112,18 @@ def _pg_head_database() -> Iterator[URL | None]:
     drop_pg_database(url)
 
 
+def _reset_pg(url: URL) -> None:
+    """Empty the shared PostgreSQL store and put its schema stamp back at head."""
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text("TRUNCATE " + ", ".join(TABLES) + " RESTART IDENTITY"))
+        conn.execute(
+            text("UPDATE alembic_version SET version_num = :head"),
+            {"head": mnestoma.head_revision()},
+        )
+    engine.dispose()
+
+
 @pytest.fixture(params=ENGINES)
 def engine_name(request: pytest.FixtureRequest) -> str:
     """The engine a parametrised test runs on."""
@@ -135,10 +147,7 @@ def store_url(
         return
     url: URL | None = request.getfixturevalue("_pg_head_database")
     assert url is not None
-    engine = create_engine(url)
-    with engine.begin() as conn:
-        conn.execute(text("TRUNCATE " + ", ".join(TABLES) + " RESTART IDENTITY"))
-    engine.dispose()
+    _reset_pg(url)
     yield url.render_as_string(hide_password=False)
 
 
@@ -175,10 +184,7 @@ def pg_store_url(request: pytest.FixtureRequest) -> str:
     require_postgresql()
     url: URL | None = request.getfixturevalue("_pg_head_database")
     assert url is not None
-    engine = create_engine(url)
-    with engine.begin() as conn:
-        conn.execute(text("TRUNCATE " + ", ".join(TABLES) + " RESTART IDENTITY"))
-    engine.dispose()
+    _reset_pg(url)
     return url.render_as_string(hide_password=False)
 
 

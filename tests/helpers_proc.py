@@ -38,9 +38,20 @@ def _error_text(err: BaseException) -> str:
 
 
 def writer_process(
-    url: str, proc: int, threads: int, calls: int, start: Any, out: Any, seed: int = 0
+    url: str,
+    proc: int,
+    threads: int,
+    calls: int,
+    start: Any,
+    out: Any,
+    seed: int = 0,
+    budget: float = 600.0,
 ) -> None:
-    """``threads`` threads each make ``calls`` calls: hot edge, hot proto, cold edges, turns."""
+    """``threads`` threads each make ``calls`` calls: hot edge, hot proto, cold edges, turns.
+
+    A thread stops early once ``budget`` seconds have passed (a bound for CI, should the
+    store slow down); every call it made is counted.
+    """
     import mnestoma
     from mnestoma import Passing
 
@@ -54,6 +65,8 @@ def writer_process(
         rng = random.Random(seed * 1_000_003 + proc * 1009 + thread)
         mine: Counter[str] = Counter()
         for i in range(calls):
+            if time.monotonic() > t0 + budget:
+                break
             choice = i % 4
             try:
                 if choice == 0:
@@ -99,8 +112,16 @@ def writer_process(
     out.put({"proc": proc, "counts": dict(counts), "errors": errors, "elapsed": elapsed})
 
 
-def ager_process(url: str, offset_days: float, start: Any, stop: Any, out: Any) -> None:
-    """Run the ager in a loop, with a clock ``offset_days`` ahead, until ``stop`` is set."""
+def ager_process(
+    url: str,
+    offset_days: float,
+    start: Any,
+    stop: Any,
+    out: Any,
+    max_runs: int = 1_000_000,
+    budget: float = 600.0,
+) -> None:
+    """Run the ager with a clock ``offset_days`` ahead until ``stop`` is set or ``max_runs``."""
     import mnestoma
 
     def clock() -> datetime:
@@ -110,6 +131,7 @@ def ager_process(url: str, offset_days: float, start: Any, stop: Any, out: Any) 
     reports: list[dict[str, int]] = []
     errors: list[str] = []
     start.wait(60)
+    t0 = time.monotonic()
     while True:
         try:
             r = store.apply_ager()
@@ -124,9 +146,10 @@ def ager_process(url: str, offset_days: float, start: Any, stop: Any, out: Any) 
             )
         except Exception as err:
             errors.append(_error_text(err))
-        if stop.is_set():
+        runs = len(reports) + len(errors)
+        if stop.is_set() or runs >= max_runs or time.monotonic() > t0 + budget:
             break
-        time.sleep(0.01)
+        time.sleep(0.02)
     store.close()
     out.put({"proc": "ager", "reports": reports, "errors": errors})
 

@@ -4,17 +4,22 @@ Several processes (spawn context), each with its own ``Mnestoma(url)`` shared by
 threads, write at once. Afterwards every passing is counted exactly once, no call failed,
 and every invariant of the contract holds.
 
-CI mode is bounded (4 processes x 8 threads x 25 calls). ``MNESTOMA_SOAK=1`` selects the
-soak test, which repeats writers, ager and faults for ``MNESTOMA_SOAK_SECONDS`` (300).
+CI mode is bounded (4 processes x 8 threads x 25 calls). ``pytest -m soak`` runs the soak
+test (deselected by default), which repeats writers, ager and faults for
+``MNESTOMA_SOAK_SECONDS`` (300); ``MNESTOMA_SOAK=1`` also makes every concurrency test run
+longer.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import os
 import queue
+import threading
 import time
 from collections import Counter, defaultdict
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -36,6 +41,8 @@ SOAK = os.environ.get("MNESTOMA_SOAK", "") not in ("", "0")
 PROCESSES = 4
 THREADS = 8
 CALLS = int(os.environ.get("MNESTOMA_SOAK_CALLS", "400")) if SOAK else 25
+AGER_RUNS = 1_000_000 if SOAK else 400
+BUDGET = 600.0 if SOAK else 20.0  # seconds of writing before a CI test stops calling
 DEADLINE = 300.0
 
 
@@ -89,17 +96,30 @@ def deadlocks(url: str) -> int | None:
         engine.dispose()
 
 
+def new_deadlocks(url: str, before: int | None) -> int:
+    """Deadlocks PostgreSQL detected (and the package retried) since ``before``; 0 on SQLite."""
+    if before is None:
+        return 0
+    time.sleep(0.6)  # the server flushes its statistics asynchronously (about every second)
+    after = deadlocks(url)
+    assert after is not None
+    return after - before
+
+
 def test_concurrent_writers_count_every_passing_exactly_once(store_url: str) -> None:
+    before = deadlocks(store_url)
     start, out = CTX.Event(), CTX.Queue()
     targets = [
-        (writer_process, (store_url, p, THREADS, CALLS, start, out)) for p in range(PROCESSES)
+        (writer_process, (store_url, p, THREADS, CALLS, start, out, 0, BUDGET))
+        for p in range(PROCESSES)
     ]
     results = run_children(targets, start, out)
 
-    errors = [e for r in results for e in r["errors"]]
-    assert errors == []
+    assert [e for r in results for e in r["errors"]] == []
+    assert new_deadlocks(store_url, before) == 0
     want = expected_counts(results)
-    assert sum(len(r["errors"]) for r in results) == 0
+    per_thread = sum(3 if i % 4 == 3 else 1 for i in range(CALLS))
+    assert sum(want.values()) == PROCESSES * THREADS * per_thread, "a writer ran out of time"
     with mnestoma.Mnestoma(store_url) as store:
         rows = store.edges()
         got = uses_by_key(store)
@@ -139,23 +159,36 @@ def test_the_ager_among_writers_loses_no_reinforcement_and_its_reports_add_up(
     store_url: str,
 ) -> None:
     before = deadlocks(store_url)
-    start, stop, out = CTX.Event(), CTX.Event(), CTX.Queue()
+    start, stop, out, ager_out = CTX.Event(), CTX.Event(), CTX.Queue(), CTX.Queue()
     writers = 3
-    ager = CTX.Process(target=ager_process, args=(store_url, 60.0, start, stop, out), daemon=True)
+    ager = CTX.Process(
+        target=ager_process,
+        args=(store_url, 60.0, start, stop, ager_out, AGER_RUNS, BUDGET),
+        daemon=True,
+    )
     ager.start()
     targets = [
-        (writer_process, (store_url, p, THREADS, CALLS, start, out, 7)) for p in range(writers)
+        (writer_process, (store_url, p, THREADS, CALLS, start, out, 7, BUDGET))
+        for p in range(writers)
     ]
     results = run_children(targets, start, out)
     stop.set()
-    ager_result = out.get(timeout=DEADLINE)
+    ager_result = ager_out.get(timeout=DEADLINE)
     ager.join(timeout=30)
     assert ager.exitcode == 0
+    with mnestoma.Mnestoma(
+        store_url, clock=lambda: datetime.now(UTC) + timedelta(days=60)
+    ) as last:  # one last pass once every writer is done: there is something to demote
+        final = last.apply_ager()
+    ager_result["reports"].append(dataclasses.asdict(final))
 
-    assert [e for r in results for e in r["errors"]] == []
-    assert ager_result["errors"] == []
+    errors = [e for r in results for e in r["errors"]] + ager_result["errors"]
+    found = new_deadlocks(store_url, before)
+    assert (errors, found) == ([], 0), (
+        f"{len(errors)} failed calls, {found} deadlocks: {errors[:3]}"
+    )
     reports = ager_result["reports"]
-    assert len(reports) >= 2
+    assert len(reports) >= 3, "the ager did not run while the writers wrote"
     want = expected_counts(results)
     with mnestoma.Mnestoma(store_url) as store:
         got = uses_by_key(store)
@@ -170,15 +203,9 @@ def test_the_ager_among_writers_loses_no_reinforcement_and_its_reports_add_up(
     assert sum(r["protos_pruned"] for r in reports) == kinds[("pruned", "proto")]
     assert sum(r["to_decaying"] for r in reports) > 0, "the ager found nothing to demote"
     check_invariants(store_url)
-    after = deadlocks(store_url)
-    if before is not None:
-        time.sleep(0.5)  # the server flushes its statistics asynchronously
-        after = deadlocks(store_url)
-        assert after == before, f"{after - before} deadlocks detected (and retried) by PostgreSQL"
 
 
 @pytest.mark.soak
-@pytest.mark.skipif(not SOAK, reason="soak mode: set MNESTOMA_SOAK=1 (and -m soak)")
 def test_soak_writers_ager_and_kills_keep_every_invariant(store_url: str) -> None:
     from test_faults import kill_a_big_turn_at_random
 
@@ -187,9 +214,9 @@ def test_soak_writers_ager_and_kills_keep_every_invariant(store_url: str) -> Non
     rounds = 0
     want: Counter[str] = Counter()
     while time.monotonic() < end:
-        start, stop, out = CTX.Event(), CTX.Event(), CTX.Queue()
+        start, stop, out, ager_out = CTX.Event(), CTX.Event(), CTX.Queue(), CTX.Queue()
         ager = CTX.Process(
-            target=ager_process, args=(store_url, 30.0 * (rounds % 4), start, stop, out)
+            target=ager_process, args=(store_url, 30.0 * (rounds % 4), start, stop, ager_out)
         )
         ager.start()
         targets = [
@@ -198,7 +225,7 @@ def test_soak_writers_ager_and_kills_keep_every_invariant(store_url: str) -> Non
         ]
         results = run_children(targets, start, out)
         stop.set()
-        ager_result = out.get(timeout=DEADLINE)
+        ager_result = ager_out.get(timeout=DEADLINE)
         ager.join(timeout=30)
         assert [e for r in results for e in r["errors"]] == []
         assert ager_result["errors"] == []
@@ -206,8 +233,136 @@ def test_soak_writers_ager_and_kills_keep_every_invariant(store_url: str) -> Non
         kill_a_big_turn_at_random(store_url, f"soak{rounds}")
         check_invariants(store_url)
         rounds += 1
+    print(f"soak: {rounds} rounds in {seconds:.0f} s, {sum(want.values())} passings")
     with mnestoma.Mnestoma(store_url) as store:
         got = uses_by_key(store)
     for key, n in want.items():
         if "wish" not in key:  # protos may be pruned by the ager, their uses with them
             assert got.get(key, 0) == n
+
+
+# --- deterministic lock-order scenarios (threads in this process, gated by the clock) ---------
+
+
+class GateClock:
+    """A clock whose first call, made once the call holds its write lock, waits for the test."""
+
+    def __init__(self, offset: timedelta = timedelta(0)) -> None:
+        self.offset = offset
+        self.reached = threading.Event()
+        self.go = threading.Event()
+        self.calls = 0
+
+    def __call__(self) -> datetime:
+        self.calls += 1
+        if self.calls == 1:
+            self.reached.set()
+            self.go.wait(20)
+        return datetime.now(UTC) + self.offset
+
+
+def wait_for_lock_waiters(url: str, n: int, timeout: float = 10.0) -> None:
+    """Wait until ``n`` sessions of this database wait on a lock (PostgreSQL) or a moment."""
+    engine = plain_engine(url)
+    try:
+        if engine.dialect.name != "postgresql":
+            time.sleep(0.3)
+            return
+        end = time.monotonic() + timeout
+        with engine.connect() as conn:
+            while time.monotonic() < end:
+                waiting = conn.execute(
+                    text(
+                        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                        " AND wait_event_type = 'Lock'"
+                    )
+                ).scalar_one()
+                if waiting >= n:
+                    return
+                time.sleep(0.02)
+        pytest.fail(f"{n} sessions never waited on a lock")
+    finally:
+        engine.dispose()
+
+
+def in_thread(fn: Any, *args: Any, **kwargs: Any) -> tuple[threading.Thread, dict]:
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["result"] = fn(*args, **kwargs)
+        except BaseException as err:
+            box["error"] = err
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, box
+
+
+def test_the_ager_waits_for_a_writer_holding_a_row_instead_of_deadlocking(store_url: str) -> None:
+    with mnestoma.Mnestoma(store_url) as plain:
+        plain.record_passing(*HOT_EDGE)
+    before = deadlocks(store_url)
+    gate = GateClock()
+    writer = mnestoma.Mnestoma(store_url, clock=gate)
+    ager = mnestoma.Mnestoma(store_url, clock=lambda: datetime.now(UTC) + timedelta(days=60))
+    try:
+        w_thread, w_box = in_thread(writer.record_passing, *HOT_EDGE)
+        assert gate.reached.wait(10), "the writer never reached its locked section"
+        a_thread, a_box = in_thread(ager.apply_ager)
+        wait_for_lock_waiters(store_url, 1)  # the ager now waits for the writer
+        gate.go.set()
+        w_thread.join(30)
+        a_thread.join(30)
+    finally:
+        gate.go.set()
+        writer.close()
+        ager.close()
+    assert "error" not in w_box and "error" not in a_box, (w_box, a_box)
+    assert new_deadlocks(store_url, before) == 0, "the ager and a writer deadlocked"
+    assert w_box["result"].uses == 2
+    check_invariants(store_url)
+
+
+def test_a_turn_that_loses_an_insert_race_does_not_deadlock_with_another_turn(
+    pg_store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL only: SQLite runs one writer at a time, the interleaving cannot happen."""
+    store_url = pg_store_url
+    from mnestoma import repository
+
+    # ids decide the lock order of a turn: the cold edge sorts before the hot one.
+    ids = iter(["mn_zzzzzzzzzzzzzzzzhot", "mn_aaaaaaaaaaaaaaaacold"])
+    real = repository.new_mnest_id
+    monkeypatch.setattr(repository, "new_mnest_id", lambda: next(ids, None) or real())
+    cold = ("cold", "1", "c-race", "1")
+    before_setup = mnestoma.Mnestoma(store_url)
+    before_setup.record_passing(*HOT_EDGE)  # hot exists; cold does not yet
+    before = deadlocks(store_url)
+    gate = GateClock()
+    first = mnestoma.Mnestoma(store_url, clock=gate)
+    third = mnestoma.Mnestoma(store_url)
+    try:
+        # 1. a turn locks the hot edge, finds no cold edge, and pauses before inserting it
+        t1, box1 = in_thread(first.record_turn, "turn-1", [HOT_EDGE, cold])
+        assert gate.reached.wait(10)
+        # 2. a passing creates the cold edge and commits
+        before_setup.record_passing(*cold)
+        # 3. another turn locks the cold edge (lower id first) and waits for the hot one
+        t3, box3 = in_thread(third.record_turn, "turn-3", [HOT_EDGE, cold])
+        wait_for_lock_waiters(store_url, 1)
+        # 4. the first turn loses its insert race and goes back to lock the cold edge
+        gate.go.set()
+        t1.join(30)
+        t3.join(30)
+    finally:
+        gate.go.set()
+        for s in (first, third, before_setup):
+            s.close()
+    assert "error" not in box1 and "error" not in box3, (box1, box3)
+    assert new_deadlocks(store_url, before) == 0, "two turns deadlocked (then retried)"
+    with mnestoma.Mnestoma(store_url) as store:
+        got = uses_by_key(store)
+    assert got[key_of(*HOT_EDGE)] == 3
+    assert got[key_of(*cold)] == 3
+    check_invariants(store_url)
