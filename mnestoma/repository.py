@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -198,6 +198,18 @@ def _detached(cls: type[T], columns: list[str], values: Any) -> T:
     state = instance_state(obj)
     state.dict.update({k: values[k] for k in columns})
     state.key = (cls, (values["id"],), None)
+    return obj  # type: ignore[no-any-return]
+
+
+def _snapshot_from_tuple(values: Sequence[Any]) -> Mnest:
+    """A detached Mnest from the table's columns in order (id first)."""
+    manager = Mnest._sa_class_manager  # type: ignore[attr-defined]
+    if not manager.mapper.configured:
+        configure_mappers()
+    obj = manager.new_instance()
+    state = instance_state(obj)
+    state.dict.update(zip(_MNEST_COLUMNS, values, strict=True))
+    state.key = (Mnest, (values[0],), None)
     return obj  # type: ignore[no-any-return]
 
 
@@ -557,14 +569,15 @@ class MnestRepository:
         stmt = _walk_statement(self._dialect(conn))
         rows = self._run(
             conn, stmt, {"src": src, "max_depth": depth, "min_weight": floor, "now": self._now()}
-        ).mappings()
-        # every prefix of a path is a path too, so each edge is the last edge of some row
+        ).all()  # fetchall: row-by-row fetching costs more than the query itself
+        # every prefix of a path is a path too, so each edge is the last edge of some row;
+        # a row is (path, *the columns of its last edge)
         paths: list[list[str]] = []
         by_id: dict[str, Mnest] = {}
         for r in rows:
-            paths.append(r["path"].split(","))
-            if r["id"] not in by_id:
-                by_id[r["id"]] = _snapshot(r)
+            paths.append(r[0].split(","))
+            if r[1] not in by_id:
+                by_id[r[1]] = _snapshot_from_tuple(r[1:])
         return [[by_id[i] for i in path] for path in paths]
 
     def suggest_next(
@@ -816,7 +829,7 @@ def _walk_statement(dialect: str) -> Any:
     )
     paths = start.union_all(step)
     stmt = (
-        select(paths.c.path, paths.c.score, paths.c.depth, *M.c)
+        select(paths.c.path, *M.c)
         .join_from(paths, M, M.c.id == paths.c.last_id)
         .order_by(paths.c.score.desc(), paths.c.depth, paths.c.path)
     )
