@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import Iterable, Sequence
+import json
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -56,7 +57,7 @@ from .rules import (
     reinforced_weight,
 )
 from .sqlrules import decayed, greatest, least, now_param, safe_product
-from .types import UTCDateTime
+from .types import UTCDateTime, ensure_aware_utc
 from .validation import (
     Clock,
     Passing,
@@ -276,6 +277,15 @@ class MnestRepository:
     def _now(self) -> datetime:
         return read_clock(self._clock)
 
+    def _run_many(self, conn: Connection, stmt: Any, rows: list[dict[str, Any]]) -> None:
+        """executemany; on SQLite with driver-ready rows (see :func:`_sqlite_rows`)."""
+        if conn.dialect.name != "sqlite" or len(rows) < 2:
+            self._run(conn, stmt, rows)
+            return
+        sql, data = _sqlite_rows(conn, stmt, rows)
+        with translate_errors():
+            conn.exec_driver_sql(sql, data)
+
     def _run(self, conn: Connection, stmt: Executable, params: Any = None) -> Any:
         with translate_errors():
             return conn.execute(stmt, params) if params is not None else conn.execute(stmt)
@@ -353,6 +363,12 @@ class MnestRepository:
         for p in items:
             # The last tags / desired_sig given for an edge in the turn win.
             unique[(p.dst_exists, _key(p))] = p
+        if conn.dialect.name == "sqlite":
+            # BEGIN IMMEDIATE: no other writer can create one of our keys meanwhile
+            result = self._record_many_once(conn, unique, turn_id)
+            if result is None:
+                raise ConflictError("another writer created a key of this turn meanwhile")
+            return [result[(p.dst_exists, _key(p))] for p in items]
         for _ in range(_MAX_RACE_ROUNDS):
             # A savepoint per attempt: when another transaction creates one of our keys
             # first, rolling back to it releases every row lock this attempt took, so the
@@ -401,7 +417,7 @@ class MnestRepository:
                 events.append(ev)
                 result[ident] = _snapshot({**row, **_unprefix(values), "uses": row["uses"] + 1})
         if updates:
-            self._run(conn, _UPD_REINFORCE, updates)
+            self._run_many(conn, _UPD_REINFORCE, updates)
         if creations:
             # one multi-row INSERT ... ON CONFLICT DO NOTHING RETURNING id, in key order; a
             # key that another transaction created meanwhile comes back missing
@@ -414,7 +430,7 @@ class MnestRepository:
                 events.append(ev)
                 result[ident] = _snapshot(values)
         if events:
-            self._run(conn, _INSERT_EVENT, events)
+            self._run_many(conn, _INSERT_EVENT, events)
         return result
 
     def _lock_keys(self, conn: Connection, idents: list[tuple[bool, _Key]]) -> list[Any]:
@@ -753,6 +769,50 @@ class MnestRepository:
         return CanonicalQueryRepository(self._session, clock=self._clock).log(
             raw_query, canonical_query, turn_id=turn_id
         )
+
+
+def _sqlite_timestamp(value: datetime) -> str:
+    return f"{ensure_aware_utc(value):%Y-%m-%d %H:%M:%S.%f}"
+
+
+def _json_text(value: Any) -> str | None:
+    return None if value is None else json.dumps(value)
+
+
+# How the turn path's batched parameters become what the SQLite driver stores: exactly what
+# UTCDateTime and JSONDocument produce, without SQLAlchemy's per-row, per-parameter work
+# (which costs more than SQLite's own work for these statements).
+_SQLITE_CONVERTERS: dict[str, Callable[[Any], Any]] = {
+    "b_ts_last": _sqlite_timestamp,
+    "b_ts_weight": _sqlite_timestamp,
+    "ts": _sqlite_timestamp,
+    "b_tags": _json_text,
+    "b_desired_sig": _json_text,
+}
+_SQLITE_COMPILED: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+
+def _sqlite_rows(
+    conn: Connection, stmt: Any, rows: list[dict[str, Any]]
+) -> tuple[str, list[tuple[Any, ...]]]:
+    """The statement compiled once for SQLite, and its rows as positional tuples."""
+    keys = tuple(rows[0])
+    compiled = _SQLITE_COMPILED.get((id(stmt), keys))
+    if compiled is None:
+        compiled = stmt.compile(dialect=conn.dialect, column_keys=list(keys))
+        _SQLITE_COMPILED[(id(stmt), keys)] = compiled
+    names = compiled.positiontup
+    defaults = compiled.params
+    convert = [_SQLITE_CONVERTERS.get(n) for n in names]
+    plan = list(zip(names, convert, strict=True))
+    data = [
+        tuple(
+            (c(r[n]) if c is not None and r[n] is not None else r[n]) if n in r else defaults[n]
+            for n, c in plan
+        )
+        for r in rows
+    ]
+    return compiled.string, data
 
 
 def _connection_of(session: Session | Connection) -> Connection:
