@@ -57,7 +57,7 @@ from .rules import (
     reinforced_weight,
 )
 from .sqlrules import decayed, greatest, least, now_param, safe_product
-from .types import UTCDateTime, ensure_aware_utc
+from .types import UTCDateTime, ensure_aware_utc, parse_sqlite_timestamp
 from .validation import (
     Clock,
     Passing,
@@ -155,6 +155,11 @@ _SEL_TURN_DONE = select(E.c.mnest_id).where(
     E.c.turn_id == bindparam("turn_id"),
     E.c.mnest_id.in_(bindparam("ids", expanding=True)),
     E.c.kind.in_(["created", "reinforced"]),
+)
+_SEL_TURN_SEEN = (
+    select(E.c.id)
+    .where(E.c.turn_id == bindparam("turn_id"), E.c.kind.in_(["created", "reinforced"]))
+    .limit(1)
 )
 _SEL_TURN_DONE_ONE = select(E.c.mnest_id).where(
     E.c.turn_id == bindparam("turn_id"),
@@ -277,14 +282,23 @@ class MnestRepository:
     def _now(self) -> datetime:
         return read_clock(self._clock)
 
+    def _select_mnests(self, conn: Connection, stmt: Any, params: dict[str, Any]) -> list[Any]:
+        """Rows of ``mnests`` as mappings; on SQLite read through the driver directly."""
+        if conn.dialect.name != "sqlite":
+            return list(self._run(conn, stmt, params).mappings().all())
+        sql, args = _sqlite_params(conn, stmt, params)
+        with translate_errors():
+            raw = conn.exec_driver_sql(sql, args).fetchall()
+        return [_sqlite_mnest(r) for r in raw]
+
     def _run_many(self, conn: Connection, stmt: Any, rows: list[dict[str, Any]]) -> None:
         """executemany; on SQLite with driver-ready rows (see :func:`_sqlite_rows`)."""
-        if conn.dialect.name != "sqlite" or len(rows) < 2:
+        if conn.dialect.name != "sqlite":
             self._run(conn, stmt, rows)
             return
         sql, data = _sqlite_rows(conn, stmt, rows)
         with translate_errors():
-            conn.exec_driver_sql(sql, data)
+            conn.exec_driver_sql(sql, data if len(data) > 1 else data[0])
 
     def _run(self, conn: Connection, stmt: Executable, params: Any = None) -> Any:
         with translate_errors():
@@ -336,7 +350,8 @@ class MnestRepository:
             params["dv"] = p.dst_version
         insert_stmt = _INSERT_MNEST[self._dialect(conn)]
         for _ in range(_MAX_RACE_ROUNDS):
-            row = self._run(conn, sel, params).mappings().first()
+            found = self._select_mnests(conn, sel, params)
+            row = found[0] if found else None
             now = self._now()  # read once the write lock is held
             if row is not None:
                 if turn_id is not None and (
@@ -347,12 +362,12 @@ class MnestRepository:
                 ):
                     return _snapshot(row)
                 values, ev = self._reinforcement(row, p, turn_id, now)
-                self._run(conn, _UPD_REINFORCE, values)
-                self._run(conn, _INSERT_EVENT, [ev])
+                self._run_many(conn, _UPD_REINFORCE, [values])
+                self._run_many(conn, _INSERT_EVENT, [ev])
                 return _snapshot({**row, **_unprefix(values), "uses": row["uses"] + 1})
             values, ev = self._creation(p, turn_id, now)
             if self._run(conn, insert_stmt, values).first() is not None:
-                self._run(conn, _INSERT_EVENT, [ev])
+                self._run_many(conn, _INSERT_EVENT, [ev])
                 return _snapshot(values)
             # Another transaction created the row first: lock it and reinforce instead.
         raise ConflictError("could not record the passing: the edge kept changing under us")
@@ -398,7 +413,8 @@ class MnestRepository:
         now = self._now()
         found = {(r["state"] == "active", _row_key(r)): r for r in rows}
         done: set[str] = set()
-        if found:
+        if found and self._run(conn, _SEL_TURN_SEEN, {"turn_id": turn_id}).first() is not None:
+            # a retried (or continued) turn: which of its rows did it already count?
             ids = [r["id"] for r in found.values()]
             done = set(self._run(conn, _SEL_TURN_DONE, {"turn_id": turn_id, "ids": ids}).scalars())
         updates: list[dict[str, Any]] = []
@@ -442,7 +458,7 @@ class MnestRepository:
             akeys = [k for (exists_, k) in chunk if exists_]
             pkeys = [k for (exists_, k) in chunk if not exists_]
             stmt = _select_keys(len(akeys), len(pkeys))
-            rows.extend(self._run(conn, stmt, _key_params(akeys, pkeys)).mappings().all())
+            rows.extend(self._select_mnests(conn, stmt, _key_params(akeys, pkeys)))
         return rows
 
     def _reinforcement(
@@ -813,6 +829,34 @@ def _sqlite_rows(
         for r in rows
     ]
     return compiled.string, data
+
+
+_TS_COLUMNS = frozenset(i for i, c in enumerate(M.columns) if isinstance(c.type, UTCDateTime))
+_JSON_COLUMNS = frozenset(i for i, c in enumerate(M.columns) if c.key in ("tags", "desired_sig"))
+
+
+def _sqlite_mnest(raw: Sequence[Any]) -> dict[str, Any]:
+    """A ``mnests`` row as the driver returns it, converted as the column types would."""
+    out: dict[str, Any] = {}
+    for i, (name, value) in enumerate(zip(_MNEST_COLUMNS, raw, strict=True)):
+        if value is not None:
+            if i in _TS_COLUMNS:
+                value = parse_sqlite_timestamp(value)
+            elif i in _JSON_COLUMNS:
+                value = json.loads(value)
+        out[name] = value
+    return out
+
+
+def _sqlite_params(conn: Connection, stmt: Any, params: dict[str, Any]) -> tuple[str, tuple]:
+    """A SELECT compiled once for SQLite, and its parameters as a positional tuple."""
+    compiled = _SQLITE_COMPILED.get((id(stmt), ()))
+    if compiled is None:
+        compiled = stmt.compile(dialect=conn.dialect)
+        _SQLITE_COMPILED[(id(stmt), ())] = compiled
+    defaults = compiled.params
+    args = tuple(params[n] if n in params else defaults[n] for n in compiled.positiontup)
+    return compiled.string, args
 
 
 def _connection_of(session: Session | Connection) -> Connection:
