@@ -599,9 +599,15 @@ class MnestRepository:
         floor = check_weight_threshold(min_weight, "min_weight")
         conn = self._conn()
         stmt = _walk_statement(self._dialect(conn))
-        rows = self._run(
-            conn, stmt, {"src": src, "max_depth": depth, "min_weight": floor, "now": self._now()}
-        ).all()  # fetchall: row-by-row fetching costs more than the query itself
+        params = {"src": src, "max_depth": depth, "min_weight": floor, "now": self._now()}
+        sqlite = conn.dialect.name == "sqlite"
+        if sqlite:
+            params["now"] = _sqlite_timestamp(params["now"])
+            sql, args = _sqlite_params(conn, stmt, params)
+            with translate_errors():
+                rows = conn.exec_driver_sql(sql, args).fetchall()
+        else:
+            rows = self._run(conn, stmt, params).all()
         # every prefix of a path is a path too, so each edge is the last edge of some row;
         # a row is (path, *the columns of its last edge)
         paths: list[list[str]] = []
@@ -609,7 +615,8 @@ class MnestRepository:
         for r in rows:
             paths.append(r[0].split(","))
             if r[1] not in by_id:
-                by_id[r[1]] = _snapshot_from_tuple(r[1:])
+                values = _sqlite_mnest_values(r[1:]) if sqlite else r[1:]
+                by_id[r[1]] = _snapshot_from_tuple(values)
         return [[by_id[i] for i in path] for path in paths]
 
     def suggest_next(
@@ -835,17 +842,21 @@ _TS_COLUMNS = frozenset(i for i, c in enumerate(M.columns) if isinstance(c.type,
 _JSON_COLUMNS = frozenset(i for i, c in enumerate(M.columns) if c.key in ("tags", "desired_sig"))
 
 
-def _sqlite_mnest(raw: Sequence[Any]) -> dict[str, Any]:
-    """A ``mnests`` row as the driver returns it, converted as the column types would."""
-    out: dict[str, Any] = {}
-    for i, (name, value) in enumerate(zip(_MNEST_COLUMNS, raw, strict=True)):
-        if value is not None:
-            if i in _TS_COLUMNS:
-                value = parse_sqlite_timestamp(value)
-            elif i in _JSON_COLUMNS:
-                value = json.loads(value)
-        out[name] = value
+def _sqlite_mnest_values(raw: Sequence[Any]) -> list[Any]:
+    """A ``mnests`` row as the SQLite driver returns it, converted as the column types would."""
+    out = list(raw)
+    for i in _TS_COLUMNS:
+        if out[i] is not None:
+            out[i] = parse_sqlite_timestamp(out[i])
+    for i in _JSON_COLUMNS:
+        if out[i] is not None:
+            out[i] = json.loads(out[i])
     return out
+
+
+def _sqlite_mnest(raw: Sequence[Any]) -> dict[str, Any]:
+    """Like :func:`_sqlite_mnest_values`, keyed by column name."""
+    return dict(zip(_MNEST_COLUMNS, _sqlite_mnest_values(raw), strict=True))
 
 
 def _sqlite_params(conn: Connection, stmt: Any, params: dict[str, Any]) -> tuple[str, tuple]:
