@@ -183,6 +183,30 @@ _INSERT_MNEST = {
     "postgresql": pg_dialect.insert(M).on_conflict_do_nothing().returning(M.c.id),
 }
 _INSERT_EVENT = insert(E)
+
+
+def _reinforce_with_event() -> Any:
+    """PostgreSQL: the reinforcement and its event in one statement (a data-modifying CTE),
+    so a hot row's lock is held one round trip shorter."""
+    upd = _UPD_REINFORCE.returning(M.c.id).cte("reinforced")
+    cols = ["mnest_id", "kind", "ts", "turn_id", "weight_before", "weight_after"]
+    cols += ["state_before", "state_after"]
+    return insert(E).from_select(
+        cols,
+        select(
+            upd.c.id,
+            bindparam("kind", type_=E.c.kind.type),
+            bindparam("ts", type_=UTCDateTime()),
+            bindparam("turn_id", type_=E.c.turn_id.type),
+            bindparam("weight_before", type_=E.c.weight_before.type),
+            bindparam("weight_after", type_=E.c.weight_after.type),
+            bindparam("state_before", type_=E.c.state_before.type),
+            bindparam("state_after", type_=E.c.state_after.type),
+        ),
+    )
+
+
+_PG_REINFORCE_WITH_EVENT = _reinforce_with_event()
 _SEL_BY_ID = select(M).where(M.c.id == bindparam("id"))
 _SEL_BY_ID_LOCK = _SEL_BY_ID.with_for_update()
 
@@ -362,8 +386,13 @@ class MnestRepository:
                 ):
                     return _snapshot(row)
                 values, ev = self._reinforcement(row, p, turn_id, now)
-                self._run_many(conn, _UPD_REINFORCE, [values])
-                self._run_many(conn, _INSERT_EVENT, [ev])
+                if conn.dialect.name == "postgresql":
+                    ev_params = {k: v for k, v in ev.items() if k not in ("mnest_id", "reason")}
+                    ev_params.pop("related_id")
+                    self._run(conn, _PG_REINFORCE_WITH_EVENT, {**values, **ev_params})
+                else:
+                    self._run_many(conn, _UPD_REINFORCE, [values])
+                    self._run_many(conn, _INSERT_EVENT, [ev])
                 return _snapshot({**row, **_unprefix(values), "uses": row["uses"] + 1})
             values, ev = self._creation(p, turn_id, now)
             if self._run(conn, insert_stmt, values).first() is not None:
