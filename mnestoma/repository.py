@@ -724,26 +724,9 @@ class MnestRepository:
             raise ConflictError(
                 f"a {target.value} row with the same key as {row['id']} already exists"
             )
-        now = max(self._now(), row["ts_last"])
-        self._run(conn, update(M).where(M.c.id == row["id"]).values(state=target.value))
-        eff = decayed_weight(row["weight"], row["decay_lambda"], row["ts_weight"], now)
-        self._run(
-            conn,
-            _INSERT_EVENT,
-            [
-                _event(
-                    row["id"],
-                    EventKind.TRANSITION,
-                    now,
-                    weight_before=eff,
-                    weight_after=eff,
-                    state_before=current.value,
-                    state_after=target.value,
-                    reason=reason,
-                )
-            ],
-        )
-        return _snapshot({**row, "state": target.value})
+        changes = {"state": target.value}
+        self._change_row(conn, row, changes, EventKind.TRANSITION, reason=reason)
+        return _snapshot({**row, **changes})
 
     def promote_proto_to_active(self, mnest_id: str, dst_version: str) -> Mnest:
         """Give a proto its destination version and make it active (event ``promoted``)."""
@@ -757,30 +740,34 @@ class MnestRepository:
                 f"an active edge {row['src_executor']}@{row['src_version']} -> "
                 f"{row['dst_executor']}@{version} already exists"
             )
+        changes = {"dst_version": version, "desired_sig": None, "state": "active"}
+        self._change_row(conn, row, changes, EventKind.PROMOTED)
+        return _snapshot({**row, **changes})
+
+    def _change_row(
+        self,
+        conn: Connection,
+        row: Any,
+        changes: dict[str, Any],
+        kind: EventKind,
+        *,
+        reason: str | None = None,
+    ) -> None:
+        """Apply ``changes`` to a locked row and record the event; the weight is untouched."""
         now = max(self._now(), row["ts_last"])
-        self._run(
-            conn,
-            update(M)
-            .where(M.c.id == row["id"])
-            .values(dst_version=version, desired_sig=None, state="active"),
-        )
+        self._run(conn, update(M).where(M.c.id == row["id"]).values(**changes))
         eff = decayed_weight(row["weight"], row["decay_lambda"], row["ts_weight"], now)
-        self._run(
-            conn,
-            _INSERT_EVENT,
-            [
-                _event(
-                    row["id"],
-                    EventKind.PROMOTED,
-                    now,
-                    weight_before=eff,
-                    weight_after=eff,
-                    state_before="proto",
-                    state_after="active",
-                )
-            ],
+        event_row = _event(
+            row["id"],
+            kind,
+            now,
+            weight_before=eff,
+            weight_after=eff,
+            state_before=row["state"],
+            state_after=changes["state"],
+            reason=reason,
         )
-        return _snapshot({**row, "dst_version": version, "desired_sig": None, "state": "active"})
+        self._run(conn, _INSERT_EVENT, [event_row])
 
     # --- ageing -----------------------------------------------------------------------
 
