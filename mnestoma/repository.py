@@ -842,7 +842,19 @@ def _sqlite_rows(
         _SQLITE_COMPILED[(id(stmt), keys)] = compiled
     names = compiled.positiontup
     defaults = compiled.params
-    convert = [_SQLITE_CONVERTERS.get(n) for n in names]
+    # the rows of one batch share a few instants ("now"): format each one once
+    formatted: dict[datetime, str] = {}
+
+    def timestamp(value: datetime) -> str:
+        text = formatted.get(value)
+        if text is None:
+            text = formatted[value] = _sqlite_timestamp(value)
+        return text
+
+    convert = [
+        timestamp if _SQLITE_CONVERTERS.get(n) is _sqlite_timestamp else _SQLITE_CONVERTERS.get(n)
+        for n in names
+    ]
     plan = list(zip(names, convert, strict=True))
     data = [
         tuple(
