@@ -19,7 +19,6 @@ from typing import Any, NoReturn
 import click
 from alembic.script import ScriptDirectory
 from alembic.util import CommandError
-from click.utils import PacifyFlushWrapper
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
@@ -135,9 +134,10 @@ class MnestomaGroup(click.Group):
             _error_line("aborted")
             sys.exit(1)
         except BrokenPipeError:
-            # The reader went away (``mnestoma edges | head``): stop quietly, as click does.
-            sys.stdout = PacifyFlushWrapper(sys.stdout)
-            sys.stderr = PacifyFlushWrapper(sys.stderr)
+            # The reader went away (``mnestoma edges | head``): stop quietly. Python's own
+            # advice: point stdout at devnull so that the flush at exit cannot fail again.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
             sys.exit(1)
         sys.exit(rv if isinstance(rv, int) else 0)
 
