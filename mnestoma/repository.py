@@ -637,16 +637,21 @@ class MnestRepository:
                 rows = conn.exec_driver_sql(sql, args).fetchall()
         else:
             rows = self._run(conn, stmt, params).all()
-        # every prefix of a path is a path too, so each edge is the last edge of some row;
-        # a row is (path, *the columns of its last edge)
-        paths: list[list[str]] = []
+        # A row is (path of ids, *the columns of its last edge). Every prefix of a path is a
+        # path too and scores at least as much (weights are ≤ 1; ties go to the shorter), so
+        # it came in an earlier row: each path is its parent's list plus one edge.
         by_id: dict[str, Mnest] = {}
+        by_path: dict[str, list[Mnest]] = {}
+        out: list[list[Mnest]] = []
         for r in rows:
-            paths.append(r[0].split(","))
-            if r[1] not in by_id:
+            edge = by_id.get(r[1])
+            if edge is None:
                 values = _sqlite_mnest_values(r[1:]) if sqlite else r[1:]
-                by_id[r[1]] = _snapshot_from_tuple(values)
-        return [[by_id[i] for i in path] for path in paths]
+                edge = by_id[r[1]] = _snapshot_from_tuple(values)
+            parent = r[0].rpartition(",")[0]
+            path = by_path[r[0]] = [*by_path[parent], edge] if parent else [edge]
+            out.append(path)
+        return out
 
     def suggest_next(
         self, src_executor: str, src_version: str | None = None, *, k: int = 5

@@ -210,3 +210,15 @@ def test_walk_and_suggest_on_a_factory_built_graph(store_url: str, clock) -> Non
             session.rollback()
     finally:
         engine.dispose()
+
+
+def test_walk_builds_paths_when_scores_tie(store: Mnestoma) -> None:
+    """Weights of 1.0 give a path and its extension the same score: the shorter comes first."""
+    for _ in range(6):
+        store.record_turn(
+            f"t{_}", [("a", "1", "b", "1"), ("b", "1", "c", "1"), ("c", "1", "d", "1")]
+        )
+    paths = store.walk("a")
+    assert _names(paths) == [["a", "b"], ["a", "b", "c"], ["a", "b", "c", "d"]]
+    assert all(m.weight == 1.0 for p in paths for m in p)
+    assert paths[1][0] is paths[0][0]  # one snapshot per edge, shared by the paths
