@@ -7,45 +7,32 @@ and executed with bound parameters on the session's connection.
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from sqlalchemy import (
     Connection,
-    Text,
-    and_,
-    bindparam,
-    case,
-    delete,
-    exists,
     func,
     insert,
-    literal,
-    or_,
     select,
-    text,
     update,
 )
-from sqlalchemy.dialects import postgresql as pg_dialect
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.orm import Session, configure_mappers
 from sqlalchemy.orm.base import instance_state
 from sqlalchemy.sql import Executable
 
+from . import sqlite_driver as lite
+from . import statements as stm
 from .errors import ConflictError, InvalidInput, InvalidTransition, NotFound, translate_errors
 from .models import CanonicalQuery, Event, Mnest
 from .rules import (
     ARCHIVE_AFTER_DAYS,
-    ARCHIVE_BELOW,
-    DECAYING_BELOW,
     DEFAULT_DECAY_LAMBDA,
     INITIAL_WEIGHT,
-    PROTO_PRUNE_BELOW,
     RECURRING_MIN_USES,
     RECURRING_MIN_WEIGHT,
     AgerReport,
@@ -56,8 +43,8 @@ from .rules import (
     new_mnest_id,
     reinforced_weight,
 )
-from .sqlrules import decayed, greatest, least, now_param, safe_product
-from .types import UTCDateTime, ensure_aware_utc, parse_sqlite_timestamp
+from .sqlrules import decayed, now_param
+from .types import UTCDateTime
 from .validation import (
     Clock,
     Passing,
@@ -85,130 +72,6 @@ _Key = tuple[str, str, str, str | None]
 T = TypeVar("T")
 MAX_WALK_DEPTH = 16
 _MAX_RACE_ROUNDS = 8
-
-# --- statements built once -------------------------------------------------------------
-
-_KEYS_PER_STATEMENT = 64
-
-
-@functools.lru_cache(maxsize=512)
-def _select_keys(n_active: int, n_proto: int) -> Any:
-    """Lock the rows of ``n_active`` versioned keys and ``n_proto`` proto keys, in id order.
-
-    An OR of per-key equalities, so that each term can use a unique index (a row-value IN
-    list makes SQLite scan every active row); one statement per shape, built once.
-    """
-    terms = [
-        and_(
-            M.c.state == "active",
-            M.c.src_executor == bindparam(f"as{i}"),
-            M.c.src_version == bindparam(f"av{i}"),
-            M.c.dst_executor == bindparam(f"ad{i}"),
-            M.c.dst_version == bindparam(f"aw{i}"),
-        )
-        for i in range(n_active)
-    ] + [
-        and_(
-            M.c.state == "proto",
-            M.c.dst_version.is_(None),
-            M.c.src_executor == bindparam(f"ps{j}"),
-            M.c.src_version == bindparam(f"pv{j}"),
-            M.c.dst_executor == bindparam(f"pd{j}"),
-        )
-        for j in range(n_proto)
-    ]
-    return select(M).where(or_(*terms)).order_by(M.c.id).with_for_update()
-
-
-def _key_params(akeys: list[_Key], pkeys: list[_Key]) -> dict[str, Any]:
-    params: dict[str, Any] = {}
-    for i, (s, sv, d, dv) in enumerate(akeys):
-        params[f"as{i}"], params[f"av{i}"], params[f"ad{i}"], params[f"aw{i}"] = s, sv, d, dv
-    for j, (s, sv, d, _) in enumerate(pkeys):
-        params[f"ps{j}"], params[f"pv{j}"], params[f"pd{j}"] = s, sv, d
-    return params
-
-
-_SEL_ONE_ACTIVE = (
-    select(M)
-    .where(
-        M.c.src_executor == bindparam("s"),
-        M.c.src_version == bindparam("sv"),
-        M.c.dst_executor == bindparam("d"),
-        M.c.dst_version == bindparam("dv"),
-        M.c.state == "active",
-    )
-    .with_for_update()
-)
-_SEL_ONE_PROTO = (
-    select(M)
-    .where(
-        M.c.src_executor == bindparam("s"),
-        M.c.src_version == bindparam("sv"),
-        M.c.dst_executor == bindparam("d"),
-        M.c.dst_version.is_(None),
-        M.c.state == "proto",
-    )
-    .with_for_update()
-)
-_SEL_TURN_DONE = select(E.c.mnest_id).where(
-    E.c.turn_id == bindparam("turn_id"),
-    E.c.mnest_id.in_(bindparam("ids", expanding=True)),
-    E.c.kind.in_(["created", "reinforced"]),
-)
-_SEL_TURN_SEEN = (
-    select(E.c.id)
-    .where(E.c.turn_id == bindparam("turn_id"), E.c.kind.in_(["created", "reinforced"]))
-    .limit(1)
-)
-_SEL_TURN_DONE_ONE = select(E.c.mnest_id).where(
-    E.c.turn_id == bindparam("turn_id"),
-    E.c.mnest_id == bindparam("mid"),
-    E.c.kind.in_(["created", "reinforced"]),
-)
-_UPD_REINFORCE = (
-    update(M)
-    .where(M.c.id == bindparam("b_id"))
-    .values(
-        weight=bindparam("b_weight"),
-        uses=M.c.uses + 1,
-        ts_last=bindparam("b_ts_last"),
-        ts_weight=bindparam("b_ts_weight"),
-        tags=bindparam("b_tags"),
-        desired_sig=bindparam("b_desired_sig"),
-    )
-)
-_INSERT_MNEST = {
-    "sqlite": sqlite_dialect.insert(M).on_conflict_do_nothing().returning(M.c.id),
-    "postgresql": pg_dialect.insert(M).on_conflict_do_nothing().returning(M.c.id),
-}
-_INSERT_EVENT = insert(E)
-
-
-def _reinforce_with_event() -> Any:
-    """PostgreSQL: the reinforcement and its event in one statement (a data-modifying CTE),
-    so a hot row's lock is held one round trip shorter."""
-    upd = _UPD_REINFORCE.returning(M.c.id).cte("reinforced")
-    cols = ["mnest_id", "kind", "ts", "turn_id", "weight_before", "weight_after"]
-    cols += ["state_before", "state_after"]
-    return insert(E).from_select(
-        cols,
-        select(
-            upd.c.id,
-            bindparam("kind", type_=E.c.kind.type),
-            bindparam("ts", type_=UTCDateTime()),
-            bindparam("turn_id", type_=E.c.turn_id.type),
-            bindparam("weight_before", type_=E.c.weight_before.type),
-            bindparam("weight_after", type_=E.c.weight_after.type),
-            bindparam("state_before", type_=E.c.state_before.type),
-            bindparam("state_after", type_=E.c.state_after.type),
-        ),
-    )
-
-
-_PG_REINFORCE_WITH_EVENT = _reinforce_with_event()
-_SEL_BY_ID = select(M).where(M.c.id == bindparam("id"))
-_SEL_BY_ID_LOCK = _SEL_BY_ID.with_for_update()
 
 
 def _key(p: Passing) -> _Key:
@@ -310,17 +173,17 @@ class MnestRepository:
         """Rows of ``mnests`` as mappings; on SQLite read through the driver directly."""
         if conn.dialect.name != "sqlite":
             return list(self._run(conn, stmt, params).mappings().all())
-        sql, args = _sqlite_params(conn, stmt, params)
+        sql, args = lite.select_args(conn, stmt, params)
         with translate_errors():
             raw = conn.exec_driver_sql(sql, args).fetchall()
-        return [_sqlite_mnest(r) for r in raw]
+        return [lite.mnest_mapping(r) for r in raw]
 
     def _run_many(self, conn: Connection, stmt: Any, rows: list[dict[str, Any]]) -> None:
-        """executemany; on SQLite with driver-ready rows (see :func:`_sqlite_rows`)."""
+        """executemany; on SQLite with driver-ready rows (see :func:`lite.write_rows`)."""
         if conn.dialect.name != "sqlite":
             self._run(conn, stmt, rows)
             return
-        sql, data = _sqlite_rows(conn, stmt, rows)
+        sql, data = lite.write_rows(conn, stmt, rows)
         with translate_errors():
             conn.exec_driver_sql(sql, data if len(data) > 1 else data[0])
 
@@ -368,11 +231,11 @@ class MnestRepository:
     def _record_one(self, p: Passing, turn_id: str | None) -> Mnest:
         conn = self._conn()
         proto = not p.dst_exists
-        sel = _SEL_ONE_PROTO if proto else _SEL_ONE_ACTIVE
+        sel = stm.SEL_ONE_PROTO if proto else stm.SEL_ONE_ACTIVE
         params = {"s": p.src_executor, "sv": p.src_version, "d": p.dst_executor}
         if not proto:
             params["dv"] = p.dst_version
-        insert_stmt = _INSERT_MNEST[self._dialect(conn)]
+        insert_stmt = stm.INSERT_MNEST[self._dialect(conn)]
         for _ in range(_MAX_RACE_ROUNDS):
             found = self._select_mnests(conn, sel, params)
             row = found[0] if found else None
@@ -380,7 +243,7 @@ class MnestRepository:
             if row is not None:
                 if turn_id is not None and (
                     self._run(
-                        conn, _SEL_TURN_DONE_ONE, {"turn_id": turn_id, "mid": row["id"]}
+                        conn, stm.SEL_TURN_DONE_ONE, {"turn_id": turn_id, "mid": row["id"]}
                     ).first()
                     is not None
                 ):
@@ -389,14 +252,14 @@ class MnestRepository:
                 if conn.dialect.name == "postgresql":
                     ev_params = {k: v for k, v in ev.items() if k not in ("mnest_id", "reason")}
                     ev_params.pop("related_id")
-                    self._run(conn, _PG_REINFORCE_WITH_EVENT, {**values, **ev_params})
+                    self._run(conn, stm.PG_REINFORCE_WITH_EVENT, {**values, **ev_params})
                 else:
-                    self._run_many(conn, _UPD_REINFORCE, [values])
-                    self._run_many(conn, _INSERT_EVENT, [ev])
+                    self._run_many(conn, stm.UPD_REINFORCE, [values])
+                    self._run_many(conn, stm.INSERT_EVENT, [ev])
                 return _snapshot({**row, **_unprefix(values), "uses": row["uses"] + 1})
             values, ev = self._creation(p, turn_id, now)
             if self._run(conn, insert_stmt, values).first() is not None:
-                self._run_many(conn, _INSERT_EVENT, [ev])
+                self._run_many(conn, stm.INSERT_EVENT, [ev])
                 return _snapshot(values)
             # Another transaction created the row first: lock it and reinforce instead.
         raise ConflictError("could not record the passing: the edge kept changing under us")
@@ -442,10 +305,12 @@ class MnestRepository:
         now = self._now()
         found = {(r["state"] == "active", _row_key(r)): r for r in rows}
         done: set[str] = set()
-        if found and self._run(conn, _SEL_TURN_SEEN, {"turn_id": turn_id}).first() is not None:
+        if found and self._run(conn, stm.SEL_TURN_SEEN, {"turn_id": turn_id}).first() is not None:
             # a retried (or continued) turn: which of its rows did it already count?
             ids = [r["id"] for r in found.values()]
-            done = set(self._run(conn, _SEL_TURN_DONE, {"turn_id": turn_id, "ids": ids}).scalars())
+            done = set(
+                self._run(conn, stm.SEL_TURN_DONE, {"turn_id": turn_id, "ids": ids}).scalars()
+            )
         updates: list[dict[str, Any]] = []
         creations: list[tuple[tuple[bool, _Key], dict[str, Any], dict[str, Any]]] = []
         events: list[dict[str, Any]] = []
@@ -462,32 +327,32 @@ class MnestRepository:
                 events.append(ev)
                 result[ident] = _snapshot({**row, **_unprefix(values), "uses": row["uses"] + 1})
         if updates:
-            self._run_many(conn, _UPD_REINFORCE, updates)
+            self._run_many(conn, stm.UPD_REINFORCE, updates)
         if creations:
             # one multi-row INSERT ... ON CONFLICT DO NOTHING RETURNING id, in key order; a
             # key that another transaction created meanwhile comes back missing
             creations.sort(key=lambda c: _sort_key(c[0]))
             params = [values for _, values, _ in creations]
-            inserted = set(self._run(conn, _INSERT_MNEST[conn.dialect.name], params).scalars())
+            inserted = set(self._run(conn, stm.INSERT_MNEST[conn.dialect.name], params).scalars())
             if len(inserted) < len(creations):
                 return None
             for ident, values, ev in creations:
                 events.append(ev)
                 result[ident] = _snapshot(values)
         if events:
-            self._run_many(conn, _INSERT_EVENT, events)
+            self._run_many(conn, stm.INSERT_EVENT, events)
         return result
 
     def _lock_keys(self, conn: Connection, idents: list[tuple[bool, _Key]]) -> list[Any]:
         """Lock and read the rows of these keys, every chunk in id order."""
         idents = sorted(idents, key=_sort_key)
         rows: list[Any] = []
-        for i in range(0, len(idents), _KEYS_PER_STATEMENT):
-            chunk = idents[i : i + _KEYS_PER_STATEMENT]
+        for i in range(0, len(idents), stm.KEYS_PER_STATEMENT):
+            chunk = idents[i : i + stm.KEYS_PER_STATEMENT]
             akeys = [k for (exists_, k) in chunk if exists_]
             pkeys = [k for (exists_, k) in chunk if not exists_]
-            stmt = _select_keys(len(akeys), len(pkeys))
-            rows.extend(self._select_mnests(conn, stmt, _key_params(akeys, pkeys)))
+            stmt = stm.select_keys(len(akeys), len(pkeys))
+            rows.extend(self._select_mnests(conn, stmt, stm.key_params(akeys, pkeys)))
         return rows
 
     def _reinforcement(
@@ -555,7 +420,7 @@ class MnestRepository:
         """The mnest with this id, or None."""
         if not isinstance(mnest_id, str):
             raise InvalidInput(f"mnest_id must be a string, got {type(mnest_id).__name__}")
-        row = self._run(self._conn(), _SEL_BY_ID, {"id": mnest_id}).mappings().first()
+        row = self._run(self._conn(), stm.SEL_BY_ID, {"id": mnest_id}).mappings().first()
         return _snapshot(row) if row is not None else None
 
     def find(
@@ -627,12 +492,12 @@ class MnestRepository:
         depth = check_positive_int(max_depth, "max_depth", maximum=MAX_WALK_DEPTH)
         floor = check_weight_threshold(min_weight, "min_weight")
         conn = self._conn()
-        stmt = _walk_statement(self._dialect(conn))
+        stmt = stm.walk_statement(self._dialect(conn))
         params = {"src": src, "max_depth": depth, "min_weight": floor, "now": self._now()}
         sqlite = conn.dialect.name == "sqlite"
         if sqlite:
-            params["now"] = _sqlite_timestamp(params["now"])
-            sql, args = _sqlite_params(conn, stmt, params)
+            params["now"] = lite.timestamp_text(params["now"])
+            sql, args = lite.select_args(conn, stmt, params)
             with translate_errors():
                 rows = conn.exec_driver_sql(sql, args).fetchall()
         else:
@@ -646,7 +511,7 @@ class MnestRepository:
         for r in rows:
             edge = by_id.get(r[1])
             if edge is None:
-                values = _sqlite_mnest_values(r[1:]) if sqlite else r[1:]
+                values = lite.mnest_values(r[1:]) if sqlite else r[1:]
                 edge = by_id[r[1]] = _snapshot_from_tuple(values)
             parent = r[0].rpartition(",")[0]
             path = by_path[r[0]] = [*by_path[parent], edge] if parent else [edge]
@@ -662,7 +527,7 @@ class MnestRepository:
         limit = check_positive_int(k, "k", maximum=10_000)
         conn = self._conn()
         dialect = self._dialect(conn)
-        stmt = _suggest_statement(dialect, version is not None)
+        stmt = stm.suggest_statement(dialect, version is not None)
         params: dict[str, Any] = {"src": src, "k": limit, "now": self._now()}
         if version is not None:
             params["sv"] = version
@@ -691,7 +556,7 @@ class MnestRepository:
     def _locked(self, conn: Connection, mnest_id: Any) -> Any:
         if not isinstance(mnest_id, str) or not mnest_id:
             raise InvalidInput("mnest_id must be a non-empty string")
-        row = self._run(conn, _SEL_BY_ID_LOCK, {"id": mnest_id}).mappings().first()
+        row = self._run(conn, stm.SEL_BY_ID_LOCK, {"id": mnest_id}).mappings().first()
         if row is None:
             raise NotFound(f"no mnest with id {mnest_id!r}")
         return row
@@ -772,7 +637,7 @@ class MnestRepository:
             state_after=changes["state"],
             reason=reason,
         )
-        self._run(conn, _INSERT_EVENT, [event_row])
+        self._run(conn, stm.INSERT_EVENT, [event_row])
 
     # --- ageing -----------------------------------------------------------------------
 
@@ -780,7 +645,7 @@ class MnestRepository:
         """Decay, demote, merge, prune and count archive candidates, in set-based SQL."""
         conn = self._conn()
         dialect = self._dialect(conn)
-        s = _ager_statements(dialect)
+        s = stm.ager_statements(dialect)
         now = self._now()
         p = {"now": now, "cutoff": now - timedelta(days=ARCHIVE_AFTER_DAYS)}
         if dialect == "postgresql":
@@ -815,94 +680,6 @@ class MnestRepository:
         )
 
 
-def _sqlite_timestamp(value: datetime) -> str:
-    return f"{ensure_aware_utc(value):%Y-%m-%d %H:%M:%S.%f}"
-
-
-def _json_text(value: Any) -> str | None:
-    return None if value is None else json.dumps(value)
-
-
-# How the turn path's batched parameters become what the SQLite driver stores: exactly what
-# UTCDateTime and JSONDocument produce, without SQLAlchemy's per-row, per-parameter work
-# (which costs more than SQLite's own work for these statements).
-_SQLITE_CONVERTERS: dict[str, Callable[[Any], Any]] = {
-    "b_ts_last": _sqlite_timestamp,
-    "b_ts_weight": _sqlite_timestamp,
-    "ts": _sqlite_timestamp,
-    "b_tags": _json_text,
-    "b_desired_sig": _json_text,
-}
-_SQLITE_COMPILED: dict[tuple[int, tuple[str, ...]], Any] = {}
-
-
-def _sqlite_rows(
-    conn: Connection, stmt: Any, rows: list[dict[str, Any]]
-) -> tuple[str, list[tuple[Any, ...]]]:
-    """The statement compiled once for SQLite, and its rows as positional tuples."""
-    keys = tuple(rows[0])
-    compiled = _SQLITE_COMPILED.get((id(stmt), keys))
-    if compiled is None:
-        compiled = stmt.compile(dialect=conn.dialect, column_keys=list(keys))
-        _SQLITE_COMPILED[(id(stmt), keys)] = compiled
-    names = compiled.positiontup
-    defaults = compiled.params
-    # the rows of one batch share a few instants ("now"): format each one once
-    formatted: dict[datetime, str] = {}
-
-    def timestamp(value: datetime) -> str:
-        text = formatted.get(value)
-        if text is None:
-            text = formatted[value] = _sqlite_timestamp(value)
-        return text
-
-    convert = [
-        timestamp if _SQLITE_CONVERTERS.get(n) is _sqlite_timestamp else _SQLITE_CONVERTERS.get(n)
-        for n in names
-    ]
-    plan = list(zip(names, convert, strict=True))
-    data = [
-        tuple(
-            (c(r[n]) if c is not None and r[n] is not None else r[n]) if n in r else defaults[n]
-            for n, c in plan
-        )
-        for r in rows
-    ]
-    return compiled.string, data
-
-
-_TS_COLUMNS = frozenset(i for i, c in enumerate(M.columns) if isinstance(c.type, UTCDateTime))
-_JSON_COLUMNS = frozenset(i for i, c in enumerate(M.columns) if c.key in ("tags", "desired_sig"))
-
-
-def _sqlite_mnest_values(raw: Sequence[Any]) -> list[Any]:
-    """A ``mnests`` row as the SQLite driver returns it, converted as the column types would."""
-    out = list(raw)
-    for i in _TS_COLUMNS:
-        if out[i] is not None:
-            out[i] = parse_sqlite_timestamp(out[i])
-    for i in _JSON_COLUMNS:
-        if out[i] is not None:
-            out[i] = json.loads(out[i])
-    return out
-
-
-def _sqlite_mnest(raw: Sequence[Any]) -> dict[str, Any]:
-    """Like :func:`_sqlite_mnest_values`, keyed by column name."""
-    return dict(zip(_MNEST_COLUMNS, _sqlite_mnest_values(raw), strict=True))
-
-
-def _sqlite_params(conn: Connection, stmt: Any, params: dict[str, Any]) -> tuple[str, tuple]:
-    """A SELECT compiled once for SQLite, and its parameters as a positional tuple."""
-    compiled = _SQLITE_COMPILED.get((id(stmt), ()))
-    if compiled is None:
-        compiled = stmt.compile(dialect=conn.dialect)
-        _SQLITE_COMPILED[(id(stmt), ())] = compiled
-    defaults = compiled.params
-    args = tuple(params[n] if n in params else defaults[n] for n in compiled.positiontup)
-    return compiled.string, args
-
-
 def _connection_of(session: Session | Connection) -> Connection:
     """The connection of the current transaction, after flushing pending ORM changes."""
     if isinstance(session, Connection):
@@ -924,236 +701,6 @@ def _sort_key(ident: tuple[bool, _Key]) -> tuple[str, str, str, str, bool]:
 
 def _row_key(r: Any) -> _Key:
     return (r["src_executor"], r["src_version"], r["dst_executor"], r["dst_version"])
-
-
-# --- statements that depend on the dialect, built once per dialect ------------------------
-
-_CACHE: dict[tuple[str, str], Any] = {}
-
-
-def _walk_statement(dialect: str) -> Any:
-    key = ("walk", dialect)
-    if key in _CACHE:
-        return _CACHE[key]
-    now = now_param()
-    sep = func.chr(1) if dialect == "postgresql" else func.char(1)
-    instr = func.strpos if dialect == "postgresql" else func.instr
-    eff = decayed(dialect, M.c.weight, M.c.decay_lambda, M.c.ts_weight, now)
-    start = (
-        select(
-            M.c.id.label("last_id"),
-            M.c.dst_executor.label("dst_executor"),
-            M.c.dst_version.label("dst_version"),
-            literal(1).label("depth"),
-            eff.label("score"),
-            M.c.id.cast(Text).label("path"),
-            (sep + M.c.src_executor + sep + M.c.dst_executor + sep).cast(Text).label("seen"),
-        )
-        .where(
-            M.c.state == "active",
-            M.c.src_executor == bindparam("src"),
-            M.c.dst_executor != M.c.src_executor,
-            eff >= bindparam("min_weight"),
-        )
-        .cte("paths", recursive=True)
-    )
-    nxt = M.alias("nxt")
-    eff_n = decayed(dialect, nxt.c.weight, nxt.c.decay_lambda, nxt.c.ts_weight, now)
-    step = select(
-        nxt.c.id,
-        nxt.c.dst_executor,
-        nxt.c.dst_version,
-        start.c.depth + 1,
-        safe_product(start.c.score, eff_n),
-        (start.c.path + literal(",") + nxt.c.id).cast(Text),
-        (start.c.seen + nxt.c.dst_executor + sep).cast(Text),
-    ).where(
-        nxt.c.state == "active",
-        nxt.c.src_executor == start.c.dst_executor,
-        nxt.c.src_version == start.c.dst_version,
-        start.c.depth < bindparam("max_depth"),
-        instr(start.c.seen, sep + nxt.c.dst_executor + sep) == 0,
-        eff_n >= bindparam("min_weight"),
-    )
-    paths = start.union_all(step)
-    stmt = (
-        select(paths.c.path, *M.c)
-        .join_from(paths, M, M.c.id == paths.c.last_id)
-        .order_by(paths.c.score.desc(), paths.c.depth, paths.c.path)
-    )
-    _CACHE[key] = stmt
-    return stmt
-
-
-def _suggest_statement(dialect: str, with_version: bool) -> Any:
-    key = ("suggest" + ("_v" if with_version else ""), dialect)
-    if key in _CACHE:
-        return _CACHE[key]
-    eff = decayed(dialect, M.c.weight, M.c.decay_lambda, M.c.ts_weight, now_param())
-    stmt = select(M, eff.label("effective")).where(
-        M.c.state == "active", M.c.src_executor == bindparam("src")
-    )
-    if with_version:
-        stmt = stmt.where(M.c.src_version == bindparam("sv"))
-    stmt = stmt.order_by(eff.desc(), M.c.uses.desc(), M.c.id).limit(bindparam("k"))
-    _CACHE[key] = stmt
-    return stmt
-
-
-def _ager_statements(dialect: str) -> dict[str, Any]:
-    key = ("ager", dialect)
-    if key in _CACHE:
-        return _CACHE[key]
-    now = now_param()
-    a = M.alias("a")
-    d = M.alias("d")
-
-    def eff(t: Any) -> Any:
-        return decayed(dialect, t.c.weight, t.c.decay_lambda, t.c.ts_weight, now)
-
-    anchor = case((M.c.ts_weight > now, M.c.ts_weight), else_=now)
-    ev_cols = [
-        "mnest_id",
-        "kind",
-        "ts",
-        "weight_before",
-        "weight_after",
-        "state_before",
-        "state_after",
-        "related_id",
-    ]
-    now_ts = now.cast(UTCDateTime()) if dialect == "postgresql" else now
-
-    # protos whose weight fell below 0.05 are deleted, their history kept.
-    proto_dying = and_(M.c.state == "proto", eff(M) < PROTO_PRUNE_BELOW)
-    prune_events = insert(E).from_select(
-        ev_cols,
-        select(
-            M.c.id,
-            literal("pruned"),
-            now_ts,
-            eff(M),
-            literal(None),
-            literal("proto"),
-            literal(None),
-            literal(None),
-        ).where(proto_dying),
-    )
-    prune = delete(M).where(proto_dying)
-
-    # actives below 0.20 whose key already has a decaying row merge into it.
-    def twin_of(active: Any, decaying: Any) -> Any:
-        return and_(
-            decaying.c.state == "decaying",
-            decaying.c.src_executor == active.c.src_executor,
-            decaying.c.src_version == active.c.src_version,
-            decaying.c.dst_executor == active.c.dst_executor,
-            decaying.c.dst_version == active.c.dst_version,
-        )
-
-    merged_weight = greatest(dialect, eff(a), eff(d))
-    pair = and_(a.c.state == "active", eff(a) < DECAYING_BELOW, twin_of(a, d))
-    merge_events_absorbed = insert(E).from_select(
-        ev_cols,
-        select(
-            a.c.id,
-            literal("merged"),
-            now_ts,
-            eff(a),
-            merged_weight,
-            literal("active"),
-            literal("decaying"),
-            d.c.id,
-        ).where(pair),
-    )
-    merge_events_target = insert(E).from_select(
-        ev_cols,
-        select(
-            d.c.id,
-            literal("merged"),
-            now_ts,
-            eff(d),
-            merged_weight,
-            literal("decaying"),
-            literal("decaying"),
-            a.c.id,
-        ).where(pair),
-    )
-
-    def from_absorbed(col: Any) -> Any:
-        return (
-            select(col)
-            .where(
-                a.c.state == "active",
-                eff(a) < DECAYING_BELOW,
-                twin_of(a, M),
-            )
-            .scalar_subquery()
-        )
-
-    has_absorbed = exists(
-        select(a.c.id).where(a.c.state == "active", eff(a) < DECAYING_BELOW, twin_of(a, M))
-    )
-    merge_update = (
-        update(M)
-        .where(M.c.state == "decaying", has_absorbed)
-        .values(
-            uses=M.c.uses + from_absorbed(a.c.uses),
-            ts_first=least(dialect, M.c.ts_first, from_absorbed(a.c.ts_first)),
-            ts_last=greatest(dialect, M.c.ts_last, from_absorbed(a.c.ts_last)),
-            weight=greatest(dialect, eff(M), from_absorbed(eff(a))),
-            ts_weight=anchor,
-        )
-    )
-    has_twin = exists(select(literal(1)).where(twin_of(M, d)))
-    merge_delete = delete(M).where(M.c.state == "active", eff(M) < DECAYING_BELOW, has_twin)
-
-    # the other actives below 0.20 become decaying.
-    demoting = and_(M.c.state == "active", eff(M) < DECAYING_BELOW)
-    demote_events = insert(E).from_select(
-        ev_cols,
-        select(
-            M.c.id,
-            literal("transition"),
-            now_ts,
-            eff(M),
-            eff(M),
-            literal("active"),
-            literal("decaying"),
-            literal(None),
-        ).where(demoting),
-    )
-    demote = update(M).where(demoting).values(state="decaying", weight=eff(M), ts_weight=anchor)
-
-    # every remaining active and proto row: weight brought to now.
-    decay = (
-        update(M)
-        .where(M.c.state.in_(["active", "proto"]), M.c.ts_weight < now)
-        .values(weight=eff(M), ts_weight=now)
-    )
-    archive_count = select(func.count()).where(
-        M.c.state == "decaying",
-        eff(M) < ARCHIVE_BELOW,
-        M.c.ts_last <= bindparam("cutoff", type_=UTCDateTime()),
-    )
-    stmts = {
-        "prune_events": prune_events,
-        "prune": prune,
-        "merge_events_absorbed": merge_events_absorbed,
-        "merge_events_target": merge_events_target,
-        "merge_update": merge_update,
-        "merge_delete": merge_delete,
-        "demote_events": demote_events,
-        "demote": demote,
-        "decay": decay,
-        "archive_count": archive_count,
-    }
-    if dialect == "postgresql":
-        # EXCLUSIVE also conflicts with the ROW SHARE lock of a writer's SELECT ... FOR
-        # UPDATE: the ager waits for writers that hold row locks, never the reverse.
-        stmts["lock"] = text("LOCK TABLE mnests IN EXCLUSIVE MODE")
-    _CACHE[key] = stmts
-    return stmts
 
 
 # --- the canonical query log ----------------------------------------------------------------

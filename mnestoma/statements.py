@@ -1,0 +1,389 @@
+"""The statements of the repository, built once: at import, or once per dialect or shape.
+
+Hot paths only bind parameters to these; nothing here runs a statement.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from sqlalchemy import (
+    Text,
+    and_,
+    bindparam,
+    case,
+    delete,
+    exists,
+    func,
+    insert,
+    literal,
+    or_,
+    select,
+    text,
+    update,
+)
+from sqlalchemy.dialects import postgresql as pg_dialect
+from sqlalchemy.dialects import sqlite as sqlite_dialect
+
+from .models import CanonicalQuery, Event, Mnest
+from .rules import ARCHIVE_BELOW, DECAYING_BELOW, PROTO_PRUNE_BELOW
+from .sqlrules import decayed, greatest, least, now_param, safe_product
+from .types import UTCDateTime
+
+M = Mnest.__table__
+E = Event.__table__
+Q = CanonicalQuery.__table__
+Key = tuple[str, str, str, str | None]
+
+KEYS_PER_STATEMENT = 64
+
+
+@functools.lru_cache(maxsize=512)
+def select_keys(n_active: int, n_proto: int) -> Any:
+    """Lock the rows of ``n_active`` versioned keys and ``n_proto`` proto keys, in id order.
+
+    An OR of per-key equalities, so that each term can use a unique index (a row-value IN
+    list makes SQLite scan every active row); one statement per shape, built once.
+    """
+    terms = [
+        and_(
+            M.c.state == "active",
+            M.c.src_executor == bindparam(f"as{i}"),
+            M.c.src_version == bindparam(f"av{i}"),
+            M.c.dst_executor == bindparam(f"ad{i}"),
+            M.c.dst_version == bindparam(f"aw{i}"),
+        )
+        for i in range(n_active)
+    ] + [
+        and_(
+            M.c.state == "proto",
+            M.c.dst_version.is_(None),
+            M.c.src_executor == bindparam(f"ps{j}"),
+            M.c.src_version == bindparam(f"pv{j}"),
+            M.c.dst_executor == bindparam(f"pd{j}"),
+        )
+        for j in range(n_proto)
+    ]
+    return select(M).where(or_(*terms)).order_by(M.c.id).with_for_update()
+
+
+def key_params(akeys: list[Key], pkeys: list[Key]) -> dict[str, Any]:
+    params: dict[str, Any] = {}
+    for i, (s, sv, d, dv) in enumerate(akeys):
+        params[f"as{i}"], params[f"av{i}"], params[f"ad{i}"], params[f"aw{i}"] = s, sv, d, dv
+    for j, (s, sv, d, _) in enumerate(pkeys):
+        params[f"ps{j}"], params[f"pv{j}"], params[f"pd{j}"] = s, sv, d
+    return params
+
+
+SEL_ONE_ACTIVE = (
+    select(M)
+    .where(
+        M.c.src_executor == bindparam("s"),
+        M.c.src_version == bindparam("sv"),
+        M.c.dst_executor == bindparam("d"),
+        M.c.dst_version == bindparam("dv"),
+        M.c.state == "active",
+    )
+    .with_for_update()
+)
+SEL_ONE_PROTO = (
+    select(M)
+    .where(
+        M.c.src_executor == bindparam("s"),
+        M.c.src_version == bindparam("sv"),
+        M.c.dst_executor == bindparam("d"),
+        M.c.dst_version.is_(None),
+        M.c.state == "proto",
+    )
+    .with_for_update()
+)
+SEL_TURN_DONE = select(E.c.mnest_id).where(
+    E.c.turn_id == bindparam("turn_id"),
+    E.c.mnest_id.in_(bindparam("ids", expanding=True)),
+    E.c.kind.in_(["created", "reinforced"]),
+)
+SEL_TURN_SEEN = (
+    select(E.c.id)
+    .where(E.c.turn_id == bindparam("turn_id"), E.c.kind.in_(["created", "reinforced"]))
+    .limit(1)
+)
+SEL_TURN_DONE_ONE = select(E.c.mnest_id).where(
+    E.c.turn_id == bindparam("turn_id"),
+    E.c.mnest_id == bindparam("mid"),
+    E.c.kind.in_(["created", "reinforced"]),
+)
+UPD_REINFORCE = (
+    update(M)
+    .where(M.c.id == bindparam("b_id"))
+    .values(
+        weight=bindparam("b_weight"),
+        uses=M.c.uses + 1,
+        ts_last=bindparam("b_ts_last"),
+        ts_weight=bindparam("b_ts_weight"),
+        tags=bindparam("b_tags"),
+        desired_sig=bindparam("b_desired_sig"),
+    )
+)
+INSERT_MNEST = {
+    "sqlite": sqlite_dialect.insert(M).on_conflict_do_nothing().returning(M.c.id),
+    "postgresql": pg_dialect.insert(M).on_conflict_do_nothing().returning(M.c.id),
+}
+INSERT_EVENT = insert(E)
+
+
+def _reinforce_with_event() -> Any:
+    """PostgreSQL: the reinforcement and its event in one statement (a data-modifying CTE),
+    so a hot row's lock is held one round trip shorter."""
+    upd = UPD_REINFORCE.returning(M.c.id).cte("reinforced")
+    cols = ["mnest_id", "kind", "ts", "turn_id", "weight_before", "weight_after"]
+    cols += ["state_before", "state_after"]
+    return insert(E).from_select(
+        cols,
+        select(
+            upd.c.id,
+            bindparam("kind", type_=E.c.kind.type),
+            bindparam("ts", type_=UTCDateTime()),
+            bindparam("turn_id", type_=E.c.turn_id.type),
+            bindparam("weight_before", type_=E.c.weight_before.type),
+            bindparam("weight_after", type_=E.c.weight_after.type),
+            bindparam("state_before", type_=E.c.state_before.type),
+            bindparam("state_after", type_=E.c.state_after.type),
+        ),
+    )
+
+
+PG_REINFORCE_WITH_EVENT = _reinforce_with_event()
+SEL_BY_ID = select(M).where(M.c.id == bindparam("id"))
+SEL_BY_ID_LOCK = SEL_BY_ID.with_for_update()
+
+
+# --- statements that depend on the dialect, built once per dialect ------------------------
+
+_CACHE: dict[tuple[str, str], Any] = {}
+
+
+def walk_statement(dialect: str) -> Any:
+    key = ("walk", dialect)
+    if key in _CACHE:
+        return _CACHE[key]
+    now = now_param()
+    sep = func.chr(1) if dialect == "postgresql" else func.char(1)
+    instr = func.strpos if dialect == "postgresql" else func.instr
+    eff = decayed(dialect, M.c.weight, M.c.decay_lambda, M.c.ts_weight, now)
+    start = (
+        select(
+            M.c.id.label("last_id"),
+            M.c.dst_executor.label("dst_executor"),
+            M.c.dst_version.label("dst_version"),
+            literal(1).label("depth"),
+            eff.label("score"),
+            M.c.id.cast(Text).label("path"),
+            (sep + M.c.src_executor + sep + M.c.dst_executor + sep).cast(Text).label("seen"),
+        )
+        .where(
+            M.c.state == "active",
+            M.c.src_executor == bindparam("src"),
+            M.c.dst_executor != M.c.src_executor,
+            eff >= bindparam("min_weight"),
+        )
+        .cte("paths", recursive=True)
+    )
+    nxt = M.alias("nxt")
+    eff_n = decayed(dialect, nxt.c.weight, nxt.c.decay_lambda, nxt.c.ts_weight, now)
+    step = select(
+        nxt.c.id,
+        nxt.c.dst_executor,
+        nxt.c.dst_version,
+        start.c.depth + 1,
+        safe_product(start.c.score, eff_n),
+        (start.c.path + literal(",") + nxt.c.id).cast(Text),
+        (start.c.seen + nxt.c.dst_executor + sep).cast(Text),
+    ).where(
+        nxt.c.state == "active",
+        nxt.c.src_executor == start.c.dst_executor,
+        nxt.c.src_version == start.c.dst_version,
+        start.c.depth < bindparam("max_depth"),
+        instr(start.c.seen, sep + nxt.c.dst_executor + sep) == 0,
+        eff_n >= bindparam("min_weight"),
+    )
+    paths = start.union_all(step)
+    stmt = (
+        select(paths.c.path, *M.c)
+        .join_from(paths, M, M.c.id == paths.c.last_id)
+        .order_by(paths.c.score.desc(), paths.c.depth, paths.c.path)
+    )
+    _CACHE[key] = stmt
+    return stmt
+
+
+def suggest_statement(dialect: str, with_version: bool) -> Any:
+    key = ("suggest" + ("_v" if with_version else ""), dialect)
+    if key in _CACHE:
+        return _CACHE[key]
+    eff = decayed(dialect, M.c.weight, M.c.decay_lambda, M.c.ts_weight, now_param())
+    stmt = select(M, eff.label("effective")).where(
+        M.c.state == "active", M.c.src_executor == bindparam("src")
+    )
+    if with_version:
+        stmt = stmt.where(M.c.src_version == bindparam("sv"))
+    stmt = stmt.order_by(eff.desc(), M.c.uses.desc(), M.c.id).limit(bindparam("k"))
+    _CACHE[key] = stmt
+    return stmt
+
+
+def ager_statements(dialect: str) -> dict[str, Any]:
+    key = ("ager", dialect)
+    if key in _CACHE:
+        return _CACHE[key]
+    now = now_param()
+    a = M.alias("a")
+    d = M.alias("d")
+
+    def eff(t: Any) -> Any:
+        return decayed(dialect, t.c.weight, t.c.decay_lambda, t.c.ts_weight, now)
+
+    anchor = case((M.c.ts_weight > now, M.c.ts_weight), else_=now)
+    ev_cols = [
+        "mnest_id",
+        "kind",
+        "ts",
+        "weight_before",
+        "weight_after",
+        "state_before",
+        "state_after",
+        "related_id",
+    ]
+    now_ts = now.cast(UTCDateTime()) if dialect == "postgresql" else now
+
+    # protos whose weight fell below 0.05 are deleted, their history kept.
+    proto_dying = and_(M.c.state == "proto", eff(M) < PROTO_PRUNE_BELOW)
+    prune_events = insert(E).from_select(
+        ev_cols,
+        select(
+            M.c.id,
+            literal("pruned"),
+            now_ts,
+            eff(M),
+            literal(None),
+            literal("proto"),
+            literal(None),
+            literal(None),
+        ).where(proto_dying),
+    )
+    prune = delete(M).where(proto_dying)
+
+    # actives below 0.20 whose key already has a decaying row merge into it.
+    def twin_of(active: Any, decaying: Any) -> Any:
+        return and_(
+            decaying.c.state == "decaying",
+            decaying.c.src_executor == active.c.src_executor,
+            decaying.c.src_version == active.c.src_version,
+            decaying.c.dst_executor == active.c.dst_executor,
+            decaying.c.dst_version == active.c.dst_version,
+        )
+
+    merged_weight = greatest(dialect, eff(a), eff(d))
+    pair = and_(a.c.state == "active", eff(a) < DECAYING_BELOW, twin_of(a, d))
+    merge_events_absorbed = insert(E).from_select(
+        ev_cols,
+        select(
+            a.c.id,
+            literal("merged"),
+            now_ts,
+            eff(a),
+            merged_weight,
+            literal("active"),
+            literal("decaying"),
+            d.c.id,
+        ).where(pair),
+    )
+    merge_events_target = insert(E).from_select(
+        ev_cols,
+        select(
+            d.c.id,
+            literal("merged"),
+            now_ts,
+            eff(d),
+            merged_weight,
+            literal("decaying"),
+            literal("decaying"),
+            a.c.id,
+        ).where(pair),
+    )
+
+    def from_absorbed(col: Any) -> Any:
+        return (
+            select(col)
+            .where(
+                a.c.state == "active",
+                eff(a) < DECAYING_BELOW,
+                twin_of(a, M),
+            )
+            .scalar_subquery()
+        )
+
+    has_absorbed = exists(
+        select(a.c.id).where(a.c.state == "active", eff(a) < DECAYING_BELOW, twin_of(a, M))
+    )
+    merge_update = (
+        update(M)
+        .where(M.c.state == "decaying", has_absorbed)
+        .values(
+            uses=M.c.uses + from_absorbed(a.c.uses),
+            ts_first=least(dialect, M.c.ts_first, from_absorbed(a.c.ts_first)),
+            ts_last=greatest(dialect, M.c.ts_last, from_absorbed(a.c.ts_last)),
+            weight=greatest(dialect, eff(M), from_absorbed(eff(a))),
+            ts_weight=anchor,
+        )
+    )
+    has_twin = exists(select(literal(1)).where(twin_of(M, d)))
+    merge_delete = delete(M).where(M.c.state == "active", eff(M) < DECAYING_BELOW, has_twin)
+
+    # the other actives below 0.20 become decaying.
+    demoting = and_(M.c.state == "active", eff(M) < DECAYING_BELOW)
+    demote_events = insert(E).from_select(
+        ev_cols,
+        select(
+            M.c.id,
+            literal("transition"),
+            now_ts,
+            eff(M),
+            eff(M),
+            literal("active"),
+            literal("decaying"),
+            literal(None),
+        ).where(demoting),
+    )
+    demote = update(M).where(demoting).values(state="decaying", weight=eff(M), ts_weight=anchor)
+
+    # every remaining active and proto row: weight brought to now.
+    decay = (
+        update(M)
+        .where(M.c.state.in_(["active", "proto"]), M.c.ts_weight < now)
+        .values(weight=eff(M), ts_weight=now)
+    )
+    archive_count = select(func.count()).where(
+        M.c.state == "decaying",
+        eff(M) < ARCHIVE_BELOW,
+        M.c.ts_last <= bindparam("cutoff", type_=UTCDateTime()),
+    )
+    stmts = {
+        "prune_events": prune_events,
+        "prune": prune,
+        "merge_events_absorbed": merge_events_absorbed,
+        "merge_events_target": merge_events_target,
+        "merge_update": merge_update,
+        "merge_delete": merge_delete,
+        "demote_events": demote_events,
+        "demote": demote,
+        "decay": decay,
+        "archive_count": archive_count,
+    }
+    if dialect == "postgresql":
+        # EXCLUSIVE also conflicts with the ROW SHARE lock of a writer's SELECT ... FOR
+        # UPDATE: the ager waits for writers that hold row locks, never the reverse.
+        stmts["lock"] = text("LOCK TABLE mnests IN EXCLUSIVE MODE")
+    _CACHE[key] = stmts
+    return stmts
