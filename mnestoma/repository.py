@@ -41,7 +41,7 @@ from .rules import (
     check_transition,
     decayed_weight,
     new_mnest_id,
-    reinforced_weight,
+    reinforce,
 )
 from .sqlrules import decayed, now_param
 from .types import UTCDateTime
@@ -361,7 +361,7 @@ class MnestRepository:
         ts_last = max(row["ts_last"], now)
         ts_weight = max(row["ts_weight"], now)
         before = decayed_weight(row["weight"], row["decay_lambda"], row["ts_weight"], ts_weight)
-        after = reinforced_weight(row["weight"], row["decay_lambda"], row["ts_weight"], ts_weight)
+        after = reinforce(before)
         values = {
             "b_id": row["id"],
             "b_weight": after,

@@ -27,6 +27,7 @@ __all__ = [
     "days_between",
     "decayed_weight",
     "new_mnest_id",
+    "reinforce",
     "reinforced_weight",
 ]
 
@@ -94,9 +95,14 @@ def decayed_weight(weight: float, decay_lambda: float, since: datetime, now: dat
     return weight * math.exp(-decay_lambda * days_between(since, now))
 
 
+def reinforce(effective: float) -> float:
+    """Weight after one more passing, from the effective weight now: +0.15, clamped to [0, 1]."""
+    return clamp_weight(effective + REINFORCEMENT)
+
+
 def reinforced_weight(weight: float, decay_lambda: float, since: datetime, now: datetime) -> float:
     """Weight after one more passing: the decayed weight plus 0.15, clamped to [0, 1]."""
-    return clamp_weight(decayed_weight(weight, decay_lambda, since, now) + REINFORCEMENT)
+    return reinforce(decayed_weight(weight, decay_lambda, since, now))
 
 
 # Allowed (from, to) state changes for transition_state; the same state is a no-op.

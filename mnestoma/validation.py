@@ -155,21 +155,21 @@ def normalise_passing(p: Passing | tuple[Any, ...] | Any) -> Passing:
         passing = Passing(*p)
     else:
         raise InvalidInput(f"a passing must be a Passing or a tuple, got {type(p).__name__}")
-    src = check_name(passing.src_executor, "src_executor")
-    src_version = check_name(passing.src_version, "src_version")
-    dst = check_name(passing.dst_executor, "dst_executor")
+    check_name(passing.src_executor, "src_executor")
+    check_name(passing.src_version, "src_version")
+    check_name(passing.dst_executor, "dst_executor")
     if not isinstance(passing.dst_exists, bool):
         raise InvalidInput("dst_exists must be True or False")
     if passing.dst_exists:
         if passing.dst_version is None:
             raise InvalidInput("dst_version is required when the destination exists")
-        dst_version: str | None = check_name(passing.dst_version, "dst_version")
+        check_name(passing.dst_version, "dst_version")
         if passing.desired_sig is not None:
             raise InvalidInput("desired_sig is only meaningful on a proto (dst_exists=False)")
     else:
         if passing.dst_version is not None:
             raise InvalidInput("a proto (dst_exists=False) has no dst_version")
-        dst_version = None
-    tags = ensure_json(passing.tags, "tags")
-    desired_sig = ensure_json(passing.desired_sig, "desired_sig")
-    return Passing(src, src_version, dst, dst_version, passing.dst_exists, tags, desired_sig)
+    ensure_json(passing.tags, "tags")
+    ensure_json(passing.desired_sig, "desired_sig")
+    # every field is checked and none was changed: the passing stands as it is
+    return passing
