@@ -106,6 +106,18 @@ def _snapshot_from_tuple(values: Sequence[Any]) -> Mnest:
     return obj  # type: ignore[no-any-return]
 
 
+def _snapshot_from_dict(values: dict[str, Any]) -> Mnest:
+    """A detached Mnest from a dict holding exactly its columns."""
+    manager = Mnest._sa_class_manager  # type: ignore[attr-defined]
+    if not manager.mapper.configured:
+        configure_mappers()
+    obj = manager.new_instance()
+    state = instance_state(obj)
+    state.dict.update(values)
+    state.key = (Mnest, (values["id"],), None)
+    return obj  # type: ignore[no-any-return]
+
+
 def _snapshot(values: Any) -> Mnest:
     """A detached Mnest with every column set, from a row mapping or dict."""
     return _detached(Mnest, _MNEST_COLUMNS, values)
@@ -175,7 +187,9 @@ class MnestRepository:
             return list(self._run(conn, stmt, params).mappings().all())
         sql, args = lite.select_args(conn, stmt, params)
         with translate_errors():
-            raw = conn.exec_driver_sql(sql, args).fetchall()
+            result = conn.exec_driver_sql(sql, args)
+            raw = result.cursor.fetchall()  # the driver's plain tuples, no Row objects
+            result.close()
         return [lite.mnest_mapping(r) for r in raw]
 
     def _run_many(self, conn: Connection, stmt: Any, rows: list[dict[str, Any]]) -> None:
@@ -499,7 +513,9 @@ class MnestRepository:
             params["now"] = lite.timestamp_text(params["now"])
             sql, args = lite.select_args(conn, stmt, params)
             with translate_errors():
-                rows = conn.exec_driver_sql(sql, args).fetchall()
+                result = conn.exec_driver_sql(sql, args)
+                rows = result.cursor.fetchall()  # the driver's plain tuples, no Row objects
+                result.close()
         else:
             rows = self._run(conn, stmt, params).all()
         # A row is (path of ids, *the columns of its last edge). Every prefix of a path is a
@@ -511,8 +527,11 @@ class MnestRepository:
         for r in rows:
             edge = by_id.get(r[1])
             if edge is None:
-                values = lite.mnest_values(r[1:]) if sqlite else r[1:]
-                edge = by_id[r[1]] = _snapshot_from_tuple(values)
+                if sqlite:
+                    edge = _snapshot_from_dict(lite.mnest_mapping(r[1:]))
+                else:
+                    edge = _snapshot_from_tuple(r[1:])
+                by_id[r[1]] = edge
             parent = r[0].rpartition(",")[0]
             path = by_path[r[0]] = [*by_path[parent], edge] if parent else [edge]
             out.append(path)

@@ -78,25 +78,23 @@ def write_rows(
     return compiled.string, data
 
 
-_TS_COLUMNS = frozenset(i for i, c in enumerate(M.columns) if isinstance(c.type, UTCDateTime))
-_JSON_COLUMNS = frozenset(i for i, c in enumerate(M.columns) if c.key in ("tags", "desired_sig"))
-
-
-def mnest_values(raw: Sequence[Any]) -> list[Any]:
-    """A ``mnests`` row as the SQLite driver returns it, converted as the column types would."""
-    out = list(raw)
-    for i in _TS_COLUMNS:
-        if out[i] is not None:
-            out[i] = parse_sqlite_timestamp(out[i])
-    for i in _JSON_COLUMNS:
-        if out[i] is not None:
-            out[i] = json.loads(out[i])
-    return out
+_TS_NAMES = tuple(c.key for c in M.columns if isinstance(c.type, UTCDateTime))
+_JSON_NAMES = ("tags", "desired_sig")
 
 
 def mnest_mapping(raw: Sequence[Any]) -> dict[str, Any]:
-    """Like :func:`mnest_values`, keyed by column name."""
-    return dict(zip(MNEST_COLUMNS, mnest_values(raw), strict=True))
+    """A ``mnests`` row as the SQLite driver returns it (the table's columns in order),
+    converted as the column types would, keyed by column name."""
+    out = dict(zip(MNEST_COLUMNS, raw, strict=True))
+    for name in _TS_NAMES:
+        value = out[name]
+        if value is not None:
+            out[name] = parse_sqlite_timestamp(value)
+    for name in _JSON_NAMES:
+        value = out[name]
+        if value is not None:
+            out[name] = json.loads(value)
+    return out
 
 
 def select_args(conn: Connection, stmt: Any, params: dict[str, Any]) -> tuple[str, tuple]:
