@@ -8,7 +8,7 @@ and executed with bound parameters on the session's connection.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -20,7 +20,6 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.orm import Session, configure_mappers
 from sqlalchemy.orm.base import instance_state
 from sqlalchemy.sql import Executable
@@ -44,7 +43,7 @@ from .rules import (
     reinforce,
 )
 from .sqlrules import decayed, now_param
-from .types import UTCDateTime
+from .statements import EVENT_COLUMNS, MNEST_COLUMNS, QUERY_COLUMNS, E, Key, M, Q
 from .validation import (
     Clock,
     Passing,
@@ -62,23 +61,16 @@ from .validation import (
 
 __all__ = ["CanonicalQueryRepository", "MnestRepository", "QueryFrequency"]
 
-M = Mnest.__table__
-E = Event.__table__
-Q = CanonicalQuery.__table__
-_MNEST_COLUMNS = [c.key for c in M.columns]
-_EVENT_COLUMNS = [c.key for c in E.columns]
-_QUERY_COLUMNS = [c.key for c in Q.columns]
-_Key = tuple[str, str, str, str | None]
 T = TypeVar("T")
 MAX_WALK_DEPTH = 16
 _MAX_RACE_ROUNDS = 8
 
 
-def _key(p: Passing) -> _Key:
+def _key(p: Passing) -> Key:
     return (p.src_executor, p.src_version, p.dst_executor, p.dst_version)
 
 
-def _detached(cls: type[T], columns: list[str], values: Any) -> T:
+def _detached(cls: type[T], values: Iterable[tuple[str, Any]] | dict[str, Any], ident: Any) -> T:
     """A detached instance with every column loaded, built without ``__init__`` or events.
 
     What ``make_transient_to_detached`` does for a fresh object, minus its generic
@@ -89,42 +81,29 @@ def _detached(cls: type[T], columns: list[str], values: Any) -> T:
         configure_mappers()
     obj = manager.new_instance()
     state = instance_state(obj)
-    state.dict.update({k: values[k] for k in columns})
-    state.key = (cls, (values["id"],), None)
-    return obj  # type: ignore[no-any-return]
-
-
-def _snapshot_from_tuple(values: Sequence[Any]) -> Mnest:
-    """A detached Mnest from the table's columns in order (id first)."""
-    manager = Mnest._sa_class_manager  # type: ignore[attr-defined]
-    if not manager.mapper.configured:
-        configure_mappers()
-    obj = manager.new_instance()
-    state = instance_state(obj)
-    state.dict.update(zip(_MNEST_COLUMNS, values, strict=True))
-    state.key = (Mnest, (values[0],), None)
-    return obj  # type: ignore[no-any-return]
-
-
-def _snapshot_from_dict(values: dict[str, Any]) -> Mnest:
-    """A detached Mnest from a dict holding exactly its columns."""
-    manager = Mnest._sa_class_manager  # type: ignore[attr-defined]
-    if not manager.mapper.configured:
-        configure_mappers()
-    obj = manager.new_instance()
-    state = instance_state(obj)
     state.dict.update(values)
-    state.key = (Mnest, (values["id"],), None)
+    state.key = (cls, (ident,), None)
     return obj  # type: ignore[no-any-return]
 
 
 def _snapshot(values: Any) -> Mnest:
     """A detached Mnest with every column set, from a row mapping or dict."""
-    return _detached(Mnest, _MNEST_COLUMNS, values)
+    return _detached(Mnest, {k: values[k] for k in MNEST_COLUMNS}, values["id"])
 
 
 def _event_snapshot(values: Any) -> Event:
-    return _detached(Event, _EVENT_COLUMNS, values)
+    return _detached(Event, {k: values[k] for k in EVENT_COLUMNS}, values["id"])
+
+
+def _version_is(dst_version: str | None) -> Any:
+    """``dst_version`` equal to the given version, NULL-safe."""
+    return M.c.dst_version.is_(None) if dst_version is None else M.c.dst_version == dst_version
+
+
+def _run(conn: Connection, stmt: Executable, params: Any = None) -> Any:
+    """Execute on ``conn``, translating driver errors into the package's."""
+    with translate_errors():
+        return conn.execute(stmt, params) if params is not None else conn.execute(stmt)
 
 
 def _event(
@@ -175,35 +154,23 @@ class MnestRepository:
     def _conn(self) -> Connection:
         return _connection_of(self._session)
 
-    def _dialect(self, conn: Connection) -> str:
-        return conn.dialect.name
-
     def _now(self) -> datetime:
         return read_clock(self._clock)
 
     def _select_mnests(self, conn: Connection, stmt: Any, params: dict[str, Any]) -> list[Any]:
         """Rows of ``mnests`` as mappings; on SQLite read through the driver directly."""
         if conn.dialect.name != "sqlite":
-            return list(self._run(conn, stmt, params).mappings().all())
-        sql, args = lite.select_args(conn, stmt, params)
+            return list(_run(conn, stmt, params).mappings().all())
         with translate_errors():
-            result = conn.exec_driver_sql(sql, args)
-            raw = result.cursor.fetchall()  # the driver's plain tuples, no Row objects
-            result.close()
-        return [lite.mnest_mapping(r) for r in raw]
+            return [lite.mnest_mapping(r) for r in lite.fetch_tuples(conn, stmt, params)]
 
     def _run_many(self, conn: Connection, stmt: Any, rows: list[dict[str, Any]]) -> None:
-        """executemany; on SQLite with driver-ready rows (see :func:`lite.write_rows`)."""
+        """executemany; on SQLite with driver-ready rows (see :func:`lite.execute`)."""
         if conn.dialect.name != "sqlite":
-            self._run(conn, stmt, rows)
+            _run(conn, stmt, rows)
             return
-        sql, data = lite.write_rows(conn, stmt, rows)
         with translate_errors():
-            conn.exec_driver_sql(sql, data if len(data) > 1 else data[0])
-
-    def _run(self, conn: Connection, stmt: Executable, params: Any = None) -> Any:
-        with translate_errors():
-            return conn.execute(stmt, params) if params is not None else conn.execute(stmt)
+            lite.execute(conn, stmt, rows)
 
     # --- recording --------------------------------------------------------------------
 
@@ -249,14 +216,14 @@ class MnestRepository:
         params = {"s": p.src_executor, "sv": p.src_version, "d": p.dst_executor}
         if not proto:
             params["dv"] = p.dst_version
-        insert_stmt = stm.INSERT_MNEST[self._dialect(conn)]
+        insert_stmt = stm.INSERT_MNEST[conn.dialect.name]
         for _ in range(_MAX_RACE_ROUNDS):
             found = self._select_mnests(conn, sel, params)
             row = found[0] if found else None
             now = self._now()  # read once the write lock is held
             if row is not None:
                 if turn_id is not None and (
-                    self._run(
+                    _run(
                         conn, stm.SEL_TURN_DONE_ONE, {"turn_id": turn_id, "mid": row["id"]}
                     ).first()
                     is not None
@@ -264,15 +231,14 @@ class MnestRepository:
                     return _snapshot(row)
                 values, ev = self._reinforcement(row, p, turn_id, now)
                 if conn.dialect.name == "postgresql":
-                    ev_params = {k: v for k, v in ev.items() if k not in ("mnest_id", "reason")}
-                    ev_params.pop("related_id")
-                    self._run(conn, stm.PG_REINFORCE_WITH_EVENT, {**values, **ev_params})
+                    ev_params = {k: ev[k] for k in stm.PG_REINFORCE_EVENT_PARAMS}
+                    _run(conn, stm.PG_REINFORCE_WITH_EVENT, {**values, **ev_params})
                 else:
                     self._run_many(conn, stm.UPD_REINFORCE, [values])
                     self._run_many(conn, stm.INSERT_EVENT, [ev])
                 return _snapshot({**row, **_unprefix(values), "uses": row["uses"] + 1})
             values, ev = self._creation(p, turn_id, now)
-            if self._run(conn, insert_stmt, values).first() is not None:
+            if _run(conn, insert_stmt, values).first() is not None:
                 self._run_many(conn, stm.INSERT_EVENT, [ev])
                 return _snapshot(values)
             # Another transaction created the row first: lock it and reinforce instead.
@@ -280,7 +246,7 @@ class MnestRepository:
 
     def _record_many(self, items: list[Passing], turn_id: str) -> list[Mnest]:
         conn = self._conn()
-        unique: dict[tuple[bool, _Key], Passing] = {}
+        unique: dict[tuple[bool, Key], Passing] = {}
         for p in items:
             # The last tags / desired_sig given for an edge in the turn win.
             unique[(p.dst_exists, _key(p))] = p
@@ -311,22 +277,20 @@ class MnestRepository:
         raise ConflictError("could not record the turn: its edges kept changing under us")
 
     def _record_many_once(
-        self, conn: Connection, pending: dict[tuple[bool, _Key], Passing], turn_id: str
-    ) -> dict[tuple[bool, _Key], Mnest] | None:
+        self, conn: Connection, pending: dict[tuple[bool, Key], Passing], turn_id: str
+    ) -> dict[tuple[bool, Key], Mnest] | None:
         """One attempt at a turn; None when another transaction created one of its keys."""
-        result: dict[tuple[bool, _Key], Mnest] = {}
+        result: dict[tuple[bool, Key], Mnest] = {}
         rows = self._lock_keys(conn, list(pending))
         now = self._now()
         found = {(r["state"] == "active", _row_key(r)): r for r in rows}
         done: set[str] = set()
-        if found and self._run(conn, stm.SEL_TURN_SEEN, {"turn_id": turn_id}).first() is not None:
+        if found and _run(conn, stm.SEL_TURN_SEEN, {"turn_id": turn_id}).first() is not None:
             # a retried (or continued) turn: which of its rows did it already count?
             ids = [r["id"] for r in found.values()]
-            done = set(
-                self._run(conn, stm.SEL_TURN_DONE, {"turn_id": turn_id, "ids": ids}).scalars()
-            )
+            done = set(_run(conn, stm.SEL_TURN_DONE, {"turn_id": turn_id, "ids": ids}).scalars())
         updates: list[dict[str, Any]] = []
-        creations: list[tuple[tuple[bool, _Key], dict[str, Any], dict[str, Any]]] = []
+        creations: list[tuple[tuple[bool, Key], dict[str, Any], dict[str, Any]]] = []
         events: list[dict[str, Any]] = []
         for ident, p in pending.items():
             row = found.get(ident)
@@ -347,7 +311,7 @@ class MnestRepository:
             # key that another transaction created meanwhile comes back missing
             creations.sort(key=lambda c: _sort_key(c[0]))
             params = [values for _, values, _ in creations]
-            inserted = set(self._run(conn, stm.INSERT_MNEST[conn.dialect.name], params).scalars())
+            inserted = set(_run(conn, stm.INSERT_MNEST[conn.dialect.name], params).scalars())
             if len(inserted) < len(creations):
                 return None
             for ident, values, ev in creations:
@@ -357,7 +321,7 @@ class MnestRepository:
             self._run_many(conn, stm.INSERT_EVENT, events)
         return result
 
-    def _lock_keys(self, conn: Connection, idents: list[tuple[bool, _Key]]) -> list[Any]:
+    def _lock_keys(self, conn: Connection, idents: list[tuple[bool, Key]]) -> list[Any]:
         """Lock and read the rows of these keys, every chunk in id order."""
         idents = sorted(idents, key=_sort_key)
         rows: list[Any] = []
@@ -434,7 +398,7 @@ class MnestRepository:
         """The mnest with this id, or None."""
         if not isinstance(mnest_id, str):
             raise InvalidInput(f"mnest_id must be a string, got {type(mnest_id).__name__}")
-        row = self._run(self._conn(), stm.SEL_BY_ID, {"id": mnest_id}).mappings().first()
+        row = _run(self._conn(), stm.SEL_BY_ID, {"id": mnest_id}).mappings().first()
         return _snapshot(row) if row is not None else None
 
     def find(
@@ -451,15 +415,14 @@ class MnestRepository:
         check_name(dst_executor, "dst_executor")
         check_optional_name(dst_version, "dst_version")
         st = check_state(state)
-        dv = M.c.dst_version.is_(None) if dst_version is None else M.c.dst_version == dst_version
         stmt = select(M).where(
             M.c.src_executor == src_executor,
             M.c.src_version == src_version,
             M.c.dst_executor == dst_executor,
-            dv,
+            _version_is(dst_version),
             M.c.state == st.value,
         )
-        row = self._run(self._conn(), stmt).mappings().first()
+        row = _run(self._conn(), stmt).mappings().first()
         return _snapshot(row) if row is not None else None
 
     def edges(
@@ -479,7 +442,7 @@ class MnestRepository:
         if st is not None:
             stmt = stmt.where(M.c.state.in_([s.value for s in st]))
         stmt = stmt.order_by(M.c.ts_first, M.c.id)
-        return [_snapshot(r) for r in self._run(self._conn(), stmt).mappings()]
+        return [_snapshot(r) for r in _run(self._conn(), stmt).mappings()]
 
     def events(self, *, mnest_id: str | None = None, turn_id: str | None = None) -> list[Event]:
         """Events, oldest first, optionally for one mnest and/or one turn."""
@@ -491,7 +454,7 @@ class MnestRepository:
         if turn_id is not None:
             stmt = stmt.where(E.c.turn_id == check_name(turn_id, "turn_id"))
         stmt = stmt.order_by(E.c.ts, E.c.id)
-        return [_event_snapshot(r) for r in self._run(self._conn(), stmt).mappings()]
+        return [_event_snapshot(r) for r in _run(self._conn(), stmt).mappings()]
 
     def walk(
         self, src_executor: str, *, max_depth: int = 3, min_weight: float = 0.0
@@ -506,18 +469,14 @@ class MnestRepository:
         depth = check_positive_int(max_depth, "max_depth", maximum=MAX_WALK_DEPTH)
         floor = check_weight_threshold(min_weight, "min_weight")
         conn = self._conn()
-        stmt = stm.walk_statement(self._dialect(conn))
+        stmt = stm.walk_statement(conn.dialect.name)
         params = {"src": src, "max_depth": depth, "min_weight": floor, "now": self._now()}
         sqlite = conn.dialect.name == "sqlite"
         if sqlite:
-            params["now"] = lite.timestamp_text(params["now"])
-            sql, args = lite.select_args(conn, stmt, params)
             with translate_errors():
-                result = conn.exec_driver_sql(sql, args)
-                rows = result.cursor.fetchall()  # the driver's plain tuples, no Row objects
-                result.close()
+                rows = lite.fetch_tuples(conn, stmt, params)
         else:
-            rows = self._run(conn, stmt, params).all()
+            rows = _run(conn, stmt, params).all()
         # A row is (path of ids, *the columns of its last edge). Every prefix of a path is a
         # path too and scores at least as much (weights are ≤ 1; ties go to the shorter), so
         # it came in an earlier row: each path is its parent's list plus one edge.
@@ -527,11 +486,10 @@ class MnestRepository:
         for r in rows:
             edge = by_id.get(r[1])
             if edge is None:
-                if sqlite:
-                    edge = _snapshot_from_dict(lite.mnest_mapping(r[1:]))
-                else:
-                    edge = _snapshot_from_tuple(r[1:])
-                by_id[r[1]] = edge
+                columns = (
+                    lite.mnest_mapping(r[1:]) if sqlite else zip(MNEST_COLUMNS, r[1:], strict=True)
+                )
+                edge = by_id[r[1]] = _detached(Mnest, columns, r[1])
             parent = r[0].rpartition(",")[0]
             path = by_path[r[0]] = [*by_path[parent], edge] if parent else [edge]
             out.append(path)
@@ -545,12 +503,12 @@ class MnestRepository:
         version = check_optional_name(src_version, "src_version")
         limit = check_positive_int(k, "k", maximum=10_000)
         conn = self._conn()
-        dialect = self._dialect(conn)
+        dialect = conn.dialect.name
         stmt = stm.suggest_statement(dialect, version is not None)
         params: dict[str, Any] = {"src": src, "k": limit, "now": self._now()}
         if version is not None:
             params["sv"] = version
-        rows = self._run(conn, stmt, params).mappings().all()
+        rows = _run(conn, stmt, params).mappings().all()
         return [(_snapshot(r), float(r["effective"])) for r in rows]
 
     def recurring_protos(
@@ -560,14 +518,14 @@ class MnestRepository:
         uses = check_positive_int(min_uses, "min_uses")
         floor = check_weight_threshold(min_weight, "min_weight")
         conn = self._conn()
-        dialect = self._dialect(conn)
+        dialect = conn.dialect.name
         eff = decayed(dialect, M.c.weight, M.c.decay_lambda, M.c.ts_weight, now_param())
         stmt = (
             select(M)
             .where(M.c.state == "proto", M.c.uses >= uses, eff >= floor)
             .order_by(M.c.uses.desc(), eff.desc(), M.c.id)
         )
-        rows = self._run(conn, stmt, {"now": self._now()}).mappings()
+        rows = _run(conn, stmt, {"now": self._now()}).mappings()
         return [_snapshot(r) for r in rows]
 
     # --- changing state ---------------------------------------------------------------
@@ -575,7 +533,7 @@ class MnestRepository:
     def _locked(self, conn: Connection, mnest_id: Any) -> Any:
         if not isinstance(mnest_id, str) or not mnest_id:
             raise InvalidInput("mnest_id must be a non-empty string")
-        row = self._run(conn, stm.SEL_BY_ID_LOCK, {"id": mnest_id}).mappings().first()
+        row = _run(conn, stm.SEL_BY_ID_LOCK, {"id": mnest_id}).mappings().first()
         if row is None:
             raise NotFound(f"no mnest with id {mnest_id!r}")
         return row
@@ -583,16 +541,15 @@ class MnestRepository:
     def _key_taken(
         self, conn: Connection, row: Any, state: str, dst_version: str | None, own_id: str
     ) -> bool:
-        dv = M.c.dst_version.is_(None) if dst_version is None else M.c.dst_version == dst_version
         stmt = select(M.c.id).where(
             M.c.src_executor == row["src_executor"],
             M.c.src_version == row["src_version"],
             M.c.dst_executor == row["dst_executor"],
-            dv,
+            _version_is(dst_version),
             M.c.state == state,
             M.c.id != own_id,
         )
-        return self._run(conn, stmt).first() is not None
+        return _run(conn, stmt).first() is not None
 
     def transition_state(
         self, mnest_id: str, new_state: str, *, reason: str | None = None
@@ -644,7 +601,7 @@ class MnestRepository:
     ) -> None:
         """Apply ``changes`` to a locked row and record the event; the weight is untouched."""
         now = max(self._now(), row["ts_last"])
-        self._run(conn, update(M).where(M.c.id == row["id"]).values(**changes))
+        _run(conn, update(M).where(M.c.id == row["id"]).values(**changes))
         eff = decayed_weight(row["weight"], row["decay_lambda"], row["ts_weight"], now)
         event_row = _event(
             row["id"],
@@ -656,30 +613,30 @@ class MnestRepository:
             state_after=changes["state"],
             reason=reason,
         )
-        self._run(conn, stm.INSERT_EVENT, [event_row])
+        _run(conn, stm.INSERT_EVENT, [event_row])
 
     # --- ageing -----------------------------------------------------------------------
 
     def apply_ager(self) -> AgerReport:
         """Decay, demote, merge, prune and count archive candidates, in set-based SQL."""
         conn = self._conn()
-        dialect = self._dialect(conn)
+        dialect = conn.dialect.name
         s = stm.ager_statements(dialect)
         now = self._now()
         p = {"now": now, "cutoff": now - timedelta(days=ARCHIVE_AFTER_DAYS)}
         if dialect == "postgresql":
             # One lock order with writers: they wait for the ager instead of deadlocking.
-            self._run(conn, s["lock"])
-        self._run(conn, s["prune_events"], p)
-        pruned = self._run(conn, s["prune"], p).rowcount
-        self._run(conn, s["merge_events_absorbed"], p)
-        self._run(conn, s["merge_events_target"], p)
-        self._run(conn, s["merge_update"], p)
-        merged = self._run(conn, s["merge_delete"], p).rowcount
-        self._run(conn, s["demote_events"], p)
-        demoted = self._run(conn, s["demote"], p).rowcount
-        decayed_rows = self._run(conn, s["decay"], p).rowcount
-        archive = self._run(conn, s["archive_count"], p).scalar_one()
+            _run(conn, s["lock"])
+        _run(conn, s["prune_events"], p)
+        pruned = _run(conn, s["prune"], p).rowcount
+        _run(conn, s["merge_events_absorbed"], p)
+        _run(conn, s["merge_events_target"], p)
+        _run(conn, s["merge_update"], p)
+        merged = _run(conn, s["merge_delete"], p).rowcount
+        _run(conn, s["demote_events"], p)
+        demoted = _run(conn, s["demote"], p).rowcount
+        decayed_rows = _run(conn, s["decay"], p).rowcount
+        archive = _run(conn, s["archive_count"], p).scalar_one()
         return AgerReport(
             decayed=decayed_rows,
             to_decaying=demoted + merged,
@@ -713,12 +670,12 @@ def _unprefix(values: dict[str, Any]) -> dict[str, Any]:
     return {k[2:]: v for k, v in values.items() if k.startswith("b_") and k != "b_id"}
 
 
-def _sort_key(ident: tuple[bool, _Key]) -> tuple[str, str, str, str, bool]:
+def _sort_key(ident: tuple[bool, Key]) -> tuple[str, str, str, str, bool]:
     exists_, (s, sv, d, dv) = ident
     return (s, sv, d, dv or "", exists_)
 
 
-def _row_key(r: Any) -> _Key:
+def _row_key(r: Any) -> Key:
     return (r["src_executor"], r["src_version"], r["dst_executor"], r["dst_version"])
 
 
@@ -759,17 +716,15 @@ class CanonicalQueryRepository:
             "canonical_query": canonical,
             "canonical_hash": hashlib.sha256(canonical.encode("utf-8")).hexdigest(),
         }
-        with translate_errors():
-            new_id = _connection_of(self._session).execute(_INSERT_QUERY, values).scalar_one()
-        return _detached(CanonicalQuery, _QUERY_COLUMNS, {"id": new_id, **values})
+        new_id = _run(_connection_of(self._session), _INSERT_QUERY, values).scalar_one()
+        return _detached(CanonicalQuery, {"id": new_id, **values}, new_id)
 
     def recent(self, *, limit: int = 20) -> list[CanonicalQuery]:
         """The latest entries, newest first."""
         n = check_positive_int(limit, "limit", maximum=100_000)
         stmt = select(Q).order_by(Q.c.ts.desc(), Q.c.id.desc()).limit(n)
-        with translate_errors():
-            rows = _connection_of(self._session).execute(stmt).mappings().all()
-        return [_detached(CanonicalQuery, _QUERY_COLUMNS, r) for r in rows]
+        rows = _run(_connection_of(self._session), stmt).mappings().all()
+        return [_detached(CanonicalQuery, {k: r[k] for k in QUERY_COLUMNS}, r["id"]) for r in rows]
 
     def top(self, *, limit: int = 10) -> list[QueryFrequency]:
         """The most frequent canonical forms, most frequent first."""
@@ -782,16 +737,8 @@ class CanonicalQueryRepository:
             .order_by(count.desc(), last.desc())
             .limit(n)
         )
-        with translate_errors():
-            rows = _connection_of(self._session).execute(stmt).all()
+        rows = _run(_connection_of(self._session), stmt).all()
         return [
-            QueryFrequency(r.canonical_query, r.canonical_hash, int(r.count), _as_utc(r.last_ts))
+            QueryFrequency(r.canonical_query, r.canonical_hash, int(r.count), r.last_ts)
             for r in rows
         ]
-
-
-def _as_utc(value: Any) -> datetime:
-    return UTCDateTime().process_result_value(value, _SQLITE)  # type: ignore[return-value]
-
-
-_SQLITE = sqlite_dialect.dialect()

@@ -1,85 +1,110 @@
 """SQLite's hot paths at the driver: statements compiled once, rows converted by hand.
 
 For the batched writes of a turn and the rows read by a turn or a walk, SQLAlchemy's
-per-row, per-parameter processing costs more than SQLite's own work. These helpers produce
-exactly what the column types (``UTCDateTime``, ``JSONDocument``) would: the same text in
-the database, the same aware datetimes and JSON values out.
+per-row, per-parameter processing costs more than SQLite's own work. Each parameter is
+converted as its bound type (``UTCDateTime``, ``JSONDocument``) would convert it, so the
+database holds the same text and the same aware datetimes and JSON values come out.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection
 
-from .models import Mnest
-from .types import UTCDateTime, ensure_aware_utc, parse_sqlite_timestamp
+from .statements import MNEST_COLUMNS, M
+from .types import JSONDocument, UTCDateTime, ensure_aware_utc, parse_sqlite_timestamp
 
-M = Mnest.__table__
-MNEST_COLUMNS = [c.key for c in M.columns]
+__all__ = ["execute", "fetch_tuples", "mnest_mapping", "timestamp_text"]
 
 
 def timestamp_text(value: datetime) -> str:
+    """What ``UTCDateTime`` stores on SQLite: naive UTC text with microseconds."""
     return f"{ensure_aware_utc(value):%Y-%m-%d %H:%M:%S.%f}"
 
 
-def _json_text(value: Any) -> str | None:
-    return None if value is None else json.dumps(value)
+def _json_text(value: Any) -> str:
+    return json.dumps(value)
 
 
-# How the turn path's batched parameters become what the SQLite driver stores: exactly what
-# UTCDateTime and JSONDocument produce, without SQLAlchemy's per-row, per-parameter work
-# (which costs more than SQLite's own work for these statements).
-_SQLITE_CONVERTERS: dict[str, Callable[[Any], Any]] = {
-    "b_ts_last": timestamp_text,
-    "b_ts_weight": timestamp_text,
-    "ts": timestamp_text,
-    "b_tags": _json_text,
-    "b_desired_sig": _json_text,
-}
-_SQLITE_COMPILED: dict[tuple[int, tuple[str, ...]], Any] = {}
+def _converter(type_: Any) -> Callable[[Any], Any] | None:
+    """How a bound value of this type reaches the driver, as the type's processor would."""
+    if isinstance(type_, UTCDateTime):
+        return timestamp_text
+    if isinstance(type_, JSONDocument):
+        return _json_text
+    return None
 
 
-def write_rows(
-    conn: Connection, stmt: Any, rows: list[dict[str, Any]]
-) -> tuple[str, list[tuple[Any, ...]]]:
-    """The statement compiled once for SQLite, and its rows as positional tuples."""
-    keys = tuple(rows[0])
-    compiled = _SQLITE_COMPILED.get((id(stmt), keys))
-    if compiled is None:
-        compiled = stmt.compile(dialect=conn.dialect, column_keys=list(keys))
-        _SQLITE_COMPILED[(id(stmt), keys)] = compiled
-    names = compiled.positiontup
-    defaults = compiled.params
-    # the rows of one batch share a few instants ("now"): format each one once
-    formatted: dict[datetime, str] = {}
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    """A statement compiled once for SQLite: its text, parameter order, literal values and
+    the converter of each parameter (derived from its bound type)."""
 
-    def timestamp(value: datetime) -> str:
-        text = formatted.get(value)
-        if text is None:
-            text = formatted[value] = timestamp_text(value)
-        return text
+    sql: str
+    names: tuple[str, ...]
+    defaults: dict[str, Any]
+    converters: tuple[Callable[[Any], Any] | None, ...]
 
-    convert = [
-        timestamp if _SQLITE_CONVERTERS.get(n) is timestamp_text else _SQLITE_CONVERTERS.get(n)
-        for n in names
-    ]
-    plan = list(zip(names, convert, strict=True))
-    data = [
-        tuple(
-            (c(r[n]) if c is not None and r[n] is not None else r[n]) if n in r else defaults[n]
-            for n, c in plan
+    def args(self, values: dict[str, Any], seen: dict[datetime, str]) -> tuple[Any, ...]:
+        """One row of positional parameters; ``seen`` formats each instant once per batch."""
+        out = []
+        for name, convert in zip(self.names, self.converters, strict=True):
+            value = values[name] if name in values else self.defaults[name]
+            if convert is not None and value is not None:
+                if convert is timestamp_text:
+                    text = seen.get(value)
+                    if text is None:
+                        text = seen[value] = timestamp_text(value)
+                    value = text
+                else:
+                    value = convert(value)
+            out.append(value)
+        return tuple(out)
+
+
+_PREPARED: dict[tuple[int, tuple[str, ...]], _Prepared] = {}
+
+
+def _prepare(conn: Connection, stmt: Any, column_keys: tuple[str, ...] = ()) -> _Prepared:
+    key = (id(stmt), column_keys)
+    prepared = _PREPARED.get(key)
+    if prepared is None:
+        compiled = stmt.compile(dialect=conn.dialect, column_keys=list(column_keys) or None)
+        names = tuple(compiled.positiontup)
+        prepared = _PREPARED[key] = _Prepared(
+            compiled.string,
+            names,
+            dict(compiled.params),
+            tuple(_converter(compiled.binds[n].type) for n in names),
         )
-        for r in rows
-    ]
-    return compiled.string, data
+    return prepared
+
+
+def execute(conn: Connection, stmt: Any, rows: list[dict[str, Any]]) -> None:
+    """Run an INSERT or UPDATE for every row (executemany for several)."""
+    prepared = _prepare(conn, stmt, tuple(rows[0]))
+    seen: dict[datetime, str] = {}
+    data = [prepared.args(r, seen) for r in rows]
+    conn.exec_driver_sql(prepared.sql, data if len(data) > 1 else data[0])
+
+
+def fetch_tuples(conn: Connection, stmt: Any, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """Run a SELECT and return the driver's plain tuples (no Row objects)."""
+    prepared = _prepare(conn, stmt)
+    result = conn.exec_driver_sql(prepared.sql, prepared.args(params, {}))
+    try:
+        return result.cursor.fetchall()  # type: ignore[no-any-return]
+    finally:
+        result.close()
 
 
 _TS_NAMES = tuple(c.key for c in M.columns if isinstance(c.type, UTCDateTime))
-_JSON_NAMES = ("tags", "desired_sig")
+_JSON_NAMES = tuple(c.key for c in M.columns if isinstance(c.type, JSONDocument))
 
 
 def mnest_mapping(raw: Sequence[Any]) -> dict[str, Any]:
@@ -95,14 +120,3 @@ def mnest_mapping(raw: Sequence[Any]) -> dict[str, Any]:
         if value is not None:
             out[name] = json.loads(value)
     return out
-
-
-def select_args(conn: Connection, stmt: Any, params: dict[str, Any]) -> tuple[str, tuple]:
-    """A SELECT compiled once for SQLite, and its parameters as a positional tuple."""
-    compiled = _SQLITE_COMPILED.get((id(stmt), ()))
-    if compiled is None:
-        compiled = stmt.compile(dialect=conn.dialect)
-        _SQLITE_COMPILED[(id(stmt), ())] = compiled
-    defaults = compiled.params
-    args = tuple(params[n] if n in params else defaults[n] for n in compiled.positiontup)
-    return compiled.string, args

@@ -35,6 +35,9 @@ M = Mnest.__table__
 E = Event.__table__
 Q = CanonicalQuery.__table__
 Key = tuple[str, str, str, str | None]
+MNEST_COLUMNS = [c.key for c in M.columns]
+EVENT_COLUMNS = [c.key for c in E.columns]
+QUERY_COLUMNS = [c.key for c in Q.columns]
 
 KEYS_PER_STATEMENT = 64
 
@@ -133,25 +136,24 @@ INSERT_MNEST = {
 INSERT_EVENT = insert(E)
 
 
+# the event columns bound by PG_REINFORCE_WITH_EVENT (its mnest_id is the updated row's id)
+PG_REINFORCE_EVENT_PARAMS = (
+    "kind",
+    "ts",
+    "turn_id",
+    "weight_before",
+    "weight_after",
+    "state_before",
+    "state_after",
+)
+
+
 def _reinforce_with_event() -> Any:
     """PostgreSQL: the reinforcement and its event in one statement (a data-modifying CTE),
     so a hot row's lock is held one round trip shorter."""
     upd = UPD_REINFORCE.returning(M.c.id).cte("reinforced")
-    cols = ["mnest_id", "kind", "ts", "turn_id", "weight_before", "weight_after"]
-    cols += ["state_before", "state_after"]
-    return insert(E).from_select(
-        cols,
-        select(
-            upd.c.id,
-            bindparam("kind", type_=E.c.kind.type),
-            bindparam("ts", type_=UTCDateTime()),
-            bindparam("turn_id", type_=E.c.turn_id.type),
-            bindparam("weight_before", type_=E.c.weight_before.type),
-            bindparam("weight_after", type_=E.c.weight_after.type),
-            bindparam("state_before", type_=E.c.state_before.type),
-            bindparam("state_after", type_=E.c.state_after.type),
-        ),
-    )
+    binds = [bindparam(name, type_=E.c[name].type) for name in PG_REINFORCE_EVENT_PARAMS]
+    return insert(E).from_select(["mnest_id", *PG_REINFORCE_EVENT_PARAMS], select(upd.c.id, *binds))
 
 
 PG_REINFORCE_WITH_EVENT = _reinforce_with_event()
