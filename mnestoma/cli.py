@@ -598,11 +598,7 @@ def record(
             tags=tags,
             desired_sig=desired_sig,
         )
-        now = _now()
-        if as_json:
-            _echo_json(mnest_record(m, now))
-        else:
-            render_edges([m], now, False, "")
+        _render_one(m, as_json)
 
 
 # --- reading ------------------------------------------------------------------------------
