@@ -18,7 +18,6 @@ from typing import Any, NoReturn
 
 import click
 from alembic.script import ScriptDirectory
-from alembic.util import CommandError
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
@@ -425,10 +424,6 @@ def db() -> None:
     """Schema migrations (Alembic): upgrade, downgrade, current, history, sql."""
 
 
-def _revision_error(err: CommandError) -> InvalidInput:
-    return InvalidInput(str(err).splitlines()[0] if str(err) else "unknown revision")
-
-
 @db.command("upgrade")
 @click.argument("revision", default="head")
 @database_url_option
@@ -436,10 +431,7 @@ def db_upgrade(revision: str, database_url: str | None) -> None:
     """Migrate the database up to REVISION (default: head)."""
     url = resolve_database_url(_url(database_url))
     before = current_revision(url)
-    try:
-        upgrade(url, revision)
-    except CommandError as err:
-        raise _revision_error(err) from err
+    upgrade(url, revision)
     after = current_revision(url)
     where = redact_url(url)
     if before == after:
@@ -457,10 +449,7 @@ def db_downgrade(revision: str, database_url: str | None) -> None:
     if missing_sqlite_file(url) is not None:
         raise InvalidInput(f"no database at {missing_sqlite_file(url)}")
     before = current_revision(url)
-    try:
-        downgrade(url, revision)
-    except CommandError as err:
-        raise _revision_error(err) from err
+    downgrade(url, revision)
     after = current_revision(url)
     click.echo(f"{redact_url(url)}: downgraded from {before} to {after or 'base (no schema)'}")
 
@@ -520,10 +509,7 @@ def db_sql(dialect: str | None, revision_range: str, database_url: str | None) -
     """Print the SQL a DBA reviews before migrating (RANGE e.g. ``head`` or ``0001:0002``)."""
     if dialect is None:
         dialect = resolve_database_url(_url(database_url)).get_backend_name()
-    try:
-        script = offline_sql(f"{dialect}://", revision_range)
-    except CommandError as err:
-        raise _revision_error(err) from err
+    script = offline_sql(f"{dialect}://", revision_range)
     click.echo(script, nl=False)
 
 

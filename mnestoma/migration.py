@@ -91,7 +91,8 @@ def _revision_errors() -> Iterator[None]:
     try:
         yield
     except CommandError as err:
-        raise InvalidInput(f"revision: {err}") from None
+        first_line = str(err).splitlines()[0] if str(err) else "unknown revision"
+        raise InvalidInput(f"revision: {first_line}") from None
 
 
 def upgrade(
@@ -123,7 +124,8 @@ def offline_sql(dialect_url: str, revision_range: str = "head") -> str:
     cfg.set_main_option("script_location", str(migrations_path()))
     cfg.attributes["skip_logging"] = True
     cfg.set_main_option("sqlalchemy.url", dialect_url)
-    command.upgrade(cfg, revision_range, sql=True)
+    with _revision_errors():
+        command.upgrade(cfg, revision_range, sql=True)
     return buf.getvalue()
 
 

@@ -12,7 +12,6 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
-from conftest import create_pg_database, drop_pg_database
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
@@ -111,19 +110,14 @@ DOWNSTREAM_TESTS = textwrap.dedent(
 
 
 @pytest.fixture
-def downstream_url(engine_name: str, tmp_path: Path) -> Iterator[str]:
+def downstream_url(engine_name: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
     """A database the downstream suite gets through ``MNESTOMA_TEST_DATABASE_URL``.
 
     SQLite: a file that does not exist yet. PostgreSQL: a throwaway empty database.
     """
     if engine_name == "sqlite":
-        yield f"sqlite:///{tmp_path / 'downstream' / 'store.sqlite'}"
-        return
-    url = create_pg_database("mnestoma_kit")
-    try:
-        yield url.render_as_string(hide_password=False)
-    finally:
-        drop_pg_database(url)
+        return f"sqlite:///{tmp_path / 'downstream' / 'store.sqlite'}"
+    return str(request.getfixturevalue("empty_db_url"))
 
 
 def test_one_line_conftest_isolates_a_downstream_suite_that_commits(
