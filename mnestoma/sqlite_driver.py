@@ -17,14 +17,9 @@ from typing import Any
 from sqlalchemy import Connection
 
 from .statements import MNEST_COLUMNS, M
-from .types import JSONDocument, UTCDateTime, ensure_aware_utc, parse_sqlite_timestamp
+from .types import JSONDocument, UTCDateTime, parse_sqlite_timestamp, sqlite_timestamp_text
 
-__all__ = ["execute", "fetch_tuples", "mnest_mapping", "timestamp_text"]
-
-
-def timestamp_text(value: datetime) -> str:
-    """What ``UTCDateTime`` stores on SQLite: naive UTC text with microseconds."""
-    return f"{ensure_aware_utc(value):%Y-%m-%d %H:%M:%S.%f}"
+__all__ = ["execute", "fetch_tuples", "mnest_mapping"]
 
 
 def _json_text(value: Any) -> str:
@@ -34,7 +29,7 @@ def _json_text(value: Any) -> str:
 def _converter(type_: Any) -> Callable[[Any], Any] | None:
     """How a bound value of this type reaches the driver, as the type's processor would."""
     if isinstance(type_, UTCDateTime):
-        return timestamp_text
+        return sqlite_timestamp_text
     if isinstance(type_, JSONDocument):
         return _json_text
     return None
@@ -56,10 +51,10 @@ class _Prepared:
         for name, convert in zip(self.names, self.converters, strict=True):
             value = values[name] if name in values else self.defaults[name]
             if convert is not None and value is not None:
-                if convert is timestamp_text:
+                if convert is sqlite_timestamp_text:
                     text = seen.get(value)
                     if text is None:
-                        text = seen[value] = timestamp_text(value)
+                        text = seen[value] = sqlite_timestamp_text(value)
                     value = text
                 else:
                     value = convert(value)

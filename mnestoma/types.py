@@ -19,7 +19,9 @@ __all__ = [
     "UTCDateTime",
     "ensure_aware_utc",
     "ensure_json",
+    "ensure_unicode_text",
     "parse_sqlite_timestamp",
+    "sqlite_timestamp_text",
 ]
 
 
@@ -32,6 +34,19 @@ def ensure_aware_utc(value: Any, what: str = "datetime") -> datetime:
     if value.tzinfo is None or value.tzinfo.utcoffset(value) is None:
         raise InvalidInput(f"{what} must be timezone-aware (got a naive datetime)")
     return value.astimezone(UTC)
+
+
+def sqlite_timestamp_text(value: datetime) -> str:
+    """What a timestamp is on SQLite: naive UTC text with microseconds (sorts as it should)."""
+    return f"{ensure_aware_utc(value):%Y-%m-%d %H:%M:%S.%f}"
+
+
+def ensure_unicode_text(value: str, what: str) -> None:
+    """Refuse lone surrogates: no database (nor UTF-8) can hold them."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInput(f"{what} is not valid Unicode text (a lone surrogate?)") from None
 
 
 def parse_sqlite_timestamp(value: str | datetime) -> datetime:
@@ -79,9 +94,7 @@ class UTCDateTime(TypeDecorator[datetime]):
             return super().bind_processor(dialect)
 
         def process(value: Any) -> str | None:
-            if value is None:
-                return None
-            return f"{ensure_aware_utc(value):%Y-%m-%d %H:%M:%S.%f}"
+            return None if value is None else sqlite_timestamp_text(value)
 
         return process
 
@@ -120,10 +133,7 @@ def _check_keys(value: Any, what: str) -> None:
         # PostgreSQL's JSONB cannot hold U+0000 nor lone surrogates: refused on both engines
         if "\x00" in value:
             raise InvalidInput(f"{what} must not contain the NUL character")
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise InvalidInput(f"{what} is not valid Unicode text (a lone surrogate?)") from None
+        ensure_unicode_text(value, what)
     elif isinstance(value, list | tuple):
         for v in value:
             _check_keys(v, what)

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 from .errors import InvalidInput
 from .rules import MAX_NAME_LENGTH, MnestState
-from .types import ensure_aware_utc, ensure_json
+from .types import ensure_aware_utc, ensure_json, ensure_unicode_text
 
 __all__ = [
     "Clock",
@@ -134,15 +134,8 @@ def check_text(value: Any, what: str, *, max_length: int = 100_000) -> str:
         raise InvalidInput(f"{what} is longer than {max_length} characters")
     if any((ord(ch) < 32 and ch not in "\n\r\t") or ord(ch) == 127 for ch in value):
         raise InvalidInput(f"{what} must not contain control characters")
-    _check_utf8(value, what)
+    ensure_unicode_text(value, what)
     return value
-
-
-def _check_utf8(value: str, what: str) -> None:
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidInput(f"{what} is not valid Unicode text (a lone surrogate?)") from None
 
 
 def normalise_passing(p: Passing | tuple[Any, ...] | Any) -> Passing:
