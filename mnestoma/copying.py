@@ -20,13 +20,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from alembic import command
 from sqlalchemy import Connection, Engine, Table, func, insert, inspect, select, text
 from sqlalchemy.engine import URL
 
 from .config import READ_ONLY_OPTION, make_engine, redact_url, resolve_database_url
 from .errors import ConflictError, InvalidInput, MnestomaError, SchemaError, translate_errors
-from .migration import alembic_config, current_revision, head_revision
+from .migration import current_revision, head_revision, upgrade
 from .models import CanonicalQuery, Event, Mnest
 from .status import missing_sqlite_file
 
@@ -231,7 +230,7 @@ def _copy(
                     f"the target {redact_url(dst_engine.url)} is not empty ({held}): "
                     "use --append to add to it"
                 )
-            command.upgrade(alembic_config(tconn), "head")
+            upgrade(tconn)  # inside the copy's transaction: a failed copy migrates nothing
             offsets: dict[str, int] = {}
             before_digest: dict[str, _Digest] = {}
             for table, int_id in TABLES:
