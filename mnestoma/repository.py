@@ -660,9 +660,8 @@ def _connection_of(session: Session | Connection) -> Connection:
     """The connection of the current transaction, after flushing pending ORM changes."""
     if isinstance(session, Connection):
         return session
-    if session.new or session.dirty or session.deleted:
-        session.flush()
     with translate_errors():
+        session.flush()  # returns at once when nothing is pending (no scan of the session)
         return session.connection()
 
 

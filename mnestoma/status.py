@@ -29,6 +29,7 @@ from .migration import head_revision, known_revisions
 from .models import CanonicalQuery, Event, Mnest
 from .repository import MnestRepository
 from .rules import RECURRING_MIN_USES, RECURRING_MIN_WEIGHT, EventKind, MnestState
+from .types import parse_sqlite_timestamp
 from .validation import Clock, read_clock, utc_now
 
 __all__ = [
@@ -233,12 +234,8 @@ def _count(conn: Connection, tables: set[str], status: StoreStatus) -> None:
 
 
 def _as_utc(value: Any) -> datetime | None:
-    """``max(ts)`` loses the column type on SQLite: parse it back to an aware UTC datetime."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        value = datetime.fromisoformat(value)
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    """An aggregate's timestamp as an aware UTC datetime, whatever the driver returned."""
+    return None if value is None else parse_sqlite_timestamp(value)
 
 
 def _fmt_time(value: datetime | None) -> str:
