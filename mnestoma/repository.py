@@ -8,7 +8,7 @@ and executed with bound parameters on the session's connection.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -70,11 +70,17 @@ def _key(p: Passing) -> Key:
     return (p.src_executor, p.src_version, p.dst_executor, p.dst_version)
 
 
-def _detached(cls: type[T], values: Iterable[tuple[str, Any]] | dict[str, Any], ident: Any) -> T:
+def _detached(
+    cls: type[T],
+    values: Iterable[tuple[str, Any]] | dict[str, Any],
+    ident: Any,
+    convert: Callable[[dict[str, Any]], Any] | None = None,
+) -> T:
     """A detached instance with every column loaded, built without ``__init__`` or events.
 
     What ``make_transient_to_detached`` does for a fresh object, minus its generic
-    bookkeeping: the hot paths build one per returned row.
+    bookkeeping: the hot paths build one per returned row. ``convert`` turns driver values
+    into column values in place, in the instance's own dict (no copy).
     """
     manager = cls._sa_class_manager  # type: ignore[attr-defined]
     if not manager.mapper.configured:
@@ -82,6 +88,8 @@ def _detached(cls: type[T], values: Iterable[tuple[str, Any]] | dict[str, Any], 
     obj = manager.new_instance()
     state = instance_state(obj)
     state.dict.update(values)
+    if convert is not None:
+        convert(state.dict)
     state.key = (cls, (ident,), None)
     return obj  # type: ignore[no-any-return]
 
@@ -469,14 +477,17 @@ class MnestRepository:
         depth = check_positive_int(max_depth, "max_depth", maximum=MAX_WALK_DEPTH)
         floor = check_weight_threshold(min_weight, "min_weight")
         conn = self._conn()
-        stmt = stm.walk_statement(conn.dialect.name)
-        params = {"src": src, "max_depth": depth, "min_weight": floor, "now": self._now()}
-        sqlite = conn.dialect.name == "sqlite"
-        if sqlite:
+        stmt = stm.walk_statement(conn.dialect.name, with_floor=floor > 0)
+        params = {"src": src, "max_depth": depth, "now": self._now()}
+        if floor > 0:
+            params["min_weight"] = floor
+        if conn.dialect.name == "sqlite":
             with translate_errors():
                 rows = lite.fetch_tuples(conn, stmt, params)
+            convert = lite.convert_mnest
         else:
             rows = _run(conn, stmt, params).all()
+            convert = None
         # A row is (path of ids, *the columns of its last edge). Every prefix of a path is a
         # path too and scores at least as much (weights are ≤ 1; ties go to the shorter), so
         # it came in an earlier row: each path is its parent's list plus one edge.
@@ -486,10 +497,8 @@ class MnestRepository:
         for r in rows:
             edge = by_id.get(r[1])
             if edge is None:
-                columns = (
-                    lite.mnest_mapping(r[1:]) if sqlite else zip(MNEST_COLUMNS, r[1:], strict=True)
-                )
-                edge = by_id[r[1]] = _detached(Mnest, columns, r[1])
+                columns = zip(MNEST_COLUMNS, r[1:], strict=True)
+                edge = by_id[r[1]] = _detached(Mnest, columns, r[1], convert)
             parent = r[0].rpartition(",")[0]
             path = by_path[r[0]] = [*by_path[parent], edge] if parent else [edge]
             out.append(path)

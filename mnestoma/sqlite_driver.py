@@ -19,7 +19,7 @@ from sqlalchemy import Connection
 from .statements import MNEST_COLUMNS, M
 from .types import JSONDocument, UTCDateTime, parse_sqlite_timestamp, sqlite_timestamp_text
 
-__all__ = ["execute", "fetch_tuples", "mnest_mapping"]
+__all__ = ["convert_mnest", "execute", "fetch_tuples", "mnest_mapping"]
 
 
 def _json_text(value: Any) -> str:
@@ -102,16 +102,21 @@ _TS_NAMES = tuple(c.key for c in M.columns if isinstance(c.type, UTCDateTime))
 _JSON_NAMES = tuple(c.key for c in M.columns if isinstance(c.type, JSONDocument))
 
 
+def convert_mnest(values: dict[str, Any]) -> dict[str, Any]:
+    """Convert, in place, a ``mnests`` row keyed by column name as the SQLite driver
+    returned it (timestamp text, JSON text) into what the column types give."""
+    for name in _TS_NAMES:
+        value = values[name]
+        if value is not None:
+            values[name] = parse_sqlite_timestamp(value)
+    for name in _JSON_NAMES:
+        value = values[name]
+        if value is not None:
+            values[name] = json.loads(value)
+    return values
+
+
 def mnest_mapping(raw: Sequence[Any]) -> dict[str, Any]:
     """A ``mnests`` row as the SQLite driver returns it (the table's columns in order),
     converted as the column types would, keyed by column name."""
-    out = dict(zip(MNEST_COLUMNS, raw, strict=True))
-    for name in _TS_NAMES:
-        value = out[name]
-        if value is not None:
-            out[name] = parse_sqlite_timestamp(value)
-    for name in _JSON_NAMES:
-        value = out[name]
-        if value is not None:
-            out[name] = json.loads(value)
-    return out
+    return convert_mnest(dict(zip(MNEST_COLUMNS, raw, strict=True)))

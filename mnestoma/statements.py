@@ -9,6 +9,7 @@ import functools
 from typing import Any
 
 from sqlalchemy import (
+    Integer,
     Text,
     and_,
     bindparam,
@@ -18,6 +19,7 @@ from sqlalchemy import (
     func,
     insert,
     literal,
+    literal_column,
     or_,
     select,
     text,
@@ -166,8 +168,21 @@ SEL_BY_ID_LOCK = SEL_BY_ID.with_for_update()
 _CACHE: dict[tuple[str, str], Any] = {}
 
 
-def walk_statement(dialect: str) -> Any:
-    key = ("walk", dialect)
+def _row_locator(dialect: str, table: Any) -> Any:
+    """What finds a row again fastest: SQLite's rowid (one b-tree lookup, not two), else id."""
+    if dialect == "sqlite":
+        return literal_column(f"{table.name}.rowid", Integer)
+    return table.c.id
+
+
+def walk_statement(dialect: str, with_floor: bool = True) -> Any:
+    """The recursive walk: rows of (path of ids, *the columns of the path's last edge).
+
+    The CTE carries only what the recursion needs; each path's last edge is read once at
+    the end, through its row locator. Without a floor (``min_weight`` ≤ 0, which every
+    effective weight meets) the weight test is left out rather than computed for nothing.
+    """
+    key = ("walk" + ("_floor" if with_floor else ""), dialect)
     if key in _CACHE:
         return _CACHE[key]
     now = now_param()
@@ -176,7 +191,7 @@ def walk_statement(dialect: str) -> Any:
     eff = decayed(dialect, M.c.weight, M.c.decay_lambda, M.c.ts_weight, now)
     start = (
         select(
-            M.c.id.label("last_id"),
+            _row_locator(dialect, M).label("loc"),
             M.c.dst_executor.label("dst_executor"),
             M.c.dst_version.label("dst_version"),
             literal(1).label("depth"),
@@ -188,18 +203,22 @@ def walk_statement(dialect: str) -> Any:
             M.c.state == "active",
             M.c.src_executor == bindparam("src"),
             M.c.dst_executor != M.c.src_executor,
-            eff >= bindparam("min_weight"),
+            *([eff >= bindparam("min_weight")] if with_floor else []),
         )
         .cte("paths", recursive=True)
     )
     nxt = M.alias("nxt")
     eff_n = decayed(dialect, nxt.c.weight, nxt.c.decay_lambda, nxt.c.ts_weight, now)
+    # PostgreSQL raises on float underflow; SQLite rounds to 0, as the guard would.
+    score = (
+        safe_product(start.c.score, eff_n) if dialect == "postgresql" else start.c.score * eff_n
+    )
     step = select(
-        nxt.c.id,
+        _row_locator(dialect, nxt),
         nxt.c.dst_executor,
         nxt.c.dst_version,
         start.c.depth + 1,
-        safe_product(start.c.score, eff_n),
+        score,
         (start.c.path + literal(",") + nxt.c.id).cast(Text),
         (start.c.seen + nxt.c.dst_executor + sep).cast(Text),
     ).where(
@@ -208,12 +227,12 @@ def walk_statement(dialect: str) -> Any:
         nxt.c.src_version == start.c.dst_version,
         start.c.depth < bindparam("max_depth"),
         instr(start.c.seen, sep + nxt.c.dst_executor + sep) == 0,
-        eff_n >= bindparam("min_weight"),
+        *([eff_n >= bindparam("min_weight")] if with_floor else []),
     )
     paths = start.union_all(step)
     stmt = (
         select(paths.c.path, *M.c)
-        .join_from(paths, M, M.c.id == paths.c.last_id)
+        .join_from(paths, M, _row_locator(dialect, M) == paths.c.loc)
         .order_by(paths.c.score.desc(), paths.c.depth, paths.c.path)
     )
     _CACHE[key] = stmt

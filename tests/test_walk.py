@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import math
+from datetime import UTC, datetime, timedelta
 
 import pytest
-from sqlalchemy import event
+from sqlalchemy import event, text
 
 from mnestoma import InvalidInput, Mnestoma
 
@@ -70,6 +71,34 @@ def test_walk_skips_edges_below_min_weight(store: Mnestoma, clock) -> None:
     assert _names(store.walk("a", min_weight=0.4)) == [["a", "b"]]
     clock.advance(days=30)  # 0.45·e^(−0.54) ≈ 0.26
     assert store.walk("a", min_weight=0.4) == []
+
+
+def test_walk_without_a_floor_keeps_edges_that_have_faded_to_nothing(
+    store: Mnestoma, clock
+) -> None:
+    store.record_passing("a", "1", "b", "1")
+    store.record_passing("b", "1", "c", "1")
+    clock.advance(days=20_000)  # 0.30·e^(−360): effective weight 0, state still active
+    assert _names(store.walk("a")) == [["a", "b"], ["a", "b", "c"]]
+    assert _names(store.walk("a", min_weight=0.0)) == [["a", "b"], ["a", "b", "c"]]
+    assert store.walk("a", min_weight=1e-9) == []
+
+
+def test_walk_reads_timestamps_that_another_tool_wrote_with_a_zone(store: Mnestoma) -> None:
+    m = store.record_passing("a", "1", "b", "1")
+    with store.engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE mnests SET ts_first = '2026-03-01 09:00:00Z',"
+                " ts_last = '2026-03-01T10:00:00+01:00', ts_weight = '2026-03-01T04:00:00-05:00'"
+                " WHERE id = :id"
+            ),
+            {"id": m.id},
+        )
+    [[edge]] = store.walk("a")
+    nine = datetime(2026, 3, 1, 9, tzinfo=UTC)
+    for value in (edge.ts_first, edge.ts_last, edge.ts_weight):
+        assert value == nine and value.utcoffset() == timedelta(0)
 
 
 def test_walk_follows_only_active_edges(store: Mnestoma) -> None:
