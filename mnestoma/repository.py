@@ -8,7 +8,7 @@ and executed with bound parameters on the session's connection.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -70,17 +70,11 @@ def _key(p: Passing) -> Key:
     return (p.src_executor, p.src_version, p.dst_executor, p.dst_version)
 
 
-def _detached(
-    cls: type[T],
-    values: Iterable[tuple[str, Any]] | dict[str, Any],
-    ident: Any,
-    convert: Callable[[dict[str, Any]], Any] | None = None,
-) -> T:
+def _detached(cls: type[T], values: Iterable[tuple[str, Any]] | dict[str, Any], ident: Any) -> T:
     """A detached instance with every column loaded, built without ``__init__`` or events.
 
     What ``make_transient_to_detached`` does for a fresh object, minus its generic
-    bookkeeping: the hot paths build one per returned row. ``convert`` turns driver values
-    into column values in place, in the instance's own dict (no copy).
+    bookkeeping: the hot paths build one per returned row.
     """
     manager = cls._sa_class_manager  # type: ignore[attr-defined]
     if not manager.mapper.configured:
@@ -88,8 +82,6 @@ def _detached(
     obj = manager.new_instance()
     state = instance_state(obj)
     state.dict.update(values)
-    if convert is not None:
-        convert(state.dict)
     state.key = (cls, (ident,), None)
     return obj  # type: ignore[no-any-return]
 
@@ -484,10 +476,10 @@ class MnestRepository:
         if conn.dialect.name == "sqlite":
             with translate_errors():
                 rows = lite.fetch_tuples(conn, stmt, params)
-            convert = lite.convert_mnest
+            values = lite.mnest_values
         else:
             rows = _run(conn, stmt, params).all()
-            convert = None
+            values = list
         # A row is (path of ids, *the columns of its last edge). Every prefix of a path is a
         # path too and scores at least as much (weights are ≤ 1; ties go to the shorter), so
         # it came in an earlier row: each path is its parent's list plus one edge.
@@ -497,8 +489,8 @@ class MnestRepository:
         for r in rows:
             edge = by_id.get(r[1])
             if edge is None:
-                columns = zip(MNEST_COLUMNS, r[1:], strict=True)
-                edge = by_id[r[1]] = _detached(Mnest, columns, r[1], convert)
+                columns = zip(MNEST_COLUMNS, values(r[1:]), strict=True)
+                edge = by_id[r[1]] = _detached(Mnest, columns, r[1])
             parent = r[0].rpartition(",")[0]
             path = by_path[r[0]] = [*by_path[parent], edge] if parent else [edge]
             out.append(path)

@@ -19,7 +19,7 @@ from sqlalchemy import Connection
 from .statements import MNEST_COLUMNS, M
 from .types import JSONDocument, UTCDateTime, parse_sqlite_timestamp, sqlite_timestamp_text
 
-__all__ = ["convert_mnest", "execute", "fetch_tuples", "mnest_mapping"]
+__all__ = ["execute", "fetch_tuples", "mnest_mapping", "mnest_values"]
 
 
 def _json_text(value: Any) -> str:
@@ -98,25 +98,23 @@ def fetch_tuples(conn: Connection, stmt: Any, params: dict[str, Any]) -> list[tu
         result.close()
 
 
-_TS_NAMES = tuple(c.key for c in M.columns if isinstance(c.type, UTCDateTime))
-_JSON_NAMES = tuple(c.key for c in M.columns if isinstance(c.type, JSONDocument))
+_TS_AT = tuple(i for i, c in enumerate(M.columns) if isinstance(c.type, UTCDateTime))
+_JSON_AT = tuple(i for i, c in enumerate(M.columns) if isinstance(c.type, JSONDocument))
 
 
-def convert_mnest(values: dict[str, Any]) -> dict[str, Any]:
-    """Convert, in place, a ``mnests`` row keyed by column name as the SQLite driver
-    returned it (timestamp text, JSON text) into what the column types give."""
-    for name in _TS_NAMES:
-        value = values[name]
-        if value is not None:
-            values[name] = parse_sqlite_timestamp(value)
-    for name in _JSON_NAMES:
-        value = values[name]
-        if value is not None:
-            values[name] = json.loads(value)
+def mnest_values(raw: Sequence[Any]) -> list[Any]:
+    """A ``mnests`` row as the SQLite driver returns it (the table's columns in order, as
+    text), converted as the column types would: aware datetimes, JSON values."""
+    values = list(raw)
+    for i in _TS_AT:
+        if values[i] is not None:
+            values[i] = parse_sqlite_timestamp(values[i])
+    for i in _JSON_AT:
+        if values[i] is not None:
+            values[i] = json.loads(values[i])
     return values
 
 
 def mnest_mapping(raw: Sequence[Any]) -> dict[str, Any]:
-    """A ``mnests`` row as the SQLite driver returns it (the table's columns in order),
-    converted as the column types would, keyed by column name."""
-    return convert_mnest(dict(zip(MNEST_COLUMNS, raw, strict=True)))
+    """:func:`mnest_values`, keyed by column name."""
+    return dict(zip(MNEST_COLUMNS, mnest_values(raw), strict=True))
