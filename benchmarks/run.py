@@ -31,8 +31,13 @@ from .data import PostgresServer, SqliteFiles, ager_rows, graph_rows, graph_sour
 
 __all__ = ["FULL", "QUICK", "WORKLOADS", "Check", "Report", "Result", "Sizes", "main", "run"]
 
-PKG, BASE, PG = "package", "baseline", "package-pg"
-LABELS = {PKG: "package SQLite", BASE: "baseline sqlite3", PG: "package PostgreSQL"}
+PKG, BASE, PG, BASE_PG = "package", "baseline", "package-pg", "baseline-pg"
+LABELS = {
+    PKG: "package SQLite",
+    BASE: "baseline sqlite3",
+    PG: "package PostgreSQL",
+    BASE_PG: "baseline psycopg",
+}
 WORKLOADS = ("record_passing", "record_turn", "apply_ager", "walk", "suggest_next", "writers")
 
 
@@ -166,23 +171,23 @@ class Bench:
         return xs[k:] + xs[:k]
 
     def _side(self, impl: str) -> Any:
-        return self.pg if impl == PG else self.files
+        return self.pg if impl in (PG, BASE_PG) else self.files
 
     def fresh(self, impl: str, name: str, rows: Callable[[], Any] | None = None) -> str:
         """A writable copy of template ``name`` for ``impl``: a file path or a URL."""
         side = self._side(impl)
         made = side.clone(name, rows)
-        return side.url(made) if impl == PG else str(made)
+        return side.url(made) if impl in (PG, BASE_PG) else str(made)
 
     def shared(self, impl: str, name: str, rows: Callable[[], Any] | None = None) -> str:
         """Template ``name`` itself, for read-only workloads."""
         side = self._side(impl)
         made = side.template(name, rows)
-        return side.url(made) if impl == PG else str(made)
+        return side.url(made) if impl in (PG, BASE_PG) else str(made)
 
     def discard(self, impl: str, where: str) -> None:
         """Throw away a copy made by :meth:`fresh`."""
-        if impl == PG:
+        if impl in (PG, BASE_PG):
             assert self.pg is not None
             self.pg.discard(where.rsplit("/", 1)[-1].split("?", 1)[0])
         else:
@@ -524,7 +529,7 @@ def bench_writers(b: Bench, report: Report) -> None:
     """``writers`` concurrent writers on one hot edge: calls/s and no lost update."""
     s = b.sizes
     outcome: dict[str, dict[str, Any]] = {}
-    for impl in [*([PG] if b.pg else []), PKG, BASE]:
+    for impl in [*([PG, BASE_PG] if b.pg else []), PKG, BASE]:
         where = b.fresh(impl, "empty")
         outcome[impl] = w.run_writers(impl, where, s.writers, s.writer_calls, processes=s.isolate)
         b.discard(impl, where)
@@ -539,24 +544,29 @@ def bench_writers(b: Bench, report: Report) -> None:
         )
     rates: dict[str, float | None] = {i: o["calls_per_s"] for i, o in outcome.items()}
     kind = "processes" if s.isolate else "threads"
+    note = "lost updates: " + ", ".join(f"{i} {o['lost']}" for i, o in outcome.items())
+    pg, ref = outcome.get(PG), outcome.get(BASE_PG)
+    if pg and ref:
+        share = pg["calls_per_s"] / ref["calls_per_s"]
+        note += f"; package PostgreSQL / baseline psycopg = {share:.2f}"
     report.results.append(
         Result(
             "writers",
             f"calls/s, {s.writers} {kind} × {s.writer_calls} on one edge",
             rates,
-            None,
-            "lost updates: " + ", ".join(f"{i} {o['lost']}" for i, o in outcome.items()),
+            _ratio({PKG: 1 / rates[PKG], BASE: 1 / rates[BASE]}) if rates[PKG] else None,
+            note,
             {"outcome": outcome},
         )
     )
-    o = outcome.get(PG)
     report.verdicts.append(
         Verdict(
             f"PostgreSQL {s.writers} writers ≥ 1,000 calls/s, 0 lost",
             "not run (no --postgresql)"
-            if o is None
-            else f"{o['calls_per_s']:,.0f} /s, lost {o['lost']}",
-            None if o is None else (o["calls_per_s"] >= 1_000 and o["lost"] == 0),
+            if pg is None or ref is None
+            else f"{pg['calls_per_s']:,.0f} /s, lost {pg['lost']}"
+            f" (psycopg by hand: {ref['calls_per_s']:,.0f} /s)",
+            None if pg is None else (pg["calls_per_s"] >= 1_000 and pg["lost"] == 0),
         )
     )
 
@@ -604,7 +614,7 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 def format_report(report: Report, with_pg: bool) -> str:
     """The report as markdown tables: figures, the ager's curve, targets, checks."""
-    impls = [PKG, BASE] + ([PG] if with_pg else [])
+    impls = [PKG, BASE] + ([PG, BASE_PG] if with_pg else [])
     out = [f"mnestoma benchmarks ({report.mode}); {report.machine}", ""]
     headers = ["workload", "metric", *(LABELS[i] for i in impls), "ratio pkg/base"]
     rows = [

@@ -2,7 +2,8 @@
 
 A *store* is either a :class:`mnestoma.Mnestoma` or a :class:`benchmarks.baseline.Baseline`:
 both offer the same five methods. ``impl`` names which one: ``package``, ``baseline`` or
-``package-pg``; ``where`` is a SQLite file path or a PostgreSQL URL.
+``package-pg``, and for the writers only ``baseline-pg`` (:class:`PgBaseline`); ``where`` is
+a SQLite file path or a PostgreSQL URL.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .baseline import Baseline
+from .baseline_pg import PgBaseline
 from .data import NOW, FixedClock
 
 __all__ = [
@@ -42,7 +44,9 @@ HOT_EDGE: Edge = ("planner", "1", "search", "1")
 
 
 def _url(impl: str, where: str) -> str:
-    return where if impl == "package-pg" else f"sqlite:///{Path(where).absolute()}"
+    if impl in ("package-pg", "baseline-pg"):
+        return where
+    return f"sqlite:///{Path(where).absolute()}"
 
 
 def open_store(impl: str, where: str, clock: Any = None) -> Any:
@@ -50,6 +54,8 @@ def open_store(impl: str, where: str, clock: Any = None) -> Any:
     clock = clock if clock is not None else FixedClock(NOW)
     if impl == "baseline":
         return Baseline(where, clock=clock)
+    if impl == "baseline-pg":
+        return PgBaseline(where, clock=clock)
     from mnestoma import Mnestoma
 
     return Mnestoma(_url(impl, where), clock=clock)

@@ -7,6 +7,7 @@ weights, events and paths after the same work.
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from datetime import timedelta
@@ -145,4 +146,35 @@ def test_quick_mode_on_postgresql(tmp_path: Path) -> None:
     assert [f"{c.name}: {c.detail}" for c in report.checks if not c.ok] == []
     assert any("package-pg" in c.name for c in report.checks)
     (writers,) = [r for r in report.results if r.workload == "writers"]
-    assert writers.details["outcome"]["package-pg"]["lost"] == 0
+    for impl in ("package-pg", "baseline-pg"):
+        assert writers.details["outcome"][impl]["lost"] == 0, impl
+        assert writers.details["outcome"][impl]["failed"] == 0, impl
+    assert "package PostgreSQL / baseline psycopg" in writers.note
+    (verdict,) = [v for v in report.verdicts if v.target.startswith("PostgreSQL")]
+    assert "psycopg by hand" in verdict.measured
+
+
+@pytest.mark.postgresql
+def test_psycopg_reference_follows_the_contract_numbers(tmp_path: Path) -> None:
+    require_postgresql()
+    from benchmarks.baseline_pg import PgBaseline
+    from benchmarks.data import PostgresServer
+
+    server = PostgresServer(PG_ADMIN_URL)
+    try:
+        url = server.url(server.clone("empty"))
+        clock = FixedClock(NOW)
+        ref = PgBaseline(url, clock=clock)
+        first = ref.record_passing("a", "1", "b", "1")
+        assert ref.record_passing("a", "1", "b", "1") == first
+        clock.now = NOW + timedelta(days=10)
+        ref.record_passing("a", "1", "b", "1")
+        ref.close()
+        (row,) = w.edge_snapshot("baseline-pg", url)
+        events = w.summary("baseline-pg", url)["events"]
+    finally:
+        server.close()
+    # 0.30, +0.15 → 0.45; ten days at 0.018/day, then +0.15
+    assert row[4:6] == ("active", 3)
+    assert row[6] == pytest.approx(0.45 * math.exp(-0.018 * 10) + 0.15)
+    assert events == {"created": 1, "reinforced": 2}
