@@ -287,7 +287,9 @@ def bench_record_turn(b: Bench, report: Report) -> None:
     report.verdicts.append(
         Verdict(
             "record_turn ≥ 20,000 passings/s",
-            _fmt(rate, " /s"),
+            # The target assumes a machine where the sqlite3 loop does about 34,000/s:
+            # show what it did in this run, so a slow machine is seen as such.
+            f"{_fmt(rate, ' /s')} (sqlite3 by hand: {_fmt(rates.get(BASE), ' /s')})",
             None if rate is None else rate >= 20_000,
         )
     )
