@@ -209,7 +209,8 @@ def walk_statement(dialect: str, with_floor: bool = True) -> Any:
     )
     nxt = M.alias("nxt")
     eff_n = decayed(dialect, nxt.c.weight, nxt.c.decay_lambda, nxt.c.ts_weight, now)
-    # PostgreSQL raises on float underflow; SQLite rounds to 0, as the guard would.
+    # PostgreSQL raises on float underflow, hence its guard (0 below 1e-150, far under any
+    # weight that matters); SQLite's product just underflows towards 0, with no error.
     score = safe_product(start.c.score, eff_n) if dialect == "postgresql" else start.c.score * eff_n
     step = select(
         _row_locator(dialect, nxt),
