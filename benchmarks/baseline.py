@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-__all__ = ["COLUMNS", "Baseline", "format_ts", "parse_ts"]
+__all__ = ["COLUMNS", "Baseline", "format_ts", "parse_ts", "reinforce"]
 
 COLUMNS = (
     "id",
@@ -68,6 +68,13 @@ def format_ts(value: datetime) -> str:
 def parse_ts(text: str) -> datetime:
     """Stored SQLite text back to a naive UTC datetime."""
     return datetime.fromisoformat(text)
+
+
+def reinforce(weight: float, decay_lambda: float, seconds: float) -> tuple[float, float]:
+    """A weight decayed over ``seconds`` since its anchor (never negative), and that weight
+    plus the reinforcement, clamped to [0, 1]: the event's before and after."""
+    before = weight * math.exp(-decay_lambda * max(0.0, seconds / SECONDS_PER_DAY))
+    return before, min(1.0, max(0.0, before + REINFORCEMENT))
 
 
 def _eff(alias: str = "") -> str:
@@ -291,9 +298,7 @@ class Baseline:
         old_weight_ts = parse_ts(row[9])
         ts_last = max(parse_ts(row[8]), now)
         ts_weight = max(old_weight_ts, now)
-        days = max(0.0, (ts_weight - old_weight_ts).total_seconds() / SECONDS_PER_DAY)
-        before = weight * math.exp(-lam * days)
-        after = min(1.0, max(0.0, before + REINFORCEMENT))
+        before, after = reinforce(weight, lam, (ts_weight - old_weight_ts).total_seconds())
         t_last = format_ts(ts_last.replace(tzinfo=UTC))
         t_weight = format_ts(ts_weight.replace(tzinfo=UTC))
         new_tags = tags if tags is not None else row[12]

@@ -10,12 +10,11 @@ writers workload needs nothing else.
 
 from __future__ import annotations
 
-import math
 import secrets
 from datetime import UTC, datetime
 from typing import Any
 
-from .baseline import DEFAULT_DECAY_LAMBDA, INITIAL_WEIGHT, REINFORCEMENT, SECONDS_PER_DAY, Clock
+from .baseline import DEFAULT_DECAY_LAMBDA, INITIAL_WEIGHT, Clock, reinforce
 
 __all__ = ["PgBaseline"]
 
@@ -76,9 +75,7 @@ class PgBaseline:
                 now = self._clock()  # read once the row lock is held
                 if row is not None:
                     mid, weight, lam, ts_weight = row
-                    days = max(0.0, (now - ts_weight).total_seconds() / SECONDS_PER_DAY)
-                    before = weight * math.exp(-lam * days)
-                    after = min(1.0, before + REINFORCEMENT)
+                    before, after = reinforce(weight, lam, (now - ts_weight).total_seconds())
                     params = {"id": mid, "now": now, "before": before, "after": after}
                     con.execute(_REINFORCE, params)
                     return str(mid)

@@ -12,7 +12,8 @@ import random
 import resource
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -61,13 +62,20 @@ def open_store(impl: str, where: str, clock: Any = None) -> Any:
     return Mnestoma(_url(impl, where), clock=clock)
 
 
-def _engine(impl: str, where: str) -> Any:
+@contextmanager
+def _reading(impl: str, where: str) -> Iterator[Any]:
+    """A connection to the store, on an engine of its own that is disposed afterwards."""
     from sqlalchemy import create_engine
 
     url = _url(impl, where)
     if url.startswith("postgresql://"):
         url = "postgresql+psycopg://" + url[len("postgresql://") :]
-    return create_engine(url)
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            yield conn
+    finally:
+        engine.dispose()
 
 
 # --- the recording workloads ----------------------------------------------------------------
@@ -295,23 +303,19 @@ def run_writers(
     ok = sum(o[0] for o in outcomes)
     failed = sum(o[1] for o in outcomes)
     elapsed = max(o[3] for o in outcomes) - min(o[2] for o in outcomes)
-    engine = _engine(impl, where)
-    try:
-        from sqlalchemy import text
+    from sqlalchemy import text
 
-        with engine.connect() as conn:
-            uses = conn.execute(
-                text(
-                    "SELECT uses FROM mnests WHERE src_executor = :s AND src_version = :sv"
-                    " AND dst_executor = :d AND dst_version = :dv AND state = 'active'"
-                ),
-                dict(zip(("s", "sv", "d", "dv"), HOT_EDGE, strict=True)),
-            ).scalar_one()
-            reinforced = conn.execute(
-                text("SELECT count(*) FROM events WHERE kind = 'reinforced'")
-            ).scalar_one()
-    finally:
-        engine.dispose()
+    with _reading(impl, where) as conn:
+        uses = conn.execute(
+            text(
+                "SELECT uses FROM mnests WHERE src_executor = :s AND src_version = :sv"
+                " AND dst_executor = :d AND dst_version = :dv AND state = 'active'"
+            ),
+            dict(zip(("s", "sv", "d", "dv"), HOT_EDGE, strict=True)),
+        ).scalar_one()
+        reinforced = conn.execute(
+            text("SELECT count(*) FROM events WHERE kind = 'reinforced'")
+        ).scalar_one()
     return {
         "calls": ok,
         "failed": failed,
@@ -330,26 +334,22 @@ def summary(impl: str, where: str) -> dict[str, Any]:
     """Aggregates to compare two stores: rows, uses and weights by state, events by kind."""
     from sqlalchemy import text
 
-    engine = _engine(impl, where)
-    try:
-        with engine.connect() as conn:
-            states = {
-                r[0]: (int(r[1]), int(r[2]), round(float(r[3]), 6))
-                for r in conn.execute(
-                    text(
-                        "SELECT state, count(*), sum(uses), sum(weight) FROM mnests"
-                        " GROUP BY state ORDER BY state"
-                    )
+    with _reading(impl, where) as conn:
+        states = {
+            r[0]: (int(r[1]), int(r[2]), round(float(r[3]), 6))
+            for r in conn.execute(
+                text(
+                    "SELECT state, count(*), sum(uses), sum(weight) FROM mnests"
+                    " GROUP BY state ORDER BY state"
                 )
-            }
-            events = {
-                r[0]: int(r[1])
-                for r in conn.execute(
-                    text("SELECT kind, count(*) FROM events GROUP BY kind ORDER BY kind")
-                )
-            }
-    finally:
-        engine.dispose()
+            )
+        }
+        events = {
+            r[0]: int(r[1])
+            for r in conn.execute(
+                text("SELECT kind, count(*) FROM events GROUP BY kind ORDER BY kind")
+            )
+        }
     return {"states": states, "events": events}
 
 
@@ -357,15 +357,11 @@ def edge_snapshot(impl: str, where: str) -> list[tuple[Any, ...]]:
     """Every row's key, state, uses and weight (rounded), sorted: equal for equal work."""
     from sqlalchemy import text
 
-    engine = _engine(impl, where)
-    try:
-        with engine.connect() as conn:
-            rows = conn.execute(
-                text(
-                    "SELECT src_executor, src_version, dst_executor, dst_version, state, uses,"
-                    " weight FROM mnests"
-                )
-            ).all()
-    finally:
-        engine.dispose()
+    with _reading(impl, where) as conn:
+        rows = conn.execute(
+            text(
+                "SELECT src_executor, src_version, dst_executor, dst_version, state, uses,"
+                " weight FROM mnests"
+            )
+        ).all()
     return sorted((*r[:6], round(float(r[6]), 9)) for r in rows)

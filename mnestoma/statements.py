@@ -175,7 +175,7 @@ def _row_locator(dialect: str, table: Any) -> Any:
     return table.c.id
 
 
-def walk_statement(dialect: str, with_floor: bool = True) -> Any:
+def walk_statement(dialect: str, *, with_floor: bool) -> Any:
     """The recursive walk: rows of (path of ids, *the columns of the path's last edge).
 
     The CTE carries only what the recursion needs; each path's last edge is read once at
