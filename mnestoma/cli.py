@@ -461,15 +461,19 @@ def _head_mark(revision: str | None) -> str:
 @db.command("current")
 @database_url_option
 def db_current(database_url: str | None) -> None:
-    """Print the database's revision, followed by ``(head)`` when it is at head."""
+    """Print the database's revision, followed by (head) when it is at head.
+
+    A database without the mnestoma schema (or a missing SQLite file, never created here)
+    prints "none (...)" on stdout and exits 0, so scripts always read one line.
+    """
     url = resolve_database_url(_url(database_url))
     missing = missing_sqlite_file(url)
     if missing is not None:
-        click.echo(f"no database file at {missing} (head is {head_revision()})", err=True)
+        click.echo(f"none (no database file at {missing}; head is {head_revision()})")
         return
     rev = current_revision(url)
     if rev is None:
-        click.echo(f"no mnestoma revision stamped (head is {head_revision()})", err=True)
+        click.echo(f"none (no mnestoma schema here; head is {head_revision()})")
         return
     click.echo(f"{rev}{_head_mark(rev)}")
 

@@ -118,15 +118,40 @@ def downgrade(url_or_engine: str | URL | Engine | None, revision: str) -> None:
 
 
 def offline_sql(dialect_url: str, revision_range: str = "head") -> str:
-    """The SQL script a DBA reviews before applying it (Alembic's offline mode)."""
+    """The SQL script a DBA reviews before applying it (Alembic's offline mode).
+
+    A range ``START:END`` whose END is below START (``0002:0001``, ``head:base``) is a
+    downgrade, and the script is the downgrade's; anything else is an upgrade script.
+    """
     buf = io.StringIO()
     cfg = Config(output_buffer=buf)
     cfg.set_main_option("script_location", str(migrations_path()))
     cfg.attributes["skip_logging"] = True
     cfg.set_main_option("sqlalchemy.url", dialect_url)
     with _revision_errors():
-        command.upgrade(cfg, revision_range, sql=True)
+        if _is_downgrade_range(ScriptDirectory.from_config(cfg), revision_range):
+            command.downgrade(cfg, revision_range, sql=True)
+        else:
+            command.upgrade(cfg, revision_range, sql=True)
     return buf.getvalue()
+
+
+def _is_downgrade_range(script: ScriptDirectory, revision_range: str) -> bool:
+    """True for ``START:END`` where END is ``base``, ``-N`` or a strict ancestor of START."""
+    start, sep, end = revision_range.partition(":")
+    if not sep or not start or not end or start == "base":
+        return False
+    if end == "base" or end.startswith("-"):
+        return True
+    try:
+        top = script.get_revision(start)
+        bottom = script.get_revision(end)
+        if top is None or bottom is None or top.revision == bottom.revision:
+            return False
+        below = {r.revision for r in script.walk_revisions(base="base", head=top.revision)}
+    except CommandError:
+        return False  # the upgrade command then reports the bad range itself
+    return bottom.revision in below
 
 
 def ensure_at_head(engine: Engine, *, auto_migrate: bool) -> None:
