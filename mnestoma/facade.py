@@ -21,9 +21,9 @@ from .errors import InvalidInput, MnestomaError, is_retryable, translate_errors
 from .migration import ensure_at_head
 from .models import CanonicalQuery, Event, Mnest
 from .repository import CanonicalQueryRepository, MnestRepository, QueryFrequency
-from .rules import RECURRING_MIN_USES, RECURRING_MIN_WEIGHT, AgerReport
+from .rules import RECURRING_MIN_USES, RECURRING_MIN_WEIGHT, AgerReport, Recorder
 from .uow import UnitOfWork
-from .validation import Clock, Passing
+from .validation import Clock, Passing, check_recorder
 
 __all__ = ["Mnestoma"]
 
@@ -39,7 +39,11 @@ class Mnestoma:
     """
 
     def __init__(
-        self, url_or_engine: str | URL | Engine | None = None, *, clock: Clock | None = None
+        self,
+        url_or_engine: str | URL | Engine | None = None,
+        *,
+        clock: Clock | None = None,
+        recorder: str = Recorder.CALL.value,
     ):
         if isinstance(url_or_engine, Engine):
             self.engine = url_or_engine
@@ -52,6 +56,7 @@ class Mnestoma:
         if clock is not None and not callable(clock):
             raise InvalidInput("clock must be a zero-argument callable")
         self.clock = clock
+        self.recorder = check_recorder(recorder).value
         try:
             ensure_at_head(self.engine, auto_migrate=is_sqlite(self.engine) and _is_empty(self))
         except BaseException:
@@ -66,7 +71,7 @@ class Mnestoma:
         """Run ``work`` in one write transaction; retry transient conflicts, bounded."""
         for attempt in range(MAX_ATTEMPTS):
             try:
-                with _Unit(self.engine, self.clock) as unit:
+                with _Unit(self.engine, self.clock, self.recorder) as unit:
                     result = work(unit)
                     unit.commit()
                     return result
@@ -79,7 +84,7 @@ class Mnestoma:
 
     def _read(self, work: Callable[[_Unit], T]) -> T:
         """Run ``work`` in a read transaction (SQLite: a plain BEGIN, no write lock)."""
-        with _Unit(self._read_engine, self.clock) as unit:
+        with _Unit(self._read_engine, self.clock, self.recorder) as unit:
             return work(unit)
 
     # --- the contract's operations ----------------------------------------------------------
@@ -95,8 +100,12 @@ class Mnestoma:
         turn_id: str | None = None,
         tags: Any = None,
         desired_sig: Any = None,
+        recorder: str | None = None,
     ) -> Mnest:
-        """Record one passing (create at 0.30 or reinforce by 0.15) in its own transaction."""
+        """Record one passing (create at 0.30 or reinforce by 0.15) in its own transaction.
+
+        ``recorder`` says who recorded it (default: this facade's, ``call`` unless set).
+        """
         return self._write(
             lambda u: u.mnests.record_passing(
                 src_executor,
@@ -107,17 +116,24 @@ class Mnestoma:
                 turn_id=turn_id,
                 tags=tags,
                 desired_sig=desired_sig,
+                recorder=recorder,
             )
         )
 
     def record_turn(
-        self, turn_id: str, passings: Iterable[Passing | tuple[Any, ...]]
+        self,
+        turn_id: str,
+        passings: Iterable[Passing | tuple[Any, ...]],
+        *,
+        recorder: str | None = None,
     ) -> list[Mnest]:
         """Record every passing of a turn in one transaction: all or nothing."""
         if isinstance(passings, str | bytes) or not isinstance(passings, Iterable):
             raise InvalidInput("passings must be an iterable of Passing or tuples")
         items = list(passings)  # read once: a generator is not replayed by a retry
-        return self._write(lambda u: u.mnests.record_turn(turn_id, items))  # type: ignore[arg-type]
+        return self._write(
+            lambda u: u.mnests.record_turn(turn_id, items, recorder=recorder)  # type: ignore[arg-type]
+        )
 
     def get(self, mnest_id: str) -> Mnest | None:
         """The mnest with this id, or None."""
@@ -191,7 +207,7 @@ class Mnestoma:
         if not isinstance(dry_run, bool):
             raise InvalidInput("dry_run must be True or False")
         if dry_run:
-            with _Unit(self.engine, self.clock) as unit:
+            with _Unit(self.engine, self.clock, self.recorder) as unit:
                 return unit.mnests.apply_ager()  # left without commit: rolled back
         return self._write(lambda u: u.mnests.apply_ager())
 
@@ -228,14 +244,15 @@ class Mnestoma:
 class _Unit:
     """One transaction on one connection for one facade call; rolled back unless committed."""
 
-    def __init__(self, engine: Engine, clock: Clock | None) -> None:
+    def __init__(self, engine: Engine, clock: Clock | None, recorder: str) -> None:
         self._engine = engine
         self._clock = clock
+        self._recorder = recorder
 
     def __enter__(self) -> _Unit:
         with translate_errors():
             self._conn = self._engine.connect()
-        self.mnests = MnestRepository(self._conn, clock=self._clock)
+        self.mnests = MnestRepository(self._conn, clock=self._clock, recorder=self._recorder)
         self.queries = CanonicalQueryRepository(self._conn, clock=self._clock)
         return self
 

@@ -27,11 +27,12 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from .errors import MnestomaError
-from .rules import MnestState, decayed_weight
+from .rules import EventKind, MnestState, Recorder, decayed_weight, sql_list
 from .types import JSONDocument, UTCDateTime
 
 __all__ = [
     "NAMING_CONVENTION",
+    "AgerRun",
     "Base",
     "CanonicalQuery",
     "Event",
@@ -49,8 +50,9 @@ NAMING_CONVENTION = {
     "pk": "pk_%(table_name)s",
 }
 
-STATES_SQL = "'active', 'proto', 'decaying', 'superseded'"
-EVENT_KINDS_SQL = "'created', 'reinforced', 'transition', 'promoted', 'merged', 'pruned'"
+STATES_SQL = sql_list(MnestState)
+EVENT_KINDS_SQL = sql_list(EventKind)
+RECORDERS_SQL = sql_list(Recorder)
 
 # Integer primary keys: BIGINT identity on PostgreSQL, the rowid alias on SQLite.
 EventId = BigInteger().with_variant(Integer(), "sqlite")
@@ -180,9 +182,13 @@ class Event(Base):
     state_after: Mapped[str | None] = mapped_column(String(16))
     reason: Mapped[str | None] = mapped_column(Text)
     related_id: Mapped[str | None] = mapped_column(String(64))
+    recorder: Mapped[str] = mapped_column(
+        String(16), default=Recorder.CALL.value, server_default=text("'call'")
+    )
 
     __table_args__ = (
         CheckConstraint(f"kind IN ({EVENT_KINDS_SQL})", name="kind_known"),
+        CheckConstraint(f"recorder IN ({RECORDERS_SQL})", name="recorder_known"),
         Index("ix_events_mnest_id", "mnest_id"),
         Index("ix_events_turn_id", "turn_id"),
         # A turn reinforces (or creates) a given row at most once: safe retries.
@@ -225,6 +231,26 @@ class CanonicalQuery(Base):
     def as_dict(self) -> dict[str, Any]:
         """Every column, keyed by column name."""
         return {c.key: getattr(self, c.key) for c in self.__table__.columns}
+
+
+class AgerRun(Base):
+    """One committed run of the ager: when, how long, and what it did."""
+
+    __tablename__ = "ager_runs"
+
+    id: Mapped[int] = mapped_column(EventId, primary_key=True, autoincrement=True)
+    ts: Mapped[datetime]
+    duration_s: Mapped[float] = mapped_column(Float)
+    decayed: Mapped[int] = mapped_column(Integer)
+    to_decaying: Mapped[int] = mapped_column(Integer)
+    merged: Mapped[int] = mapped_column(Integer)
+    protos_pruned: Mapped[int] = mapped_column(Integer)
+    archive_candidates: Mapped[int] = mapped_column(Integer)
+
+    __table_args__ = (
+        CheckConstraint("duration_s >= 0", name="duration_nonneg"),
+        Index("ix_ager_runs_ts", "ts"),
+    )
 
 
 VIEW_NAME = "v_mnestoma"

@@ -8,8 +8,9 @@ and executed with bound parameters on the session's connection.
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -37,6 +38,7 @@ from .rules import (
     AgerReport,
     EventKind,
     MnestState,
+    Recorder,
     check_transition,
     decayed_weight,
     new_mnest_id,
@@ -50,6 +52,7 @@ from .validation import (
     check_name,
     check_optional_name,
     check_positive_int,
+    check_recorder,
     check_state,
     check_states,
     check_text,
@@ -118,6 +121,7 @@ def _event(
     state_after: str | None = None,
     reason: str | None = None,
     related_id: str | None = None,
+    recorder: str = "call",
 ) -> dict[str, Any]:
     return {
         "mnest_id": mnest_id,
@@ -130,6 +134,7 @@ def _event(
         "state_after": state_after,
         "reason": reason,
         "related_id": related_id,
+        "recorder": recorder,
     }
 
 
@@ -140,9 +145,16 @@ class MnestRepository:
     Core statements but its own bookkeeping).
     """
 
-    def __init__(self, session: Session | Connection, *, clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        session: Session | Connection,
+        *,
+        clock: Clock | None = None,
+        recorder: str = Recorder.CALL.value,
+    ) -> None:
         self._session = session
         self._clock: Clock = clock or utc_now
+        self._recorder = check_recorder(recorder).value
 
     # --- plumbing ---------------------------------------------------------------------
 
@@ -185,6 +197,7 @@ class MnestRepository:
         turn_id: str | None = None,
         tags: Any = None,
         desired_sig: Any = None,
+        recorder: str | None = None,
     ) -> Mnest:
         """Create or reinforce the edge of one passing (see contract §4)."""
         passing = normalise_passing(
@@ -193,23 +206,29 @@ class MnestRepository:
             )
         )
         turn = check_optional_name(turn_id, "turn_id")
-        return self._record_one(passing, turn)
+        who = self._recorder if recorder is None else check_recorder(recorder).value
+        return self._record_one(passing, turn, who)
 
     def record_turn(
-        self, turn_id: str, passings: Iterable[Passing | tuple[Any, ...]]
+        self,
+        turn_id: str,
+        passings: Iterable[Passing | tuple[Any, ...]],
+        *,
+        recorder: str | None = None,
     ) -> list[Mnest]:
         """Record every passing of one turn; each edge counts once per turn."""
         turn = check_name(turn_id, "turn_id")
+        who = self._recorder if recorder is None else check_recorder(recorder).value
         if isinstance(passings, str | bytes) or not isinstance(passings, Iterable):
             raise InvalidInput("passings must be an iterable of Passing or tuples")
         items = [normalise_passing(p) for p in passings]
         if not items:
             return []
         if len(items) == 1:
-            return [self._record_one(items[0], turn)]
-        return self._record_many(items, turn)
+            return [self._record_one(items[0], turn, who)]
+        return self._record_many(items, turn, who)
 
-    def _record_one(self, p: Passing, turn_id: str | None) -> Mnest:
+    def _record_one(self, p: Passing, turn_id: str | None, recorder: str) -> Mnest:
         conn = self._conn()
         proto = not p.dst_exists
         sel = stm.SEL_ONE_PROTO if proto else stm.SEL_ONE_ACTIVE
@@ -229,7 +248,7 @@ class MnestRepository:
                     is not None
                 ):
                     return _snapshot(row)
-                values, ev = self._reinforcement(row, p, turn_id, now)
+                values, ev = self._reinforcement(row, p, turn_id, now, recorder)
                 if conn.dialect.name == "postgresql":
                     ev_params = {k: ev[k] for k in stm.PG_REINFORCE_EVENT_PARAMS}
                     _run(conn, stm.PG_REINFORCE_WITH_EVENT, {**values, **ev_params})
@@ -237,14 +256,14 @@ class MnestRepository:
                     self._run_many(conn, stm.UPD_REINFORCE, [values])
                     self._run_many(conn, stm.INSERT_EVENT, [ev])
                 return _snapshot({**row, **_unprefix(values), "uses": row["uses"] + 1})
-            values, ev = self._creation(p, turn_id, now)
+            values, ev = self._creation(p, turn_id, now, recorder)
             if _run(conn, insert_stmt, values).first() is not None:
                 self._run_many(conn, stm.INSERT_EVENT, [ev])
                 return _snapshot(values)
             # Another transaction created the row first: lock it and reinforce instead.
         raise ConflictError("could not record the passing: the edge kept changing under us")
 
-    def _record_many(self, items: list[Passing], turn_id: str) -> list[Mnest]:
+    def _record_many(self, items: list[Passing], turn_id: str, recorder: str) -> list[Mnest]:
         conn = self._conn()
         unique: dict[tuple[bool, Key], Passing] = {}
         for p in items:
@@ -252,7 +271,7 @@ class MnestRepository:
             unique[(p.dst_exists, _key(p))] = p
         if conn.dialect.name == "sqlite":
             # BEGIN IMMEDIATE: no other writer can create one of our keys meanwhile
-            result = self._record_many_once(conn, unique, turn_id)
+            result = self._record_many_once(conn, unique, turn_id, recorder)
             if result is None:
                 raise ConflictError("another writer created a key of this turn meanwhile")
             return [result[(p.dst_exists, _key(p))] for p in items]
@@ -264,7 +283,7 @@ class MnestRepository:
             with translate_errors():
                 savepoint = conn.begin_nested()
             try:
-                result = self._record_many_once(conn, unique, turn_id)
+                result = self._record_many_once(conn, unique, turn_id, recorder)
             except BaseException:
                 if savepoint.is_active:
                     savepoint.rollback()
@@ -277,7 +296,11 @@ class MnestRepository:
         raise ConflictError("could not record the turn: its edges kept changing under us")
 
     def _record_many_once(
-        self, conn: Connection, pending: dict[tuple[bool, Key], Passing], turn_id: str
+        self,
+        conn: Connection,
+        pending: dict[tuple[bool, Key], Passing],
+        turn_id: str,
+        recorder: str,
     ) -> dict[tuple[bool, Key], Mnest] | None:
         """One attempt at a turn; None when another transaction created one of its keys."""
         result: dict[tuple[bool, Key], Mnest] = {}
@@ -295,12 +318,12 @@ class MnestRepository:
         for ident, p in pending.items():
             row = found.get(ident)
             if row is None:
-                values, ev = self._creation(p, turn_id, now)
+                values, ev = self._creation(p, turn_id, now, recorder)
                 creations.append((ident, values, ev))
             elif row["id"] in done:
                 result[ident] = _snapshot(row)
             else:
-                values, ev = self._reinforcement(row, p, turn_id, now)
+                values, ev = self._reinforcement(row, p, turn_id, now, recorder)
                 updates.append(values)
                 events.append(ev)
                 result[ident] = _snapshot({**row, **_unprefix(values), "uses": row["uses"] + 1})
@@ -334,7 +357,7 @@ class MnestRepository:
         return rows
 
     def _reinforcement(
-        self, row: Any, p: Passing, turn_id: str | None, now: datetime
+        self, row: Any, p: Passing, turn_id: str | None, now: datetime, recorder: str
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         ts_last = max(row["ts_last"], now)
         ts_weight = max(row["ts_weight"], now)
@@ -357,11 +380,12 @@ class MnestRepository:
             weight_after=after,
             state_before=row["state"],
             state_after=row["state"],
+            recorder=recorder,
         )
         return values, ev
 
     def _creation(
-        self, p: Passing, turn_id: str | None, now: datetime
+        self, p: Passing, turn_id: str | None, now: datetime, recorder: str
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         state = MnestState.ACTIVE if p.dst_exists else MnestState.PROTO
         values = {
@@ -389,6 +413,7 @@ class MnestRepository:
             weight_after=INITIAL_WEIGHT,
             state_before=None,
             state_after=state.value,
+            recorder=recorder,
         )
         return values, ev
 
@@ -613,6 +638,7 @@ class MnestRepository:
             state_before=row["state"],
             state_after=changes["state"],
             reason=reason,
+            recorder=self._recorder,
         )
         _run(conn, stm.INSERT_EVENT, [event_row])
 
@@ -620,6 +646,7 @@ class MnestRepository:
 
     def apply_ager(self) -> AgerReport:
         """Decay, demote, merge, prune and count archive candidates, in set-based SQL."""
+        started = time.perf_counter()
         conn = self._conn()
         dialect = conn.dialect.name
         s = stm.ager_statements(dialect)
@@ -638,13 +665,17 @@ class MnestRepository:
         demoted = _run(conn, s["demote"], p).rowcount
         decayed_rows = _run(conn, s["decay"], p).rowcount
         archive = _run(conn, s["archive_count"], p).scalar_one()
-        return AgerReport(
+        report = AgerReport(
             decayed=decayed_rows,
             to_decaying=demoted + merged,
             merged=merged,
             protos_pruned=pruned,
             archive_candidates=int(archive),
         )
+        # One row per run, in the run's transaction: it exists exactly when the run commits.
+        run = {"ts": now, "duration_s": time.perf_counter() - started, **asdict(report)}
+        _run(conn, stm.INSERT_AGER_RUN, run)
+        return report
 
     # --- query log --------------------------------------------------------------------
 

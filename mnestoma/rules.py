@@ -22,6 +22,7 @@ __all__ = [
     "AgerReport",
     "EventKind",
     "MnestState",
+    "Recorder",
     "check_transition",
     "clamp_weight",
     "days_between",
@@ -62,6 +63,27 @@ class EventKind(StrEnum):
     PROMOTED = "promoted"
     MERGED = "merged"
     PRUNED = "pruned"
+
+
+class Recorder(StrEnum):
+    """Who recorded an event (``events.recorder``)."""
+
+    CALL = "call"  # a caller of the API
+    TRACER = "tracer"  # the in-process tracer (mnestoma.tracing)
+    OTEL = "otel"  # the OpenTelemetry span processor (mnestoma.otel)
+    AGER = "ager"
+    CLI = "cli"
+
+
+# Event kinds that stand for a passing (a created or reinforced edge).
+PASSING_KINDS: tuple[EventKind, ...] = (EventKind.CREATED, EventKind.REINFORCED)
+# Recorders that mean the store is fed automatically by a runtime.
+AUTOMATIC_RECORDERS: tuple[Recorder, ...] = (Recorder.TRACER, Recorder.OTEL)
+
+
+def sql_list(values: tuple[StrEnum, ...] | type[StrEnum]) -> str:
+    """``'a', 'b'``: the values of an enum (or a tuple of members) as an SQL list."""
+    return ", ".join(f"'{v.value}'" for v in values)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,3 +162,52 @@ def check_transition(current: MnestState, target: MnestState, *, has_version: bo
     if (current, target) not in _ALLOWED:
         return f"{current.value} cannot become {target.value}"
     return None
+
+
+# =============================================================================================
+# Ranking (contract §9): the order in which a planner should try what follows an executor.
+# The primary key is the effective weight; its ties (frequent: +0.15 a use saturates at 1.0
+# after six uses) are broken by the activation below, a pure function of uses, ts_first and
+# ts_last. ``rank`` and ``suggest_next`` both sort with :func:`ranking_key`.
+# =============================================================================================
+
+# ACT-R's base-level decay d (Anderson & Lebiere 1998 use 0.5 throughout).
+ACTIVATION_DECAY = 0.5
+# Ages are in days and floored at one minute: a use "just now" is not infinitely recent.
+ACTIVATION_MIN_AGE_DAYS = 1.0 / 1440.0
+
+__all__ += ["ACTIVATION_DECAY", "ACTIVATION_MIN_AGE_DAYS", "activation", "ranking_key"]
+
+
+def activation(uses: int, ts_first: datetime, ts_last: datetime, now: datetime) -> float:
+    """ACT-R base-level activation of an edge used ``uses`` times from ``ts_first`` to ``ts_last``.
+
+    Petrov's (2006) hybrid approximation of ``ln Σ t_j^−d`` that keeps the latest use exact and
+    spreads the other ``n − 1`` evenly over the edge's lifetime::
+
+        B = ln( r^−d + (n − 1) · (L^(1−d) − r^(1−d)) / ((1 − d) · (L − r)) )
+
+    with ``r`` = days since ``ts_last`` and ``L`` = days since ``ts_first`` (both floored at
+    one minute, ``L ≥ r``), ``d`` = 0.5. One use: ``B = −d·ln r``; all uses at one instant:
+    ``B = ln n − d·ln r``. It grows with every use and falls as ``ts_last`` recedes.
+    """
+    d = ACTIVATION_DECAY
+    recent = max(ACTIVATION_MIN_AGE_DAYS, days_between(ts_last, now))
+    life = max(recent, days_between(ts_first, now))
+    latest = recent**-d
+    if uses <= 1:
+        return math.log(latest)
+    # (L^(1−d) − r^(1−d)) / ((1−d)(L − r)) is the mean of t^−d over [r, L]; written with
+    # expm1/log1p so that it stays exact as L → r, where it tends to r^−d.
+    spread = life - recent
+    if spread <= 0.0:
+        mean_older = latest
+    else:
+        ratio = math.log1p(spread / recent)
+        mean_older = recent**-d * recent * math.expm1((1.0 - d) * ratio) / ((1.0 - d) * spread)
+    return math.log(latest + (uses - 1) * mean_older)
+
+
+def ranking_key(effective_weight: float, activation_value: float) -> tuple[float, float]:
+    """Sort key, best first: the higher effective weight, then the higher activation."""
+    return (-effective_weight, -activation_value)

@@ -28,8 +28,8 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql as pg_dialect
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 
-from .models import CanonicalQuery, Event, Mnest
-from .rules import ARCHIVE_BELOW, DECAYING_BELOW, PROTO_PRUNE_BELOW
+from .models import AgerRun, CanonicalQuery, Event, Mnest
+from .rules import ARCHIVE_BELOW, DECAYING_BELOW, PROTO_PRUNE_BELOW, Recorder
 from .sqlrules import decayed, greatest, least, now_param, safe_product
 from .types import UTCDateTime
 
@@ -136,6 +136,7 @@ INSERT_MNEST = {
     "postgresql": pg_dialect.insert(M).on_conflict_do_nothing().returning(M.c.id),
 }
 INSERT_EVENT = insert(E)
+INSERT_AGER_RUN = insert(AgerRun.__table__)
 
 
 # the event columns bound by PG_REINFORCE_WITH_EVENT (its mnest_id is the updated row's id)
@@ -147,6 +148,7 @@ PG_REINFORCE_EVENT_PARAMS = (
     "weight_after",
     "state_before",
     "state_after",
+    "recorder",
 )
 
 
@@ -274,6 +276,7 @@ def ager_statements(dialect: str) -> dict[str, Any]:
         "state_before",
         "state_after",
         "related_id",
+        "recorder",
     ]
     now_ts = now.cast(UTCDateTime()) if dialect == "postgresql" else now
 
@@ -290,6 +293,7 @@ def ager_statements(dialect: str) -> dict[str, Any]:
             literal("proto"),
             literal(None),
             literal(None),
+            literal(Recorder.AGER.value),
         ).where(proto_dying),
     )
     prune = delete(M).where(proto_dying)
@@ -317,6 +321,7 @@ def ager_statements(dialect: str) -> dict[str, Any]:
             literal("active"),
             literal("decaying"),
             d.c.id,
+            literal(Recorder.AGER.value),
         ).where(pair),
     )
     merge_events_target = insert(E).from_select(
@@ -330,6 +335,7 @@ def ager_statements(dialect: str) -> dict[str, Any]:
             literal("decaying"),
             literal("decaying"),
             a.c.id,
+            literal(Recorder.AGER.value),
         ).where(pair),
     )
 
@@ -374,6 +380,7 @@ def ager_statements(dialect: str) -> dict[str, Any]:
             literal("active"),
             literal("decaying"),
             literal(None),
+            literal(Recorder.AGER.value),
         ).where(demoting),
     )
     demote = update(M).where(demoting).values(state="decaying", weight=eff(M), ts_weight=anchor)

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 from .errors import InvalidInput
-from .rules import MAX_NAME_LENGTH, MnestState
+from .rules import MAX_NAME_LENGTH, MnestState, Recorder
 from .types import ensure_aware_utc, ensure_json, ensure_unicode_text
 
 __all__ = [
@@ -21,6 +21,7 @@ __all__ = [
     "check_name",
     "check_optional_name",
     "check_positive_int",
+    "check_recorder",
     "check_state",
     "check_states",
     "check_weight_threshold",
@@ -77,6 +78,17 @@ def check_name(value: Any, what: str) -> str:
 def check_optional_name(value: Any, what: str) -> str | None:
     """Like :func:`check_name`, but None is allowed."""
     return None if value is None else check_name(value, what)
+
+
+def check_recorder(value: Any) -> Recorder:
+    """One of the known recorders (``events.recorder``), else InvalidInput."""
+    if isinstance(value, str):
+        try:
+            return Recorder(value)
+        except ValueError:
+            pass
+    allowed = ", ".join(r.value for r in Recorder)
+    raise InvalidInput(f"unknown recorder {value!r}; expected one of {allowed}")
 
 
 def check_state(value: Any) -> MnestState:

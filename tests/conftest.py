@@ -32,7 +32,7 @@ PG_ADMIN_URL = os.environ.get(
 )
 REQUIRE_PG = os.environ.get("MNESTOMA_REQUIRE_POSTGRESQL", "") not in ("", "0", "false")
 ENGINES = ["sqlite", "postgresql"]
-TABLES = ("events", "canonical_query_log", "mnests")
+TABLES = ("events", "canonical_query_log", "mnests", "ager_runs")
 
 
 _pg_reachable: bool | None = None

@@ -188,11 +188,11 @@ def test_record_turn_rolls_back_when_the_database_fails_midway(
     calls = {"n": 0}
     original = repository.MnestRepository._creation
 
-    def failing(self, p, turn_id, now):  # type: ignore[no-untyped-def]
+    def failing(self, p, turn_id, now, recorder):  # type: ignore[no-untyped-def]
         calls["n"] += 1
         if calls["n"] == 2:
             raise RuntimeError("simulated crash in the middle of a turn")
-        return original(self, p, turn_id, now)
+        return original(self, p, turn_id, now, recorder)
 
     monkeypatch.setattr(repository.MnestRepository, "_creation", failing)
     with pytest.raises(RuntimeError):
