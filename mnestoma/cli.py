@@ -444,7 +444,7 @@ def db_upgrade(revision: str, database_url: str | None) -> None:
 @click.argument("revision")
 @database_url_option
 def db_downgrade(revision: str, database_url: str | None) -> None:
-    """Migrate the database down to REVISION (``base`` removes the schema)."""
+    """Migrate the database down to REVISION ("base" removes the schema)."""
     url = resolve_database_url(_url(database_url))
     if missing_sqlite_file(url) is not None:
         raise InvalidInput(f"no database at {missing_sqlite_file(url)}")
@@ -510,7 +510,12 @@ def db_history(indicate_current: bool, database_url: str | None) -> None:
 @click.argument("revision_range", metavar="[RANGE]", default="head")
 @database_url_option
 def db_sql(dialect: str | None, revision_range: str, database_url: str | None) -> None:
-    """Print the SQL a DBA reviews before migrating (RANGE e.g. ``head`` or ``0001:0002``)."""
+    """Print the SQL a DBA reviews before migrating; nothing is run, nothing connected.
+
+    RANGE is a target ("head", the default: the whole script from an empty database) or
+    START:END. START:END with END below START ("0002:0001", "head:base", "head:-1") prints
+    the downgrade script.
+    """
     if dialect is None:
         dialect = resolve_database_url(_url(database_url)).get_backend_name()
     script = offline_sql(f"{dialect}://", revision_range)
@@ -653,8 +658,22 @@ def suggest(src: str, k: int, as_json: bool, database_url: str | None) -> None:
 
 
 @cli.command()
-@click.option("--min-uses", default=RECURRING_MIN_USES, show_default=True, type=int)
-@click.option("--min-weight", default=RECURRING_MIN_WEIGHT, show_default=True, type=float)
+@click.option(
+    "--min-uses",
+    default=RECURRING_MIN_USES,
+    show_default=True,
+    type=int,
+    metavar="N",
+    help="Only protos wished for at least N times.",
+)
+@click.option(
+    "--min-weight",
+    default=RECURRING_MIN_WEIGHT,
+    show_default=True,
+    type=float,
+    metavar="W",
+    help="Only protos whose effective weight now is at least W (0 to 1).",
+)
 @json_option
 @database_url_option
 def protos(min_uses: int, min_weight: float, as_json: bool, database_url: str | None) -> None:

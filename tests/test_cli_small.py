@@ -8,6 +8,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 from click.testing import CliRunner, Result
 
@@ -83,3 +84,53 @@ def test_db_sql_of_an_unknown_range_end_exits_2() -> None:
     result = run("db", "sql", "--dialect", "sqlite", "0002:zz99")
     assert result.exit_code == 2 and "zz99" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+# --- help texts: plain text, every option explained -----------------------------------------
+
+
+def _every_command() -> list[tuple[list[str], click.Command]]:
+    found: list[tuple[list[str], click.Command]] = []
+
+    def visit(cmd: click.Command, path: list[str]) -> None:
+        found.append((path, cmd))
+        if isinstance(cmd, click.Group):
+            for name, sub in sorted(cmd.commands.items()):
+                visit(sub, [*path, name])
+
+    visit(cli, [])
+    return found
+
+
+REST_MARKUP = ("``", ":class:", ":func:", ":meth:", ":attr:", ".. ")
+
+
+@pytest.mark.parametrize(
+    "path", [p for p, _ in _every_command()], ids=lambda p: " ".join(p) or "mnestoma"
+)
+def test_help_text_is_plain_text(path: list[str]) -> None:
+    out = run_ok(*path, "--help").stdout
+    assert out.startswith("Usage: ")
+    for markup in REST_MARKUP:
+        assert markup not in out, (path, markup)
+
+
+def test_every_option_has_a_help_text() -> None:
+    missing = [
+        (" ".join(path), param.name)
+        for path, cmd in _every_command()
+        for param in cmd.params
+        if isinstance(param, click.Option) and not param.help
+    ]
+    assert missing == []
+
+
+def test_protos_help_explains_its_thresholds() -> None:
+    out = run_ok("protos", "--help").stdout
+    assert "at least N times" in out and "[default: 3]" in out
+    assert "effective weight" in out and "[default: 0.3]" in out
+
+
+def test_db_sql_help_says_a_downward_range_is_a_downgrade() -> None:
+    out = " ".join(run_ok("db", "sql", "--help").stdout.split())
+    assert "START:END with END below START" in out and "downgrade script" in out
