@@ -1,0 +1,760 @@
+"""In-process tracing: record which executor's output each traced call received (contract §8).
+
+Decorate executors with :func:`executor`, run a turn inside :func:`turn`, and the tracer
+records ``A → B`` whenever B received (by identity or by content) what A returned earlier in
+the same turn; at the end of the turn the passings go to ``store.record_turn`` once, with
+``recorder="tracer"``. Outside a turn a decorated executor is a plain call.
+
+Lineage rule, exactly:
+
+* What an output remembers: the returned value and, breadth-first down to :data:`MAX_DEPTH`
+  levels, the elements of lists, tuples, sets, the values of dicts and the fields of
+  dataclass instances, and the items of a JSON text (a ``str`` starting with ``{`` or ``[``,
+  up to :data:`JSON_TEXT_LIMIT` characters); at most :data:`MAX_NODES` values per output.
+  Each value is remembered by identity (a reference held until the turn ends or the output
+  is forgotten), and each ``str``/``bytes``/``int``/``float`` leaf also by a BLAKE2b digest
+  of a canonical encoding (text and its UTF-8 bytes match; ``3.0`` matches ``3``).
+* What an argument offers: every positional and keyword argument, and the same elements
+  (dataclass fields excepted: a method's ``self`` would make false edges) to the same
+  bounds. A value matches the output that most recently returned it by identity, else
+  the one whose leaf digest it shares.
+* Trivial values never link: ``None``, booleans, numbers from -1024 to 1024, non-finite
+  floats, ``str``/``bytes`` shorter than 4 characters, and empty containers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import contextvars
+import dataclasses
+import functools
+import hashlib
+import inspect
+import itertools
+import json
+import logging
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable
+from contextvars import ContextVar
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, ParamSpec, Protocol, TypeVar, cast
+
+from .errors import InvalidInput, MnestomaError, StoreError
+from .types import ensure_json
+from .validation import Passing, check_name
+
+__all__ = [
+    "DEFAULT_MAX_OUTPUTS",
+    "JSON_TEXT_LIMIT",
+    "MAX_DEPTH",
+    "MAX_NODES",
+    "BackgroundWriter",
+    "TracerStats",
+    "Turn",
+    "current_turn",
+    "executor",
+    "propagate",
+    "stats",
+    "turn",
+    "wish",
+]
+
+logger = logging.getLogger("mnestoma.tracing")
+
+DEFAULT_MAX_OUTPUTS = 1024  # outputs remembered per turn; past it the oldest are forgotten
+MAX_DEPTH = 3  # levels of elements walked below a returned value or an argument
+MAX_NODES = 256  # values walked per output, and per call's arguments
+JSON_TEXT_LIMIT = 65_536  # longest str parsed as JSON text to reach its items
+TRIVIAL_NUMBER = 1024  # numbers in [-1024, 1024] never link
+MIN_TEXT = 4  # str / bytes shorter than this never link
+
+RECORDER = "tracer"
+
+P = ParamSpec("P")
+R = TypeVar("R")
+F = TypeVar("F", bound=Callable[..., Any])
+Executor = tuple[str, str]  # (name, version)
+EdgeKey = tuple[str, str, str, str | None, bool]
+
+
+class TurnStore(Protocol):
+    """What a turn writes to: a :class:`mnestoma.Mnestoma` (or an async facade)."""
+
+    def record_turn(self, turn_id: str, passings: list[Passing], *, recorder: str) -> Any: ...
+
+
+# ---------------------------------------------------------------------------- statistics
+
+
+@dataclass
+class TracerStats:
+    """Process-wide counters of the tracer, for health checks and tests."""
+
+    turns: int = 0  # turns ended
+    passings: int = 0  # passings handed to a store or a background writer
+    store_failures: int = 0  # record_turn calls that raised (turns and background writes)
+    forgotten: int = 0  # outputs forgotten because a turn reached its cap
+    dropped: int = 0  # turns a full background writer could not take
+    tracer_errors: int = 0  # values the tracer could not inspect (the call went on)
+    _lock: threading.Lock = dataclasses.field(
+        default_factory=threading.Lock, repr=False, compare=False
+    )
+
+    def add(self, **counts: int) -> None:
+        """Add to some counters at once, under the lock."""
+        with self._lock:
+            for name, n in counts.items():
+                setattr(self, name, getattr(self, name) + n)
+
+    def snapshot(self) -> dict[str, int]:
+        """The counters as a plain dict."""
+        with self._lock:
+            return {name: getattr(self, name) for name in _COUNTERS}
+
+    def reset(self) -> None:
+        """Set every counter back to zero."""
+        with self._lock:
+            for name in _COUNTERS:
+                setattr(self, name, 0)
+
+
+_COUNTERS = tuple(f.name for f in dataclasses.fields(TracerStats) if f.name != "_lock")
+stats = TracerStats()
+
+# ---------------------------------------------------------------------------- values
+
+_LEAF, _CONTAINER, _RECORD, _OBJECT, _TRIVIAL = range(5)
+
+
+def _digest(tag: bytes, data: bytes) -> bytes:
+    return hashlib.blake2b(tag + data, digest_size=16).digest()
+
+
+def _number_digest(v: int) -> bytes:
+    return _digest(b"n", format(v, "x").encode("ascii"))
+
+
+def _classify(v: Any) -> tuple[int, Any]:
+    """What kind of value ``v`` is for lineage, with its digest or its children."""
+    if v is None or v is True or v is False:
+        return _TRIVIAL, None
+    if isinstance(v, str):
+        if len(v) < MIN_TEXT:
+            return _TRIVIAL, None
+        return _LEAF, _digest(b"t", v.encode("utf-8", "surrogatepass"))
+    if isinstance(v, bytes | bytearray):
+        if len(v) < MIN_TEXT:
+            return _TRIVIAL, None
+        return _LEAF, _digest(b"t", bytes(v))
+    if isinstance(v, int):
+        if -TRIVIAL_NUMBER <= v <= TRIVIAL_NUMBER:
+            return _TRIVIAL, None
+        return _LEAF, _number_digest(v)
+    if isinstance(v, float):
+        if not math.isfinite(v) or -TRIVIAL_NUMBER <= v <= TRIVIAL_NUMBER:
+            return _TRIVIAL, None
+        if v.is_integer():
+            return _LEAF, _number_digest(int(v))
+        return _LEAF, _digest(b"f", v.hex().encode("ascii"))
+    if isinstance(v, dict):
+        return (_CONTAINER, v.values()) if v else (_TRIVIAL, None)
+    if isinstance(v, list | tuple | set | frozenset):
+        return (_CONTAINER, v) if v else (_TRIVIAL, None)
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):
+        return _RECORD, v
+    return _OBJECT, None
+
+
+def _json_items(text: str) -> Iterable[Any] | None:
+    """The items of a JSON array or the values of a JSON object written in ``text``."""
+    if len(text) > JSON_TEXT_LIMIT or text.lstrip()[:1] not in ("{", "["):
+        return None
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        return None
+    if isinstance(parsed, dict):
+        return parsed.values()
+    return parsed if isinstance(parsed, list) else None
+
+
+def _record_fields(v: Any) -> list[Any]:
+    return [getattr(v, f.name) for f in dataclasses.fields(v)]
+
+
+@dataclass(slots=True)
+class _Output:
+    """One remembered return value: its producer, the objects held, the digests."""
+
+    producer: Executor
+    objs: list[Any]
+    digests: list[bytes]
+
+
+def _index(value: Any) -> tuple[list[Any], list[bytes]]:
+    """The objects (by identity) and digests (by content) an output is remembered by."""
+    objs: list[Any] = []
+    digests: list[bytes] = []
+    pending: deque[tuple[Any, int, bool]] = deque([(value, 0, False)])
+    seen = 0
+    while pending and seen < MAX_NODES:
+        v, depth, parsed = pending.popleft()
+        seen += 1
+        kind, extra = _classify(v)
+        if kind == _TRIVIAL:
+            continue
+        if not parsed:  # a value parsed from JSON text is a fresh object nobody else holds
+            objs.append(v)
+        children: Iterable[Any] | None = None
+        if kind == _LEAF:
+            digests.append(extra)
+            if isinstance(v, str):
+                children = _json_items(v)
+        elif kind == _CONTAINER:
+            children = extra
+        elif kind == _RECORD:
+            children = _record_fields(v)
+        if children is not None and depth < MAX_DEPTH:
+            room = MAX_NODES - seen - len(pending)
+            if room > 0:
+                flag = parsed or kind == _LEAF
+                pending.extend((c, depth + 1, flag) for c in itertools.islice(children, room))
+    return objs, digests
+
+
+# ---------------------------------------------------------------------------- the turn
+
+_CURRENT: ContextVar[Turn | None] = ContextVar("mnestoma_tracing_turn", default=None)
+
+
+def current_turn() -> Turn | None:
+    """The turn the calling code runs in, or None."""
+    return _CURRENT.get()
+
+
+class Turn:
+    """One traced turn: its lineage memory while it runs, its passings when it ends.
+
+    Made by :func:`turn`; use it once, as ``with`` or ``async with``.
+    """
+
+    def __init__(
+        self,
+        store: TurnStore | None,
+        turn_id: str,
+        *,
+        strict: bool = False,
+        max_outputs: int = DEFAULT_MAX_OUTPUTS,
+        writer: BackgroundWriter | None = None,
+    ) -> None:
+        self.turn_id = check_name(turn_id, "turn_id")
+        if isinstance(max_outputs, bool) or not isinstance(max_outputs, int) or max_outputs < 1:
+            raise InvalidInput("max_outputs must be a positive integer")
+        if writer is not None and store is not None and store is not writer.store:
+            raise InvalidInput("a turn with a writer records to the writer's store")
+        if writer is None and store is None:
+            raise InvalidInput("a turn needs a store or a writer")
+        self.store = writer.store if writer is not None else store
+        self.writer = writer
+        self.strict = strict
+        self.max_outputs = max_outputs
+        self.forgotten = 0  # outputs forgotten because the cap was reached
+        self.store_failures = 0  # 1 when writing this turn's passings failed
+        self.dropped = 0  # 1 when the background writer's queue was full
+        self.tracer_errors = 0  # values that could not be inspected
+        self.error: Exception | None = None  # the store's failure, if any
+        self.mnests: list[Any] = []  # what the store returned (empty with a writer)
+        self._lock = threading.Lock()
+        self._edges: dict[EdgeKey, Passing] = {}
+        self._outputs: deque[_Output] = deque()
+        self._by_id: dict[int, _Output] = {}
+        self._by_digest: dict[bytes, _Output] = {}
+        self._state = "new"
+        self._token: contextvars.Token[Turn | None] | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"Turn({self.turn_id!r}, {self._state}, passings={len(self._edges)}, "
+            f"outputs={len(self._outputs)}, forgotten={self.forgotten})"
+        )
+
+    @property
+    def passings(self) -> list[Passing]:
+        """The passings recorded so far, each edge once, in the order first seen."""
+        with self._lock:
+            return list(self._edges.values())
+
+    @property
+    def remembered(self) -> int:
+        """How many outputs the turn remembers now (at most ``max_outputs``)."""
+        return len(self._outputs)
+
+    # -- lineage ------------------------------------------------------------------------
+
+    def _producers(self, values: Iterable[Any]) -> list[Executor]:
+        """The executors whose remembered outputs ``values`` hold (identity, then content)."""
+        by_id = self._by_id
+        by_digest = self._by_digest
+        if not by_id:
+            return []
+        found: list[Executor] = []
+        pending: deque[tuple[Any, int, bool]] = deque((v, 0, False) for v in values)
+        seen = 0
+        while pending and seen < MAX_NODES:
+            v, depth, parsed = pending.popleft()
+            seen += 1
+            if not parsed:
+                hit = by_id.get(id(v))
+                if hit is not None:
+                    if hit.producer not in found:
+                        found.append(hit.producer)
+                    continue
+            kind, extra = _classify(v)
+            children: Iterable[Any] | None = None
+            if kind == _LEAF:
+                hit = by_digest.get(extra)
+                if hit is not None:
+                    if hit.producer not in found:
+                        found.append(hit.producer)
+                    continue
+                if isinstance(v, str):
+                    children = _json_items(v)
+            elif kind == _CONTAINER:
+                children = extra
+            if children is not None and depth < MAX_DEPTH:
+                room = MAX_NODES - seen - len(pending)
+                if room > 0:
+                    flag = parsed or kind == _LEAF
+                    pending.extend((c, depth + 1, flag) for c in itertools.islice(children, room))
+        return found
+
+    def _received(self, dst: Executor, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """A call of ``dst`` starts: record a passing from each producer of its arguments."""
+        if self._state != "open" or not self._by_id:
+            return
+        try:
+            sources = self._producers(itertools.chain(args, kwargs.values()))
+        except Exception:
+            self._tracer_error("an argument")
+            return
+        if not sources:
+            return
+        with self._lock:
+            if self._state != "open":
+                return
+            for src in sources:
+                key = (src[0], src[1], dst[0], dst[1], True)
+                if key not in self._edges:
+                    self._edges[key] = Passing(src[0], src[1], dst[0], dst[1])
+
+    def _returned(self, producer: Executor, value: Any) -> None:
+        """A call of ``producer`` returned ``value``: remember it, forgetting the oldest."""
+        if self._state != "open":
+            return
+        try:
+            objs, digests = _index(value)
+        except Exception:
+            self._tracer_error("a returned value")
+            return
+        if not objs and not digests:
+            return
+        out = _Output(producer, objs, digests)
+        with self._lock:
+            if self._state != "open":
+                return
+            self._outputs.append(out)
+            by_id = self._by_id
+            by_digest = self._by_digest
+            for o in objs:
+                by_id[id(o)] = out
+            for d in digests:
+                by_digest[d] = out
+            while len(self._outputs) > self.max_outputs:
+                old = self._outputs.popleft()
+                for o in old.objs:
+                    if by_id.get(id(o)) is old:
+                        del by_id[id(o)]
+                for d in old.digests:
+                    if by_digest.get(d) is old:
+                        del by_digest[d]
+                self.forgotten += 1
+
+    def _wished(self, name: str, consumed: Any, desired_sig: Any) -> list[Passing]:
+        """Record a proto from each producer of ``consumed`` to the missing ``name``."""
+        if self._state != "open":
+            return []
+        try:
+            sources = self._producers((consumed,))
+        except Exception:
+            self._tracer_error("a wished-for value")
+            return []
+        made = [Passing(s[0], s[1], name, None, False, None, desired_sig) for s in sources]
+        with self._lock:
+            if self._state != "open":
+                return []
+            for p in made:
+                # the store keeps the last desired_sig given for an edge in a turn: so do we
+                self._edges[(p.src_executor, p.src_version, name, None, False)] = p
+        return made
+
+    def _tracer_error(self, what: str) -> None:
+        with self._lock:
+            self.tracer_errors += 1
+        stats.add(tracer_errors=1)
+        logger.warning("mnestoma.tracing: could not inspect %s; the call went on", what)
+
+    # -- context ------------------------------------------------------------------------
+
+    def _open(self) -> None:
+        if self._state != "new":
+            raise InvalidInput("a turn object is entered once; call turn(...) again to retry")
+        self._state = "open"
+        self._token = _CURRENT.set(self)
+
+    def _close(self) -> list[Passing]:
+        with self._lock:
+            self._state = "closed"
+            passings = list(self._edges.values())
+            # drop the references now: the values belong to the caller again
+            self._outputs.clear()
+            self._by_id.clear()
+            self._by_digest.clear()
+        if self._token is not None:
+            # ValueError: left in another context than the one it was entered in
+            with contextlib.suppress(ValueError):
+                _CURRENT.reset(self._token)
+            self._token = None
+        stats.add(turns=1, passings=len(passings), forgotten=self.forgotten)
+        return passings
+
+    def __enter__(self) -> Turn:
+        if self.writer is None and _is_async_callable(getattr(self.store, "record_turn", None)):
+            raise InvalidInput("this store is asynchronous: use `async with turn(...)`")
+        self._open()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        passings = self._close()
+        if not passings:
+            return
+        if self.writer is not None:
+            self._to_writer(passings, exc_type is not None)
+            return
+        assert self.store is not None
+        try:
+            self.mnests = list(self.store.record_turn(self.turn_id, passings, recorder=RECORDER))
+        except Exception as err:
+            self._store_failed(err, exc_type is not None)
+
+    async def __aenter__(self) -> Turn:
+        self._open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        passings = self._close()
+        if not passings:
+            return
+        if self.writer is not None:
+            self._to_writer(passings, exc_type is not None)
+            return
+        assert self.store is not None
+        record = self.store.record_turn
+        try:
+            if _is_async_callable(record):
+                result = await cast(Callable[..., Awaitable[Any]], record)(
+                    self.turn_id, passings, recorder=RECORDER
+                )
+            else:  # a blocking store runs off the event loop
+                result = await asyncio.to_thread(record, self.turn_id, passings, recorder=RECORDER)
+            self.mnests = list(result)
+        except Exception as err:
+            self._store_failed(err, exc_type is not None)
+
+    def _to_writer(self, passings: list[Passing], body_failed: bool) -> None:
+        assert self.writer is not None
+        if self.writer.submit(self.turn_id, passings):
+            return
+        self.dropped += 1
+        if self.strict and not body_failed:
+            raise StoreError(
+                f"turn {self.turn_id!r} not recorded: the background writer's queue is full"
+            )
+
+    def _store_failed(self, err: Exception, body_failed: bool) -> None:
+        self.store_failures += 1
+        self.error = err
+        stats.add(store_failures=1)
+        logger.warning(
+            "mnestoma.tracing: recording turn %r failed: %s: %s",
+            self.turn_id,
+            type(err).__name__,
+            err,
+        )
+        # the traced code's own exception always wins over the store's
+        if self.strict and not body_failed:
+            if isinstance(err, MnestomaError):
+                raise err
+            raise StoreError(f"recording turn {self.turn_id!r} failed: {err}") from err
+
+
+def turn(
+    store: TurnStore | None,
+    turn_id: str,
+    *,
+    strict: bool = False,
+    max_outputs: int = DEFAULT_MAX_OUTPUTS,
+    writer: BackgroundWriter | None = None,
+) -> Turn:
+    """A turn to use as ``with turn(store, id) as t:`` or ``async with``.
+
+    At its end (normal or by an exception, which propagates unchanged) its passings go to
+    ``store.record_turn(turn_id, passings, recorder="tracer")`` once, or to ``writer``.
+    A store failure is logged on ``mnestoma.tracing`` and counted, and raised only with
+    ``strict=True`` when the traced code itself did not raise.
+    """
+    return Turn(store, turn_id, strict=strict, max_outputs=max_outputs, writer=writer)
+
+
+# ---------------------------------------------------------------------------- executors
+
+
+def _is_async_callable(fn: Any) -> bool:
+    if fn is None:
+        return False
+    if inspect.iscoroutinefunction(fn):
+        return True
+    call = getattr(type(fn), "__call__", None)  # noqa: B004 - a callable object's method
+    return call is not None and not inspect.isroutine(fn) and inspect.iscoroutinefunction(call)
+
+
+def executor(name: str, version: str) -> Callable[[F], F]:
+    """Mark a callable as the executor ``name@version`` (sync or async, function or method).
+
+    Inside a turn each call records a passing from every executor whose output it received;
+    its return value is remembered for later calls. Outside a turn it is a plain call.
+    """
+    ident: Executor = (check_name(name, "executor name"), check_name(version, "executor version"))
+
+    def decorate(fn: F) -> F:
+        if isinstance(fn, staticmethod):
+            return cast(F, staticmethod(decorate(fn.__func__)))
+        if isinstance(fn, classmethod):
+            return cast(F, classmethod(decorate(fn.__func__)))
+        if not callable(fn):
+            raise InvalidInput(f"executor {name!r} must wrap a callable")
+        wrapper: Callable[..., Any]
+        if _is_async_callable(fn):
+
+            async def traced_async(*args: Any, **kwargs: Any) -> Any:
+                t = _CURRENT.get()
+                if t is None:
+                    return await fn(*args, **kwargs)
+                t._received(ident, args, kwargs)
+                result = await fn(*args, **kwargs)
+                t._returned(ident, result)
+                return result
+
+            wrapper = traced_async
+        else:
+
+            def traced(*args: Any, **kwargs: Any) -> Any:
+                t = _CURRENT.get()
+                if t is None:
+                    return fn(*args, **kwargs)
+                t._received(ident, args, kwargs)
+                result = fn(*args, **kwargs)
+                t._returned(ident, result)
+                return result
+
+            wrapper = traced
+        functools.update_wrapper(wrapper, fn, updated=())
+        setattr(wrapper, "__mnestoma_executor__", ident)  # noqa: B010 - for introspection
+        return cast(F, wrapper)
+
+    return decorate
+
+
+def wish(name: str, consumed: Any, *, desired_sig: Any = None) -> list[Passing]:
+    """Record that a missing executor ``name`` was looked for to process ``consumed``.
+
+    A proto passing (``dst_exists=False``) goes from each executor that produced
+    ``consumed`` to ``name``; ``desired_sig`` says what the missing executor should do.
+    Outside a turn, or when no traced call produced ``consumed``, nothing is recorded.
+    Returns the passings recorded.
+    """
+    dst = check_name(name, "wished executor name")
+    sig = ensure_json(desired_sig, "desired_sig")
+    t = _CURRENT.get()
+    if t is None:
+        return []
+    if sig is not None:
+        sig = json.loads(json.dumps(sig))  # our own copy: later changes by the caller don't leak
+    return t._wished(dst, consumed, sig)
+
+
+def propagate(fn: Callable[P, R]) -> Callable[P, R]:
+    """``fn`` bound to the caller's context, for thread pools that do not copy it.
+
+    Call it where the turn is current: ``pool.submit(propagate(fn), x)`` or
+    ``pool.map(propagate(fn), xs)``. Each call runs in its own copy of that context, so
+    one propagated function may run in several threads at once.
+    """
+    ctx = contextvars.copy_context()
+
+    @functools.wraps(fn)
+    def in_context(*args: P.args, **kwargs: P.kwargs) -> R:
+        return ctx.copy().run(fn, *args, **kwargs)
+
+    return in_context
+
+
+# ---------------------------------------------------------------------------- background
+
+
+class BackgroundWriter:
+    """Writes ended turns to ``store`` from one thread, off the traced code's latency.
+
+    The queue holds at most ``maxsize`` turns; a turn that does not fit is dropped and
+    counted, never waited for. ``flush()`` waits until the queue is written; ``close()``
+    (also at the end of a ``with`` block and at interpreter exit) flushes and stops.
+    """
+
+    def __init__(
+        self, store: TurnStore, *, maxsize: int = 1000, exit_timeout: float = 10.0
+    ) -> None:
+        if isinstance(maxsize, bool) or not isinstance(maxsize, int) or maxsize < 1:
+            raise InvalidInput("maxsize must be a positive integer")
+        if _is_async_callable(getattr(store, "record_turn", None)):
+            raise InvalidInput("the background writer needs a blocking store (Mnestoma)")
+        self.store = store
+        self.maxsize = maxsize
+        self.exit_timeout = exit_timeout
+        self.submitted = 0  # turns accepted
+        self.written = 0  # turns the store recorded
+        self.failures = 0  # turns the store refused or failed on
+        self.dropped = 0  # turns refused because the queue was full (or closed)
+        self._queue: deque[tuple[str, list[Passing]]] = deque()
+        self._cond = threading.Condition()
+        self._busy = False
+        self._closed = False
+        self._thread = threading.Thread(
+            target=self._run, name="mnestoma-tracing-writer", daemon=True
+        )
+        self._thread.start()
+        atexit.register(self._at_exit)
+
+    def __repr__(self) -> str:
+        return (
+            f"BackgroundWriter(queued={len(self._queue)}, written={self.written}, "
+            f"failures={self.failures}, dropped={self.dropped})"
+        )
+
+    def __enter__(self) -> BackgroundWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def pending(self) -> int:
+        """Turns accepted and not written yet."""
+        with self._cond:
+            return len(self._queue) + (1 if self._busy else 0)
+
+    def submit(self, turn_id: str, passings: Iterable[Passing]) -> bool:
+        """Queue a turn's passings; False (and counted) when the queue is full or closed."""
+        item = (turn_id, list(passings))
+        with self._cond:
+            if not self._closed and len(self._queue) < self.maxsize:
+                self._queue.append(item)
+                self.submitted += 1
+                self._cond.notify_all()
+                return True
+            self.dropped += 1
+            first = self.dropped == 1
+            closed = self._closed
+        stats.add(dropped=1)
+        if first:  # one line, not one per dropped turn under sustained overload
+            logger.warning(
+                "mnestoma.tracing: background writer %s; turn %r dropped (further drops "
+                "are only counted)",
+                "closed" if closed else f"queue full ({self.maxsize})",
+                turn_id,
+            )
+        return False
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if not self._queue:
+                    return  # closed and drained
+                turn_id, passings = self._queue.popleft()
+                self._busy = True
+            try:
+                self.store.record_turn(turn_id, passings, recorder=RECORDER)
+                ok = True
+            except Exception as err:
+                ok = False
+                stats.add(store_failures=1)
+                logger.warning(
+                    "mnestoma.tracing: background write of turn %r failed: %s: %s",
+                    turn_id,
+                    type(err).__name__,
+                    err,
+                )
+            with self._cond:
+                if ok:
+                    self.written += 1
+                else:
+                    self.failures += 1
+                self._busy = False
+                self._cond.notify_all()
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every accepted turn is written (or failed); False on timeout."""
+        end = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while self._queue or self._busy:
+                if not self._thread.is_alive():
+                    return False
+                remaining = None if end is None else end - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._cond.wait(remaining)
+            return True
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Flush, stop the writer thread and refuse further turns; True when all was written."""
+        done = self.flush(timeout)
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join(timeout)
+        atexit.unregister(self._at_exit)
+        return done
+
+    def _at_exit(self) -> None:
+        if not self.close(self.exit_timeout):
+            logger.warning(
+                "mnestoma.tracing: %d turn(s) not written at exit (timeout %.1fs)",
+                self.pending,
+                self.exit_timeout,
+            )
