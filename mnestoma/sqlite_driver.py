@@ -9,6 +9,8 @@ database holds the same text and the same aware datetimes and JSON values come o
 from __future__ import annotations
 
 import json
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -62,21 +64,34 @@ class _Prepared:
         return tuple(out)
 
 
-_PREPARED: dict[tuple[int, tuple[str, ...]], _Prepared] = {}
+# Compiled statements, least recently used last out. Each entry holds the statement itself:
+# while it is cached its id() cannot be given to another object, and the identity check
+# below makes a stale entry impossible even so.
+MAX_PREPARED = 512
+_PREPARED: OrderedDict[tuple[int, tuple[str, ...]], tuple[Any, _Prepared]] = OrderedDict()
+_PREPARED_LOCK = threading.Lock()
 
 
 def _prepare(conn: Connection, stmt: Any, column_keys: tuple[str, ...] = ()) -> _Prepared:
     key = (id(stmt), column_keys)
-    prepared = _PREPARED.get(key)
-    if prepared is None:
-        compiled = stmt.compile(dialect=conn.dialect, column_keys=list(column_keys) or None)
-        names = tuple(compiled.positiontup)
-        prepared = _PREPARED[key] = _Prepared(
-            compiled.string,
-            names,
-            dict(compiled.params),
-            tuple(_converter(compiled.binds[n].type) for n in names),
-        )
+    with _PREPARED_LOCK:
+        entry = _PREPARED.get(key)
+        if entry is not None and entry[0] is stmt:
+            _PREPARED.move_to_end(key)
+            return entry[1]
+    compiled = stmt.compile(dialect=conn.dialect, column_keys=list(column_keys) or None)
+    names = tuple(compiled.positiontup)
+    prepared = _Prepared(
+        compiled.string,
+        names,
+        dict(compiled.params),
+        tuple(_converter(compiled.binds[n].type) for n in names),
+    )
+    with _PREPARED_LOCK:
+        _PREPARED[key] = (stmt, prepared)
+        _PREPARED.move_to_end(key)
+        while len(_PREPARED) > MAX_PREPARED:
+            _PREPARED.popitem(last=False)
     return prepared
 
 

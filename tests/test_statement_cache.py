@@ -1,0 +1,59 @@
+"""The SQLite statement cache never runs the SQL of another statement, and stays bounded."""
+
+from __future__ import annotations
+
+import functools
+import gc
+from pathlib import Path
+
+import pytest
+from sqlalchemy import literal, select
+
+import mnestoma
+from mnestoma import sqlite_driver, statements
+
+
+def test_a_freed_statement_never_lends_its_cached_sql_to_a_new_one(tmp_path: Path) -> None:
+    engine = mnestoma.make_engine(f"sqlite:///{tmp_path / 'cache.sqlite'}")
+    try:
+        with engine.connect() as conn:
+            for i in range(300):
+                stmt = select(literal(i).label("n"))  # freed at the end of each round
+                assert sqlite_driver.fetch_tuples(conn, stmt, {}) == [(i,)]
+                del stmt
+                gc.collect()
+    finally:
+        engine.dispose()
+
+
+def test_the_compiled_statement_cache_is_bounded(tmp_path: Path) -> None:
+    engine = mnestoma.make_engine(f"sqlite:///{tmp_path / 'cache.sqlite'}")
+    try:
+        with engine.connect() as conn:
+            kept = [select(literal(i).label("n")) for i in range(sqlite_driver.MAX_PREPARED + 50)]
+            for stmt in kept:
+                sqlite_driver.fetch_tuples(conn, stmt, {})
+        assert len(sqlite_driver._PREPARED) <= sqlite_driver.MAX_PREPARED
+    finally:
+        engine.dispose()
+
+
+def test_turns_of_more_shapes_than_the_caches_hold_all_succeed(
+    store: mnestoma.Mnestoma, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Small caches, so that statements are evicted and freed while the turns go on.
+    monkeypatch.setattr(sqlite_driver, "MAX_PREPARED", 4)
+    small = functools.lru_cache(maxsize=3)(statements.select_keys.__wrapped__)
+    monkeypatch.setattr(statements, "select_keys", small)
+    shapes = [(a, p) for a in range(7) for p in range(7) if a + p >= 2]
+    for round_ in range(2):
+        for a, p in shapes:
+            turn = [("s", "1", f"d{i}", "1") for i in range(a)]
+            turn += [("s", "1", f"w{j}", None, False) for j in range(p)]
+            recorded = store.record_turn(f"t{round_}-{a}-{p}", turn)
+            assert len(recorded) == a + p
+        gc.collect()
+    # every edge was recorded once per turn that named it
+    rounds_with = {f"d{i}": sum(2 for a, _ in shapes if a > i) for i in range(6)}
+    for edge in store.edges(states=["active"]):
+        assert edge.uses == rounds_with[edge.dst_executor]
