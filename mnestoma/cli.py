@@ -36,7 +36,7 @@ from .models import CanonicalQuery, Event, Mnest
 from .repository import QueryFrequency
 from .rules import RECURRING_MIN_USES, RECURRING_MIN_WEIGHT, AgerReport
 from .status import collect_status, iso_utc, missing_sqlite_file, render_status
-from .validation import Clock, Passing, utc_now
+from .validation import Clock, Passing, check_positive_int, utc_now
 
 __all__ = ["cli", "main"]
 
@@ -155,6 +155,18 @@ def database_url_option(f: Callable[..., Any]) -> Callable[..., Any]:
         expose_value=True,
         help="SQLAlchemy URL of the store (overrides MNESTOMA_DATABASE_URL, MNESTOMA_DB_PATH).",
     )(f)
+
+
+def limit_option(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--limit N``: print at most N rows (the first ones in the listing's order)."""
+    return click.option(
+        "--limit",
+        "limit",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"Print at most N {what} (default: all).",
+    )
 
 
 def json_option(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -603,19 +615,24 @@ def record(
 @click.option("--src", "src_executor", metavar="EXECUTOR", help="Only edges from it.")
 @click.option("--dst", "dst_executor", metavar="EXECUTOR", help="Only edges to it.")
 @click.option("--state", "states", multiple=True, metavar="STATE", help="Only this state (repeat).")
+@limit_option("edges, oldest first; read no more than that")
 @json_option
 @database_url_option
 def edges(
     src_executor: str | None,
     dst_executor: str | None,
     states: tuple[str, ...],
+    limit: int | None,
     as_json: bool,
     database_url: str | None,
 ) -> None:
     """List mnests (every state unless --state), oldest first."""
     with _store(database_url) as store:
         rows = store.edges(
-            src_executor=src_executor, dst_executor=dst_executor, states=list(states) or None
+            src_executor=src_executor,
+            dst_executor=dst_executor,
+            states=list(states) or None,
+            limit=limit,
         )
         render_edges(rows, _now(), as_json, "(no edge)")
 
@@ -623,26 +640,41 @@ def edges(
 @cli.command()
 @click.option("--mnest", "mnest_id", metavar="ID", help="Only the events of this mnest.")
 @click.option("--turn", "turn_id", metavar="ID", help="Only the events of this turn.")
+@limit_option("events, oldest first; read no more than that")
 @json_option
 @database_url_option
 def events(
-    mnest_id: str | None, turn_id: str | None, as_json: bool, database_url: str | None
+    mnest_id: str | None,
+    turn_id: str | None,
+    limit: int | None,
+    as_json: bool,
+    database_url: str | None,
 ) -> None:
     """List events, oldest first (they outlive pruned mnests)."""
     with _store(database_url) as store:
-        render_events(store.events(mnest_id=mnest_id, turn_id=turn_id), as_json)
+        render_events(store.events(mnest_id=mnest_id, turn_id=turn_id, limit=limit), as_json)
 
 
 @cli.command()
 @click.argument("src")
 @click.option("--depth", default=3, show_default=True, type=int, help="Longest path, in edges.")
 @click.option("--min-weight", default=0.0, show_default=True, type=float, help="Weakest edge.")
+@limit_option("paths, best first")
 @json_option
 @database_url_option
-def walk(src: str, depth: int, min_weight: float, as_json: bool, database_url: str | None) -> None:
+def walk(
+    src: str,
+    depth: int,
+    min_weight: float,
+    limit: int | None,
+    as_json: bool,
+    database_url: str | None,
+) -> None:
     """Every path of active edges starting at SRC (any version), best score first."""
+    n = None if limit is None else check_positive_int(limit, "limit")
     with _store(database_url) as store:
-        render_walk(store.walk(src, max_depth=depth, min_weight=min_weight), _now(), as_json)
+        paths = store.walk(src, max_depth=depth, min_weight=min_weight)
+        render_walk(paths[:n], _now(), as_json)
 
 
 @cli.command()
@@ -674,13 +706,17 @@ def suggest(src: str, k: int, as_json: bool, database_url: str | None) -> None:
     metavar="W",
     help="Only protos whose effective weight now is at least W (0 to 1).",
 )
+@limit_option("protos, most used first")
 @json_option
 @database_url_option
-def protos(min_uses: int, min_weight: float, as_json: bool, database_url: str | None) -> None:
+def protos(
+    min_uses: int, min_weight: float, limit: int | None, as_json: bool, database_url: str | None
+) -> None:
     """Recurring proto-mnests: missing executors wished for again and again."""
+    n = None if limit is None else check_positive_int(limit, "limit")
     with _store(database_url) as store:
         rows = store.recurring_protos(min_uses=min_uses, min_weight=min_weight)
-        render_protos(rows, _now(), as_json)
+        render_protos(rows[:n], _now(), as_json)
 
 
 @cli.command()

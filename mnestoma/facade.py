@@ -158,17 +158,27 @@ class Mnestoma:
         src_executor: str | None = None,
         dst_executor: str | None = None,
         states: Iterable[str] | str | None = None,
+        limit: int | None = None,
     ) -> list[Mnest]:
-        """Rows filtered by source, destination and states (None: every state)."""
+        """Rows filtered by source, destination and states (None: every state), oldest
+        first; at most ``limit`` of them."""
         return self._read(
             lambda u: u.mnests.edges(
-                src_executor=src_executor, dst_executor=dst_executor, states=states
+                src_executor=src_executor, dst_executor=dst_executor, states=states, limit=limit
             )
         )
 
-    def events(self, *, mnest_id: str | None = None, turn_id: str | None = None) -> list[Event]:
-        """Events, oldest first."""
-        return self._read(lambda u: u.mnests.events(mnest_id=mnest_id, turn_id=turn_id))
+    def events(
+        self,
+        *,
+        mnest_id: str | None = None,
+        turn_id: str | None = None,
+        limit: int | None = None,
+    ) -> list[Event]:
+        """Events, oldest first; at most ``limit`` of them."""
+        return self._read(
+            lambda u: u.mnests.events(mnest_id=mnest_id, turn_id=turn_id, limit=limit)
+        )
 
     def walk(
         self, src_executor: str, *, max_depth: int = 3, min_weight: float = 0.0

@@ -66,6 +66,7 @@ __all__ = ["CanonicalQueryRepository", "MnestRepository", "QueryFrequency"]
 
 T = TypeVar("T")
 MAX_WALK_DEPTH = 16
+MAX_LIMIT = 2**31 - 1  # the largest LIMIT both engines take as a plain integer
 _MAX_RACE_ROUNDS = 8
 
 
@@ -456,8 +457,10 @@ class MnestRepository:
         src_executor: str | None = None,
         dst_executor: str | None = None,
         states: Iterable[str] | str | None = None,
+        limit: int | None = None,
     ) -> list[Mnest]:
-        """Rows filtered by source, destination and states (None: every state)."""
+        """Rows filtered by source, destination and states (None: every state), oldest
+        first; at most ``limit`` of them (in the SQL, so a big store is not read whole)."""
         stmt = select(M)
         if src_executor is not None:
             stmt = stmt.where(M.c.src_executor == check_name(src_executor, "src_executor"))
@@ -467,10 +470,19 @@ class MnestRepository:
         if st is not None:
             stmt = stmt.where(M.c.state.in_([s.value for s in st]))
         stmt = stmt.order_by(M.c.ts_first, M.c.id)
+        if limit is not None:
+            stmt = stmt.limit(check_positive_int(limit, "limit", maximum=MAX_LIMIT))
         return [_snapshot(r) for r in _run(self._conn(), stmt).mappings()]
 
-    def events(self, *, mnest_id: str | None = None, turn_id: str | None = None) -> list[Event]:
-        """Events, oldest first, optionally for one mnest and/or one turn."""
+    def events(
+        self,
+        *,
+        mnest_id: str | None = None,
+        turn_id: str | None = None,
+        limit: int | None = None,
+    ) -> list[Event]:
+        """Events, oldest first, optionally for one mnest and/or one turn; at most
+        ``limit`` of them (in the SQL)."""
         stmt = select(E)
         if mnest_id is not None:
             if not isinstance(mnest_id, str):
@@ -479,6 +491,8 @@ class MnestRepository:
         if turn_id is not None:
             stmt = stmt.where(E.c.turn_id == check_name(turn_id, "turn_id"))
         stmt = stmt.order_by(E.c.ts, E.c.id)
+        if limit is not None:
+            stmt = stmt.limit(check_positive_int(limit, "limit", maximum=MAX_LIMIT))
         return [_event_snapshot(r) for r in _run(self._conn(), stmt).mappings()]
 
     def walk(

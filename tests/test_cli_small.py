@@ -4,16 +4,22 @@ terminal, errors name commands, and ``-m "not postgresql"`` leaves PostgreSQL al
 
 from __future__ import annotations
 
+import json
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import click
 import pytest
 from click.testing import CliRunner, Result
+from sqlalchemy import Engine, event
 
 import mnestoma
+from mnestoma import UnitOfWork, make_engine, make_session_factory
 from mnestoma.cli import cli
+from mnestoma.testing.clock import MovableClock
 
 HEAD = mnestoma.head_revision()
 
@@ -134,3 +140,122 @@ def test_protos_help_explains_its_thresholds() -> None:
 def test_db_sql_help_says_a_downward_range_is_a_downgrade() -> None:
     out = " ".join(run_ok("db", "sql", "--help").stdout.split())
     assert "START:END with END below START" in out and "downgrade script" in out
+
+
+# --- --limit: read no more than asked -------------------------------------------------------
+
+
+def _chain_store(url: str, n: int, clock: MovableClock) -> None:
+    """``n`` edges created one minute apart, e0 oldest, then one more event on e0."""
+    with mnestoma.Mnestoma(url, clock=clock) as m:
+        for i in range(n):
+            m.record_passing(f"e{i}", "1", "sink", "1")
+            clock.advance(minutes=1)
+        m.record_passing("e0", "1", "sink", "1")
+
+
+def _statements(engine: Engine) -> list[str]:
+    seen: list[str] = []
+
+    def remember(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        seen.append(statement)
+
+    event.listen(engine, "before_cursor_execute", remember)
+    return seen
+
+
+def test_edges_limit_returns_the_oldest_rows_and_puts_limit_in_the_sql(
+    store_url: str, clock: MovableClock
+) -> None:
+    _chain_store(store_url, 5, clock)
+    with mnestoma.Mnestoma(store_url, clock=clock) as m:
+        seen = _statements(m.engine)
+        rows = m.edges(limit=2)
+        assert [r.src_executor for r in rows] == ["e0", "e1"]
+        assert any("LIMIT" in s for s in seen if "FROM mnests" in s)
+        assert len(m.edges(limit=99)) == 5
+        assert [r.src_executor for r in m.edges(states=["active"], limit=1)] == ["e0"]
+
+
+def test_events_limit_returns_the_oldest_events(store_url: str, clock: MovableClock) -> None:
+    _chain_store(store_url, 4, clock)
+    with mnestoma.Mnestoma(store_url, clock=clock) as m:
+        every = m.events()
+        assert len(every) == 5
+        assert [e.id for e in m.events(limit=3)] == [e.id for e in every[:3]]
+        first = every[0].mnest_id
+        assert [e.kind for e in m.events(mnest_id=first, limit=1)] == ["created"]
+
+
+def test_the_repository_takes_the_limit_too(store_url: str, clock: MovableClock) -> None:
+    _chain_store(store_url, 3, clock)
+    engine = make_engine(store_url)
+    try:
+        with UnitOfWork(make_session_factory(engine), clock=clock) as uow:
+            assert len(uow.mnests.edges(limit=2)) == 2
+            assert len(uow.mnests.events(limit=1)) == 1
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 1.5, "3", 2**31])
+def test_a_bad_limit_is_invalid_input(store_url: str, bad: Any) -> None:
+    with mnestoma.Mnestoma(store_url) as m:
+        with pytest.raises(mnestoma.InvalidInput, match="limit"):
+            m.edges(limit=bad)
+        with pytest.raises(mnestoma.InvalidInput, match="limit"):
+            m.events(limit=bad)
+
+
+def test_cli_limit_on_edges_and_events(store_url: str, clock: MovableClock) -> None:
+    _chain_store(store_url, 4, clock)
+    out = run_ok("edges", "--limit", "2", "--json", "--database-url", store_url).stdout
+    assert [r["src_executor"] for r in json.loads(out)] == ["e0", "e1"]
+    table = run_ok("edges", "--limit", "1", "--database-url", store_url).stdout.splitlines()
+    assert len(table) == 2 and "e0@1" in table[1]
+    out = run_ok("events", "--limit", "3", "--json", "--database-url", store_url).stdout
+    assert len(json.loads(out)) == 3
+
+
+def test_cli_limit_on_walk_and_protos(store_url: str, clock: MovableClock) -> None:
+    with mnestoma.Mnestoma(store_url, clock=clock) as m:
+        m.record_turn("t", [("a", "1", "b", "1"), ("b", "1", "c", "1"), ("a", "1", "d", "1")])
+        for i in range(3):
+            m.record_turn(f"p{i}", [("a", "1", "x", None, False), ("a", "1", "y", None, False)])
+
+    def listing(*args: str) -> Any:
+        return json.loads(run_ok(*args, "--json", "--database-url", store_url).stdout)
+
+    paths = listing("walk", "a")
+    assert len(paths) == 3
+    two = listing("walk", "a", "--limit", "2")
+    assert [p["path"] for p in two] == [p["path"] for p in paths[:2]]
+    protos = listing("protos", "--min-weight", "0")
+    one = listing("protos", "--min-weight", "0", "--limit", "1")
+    assert len(protos) == 2 and [p["id"] for p in one] == [protos[0]["id"]]
+
+
+@pytest.mark.parametrize("command", ["edges", "events", "walk a", "protos"])
+def test_cli_limit_zero_exits_2(store_url: str, command: str) -> None:
+    result = run(*command.split(), "--limit", "0", "--database-url", store_url)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith("Error: ") and "limit" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_edges_into_a_closed_pipe_stops_quietly(tmp_path: Path, clock: MovableClock) -> None:
+    url = f"sqlite:///{tmp_path / 'big.sqlite'}"
+    with mnestoma.Mnestoma(url, clock=clock) as m:
+        m.record_turn("t", [(f"src.{i:05d}", "1", "dst", "1") for i in range(3000)])
+    # `mnestoma edges | head -1`: the reader goes away long before the table is written
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mnestoma", "edges", "--database-url", url],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline().startswith(b"ID ")
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    proc.wait(timeout=60)
+    assert err == "", err
