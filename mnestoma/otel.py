@@ -1,0 +1,539 @@
+"""Record passings from OpenTelemetry traces: a span processor that feeds the store.
+
+``MnestomaSpanProcessor`` reads the tool spans of a trace (GenAI semantic conventions and
+OpenInference), links a tool call B to an earlier call A of the same trace when B's arguments
+contain a value that A returned (compared by digest; the content itself is dropped at once),
+and when the trace's local root span ends, records the links with
+``store.record_turn(trace_id_hex, passings, recorder="otel")``.
+
+Everything but a few dictionary look-ups happens on one writer thread, off the thread that
+ends the span; a failing store is logged and counted, never raised into the traced program.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import queue
+import threading
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import pairwise
+from typing import Any, Protocol
+
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
+
+from .errors import InvalidInput
+from .validation import Passing
+
+__all__ = [
+    "DEFAULT_VERSION",
+    "MIN_LEAF_CHARS",
+    "REDACTED_VALUES",
+    "MnestomaSpanProcessor",
+    "ProcessorStats",
+    "TurnRecorder",
+    "VersionOf",
+    "value_digests",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Version given to a tool that ``version_of`` does not know (spans carry no version).
+DEFAULT_VERSION = "unversioned"
+#: A string or number whose text is shorter than this is too common to prove a passing.
+MIN_LEAF_CHARS = 4
+#: Texts that say "no value" whatever their length: never evidence of a passing.
+_TRIVIAL_TEXTS = frozenset({"true", "false", "null", "none", "nan", "undefined"})
+#: What instrumentations write in place of content they were told to hide: "not captured".
+REDACTED_VALUES = frozenset({"__REDACTED__"})
+#: How deep nested arguments and results (and JSON inside their strings) are read.
+MAX_DEPTH = 8
+
+_SEQUENCE_TAGS = {"basis": "sequence"}
+
+# GenAI semantic conventions (execute_tool spans)
+_GENAI_OPERATION = "gen_ai.operation.name"
+_GENAI_TOOL_NAME = "gen_ai.tool.name"
+_GENAI_ARGUMENTS = "gen_ai.tool.call.arguments"
+_GENAI_RESULT = "gen_ai.tool.call.result"
+# OpenInference (TOOL spans)
+_OI_KIND = "openinference.span.kind"
+_OI_TOOL_NAME = "tool.name"
+_OI_INPUT = "input.value"
+_OI_OUTPUT = "output.value"
+
+VersionOf = Mapping[str, str] | Callable[[str], str | None]
+
+
+class TurnRecorder(Protocol):
+    """What the processor needs of a store: ``Mnestoma.record_turn`` with its recorder."""
+
+    def record_turn(self, turn_id: str, passings: Iterable[Passing], *, recorder: str) -> Any:
+        """Record the passings of one turn in one transaction."""
+        ...
+
+
+@dataclass(frozen=True)
+class ProcessorStats:
+    """What the processor did and what it had to leave out, since it was created."""
+
+    tool_spans: int = 0  # tool spans read (GenAI or OpenInference)
+    traces_recorded: int = 0  # traces whose passings the store accepted
+    passings_recorded: int = 0  # passings the store accepted
+    traces_evicted: int = 0  # traces forgotten before their local root ended
+    spans_dropped: int = 0  # tool spans over max_spans_per_trace (oldest first)
+    late_spans: int = 0  # tool spans ending after their trace was recorded
+    unversioned_spans: int = 0  # tool spans skipped: no version and no default
+    leaves_truncated: int = 0  # values read only up to max_leaves_per_value
+    queue_overflow: int = 0  # spans the full queue could not take (their trace may be partial)
+    store_failures: int = 0  # record_turn calls that raised
+    errors: int = 0  # other failures on the writer thread (e.g. version_of raising)
+
+
+@dataclass
+class _Counters:
+    """Mutable twin of ProcessorStats, written by the writer thread (overflow under a lock)."""
+
+    tool_spans: int = 0
+    traces_recorded: int = 0
+    passings_recorded: int = 0
+    traces_evicted: int = 0
+    spans_dropped: int = 0
+    late_spans: int = 0
+    unversioned_spans: int = 0
+    leaves_truncated: int = 0
+    queue_overflow: int = 0
+    store_failures: int = 0
+    errors: int = 0
+
+
+@dataclass(frozen=True)
+class _ToolCall:
+    """One tool span as the processor keeps it: name, version, times and digests only."""
+
+    span_id: int
+    name: str
+    version: str
+    start: int
+    end: int
+    arguments: frozenset[bytes] | None  # None: the span carried no arguments
+    result: frozenset[bytes] | None  # None: the span carried no result
+
+
+@dataclass
+class _Trace:
+    """A trace whose local root has not ended yet."""
+
+    open_roots: int = 0
+    calls: deque[_ToolCall] = field(default_factory=deque)
+
+
+# Items of the writer's queue. Attribute values travel by reference; they are hashed and
+# dropped on the writer thread.
+@dataclass(frozen=True)
+class _ToolEnded:
+    trace_id: int
+    span_id: int
+    name: str
+    start: int
+    end: int
+    arguments: Any
+    result: Any
+
+
+@dataclass(frozen=True)
+class _RootStarted:
+    trace_id: int
+
+
+@dataclass(frozen=True)
+class _RootEnded:
+    trace_id: int
+
+
+@dataclass(frozen=True)
+class _Marker:
+    done: threading.Event
+    stop: bool = False
+
+
+def _digest(text: str) -> bytes:
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
+def _leaf_text(value: Any) -> str | None:
+    """The text a leaf is compared by, or None when the leaf is trivial (see the README)."""
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        text = str(value)
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            return None
+        text = str(int(value)) if value.is_integer() else repr(value)
+    elif isinstance(value, str):
+        text = value.strip()
+    else:
+        return None
+    if len(text) < MIN_LEAF_CHARS or text.lower() in _TRIVIAL_TEXTS:
+        return None
+    return text
+
+
+def _parse(text: str) -> Any:
+    """JSON inside a string (an object, array or quoted string) is read; other text stays."""
+    stripped = text.strip()
+    if stripped[:1] in ("{", "[", '"'):
+        try:
+            return _unwrap(json.loads(stripped))
+        except ValueError:
+            pass
+    return text
+
+
+def _unwrap(value: Any) -> Any:
+    """A serialised chat message around a tool's output (LangChain's) counts as its content."""
+    if isinstance(value, dict):
+        data = value.get("data")
+        if value.get("type") == "tool" and isinstance(data, dict) and "content" in data:
+            return data["content"]
+        if value.get("type") == "tool" and "tool_call_id" in value and "content" in value:
+            return value["content"]
+    return value
+
+
+def value_digests(value: Any, *, max_leaves: int = 256) -> tuple[frozenset[bytes], bool]:
+    """Digests of the non-trivial leaves of an attribute value, and whether it was cut short.
+
+    A string holding JSON is parsed (nested JSON strings too, to ``MAX_DEPTH``); other
+    strings and numbers are one leaf each. Only digests leave this function.
+    """
+    found: set[bytes] = set()
+    truncated = False
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str) and depth < MAX_DEPTH:
+            parsed = _parse(item)
+            if parsed is not item:
+                stack.append((parsed, depth + 1))
+                continue
+        if isinstance(item, Mapping):
+            if depth < MAX_DEPTH:
+                stack.extend((v, depth + 1) for v in item.values())
+            continue
+        if isinstance(item, Sequence) and not isinstance(item, str | bytes):
+            if depth < MAX_DEPTH:
+                stack.extend((v, depth + 1) for v in item)
+            continue
+        text = _leaf_text(item)
+        if text is None:
+            continue
+        if len(found) >= max_leaves:
+            truncated = True
+            break
+        found.add(_digest(text))
+    return frozenset(found), truncated
+
+
+def _first(attributes: Mapping[str, Any], *keys: str) -> Any:
+    for key in keys:
+        value = attributes.get(key)
+        if value is not None:
+            return value
+    return None
+
+
+class MnestomaSpanProcessor(SpanProcessor):
+    """An OpenTelemetry SDK span processor that records tool-to-tool passings in the store.
+
+    ``version_of`` maps a tool name to its version (a mapping, or a callable returning the
+    version or None); a tool it does not know gets ``default_version`` ("unversioned"), or is
+    skipped when ``default_version`` is None. With ``sequence_edges=True``, two consecutive
+    tool calls where either side carried no content are linked with ``tags={"basis":
+    "sequence"}``; off by default, so that a trace without content records nothing.
+
+    Bounds: at most ``max_traces`` open traces (the oldest is forgotten first, counted in
+    ``stats.traces_evicted``), ``max_spans_per_trace`` tool calls per trace (oldest first),
+    ``max_leaves_per_value`` digests per argument or result, ``max_queue`` spans waiting
+    for the writer thread (more are dropped and counted).
+    """
+
+    def __init__(
+        self,
+        store: TurnRecorder,
+        *,
+        version_of: VersionOf | None = None,
+        default_version: str | None = DEFAULT_VERSION,
+        sequence_edges: bool = False,
+        max_traces: int = 1024,
+        max_spans_per_trace: int = 256,
+        max_leaves_per_value: int = 256,
+        max_queue: int = 10_000,
+    ) -> None:
+        for name, bound in (
+            ("max_traces", max_traces),
+            ("max_spans_per_trace", max_spans_per_trace),
+            ("max_leaves_per_value", max_leaves_per_value),
+            ("max_queue", max_queue),
+        ):
+            if not isinstance(bound, int) or isinstance(bound, bool) or bound < 1:
+                raise InvalidInput(f"{name} must be a positive integer, got {bound!r}")
+        if version_of is not None and not (isinstance(version_of, Mapping) or callable(version_of)):
+            raise InvalidInput("version_of must be a mapping or a callable")
+        self._store = store
+        self._version_of = version_of
+        self._default_version = default_version
+        self._sequence_edges = sequence_edges
+        self._max_traces = max_traces
+        self._max_spans = max_spans_per_trace
+        self._max_leaves = max_leaves_per_value
+        self._queue: queue.Queue[_ToolEnded | _RootStarted | _RootEnded | _Marker] = queue.Queue(
+            max_queue
+        )
+        self._counters = _Counters()
+        self._overflow_lock = threading.Lock()
+        self._closed = False
+        # writer-thread state: open traces, and recently recorded ones (to spot late spans)
+        self._traces: OrderedDict[int, _Trace] = OrderedDict()
+        self._recorded: OrderedDict[int, None] = OrderedDict()
+        self._writer = threading.Thread(target=self._run, name="mnestoma-otel-writer", daemon=True)
+        self._writer.start()
+
+    # -- the instrumented program's threads: look, enqueue, return -------------------------
+
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        """Note a local root's start, so that a trace with two local roots waits for both."""
+        parent = span.parent
+        if not self._closed and (parent is None or parent.is_remote):
+            self._offer(_RootStarted(span.context.trace_id))
+
+    def on_end(self, span: ReadableSpan) -> None:
+        """Hand a tool span, or the end of a local root, to the writer thread."""
+        if self._closed:
+            return
+        context = span.context
+        if context is None:
+            return
+        attributes = span.attributes or {}
+        if attributes.get(_GENAI_OPERATION) == "execute_tool":
+            name = attributes.get(_GENAI_TOOL_NAME)
+            arguments = attributes.get(_GENAI_ARGUMENTS)
+            result = attributes.get(_GENAI_RESULT)
+        elif attributes.get(_OI_KIND) == "TOOL":
+            name = _first(attributes, _OI_TOOL_NAME, _GENAI_TOOL_NAME)
+            arguments = attributes.get(_OI_INPUT)
+            result = attributes.get(_OI_OUTPUT)
+        else:
+            name = None
+        if isinstance(name, str) and name.strip():
+            self._offer(
+                _ToolEnded(
+                    context.trace_id,
+                    context.span_id,
+                    name,
+                    span.start_time or 0,
+                    span.end_time or 0,
+                    arguments,
+                    result,
+                )
+            )
+        parent = span.parent
+        if parent is None or parent.is_remote:
+            self._offer(_RootEnded(context.trace_id))
+
+    def _offer(self, item: _ToolEnded | _RootStarted | _RootEnded) -> None:
+        try:
+            self._queue.put_nowait(item)
+        except queue.Full:
+            with self._overflow_lock:
+                self._counters.queue_overflow += 1
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        """Wait until every span handed over so far has been processed (and recorded)."""
+        if not self._writer.is_alive():
+            return self._queue.empty()
+        done = threading.Event()
+        try:
+            self._queue.put(_Marker(done), timeout=timeout_millis / 1000)
+        except queue.Full:
+            return False
+        return done.wait(timeout_millis / 1000)
+
+    def shutdown(self) -> None:
+        """Process what is queued, forget traces whose root never ended, stop the writer."""
+        if self._closed:
+            return
+        self._closed = True
+        done = threading.Event()
+        try:
+            self._queue.put(_Marker(done, stop=True), timeout=30)
+        except queue.Full:  # pragma: no cover - a writer stuck on its store for 30 s
+            logger.warning("mnestoma otel processor: writer did not drain its queue in 30 s")
+            return
+        self._writer.join(timeout=30)
+
+    @property
+    def stats(self) -> ProcessorStats:
+        """A snapshot of the counters."""
+        with self._overflow_lock:
+            return ProcessorStats(**vars(self._counters))
+
+    # -- the writer thread ------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if isinstance(item, _Marker):
+                if item.stop:
+                    with self._overflow_lock:
+                        self._counters.traces_evicted += len(self._traces)
+                    self._traces.clear()
+                    item.done.set()
+                    return
+                item.done.set()
+                continue
+            try:
+                self._handle(item)
+            except Exception:
+                logger.exception("mnestoma otel processor: could not process a span")
+                self._count("errors")
+
+    def _count(self, name: str, n: int = 1) -> None:
+        with self._overflow_lock:
+            setattr(self._counters, name, getattr(self._counters, name) + n)
+
+    def _trace(self, trace_id: int) -> _Trace:
+        trace = self._traces.get(trace_id)
+        if trace is None:
+            if len(self._traces) >= self._max_traces:
+                self._traces.popitem(last=False)
+                self._count("traces_evicted")
+            trace = self._traces[trace_id] = _Trace()
+        return trace
+
+    def _handle(self, item: _ToolEnded | _RootStarted | _RootEnded) -> None:
+        if isinstance(item, _RootStarted):
+            self._recorded.pop(item.trace_id, None)
+            self._trace(item.trace_id).open_roots += 1
+        elif isinstance(item, _ToolEnded):
+            self._count("tool_spans")
+            if item.trace_id not in self._traces and item.trace_id in self._recorded:
+                self._count("late_spans")
+                return
+            call = self._tool_call(item)
+            if call is None:
+                return
+            calls = self._trace(item.trace_id).calls
+            if len(calls) >= self._max_spans:
+                calls.popleft()
+                self._count("spans_dropped")
+            calls.append(call)
+        else:
+            trace = self._traces.get(item.trace_id)
+            if trace is None:
+                return
+            trace.open_roots -= 1
+            if trace.open_roots > 0:
+                return
+            del self._traces[item.trace_id]
+            self._recorded[item.trace_id] = None
+            if len(self._recorded) > self._max_traces:
+                self._recorded.popitem(last=False)
+            self._record(item.trace_id, trace.calls)
+
+    def _version(self, name: str) -> str | None:
+        version_of = self._version_of
+        if version_of is None:
+            version = None
+        elif isinstance(version_of, Mapping):
+            version = version_of.get(name)
+        else:
+            version = version_of(name)
+        return self._default_version if version is None else version
+
+    def _tool_call(self, item: _ToolEnded) -> _ToolCall | None:
+        try:
+            version = self._version(item.name)
+        except Exception:
+            logger.exception("mnestoma otel processor: version_of(%r) raised", item.name)
+            self._count("errors")
+            return None
+        if version is None:
+            self._count("unversioned_spans")
+            return None
+        return _ToolCall(
+            item.span_id,
+            item.name,
+            version,
+            item.start,
+            item.end,
+            self._digests(item.arguments),
+            self._digests(item.result),
+        )
+
+    def _digests(self, value: Any) -> frozenset[bytes] | None:
+        if value is None or (isinstance(value, str) and value in REDACTED_VALUES):
+            return None
+        found, truncated = value_digests(value, max_leaves=self._max_leaves)
+        if truncated:
+            self._count("leaves_truncated")
+        return found
+
+    def _record(self, trace_id: int, calls: Iterable[_ToolCall]) -> None:
+        passings = self._passings(calls)
+        if not passings:
+            return
+        try:
+            self._store.record_turn(format(trace_id, "032x"), passings, recorder="otel")
+        except Exception:
+            logger.warning(
+                "mnestoma otel processor: the store refused trace %032x (%d passings)",
+                trace_id,
+                len(passings),
+                exc_info=True,
+            )
+            self._count("store_failures")
+            return
+        self._count("traces_recorded")
+        self._count("passings_recorded", len(passings))
+
+    def _passings(self, calls: Iterable[_ToolCall]) -> list[Passing]:
+        """The passings of one trace's tool calls: lineage by content, then sequence if asked.
+
+        B is linked to A when A ended before B started and a digest of A's result is among
+        B's argument digests; each of B's digests goes to the latest such A only.
+        """
+        ordered = sorted(calls, key=lambda c: (c.start, c.end))
+        by_end = sorted(ordered, key=lambda c: c.end, reverse=True)
+        edges: dict[tuple[str, str, str, str], Passing] = {}
+        for consumer in ordered:
+            if not consumer.arguments:
+                continue
+            remaining = set(consumer.arguments)
+            for producer in by_end:
+                if producer.end > consumer.start or producer is consumer or not producer.result:
+                    continue
+                if remaining.isdisjoint(producer.result):
+                    continue
+                remaining -= producer.result
+                key = (producer.name, producer.version, consumer.name, consumer.version)
+                edges.setdefault(key, Passing(*key))
+                if not remaining:
+                    break
+        if self._sequence_edges:
+            for producer, consumer in pairwise(ordered):
+                if producer.end > consumer.start:
+                    continue
+                if producer.result is not None and consumer.arguments is not None:
+                    continue  # the content was there and decides
+                key = (producer.name, producer.version, consumer.name, consumer.version)
+                edges.setdefault(key, Passing(*key, tags=dict(_SEQUENCE_TAGS)))
+        return list(edges.values())
