@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import Engine
 from sqlalchemy.engine import URL
@@ -20,6 +20,10 @@ from .config import (
 from .errors import InvalidInput, MnestomaError, is_retryable, translate_errors
 from .migration import ensure_at_head
 from .models import CanonicalQuery, Event, Mnest
+from .ranking import Ranked
+
+if TYPE_CHECKING:
+    from .graph import MnestGraph
 from .repository import CanonicalQueryRepository, MnestRepository, QueryFrequency
 from .rules import RECURRING_MIN_USES, RECURRING_MIN_WEIGHT, AgerReport, Recorder
 from .uow import UnitOfWork
@@ -193,6 +197,58 @@ class Mnestoma:
     ) -> list[tuple[Mnest, float]]:
         """The k strongest active edges out of the source, with their effective weights."""
         return self._read(lambda u: u.mnests.suggest_next(src_executor, src_version, k=k))
+
+    def rank(
+        self, src_executor: str, candidates: Iterable[Any], *, src_version: str | None = None
+    ) -> list[Ranked]:
+        """The candidates in the order a planner should try them after ``src_executor``.
+
+        Highest effective weight of ``src → candidate`` first, ties broken by activation;
+        candidates without an active edge follow in the order given (contract §9).
+        """
+        items: Any = candidates
+        if isinstance(candidates, Iterable) and not isinstance(candidates, str | bytes):
+            items = list(candidates)  # read once: a generator is not replayed
+        return self._read(lambda u: u.mnests.rank(src_executor, items, src_version=src_version))
+
+    def graph(
+        self,
+        src_executor: str | None = None,
+        *,
+        src_version: str | None = None,
+        depth: int = 3,
+        states: Iterable[str] | str | None = None,
+    ) -> MnestGraph:
+        """The graph of the store, or what ``src_executor`` reaches within ``depth`` edges,
+        read in one transaction (states None: every state). See :mod:`mnestoma.graph`."""
+        from .graph import build_graph
+
+        return self._read(
+            lambda u: build_graph(
+                u.mnests,
+                src_executor,
+                src_version=src_version,
+                depth=depth,
+                states=states,
+                clock=self.clock,
+            )
+        )
+
+    def to_networkx(
+        self,
+        src_executor: str | None = None,
+        *,
+        src_version: str | None = None,
+        depth: int = 3,
+        states: Iterable[str] | str | None = None,
+    ) -> Any:
+        """The graph as a ``networkx.MultiDiGraph`` (extra ``mnestoma[graph]``): nodes
+        ``"executor@version"``, one edge per mnest keyed by id, with its columns and
+        ``effective_weight``."""
+        from .graph import to_networkx
+
+        graph = self.graph(src_executor, src_version=src_version, depth=depth, states=states)
+        return to_networkx(graph)
 
     def transition_state(
         self, mnest_id: str, new_state: str, *, reason: str | None = None

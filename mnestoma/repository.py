@@ -26,6 +26,7 @@ from sqlalchemy.orm.base import instance_state
 from sqlalchemy.sql import Executable
 
 from . import sqlite_driver as lite
+from . import ranking
 from . import statements as stm
 from .errors import ConflictError, InvalidInput, InvalidTransition, NotFound, translate_errors
 from .models import CanonicalQuery, Event, Mnest
@@ -66,6 +67,7 @@ __all__ = ["CanonicalQueryRepository", "MnestRepository", "QueryFrequency"]
 
 T = TypeVar("T")
 MAX_WALK_DEPTH = 16
+RANK_NAMES_PER_STATEMENT = 500
 MAX_LIMIT = 2**31 - 1  # the largest LIMIT both engines take as a plain integer
 _MAX_RACE_ROUNDS = 8
 
@@ -538,18 +540,50 @@ class MnestRepository:
     def suggest_next(
         self, src_executor: str, src_version: str | None = None, *, k: int = 5
     ) -> list[tuple[Mnest, float]]:
-        """The k active edges out of the source with the highest effective weight."""
+        """The k active edges out of the source that a planner should try first.
+
+        Highest effective weight first, ties broken by activation (more uses, more recent
+        use), then by name: the ordering of :meth:`rank` (see :mod:`mnestoma.ranking`).
+        """
         src = check_name(src_executor, "src_executor")
         version = check_optional_name(src_version, "src_version")
         limit = check_positive_int(k, "k", maximum=10_000)
         conn = self._conn()
-        dialect = conn.dialect.name
-        stmt = stm.suggest_statement(dialect, version is not None)
-        params: dict[str, Any] = {"src": src, "k": limit, "now": self._now()}
+        stmt = stm.suggest_statement(conn.dialect.name, version is not None)
+        now = self._now()
+        params: dict[str, Any] = {"src": src, "k_offset": limit - 1, "now": now}
         if version is not None:
             params["sv"] = version
         rows = _run(conn, stmt, params).mappings().all()
-        return [(_snapshot(r), float(r["effective"])) for r in rows]
+        edges = [(_snapshot(r), float(r["effective"])) for r in rows]
+        return ranking.order_edges(edges, now)[:limit]
+
+    def rank(
+        self, src_executor: str, candidates: Iterable[Any], *, src_version: str | None = None
+    ) -> list[ranking.Ranked]:
+        """The candidates (names, or (name, version) pairs) in the order a planner should
+        try them after ``src_executor``, each with its score and why (contract §9)."""
+        src = check_name(src_executor, "src_executor")
+        version = check_optional_name(src_version, "src_version")
+        wanted = ranking.normalise_candidates(candidates)
+        if not wanted:
+            return []
+        conn = self._conn()
+        stmt = stm.rank_statement(conn.dialect.name, version is not None)
+        now = self._now()
+        names = sorted({executor for _, executor, _ in wanted})
+        edges: list[tuple[Mnest, float]] = []
+        for i in range(0, len(names), RANK_NAMES_PER_STATEMENT):
+            params: dict[str, Any] = {
+                "src": src,
+                "names": names[i : i + RANK_NAMES_PER_STATEMENT],
+                "now": now,
+            }
+            if version is not None:
+                params["sv"] = version
+            rows = _run(conn, stmt, params).mappings().all()
+            edges.extend((_snapshot(r), float(r["effective"])) for r in rows)
+        return ranking.rank_candidates(src, wanted, edges, now)
 
     def recurring_protos(
         self, *, min_uses: int = RECURRING_MIN_USES, min_weight: float = RECURRING_MIN_WEIGHT

@@ -240,17 +240,56 @@ def walk_statement(dialect: str, *, with_floor: bool) -> Any:
     return stmt
 
 
+def _out_of_source(table: Any, with_version: bool) -> list[Any]:
+    """The active edges out of ``:src`` (and ``:sv`` when the version is given)."""
+    terms = [table.c.state == "active", table.c.src_executor == bindparam("src")]
+    if with_version:
+        terms.append(table.c.src_version == bindparam("sv"))
+    return terms
+
+
 def suggest_statement(dialect: str, with_version: bool) -> Any:
+    """The candidates of ``suggest_next``: every active edge out of the source at least as
+    strong as the k-th strongest (``:k_offset`` = k − 1), with its effective weight.
+
+    Ties of effective weight at the k-th place all come back, so that Python can break
+    them with the activation (:mod:`mnestoma.ranking`); the set stays bounded by k plus
+    those ties.
+    """
     key = ("suggest" + ("_v" if with_version else ""), dialect)
+    if key in _CACHE:
+        return _CACHE[key]
+    now = now_param()
+    eff = decayed(dialect, M.c.weight, M.c.decay_lambda, M.c.ts_weight, now)
+    kth_row = M.alias("kth")
+    eff_kth = decayed(dialect, kth_row.c.weight, kth_row.c.decay_lambda, kth_row.c.ts_weight, now)
+    kth = (
+        select(eff_kth)
+        .where(*_out_of_source(kth_row, with_version))
+        .order_by(eff_kth.desc())
+        .limit(1)
+        .offset(bindparam("k_offset"))
+        .scalar_subquery()
+    )
+    stmt = (
+        select(M, eff.label("effective"))
+        .where(*_out_of_source(M, with_version), eff >= func.coalesce(kth, -1.0))
+        .order_by(eff.desc(), M.c.uses.desc(), M.c.id)
+    )
+    _CACHE[key] = stmt
+    return stmt
+
+
+def rank_statement(dialect: str, with_version: bool) -> Any:
+    """The active edges out of the source to ``:names`` (expanding), with effective weight."""
+    key = ("rank" + ("_v" if with_version else ""), dialect)
     if key in _CACHE:
         return _CACHE[key]
     eff = decayed(dialect, M.c.weight, M.c.decay_lambda, M.c.ts_weight, now_param())
     stmt = select(M, eff.label("effective")).where(
-        M.c.state == "active", M.c.src_executor == bindparam("src")
+        *_out_of_source(M, with_version),
+        M.c.dst_executor.in_(bindparam("names", expanding=True)),
     )
-    if with_version:
-        stmt = stmt.where(M.c.src_version == bindparam("sv"))
-    stmt = stmt.order_by(eff.desc(), M.c.uses.desc(), M.c.id).limit(bindparam("k"))
     _CACHE[key] = stmt
     return stmt
 

@@ -1,0 +1,432 @@
+"""A picture of the graph (contract §9): the store's edges as DOT, Mermaid, GraphML or JSON.
+
+A node is an executor at a version (``"executor@version"``), or the bare name of an
+executor that a proto-mnest wishes for (it has no version yet). Effective weight is drawn
+as pen width and written on the edge; protos are dashed toward a "wished" node, decaying
+edges are greyed, superseded ones are left out unless asked for. ``networkx`` (extra
+``mnestoma[graph]``) is imported only by GraphML and :func:`to_networkx`.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from .errors import InvalidInput, MnestomaError
+from .models import Mnest
+from .rules import MnestState
+from .validation import (
+    Clock,
+    check_name,
+    check_optional_name,
+    check_positive_int,
+    check_states,
+    read_clock,
+    utc_now,
+)
+
+if TYPE_CHECKING:
+    from .repository import MnestRepository
+
+__all__ = [
+    "DEFAULT_DEPTH",
+    "GRAPH_FORMATS",
+    "PICTURE_STATES",
+    "GraphEdge",
+    "GraphNode",
+    "MissingExtra",
+    "MnestGraph",
+    "build_graph",
+    "render",
+    "to_dot",
+    "to_graphml",
+    "to_json",
+    "to_mermaid",
+    "to_networkx",
+]
+
+GRAPH_FORMATS = ("dot", "mermaid", "graphml", "json")
+# What a picture shows unless told otherwise: superseded edges are history, hidden.
+PICTURE_STATES = (MnestState.ACTIVE.value, MnestState.PROTO.value, MnestState.DECAYING.value)
+DEFAULT_DEPTH = 3
+MAX_DEPTH = 16
+
+# Pen width grows linearly with the effective weight: 1 (weight 0) to 5 (weight 1).
+PEN_MIN = 1.0
+PEN_SPAN = 4.0
+WISHED_COLOUR = "#b35c00"
+FADED_COLOUR = "#9e9e9e"
+SUPERSEDED_COLOUR = "#c8c8c8"
+
+
+class MissingExtra(MnestomaError, ImportError):
+    """An optional dependency is not installed; the message names the extra that brings it."""
+
+
+@dataclass(frozen=True, slots=True)
+class GraphNode:
+    """An executor at a version, or (``wished``) an executor a proto wishes for."""
+
+    id: str
+    executor: str
+    version: str | None
+    wished: bool
+
+
+@dataclass(frozen=True, slots=True)
+class GraphEdge:
+    """One mnest between two nodes, with its effective weight at the graph's instant."""
+
+    source: str
+    target: str
+    mnest: Mnest
+    effective_weight: float
+
+
+@dataclass(frozen=True, slots=True)
+class MnestGraph:
+    """Nodes and edges, sorted so that every rendering of the same store is the same text."""
+
+    nodes: tuple[GraphNode, ...]
+    edges: tuple[GraphEdge, ...]
+    at: datetime
+    src: str | None = None
+
+
+def node_id(executor: str, version: str | None) -> str:
+    """``executor@version``; a wished executor (no version) is its bare name."""
+    return executor if version is None else f"{executor}@{version}"
+
+
+def build_graph(
+    repo: MnestRepository,
+    src_executor: str | None = None,
+    *,
+    src_version: str | None = None,
+    depth: int = DEFAULT_DEPTH,
+    states: Iterable[str] | str | None = None,
+    clock: Clock | None = None,
+) -> MnestGraph:
+    """The graph of the store read through ``repo`` (one transaction), at the clock's now.
+
+    Without ``src_executor``: every edge in ``states`` (None: every state). With it: the
+    edges in ``states`` out of the nodes that ``src_executor`` (at ``src_version``, else any
+    version) reaches through at most ``depth − 1`` active edges, as ``walk`` follows them,
+    so that ``depth`` = 1 shows the edges out of the source only.
+    """
+    at = read_clock(clock or utc_now)
+    chosen = check_states(states)
+    shown = None if chosen is None else {s.value for s in chosen}
+    if src_executor is None:
+        if src_version is not None:
+            raise InvalidInput("src_version needs src_executor")
+        rows = repo.edges(states=None if shown is None else sorted(shown))
+        return _graph(rows, at, None)
+    src = check_name(src_executor, "src_executor")
+    version = check_optional_name(src_version, "src_version")
+    hops = check_positive_int(depth, "depth", maximum=MAX_DEPTH)
+    # Read the shown states and ``active`` (followed even when not shown).
+    wanted = None if shown is None else sorted(shown | {MnestState.ACTIVE.value})
+    frontier: dict[str, set[str] | None] = {src: None if version is None else {version}}
+    reached: set[tuple[str, str]] = set()
+    found: dict[str, Mnest] = {}
+    for _ in range(hops):
+        following: dict[str, set[str]] = {}
+        for executor in sorted(frontier):
+            versions = frontier[executor]
+            for m in repo.edges(src_executor=executor, states=wanted):
+                if versions is not None and m.src_version not in versions:
+                    continue
+                reached.add((m.src_executor, m.src_version))
+                if shown is None or m.state in shown:
+                    found[m.id] = m
+                if m.state != MnestState.ACTIVE.value or m.dst_version is None:
+                    continue
+                nxt = (m.dst_executor, m.dst_version)
+                if nxt in reached:
+                    continue
+                following.setdefault(m.dst_executor, set()).add(m.dst_version)
+        frontier = dict(following)
+        if not frontier:
+            break
+    return _graph(found.values(), at, node_id(src, version))
+
+
+def _graph(rows: Iterable[Mnest], at: datetime, src: str | None) -> MnestGraph:
+    nodes: dict[str, GraphNode] = {}
+    edges: list[GraphEdge] = []
+    for m in rows:
+        source = node_id(m.src_executor, m.src_version)
+        target = node_id(m.dst_executor, m.dst_version)
+        nodes.setdefault(source, GraphNode(source, m.src_executor, m.src_version, False))
+        wished = m.dst_version is None
+        nodes.setdefault(target, GraphNode(target, m.dst_executor, m.dst_version, wished))
+        edges.append(GraphEdge(source, target, m, m.effective_weight(at)))
+    edges.sort(key=lambda e: (e.source, e.target, e.mnest.state, e.mnest.id))
+    return MnestGraph(tuple(nodes[k] for k in sorted(nodes)), tuple(edges), at, src)
+
+
+# --- shared look --------------------------------------------------------------------------
+
+
+def _iso(value: datetime) -> str:
+    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def _pen(weight: float) -> float:
+    return round(PEN_MIN + PEN_SPAN * min(1.0, max(0.0, weight)), 2)
+
+
+def _edge_label(e: GraphEdge) -> str:
+    uses = e.mnest.uses
+    text = f"{e.effective_weight:.2f} ({uses} use{'' if uses == 1 else 's'})"
+    state = e.mnest.state
+    if state == MnestState.PROTO.value:
+        return text + " wished"
+    if state != MnestState.ACTIVE.value:
+        return f"{text} {state}"
+    return text
+
+
+def _faded_nodes(graph: MnestGraph) -> set[str]:
+    """Nodes that only decaying or superseded edges touch: drawn grey like them."""
+    alive = {MnestState.ACTIVE.value, MnestState.PROTO.value}
+    lit = {n for e in graph.edges if e.mnest.state in alive for n in (e.source, e.target)}
+    return {n.id for n in graph.nodes if n.id not in lit}
+
+
+def _title(graph: MnestGraph) -> str:
+    where = f"from {graph.src}, " if graph.src is not None else ""
+    return f"mnestoma: {where}effective weights at {_iso(graph.at)}"
+
+
+# --- DOT ----------------------------------------------------------------------------------
+
+
+def _dot_quote(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _dot_attrs(attrs: dict[str, Any]) -> str:
+    parts = []
+    for k, v in attrs.items():
+        if isinstance(v, float):
+            parts.append(f"{k}={v:g}")
+        elif isinstance(v, str) and k == "label":
+            # labels keep their own \n line breaks; everything else is quoted verbatim
+            parts.append(f"{k}=" + '"' + v.replace('"', '\\"') + '"')
+        else:
+            parts.append(f"{k}={_dot_quote(str(v))}")
+    return "[" + ", ".join(parts) + "]"
+
+
+def _dot_label(*lines: str) -> str:
+    return "\\n".join(line.replace("\\", "\\\\") for line in lines)
+
+
+def to_dot(graph: MnestGraph) -> str:
+    """Graphviz DOT: ``dot -Tsvg`` draws it."""
+    faded = _faded_nodes(graph)
+    out = [
+        "digraph mnestoma {",
+        f"  graph {_dot_attrs({'rankdir': 'LR', 'label': _dot_label(_title(graph))})};",
+        '  graph [labelloc="t", fontname="Helvetica", fontsize=11];',
+        '  node [shape="box", style="rounded", fontname="Helvetica", fontsize=11];',
+        '  edge [fontname="Helvetica", fontsize=10];',
+    ]
+    for n in graph.nodes:
+        attrs: dict[str, Any]
+        if n.wished:
+            attrs = {
+                "label": _dot_label(n.executor, "(wished)"),
+                "style": "rounded,dashed",
+                "color": WISHED_COLOUR,
+                "fontcolor": WISHED_COLOUR,
+            }
+        else:
+            attrs = {"label": _dot_label(n.executor, n.version or "")}
+            if n.id in faded:
+                attrs.update(color=FADED_COLOUR, fontcolor=FADED_COLOUR)
+        if n.id == graph.src or (graph.src == n.executor and not n.wished):
+            attrs["penwidth"] = 2.0
+        out.append(f"  {_dot_quote(n.id)} {_dot_attrs(attrs)};")
+    for e in graph.edges:
+        attrs = {"label": _dot_label(_edge_label(e)), "penwidth": _pen(e.effective_weight)}
+        state = e.mnest.state
+        if state == MnestState.PROTO.value:
+            attrs.update(style="dashed", color=WISHED_COLOUR, fontcolor=WISHED_COLOUR)
+        elif state == MnestState.DECAYING.value:
+            attrs.update(color=FADED_COLOUR, fontcolor=FADED_COLOUR)
+        elif state == MnestState.SUPERSEDED.value:
+            attrs.update(style="dotted", color=SUPERSEDED_COLOUR, fontcolor=SUPERSEDED_COLOUR)
+        out.append(f"  {_dot_quote(e.source)} -> {_dot_quote(e.target)} {_dot_attrs(attrs)};")
+    out.append("}")
+    return "\n".join(out) + "\n"
+
+
+# --- Mermaid ------------------------------------------------------------------------------
+
+# Inside a quoted Mermaid label, these would end the string or be read as markup.
+_MERMAID_ENTITIES = {
+    "#": "#35;",
+    '"': "#quot;",
+    "<": "#lt;",
+    ">": "#gt;",
+    "&": "#amp;",
+    "`": "#96;",
+    "|": "#124;",
+}
+
+
+def mermaid_text(text: str) -> str:
+    """``text`` as the inside of a quoted Mermaid label."""
+    return "".join(_MERMAID_ENTITIES.get(ch, ch) for ch in text)
+
+
+def to_mermaid(graph: MnestGraph) -> str:
+    """A Mermaid ``flowchart LR`` (GitHub and most Markdown viewers draw it)."""
+    ids = {n.id: f"n{i}" for i, n in enumerate(graph.nodes)}
+    faded = _faded_nodes(graph)
+    out = ["flowchart LR", f"    %% {_title(graph)}"]
+    for n in graph.nodes:
+        if n.wished:
+            out.append(f'    {ids[n.id]}(["{mermaid_text(n.executor)} (wished)"])')
+        else:
+            out.append(f'    {ids[n.id]}["{mermaid_text(n.id)}"]')
+    styles: list[str] = []
+    for i, e in enumerate(graph.edges):
+        state = e.mnest.state
+        arrow = "-->" if state in (MnestState.ACTIVE.value, MnestState.DECAYING.value) else "-.->"
+        label = mermaid_text(_edge_label(e))
+        out.append(f'    {ids[e.source]} {arrow}|"{label}"| {ids[e.target]}')
+        style = f"stroke-width:{_pen(e.effective_weight)}px"
+        if state == MnestState.PROTO.value:
+            style += f",stroke:{WISHED_COLOUR},color:{WISHED_COLOUR}"
+        elif state == MnestState.DECAYING.value:
+            style += f",stroke:{FADED_COLOUR},color:{FADED_COLOUR}"
+        elif state == MnestState.SUPERSEDED.value:
+            style += f",stroke:{SUPERSEDED_COLOUR},color:{SUPERSEDED_COLOUR}"
+        styles.append(f"    linkStyle {i} {style};")
+    out.append(
+        f"    classDef wished stroke-dasharray:5 5,stroke:{WISHED_COLOUR},"
+        f"color:{WISHED_COLOUR},fill:#fff5e6;"
+    )
+    out.append(f"    classDef faded stroke:{FADED_COLOUR},color:{FADED_COLOUR},fill:#f5f5f5;")
+    out.append("    classDef source stroke-width:3px;")
+    wished = [ids[n.id] for n in graph.nodes if n.wished]
+    grey = [ids[n.id] for n in graph.nodes if n.id in faded and not n.wished]
+    start = [
+        ids[n.id]
+        for n in graph.nodes
+        if not n.wished and graph.src is not None and graph.src in (n.id, n.executor)
+    ]
+    for name, members in (("wished", wished), ("faded", grey), ("source", start)):
+        if members:
+            out.append(f"    class {','.join(members)} {name};")
+    out.extend(styles)
+    return "\n".join(out) + "\n"
+
+
+# --- JSON ---------------------------------------------------------------------------------
+
+
+def edge_records(graph: MnestGraph) -> list[dict[str, Any]]:
+    """One object per edge, keyed like the command line's other listings (every column,
+    ISO-8601 UTC times, ``effective_weight``), plus its ``source`` and ``target`` nodes."""
+    out = []
+    for e in graph.edges:
+        record = {
+            k: (_iso(v) if isinstance(v, datetime) else v) for k, v in e.mnest.as_dict().items()
+        }
+        record["effective_weight"] = e.effective_weight
+        record["source"] = e.source
+        record["target"] = e.target
+        out.append(record)
+    return out
+
+
+def to_json(graph: MnestGraph) -> str:
+    """A JSON array of :func:`edge_records`."""
+    return json.dumps(edge_records(graph), indent=2, ensure_ascii=False) + "\n"
+
+
+# --- networkx and GraphML -----------------------------------------------------------------
+
+
+def _networkx() -> Any:
+    try:
+        import networkx  # type: ignore[import-untyped,unused-ignore]
+    except ImportError as err:
+        raise MissingExtra(
+            "networkx is not installed: pip install 'mnestoma[graph]' for GraphML and to_networkx()"
+        ) from err
+    return networkx
+
+
+def to_networkx(graph: MnestGraph) -> Any:
+    """A ``networkx.MultiDiGraph``: node ``"executor@version"`` (a wished executor: its bare
+    name) with ``executor``, ``version``, ``wished``; one edge per mnest, keyed by its id,
+    with every column of the mnest and ``effective_weight``."""
+    nx = _networkx()
+    g = nx.MultiDiGraph(at=graph.at, src=graph.src)
+    for n in graph.nodes:
+        g.add_node(n.id, executor=n.executor, version=n.version, wished=n.wished)
+    for e in graph.edges:
+        g.add_edge(
+            e.source,
+            e.target,
+            key=e.mnest.id,
+            **e.mnest.as_dict(),
+            effective_weight=e.effective_weight,
+        )
+    return g
+
+
+def _graphml_value(value: Any) -> Any:
+    """GraphML holds strings, numbers and booleans: times as ISO text, JSON as JSON text."""
+    if isinstance(value, datetime):
+        return _iso(value)
+    if isinstance(value, dict | list):
+        return json.dumps(value, ensure_ascii=False, sort_keys=True)
+    return value
+
+
+def to_graphml(graph: MnestGraph) -> str:
+    """GraphML through networkx (absent values are left out, as GraphML does)."""
+    nx = _networkx()
+    g = nx.MultiDiGraph()
+    g.graph["at"] = _iso(graph.at)
+    if graph.src is not None:
+        g.graph["src"] = graph.src
+    for n in graph.nodes:
+        attrs = {"executor": n.executor, "wished": n.wished}
+        if n.version is not None:
+            attrs["version"] = n.version
+        g.add_node(n.id, **attrs)
+    for e in graph.edges:
+        values = {k: _graphml_value(v) for k, v in e.mnest.as_dict().items() if v is not None}
+        values.pop("id")
+        g.add_edge(
+            e.source, e.target, key=e.mnest.id, effective_weight=e.effective_weight, **values
+        )
+    buf = io.BytesIO()
+    nx.write_graphml(g, buf, encoding="utf-8")
+    return buf.getvalue().decode("utf-8")
+
+
+_RENDERERS = {"dot": to_dot, "mermaid": to_mermaid, "graphml": to_graphml, "json": to_json}
+
+
+def render(graph: MnestGraph, fmt: str) -> str:
+    """The graph as text in one of :data:`GRAPH_FORMATS`."""
+    try:
+        renderer = _RENDERERS[fmt]
+    except (KeyError, TypeError):
+        raise InvalidInput(
+            f"unknown graph format {fmt!r}: use one of {', '.join(GRAPH_FORMATS)}"
+        ) from None
+    return renderer(graph)

@@ -1,0 +1,165 @@
+"""The planner's door (contract §9): one ordering for ``rank`` and ``suggest_next``.
+
+Both read active edges with their effective weight (computed in SQL by the same expression)
+and sort them here with :func:`mnestoma.rules.ranking_key`: the higher effective weight
+first, ties broken by the activation of :func:`mnestoma.rules.activation`, then by name so
+that the order never depends on random ids. The SQL cannot finish the job itself because
+SQLite may lack ``ln``; Python does it, once, here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from .errors import InvalidInput
+from .models import Mnest
+from .rules import activation, ranking_key
+from .validation import check_name
+
+__all__ = [
+    "Candidate",
+    "Ranked",
+    "edge_key",
+    "normalise_candidates",
+    "order_edges",
+    "rank_candidates",
+]
+
+Candidate = str | tuple[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Ranked:
+    """One candidate in the order a planner should try it, with its score and why.
+
+    ``score`` is what ranks first: the effective weight of ``src → candidate`` now (0.0 when
+    there is no active edge, ``weight`` likewise); ``activation`` breaks ties of score (None
+    without an edge); ``mnest`` is the edge that gave the score (the best one over the
+    versions when the candidate names no version), or None.
+    """
+
+    candidate: Candidate
+    executor: str
+    version: str | None
+    score: float
+    weight: float
+    activation: float | None
+    mnest: Mnest | None
+    reason: str
+
+    @property
+    def mnest_id(self) -> str | None:
+        """The id of the edge that gave the score, or None."""
+        return None if self.mnest is None else self.mnest.id
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready fields (the edge by id)."""
+        return {
+            "candidate": list(self.candidate)
+            if isinstance(self.candidate, tuple)
+            else self.candidate,
+            "executor": self.executor,
+            "version": self.version,
+            "score": self.score,
+            "weight": self.weight,
+            "activation": self.activation,
+            "mnest_id": self.mnest_id,
+            "reason": self.reason,
+        }
+
+
+def edge_key(m: Mnest, effective: float, now: datetime) -> tuple[Any, ...]:
+    """Sort key of one active edge, best first; the trailing names make the order total."""
+    act = activation(m.uses, m.ts_first, m.ts_last, now)
+    return (
+        *ranking_key(effective, act),
+        m.dst_executor,
+        m.dst_version or "",
+        m.src_version,
+        m.id,
+    )
+
+
+def order_edges(edges: Iterable[tuple[Mnest, float]], now: datetime) -> list[tuple[Mnest, float]]:
+    """Active edges with their effective weights, in the order a planner should try them."""
+    return sorted(edges, key=lambda e: edge_key(e[0], e[1], now))
+
+
+def normalise_candidates(candidates: Any) -> list[tuple[Candidate, str, str | None]]:
+    """(as given, executor, version or None) for each candidate; names and versions checked."""
+    if isinstance(candidates, str | bytes) or not isinstance(candidates, Iterable):
+        raise InvalidInput("candidates must be an iterable of executor names or (name, version)")
+    out: list[tuple[Candidate, str, str | None]] = []
+    seen: set[tuple[str, str | None]] = set()
+    for c in candidates:
+        if isinstance(c, str):
+            given: Candidate = c
+            executor, version = check_name(c, "candidate"), None
+        elif isinstance(c, tuple | list) and len(c) == 2:
+            executor = check_name(c[0], "candidate executor")
+            version = check_name(c[1], "candidate version")
+            given = (executor, version)
+        else:
+            raise InvalidInput(
+                f"a candidate is an executor name or an (executor, version) pair, got {c!r}"
+            )
+        if (executor, version) in seen:
+            raise InvalidInput(f"candidate {_label(executor, version)!r} is given twice")
+        seen.add((executor, version))
+        out.append((given, executor, version))
+    return out
+
+
+def rank_candidates(
+    src_executor: str,
+    candidates: Sequence[tuple[Candidate, str, str | None]],
+    edges: Iterable[tuple[Mnest, float]],
+    now: datetime,
+) -> list[Ranked]:
+    """Rank ``candidates`` from the active edges of the source to them (see :class:`Ranked`).
+
+    A candidate without a version is scored by its best edge over every version; those
+    without any edge follow the others in the order given.
+    """
+    best: dict[tuple[str, str | None], tuple[tuple[Any, ...], Mnest, float]] = {}
+    for m, eff in edges:
+        key = edge_key(m, eff, now)
+        for ident in ((m.dst_executor, None), (m.dst_executor, m.dst_version)):
+            held = best.get(ident)
+            if held is None or key < held[0]:
+                best[ident] = (key, m, eff)
+    scored: list[tuple[tuple[Any, ...], Ranked]] = []
+    missing: list[Ranked] = []
+    for given, executor, version in candidates:
+        found = best.get((executor, version))
+        if found is None:
+            why = f"no active edge {src_executor} -> {_label(executor, version)}"
+            missing.append(Ranked(given, executor, version, 0.0, 0.0, None, None, why))
+            continue
+        key, m, eff = found
+        act = -key[1]
+        why = (
+            f"{m.src_executor}@{m.src_version} -> {m.dst_executor}@{m.dst_version}: "
+            f"effective weight {eff:.4f}, activation {act:.3f} "
+            f"({m.uses} use{'' if m.uses == 1 else 's'}, last {_age(m.ts_last, now)} ago)"
+        )
+        ranked = Ranked(given, executor, m.dst_version, eff, eff, act, m, why)
+        scored.append((key, ranked))
+    scored.sort(key=lambda s: s[0])
+    return [r for _, r in scored] + missing
+
+
+def _label(executor: str, version: str | None) -> str:
+    return executor if version is None else f"{executor}@{version}"
+
+
+def _age(then: datetime, now: datetime) -> str:
+    seconds = max(0.0, (now - then).total_seconds())
+    if seconds < 3600:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 86400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"
