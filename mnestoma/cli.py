@@ -7,10 +7,13 @@ line on stderr and exit status 2, with nothing written; any other failure exits 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, replace
 from datetime import UTC, datetime, timedelta
@@ -41,6 +44,8 @@ from .validation import Clock, Passing, check_positive_int, utc_now
 __all__ = ["cli", "main"]
 
 PROGRESS_THRESHOLD = 10_000
+SPINNER_DELAY_S = 0.5  # a quick run shows nothing; a long one (a big store) a spinner
+SPINNER_INTERVAL_S = 0.1
 _SECRETS: set[str] = set()
 
 
@@ -808,11 +813,63 @@ def _render_one(m: Mnest, as_json: bool) -> None:
 @json_option
 @database_url_option
 def age(dry_run: bool, as_json: bool, database_url: str | None) -> None:
-    """Run the ager now: decay, demote below 0.20, merge, prune protos below 0.05."""
+    """Run the ager now: decay, demote below 0.20, merge, prune protos below 0.05.
+
+    On a terminal, a run that takes a while shows a spinner on stderr.
+    """
     with _store(database_url) as store:
         now = _now()
-        report = store.apply_ager(dry_run=dry_run)
+        with _spinner("ageing: decay, demote, merge, prune in one transaction"):
+            report = store.apply_ager(dry_run=dry_run)
         render_ager(report, now, dry_run, as_json)
+
+
+def _stderr_is_terminal() -> bool:
+    """True when stderr is a terminal (progress is for people, never for logs or pipes)."""
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+@contextlib.contextmanager
+def _spinner(label: str) -> Iterator[None]:
+    """While the block runs, a spinner and the elapsed seconds on stderr, on a terminal only.
+
+    Nothing is drawn before ``SPINNER_DELAY_S`` (0: at once); the line is cleared at the end.
+    """
+    if not _stderr_is_terminal():
+        yield
+        return
+    done = threading.Event()
+    start = time.monotonic()
+    frames = itertools.cycle("|/-\\")
+    width = 0  # of the line drawn last, to blank it at the end
+
+    def draw() -> None:
+        nonlocal width
+        line = f"{next(frames)} {label}  {time.monotonic() - start:.1f} s"
+        click.echo(f"\r{line}", nl=False, err=True)
+        width = max(width, len(line))
+
+    def spin() -> None:
+        if done.wait(SPINNER_DELAY_S):
+            return
+        while not done.is_set():
+            draw()
+            done.wait(SPINNER_INTERVAL_S)
+
+    if SPINNER_DELAY_S <= 0:
+        draw()
+    thread = threading.Thread(target=spin, name="mnestoma-spinner", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+        if width:
+            click.echo("\r" + " " * width + "\r", nl=False, err=True)
 
 
 # --- copy ---------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from click.testing import CliRunner, Result
 from sqlalchemy import Engine, event
 
 import mnestoma
+import mnestoma.cli as cli_module
 from mnestoma import UnitOfWork, make_engine, make_session_factory
 from mnestoma.cli import cli
 from mnestoma.testing.clock import MovableClock
@@ -259,3 +260,38 @@ def test_edges_into_a_closed_pipe_stops_quietly(tmp_path: Path, clock: MovableCl
     err = proc.stderr.read().decode()
     proc.wait(timeout=60)
     assert err == "", err
+
+
+# --- age: progress for people on a terminal, silence for pipes and logs ---------------------
+
+
+def test_age_shows_no_progress_when_stderr_is_not_a_terminal(
+    store_url: str, clock: MovableClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _chain_store(store_url, 3, clock)
+    monkeypatch.setattr(cli_module, "SPINNER_DELAY_S", 0.0)  # would draw at once on a TTY
+    result = run_ok("age", "--database-url", store_url)
+    assert result.stderr == ""
+    assert result.stdout.startswith("ager at ")
+
+
+def test_age_shows_a_spinner_on_a_terminal_and_clears_it(
+    store_url: str, clock: MovableClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _chain_store(store_url, 3, clock)
+    monkeypatch.setattr(cli_module, "_stderr_is_terminal", lambda: True)
+    monkeypatch.setattr(cli_module, "SPINNER_DELAY_S", 0.0)
+    result = run_ok("age", "--json", "--database-url", store_url)
+    assert result.stderr.startswith("\r") and "ageing" in result.stderr
+    last = result.stderr.rsplit("\r", 2)[-2]
+    assert last.strip() == "" and len(last) >= len("ageing")  # blanked before the report
+    assert json.loads(result.stdout)["dry_run"] is False  # stdout stays machine-readable
+
+
+def test_a_quick_age_on_a_terminal_draws_nothing(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cli_module, "_stderr_is_terminal", lambda: True)
+    monkeypatch.setattr(cli_module, "SPINNER_DELAY_S", 3600.0)
+    result = run_ok("age", "--dry-run", "--database-url", store_url)
+    assert result.stderr == ""
