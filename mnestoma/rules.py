@@ -43,6 +43,7 @@ RECURRING_MIN_USES = 3
 RECURRING_MIN_WEIGHT = 0.30
 SECONDS_PER_DAY = 86400.0
 MAX_NAME_LENGTH = 255
+MAX_JSON_DEPTH = 64  # containers nested in tags / desired_sig; deeper is InvalidInput
 
 
 class MnestState(StrEnum):

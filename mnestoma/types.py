@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from datetime import UTC, datetime
 from typing import Any
@@ -13,6 +12,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
 
 from .errors import InvalidInput
+from .rules import MAX_JSON_DEPTH
 
 __all__ = [
     "JSONDocument",
@@ -116,36 +116,51 @@ class UTCDateTime(TypeDecorator[datetime]):
 
 
 def ensure_json(value: Any, what: str) -> Any:
-    """Check that ``value`` is plain JSON (dict/list/str/number/bool/None, finite numbers)."""
+    """Check that ``value`` is plain JSON that every reader of the store can take back.
+
+    dict (string keys) / list / tuple / str / int / finite float / bool / None, containers
+    nested at most :data:`~mnestoma.rules.MAX_JSON_DEPTH` levels, no NUL nor lone surrogate
+    in any string. The walk is iterative, so a structure nested 10,000 deep (or a cycle) is
+    an :class:`InvalidInput`, never a ``RecursionError``.
+    """
     if value is None:
         return None
-    try:
-        json.dumps(value, allow_nan=False)
-        _check_keys(value, what)
-    except (TypeError, ValueError) as err:
-        raise InvalidInput(f"{what} must be JSON-serialisable: {err}") from None
-    except RecursionError:
-        raise InvalidInput(f"{what} is nested too deeply") from None
+    stack: list[tuple[Any, int]] = [(value, 1)]  # (item, nesting level if it is a container)
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, str):
+            _check_json_text(item, what)
+        elif item is None or isinstance(item, int):  # bool is an int
+            continue
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                raise InvalidInput(f"{what} must not contain NaN or infinity")
+        elif isinstance(item, dict | list | tuple):
+            if level > MAX_JSON_DEPTH:
+                raise InvalidInput(
+                    f"{what} is nested more than {MAX_JSON_DEPTH} levels deep (or refers to itself)"
+                )
+            if isinstance(item, dict):
+                for key, child in item.items():
+                    if not isinstance(key, str):
+                        raise InvalidInput(f"{what} keys must be strings, got {type(key).__name__}")
+                    _check_json_text(key, what)
+                    stack.append((child, level + 1))
+            else:
+                stack.extend((child, level + 1) for child in item)
+        else:
+            raise InvalidInput(
+                f"{what} must be JSON-serialisable: "
+                f"Object of type {type(item).__name__} is not JSON serializable"
+            )
     return value
 
 
-def _check_keys(value: Any, what: str) -> None:
-    if isinstance(value, dict):
-        for k, v in value.items():
-            if not isinstance(k, str):
-                raise InvalidInput(f"{what} keys must be strings, got {type(k).__name__}")
-            _check_keys(k, what)
-            _check_keys(v, what)
-    elif isinstance(value, str):
-        # PostgreSQL's JSONB cannot hold U+0000 nor lone surrogates: refused on both engines
-        if "\x00" in value:
-            raise InvalidInput(f"{what} must not contain the NUL character")
-        ensure_unicode_text(value, what)
-    elif isinstance(value, list | tuple):
-        for v in value:
-            _check_keys(v, what)
-    elif isinstance(value, float) and not math.isfinite(value):
-        raise InvalidInput(f"{what} must not contain NaN or infinity")
+def _check_json_text(value: str, what: str) -> None:
+    # PostgreSQL's JSONB cannot hold U+0000 nor lone surrogates: refused on both engines
+    if "\x00" in value:
+        raise InvalidInput(f"{what} must not contain the NUL character")
+    ensure_unicode_text(value, what)
 
 
 class JSONDocument(TypeDecorator[Any]):
