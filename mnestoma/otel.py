@@ -34,6 +34,7 @@ __all__ = [
     "DEFAULT_VERSION",
     "MIN_LEAF_CHARS",
     "REDACTED_VALUES",
+    "TRIVIAL_NUMBER",
     "MnestomaSpanProcessor",
     "ProcessorStats",
     "TurnRecorder",
@@ -45,8 +46,10 @@ logger = logging.getLogger(__name__)
 
 #: Version given to a tool that ``version_of`` does not know (spans carry no version).
 DEFAULT_VERSION = "unversioned"
-#: A string or number whose text is shorter than this is too common to prove a passing.
+#: A string shorter than this (surrounding whitespace aside) is too common to prove a passing.
 MIN_LEAF_CHARS = 4
+#: Numbers from -TRIVIAL_NUMBER to TRIVIAL_NUMBER are too common to prove a passing.
+TRIVIAL_NUMBER = 1024
 #: Texts that say "no value" whatever their length: never evidence of a passing.
 _TRIVIAL_TEXTS = frozenset({"true", "false", "null", "none", "nan", "undefined"})
 #: What instrumentations write in place of content they were told to hide: "not captured".
@@ -170,16 +173,14 @@ def _leaf_text(value: Any) -> str | None:
     """The text a leaf is compared by, or None when the leaf is trivial (see the README)."""
     if value is None or isinstance(value, bool):
         return None
-    if isinstance(value, int):
-        text = str(value)
-    elif isinstance(value, float):
-        if not math.isfinite(value):
+    if isinstance(value, int | float):
+        if not math.isfinite(value) or abs(value) <= TRIVIAL_NUMBER:
             return None
-        text = str(int(value)) if value.is_integer() else repr(value)
-    elif isinstance(value, str):
-        text = value.strip()
-    else:
+        # an integral float is its integer: 2024.0 and 2024 and "2024" compare equal
+        return str(int(value)) if isinstance(value, int) or value.is_integer() else repr(value)
+    if not isinstance(value, str):
         return None
+    text = value.strip()
     if len(text) < MIN_LEAF_CHARS or text.lower() in _TRIVIAL_TEXTS:
         return None
     return text

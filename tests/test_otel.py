@@ -200,7 +200,7 @@ def test_an_output_nobody_consumed_records_nothing(setup: Setup) -> None:
 
 @pytest.mark.parametrize(
     "value",
-    [None, True, False, 0, 1, 42, 999, -12, 0.5, "", "   ", "ok", "yes", "true", "null", "None"],
+    [None, True, False, 0, 1, 42, 1024, -1024, 0.5, float("nan"), "", "   ", "ok", "yes", "null"],
 )
 def test_trivial_values_do_not_link(setup: Setup, value: Any) -> None:
     store = FakeStore()

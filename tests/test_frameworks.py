@@ -1,0 +1,346 @@
+"""Real agent frameworks, offline, feed the store through MnestomaSpanProcessor.
+
+A LangGraph agent traced by OpenInference's LangChain instrumentation, and an OpenAI
+Agents SDK run traced by OpenTelemetry's GenAI instrumentation, each driven by a scripted
+model that copies a tool's result into the next tool call's arguments, as a model does.
+The exact edges are asserted; with content capture off nothing is recorded.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import json
+import warnings
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pytest
+from opentelemetry import context as otel_context
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, set_span_in_context
+
+import mnestoma
+from mnestoma.otel import MnestomaSpanProcessor
+
+VERSIONS = {"search_files": "1.0", "read_file": "2.0", "count_words": "1.1", "today": "0.3"}
+EXPECTED = {
+    ("search_files", "1.0", "read_file", "2.0"),
+    ("read_file", "2.0", "count_words", "1.1"),
+}
+FILES = ["/data/report-2024.pdf", "/data/notes-2023.txt"]
+TRACE_ID = 0x4BF92F3577B34DA6A3CE929D0E0E4736
+
+
+def search_files(pattern: str) -> list[str]:
+    """Find the files matching a pattern."""
+    return [f for f in FILES if f.endswith(pattern.lstrip("*"))]
+
+
+def read_file(path: str) -> str:
+    """Read a file's text."""
+    return f"Quarterly figures from {path}: revenue grew in every region"
+
+
+def count_words(text: str) -> int:
+    """Count the words of a text."""
+    return len(text.split())
+
+
+def today() -> str:
+    """Today's date (its output is never consumed)."""
+    return "2026-01-01"
+
+
+def first_item(listing: Any) -> str:
+    """The first item of a list a tool returned, as the framework handed it to the model."""
+    if isinstance(listing, str):
+        listing = ast.literal_eval(listing)  # JSON or Python's repr of a list of strings
+    return str(listing[0])
+
+
+def edges(store: mnestoma.Mnestoma) -> set[tuple[str, str, str, str | None]]:
+    return {(e.src_executor, e.src_version, e.dst_executor, e.dst_version) for e in store.edges()}
+
+
+@pytest.fixture
+def provider(store: mnestoma.Mnestoma) -> Iterator[tuple[TracerProvider, MnestomaSpanProcessor]]:
+    """An in-memory tracer provider (not the global one) feeding the store."""
+    processor = MnestomaSpanProcessor(store, version_of=VERSIONS)
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(processor)
+    yield tracer_provider, processor
+    tracer_provider.shutdown()
+
+
+def retried_request() -> Any:
+    """A context carrying a remote parent: each run under it is a local root of TRACE_ID."""
+    parent = SpanContext(TRACE_ID, 0x00F067AA0BA902B7, is_remote=True, trace_flags=TraceFlags(1))
+    return set_span_in_context(NonRecordingSpan(parent))
+
+
+# -- LangGraph + OpenInference ----------------------------------------------------------------
+
+langchain_core = pytest.importorskip("langchain_core")  # installed by the test extra
+
+from langchain_core.language_models.chat_models import BaseChatModel  # noqa: E402
+from langchain_core.messages import AIMessage, BaseMessage, ToolMessage  # noqa: E402
+from langchain_core.outputs import ChatGeneration, ChatResult  # noqa: E402
+from langchain_core.tools import tool  # noqa: E402
+from openinference.instrumentation import TraceConfig  # noqa: E402
+from openinference.instrumentation.langchain import LangChainInstrumentor  # noqa: E402
+
+
+class ScriptedChatModel(BaseChatModel):
+    """A chat model that calls search_files, then read_file on the first file found, then
+    count_words on the text read (and today, whose output nobody uses), then answers."""
+
+    def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> ScriptedChatModel:
+        return self
+
+    @property
+    def _llm_type(self) -> str:
+        return "scripted"
+
+    def _generate(self, messages: list[BaseMessage], *args: Any, **kwargs: Any) -> ChatResult:
+        results = {m.name: m.content for m in messages if isinstance(m, ToolMessage)}
+        if "search_files" not in results:
+            calls = [("search_files", {"pattern": "*.pdf"}), ("today", {})]
+        elif "read_file" not in results:
+            calls = [("read_file", {"path": first_item(results["search_files"])})]
+        elif "count_words" not in results:
+            calls = [("count_words", {"text": results["read_file"]})]
+        else:
+            return _chat(AIMessage(content=f"{results['count_words']} words"))
+        step = len(results)
+        tool_calls = [
+            {"name": name, "args": args, "id": f"call_{step}_{i}", "type": "tool_call"}
+            for i, (name, args) in enumerate(calls)
+        ]
+        return _chat(AIMessage(content="", tool_calls=tool_calls))
+
+
+def _chat(message: AIMessage) -> ChatResult:
+    return ChatResult(generations=[ChatGeneration(message=message)])
+
+
+def langgraph_agent(tools: list[Any]) -> Any:
+    """``create_react_agent`` (LangGraph's prebuilt ReAct agent) with the scripted model."""
+    from langgraph.prebuilt import create_react_agent
+
+    with warnings.catch_warnings():  # moved to langchain.agents in LangGraph 1.0, still here
+        warnings.simplefilter("ignore")
+        return create_react_agent(ScriptedChatModel(), tools)
+
+
+LANGCHAIN_TOOLS = [tool(f) for f in (search_files, read_file, count_words, today)]
+
+
+@pytest.fixture
+def langchain_traced(
+    provider: tuple[TracerProvider, MnestomaSpanProcessor],
+) -> Iterator[Any]:
+    """Instrument LangChain into the test's provider; returns a function to re-configure."""
+    instrumentor = LangChainInstrumentor()
+
+    def instrument(config: TraceConfig | None = None) -> MnestomaSpanProcessor:
+        if instrumentor.is_instrumented_by_opentelemetry:
+            instrumentor.uninstrument()
+        instrumentor.instrument(tracer_provider=provider[0], config=config or TraceConfig())
+        return provider[1]
+
+    yield instrument
+    instrumentor.uninstrument()
+
+
+def run_langgraph(tools: list[Any] = LANGCHAIN_TOOLS) -> str:
+    result = langgraph_agent(tools).invoke({"messages": [("user", "How long is the pdf?")]})
+    return str(result["messages"][-1].content)
+
+
+def test_langgraph_agent_records_exactly_the_passings_of_its_tools(
+    langchain_traced: Any, store: mnestoma.Mnestoma
+) -> None:
+    processor = langchain_traced()
+    assert run_langgraph() == "9 words"
+    assert processor.force_flush(10_000)
+    assert edges(store) == EXPECTED
+    assert processor.stats.tool_spans == 4
+    events = store.events()
+    assert len(events) == 2
+    assert {e.recorder for e in events} == {"otel"}
+    assert len({e.turn_id for e in events}) == 1  # one trace, one turn
+
+
+def test_langgraph_retried_turn_counts_once(
+    langchain_traced: Any, store: mnestoma.Mnestoma
+) -> None:
+    processor = langchain_traced()
+    for _ in range(2):  # the same request (same trace id) handled twice
+        token = otel_context.attach(retried_request())
+        try:
+            run_langgraph()
+        finally:
+            otel_context.detach(token)
+        assert processor.force_flush(10_000)
+    assert processor.stats.traces_recorded == 2
+    assert edges(store) == EXPECTED
+    assert {e.uses for e in store.edges()} == {1}
+    assert {e.turn_id for e in store.events()} == {format(TRACE_ID, "032x")}
+
+
+def test_langgraph_with_content_capture_off_records_nothing(
+    langchain_traced: Any, store: mnestoma.Mnestoma
+) -> None:
+    processor = langchain_traced(TraceConfig(hide_inputs=True, hide_outputs=True))
+    assert run_langgraph() == "9 words"
+    assert processor.force_flush(10_000)
+    assert processor.stats.tool_spans == 4  # the tools were seen, their content was not
+    assert store.edges() == []
+    assert store.events() == []
+
+
+def test_the_in_process_tracer_records_the_same_edges_from_the_same_tools(
+    store: mnestoma.Mnestoma,
+) -> None:
+    from mnestoma.tracing import executor, turn
+
+    traced_tools = [
+        tool(executor(f.__name__, VERSIONS[f.__name__])(f))
+        for f in (search_files, read_file, count_words, today)
+    ]
+    with turn(store, "turn-tracer") as t:
+        assert run_langgraph(traced_tools) == "9 words"
+    assert {tuple(p[:4]) for p in t.passings} == EXPECTED
+    assert edges(store) == EXPECTED
+    assert {e.recorder for e in store.events()} == {"tracer"}
+
+
+# -- OpenAI Agents SDK + OpenTelemetry GenAI instrumentation ----------------------------------
+
+from agents import Agent, ModelResponse, Runner, Usage, function_tool  # noqa: E402
+from agents.models.interface import Model  # noqa: E402
+from openai.types.responses import (  # noqa: E402
+    ResponseFunctionToolCall,
+    ResponseOutputMessage,
+    ResponseOutputText,
+)
+from opentelemetry.instrumentation.genai.openai_agents import (  # noqa: E402
+    OpenAIAgentsInstrumentor,
+)
+
+CAPTURE = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+
+
+class ScriptedModel(Model):
+    """A model that calls the tools in the same order, copying each result it reads."""
+
+    async def get_response(
+        self, system_instructions: Any, input: Any, *args: Any, **kwargs: Any
+    ) -> ModelResponse:
+        calls = {
+            item["call_id"]: item["name"]
+            for item in input
+            if isinstance(item, dict) and item.get("type") == "function_call"
+        }
+        results = {
+            calls[item["call_id"]]: item["output"]
+            for item in input
+            if isinstance(item, dict) and item.get("type") == "function_call_output"
+        }
+        if "search_files" not in results:
+            todo = [("search_files", {"pattern": "*.pdf"}), ("today", {})]
+        elif "read_file" not in results:
+            todo = [("read_file", {"path": first_item(results["search_files"])})]
+        elif "count_words" not in results:
+            todo = [("count_words", {"text": results["read_file"]})]
+        else:
+            text = ResponseOutputText(
+                type="output_text", text=f"{results['count_words']} words", annotations=[]
+            )
+            message = ResponseOutputMessage(
+                id="msg_1", type="message", role="assistant", status="completed", content=[text]
+            )
+            return ModelResponse(output=[message], usage=Usage(), response_id=None)
+        step = len(results)
+        output: list[Any] = [
+            ResponseFunctionToolCall(
+                type="function_call",
+                name=name,
+                arguments=json.dumps(args),
+                call_id=f"call_{step}_{i}",
+                id=f"fc_{step}_{i}",
+                status="completed",
+            )
+            for i, (name, args) in enumerate(todo)
+        ]
+        return ModelResponse(output=output, usage=Usage(), response_id=None)
+
+    def stream_response(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError("the scripted model does not stream")
+
+
+AGENT_TOOLS = [function_tool(f) for f in (search_files, read_file, count_words, today)]
+
+
+@pytest.fixture
+def agents_traced(
+    provider: tuple[TracerProvider, MnestomaSpanProcessor],
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[Any]:
+    """Instrument the Agents SDK into the test's provider, nothing exported to OpenAI."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-dummy")
+    instrumentor = OpenAIAgentsInstrumentor()
+
+    def instrument(*, capture_content: bool) -> MnestomaSpanProcessor:
+        if capture_content:
+            monkeypatch.setenv(CAPTURE, "SPAN_ONLY")
+        else:
+            monkeypatch.delenv(CAPTURE, raising=False)
+        instrumentor.instrument(tracer_provider=provider[0], disable_openai_trace_export=True)
+        return provider[1]
+
+    yield instrument
+    instrumentor.uninstrument()
+
+
+def run_agents_sdk() -> str:
+    agent = Agent(name="analyst", instructions="Answer.", tools=AGENT_TOOLS, model=ScriptedModel())
+    result = asyncio.run(Runner.run(agent, "How long is the pdf?"))
+    return str(result.final_output)
+
+
+def test_agents_sdk_run_records_exactly_the_passings_of_its_tools(
+    agents_traced: Any, store: mnestoma.Mnestoma
+) -> None:
+    processor = agents_traced(capture_content=True)
+    assert run_agents_sdk() == "9 words"
+    assert processor.force_flush(10_000)
+    assert edges(store) == EXPECTED
+    assert processor.stats.tool_spans == 4
+    events = store.events()
+    assert len(events) == 2 and {e.recorder for e in events} == {"otel"}
+
+
+def test_agents_sdk_retried_turn_counts_once(agents_traced: Any, store: mnestoma.Mnestoma) -> None:
+    processor = agents_traced(capture_content=True)
+    for _ in range(2):
+        token = otel_context.attach(retried_request())
+        try:
+            run_agents_sdk()
+        finally:
+            otel_context.detach(token)
+        assert processor.force_flush(10_000)
+    assert processor.stats.traces_recorded == 2
+    assert {e.uses for e in store.edges()} == {1}
+    assert {e.turn_id for e in store.events()} == {format(TRACE_ID, "032x")}
+
+
+def test_agents_sdk_with_content_capture_off_records_nothing(
+    agents_traced: Any, store: mnestoma.Mnestoma
+) -> None:
+    processor = agents_traced(capture_content=False)
+    assert run_agents_sdk() == "9 words"
+    assert processor.force_flush(10_000)
+    assert processor.stats.tool_spans == 4
+    assert store.edges() == []
