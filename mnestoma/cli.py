@@ -25,7 +25,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from .config import ENV_DATABASE_URL, redact_text, redact_url, resolve_database_url
-from .errors import InvalidInput, MnestomaError
+from .errors import InvalidInput, InvalidTransition, MnestomaError
 from .facade import Mnestoma
 from .migration import (
     alembic_config,
@@ -794,10 +794,24 @@ def promote(mnest_id: str, version: str, as_json: bool, database_url: str | None
 def transition(
     mnest_id: str, state: str, reason: str | None, as_json: bool, database_url: str | None
 ) -> None:
-    """Move a mnest to STATE (active, decaying, superseded)."""
+    """Move a mnest to STATE (active, decaying, superseded).
+
+    A proto becomes active only through "mnestoma promote ID VERSION".
+    """
     with _store(database_url) as store:
-        m = store.transition_state(mnest_id, state, reason=reason)
+        try:
+            m = store.transition_state(mnest_id, state, reason=reason)
+        except InvalidTransition as err:
+            raise InvalidTransition(_command_wording(str(err), mnest_id)) from None
         _render_one(m, as_json)
+
+
+def _command_wording(message: str, mnest_id: str) -> str:
+    """An API error message as a command-line user reads it: commands, not method names."""
+    return message.replace(
+        "use promote_proto_to_active",
+        f"once the executor exists, use 'mnestoma promote {mnest_id} VERSION'",
+    )
 
 
 def _render_one(m: Mnest, as_json: bool) -> None:

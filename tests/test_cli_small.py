@@ -295,3 +295,26 @@ def test_a_quick_age_on_a_terminal_draws_nothing(
     monkeypatch.setattr(cli_module, "SPINNER_DELAY_S", 3600.0)
     result = run_ok("age", "--dry-run", "--database-url", store_url)
     assert result.stderr == ""
+
+
+# --- errors name commands, not API methods --------------------------------------------------
+
+
+def test_transition_of_a_proto_to_active_names_the_promote_command(store_url: str) -> None:
+    with mnestoma.Mnestoma(store_url) as m:
+        proto = m.record_passing("a", "1", "b", None, dst_exists=False)
+    before = run_ok("events", "--json", "--database-url", store_url).stdout
+    result = run("transition", proto.id, "active", "--database-url", store_url)
+    assert result.stderr == (
+        "Error: a proto cannot become active; once the executor exists, "
+        f"use 'mnestoma promote {proto.id} VERSION'\n"
+    )
+    assert "promote_proto_to_active" not in result.output
+    assert run_ok("events", "--json", "--database-url", store_url).stdout == before
+
+
+def test_the_api_keeps_naming_the_method(store_url: str) -> None:
+    with mnestoma.Mnestoma(store_url) as m:
+        proto = m.record_passing("a", "1", "b", None, dst_exists=False)
+        with pytest.raises(mnestoma.InvalidTransition, match="use promote_proto_to_active"):
+            m.transition_state(proto.id, "decaying")
