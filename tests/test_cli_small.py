@@ -318,3 +318,53 @@ def test_the_api_keeps_naming_the_method(store_url: str) -> None:
         proto = m.record_passing("a", "1", "b", None, dst_exists=False)
         with pytest.raises(mnestoma.InvalidTransition, match="use promote_proto_to_active"):
             m.transition_state(proto.id, "decaying")
+
+
+# --- exit status: 2 for bad input, 1 for a refusal of the store -----------------------------
+
+
+def _refusals(url: str) -> dict[str, tuple[list[str], int]]:
+    """One command per kind of error, with the exit status the README promises."""
+    with mnestoma.Mnestoma(url) as m:
+        m.record_passing("a", "1", "b", "2")
+        proto = m.record_passing("a", "1", "b", None, dst_exists=False)
+    return {
+        "InvalidInput": (["record", "a@1", " @2"], 2),
+        "usage": (["edges", "--colour"], 2),
+        "NotFound": (["promote", "mn_doesnotexist000", "1"], 1),
+        "InvalidTransition": (["transition", proto.id, "decaying"], 1),
+        "ConflictError": (["promote", proto.id, "2"], 1),  # the active a@1 -> b@2 exists
+    }
+
+
+@pytest.mark.parametrize(
+    "kind", ["InvalidInput", "usage", "NotFound", "InvalidTransition", "ConflictError"]
+)
+def test_exit_status_is_2_for_bad_input_and_1_for_refusals(store_url: str, kind: str) -> None:
+    args, status = _refusals(store_url)[kind]
+    before = run_ok("events", "--json", "--database-url", store_url).stdout
+    result = run(*args, "--database-url", store_url)
+    assert result.exit_code == status, (kind, result.output)
+    assert result.stderr.startswith("Error: ") and len(result.stderr.splitlines()) == 1
+    assert run_ok("events", "--json", "--database-url", store_url).stdout == before
+    if kind != "usage":  # the error behind the status is the one named
+        debug = run("--debug", *args, "--database-url", store_url)
+        assert isinstance(debug.exception, getattr(mnestoma, kind))
+
+
+def test_the_readme_states_one_exit_status_per_error() -> None:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    rows = {
+        line.split("|")[1].strip(): line
+        for line in readme.splitlines()
+        if line.startswith("| 0 |") or line.startswith("| 1 |") or line.startswith("| 2 |")
+    }
+    for name in ("NotFound", "InvalidTransition", "ConflictError"):
+        assert name in rows["1"] and name not in rows["2"]
+    assert "InvalidInput" in rows["2"] and "InvalidInput" not in rows["1"]
+    assert "exits 2 with one line" not in readme  # the old, contradicting sentence
+
+
+def test_help_states_the_exit_statuses() -> None:
+    out = " ".join(run_ok("--help").stdout.split())
+    assert "Exit status: 0 success; 2 bad input" in out and "1 any other failure" in out
