@@ -12,12 +12,14 @@ Lineage rule, exactly:
   dataclass instances, and the items of a JSON text (a ``str`` starting with ``{`` or ``[``,
   up to :data:`JSON_TEXT_LIMIT` characters); at most :data:`MAX_NODES` values per output.
   Each value is remembered by identity (a reference held until the turn ends or the output
-  is forgotten), and each ``str``/``bytes``/``int``/``float`` leaf also by a BLAKE2b digest
-  of a canonical encoding (text and its UTF-8 bytes match; ``3.0`` matches ``3``).
+  is forgotten), and each ``str``/``bytes``/``int``/``float`` leaf also by a content key:
+  a 64-bit digest (Python's per-process keyed SipHash of the text, a canonical hash of the
+  number) that lives in memory for the turn only. Text matches its UTF-8 bytes; ``3.0``
+  matches ``3``; ``"1234"`` does not match ``1234``.
 * What an argument offers: every positional and keyword argument, and the same elements
   (dataclass fields excepted: a method's ``self`` would make false edges) to the same
   bounds. A value matches the output that most recently returned it by identity, else
-  the one whose leaf digest it shares.
+  the one whose content key it shares.
 * Trivial values never link: ``None``, booleans, numbers from -1024 to 1024, non-finite
   floats, ``str``/``bytes`` shorter than 4 characters, and empty containers.
 """
@@ -30,12 +32,12 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
-import hashlib
 import inspect
 import itertools
 import json
 import logging
 import math
+import sys
 import threading
 import time
 from collections import deque
@@ -129,51 +131,62 @@ stats = TracerStats()
 
 # ---------------------------------------------------------------------------- values
 
-_LEAF, _CONTAINER, _RECORD, _OBJECT, _TRIVIAL = range(5)
+_TRIVIAL, _LEAF, _CONTAINER, _RECORD, _OBJECT = range(5)
+_NOT_A_LINK: tuple[int, Any] = (_TRIVIAL, None)
+_JSON_START = ("{", "[")  # how json.dumps begins an object or an array
+_EXACT_INT = sys.hash_info.modulus  # ints below it in size hash without collisions
 
 
-def _digest(tag: bytes, data: bytes) -> bytes:
-    return hashlib.blake2b(tag + data, digest_size=16).digest()
+def _number_key(v: int) -> int:
+    if -_EXACT_INT < v < _EXACT_INT:
+        return hash(("n", v))
+    return hash(("N", format(v, "x")))
 
 
-def _number_digest(v: int) -> bytes:
-    return _digest(b"n", format(v, "x").encode("ascii"))
+def _bytes_key(v: bytes | bytearray) -> int:
+    try:
+        return hash(bytes(v).decode("utf-8"))  # the same key as the text it encodes
+    except UnicodeDecodeError:
+        return hash(("b", bytes(v)))
 
 
 def _classify(v: Any) -> tuple[int, Any]:
-    """What kind of value ``v`` is for lineage, with its digest or its children."""
+    """What kind of value ``v`` is for lineage, with its content key or its children."""
+    t = type(v)
+    if t is str:  # the common cases first, by exact type
+        return (_LEAF, hash(v)) if len(v) >= MIN_TEXT else _NOT_A_LINK
+    if t is list or t is tuple:
+        return (_CONTAINER, v) if v else _NOT_A_LINK
+    if t is dict:
+        return (_CONTAINER, v.values()) if v else _NOT_A_LINK
     if v is None or v is True or v is False:
-        return _TRIVIAL, None
+        return _NOT_A_LINK
     if isinstance(v, str):
-        if len(v) < MIN_TEXT:
-            return _TRIVIAL, None
-        return _LEAF, _digest(b"t", v.encode("utf-8", "surrogatepass"))
+        return (_LEAF, hash(str.__str__(v))) if len(v) >= MIN_TEXT else _NOT_A_LINK
     if isinstance(v, bytes | bytearray):
-        if len(v) < MIN_TEXT:
-            return _TRIVIAL, None
-        return _LEAF, _digest(b"t", bytes(v))
+        return (_LEAF, _bytes_key(v)) if len(v) >= MIN_TEXT else _NOT_A_LINK
     if isinstance(v, int):
         if -TRIVIAL_NUMBER <= v <= TRIVIAL_NUMBER:
-            return _TRIVIAL, None
-        return _LEAF, _number_digest(v)
+            return _NOT_A_LINK
+        return _LEAF, _number_key(int(v))
     if isinstance(v, float):
         if not math.isfinite(v) or -TRIVIAL_NUMBER <= v <= TRIVIAL_NUMBER:
-            return _TRIVIAL, None
+            return _NOT_A_LINK
         if v.is_integer():
-            return _LEAF, _number_digest(int(v))
-        return _LEAF, _digest(b"f", v.hex().encode("ascii"))
+            return _LEAF, _number_key(int(v))
+        return _LEAF, hash(("f", float(v)))
     if isinstance(v, dict):
-        return (_CONTAINER, v.values()) if v else (_TRIVIAL, None)
+        return (_CONTAINER, v.values()) if v else _NOT_A_LINK
     if isinstance(v, list | tuple | set | frozenset):
-        return (_CONTAINER, v) if v else (_TRIVIAL, None)
+        return (_CONTAINER, v) if v else _NOT_A_LINK
     if dataclasses.is_dataclass(v) and not isinstance(v, type):
         return _RECORD, v
     return _OBJECT, None
 
 
 def _json_items(text: str) -> Iterable[Any] | None:
-    """The items of a JSON array or the values of a JSON object written in ``text``."""
-    if len(text) > JSON_TEXT_LIMIT or text.lstrip()[:1] not in ("{", "["):
+    """The items of the JSON array or the values of the JSON object ``text`` holds, if any."""
+    if len(text) > JSON_TEXT_LIMIT:
         return None
     try:
         parsed = json.loads(text)
@@ -184,48 +197,58 @@ def _json_items(text: str) -> Iterable[Any] | None:
     return parsed if isinstance(parsed, list) else None
 
 
+def _below(below: list[Any], items: Iterable[Any], room: int) -> None:
+    """Queue ``items`` for the next level, at most ``room`` of them."""
+    if room > 0:
+        if isinstance(items, list | tuple) and len(items) <= room:
+            below.extend(items)
+        else:
+            below.extend(itertools.islice(items, room))
+
+
 def _record_fields(v: Any) -> list[Any]:
     return [getattr(v, f.name) for f in dataclasses.fields(v)]
 
 
-@dataclass(slots=True)
-class _Output:
-    """One remembered return value: its producer, the objects held, the digests."""
-
-    producer: Executor
-    objs: list[Any]
-    digests: list[bytes]
+# One remembered return value: (its producer, the objects held, the content keys). A plain
+# tuple: it is built on every traced call, and compared by identity only.
+_Output = tuple[Executor, list[Any], list[int]]
 
 
-def _index(value: Any) -> tuple[list[Any], list[bytes]]:
-    """The objects (by identity) and digests (by content) an output is remembered by."""
+def _index(value: Any) -> tuple[list[Any], list[int]]:
+    """The objects (by identity) and content keys an output is remembered by."""
+    if type(value) is str and len(value) >= MIN_TEXT and value[0] not in _JSON_START:
+        return [value], [hash(value)]  # the most common output: one plain text
     objs: list[Any] = []
-    digests: list[bytes] = []
-    pending: deque[tuple[Any, int, bool]] = deque([(value, 0, False)])
-    seen = 0
-    while pending and seen < MAX_NODES:
-        v, depth, parsed = pending.popleft()
-        seen += 1
-        kind, extra = _classify(v)
-        if kind == _TRIVIAL:
-            continue
-        if not parsed:  # a value parsed from JSON text is a fresh object nobody else holds
+    keys: list[int] = []
+    level: Iterable[Any] = (value,)
+    budget = MAX_NODES
+    for depth in range(MAX_DEPTH + 1):
+        below: list[Any] = []
+        deeper = depth < MAX_DEPTH
+        for v in level:
+            if budget <= 0:
+                return objs, keys
+            budget -= 1
+            kind, extra = _classify(v)
+            if kind == _TRIVIAL:
+                continue
             objs.append(v)
-        children: Iterable[Any] | None = None
-        if kind == _LEAF:
-            digests.append(extra)
-            if isinstance(v, str):
-                children = _json_items(v)
-        elif kind == _CONTAINER:
-            children = extra
-        elif kind == _RECORD:
-            children = _record_fields(v)
-        if children is not None and depth < MAX_DEPTH:
-            room = MAX_NODES - seen - len(pending)
-            if room > 0:
-                flag = parsed or kind == _LEAF
-                pending.extend((c, depth + 1, flag) for c in itertools.islice(children, room))
-    return objs, digests
+            if kind == _LEAF:
+                keys.append(extra)
+                if deeper and type(v) is str and v[0] in _JSON_START:
+                    items = _json_items(v)
+                    if items is not None:
+                        _below(below, items, budget - len(below))
+            elif kind == _CONTAINER:
+                if deeper:
+                    _below(below, extra, budget - len(below))
+            elif kind == _RECORD and deeper:
+                _below(below, _record_fields(v), budget - len(below))
+        if not below:
+            break
+        level = below
+    return objs, keys
 
 
 # ---------------------------------------------------------------------------- the turn
@@ -274,7 +297,7 @@ class Turn:
         self._edges: dict[EdgeKey, Passing] = {}
         self._outputs: deque[_Output] = deque()
         self._by_id: dict[int, _Output] = {}
-        self._by_digest: dict[bytes, _Output] = {}
+        self._by_key: dict[int, _Output] = {}
         self._state = "new"
         self._token: contextvars.Token[Turn | None] | None = None
 
@@ -300,38 +323,39 @@ class Turn:
     def _producers(self, values: Iterable[Any]) -> list[Executor]:
         """The executors whose remembered outputs ``values`` hold (identity, then content)."""
         by_id = self._by_id
-        by_digest = self._by_digest
-        if not by_id:
-            return []
+        by_key = self._by_key
         found: list[Executor] = []
-        pending: deque[tuple[Any, int, bool]] = deque((v, 0, False) for v in values)
-        seen = 0
-        while pending and seen < MAX_NODES:
-            v, depth, parsed = pending.popleft()
-            seen += 1
-            if not parsed:
+        level = values
+        budget = MAX_NODES
+        for depth in range(MAX_DEPTH + 1):
+            below: list[Any] = []
+            deeper = depth < MAX_DEPTH
+            for v in level:
+                if budget <= 0:
+                    return found
+                budget -= 1
                 hit = by_id.get(id(v))
-                if hit is not None:
-                    if hit.producer not in found:
-                        found.append(hit.producer)
-                    continue
-            kind, extra = _classify(v)
-            children: Iterable[Any] | None = None
-            if kind == _LEAF:
-                hit = by_digest.get(extra)
-                if hit is not None:
-                    if hit.producer not in found:
-                        found.append(hit.producer)
-                    continue
-                if isinstance(v, str):
-                    children = _json_items(v)
-            elif kind == _CONTAINER:
-                children = extra
-            if children is not None and depth < MAX_DEPTH:
-                room = MAX_NODES - seen - len(pending)
-                if room > 0:
-                    flag = parsed or kind == _LEAF
-                    pending.extend((c, depth + 1, flag) for c in itertools.islice(children, room))
+                if hit is None:
+                    kind, extra = _classify(v)
+                    if kind == _LEAF:
+                        hit = by_key.get(extra)
+                        if hit is None:
+                            if deeper and type(v) is str and v[0] in _JSON_START:
+                                items = _json_items(v)
+                                if items is not None:
+                                    _below(below, items, budget - len(below))
+                            continue
+                    elif kind == _CONTAINER:  # a dataclass argument is not walked: `self`
+                        if deeper:
+                            _below(below, extra, budget - len(below))
+                        continue
+                    else:
+                        continue
+                if hit[0] not in found:
+                    found.append(hit[0])
+            if not below:
+                break
+            level = below
         return found
 
     def _received(self, dst: Executor, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -339,7 +363,7 @@ class Turn:
         if self._state != "open" or not self._by_id:
             return
         try:
-            sources = self._producers(itertools.chain(args, kwargs.values()))
+            sources = self._producers(args + tuple(kwargs.values()) if kwargs else args)
         except Exception:
             self._tracer_error("an argument")
             return
@@ -358,31 +382,32 @@ class Turn:
         if self._state != "open":
             return
         try:
-            objs, digests = _index(value)
+            objs, keys = _index(value)
         except Exception:
             self._tracer_error("a returned value")
             return
-        if not objs and not digests:
+        if not objs:
             return
-        out = _Output(producer, objs, digests)
+        out: _Output = (producer, objs, keys)
+        by_id = self._by_id
+        by_key = self._by_key
+        outputs = self._outputs
         with self._lock:
             if self._state != "open":
                 return
-            self._outputs.append(out)
-            by_id = self._by_id
-            by_digest = self._by_digest
+            outputs.append(out)
             for o in objs:
                 by_id[id(o)] = out
-            for d in digests:
-                by_digest[d] = out
-            while len(self._outputs) > self.max_outputs:
-                old = self._outputs.popleft()
-                for o in old.objs:
+            for k in keys:
+                by_key[k] = out
+            while len(outputs) > self.max_outputs:
+                old = outputs.popleft()
+                for o in old[1]:
                     if by_id.get(id(o)) is old:
                         del by_id[id(o)]
-                for d in old.digests:
-                    if by_digest.get(d) is old:
-                        del by_digest[d]
+                for k in old[2]:
+                    if by_key.get(k) is old:
+                        del by_key[k]
                 self.forgotten += 1
 
     def _wished(self, name: str, consumed: Any, desired_sig: Any) -> list[Passing]:
@@ -424,7 +449,7 @@ class Turn:
             # drop the references now: the values belong to the caller again
             self._outputs.clear()
             self._by_id.clear()
-            self._by_digest.clear()
+            self._by_key.clear()
         if self._token is not None:
             # ValueError: left in another context than the one it was entered in
             with contextlib.suppress(ValueError):
