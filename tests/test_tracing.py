@@ -207,6 +207,13 @@ def test_elements_of_nested_arguments_link(fake: FakeStore) -> None:
     assert t.passings == [edge("search", "summarise")]
 
 
+def test_elements_of_set_arguments_link(fake: FakeStore) -> None:
+    with turn(fake, "t") as t:
+        files = search("q")
+        summarise(frozenset({files[1], "/not/produced.pdf"}))
+    assert t.passings == [edge("search", "summarise")]
+
+
 def test_elements_of_nested_outputs_link(fake: FakeStore) -> None:
     with turn(fake, "t") as t:
         hits = make({"hits": [{"path": "/x/deep-file.pdf"}]})
@@ -605,6 +612,28 @@ def test_async_executors_inside_async_with(fake: FakeStore) -> None:
     t = asyncio.run(main())
     assert t.passings == [edge("asearch", "aread")]
     assert fake.calls == [("t", [edge("asearch", "aread")], "tracer")]
+
+
+def test_async_methods_are_executors(fake: FakeStore) -> None:
+    class Client:
+        @executor("client.get", "1")
+        async def get(self, url: str) -> dict[str, str]:
+            await asyncio.sleep(0)
+            return {"body": f"<html>{url}</html>"}
+
+    client = Client()
+
+    async def main() -> Any:
+        async with turn(fake, "t") as t:
+            page = await client.get("https://example.org/start")
+            await client.get(page["body"])
+        return t
+
+    assert asyncio.run(main()).passings == [Passing("client.get", "1", "client.get", "1")]
+
+
+def test_outside_a_turn_an_async_executor_is_a_plain_call() -> None:
+    assert asyncio.run(aread("/x")) == "async contents of /x"
 
 
 def test_an_async_callable_object_is_awaited(fake: FakeStore) -> None:
