@@ -56,6 +56,7 @@ __all__ = [
     "JSON_TEXT_LIMIT",
     "MAX_DEPTH",
     "MAX_NODES",
+    "MAX_PASSINGS",
     "BackgroundWriter",
     "TracerStats",
     "Turn",
@@ -75,6 +76,7 @@ MAX_NODES = 256  # values walked per output, and per call's arguments
 JSON_TEXT_LIMIT = 65_536  # longest str parsed as JSON text to reach its items
 TRIVIAL_NUMBER = 1024  # numbers in [-1024, 1024] never link
 MIN_TEXT = 4  # str / bytes shorter than this never link
+MAX_PASSINGS = 10_000  # distinct edges per turn; past it new edges are counted, not kept
 
 RECORDER = "tracer"
 
@@ -104,8 +106,9 @@ class TracerStats:
     forgotten: int = 0  # outputs forgotten because a turn reached its cap
     dropped: int = 0  # turns a full background writer could not take
     tracer_errors: int = 0  # values the tracer could not inspect (the call went on)
+    unrecorded: int = 0  # new edges of a turn that already held MAX_PASSINGS
     _lock: threading.Lock = dataclasses.field(
-        default_factory=threading.Lock, repr=False, compare=False
+        default_factory=threading.Lock, init=False, repr=False, compare=False
     )
 
     def add(self, **counts: int) -> None:
@@ -291,6 +294,7 @@ class Turn:
         self.store_failures = 0  # 1 when writing this turn's passings failed
         self.dropped = 0  # 1 when the background writer's queue was full
         self.tracer_errors = 0  # values that could not be inspected
+        self.unrecorded = 0  # new edges past MAX_PASSINGS, not recorded
         self.error: Exception | None = None  # the store's failure, if any
         self.mnests: list[Any] = []  # what the store returned (empty with a writer)
         self._lock = threading.Lock()
@@ -372,10 +376,14 @@ class Turn:
         with self._lock:
             if self._state != "open":
                 return
+            edges = self._edges
             for src in sources:
                 key = (src[0], src[1], dst[0], dst[1], True)
-                if key not in self._edges:
-                    self._edges[key] = Passing(src[0], src[1], dst[0], dst[1])
+                if key not in edges:
+                    if len(edges) >= MAX_PASSINGS:
+                        self.unrecorded += 1
+                        continue
+                    edges[key] = Passing(src[0], src[1], dst[0], dst[1])
 
     def _returned(self, producer: Executor, value: Any) -> None:
         """A call of ``producer`` returned ``value``: remember it, forgetting the oldest."""
@@ -419,13 +427,19 @@ class Turn:
         except Exception:
             self._tracer_error("a wished-for value")
             return []
-        made = [Passing(s[0], s[1], name, None, False, None, desired_sig) for s in sources]
+        made: list[Passing] = []
         with self._lock:
             if self._state != "open":
                 return []
-            for p in made:
+            edges = self._edges
+            for src in sources:
+                key = (src[0], src[1], name, None, False)
+                if key not in edges and len(edges) >= MAX_PASSINGS:
+                    self.unrecorded += 1
+                    continue
                 # the store keeps the last desired_sig given for an edge in a turn: so do we
-                self._edges[(p.src_executor, p.src_version, name, None, False)] = p
+                edges[key] = p = Passing(src[0], src[1], name, None, False, None, desired_sig)
+                made.append(p)
         return made
 
     def _tracer_error(self, what: str) -> None:
@@ -455,7 +469,19 @@ class Turn:
             with contextlib.suppress(ValueError):
                 _CURRENT.reset(self._token)
             self._token = None
-        stats.add(turns=1, passings=len(passings), forgotten=self.forgotten)
+        stats.add(
+            turns=1,
+            passings=len(passings),
+            forgotten=self.forgotten,
+            unrecorded=self.unrecorded,
+        )
+        if self.unrecorded:
+            logger.warning(
+                "mnestoma.tracing: turn %r held %d edges; %d more were not recorded",
+                self.turn_id,
+                MAX_PASSINGS,
+                self.unrecorded,
+            )
         return passings
 
     def __enter__(self) -> Turn:

@@ -530,6 +530,23 @@ def test_a_huge_output_is_remembered_up_to_the_node_bound(fake: FakeStore) -> No
     assert t.passings == [edge("make", "read")]
 
 
+def test_past_the_edge_cap_new_edges_are_counted_not_kept(
+    fake: FakeStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("mnestoma.tracing.MAX_PASSINGS", 2)
+    before = stats.snapshot()["unrecorded"]
+    with turn(fake, "t") as t:
+        files = search("q")
+        read(files[0])
+        summarise(files[0])
+        store_value(files[0])  # a third edge: over the cap
+        assert wish("pdf.to_text", consumed=files[0]) == []
+        read(files[1])  # an edge already kept is still fine
+    assert t.passings == [edge("search", "read"), edge("search", "summarise")]
+    assert t.unrecorded == 2
+    assert stats.snapshot()["unrecorded"] == before + 2
+
+
 def test_an_argument_the_tracer_cannot_inspect_does_not_break_the_call(
     fake: FakeStore,
 ) -> None:
