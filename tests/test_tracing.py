@@ -960,3 +960,27 @@ def test_async_with_writes_through_the_blocking_store(store: mnestoma.Mnestoma) 
     (row,) = store.edges()
     assert (row.src_executor, row.dst_executor) == ("asearch", "aread")
     assert [e.recorder for e in store.events(turn_id="turn-async")] == ["tracer"]
+
+
+# ---------------------------------------------------------------------------- benchmark
+
+
+def test_the_overhead_benchmark_runs_and_reports_every_figure(tmp_path: Any) -> None:
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    if str(root) not in sys.path:  # ``benchmarks`` lives at the top of the checkout
+        sys.path.insert(0, str(root))
+    from benchmarks import tracing_overhead as bench
+
+    figures = bench.measure(rounds=1, calls=200, turns=3)
+    assert figures.passings_per_turn == bench.CHAIN  # 7 passings of the chain and a proto
+    assert figures.plain_us > 0 and figures.outside_us > 0 and figures.flush_store_us > 0
+    assert [v[0] for v in figures.verdicts()] == [
+        "outside a turn < 1 µs added",
+        "inside a turn < 20 µs per call",
+    ]
+    out = tmp_path / "figures.json"
+    assert bench.main(["--quick", "--rounds", "1", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["calls_per_round"] == 2_000
