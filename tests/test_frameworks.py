@@ -103,7 +103,9 @@ class ScriptedChatModel(BaseChatModel):
         return "scripted"
 
     def _generate(self, messages: list[BaseMessage], *args: Any, **kwargs: Any) -> ChatResult:
-        results = {m.name: m.content for m in messages if isinstance(m, ToolMessage)}
+        results: dict[str | None, Any] = {
+            m.name: m.content for m in messages if isinstance(m, ToolMessage)
+        }
         if "search_files" not in results:
             calls = [("search_files", {"pattern": "*.pdf"}), ("today", {})]
         elif "read_file" not in results:
@@ -280,7 +282,7 @@ class ScriptedModel(Model):
         raise NotImplementedError("the scripted model does not stream")
 
 
-AGENT_TOOLS = [function_tool(f) for f in (search_files, read_file, count_words, today)]
+AGENT_TOOLS: list[Any] = [function_tool(f) for f in (search_files, read_file, count_words, today)]
 
 
 @pytest.fixture

@@ -418,7 +418,7 @@ def test_leaves_per_value_are_bounded_and_counted(setup: Setup) -> None:
 def test_bounds_must_be_positive() -> None:
     for option in ("max_traces", "max_spans_per_trace", "max_leaves_per_value", "max_queue"):
         with pytest.raises(mnestoma.InvalidInput, match=option):
-            MnestomaSpanProcessor(FakeStore(), **{option: 0})
+            MnestomaSpanProcessor(FakeStore(), **{option: 0})  # type: ignore[arg-type]
     with pytest.raises(mnestoma.InvalidInput, match="version_of"):
         MnestomaSpanProcessor(FakeStore(), version_of=42)  # type: ignore[arg-type]
 
