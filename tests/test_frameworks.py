@@ -16,7 +16,23 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
+
+# the test extra installs these (extra "frameworks"): a missing one fails, never skips
+from agents import Agent, ModelResponse, Runner, Usage, function_tool
+from agents.models.interface import Model
+from langchain_core.language_models.chat_models import BaseChatModel
+from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
+from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.tools import tool
+from openai.types.responses import (
+    ResponseFunctionToolCall,
+    ResponseOutputMessage,
+    ResponseOutputText,
+)
+from openinference.instrumentation import TraceConfig
+from openinference.instrumentation.langchain import LangChainInstrumentor
 from opentelemetry import context as otel_context
+from opentelemetry.instrumentation.genai.openai_agents import OpenAIAgentsInstrumentor
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, set_span_in_context
 
@@ -80,15 +96,6 @@ def retried_request() -> Any:
 
 
 # -- LangGraph + OpenInference ----------------------------------------------------------------
-
-langchain_core = pytest.importorskip("langchain_core")  # installed by the test extra
-
-from langchain_core.language_models.chat_models import BaseChatModel  # noqa: E402
-from langchain_core.messages import AIMessage, BaseMessage, ToolMessage  # noqa: E402
-from langchain_core.outputs import ChatGeneration, ChatResult  # noqa: E402
-from langchain_core.tools import tool  # noqa: E402
-from openinference.instrumentation import TraceConfig  # noqa: E402
-from openinference.instrumentation.langchain import LangChainInstrumentor  # noqa: E402
 
 
 class ScriptedChatModel(BaseChatModel):
@@ -219,17 +226,6 @@ def test_the_in_process_tracer_records_the_same_edges_from_the_same_tools(
 
 
 # -- OpenAI Agents SDK + OpenTelemetry GenAI instrumentation ----------------------------------
-
-from agents import Agent, ModelResponse, Runner, Usage, function_tool  # noqa: E402
-from agents.models.interface import Model  # noqa: E402
-from openai.types.responses import (  # noqa: E402
-    ResponseFunctionToolCall,
-    ResponseOutputMessage,
-    ResponseOutputText,
-)
-from opentelemetry.instrumentation.genai.openai_agents import (  # noqa: E402
-    OpenAIAgentsInstrumentor,
-)
 
 CAPTURE = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 
