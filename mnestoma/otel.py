@@ -24,14 +24,20 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any, Protocol
 
-from opentelemetry.context import Context
-from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
+try:
+    from opentelemetry.context import Context
+    from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ImportError(
+        "mnestoma.otel needs the OpenTelemetry SDK: pip install 'mnestoma[otel]'"
+    ) from exc
 
 from .errors import InvalidInput
-from .validation import Passing
+from .validation import Passing, check_name
 
 __all__ = [
     "DEFAULT_VERSION",
+    "MAX_DEPTH",
     "MIN_LEAF_CHARS",
     "REDACTED_VALUES",
     "TRIVIAL_NUMBER",
@@ -95,31 +101,13 @@ class ProcessorStats:
     leaves_truncated: int = 0  # values read only up to max_leaves_per_value
     queue_overflow: int = 0  # spans the full queue could not take (their trace may be partial)
     store_failures: int = 0  # record_turn calls that raised
-    errors: int = 0  # other failures on the writer thread (e.g. version_of raising)
-
-
-@dataclass
-class _Counters:
-    """Mutable twin of ProcessorStats, written by the writer thread (overflow under a lock)."""
-
-    tool_spans: int = 0
-    traces_recorded: int = 0
-    passings_recorded: int = 0
-    traces_evicted: int = 0
-    spans_dropped: int = 0
-    late_spans: int = 0
-    unversioned_spans: int = 0
-    leaves_truncated: int = 0
-    queue_overflow: int = 0
-    store_failures: int = 0
-    errors: int = 0
+    errors: int = 0  # spans skipped on failures: version_of raising, a name the store refuses
 
 
 @dataclass(frozen=True)
 class _ToolCall:
     """One tool span as the processor keeps it: name, version, times and digests only."""
 
-    span_id: int
     name: str
     version: str
     start: int
@@ -141,7 +129,6 @@ class _Trace:
 @dataclass(frozen=True)
 class _ToolEnded:
     trace_id: int
-    span_id: int
     name: str
     start: int
     end: int
@@ -287,6 +274,8 @@ class MnestomaSpanProcessor(SpanProcessor):
                 raise InvalidInput(f"{name} must be a positive integer, got {bound!r}")
         if version_of is not None and not (isinstance(version_of, Mapping) or callable(version_of)):
             raise InvalidInput("version_of must be a mapping or a callable")
+        if default_version is not None:
+            check_name(default_version, "default_version")
         self._store = store
         self._version_of = version_of
         self._default_version = default_version
@@ -297,8 +286,8 @@ class MnestomaSpanProcessor(SpanProcessor):
         self._queue: queue.Queue[_ToolEnded | _RootStarted | _RootEnded | _Marker] = queue.Queue(
             max_queue
         )
-        self._counters = _Counters()
-        self._overflow_lock = threading.Lock()
+        self._counters = dict.fromkeys(ProcessorStats.__dataclass_fields__, 0)
+        self._counters_lock = threading.Lock()
         self._closed = False
         # writer-thread state: open traces, and recently recorded ones (to spot late spans)
         self._traces: OrderedDict[int, _Trace] = OrderedDict()
@@ -336,7 +325,6 @@ class MnestomaSpanProcessor(SpanProcessor):
             self._offer(
                 _ToolEnded(
                     context.trace_id,
-                    context.span_id,
                     name,
                     span.start_time or 0,
                     span.end_time or 0,
@@ -352,8 +340,7 @@ class MnestomaSpanProcessor(SpanProcessor):
         try:
             self._queue.put_nowait(item)
         except queue.Full:
-            with self._overflow_lock:
-                self._counters.queue_overflow += 1
+            self._count("queue_overflow")
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -384,8 +371,8 @@ class MnestomaSpanProcessor(SpanProcessor):
     @property
     def stats(self) -> ProcessorStats:
         """A snapshot of the counters."""
-        with self._overflow_lock:
-            return ProcessorStats(**vars(self._counters))
+        with self._counters_lock:
+            return ProcessorStats(**self._counters)
 
     # -- the writer thread ------------------------------------------------------------------
 
@@ -394,8 +381,7 @@ class MnestomaSpanProcessor(SpanProcessor):
             item = self._queue.get()
             if isinstance(item, _Marker):
                 if item.stop:
-                    with self._overflow_lock:
-                        self._counters.traces_evicted += len(self._traces)
+                    self._count("traces_evicted", len(self._traces))
                     self._traces.clear()
                     item.done.set()
                     return
@@ -408,8 +394,8 @@ class MnestomaSpanProcessor(SpanProcessor):
                 self._count("errors")
 
     def _count(self, name: str, n: int = 1) -> None:
-        with self._overflow_lock:
-            setattr(self._counters, name, getattr(self._counters, name) + n)
+        with self._counters_lock:
+            self._counters[name] += n
 
     def _trace(self, trace_id: int) -> _Trace:
         trace = self._traces.get(trace_id)
@@ -470,8 +456,14 @@ class MnestomaSpanProcessor(SpanProcessor):
         if version is None:
             self._count("unversioned_spans")
             return None
+        try:  # a name or version the store would refuse would lose the whole trace
+            check_name(item.name, "tool name")
+            check_name(version, f"version of tool {item.name!r}")
+        except InvalidInput as err:
+            logger.warning("mnestoma otel processor: skipped a tool span: %s", err)
+            self._count("errors")
+            return None
         return _ToolCall(
-            item.span_id,
             item.name,
             version,
             item.start,

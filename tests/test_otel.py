@@ -421,6 +421,8 @@ def test_bounds_must_be_positive() -> None:
             MnestomaSpanProcessor(FakeStore(), **{option: 0})  # type: ignore[arg-type]
     with pytest.raises(mnestoma.InvalidInput, match="version_of"):
         MnestomaSpanProcessor(FakeStore(), version_of=42)  # type: ignore[arg-type]
+    with pytest.raises(mnestoma.InvalidInput, match="default_version"):
+        MnestomaSpanProcessor(FakeStore(), default_version=" ")
 
 
 # -- versions ---------------------------------------------------------------------------------
@@ -469,6 +471,21 @@ def test_a_version_of_that_raises_is_counted(
         genai(tracer, "fs.search", {"q": "pdf"}, ["a/report.pdf"])
     flushed(processor)
     assert processor.stats.errors == 1 and "version_of" in caplog.text
+
+
+def test_a_tool_the_store_would_refuse_is_skipped_not_the_trace(
+    setup: Setup, store: mnestoma.Mnestoma
+) -> None:
+    versions = {**VERSIONS, "bad\x00tool": "1.0", "fs.stat": ""}
+    processor, tracer = setup(store, version_of=versions)
+    with tracer.start_as_current_span("turn"):
+        genai(tracer, "fs.search", {"q": "pdf"}, ["a/report.pdf"])
+        genai(tracer, "bad\x00tool", {"path": "a/report.pdf"}, "text")
+        genai(tracer, "fs.stat", {"path": "a/report.pdf"}, "text")
+        genai(tracer, "fs.read", {"path": "a/report.pdf"}, "text")
+    flushed(processor)
+    assert processor.stats.errors == 2 and processor.stats.store_failures == 0
+    assert [(e.src_executor, e.dst_executor) for e in store.edges()] == [("fs.search", "fs.read")]
 
 
 # -- content capture off, and sequence edges ---------------------------------------------------
