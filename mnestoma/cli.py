@@ -37,7 +37,7 @@ from .migration import (
 )
 from .models import CanonicalQuery, Event, Mnest
 from .repository import QueryFrequency
-from .rules import RECURRING_MIN_USES, RECURRING_MIN_WEIGHT, AgerReport
+from .rules import RECURRING_MIN_USES, RECURRING_MIN_WEIGHT, AgerReport, Recorder
 from .status import collect_status, iso_utc, missing_sqlite_file, render_status
 from .validation import Clock, Passing, check_positive_int, utc_now
 
@@ -597,7 +597,7 @@ def record(
         if sig_json is not None:
             try:
                 desired_sig = json.loads(sig_json)
-            except ValueError as err:
+            except (ValueError, RecursionError) as err:  # RecursionError: nested too deep
                 raise InvalidInput(f"--sig is not JSON: {err}") from None
             if not isinstance(desired_sig, dict):
                 raise InvalidInput("--sig must be a JSON object")
@@ -914,19 +914,50 @@ def _progress_bar(total: int) -> Iterator[Callable[[int], Any]]:
     "--to", "target", metavar="URL", required=True, callback=_url_option_callback,
     help="Target store (migrated to head; must be empty unless --append).",
 )  # fmt: skip
-@click.option("--append", is_flag=True, help="Add to a target that already holds rows.")
+@click.option(
+    "--append",
+    is_flag=True,
+    help="Add to a target that already holds rows, merging the edges both stores hold.",
+)
 @json_option
 @database_url_option
 def copy_cmd(
     source: str | None, target: str, append: bool, as_json: bool, database_url: str | None
 ) -> None:
-    """Copy a whole store (mnests, events, query log; ids kept) to another database.
+    """Copy a whole store (mnests, events, query log, ager runs; ids kept) to another
+    database, in one transaction, verified by row counts and checksums before it commits.
 
-    The source is --from, else --database-url, else the resolved default store.
+    The source is --from, else --database-url, else the resolved default store. A failed
+    copy leaves the target as it was (a SQLite file it created is removed).
+
+    With --append, event and log ids are shifted past the target's, and an edge both
+    stores hold (same src, src version, dst, dst version and state) is merged into the
+    target's row with the ager's rule:
+
+    \b
+    - uses summed; a turn counted on the edge in both stores (same turn
+      id) counts once: the source's event is kept, its turn id moved
+      into its reason;
+    - first use the earlier, last use the later;
+    - weight: the larger of the two effective weights now, decaying from
+      now;
+    - decay speed, tags and desired_sig: the target's (tags and
+      desired_sig: the source's where the target has none);
+    - every event of both kept, the source row's moved to the target
+      row, and a merged event on each of the two ids naming the other.
+
+    A mnest id held by both stores (one was copied from the other) is refused: nothing
+    is copied.
     """
     from .copying import copy_store
 
-    report = copy_store(source or _url(database_url), target, append=append, progress=_progress_bar)
+    report = copy_store(
+        source or _url(database_url),
+        target,
+        append=append,
+        progress=_progress_bar,
+        recorder=Recorder.CLI.value,
+    )
     if as_json:
         _echo_json(
             {
@@ -936,15 +967,27 @@ def copy_cmd(
                 "checksums": report.checksums,
                 "appended": report.appended,
                 "id_offsets": report.id_offsets,
+                "merged": report.merged,
+                "turns_counted_once": report.turns_counted_once,
                 "verified": True,
             }
         )
         return
-    labels = {"mnests": "mnests", "events": "events", "canonical_query_log": "query-log entries"}
+    labels = {
+        "mnests": "mnests",
+        "events": "events",
+        "canonical_query_log": "query-log entries",
+        "ager_runs": "ager runs",
+    }
     counts = ", ".join(f"{n} {labels.get(name, name)}" for name, n in report.rows.items())
     click.echo(f"copied {counts}")
     click.echo(f"  from {report.source}")
     click.echo(f"  to   {report.target}")
+    if report.appended:
+        click.echo(
+            f"merged {report.merged} edges that both stores held "
+            f"({report.turns_counted_once} turns counted once)"
+        )
     click.echo("verified: row counts and content checksums match")
 
 

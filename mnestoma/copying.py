@@ -1,66 +1,135 @@
 """Copy a whole store between databases (SQLite ↔ PostgreSQL), ids kept, verified.
 
 The target is migrated to head and filled inside one transaction; before it commits, its
-content is read back and compared with the source (row counts and a checksum). Any
-difference rolls everything back, so a failed copy leaves the target as it was.
+content is read back and compared with what it must now hold (row counts and a checksum).
+Any difference rolls everything back, so a failed copy leaves the target as it was; a SQLite
+target file that the copy itself created is removed (with its -wal and -shm).
+
+With ``append`` the target may already hold rows. Integer ids (events, query log, ager runs)
+are shifted past the target's largest; mnest ids, random tokens, are kept, and one held by
+both stores is refused (the stores share rows: one was copied from the other). An edge key
+held by both stores (src_executor, src_version, dst_executor, dst_version, state; NULL-safe)
+is merged into the target's row with the ager's rule (contract §4):
+
+- uses summed, except that a turn both stores counted on this edge (same turn_id) counts
+  once; ts_first = the earlier, ts_last = the later;
+- weight = the larger of the two effective weights at the copy's now, ts_weight = now (the
+  target's, if later); decay_lambda, tags and desired_sig: the target's (tags and
+  desired_sig: the source's where the target's is null);
+- every event of both is kept; the source row's events move to the target row; a source
+  created/reinforced event of a turn already counted on the target row keeps its kind but
+  hands its turn_id to its reason (the database allows one per turn and row);
+- two ``merged`` events at now, as the ager writes them: on the target row (related_id = the
+  source row's id) and on the source row's id (related_id = the target row's), each with
+  that row's effective weight before, the merged weight after, the state unchanged.
 
 The checksum is order-independent (the sum of one SHA-256 per row, modulo 2**256): the two
 engines sort text ids by different collations, and this way neither side has to sort.
 Rows are canonicalised first: floats to 12 significant digits, times to ISO-8601 UTC, JSON
-with sorted keys.
+with sorted keys and its numbers as floats (PostgreSQL's JSONB gives 1e16 back as an
+integer and -0.0 as 0.0), written without recursion so that any depth a driver returns can
+be digested.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, suppress
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from pathlib import Path
+from typing import Any, TypeVar, cast
 
-from sqlalchemy import Connection, Engine, Table, func, insert, inspect, select, text
+from sqlalchemy import (
+    Connection,
+    Engine,
+    RowMapping,
+    Table,
+    bindparam,
+    func,
+    insert,
+    inspect,
+    select,
+    text,
+    tuple_,
+    update,
+)
 from sqlalchemy.engine import URL
+from sqlalchemy.exc import IntegrityError
 
 from .config import READ_ONLY_OPTION, make_engine, redact_url, resolve_database_url
-from .errors import ConflictError, InvalidInput, MnestomaError, SchemaError, translate_errors
-from .migration import current_revision, head_revision, upgrade
-from .models import CanonicalQuery, Event, Mnest
+from .errors import (
+    ConflictError,
+    InvalidInput,
+    MnestomaError,
+    SchemaError,
+    StoreError,
+    translate_errors,
+)
+from .migration import current_revision, head_revision, known_revisions, upgrade
+from .models import AgerRun, CanonicalQuery, Event, Mnest
+from .rules import (
+    MAX_JSON_DEPTH,
+    PASSING_KINDS,
+    EventKind,
+    Recorder,
+    clamp_weight,
+    decayed_weight,
+)
 from .status import missing_sqlite_file
+from .types import JSONDocument
+from .validation import Clock, read_clock, utc_now
 
 __all__ = [
     "CHUNK_SIZE",
     "CopyReport",
     "CopyVerificationError",
+    "StoresShareRows",
     "TargetNotEmpty",
     "copy_store",
     "table_checksum",
 ]
 
 CHUNK_SIZE = 5_000
+# Keys per ``IN (...)`` lookup in the target: far below every engine's parameter limit.
+LOOKUP_BATCH = 500
 MODULUS = 2**256
+MNESTS = cast(Table, Mnest.__table__)
+EVENTS = cast(Table, Event.__table__)
 # (table, has an integer id the copy keeps, or shifts past the target's ids when appending)
 TABLES: tuple[tuple[Table, bool], ...] = (
-    (Mnest.__table__, False),  # type: ignore[has-type]
-    (Event.__table__, True),  # type: ignore[has-type]
-    (CanonicalQuery.__table__, True),  # type: ignore[has-type]
+    (MNESTS, False),
+    (EVENTS, True),
+    (cast(Table, CanonicalQuery.__table__), True),
+    (cast(Table, AgerRun.__table__), True),
 )
+KEY = ("src_executor", "src_version", "dst_executor", "dst_version", "state")
+PROTO_KEY = ("src_executor", "src_version", "dst_executor", "state")  # dst_version IS NULL
+PASSING = tuple(k.value for k in PASSING_KINDS)
+MERGED_COLUMNS = ("uses", "ts_first", "ts_last", "weight", "ts_weight", "tags", "desired_sig")
 
 Progress = Callable[[int], AbstractContextManager[Callable[[int], Any]]]
+T = TypeVar("T")
 
 
 class TargetNotEmpty(InvalidInput):
     """The target already holds rows and ``append`` was not asked for."""
 
 
+class StoresShareRows(ConflictError):
+    """A mnest id is in both stores: they share rows, and merging would count them twice."""
+
+
 class CopyVerificationError(MnestomaError):
-    """The target's content read back differs from the source's: the copy was rolled back."""
+    """The target's content read back differs from what it must hold: the copy was rolled back."""
 
 
 @dataclass(frozen=True, slots=True)
 class CopyReport:
-    """What was copied: rows per table and the checksum both sides agreed on."""
+    """What was copied: source rows per table, the verified checksums, what was merged."""
 
     source: str
     target: str
@@ -68,77 +137,133 @@ class CopyReport:
     checksums: dict[str, str]
     appended: bool
     id_offsets: dict[str, int]
+    merged: int = 0  # source mnests merged into a target row with the same edge key
+    turns_counted_once: int = 0  # turns both stores counted on a merged edge
 
     @property
     def total(self) -> int:
-        """Rows copied, all tables together."""
+        """Rows read from the source, all tables together."""
         return sum(self.rows.values())
 
 
-class _Digest:
-    """An order-independent multiset hash: count and sum of per-row SHA-256."""
+class _Raw(str):
+    """Text already in canonical JSON form (a bracket, a key, a separator)."""
 
-    def __init__(self) -> None:
-        self.count = 0
-        self.total = 0
+    __slots__ = ()
 
-    def add(self, table: str, columns: list[str], row: Any) -> None:
-        payload = json.dumps(
-            [table, [_canonical(row[c]) for c in columns]],
-            sort_keys=True,
-            separators=(",", ":"),
-            ensure_ascii=False,
-        )
-        self.count += 1
-        self.total = (self.total + int(hashlib.sha256(payload.encode()).hexdigest(), 16)) % MODULUS
 
-    @property
-    def hexdigest(self) -> str:
-        return f"{self.total:064x}"
+def _json_number(value: int | float) -> str:
+    try:
+        return format(float(value) + 0.0, ".12g")  # + 0.0: JSONB has no negative zero
+    except OverflowError:  # an integer beyond any float: both engines return it as an int
+        return str(value)
+
+
+def _json_text(value: Any) -> str:
+    """Canonical text of a JSON value: sorted keys, numbers as floats to 12 digits.
+
+    Iterative, so that a value nested deeper than Python's recursion limit digests too.
+    """
+    out: list[str] = []
+    stack: list[Any] = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, _Raw):
+            out.append(item)
+        elif isinstance(item, str):
+            out.append(json.dumps(item, ensure_ascii=False))
+        elif item is None or isinstance(item, bool):
+            out.append(json.dumps(item))
+        elif isinstance(item, int | float):
+            out.append(_json_number(item))
+        elif isinstance(item, dict):
+            parts: list[Any] = [_Raw("{")]
+            for i, key in enumerate(sorted(item)):
+                prefix = "," if i else ""
+                parts += [_Raw(prefix + json.dumps(str(key), ensure_ascii=False) + ":"), item[key]]
+            parts.append(_Raw("}"))
+            stack.extend(reversed(parts))
+        elif isinstance(item, list | tuple):
+            parts = [_Raw("[")]
+            for i, child in enumerate(item):
+                parts += [_Raw(","), child] if i else [child]
+            parts.append(_Raw("]"))
+            stack.extend(reversed(parts))
+        else:
+            out.append(json.dumps(str(item), ensure_ascii=False))
+    return "".join(out)
 
 
 def _canonical(value: Any) -> Any:
-    """A JSON-ready form two engines agree on for the same content."""
-    if value is None or isinstance(value, bool | str):
-        return value
-    if isinstance(value, int):
+    """A JSON-ready form of a plain column value that two engines agree on."""
+    if value is None or isinstance(value, bool | str | int):
         return value
     if isinstance(value, float):
         return {"f": format(value, ".12g")}
     if isinstance(value, datetime):
         aware = value if value.tzinfo is not None else value.replace(tzinfo=UTC)
         return {"t": aware.astimezone(UTC).isoformat()}
-    if isinstance(value, dict):
-        return {"d": {str(k): _canonical(v) for k, v in value.items()}}
-    if isinstance(value, list | tuple):
-        return [_canonical(v) for v in value]
     return {"x": str(value)}
+
+
+class _Digest:
+    """An order-independent multiset hash of one table's rows: count and sum of SHA-256."""
+
+    def __init__(self, table: Table) -> None:
+        self.table = table.name
+        self.columns = [c.key for c in table.columns]
+        self.json_columns = frozenset(
+            c.key for c in table.columns if isinstance(c.type, JSONDocument)
+        )
+        self.count = 0
+        self.total = 0
+
+    def _hash(self, row: Any) -> int:
+        values = [
+            {"j": _json_text(row[c])}
+            if c in self.json_columns and row[c] is not None
+            # a JSON column holding None reads back as SQL NULL on both engines
+            else _canonical(row[c])
+            for c in self.columns
+        ]
+        payload = json.dumps(
+            [self.table, values], sort_keys=True, separators=(",", ":"), ensure_ascii=False
+        )
+        return int(hashlib.sha256(payload.encode()).hexdigest(), 16)
+
+    def add(self, row: Any) -> None:
+        self.count += 1
+        self.total = (self.total + self._hash(row)) % MODULUS
+
+    def remove(self, row: Any) -> None:
+        self.count -= 1
+        self.total = (self.total - self._hash(row)) % MODULUS
+
+    @property
+    def hexdigest(self) -> str:
+        return f"{self.total:064x}"
 
 
 def table_checksum(conn: Connection, table: Table, *, id_above: int | None = None) -> str:
     """The checksum of a table's content (optionally only the rows with ``id > id_above``)."""
-    return _table_digest(conn, table, id_above=id_above, offset=0).hexdigest
+    return _table_digest(conn, table, id_above=id_above).hexdigest
 
 
-def _table_digest(conn: Connection, table: Table, *, id_above: int | None, offset: int) -> _Digest:
-    columns = [c.key for c in table.columns]
-    digest = _Digest()
+def _table_digest(conn: Connection, table: Table, *, id_above: int | None = None) -> _Digest:
+    digest = _Digest(table)
     stmt = select(table)
     if id_above is not None:
         stmt = stmt.where(table.c.id > id_above)
     result = conn.execute(stmt, execution_options={"yield_per": CHUNK_SIZE})
     for part in result.mappings().partitions():
         for row in part:
-            digest.add(table.name, columns, _shifted(row, offset))
+            digest.add(row)
     return digest
 
 
-def _shifted(row: Any, offset: int) -> Any:
-    if not offset:
-        return row
-    out = dict(row)
-    out["id"] = row["id"] + offset
-    return out
+def _batches(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
 
 
 @contextmanager
@@ -150,14 +275,59 @@ def _same_database(a: URL, b: URL) -> bool:
     if a.get_backend_name() != b.get_backend_name():
         return False
     if a.get_backend_name() == "sqlite":
-        from pathlib import Path
-
         return (
             Path(a.database or "").expanduser().resolve()
             == Path(b.database or "").expanduser().resolve()
         )
     keys = ("host", "port", "database")
     return all(getattr(a, k) == getattr(b, k) for k in keys)
+
+
+@dataclass(frozen=True, slots=True)
+class _NewFile:
+    """A SQLite target the copy creates: the file and the folders above it made with it."""
+
+    path: Path
+    folders: tuple[Path, ...]  # deepest first
+
+    @classmethod
+    def of(cls, url: URL) -> _NewFile | None:
+        missing = missing_sqlite_file(url)
+        if missing is None:
+            return None
+        path = missing.absolute()
+        folders: list[Path] = []
+        parent = path.parent
+        while not parent.exists() and parent != parent.parent:
+            folders.append(parent)
+            parent = parent.parent
+        return cls(path, tuple(folders))
+
+    def remove(self) -> None:
+        """Remove what the copy created; never masks the error that made the copy fail."""
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            with suppress(OSError):
+                self.path.with_name(self.path.name + suffix).unlink(missing_ok=True)
+        for folder in self.folders:
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+
+
+def _check_revision(role: str, url: URL, revision: str | None, *, at_head: bool) -> None:
+    """A revision this release does not know is fixed by a newer package, not a migration."""
+    if revision is not None and revision not in known_revisions():
+        raise SchemaError(
+            f"the {role} {redact_url(url)} is at revision {revision}, unknown to this version "
+            "of mnestoma (written by a newer release?): upgrade the mnestoma package"
+        )
+    head = head_revision()
+    if at_head and revision != head:
+        raise SchemaError(
+            f"the {role} {redact_url(url)} is at revision {revision or 'none'}, "
+            f"not head {head}: run `mnestoma db upgrade` on it first"
+        )
 
 
 def copy_store(
@@ -167,16 +337,22 @@ def copy_store(
     append: bool = False,
     chunk_size: int = CHUNK_SIZE,
     progress: Progress | None = None,
+    clock: Clock | None = None,
+    recorder: str = Recorder.CALL.value,
 ) -> CopyReport:
-    """Copy every mnest, event and logged query from ``source`` to ``target``.
+    """Copy every mnest, event, logged query and ager run from ``source`` to ``target``.
 
     The target is migrated to head first and must hold no rows unless ``append``; with
-    ``append``, event and query-log ids are shifted past the target's largest id (mnest ids,
-    random tokens, are kept as they are). Raises :class:`TargetNotEmpty`,
-    :class:`SchemaError` (source not at head) or :class:`CopyVerificationError`.
+    ``append``, integer ids are shifted past the target's and an edge both stores hold is
+    merged (module docstring; the merge events are at ``clock()`` and carry ``recorder``).
+    Raises :class:`TargetNotEmpty`, :class:`StoresShareRows`, :class:`SchemaError` (source
+    not at head, or either side at a revision newer than this package) or
+    :class:`CopyVerificationError`; on any error the target is left as it was.
     """
     if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
         raise InvalidInput("chunk_size must be a positive integer")
+    if recorder not in {r.value for r in Recorder}:
+        raise InvalidInput(f"recorder must be one of {', '.join(r.value for r in Recorder)}")
     src_url = resolve_database_url(source)
     dst_url = resolve_database_url(target)
     if _same_database(src_url, dst_url):
@@ -184,142 +360,357 @@ def copy_store(
     missing = missing_sqlite_file(src_url)
     if missing is not None:
         raise InvalidInput(f"no source database at {missing}")
+    new_file = _NewFile.of(dst_url)
     src_engine = make_engine(src_url)
     dst_engine = make_engine(dst_url)
     try:
-        head = head_revision()
-        src_rev = current_revision(src_engine)
-        if src_rev != head:
-            raise SchemaError(
-                f"the source {redact_url(src_url)} is at revision {src_rev or 'none'}, "
-                f"not head {head}: run `mnestoma db upgrade` on it first"
-            )
+        _check_revision("source", src_url, current_revision(src_engine), at_head=True)
+        if new_file is None:
+            _check_revision("target", dst_url, current_revision(dst_engine), at_head=False)
+        job = _Job(append, chunk_size, progress or _no_progress, clock or utc_now, recorder)
         try:
             with translate_errors():
-                return _copy(src_engine, dst_engine, append, chunk_size, progress or _no_progress)
+                return job.run(src_engine, dst_engine)
         except ConflictError as err:
-            raise ConflictError(
-                "the target already holds a mnest with the same id or edge key as one of the "
-                f"source's ({err}): nothing was copied"
-            ) from err
+            if isinstance(err.__cause__, IntegrityError):
+                raise ConflictError(f"{err}: nothing was copied") from err
+            raise
+        except RecursionError:
+            raise StoreError(
+                "a tags or desired_sig value is nested too deeply to read (stores written "
+                f"by this release hold at most {MAX_JSON_DEPTH} levels): nothing was copied"
+            ) from None
+    except BaseException:
+        src_engine.dispose()
+        dst_engine.dispose()
+        if new_file is not None:
+            new_file.remove()
+        raise
     finally:
         src_engine.dispose()
         dst_engine.dispose()
 
 
 def _source_reader(engine: Engine) -> Engine:
-    """One consistent snapshot of the source across its three tables."""
+    """One consistent snapshot of the source across its tables."""
     if engine.dialect.name == "postgresql":
         return engine.execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)
     return engine.execution_options(**{READ_ONLY_OPTION: True})
 
 
-def _copy(
-    src_engine: Engine, dst_engine: Engine, append: bool, chunk_size: int, progress: Progress
-) -> CopyReport:
-    with _source_reader(src_engine).connect() as sconn, dst_engine.connect() as tconn:
-        counts = {
-            t.name: int(sconn.execute(select(func.count()).select_from(t)).scalar_one())
+def _hold_write_lock(conn: Connection) -> None:
+    """Take SQLite's write lock at the start of the copy's transaction (a no-op if held).
+
+    Everything the copy reads in the target (emptiness, the largest ids, the keys it merges
+    into) must stay true until it commits.
+    """
+    if conn.dialect.name != "sqlite":
+        return
+    dbapi = conn.connection.dbapi_connection
+    if dbapi is not None and not dbapi.in_transaction:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def _quoted(conn: Connection, table: Table) -> str:
+    return conn.dialect.identifier_preparer.format_table(table)
+
+
+@dataclass
+class _Job:
+    """One copy: its settings, and what the target must hold when it is done."""
+
+    append: bool
+    chunk_size: int
+    progress: Progress
+    clock: Clock
+    recorder: str
+    expected: dict[str, _Digest] = field(default_factory=dict)
+    offsets: dict[str, int] = field(default_factory=dict)
+    pairs: dict[str, str] = field(default_factory=dict)  # source mnest id -> target mnest id
+    counted_once: Counter[str] = field(default_factory=Counter)  # target mnest id -> turns
+    now: datetime = field(init=False)  # read once the target's write lock is held
+    next_event_id: int = field(init=False)  # the merge events' ids, after the copied ones
+    advance: Callable[[int], Any] = field(init=False)
+
+    def run(self, src_engine: Engine, dst_engine: Engine) -> CopyReport:
+        with _source_reader(src_engine).connect() as sconn, dst_engine.connect() as tconn:
+            with tconn.begin():
+                _hold_write_lock(tconn)
+                upgrade(tconn)  # inside the copy's transaction: a failed copy migrates nothing
+                before = self._target_counts(tconn)
+                if not self.append and any(before.values()):
+                    held = ", ".join(f"{n} {name}" for name, n in before.items() if n)
+                    raise TargetNotEmpty(
+                        f"the target {redact_url(dst_engine.url)} is not empty ({held}): "
+                        "use --append to add to it"
+                    )
+                if tconn.dialect.name == "postgresql":
+                    names = ", ".join(_quoted(tconn, t) for t, _ in TABLES)
+                    tconn.execute(text(f"LOCK TABLE {names} IN EXCLUSIVE MODE"))
+                self.now = read_clock(self.clock)
+                counts = {
+                    t.name: int(sconn.execute(select(func.count()).select_from(t)).scalar_one())
+                    for t, _ in TABLES
+                }
+                for table, int_id in TABLES:
+                    name = table.name
+                    filled = before[name] > 0
+                    self.offsets[name] = _max_id(tconn, table) if (filled and int_id) else 0
+                    self.expected[name] = _table_digest(tconn, table) if filled else _Digest(table)
+                self.next_event_id = self.offsets[EVENTS.name] + _max_id(sconn, EVENTS) + 1
+                with self.progress(sum(counts.values())) as advance:
+                    self.advance = advance
+                    self._copy_mnests(sconn, tconn, merging=before[MNESTS.name] > 0)
+                    self._copy_events(sconn, tconn)
+                    self._merge(sconn, tconn)
+                    for table, _ in TABLES[2:]:
+                        for rows in self._stream(sconn, table):
+                            self._insert(tconn, table, rows)
+                if tconn.dialect.name == "postgresql":
+                    self._after_postgresql_copy(tconn)
+                self._verify(tconn)
+            sconn.rollback()
+        return CopyReport(
+            source=redact_url(src_engine.url),
+            target=redact_url(dst_engine.url),
+            rows=counts,
+            checksums={name: d.hexdigest for name, d in self.expected.items()},
+            appended=self.append,
+            id_offsets={k: v for k, v in self.offsets.items() if v},
+            merged=len(self.pairs),
+            turns_counted_once=sum(self.counted_once.values()),
+        )
+
+    # --- streaming ---------------------------------------------------------------------
+
+    def _stream(self, sconn: Connection, table: Table) -> Iterator[list[dict[str, Any]]]:
+        """The source table in chunks, integer ids shifted past the target's."""
+        offset = self.offsets[table.name]
+        result = sconn.execute(
+            select(table).order_by(table.c.id), execution_options={"yield_per": self.chunk_size}
+        )
+        for part in result.mappings().partitions():
+            rows = [dict(r) for r in part]
+            if offset:
+                for row in rows:
+                    row["id"] += offset
+            yield rows
+
+    def _insert(
+        self,
+        tconn: Connection,
+        table: Table,
+        rows: list[dict[str, Any]],
+        *,
+        source: bool = True,
+    ) -> None:
+        if not rows:
+            return
+        digest = self.expected[table.name]
+        for row in rows:
+            digest.add(row)
+        tconn.execute(insert(table), rows)
+        if source:
+            self.advance(len(rows))
+
+    # --- mnests, and the target rows they merge into -----------------------------------
+
+    def _copy_mnests(self, sconn: Connection, tconn: Connection, *, merging: bool) -> None:
+        for rows in self._stream(sconn, MNESTS):
+            twins = self._twins(tconn, rows) if merging else {}
+            self._insert(tconn, MNESTS, [r for r in rows if r["id"] not in twins])
+            self.pairs.update(twins)
+
+    def _twins(self, tconn: Connection, rows: list[dict[str, Any]]) -> dict[str, str]:
+        """Source id -> id of the target row with the same edge key, for these rows."""
+        ids = [r["id"] for r in rows]
+        for batch in _batches(ids, LOOKUP_BATCH):
+            shared = tconn.execute(
+                select(MNESTS.c.id).where(MNESTS.c.id.in_(batch)).limit(1)
+            ).scalar()
+            if shared is not None:
+                raise StoresShareRows(
+                    f"mnest {shared} is in both stores: they share rows (was one copied from "
+                    "the other?), and merging them would count those rows twice; "
+                    "nothing was copied"
+                )
+        found: dict[str, str] = {}
+        for names, versioned in ((KEY, True), (PROTO_KEY, False)):
+            wanted = {
+                tuple(r[c] for c in names): r["id"]
+                for r in rows
+                if (r["dst_version"] is not None) is versioned
+            }
+            columns = [MNESTS.c[c] for c in names]
+            has_version = (
+                MNESTS.c.dst_version.is_not(None) if versioned else MNESTS.c.dst_version.is_(None)
+            )
+            for batch in _batches(list(wanted), LOOKUP_BATCH):
+                query = select(MNESTS.c.id, *columns).where(
+                    has_version, tuple_(*columns).in_(batch)
+                )
+                for target_id, *key in tconn.execute(query):
+                    found[wanted[tuple(key)]] = target_id
+        return found
+
+    # --- events --------------------------------------------------------------------------
+
+    def _copy_events(self, sconn: Connection, tconn: Connection) -> None:
+        for rows in self._stream(sconn, EVENTS):
+            if self.pairs:
+                self._repoint(tconn, rows)
+            self._insert(tconn, EVENTS, rows)
+
+    def _repoint(self, tconn: Connection, rows: list[dict[str, Any]]) -> None:
+        """Move merged rows' events to their target row; a turn counted on both counts once."""
+        moved: list[dict[str, Any]] = []
+        for row in rows:
+            target_id = self.pairs.get(row["mnest_id"])
+            if target_id is None:
+                continue
+            row["mnest_id"] = target_id
+            if row["turn_id"] is not None and row["kind"] in PASSING:
+                moved.append(row)
+        if not moved:
+            return
+        taken: set[tuple[str, str]] = set()
+        columns = (EVENTS.c.turn_id, EVENTS.c.mnest_id)
+        for batch in _batches([(r["turn_id"], r["mnest_id"]) for r in moved], LOOKUP_BATCH):
+            query = select(*columns).where(
+                EVENTS.c.turn_id.is_not(None),
+                EVENTS.c.kind.in_(PASSING),
+                tuple_(*columns).in_(batch),
+            )
+            taken.update((turn, mnest) for turn, mnest in tconn.execute(query))
+        for row in moved:
+            if (row["turn_id"], row["mnest_id"]) not in taken:
+                continue
+            self.counted_once[row["mnest_id"]] += 1
+            note = (
+                f"copy: turn {row['turn_id']!r} was also counted on this edge in the target; "
+                "counted once"
+            )
+            row["reason"] = f"{row['reason']}; {note}" if row["reason"] else note
+            row["turn_id"] = None
+
+    # --- merges --------------------------------------------------------------------------
+
+    def _merge(self, sconn: Connection, tconn: Connection) -> None:
+        if not self.pairs:
+            return
+        stmt = (
+            update(MNESTS)
+            .where(MNESTS.c.id == bindparam("b_id", type_=MNESTS.c.id.type))
+            .values({c: bindparam(f"b_{c}", type_=MNESTS.c[c].type) for c in MERGED_COLUMNS})
+        )
+        pairs = list(self.pairs.items())
+        for batch in _batches(pairs, min(self.chunk_size, LOOKUP_BATCH)):
+            sources = _rows_by_id(sconn, [s for s, _ in batch])
+            targets = _rows_by_id(tconn, [t for _, t in batch])
+            changes: list[dict[str, Any]] = []
+            events: list[dict[str, Any]] = []
+            for source_id, target_id in batch:
+                src, dst = sources[source_id], targets[target_id]
+                merged, eff_src, eff_dst = self._merged(dst, src)
+                self.expected[MNESTS.name].remove(dst)
+                self.expected[MNESTS.name].add(merged)
+                changes.append({"b_id": target_id} | {f"b_{c}": merged[c] for c in MERGED_COLUMNS})
+                weight = merged["weight"]
+                events.append(self._merged_event(target_id, source_id, eff_dst, weight, dst))
+                events.append(self._merged_event(source_id, target_id, eff_src, weight, src))
+            tconn.execute(stmt, changes)
+            self._insert(tconn, EVENTS, events, source=False)
+            self.advance(len(batch))
+
+    def _merged(self, dst: RowMapping, src: RowMapping) -> tuple[dict[str, Any], float, float]:
+        """The target row after absorbing the source row, and the two effective weights."""
+        now = self.now
+        eff_dst = decayed_weight(dst["weight"], dst["decay_lambda"], dst["ts_weight"], now)
+        eff_src = decayed_weight(src["weight"], src["decay_lambda"], src["ts_weight"], now)
+        uses = dst["uses"] + src["uses"] - self.counted_once[dst["id"]]
+        sig = dst["desired_sig"] if dst["desired_sig"] is not None else src["desired_sig"]
+        merged = dict(dst)
+        merged.update(
+            uses=max(uses, dst["uses"], src["uses"]),
+            ts_first=min(dst["ts_first"], src["ts_first"]),
+            ts_last=max(dst["ts_last"], src["ts_last"]),
+            weight=clamp_weight(max(eff_dst, eff_src)),
+            ts_weight=max(now, dst["ts_weight"]),
+            tags=dst["tags"] if dst["tags"] is not None else src["tags"],
+            desired_sig=sig,
+        )
+        return merged, eff_src, eff_dst
+
+    def _merged_event(
+        self, mnest_id: str, related_id: str, before: float, after: float, row: RowMapping
+    ) -> dict[str, Any]:
+        event_id = self.next_event_id
+        self.next_event_id += 1
+        absorbed = mnest_id in self.pairs
+        reason = (
+            f"copy: merged into the target's row {related_id} (same edge key)"
+            if absorbed
+            else f"copy: absorbed the source's row {related_id} (same edge key)"
+        )
+        return {
+            "id": event_id,
+            "mnest_id": mnest_id,
+            "kind": EventKind.MERGED.value,
+            "ts": self.now,
+            "turn_id": None,
+            "weight_before": before,
+            "weight_after": after,
+            "state_before": row["state"],
+            "state_after": row["state"],
+            "reason": reason,
+            "related_id": related_id,
+            "recorder": self.recorder,
+        }
+
+    # --- end ---------------------------------------------------------------------------
+
+    def _target_counts(self, conn: Connection) -> dict[str, int]:
+        tables = set(inspect(conn).get_table_names())
+        return {
+            t.name: (
+                int(conn.execute(select(func.count()).select_from(t)).scalar_one())
+                if t.name in tables
+                else 0
+            )
             for t, _ in TABLES
         }
-        with tconn.begin():
-            before = _target_counts(tconn)
-            if not append and any(before.values()):
-                held = ", ".join(f"{n} {name}" for name, n in before.items() if n)
-                raise TargetNotEmpty(
-                    f"the target {redact_url(dst_engine.url)} is not empty ({held}): "
-                    "use --append to add to it"
+
+    def _after_postgresql_copy(self, tconn: Connection) -> None:
+        """Identity sequences past every id; statistics, so that the first ager plans well."""
+        for table, int_id in TABLES:
+            if int_id:
+                name = _quoted(tconn, table)
+                tconn.execute(
+                    text(
+                        f"SELECT setval(pg_get_serial_sequence(:name, 'id'), "
+                        f"COALESCE((SELECT MAX(id) FROM {name}), 0) + 1, false)"
+                    ),
+                    {"name": name},
                 )
-            upgrade(tconn)  # inside the copy's transaction: a failed copy migrates nothing
-            offsets: dict[str, int] = {}
-            before_digest: dict[str, _Digest] = {}
-            for table, int_id in TABLES:
-                offsets[table.name] = _max_id(tconn, table) if (append and int_id) else 0
-                if append:
-                    before_digest[table.name] = _table_digest(tconn, table, id_above=None, offset=0)
-            source_digest: dict[str, _Digest] = {}
-            with progress(sum(counts.values())) as advance:
-                for table, _ in TABLES:
-                    source_digest[table.name] = _copy_table(
-                        sconn, tconn, table, offsets[table.name], chunk_size, advance
-                    )
-            if dst_engine.dialect.name == "postgresql":
-                for table, int_id in TABLES:
-                    if int_id:
-                        tconn.execute(
-                            text(
-                                f"SELECT setval(pg_get_serial_sequence('{table.name}', 'id'), "
-                                f"COALESCE((SELECT MAX(id) FROM {table.name}), 0) + 1, false)"
-                            )
-                        )
-            _verify(tconn, counts, before, source_digest, before_digest)
-        sconn.rollback()
-    return CopyReport(
-        source=redact_url(src_engine.url),
-        target=redact_url(dst_engine.url),
-        rows=counts,
-        checksums={name: d.hexdigest for name, d in source_digest.items()},
-        appended=append,
-        id_offsets={k: v for k, v in offsets.items() if v},
-    )
+        tconn.execute(text("ANALYZE " + ", ".join(_quoted(tconn, t) for t, _ in TABLES)))
 
-
-def _target_counts(conn: Connection) -> dict[str, int]:
-    tables = set(inspect(conn).get_table_names())
-    return {
-        t.name: (
-            int(conn.execute(select(func.count()).select_from(t)).scalar_one())
-            if t.name in tables
-            else 0
-        )
-        for t, _ in TABLES
-    }
+    def _verify(self, tconn: Connection) -> None:
+        """Read the target back; any difference raises (and rolls the transaction back)."""
+        for table, _ in TABLES:
+            name = table.name
+            after = _table_digest(tconn, table)
+            expected = self.expected[name]
+            if after.count != expected.count or after.total != expected.total:
+                raise CopyVerificationError(
+                    f"verification failed on {name}: the target holds {after.count} rows, "
+                    f"{expected.count} expected, or their content differs; nothing was copied"
+                )
 
 
 def _max_id(conn: Connection, table: Table) -> int:
     return int(conn.execute(select(func.coalesce(func.max(table.c.id), 0))).scalar_one())
 
 
-def _copy_table(
-    sconn: Connection,
-    tconn: Connection,
-    table: Table,
-    offset: int,
-    chunk_size: int,
-    advance: Callable[[int], Any],
-) -> _Digest:
-    """Stream one table in chunks into the target; return the digest of what was sent."""
-    columns = [c.key for c in table.columns]
-    digest = _Digest()
-    stmt = select(table).order_by(table.c.id)
-    result = sconn.execute(stmt, execution_options={"yield_per": chunk_size})
-    ins = insert(table)
-    for part in result.mappings().partitions():
-        rows = [dict(_shifted(r, offset)) for r in part]
-        for row in rows:
-            digest.add(table.name, columns, row)
-        tconn.execute(ins, rows)
-        advance(len(rows))
-    return digest
-
-
-def _verify(
-    tconn: Connection,
-    counts: dict[str, int],
-    before: dict[str, int],
-    source_digest: dict[str, _Digest],
-    before_digest: dict[str, _Digest],
-) -> None:
-    """Read the target back; any difference raises (and rolls the transaction back)."""
-    for table, _ in TABLES:
-        name = table.name
-        after = _table_digest(tconn, table, id_above=None, offset=0)
-        expected_count = before.get(name, 0) + counts[name]
-        expected_sum = source_digest[name].total
-        if name in before_digest:
-            expected_sum = (expected_sum + before_digest[name].total) % MODULUS
-        if after.count != expected_count or after.total != expected_sum:
-            raise CopyVerificationError(
-                f"verification failed on {name}: the target holds {after.count} rows, "
-                f"{expected_count} expected, or their content differs; nothing was copied"
-            )
+def _rows_by_id(conn: Connection, ids: Sequence[str]) -> dict[str, RowMapping]:
+    result = conn.execute(select(MNESTS).where(MNESTS.c.id.in_(ids))).mappings()
+    return {row["id"]: row for row in result}

@@ -11,15 +11,17 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
-from sqlalchemy import func, insert, select, text
+from sqlalchemy import func, insert, inspect, select, text
 
 import mnestoma
 from mnestoma.cli import cli
 from mnestoma.config import make_engine
 from mnestoma.copying import copy_store
-from mnestoma.models import CanonicalQuery, Event, Mnest
+from mnestoma.models import AgerRun, CanonicalQuery, Event, Mnest
+from mnestoma.rules import decayed_weight
+from mnestoma.testing.clock import MovableClock
 
-TABLES = (Mnest.__table__, Event.__table__, CanonicalQuery.__table__)
+TABLES = (Mnest.__table__, Event.__table__, CanonicalQuery.__table__, AgerRun.__table__)
 
 
 def run(*args: Any) -> Result:
@@ -167,7 +169,7 @@ def test_copying_the_same_store_twice_with_append_fails_and_keeps_the_target(
     before = dump(store_url)
     result = run("copy", "--from", source, "--to", store_url, "--append")
     assert result.exit_code == 1
-    assert "nothing was copied" in result.stderr
+    assert "share rows" in result.stderr and "nothing was copied" in result.stderr
     assert dump(store_url) == before
 
 
@@ -198,7 +200,12 @@ def test_copy_that_fails_verification_rolls_back_and_exits_1(
     result = run("copy", "--from", source, "--to", empty_db_url)
     assert result.exit_code == 1
     assert "verification failed on mnests" in result.stderr
-    assert counts(empty_db_url) == {"mnests": 0, "events": 0, "canonical_query_log": 0}
+    assert counts(empty_db_url) == {
+        "mnests": 0,
+        "events": 0,
+        "canonical_query_log": 0,
+        "ager_runs": 0,
+    }
 
 
 def _bulk_events(url: str, n: int) -> None:
@@ -308,3 +315,372 @@ def test_copy_checksum_ignores_row_order_but_not_content(
         assert cb.execute(select(func.count()).select_from(table)).scalar_one() > 0
     ea.dispose()
     eb.dispose()
+
+
+# --- copy --append merges the edges both stores hold --------------------------------------
+
+T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+COPY_AT = T0 + timedelta(days=42)
+SHARED = {
+    "active": ("plan", "1", "search", "2"),
+    "proto": ("plan", "1", "draft", None),
+    "decaying": ("old", "1", "gone", "1"),
+}
+
+
+def fill_target(url: str) -> None:
+    """The target's side: the shared edges, one of its own, the shared turn, an ager run."""
+    clock = MovableClock(T0)
+    with mnestoma.Mnestoma(url, clock=clock) as m:
+        m.record_turn(
+            "tgt-1",
+            [("plan", "1", "search", "2"), ("plan", "1", "draft", None, False, {"side": "t"})],
+        )
+        clock.advance(hours=1)
+        m.record_turn("shared", [("plan", "1", "search", "2")])
+        m.record_passing("old", "1", "gone", "1")
+        m.record_passing("tgt", "1", "only", "1", turn_id="shared")
+        clock.advance(days=40)
+        m.apply_ager()  # old->gone becomes decaying
+        m.log_canonical_query("target q", "target")
+
+
+def fill_source(url: str) -> None:
+    """The source's side: the same keys under other ids, the same turn on the active edge."""
+    clock = MovableClock(T0 + timedelta(hours=3))
+    with mnestoma.Mnestoma(url, clock=clock) as m:
+        m.record_turn(
+            "src-1",
+            [
+                ("plan", "1", "search", "2"),
+                ("plan", "1", "draft", None, False, None, {"summary": "a draft"}),
+            ],
+        )
+        clock.advance(hours=1)
+        m.record_turn("shared", [("plan", "1", "search", "2")])
+        m.record_turn("src-2", [("plan", "1", "search", "2")])
+        m.record_passing("old", "1", "gone", "1")
+        m.record_passing("src", "1", "only", "1")
+        clock.advance(days=41)
+        m.apply_ager()
+        m.log_canonical_query("source q", "source")
+
+
+def by_key(rows: list[dict[str, Any]]) -> dict[tuple[Any, ...], dict[str, Any]]:
+    return {
+        (r["src_executor"], r["src_version"], r["dst_executor"], r["dst_version"], r["state"]): r
+        for r in rows
+    }
+
+
+def key_of(state: str) -> tuple[Any, ...]:
+    return (*SHARED[state], state)
+
+
+@pytest.fixture(params=["sqlite->sqlite", "sqlite->postgresql", "postgresql->sqlite"])
+def two_stores(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, str]:
+    """(source, target): stores at head on the engines the parameter names."""
+    src_engine, dst_engine = request.param.split("->")
+    pg = request.getfixturevalue("pg_store_url") if "postgresql" in request.param else None
+    source = pg if src_engine == "postgresql" else f"sqlite:///{tmp_path / 'source.sqlite'}"
+    target = pg if dst_engine == "postgresql" else f"sqlite:///{tmp_path / 'target.sqlite'}"
+    for url in (source, target):
+        mnestoma.upgrade(url)
+    assert source is not None and target is not None
+    return source, target
+
+
+@pytest.fixture
+def merged_stores(two_stores: tuple[str, str]) -> tuple[str, str]:
+    source, target = two_stores
+    fill_target(target)
+    fill_source(source)
+    return source, target
+
+
+def test_copy_append_merges_an_edge_key_both_stores_hold_with_the_agers_rule(
+    merged_stores: tuple[str, str],
+) -> None:
+    source, target = merged_stores
+    before, src = dump(target), dump(source)
+    report = copy_store(source, target, append=True, clock=lambda: COPY_AT)
+    assert report.merged == 3 and report.turns_counted_once == 1
+    after = by_key(dump(target)["mnests"])
+    old, new = by_key(before["mnests"]), by_key(src["mnests"])
+    assert len(after) == len(old) + len(new) - 3
+    for state in SHARED:
+        t, s, m = old[key_of(state)], new[key_of(state)], after[key_of(state)]
+        assert m["id"] == t["id"]
+        assert m["ts_first"] == min(t["ts_first"], s["ts_first"])
+        assert m["ts_last"] == max(t["ts_last"], s["ts_last"])
+        assert m["ts_weight"] == COPY_AT
+        assert m["decay_lambda"] == t["decay_lambda"]
+        weights = [
+            decayed_weight(r["weight"], r["decay_lambda"], r["ts_weight"], COPY_AT) for r in (t, s)
+        ]
+        assert m["weight"] == pytest.approx(max(weights), rel=1e-12)
+    # the turn "shared" passed plan@1 -> search@2 in both stores: counted once
+    active = (old[key_of("active")], new[key_of("active")], after[key_of("active")])
+    assert (active[0]["uses"], active[1]["uses"], active[2]["uses"]) == (2, 3, 4)
+    assert after[key_of("decaying")]["uses"] == 2
+    proto = after[key_of("proto")]
+    assert proto["uses"] == 2
+    assert proto["tags"] == {"side": "t"}  # the target's
+    assert proto["desired_sig"] == {"summary": "a draft"}  # the source's, the target had none
+    # rows held by one store only are copied as they are
+    shared = {key_of(state) for state in SHARED}
+    for side in (old, new):
+        assert all(after[key] == row for key, row in side.items() if key not in shared)
+
+
+def test_copy_append_keeps_every_event_and_moves_the_merged_rows_history(
+    merged_stores: tuple[str, str],
+) -> None:
+    source, target = merged_stores
+    before, src = dump(target), dump(source)
+    report = copy_store(source, target, append=True, clock=lambda: COPY_AT)
+    events = dump(target)["events"]
+    assert len(events) == len(before["events"]) + len(src["events"]) + 2 * report.merged
+    offset = report.id_offsets["events"]
+    assert [e["id"] for e in events] == list(range(1, len(events) + 1))
+    moved = {e["id"] - offset: e for e in events if offset < e["id"] <= offset + len(src["events"])}
+    t_active = by_key(before["mnests"])[key_of("active")]
+    s_active = by_key(src["mnests"])[key_of("active")]
+    for original in src["events"]:
+        copied = moved[original["id"]]
+        if original["mnest_id"] == s_active["id"]:
+            assert copied["mnest_id"] == t_active["id"]  # the source row's history moved
+        for column in ("kind", "ts", "weight_before", "weight_after", "recorder"):
+            assert copied[column] == original[column]
+    merges = [e for e in events if e["kind"] == "merged" and e["ts"] == COPY_AT]
+    assert len(merges) == 6
+    on_target = next(e for e in merges if e["mnest_id"] == t_active["id"])
+    on_source = next(e for e in merges if e["mnest_id"] == s_active["id"])
+    assert on_target["related_id"] == s_active["id"] and on_source["related_id"] == t_active["id"]
+    weight = by_key(dump(target)["mnests"])[key_of("active")]["weight"]
+    assert on_target["weight_after"] == on_source["weight_after"] == weight
+    assert on_target["weight_before"] == pytest.approx(
+        decayed_weight(t_active["weight"], t_active["decay_lambda"], t_active["ts_weight"], COPY_AT)
+    )
+    assert (on_target["state_before"], on_target["state_after"]) == ("active", "active")
+    assert {e["recorder"] for e in merges} == {"call"}
+    with mnestoma.Mnestoma(target) as m:
+        assert m.get(s_active["id"]) is None
+        assert [e.kind for e in m.events(mnest_id=s_active["id"])] == ["merged"]
+
+
+def test_copy_append_counts_a_turn_both_stores_recorded_on_an_edge_once(
+    merged_stores: tuple[str, str],
+) -> None:
+    source, target = merged_stores
+    copy_store(source, target, append=True, clock=lambda: COPY_AT)
+    with mnestoma.Mnestoma(target, clock=lambda: COPY_AT) as m:
+        row = m.find(*SHARED["active"])
+        assert row is not None and row.uses == 4
+        shared = [e for e in m.events(turn_id="shared") if e.mnest_id == row.id]
+        assert [(e.kind, e.recorder) for e in shared] == [("reinforced", "call")]
+        history = m.events(mnest_id=row.id)
+        demoted = [e for e in history if e.kind != "merged" and e.turn_id is None]
+        assert len(demoted) == 1 and demoted[0].kind == "reinforced"
+        assert demoted[0].reason is not None
+        assert "'shared'" in demoted[0].reason and "counted once" in demoted[0].reason
+        # idempotency holds on the merged row for the turns of both stores
+        for turn in ("shared", "tgt-1", "src-1", "src-2"):
+            m.record_turn(turn, [SHARED["active"]])
+        again = m.find(*SHARED["active"])
+        assert again is not None and again.uses == 4
+        m.record_turn("new-turn", [SHARED["active"]])
+        latest = m.find(*SHARED["active"])
+        assert latest is not None and latest.uses == 5
+
+
+def test_copy_append_through_the_command_line_reports_the_merges(
+    merged_stores: tuple[str, str],
+) -> None:
+    source, target = merged_stores
+    result = run("copy", "--from", source, "--to", target, "--append", "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert (report["merged"], report["turns_counted_once"], report["verified"]) == (3, 1, True)
+    recorders = {e["recorder"] for e in dump(target)["events"] if e["kind"] == "merged"}
+    assert "cli" in recorders
+    text_run = run("copy", "--from", source, "--to", target, "--append")
+    assert text_run.exit_code == 1 and "share rows" in text_run.stderr  # already merged
+
+
+def test_copy_append_that_fails_after_merging_leaves_the_target_as_it_was(
+    merged_stores: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mnestoma import copying
+
+    source, target = merged_stores
+    before = dump(target)
+    original = copying._Job._verify
+
+    def verify_then_fail(self: Any, tconn: Any) -> None:
+        original(self, tconn)  # every merge and row was written and checked
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(copying._Job, "_verify", verify_then_fail)
+    with pytest.raises(RuntimeError, match="disk full"):
+        copy_store(source, target, append=True, clock=lambda: COPY_AT)
+    assert dump(target) == before
+
+
+def test_copy_help_states_the_merge_rule() -> None:
+    result = run("copy", "--help")
+    assert result.exit_code == 0
+    text_ = " ".join(result.stdout.split())
+    for phrase in ("--append", "ager's rule", "counts once", "larger of the two effective"):
+        assert phrase in text_
+
+
+# --- failures leave nothing behind; revisions; statistics ---------------------------------
+
+
+def test_a_failed_copy_into_a_new_sqlite_file_removes_it_and_its_folders(
+    tmp_path: Path, sqlite_url: Callable[[str], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mnestoma import copying
+
+    source = sqlite_url("source.sqlite")
+    seed(source)
+    target = tmp_path / "new" / "deeper" / "target.sqlite"
+
+    def fail(self: Any, tconn: Any) -> None:
+        raise copying.CopyVerificationError("verification failed on mnests: injected")
+
+    monkeypatch.setattr(copying._Job, "_verify", fail)
+    result = run("copy", "--from", source, "--to", f"sqlite:///{target}")
+    assert result.exit_code == 1 and "injected" in result.stderr
+    assert not (tmp_path / "new").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["source.sqlite"]
+
+
+def test_a_failed_copy_into_an_existing_sqlite_file_keeps_the_file(
+    tmp_path: Path, sqlite_url: Callable[[str], str]
+) -> None:
+    source, target = sqlite_url("source.sqlite"), sqlite_url("target.sqlite")
+    seed(source)
+    seed(target, prefix="other.")
+    before = dump(target)
+    result = run("copy", "--from", source, "--to", target)  # not empty, no --append
+    assert result.exit_code == 2
+    assert dump(target) == before
+
+
+def _store_with_deep_json(url: str, levels: int) -> str:
+    """A store holding a desired_sig nested ``levels`` deep, written past the package's check
+    (as an older release could)."""
+    with mnestoma.Mnestoma(url) as m:
+        proto = m.record_passing("a", "1", "b", dst_exists=False)
+    engine = make_engine(url)
+    deep = '{"k": ' * levels + "1" + "}" * levels
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE mnests SET desired_sig = :d"), {"d": deep})
+    engine.dispose()
+    return proto.id
+
+
+def test_a_store_holding_json_600_deep_from_an_older_release_still_copies(
+    sqlite_url: Callable[[str], str],
+) -> None:
+    source, target = sqlite_url("deep.sqlite"), sqlite_url("target.sqlite")
+    proto_id = _store_with_deep_json(source, 600)
+    assert run("copy", "--from", source, "--to", target).exit_code == 0
+    with mnestoma.Mnestoma(target) as m:
+        got = m.get(proto_id)
+    assert got is not None
+    depth, value = 0, got.desired_sig
+    while isinstance(value, dict):
+        depth, value = depth + 1, value["k"]
+    assert depth == 600
+
+
+def test_a_copy_that_cannot_read_its_source_leaves_no_target_file(
+    tmp_path: Path, sqlite_url: Callable[[str], str]
+) -> None:
+    source = sqlite_url("deep.sqlite")
+    _store_with_deep_json(source, 20_000)  # deeper than Python's JSON reader goes
+    target = tmp_path / "target.sqlite"
+    result = run("copy", "--from", source, "--to", f"sqlite:///{target}")
+    assert result.exit_code == 1
+    assert "nested too deeply" in result.stderr and "nothing was copied" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["deep.sqlite"]
+
+
+def _stamp(url: str, revision: str) -> None:
+    """Write ``revision`` into the store's version table, as a newer release would."""
+    engine = make_engine(url)
+    with engine.begin() as conn:
+        tables = set(inspect(conn).get_table_names())
+        table = (
+            "mnestoma_alembic_version"
+            if "mnestoma_alembic_version" in tables
+            else "alembic_version"
+        )
+        conn.execute(text(f"UPDATE {table} SET version_num = :r"), {"r": revision})
+    engine.dispose()
+    assert mnestoma.current_revision(url) == revision
+
+
+@pytest.mark.parametrize("side", ["source", "target"])
+def test_copy_with_a_revision_newer_than_the_package_says_upgrade_the_package(
+    side: str, sqlite_url: Callable[[str], str], empty_db_url: str
+) -> None:
+    source, target = sqlite_url("source.sqlite"), empty_db_url
+    seed(source)
+    mnestoma.upgrade(target)
+    _stamp(source if side == "source" else target, "ffff00000000")
+    before = dump(target)
+    result = run("copy", "--from", source, "--to", target)
+    assert result.exit_code == 1
+    assert "upgrade the mnestoma package" in result.stderr
+    assert "db upgrade" not in result.stderr
+    assert f"the {side} " in result.stderr
+    assert dump(target) == before
+
+
+def test_copy_into_postgresql_leaves_planner_statistics(
+    sqlite_url: Callable[[str], str], pg_empty_db_url: str
+) -> None:
+    source = sqlite_url("source.sqlite")
+    seed(source)
+    _bulk_events(source, 300)
+    assert run("copy", "--from", source, "--to", pg_empty_db_url).exit_code == 0
+    engine = make_engine(pg_empty_db_url)
+    with engine.connect() as conn:
+        reltuples = dict(
+            conn.execute(
+                text(
+                    "SELECT relname, reltuples FROM pg_class WHERE relname IN "
+                    "('mnests', 'events', 'canonical_query_log', 'ager_runs')"
+                )
+            ).all()
+        )
+        with_stats = {
+            name
+            for (name,) in conn.execute(
+                text("SELECT DISTINCT tablename FROM pg_stats WHERE schemaname = current_schema()")
+            )
+        }
+    engine.dispose()
+    assert reltuples["events"] >= 300 and reltuples["mnests"] > 0
+    assert {"mnests", "events", "canonical_query_log", "ager_runs"} <= with_stats
+
+
+def test_json_numbers_that_postgresql_rewrites_still_verify(
+    sqlite_url: Callable[[str], str], empty_db_url: str
+) -> None:
+    source, back = sqlite_url("source.sqlite"), sqlite_url("back.sqlite")
+    sig = {"big": 1e16, "huge": 1e300, "tiny": 1.5e-7, "sum": 0.1 + 0.2, "zero": -0.0, "n": 3}
+    with mnestoma.Mnestoma(source) as m:
+        proto = m.record_passing("a", "1", "b", dst_exists=False, tags=[5.0], desired_sig=sig)
+    copy_store(source, empty_db_url)
+    copy_store(empty_db_url, back)
+    for url in (empty_db_url, back):
+        with mnestoma.Mnestoma(url) as m:
+            got = m.get(proto.id)
+        assert got is not None and got.desired_sig is not None
+        assert {k: float(v) for k, v in got.desired_sig.items()} == sig
