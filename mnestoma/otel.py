@@ -22,7 +22,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 try:
     from opentelemetry.context import Context
@@ -124,10 +124,9 @@ class _Trace:
     calls: deque[_ToolCall] = field(default_factory=deque)
 
 
-# Items of the writer's queue. Attribute values travel by reference; they are hashed and
-# dropped on the writer thread.
-@dataclass(frozen=True)
-class _ToolEnded:
+# Items of the writer's queue (named tuples: cheap to build on the span's thread). Attribute
+# values travel by reference; they are hashed and dropped on the writer thread.
+class _ToolEnded(NamedTuple):
     trace_id: int
     name: str
     start: int
@@ -136,20 +135,20 @@ class _ToolEnded:
     result: Any
 
 
-@dataclass(frozen=True)
-class _RootStarted:
+class _RootStarted(NamedTuple):
     trace_id: int
 
 
-@dataclass(frozen=True)
-class _RootEnded:
+class _RootEnded(NamedTuple):
     trace_id: int
 
 
-@dataclass(frozen=True)
-class _Marker:
+class _Marker(NamedTuple):
     done: threading.Event
     stop: bool = False
+
+
+_Item = _ToolEnded | _RootStarted | _RootEnded | _Marker
 
 
 def _digest(text: str) -> bytes:
@@ -283,9 +282,10 @@ class MnestomaSpanProcessor(SpanProcessor):
         self._max_traces = max_traces
         self._max_spans = max_spans_per_trace
         self._max_leaves = max_leaves_per_value
-        self._queue: queue.Queue[_ToolEnded | _RootStarted | _RootEnded | _Marker] = queue.Queue(
-            max_queue
-        )
+        # SimpleQueue: a put costs a fraction of queue.Queue's; the bound is checked by size
+        # (racing threads may pass it by one item each)
+        self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
+        self._max_queue = max_queue
         self._counters = dict.fromkeys(ProcessorStats.__dataclass_fields__, 0)
         self._counters_lock = threading.Lock()
         self._closed = False
@@ -336,11 +336,11 @@ class MnestomaSpanProcessor(SpanProcessor):
         if parent is None or parent.is_remote:
             self._offer(_RootEnded(context.trace_id))
 
-    def _offer(self, item: _ToolEnded | _RootStarted | _RootEnded) -> None:
-        try:
-            self._queue.put_nowait(item)
-        except queue.Full:
+    def _offer(self, item: _Item) -> None:
+        if self._queue.qsize() >= self._max_queue:
             self._count("queue_overflow")
+        else:
+            self._queue.put(item)
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -349,10 +349,7 @@ class MnestomaSpanProcessor(SpanProcessor):
         if not self._writer.is_alive():
             return self._queue.empty()
         done = threading.Event()
-        try:
-            self._queue.put(_Marker(done), timeout=timeout_millis / 1000)
-        except queue.Full:
-            return False
+        self._queue.put(_Marker(done))  # a marker is never refused: it holds nothing
         return done.wait(timeout_millis / 1000)
 
     def shutdown(self) -> None:
@@ -360,13 +357,10 @@ class MnestomaSpanProcessor(SpanProcessor):
         if self._closed:
             return
         self._closed = True
-        done = threading.Event()
-        try:
-            self._queue.put(_Marker(done, stop=True), timeout=30)
-        except queue.Full:  # pragma: no cover - a writer stuck on its store for 30 s
-            logger.warning("mnestoma otel processor: writer did not drain its queue in 30 s")
-            return
+        self._queue.put(_Marker(threading.Event(), stop=True))
         self._writer.join(timeout=30)
+        if self._writer.is_alive():  # pragma: no cover - a store that hangs for 30 s
+            logger.warning("mnestoma otel processor: the writer did not finish within 30 s")
 
     @property
     def stats(self) -> ProcessorStats:
