@@ -16,8 +16,10 @@ import hashlib
 import json
 import logging
 import math
+import os
 import queue
 import threading
+import weakref
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -292,8 +294,24 @@ class MnestomaSpanProcessor(SpanProcessor):
         # writer-thread state: open traces, and recently recorded ones (to spot late spans)
         self._traces: OrderedDict[int, _Trace] = OrderedDict()
         self._recorded: OrderedDict[int, None] = OrderedDict()
-        self._writer = threading.Thread(target=self._run, name="mnestoma-otel-writer", daemon=True)
-        self._writer.start()
+        self._writer = self._start_writer()
+        if hasattr(os, "register_at_fork"):  # a forked worker gets a writer of its own
+            ref = weakref.WeakMethod(self._after_fork)
+            os.register_at_fork(after_in_child=lambda: (method := ref()) and method())
+
+    def _start_writer(self) -> threading.Thread:
+        writer = threading.Thread(target=self._run, name="mnestoma-otel-writer", daemon=True)
+        writer.start()
+        return writer
+
+    def _after_fork(self) -> None:
+        """In a forked child the writer thread is gone: start over with empty state."""
+        self._queue = queue.SimpleQueue()
+        self._counters_lock = threading.Lock()
+        self._traces.clear()
+        self._recorded.clear()
+        if not self._closed:
+            self._writer = self._start_writer()
 
     # -- the instrumented program's threads: look, enqueue, return -------------------------
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -610,6 +611,31 @@ def test_shutdown_drains_then_ignores_later_spans(setup: Setup) -> None:
     assert processor.force_flush(1000)
     assert len(store.calls) == 1
     processor.shutdown()  # twice is fine
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_worker_records_through_a_writer_of_its_own(setup: Setup) -> None:
+    store = FakeStore()
+    processor, tracer = setup(store)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: trace a turn, report what reached the store, leave at once
+        status = 1
+        try:
+            with tracer.start_as_current_span("turn"):
+                genai(tracer, "fs.search", {"q": "pdf"}, ["a/report.pdf"])
+                genai(tracer, "fs.read", {"path": "a/report.pdf"}, "text")
+            processor.force_flush(10_000)
+            os.write(write_end, json.dumps(store.edges()).encode())
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write_end)
+    with os.fdopen(read_end) as pipe:
+        reported = json.loads(pipe.read() or "null")
+    assert os.waitpid(pid, 0)[1] == 0
+    assert reported == [list(SEARCH_TO_READ)]
+    assert store.calls == []  # the parent recorded nothing of the child's turn
 
 
 def test_shutdown_forgets_traces_whose_root_never_ended(setup: Setup) -> None:
