@@ -84,8 +84,24 @@ def edge_key(m: Mnest, effective: float, now: datetime) -> tuple[Any, ...]:
 
 
 def order_edges(edges: Iterable[tuple[Mnest, float]], now: datetime) -> list[tuple[Mnest, float]]:
-    """Active edges with their effective weights, in the order a planner should try them."""
-    return sorted(edges, key=lambda e: edge_key(e[0], e[1], now))
+    """Active edges with their effective weights, in the order a planner should try them.
+
+    The same order as sorting by :func:`edge_key`; the activation is only computed where
+    effective weights tie, since it decides nothing elsewhere.
+    """
+    by_weight = sorted(edges, key=lambda e: -e[1])
+    out: list[tuple[Mnest, float]] = []
+    i, n = 0, len(by_weight)
+    while i < n:
+        j = i + 1
+        while j < n and by_weight[j][1] == by_weight[i][1]:
+            j += 1
+        if j - i == 1:
+            out.append(by_weight[i])
+        else:
+            out.extend(sorted(by_weight[i:j], key=lambda e: edge_key(e[0], e[1], now)))
+        i = j
+    return out
 
 
 def normalise_candidates(candidates: Any) -> list[tuple[Candidate, str, str | None]]:

@@ -25,8 +25,8 @@ from sqlalchemy.orm import Session, configure_mappers
 from sqlalchemy.orm.base import instance_state
 from sqlalchemy.sql import Executable
 
-from . import sqlite_driver as lite
 from . import ranking
+from . import sqlite_driver as lite
 from . import statements as stm
 from .errors import ConflictError, InvalidInput, InvalidTransition, NotFound, translate_errors
 from .models import CanonicalQuery, Event, Mnest
@@ -549,12 +549,19 @@ class MnestRepository:
         version = check_optional_name(src_version, "src_version")
         limit = check_positive_int(k, "k", maximum=10_000)
         conn = self._conn()
-        stmt = stm.suggest_statement(conn.dialect.name, version is not None)
+        dialect = conn.dialect.name
         now = self._now()
-        params: dict[str, Any] = {"src": src, "k_offset": limit - 1, "now": now}
+        params: dict[str, Any] = {"src": src, "k": limit + 1, "now": now}
         if version is not None:
             params["sv"] = version
+        stmt = stm.suggest_statement(dialect, version is not None)
         rows = _run(conn, stmt, params).mappings().all()
+        if len(rows) > limit and rows[limit]["effective"] == rows[limit - 1]["effective"]:
+            # a tie across the k-th place: read every edge of that strength, so that the
+            # activation (not the SQL's order) decides which of them make the cut
+            params["floor"] = rows[limit - 1]["effective"]
+            stmt = stm.suggest_statement(dialect, version is not None, ties=True)
+            rows = _run(conn, stmt, params).mappings().all()
         edges = [(_snapshot(r), float(r["effective"])) for r in rows]
         return ranking.order_edges(edges, now)[:limit]
 

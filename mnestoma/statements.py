@@ -248,34 +248,20 @@ def _out_of_source(table: Any, with_version: bool) -> list[Any]:
     return terms
 
 
-def suggest_statement(dialect: str, with_version: bool) -> Any:
-    """The candidates of ``suggest_next``: every active edge out of the source at least as
-    strong as the k-th strongest (``:k_offset`` = k − 1), with its effective weight.
+def suggest_statement(dialect: str, with_version: bool, *, ties: bool = False) -> Any:
+    """The candidates of ``suggest_next``, with their effective weight.
 
-    Ties of effective weight at the k-th place all come back, so that Python can break
-    them with the activation (:mod:`mnestoma.ranking`); the set stays bounded by k plus
-    those ties.
+    Plain: the ``:k`` strongest active edges out of the source. With ``ties``: every one at
+    least as strong as ``:floor``, asked for when the k-th and the next one tie, so that
+    Python can break the tie with the activation (:mod:`mnestoma.ranking`).
     """
-    key = ("suggest" + ("_v" if with_version else ""), dialect)
+    key = ("suggest" + ("_v" if with_version else "") + ("_ties" if ties else ""), dialect)
     if key in _CACHE:
         return _CACHE[key]
-    now = now_param()
-    eff = decayed(dialect, M.c.weight, M.c.decay_lambda, M.c.ts_weight, now)
-    kth_row = M.alias("kth")
-    eff_kth = decayed(dialect, kth_row.c.weight, kth_row.c.decay_lambda, kth_row.c.ts_weight, now)
-    kth = (
-        select(eff_kth)
-        .where(*_out_of_source(kth_row, with_version))
-        .order_by(eff_kth.desc())
-        .limit(1)
-        .offset(bindparam("k_offset"))
-        .scalar_subquery()
-    )
-    stmt = (
-        select(M, eff.label("effective"))
-        .where(*_out_of_source(M, with_version), eff >= func.coalesce(kth, -1.0))
-        .order_by(eff.desc(), M.c.uses.desc(), M.c.id)
-    )
+    eff = decayed(dialect, M.c.weight, M.c.decay_lambda, M.c.ts_weight, now_param())
+    stmt = select(M, eff.label("effective")).where(*_out_of_source(M, with_version))
+    stmt = stmt.order_by(eff.desc(), M.c.uses.desc(), M.c.id)
+    stmt = stmt.where(eff >= bindparam("floor")) if ties else stmt.limit(bindparam("k"))
     _CACHE[key] = stmt
     return stmt
 

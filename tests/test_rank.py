@@ -21,7 +21,7 @@ from sqlalchemy import text
 from mnestoma import InvalidInput, Mnestoma, Passing, UnitOfWork, make_session_factory
 from mnestoma.cli import cli
 from mnestoma.models import Mnest
-from mnestoma.ranking import Ranked, order_edges
+from mnestoma.ranking import Ranked, edge_key, order_edges
 from mnestoma.rules import ACTIVATION_DECAY, ACTIVATION_MIN_AGE_DAYS, activation
 
 NOW = datetime(2026, 4, 1, 12, 0, tzinfo=UTC)
@@ -172,6 +172,20 @@ def test_equal_weight_and_equal_times_put_more_uses_first(
     edges = [(_edge(f"d{n}", uses=n, first=first, last=last), 1.0) for n in uses]
     ordered = order_edges(edges, NOW)
     assert [m.uses for m, _ in ordered] == sorted(uses, reverse=True)
+
+
+@PURE
+@given(
+    specs=st.lists(
+        st.tuples(st.sampled_from([1.0, 0.5, 0.3]), st.integers(1, 9), ages, ages),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_order_edges_is_one_sort_by_edge_key(specs: list) -> None:
+    """The shortcut that skips activations where weights differ changes no order."""
+    edges = _edges(specs)
+    assert order_edges(edges, NOW) == sorted(edges, key=lambda e: edge_key(e[0], e[1], NOW))
 
 
 def test_the_order_is_total_and_never_depends_on_the_given_order() -> None:
