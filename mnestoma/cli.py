@@ -37,7 +37,7 @@ from .migration import (
 )
 from .models import CanonicalQuery, Event, Mnest
 from .repository import QueryFrequency
-from .rules import RECURRING_MIN_USES, RECURRING_MIN_WEIGHT, AgerReport, Recorder
+from .rules import RECURRING_MIN_USES, RECURRING_MIN_WEIGHT, AgerReport, Recorder, activation
 from .status import collect_status, iso_utc, missing_sqlite_file, render_status
 from .validation import Clock, Passing, check_positive_int, utc_now
 
@@ -314,23 +314,37 @@ def render_walk(paths: Sequence[Sequence[Mnest]], at: datetime, as_json: bool) -
 def render_suggestions(
     suggestions: Sequence[tuple[Mnest, float]], at: datetime, as_json: bool
 ) -> None:
-    """Print what a planner would be told to try next, strongest first."""
+    """Print what a planner would be told to try next, best first: the score (effective
+    weight) and the activation that breaks its ties."""
+    records: list[dict[str, Any]] = [
+        {
+            "rank": i,
+            **mnest_record(m, at, effective=w),
+            "score": w,
+            "activation": activation(m.uses, m.ts_first, m.ts_last, at),
+        }
+        for i, (m, w) in enumerate(suggestions, 1)
+    ]
     if as_json:
-        _echo_json(
-            [
-                {"rank": i, **mnest_record(m, at, effective=w)}
-                for i, (m, w) in enumerate(suggestions, 1)
-            ]
-        )
+        _echo_json(records)
         return
     if not suggestions:
         click.echo("(no suggestion)")
         return
     rows = [
-        (i, _endpoint(m.dst_executor, m.dst_version), _fmt_weight(w), m.uses, m.id)
-        for i, (m, w) in enumerate(suggestions, 1)
+        (
+            r["rank"],
+            _endpoint(m.dst_executor, m.dst_version),
+            _fmt_weight(r["score"]),
+            f"{r['activation']:.3f}",
+            m.uses,
+            _fmt_time(m.ts_last),
+            m.id,
+        )
+        for r, (m, _) in zip(records, suggestions, strict=True)
     ]
-    click.echo(_table(("RANK", "NEXT", "WEIGHT", "USES", "ID"), rows, {"RANK", "WEIGHT", "USES"}))
+    headers = ("RANK", "NEXT", "SCORE", "ACTIVATION", "USES", "LAST", "ID")
+    click.echo(_table(headers, rows, {"RANK", "SCORE", "ACTIVATION", "USES"}))
 
 
 def render_protos(protos: Sequence[Mnest], at: datetime, as_json: bool) -> None:
@@ -696,10 +710,98 @@ def walk(
 @json_option
 @database_url_option
 def suggest(src: str, k: int, as_json: bool, database_url: str | None) -> None:
-    """The K strongest active edges out of SRC: what a planner would ask."""
+    """The K active edges out of SRC a planner should try first: highest effective weight
+    (SCORE), ties broken by ACTIVATION (more uses, more recent use)."""
     executor, version = parse_endpoint(src, "SRC", version_required=False)
-    with _store(database_url) as store:
-        render_suggestions(store.suggest_next(executor, version, k=k), _now(), as_json)
+    now = _now()
+    with _store(database_url, clock=lambda: now) as store:
+        render_suggestions(store.suggest_next(executor, version, k=k), now, as_json)
+
+
+def _parse_instant(value: str, what: str) -> datetime:
+    """An ISO-8601 instant with a zone, in UTC."""
+    try:
+        when = datetime.fromisoformat(value)
+    except ValueError:
+        raise InvalidInput(f"{what} must be an ISO-8601 time, got {value!r}") from None
+    if when.tzinfo is None:
+        raise InvalidInput(f"{what} needs a time zone, e.g. 2026-04-02T03:00:00Z")
+    return when.astimezone(UTC)
+
+
+@cli.command("graph")
+@click.argument("src", required=False, metavar="[SRC[@VERSION]]")
+@click.option(
+    "--depth",
+    type=int,
+    default=None,
+    metavar="N",
+    help="With SRC: the edges out of what SRC reaches in fewer than N active edges [3].",
+)
+@click.option(
+    "--states",
+    "states",
+    multiple=True,
+    metavar="STATE[,STATE]",
+    help="Only these states (repeat or comma-separate) [active,proto,decaying].",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["dot", "mermaid", "graphml", "json"]),
+    default=None,
+    help="Output format [dot; json with --json].",
+)
+@click.option(
+    "--output",
+    "-o",
+    "output",
+    type=click.Path(dir_okay=False),
+    default=None,
+    metavar="FILE",
+    help="Write to FILE instead of standard output.",
+)
+@click.option("--at", "at", metavar="TIME", help="Weights at this ISO-8601 instant [now].")
+@json_option
+@database_url_option
+def graph_cmd(
+    src: str | None,
+    depth: int | None,
+    states: tuple[str, ...],
+    fmt: str | None,
+    output: str | None,
+    at: str | None,
+    as_json: bool,
+    database_url: str | None,
+) -> None:
+    """Print the graph (or what SRC reaches) as DOT, Mermaid, GraphML or JSON: weight as pen
+    width and label, protos dashed toward a wished node, decaying greyed, superseded hidden
+    unless asked (--states superseded)."""
+    from pathlib import Path
+
+    from .graph import DEFAULT_DEPTH, PICTURE_STATES, render
+
+    if as_json and fmt not in (None, "json"):
+        raise InvalidInput(f"--json and --format {fmt} disagree: give one of them")
+    if depth is not None and src is None:
+        raise InvalidInput("--depth needs SRC")
+    chosen = [s.strip() for item in states for s in item.split(",") if s.strip()]
+    now = _now() if at is None else _parse_instant(at, "--at")
+    executor, version = (None, None)
+    if src is not None:
+        executor, version = parse_endpoint(src, "SRC", version_required=False)
+    with _store(database_url, clock=lambda: now) as store:
+        picture = store.graph(
+            executor,
+            src_version=version,
+            depth=DEFAULT_DEPTH if depth is None else depth,
+            states=chosen or list(PICTURE_STATES),
+        )
+    text = render(picture, "json" if as_json else fmt or "dot")
+    if output is None:
+        click.echo(text, nl=False)
+    else:
+        Path(output).write_text(text, encoding="utf-8")
 
 
 @cli.command()

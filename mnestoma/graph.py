@@ -201,7 +201,7 @@ def _faded_nodes(graph: MnestGraph) -> set[str]:
 
 def _title(graph: MnestGraph) -> str:
     where = f"from {graph.src}, " if graph.src is not None else ""
-    return f"mnestoma: {where}effective weights at {_iso(graph.at)}"
+    return f"mnestoma: {where}effective weights at {_iso(graph.at.replace(microsecond=0))}"
 
 
 # --- DOT ----------------------------------------------------------------------------------
