@@ -14,6 +14,7 @@ from alembic import context
 from sqlalchemy import Connection, Engine
 
 from mnestoma.config import make_engine, resolve_database_url
+from mnestoma.migration import VERSION_TABLE, prepare_for_migration
 from mnestoma.models import VIEW_NAME, Base
 
 config = context.config
@@ -39,6 +40,7 @@ def _configure(connection: Connection) -> None:
         compare_server_default=False,
         render_as_batch=connection.dialect.name == "sqlite",
         transaction_per_migration=False,
+        version_table=VERSION_TABLE,
     )
 
 
@@ -54,6 +56,7 @@ def run_migrations_offline() -> None:
         literal_binds=True,
         dialect_opts={"paramstyle": "named"},
         render_as_batch=False,
+        version_table=VERSION_TABLE,
     )
     with context.begin_transaction():
         context.run_migrations()
@@ -62,6 +65,9 @@ def run_migrations_offline() -> None:
 def _run(connection: Connection) -> None:
     _configure(connection)
     with context.begin_transaction():
+        # Under the migration lock: a second process migrating at once waits here, then
+        # reads the revision the first one wrote. A legacy stamp in alembic_version moves.
+        prepare_for_migration(connection)
         context.run_migrations()
 
 

@@ -12,6 +12,7 @@ from .errors import (
     NotFound,
     SchemaError,
     StoreError,
+    WriteLockTimeout,
 )
 from .facade import Mnestoma
 from .migration import current_revision, downgrade, head_revision, upgrade
@@ -47,6 +48,7 @@ __all__ = [
     "SchemaError",
     "StoreError",
     "UnitOfWork",
+    "WriteLockTimeout",
     "__version__",
     "current_revision",
     "downgrade",

@@ -8,15 +8,17 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.orm import Session, sessionmaker
 
 from .errors import InvalidInput
+from .locking import SNAPSHOT_INFO, is_transaction_control, is_write_statement, take_write_lock
 
 __all__ = [
     "READ_ONLY_OPTION",
+    "WRITE_OPTION",
     "default_sqlite_path",
     "make_engine",
     "make_session_factory",
@@ -29,7 +31,10 @@ ENV_DB_PATH = "MNESTOMA_DB_PATH"
 ENV_WORKSPACE = "METNOS_WORKSPACE"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 # Execution option: a transaction that only reads begins with a plain (deferred) BEGIN.
-READ_ONLY_OPTION = "mnestoma_read_only"
+READ_ONLY_OPTION = "mnestoma_read_only"  # kept for callers of 0.1; reads never lock now
+# Execution option: on SQLite, transactions begin with the write lock whatever they run first
+# (for a caller's own read-then-write transactions).
+WRITE_OPTION = "mnestoma_write"
 
 
 def default_sqlite_path() -> Path:
@@ -98,8 +103,9 @@ def is_memory_sqlite(url: URL) -> bool:
 def make_engine(url: str | URL | None = None, **kwargs: Any) -> Engine:
     """An Engine for ``url`` (or the resolved default), configured as contract §3 says.
 
-    SQLite: the parent folder is created (0700), WAL, a busy timeout, foreign keys, and every
-    write transaction begins with ``BEGIN IMMEDIATE``. PostgreSQL: psycopg 3 with pre-ping.
+    SQLite: the parent folder is created (0700), a busy timeout, foreign keys, and every
+    write transaction begins with ``BEGIN IMMEDIATE`` (see :mod:`mnestoma.locking`); reads
+    take no lock. PostgreSQL: psycopg 3 with pre-ping.
     """
     resolved = resolve_database_url(url)
     if is_sqlite(resolved):
@@ -122,7 +128,15 @@ def _make_sqlite_engine(url: URL, **kwargs: Any) -> Engine:
 
 
 def _configure_sqlite(engine: Engine, *, busy_timeout_ms: int) -> None:
-    """The pysqlite recipe: the driver stops issuing BEGIN itself; we emit our own."""
+    """The pysqlite recipe: the driver never begins a transaction itself; this package does.
+
+    A transaction begins at its first statement: with ``BEGIN IMMEDIATE`` (waiting for the
+    write lock) when that statement writes or the connection has ``WRITE_OPTION``, else
+    with a plain ``BEGIN``: a read snapshot that takes no lock (in WAL mode it never waits
+    for a writer). The package's own writes take the lock before they read anything.
+    Per-connection settings only: nothing here changes the file (the journal mode is set
+    when the package creates or migrates a store).
+    """
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: sqlite3.Connection, _record: Any) -> None:
@@ -130,7 +144,6 @@ def _configure_sqlite(engine: Engine, *, busy_timeout_ms: int) -> None:
         cur = dbapi_conn.cursor()
         try:
             cur.execute(f"PRAGMA busy_timeout = {busy_timeout_ms}")
-            cur.execute("PRAGMA journal_mode = WAL")
             cur.execute("PRAGMA synchronous = NORMAL")
             cur.execute("PRAGMA foreign_keys = ON")
         finally:
@@ -141,12 +154,22 @@ def _configure_sqlite(engine: Engine, *, busy_timeout_ms: int) -> None:
             # SQLite built without its math functions: the ager's SQL needs exp().
             dbapi_conn.create_function("exp", 1, _safe_exp, deterministic=True)
 
-    @event.listens_for(engine, "begin")
-    def _on_begin(conn: Any) -> None:
-        if conn.get_execution_options().get(READ_ONLY_OPTION):
-            conn.exec_driver_sql("BEGIN")
-        else:
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
+    @event.listens_for(engine, "before_cursor_execute")
+    def _before_execute(conn: Connection, _cursor: Any, statement: str, *_args: Any) -> None:
+        if not conn.in_transaction():
+            return
+        dbapi_conn = conn.connection.dbapi_connection
+        if dbapi_conn is None:
+            return
+        if dbapi_conn.in_transaction:
+            if is_write_statement(statement):
+                conn.connection.info.pop(SNAPSHOT_INFO, None)  # no longer read-only
+            return
+        if is_write_statement(statement) or conn.get_execution_options().get(WRITE_OPTION):
+            take_write_lock(conn)
+        elif not is_transaction_control(statement):
+            dbapi_conn.execute("BEGIN")
+            conn.connection.info[SNAPSHOT_INFO] = True
 
 
 def _safe_exp(x: float | None) -> float | None:

@@ -16,6 +16,7 @@ __all__ = [
     "NotFound",
     "SchemaError",
     "StoreError",
+    "WriteLockTimeout",
     "translate_errors",
 ]
 
@@ -34,6 +35,10 @@ class NotFound(MnestomaError, LookupError):
 
 class ConflictError(MnestomaError):
     """The change would give a second row the key another row already holds."""
+
+
+class WriteLockTimeout(ConflictError):
+    """Another writer held SQLite's write lock for longer than the lock timeout: retryable."""
 
 
 class InvalidTransition(MnestomaError):
@@ -82,6 +87,15 @@ def translate(err: sa_exc.SQLAlchemyError) -> MnestomaError:
     msg = _message(err)
     if isinstance(err, sa_exc.IntegrityError):
         return ConflictError(f"constraint violated: {msg}")
+    low = msg.lower()
+    if "database is locked" in low or "database is busy" in low:
+        return ConflictError(
+            "SQLite could not give this write the write lock: another writer holds it, or "
+            "the write runs in a transaction that had already read before it wrote (SQLite "
+            "cannot upgrade that read snapshot once another writer committed). Begin the "
+            "transaction with its first write: the package's writes do so themselves "
+            "(BEGIN IMMEDIATE) unless the caller's transaction is already open."
+        )
     if err.connection_invalidated or _looks_unreachable(msg):
         return DatabaseUnavailable(f"database unavailable: {msg}")
     return StoreError(f"database error: {msg}")

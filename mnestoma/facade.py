@@ -16,9 +16,11 @@ from .config import (
     is_sqlite,
     make_engine,
     make_session_factory,
+    redact_url,
+    resolve_database_url,
 )
-from .errors import InvalidInput, MnestomaError, is_retryable, translate_errors
-from .migration import ensure_at_head
+from .errors import InvalidInput, MnestomaError, SchemaError, is_retryable, translate_errors
+from .migration import ensure_at_head, sqlite_store_missing
 from .models import CanonicalQuery, Event, Mnest
 from .ranking import Ranked
 
@@ -39,7 +41,9 @@ class Mnestoma:
     """The store, ready to use: ``Mnestoma()`` opens the default SQLite file.
 
     A new or empty SQLite database is migrated to head on first use; any other database
-    must already be at head (``mnestoma db upgrade``), else :class:`SchemaError`.
+    must already be at head (``mnestoma db upgrade``), else :class:`SchemaError`. With
+    ``create=False`` (reading tools) a SQLite file that does not exist is not created:
+    :class:`SchemaError` says there is no store there.
     """
 
     def __init__(
@@ -48,12 +52,16 @@ class Mnestoma:
         *,
         clock: Clock | None = None,
         recorder: str = Recorder.CALL.value,
+        create: bool = True,
     ):
         if isinstance(url_or_engine, Engine):
             self.engine = url_or_engine
             self._owns_engine = False
         else:
-            self.engine = make_engine(url_or_engine)
+            url = resolve_database_url(url_or_engine)
+            if not create and sqlite_store_missing(url):
+                raise SchemaError(f"there is no mnestoma store at {redact_url(url)}")
+            self.engine = make_engine(url)
             self._owns_engine = True
         if is_memory_sqlite(self.engine.url):
             raise InvalidInput("an in-memory SQLite database cannot be shared: use a file")

@@ -12,13 +12,23 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util import CommandError
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Connection, Engine, inspect, text
 from sqlalchemy.engine import URL
 
-from .config import make_engine, redact_url
+from .config import (
+    is_memory_sqlite,
+    is_sqlite,
+    make_engine,
+    redact_url,
+    resolve_database_url,
+)
 from .errors import InvalidInput, SchemaError, translate_errors
+from .locking import lock_for_migration
 
 __all__ = [
+    "LEGACY_VERSION_TABLE",
+    "VERSION_TABLE",
+    "adopt_legacy_version",
     "alembic_config",
     "current_revision",
     "downgrade",
@@ -26,8 +36,15 @@ __all__ = [
     "head_revision",
     "migrations_path",
     "offline_sql",
+    "prepare_for_migration",
+    "read_revision",
+    "sqlite_store_missing",
     "upgrade",
 ]
+
+# The package's own Alembic version table: a service's alembic_version is not ours.
+VERSION_TABLE = "mnestoma_alembic_version"
+LEGACY_VERSION_TABLE = "alembic_version"
 
 
 def migrations_path() -> Path:
@@ -79,10 +96,95 @@ def _engine_for(url_or_engine: str | URL | Engine | None) -> Iterator[Engine]:
         engine.dispose()
 
 
+def read_revision(conn: Connection) -> str | None:
+    """The package's revision in this database, reading only: its own version table, else a
+    mnestoma revision left in ``alembic_version`` by an older release (adopted by upgrade)."""
+    tables = set(inspect(conn).get_table_names())
+    if VERSION_TABLE in tables:
+        ctx = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
+        return ctx.get_current_revision()
+    return _legacy_revision(conn, tables)
+
+
+def _legacy_revision(conn: Connection, tables: set[str]) -> str | None:
+    """A mnestoma revision held in ``alembic_version`` beside mnestoma's tables, if any."""
+    if LEGACY_VERSION_TABLE not in tables or "mnests" not in tables:
+        return None
+    rows = conn.execute(text(f"SELECT version_num FROM {LEGACY_VERSION_TABLE}")).scalars()
+    ours = [r for r in rows if r in known_revisions()]
+    return ours[0] if len(ours) == 1 else None
+
+
+def adopt_legacy_version(conn: Connection) -> str | None:
+    """Move a mnestoma revision from ``alembic_version`` to ``mnestoma_alembic_version``.
+
+    Stores written before the package had its own version table (and seed-era stores
+    stamped by hand) keep every row; a service's own revisions in ``alembic_version`` stay
+    where they are, and the table is dropped only when nothing else is left in it. Returns
+    the adopted revision, or None when there was nothing to adopt.
+    """
+    tables = set(inspect(conn).get_table_names())
+    if VERSION_TABLE in tables:
+        return None
+    revision = _legacy_revision(conn, tables)
+    if revision is None:
+        return None
+    ctx = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
+    ctx.stamp(ScriptDirectory.from_config(alembic_config()), revision)
+    conn.execute(
+        text(f"DELETE FROM {LEGACY_VERSION_TABLE} WHERE version_num = :rev"), {"rev": revision}
+    )
+    if conn.execute(text(f"SELECT count(*) FROM {LEGACY_VERSION_TABLE}")).scalar_one() == 0:
+        conn.execute(text(f"DROP TABLE {LEGACY_VERSION_TABLE}"))
+    return revision
+
+
+def prepare_for_migration(conn: Connection) -> None:
+    """What every online migration does first, inside its transaction: create the schema the
+    URL's ``search_path`` names (PostgreSQL), take the migration lock, adopt a legacy stamp."""
+    if conn.dialect.name == "postgresql":
+        _create_search_path_schema(conn)
+    lock_for_migration(conn)
+    adopt_legacy_version(conn)
+
+
+def _create_search_path_schema(conn: Connection) -> None:
+    """``CREATE SCHEMA IF NOT EXISTS`` for the first schema of ``search_path`` (not $user)."""
+    path = conn.execute(text("SHOW search_path")).scalar_one()
+    names = [n.strip() for n in str(path).split(",") if n.strip()]
+    names = [n for n in names if n not in ('"$user"', "$user")]
+    if not names:
+        return
+    first = names[0]
+    schema = first[1:-1].replace('""', '"') if first.startswith('"') else first
+    exists = conn.execute(
+        text("SELECT 1 FROM pg_namespace WHERE nspname = :n"), {"n": schema}
+    ).first()
+    if exists is None:
+        quoted = conn.dialect.identifier_preparer.quote_identifier(schema)
+        conn.execute(text(f"CREATE SCHEMA IF NOT EXISTS {quoted}"))
+
+
+def sqlite_store_missing(url: URL) -> bool:
+    """True for a SQLite file URL whose file does not exist (reading must not create it)."""
+    if not is_sqlite(url) or is_memory_sqlite(url) or not url.database:
+        return False
+    if url.database.startswith("file:"):
+        return False
+    return not Path(url.database).expanduser().exists()
+
+
 def current_revision(url_or_engine: str | URL | Engine | None = None) -> str | None:
-    """The revision stamped in the database, or None for a database never migrated."""
+    """The revision stamped in the database, or None for a database never migrated.
+
+    Reads only: a SQLite file that does not exist is not created (there is no store there).
+    """
+    if not isinstance(url_or_engine, Engine) and sqlite_store_missing(
+        resolve_database_url(url_or_engine)
+    ):
+        return None
     with _engine_for(url_or_engine) as engine, translate_errors(), engine.connect() as conn:
-        return MigrationContext.configure(conn).get_current_revision()
+        return read_revision(conn)
 
 
 @contextmanager
@@ -101,14 +203,28 @@ def upgrade(
     """Migrate the database up to ``revision`` with the packaged Alembic scripts.
 
     A Connection with an open transaction is migrated inside it (the caller commits or
-    rolls back); without one, Alembic begins and commits its own.
+    rolls back); without one, Alembic begins and commits its own. Concurrent migrations of
+    one database are serialised: each ends at ``revision``. The package's revision lives in
+    ``mnestoma_alembic_version``; a service's own ``alembic_version`` is left alone.
     """
     if isinstance(url_or_engine, Connection):
         with translate_errors(), _revision_errors():
             command.upgrade(alembic_config(url_or_engine), revision)
         return
     with _engine_for(url_or_engine) as engine, translate_errors(), _revision_errors():
+        _use_wal(engine)
         command.upgrade(alembic_config(engine), revision)
+
+
+def _use_wal(engine: Engine) -> None:
+    """Switch a SQLite store to WAL (persistent in the file): only for a store this package
+    creates or migrates, never when it merely reads a file."""
+    if not is_sqlite(engine) or is_memory_sqlite(engine.url):
+        return
+    with engine.connect() as conn:
+        mode = conn.exec_driver_sql("PRAGMA journal_mode").scalar()
+        if str(mode).lower() != "wal":
+            conn.exec_driver_sql("PRAGMA journal_mode = WAL")
 
 
 def downgrade(url_or_engine: str | URL | Engine | None, revision: str) -> None:

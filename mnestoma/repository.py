@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -29,6 +29,7 @@ from . import ranking
 from . import sqlite_driver as lite
 from . import statements as stm
 from .errors import ConflictError, InvalidInput, InvalidTransition, NotFound, translate_errors
+from .locking import take_write_lock
 from .models import CanonicalQuery, Event, Mnest
 from .rules import (
     ARCHIVE_AFTER_DAYS,
@@ -67,8 +68,8 @@ __all__ = ["CanonicalQueryRepository", "MnestRepository", "QueryFrequency"]
 
 T = TypeVar("T")
 MAX_WALK_DEPTH = 16
-RANK_NAMES_PER_STATEMENT = 500
 MAX_LIMIT = 2**31 - 1  # the largest LIMIT both engines take as a plain integer
+RANK_NAMES_PER_STATEMENT = 500
 _MAX_RACE_ROUNDS = 8
 
 
@@ -154,10 +155,12 @@ class MnestRepository:
         *,
         clock: Clock | None = None,
         recorder: str = Recorder.CALL.value,
+        before_write: Callable[[], None] | None = None,
     ) -> None:
         self._session = session
         self._clock: Clock = clock or utc_now
         self._recorder = check_recorder(recorder).value
+        self._before_write = before_write
 
     # --- plumbing ---------------------------------------------------------------------
 
@@ -168,6 +171,16 @@ class MnestRepository:
 
     def _conn(self) -> Connection:
         return _connection_of(self._session)
+
+    def _write_conn(self) -> Connection:
+        """The connection, in a transaction that holds the write lock (SQLite) before the
+        first statement of a write: see :mod:`mnestoma.locking`."""
+        if self._before_write is not None:
+            self._before_write()
+        conn = self._conn()
+        with translate_errors():
+            take_write_lock(conn)
+        return conn
 
     def _now(self) -> datetime:
         return read_clock(self._clock)
@@ -232,7 +245,7 @@ class MnestRepository:
         return self._record_many(items, turn, who)
 
     def _record_one(self, p: Passing, turn_id: str | None, recorder: str) -> Mnest:
-        conn = self._conn()
+        conn = self._write_conn()
         proto = not p.dst_exists
         sel = stm.SEL_ONE_PROTO if proto else stm.SEL_ONE_ACTIVE
         params = {"s": p.src_executor, "sv": p.src_version, "d": p.dst_executor}
@@ -267,7 +280,7 @@ class MnestRepository:
         raise ConflictError("could not record the passing: the edge kept changing under us")
 
     def _record_many(self, items: list[Passing], turn_id: str, recorder: str) -> list[Mnest]:
-        conn = self._conn()
+        conn = self._write_conn()
         unique: dict[tuple[bool, Key], Passing] = {}
         for p in items:
             # The last tags / desired_sig given for an edge in the turn win.
@@ -639,7 +652,7 @@ class MnestRepository:
         target = check_state(new_state)
         if reason is not None:
             reason = check_text(reason, "reason", max_length=2_000)
-        conn = self._conn()
+        conn = self._write_conn()
         row = self._locked(conn, mnest_id)
         current = MnestState(row["state"])
         if current == target:
@@ -658,7 +671,7 @@ class MnestRepository:
     def promote_proto_to_active(self, mnest_id: str, dst_version: str) -> Mnest:
         """Give a proto its destination version and make it active (event ``promoted``)."""
         version = check_name(dst_version, "dst_version")
-        conn = self._conn()
+        conn = self._write_conn()
         row = self._locked(conn, mnest_id)
         if row["state"] != MnestState.PROTO.value:
             raise InvalidTransition(f"{row['id']} is {row['state']}, not a proto")
@@ -702,7 +715,7 @@ class MnestRepository:
     def apply_ager(self) -> AgerReport:
         """Decay, demote, merge, prune and count archive candidates, in set-based SQL."""
         started = time.perf_counter()
-        conn = self._conn()
+        conn = self._write_conn()
         dialect = conn.dialect.name
         s = stm.ager_statements(dialect)
         now = self._now()
@@ -738,9 +751,9 @@ class MnestRepository:
         self, raw_query: str, canonical_query: str, *, turn_id: str | None = None
     ) -> CanonicalQuery:
         """Append to the canonical query log (touches no mnest)."""
-        return CanonicalQueryRepository(self._session, clock=self._clock).log(
-            raw_query, canonical_query, turn_id=turn_id
-        )
+        return CanonicalQueryRepository(
+            self._session, clock=self._clock, before_write=self._before_write
+        ).log(raw_query, canonical_query, turn_id=turn_id)
 
 
 def _connection_of(session: Session | Connection) -> Connection:
@@ -784,9 +797,16 @@ _INSERT_QUERY = insert(Q).returning(Q.c.id)
 class CanonicalQueryRepository:
     """The request-normalisation log; it never touches ``mnests`` or ``events``."""
 
-    def __init__(self, session: Session | Connection, *, clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        session: Session | Connection,
+        *,
+        clock: Clock | None = None,
+        before_write: Callable[[], None] | None = None,
+    ) -> None:
         self._session = session
         self._clock: Clock = clock or utc_now
+        self._before_write = before_write
 
     def log(
         self, raw_query: str, canonical_query: str, *, turn_id: str | None = None
@@ -802,7 +822,12 @@ class CanonicalQueryRepository:
             "canonical_query": canonical,
             "canonical_hash": hashlib.sha256(canonical.encode("utf-8")).hexdigest(),
         }
-        new_id = _run(_connection_of(self._session), _INSERT_QUERY, values).scalar_one()
+        if self._before_write is not None:
+            self._before_write()
+        conn = _connection_of(self._session)
+        with translate_errors():
+            take_write_lock(conn)
+        new_id = _run(conn, _INSERT_QUERY, values).scalar_one()
         return _detached(CanonicalQuery, {"id": new_id, **values}, new_id)
 
     def recent(self, *, limit: int = 20) -> list[CanonicalQuery]:

@@ -8,7 +8,8 @@ from typing import Self
 
 from sqlalchemy.orm import Session, SessionTransaction, sessionmaker
 
-from .errors import MnestomaError, translate_errors
+from .errors import InvalidInput, translate_errors
+from .locking import take_write_lock
 from .repository import CanonicalQueryRepository, MnestRepository
 from .validation import Clock
 
@@ -71,25 +72,41 @@ class UnitOfWork:
 class JoinedUnitOfWork:
     """Works in a SAVEPOINT of a caller's session; never commits or closes that session.
 
-    ``commit()`` releases the savepoint: the work becomes part of the caller's transaction,
-    which the caller commits or rolls back. Leaving without ``commit()``, or by an exception,
-    rolls back to the savepoint and leaves the caller's own work untouched.
+    The savepoint is taken before the unit's first write (after the write lock on SQLite),
+    so a unit that only reads takes no lock and never waits for a writer. ``commit()``
+    releases the savepoint: the work becomes part of the caller's transaction, which the
+    caller commits or rolls back. Leaving without ``commit()``, or by an exception, rolls
+    back to the savepoint and leaves the caller's own work untouched.
     """
 
     mnests: MnestRepository
     queries: CanonicalQueryRepository
 
     def __init__(self, session: Session, *, clock: Clock | None = None):
+        if not isinstance(session, Session):
+            raise InvalidInput(
+                f"UnitOfWork.joining needs a SQLAlchemy Session, got {type(session).__name__}"
+            )
         self.session = session
         self._clock = clock
         self._savepoint: SessionTransaction | None = None
 
     def __enter__(self) -> Self:
-        with translate_errors():
-            self._savepoint = self.session.begin_nested()
-        self.mnests = MnestRepository(self.session, clock=self._clock)
-        self.queries = CanonicalQueryRepository(self.session, clock=self._clock)
+        self.mnests = MnestRepository(
+            self.session, clock=self._clock, before_write=self._open_savepoint
+        )
+        self.queries = CanonicalQueryRepository(
+            self.session, clock=self._clock, before_write=self._open_savepoint
+        )
         return self
+
+    def _open_savepoint(self) -> None:
+        """Before a write: the write lock for the caller's transaction, then the savepoint."""
+        if self._savepoint is not None and self._savepoint.is_active:
+            return
+        with translate_errors():
+            take_write_lock(self.session.connection())
+            self._savepoint = self.session.begin_nested()
 
     def __exit__(
         self,
@@ -97,20 +114,17 @@ class JoinedUnitOfWork:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._savepoint is not None and self._savepoint.is_active:
-            self._savepoint.rollback()
-        self._savepoint = None
+        self.rollback()
 
     def commit(self) -> None:
-        """Release the savepoint into the caller's transaction."""
-        if self._savepoint is None or not self._savepoint.is_active:
-            raise MnestomaError("this unit of work has no open savepoint to commit")
-        with translate_errors():
-            self._savepoint.commit()
+        """Release the savepoint into the caller's transaction (nothing to do after reads)."""
+        if self._savepoint is not None and self._savepoint.is_active:
+            with translate_errors():
+                self._savepoint.commit()
         self._savepoint = None
 
     def rollback(self) -> None:
-        """Roll back to the savepoint taken on enter."""
+        """Roll back to the savepoint taken before the first write."""
         if self._savepoint is not None and self._savepoint.is_active:
             self._savepoint.rollback()
         self._savepoint = None

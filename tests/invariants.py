@@ -23,7 +23,7 @@ STATES = {"active", "proto", "decaying", "superseded"}
 KINDS = {"created", "reinforced", "transition", "promoted", "merged", "pruned"}
 COUNTED = {"created", "reinforced"}
 ID_RE = re.compile(r"^mn_[A-Za-z0-9_-]{12,}$")
-TABLES = {"mnests": "id", "events": "id", "canonical_query_log": "id"}
+TABLES = {"mnests": "id", "events": "id", "canonical_query_log": "id", "ager_runs": "id"}
 
 
 def plain_engine(url: str | URL) -> Engine:
@@ -53,8 +53,9 @@ def dump_tables(url: str | URL) -> dict[str, list[tuple[Any, ...]]]:
                 ]
                 for table, key in TABLES.items()
             }
-            out["alembic_version"] = [
-                tuple(r) for r in conn.execute(text("SELECT version_num FROM alembic_version"))
+            out["mnestoma_alembic_version"] = [
+                tuple(r)
+                for r in conn.execute(text("SELECT version_num FROM mnestoma_alembic_version"))
             ]
             return out
     finally:

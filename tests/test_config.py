@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sqlite3
 import stat
 import threading
 from pathlib import Path
@@ -10,8 +11,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
+import mnestoma
 from mnestoma import InvalidInput, make_engine, make_session_factory, resolve_database_url
-from mnestoma.config import redact_url
+from mnestoma.config import WRITE_OPTION, redact_url
+from mnestoma.errors import WriteLockTimeout
+from mnestoma.locking import LOCK_TIMEOUT_OPTION
 
 ENV = ("MNESTOMA_DATABASE_URL", "MNESTOMA_DB_PATH", "METNOS_WORKSPACE")
 
@@ -84,36 +88,78 @@ def test_the_sqlite_parent_folder_is_created_private(tmp_path: Path) -> None:
         engine.dispose()
 
 
-def test_sqlite_runs_in_wal_with_busy_timeout_and_foreign_keys(tmp_path: Path) -> None:
+def test_sqlite_connections_have_a_busy_timeout_and_foreign_keys(tmp_path: Path) -> None:
     engine = make_engine(f"sqlite:///{tmp_path / 'a.sqlite'}")
     try:
         with engine.connect() as conn:
-            assert conn.execute(text("PRAGMA journal_mode")).scalar() == "wal"
             assert conn.execute(text("PRAGMA busy_timeout")).scalar() >= 5000
             assert conn.execute(text("PRAGMA foreign_keys")).scalar() == 1
     finally:
         engine.dispose()
 
 
-def test_sqlite_write_transactions_begin_immediate(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    """The write lock is taken at BEGIN: a second writer waits instead of failing later."""
-    path = tmp_path / "lock.sqlite"
+def test_a_store_the_package_migrates_runs_in_wal(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'w.sqlite'}"
+    mnestoma.upgrade(url)
+    with sqlite3.connect(tmp_path / "w.sqlite") as raw:
+        assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_reading_a_foreign_sqlite_file_leaves_it_byte_for_byte_unchanged(tmp_path: Path) -> None:
+    path = tmp_path / "foreign.sqlite"
+    with sqlite3.connect(path) as raw:
+        raw.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY)")
+    before = path.read_bytes()
     engine = make_engine(f"sqlite:///{path}")
-    other = make_engine(f"sqlite:///{path}", connect_args={"timeout": 0.05})
     try:
-        with engine.begin() as conn:
-            conn.execute(text("CREATE TABLE t (x INTEGER)"))
+        with engine.connect() as conn:
+            conn.execute(text("SELECT count(*) FROM orders")).scalar()
+        assert mnestoma.current_revision(engine) is None
+    finally:
+        engine.dispose()
+    assert path.read_bytes() == before
+    with sqlite3.connect(path) as raw:
+        assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+
+
+def test_a_sqlite_write_takes_the_write_lock_at_its_first_statement(tmp_path: Path) -> None:
+    """A second writer waits for the lock (here: a short timeout, so it gives up)."""
+    path = tmp_path / "lock.sqlite"
+    mnestoma.upgrade(f"sqlite:///{path}")
+    engine = make_engine(f"sqlite:///{path}")
+    other = make_engine(f"sqlite:///{path}", connect_args={"timeout": 0.05}).execution_options(
+        **{LOCK_TIMEOUT_OPTION: 0.2}
+    )
+    try:
         holder = engine.connect()
-        holder.execute(text("SELECT 1"))  # BEGIN IMMEDIATE: the write lock is now held
-        with pytest.raises(Exception, match="locked"), other.connect() as conn2:
-            conn2.execute(text("SELECT 1"))
+        holder.execute(text("CREATE TABLE t (x INTEGER)"))  # BEGIN IMMEDIATE: lock held
+        with pytest.raises(WriteLockTimeout, match="write lock"), other.connect() as conn2:
+            conn2.execute(text("CREATE TABLE u (x INTEGER)"))
         holder.rollback()
         holder.close()
     finally:
         engine.dispose()
         other.dispose()
+
+
+def test_a_sqlite_read_never_waits_for_a_writer(tmp_path: Path) -> None:
+    path = tmp_path / "read.sqlite"
+    mnestoma.upgrade(f"sqlite:///{path}")
+    engine = make_engine(f"sqlite:///{path}")
+    reader = make_engine(f"sqlite:///{path}", connect_args={"timeout": 0.05})
+    try:
+        holder = engine.connect()
+        holder.execute(text("CREATE TABLE t (x INTEGER)"))  # the write lock is held
+        with reader.connect() as conn2:  # a busy wait would fail after 0.05 s
+            assert conn2.execute(text("SELECT count(*) FROM mnests")).scalar() == 0
+        sessions = make_session_factory(reader)
+        with sessions() as session:
+            assert session.execute(text("SELECT count(*) FROM events")).scalar() == 0
+        holder.rollback()
+        holder.close()
+    finally:
+        engine.dispose()
+        reader.dispose()
 
 
 def test_sqlite_savepoints_work(tmp_path: Path) -> None:
@@ -134,17 +180,21 @@ def test_sqlite_savepoints_work(tmp_path: Path) -> None:
         engine.dispose()
 
 
-def test_concurrent_sqlite_writers_wait_for_each_other(tmp_path: Path) -> None:
+def test_concurrent_sqlite_read_then_write_transactions_with_the_write_option_lose_nothing(
+    tmp_path: Path,
+) -> None:
+    """WRITE_OPTION: a caller's read-then-write transaction takes the lock at BEGIN."""
     engine = make_engine(f"sqlite:///{tmp_path / 'c.sqlite'}")
     with engine.begin() as conn:
         conn.execute(text("CREATE TABLE n (v INTEGER)"))
         conn.execute(text("INSERT INTO n VALUES (0)"))
+    writer = engine.execution_options(**{WRITE_OPTION: True})
     errors: list[BaseException] = []
 
     def bump() -> None:
         try:
             for _ in range(50):
-                with engine.begin() as conn:
+                with writer.begin() as conn:
                     v = conn.execute(text("SELECT v FROM n")).scalar_one()
                     conn.execute(text("UPDATE n SET v = :v"), {"v": v + 1})
         except BaseException as err:  # pragma: no cover - the assertion shows it

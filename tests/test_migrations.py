@@ -13,10 +13,22 @@ from sqlalchemy import inspect, text
 
 import mnestoma
 from mnestoma.config import make_engine
-from mnestoma.migration import alembic_config, current_revision, head_revision, offline_sql
+from mnestoma.migration import (
+    VERSION_TABLE,
+    alembic_config,
+    current_revision,
+    head_revision,
+    offline_sql,
+)
 from mnestoma.models import VIEW_NAME, Base
 
-EXPECTED_TABLES = {"mnests", "events", "canonical_query_log", "alembic_version"}
+EXPECTED_TABLES = {
+    "mnests",
+    "events",
+    "canonical_query_log",
+    "ager_runs",
+    "mnestoma_alembic_version",
+}
 
 
 def _diff(url: str) -> list:
@@ -26,6 +38,7 @@ def _diff(url: str) -> list:
             ctx = MigrationContext.configure(
                 conn,
                 opts={
+                    "version_table": VERSION_TABLE,
                     "compare_type": True,
                     "include_object": lambda o, name, type_, r, c: (
                         not (type_ == "table" and name == VIEW_NAME)
@@ -66,7 +79,7 @@ def test_upgrade_downgrade_to_base_and_upgrade_again(empty_db_url: str) -> None:
     mnestoma.downgrade(empty_db_url, "base")
     engine = make_engine(empty_db_url)
     try:
-        tables = set(inspect(engine).get_table_names()) - {"alembic_version"}
+        tables = set(inspect(engine).get_table_names()) - {"mnestoma_alembic_version"}
         assert tables == set()
         assert current_revision(engine) is None
         mnestoma.upgrade(engine)
@@ -232,7 +245,7 @@ def test_offline_sql_script_is_produced_for_each_dialect(dialect: str) -> None:
     assert "CREATE TABLE mnests" in sql
     assert "CREATE UNIQUE INDEX ux_mnests_proto_key" in sql
     assert "CREATE VIEW v_mnestoma" in sql
-    assert "UPDATE alembic_version SET version_num='0002'" in sql
+    assert "UPDATE mnestoma_alembic_version SET version_num='0002'" in sql
     if dialect == "postgresql":
         assert "JSONB" in sql and "TIMESTAMP WITH TIME ZONE" in sql
 

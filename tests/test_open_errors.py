@@ -58,7 +58,9 @@ def test_a_database_from_a_newer_release_is_refused_with_a_schema_error(
     mnestoma.upgrade(store_url)
     engine = plain_engine(store_url)
     with engine.begin() as conn:
-        conn.execute(text("UPDATE alembic_version SET version_num = 'ffff_from_the_future'"))
+        conn.execute(
+            text("UPDATE mnestoma_alembic_version SET version_num = 'ffff_from_the_future'")
+        )
     engine.dispose()
     err = open_error(store_url)
     assert isinstance(err, SchemaError)

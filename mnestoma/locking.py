@@ -1,0 +1,129 @@
+"""How a write takes the database's write lock up front, and how migrations serialise.
+
+SQLite has one writer at a time. A transaction that reads first and writes later may find
+that another writer committed in between, and then fails at once ("database is locked")
+whatever the busy timeout. So every write through this package starts its transaction
+with ``BEGIN IMMEDIATE`` and waits for the lock; reads take no lock at all (in WAL mode they
+never wait for a writer). PostgreSQL needs nothing here: its row locks do the same job,
+and migrations take a transaction-scoped advisory lock.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from typing import Any
+
+from sqlalchemy import Connection, text
+
+from .errors import InvalidInput, WriteLockTimeout
+
+__all__ = [
+    "DEFAULT_LOCK_TIMEOUT_S",
+    "ENV_LOCK_TIMEOUT",
+    "LOCK_TIMEOUT_OPTION",
+    "SNAPSHOT_INFO",
+    "is_transaction_control",
+    "is_write_statement",
+    "lock_for_migration",
+    "lock_timeout",
+    "take_write_lock",
+]
+
+ENV_LOCK_TIMEOUT = "MNESTOMA_LOCK_TIMEOUT"
+DEFAULT_LOCK_TIMEOUT_S = 60.0
+# Execution option (on an Engine or Connection): seconds a write waits for SQLite's lock.
+LOCK_TIMEOUT_OPTION = "mnestoma_lock_timeout"
+# Any 64-bit number is fine as long as it is this package's alone: "mnestoma" in ASCII.
+MIGRATION_LOCK_KEY = 0x6D6E6573746F6D61
+
+# Connection info key: the driver-level transaction is a read snapshot this package began.
+SNAPSHOT_INFO = "mnestoma_snapshot_only"
+_CONTROL_WORDS = frozenset({"BEGIN", "COMMIT", "END", "ROLLBACK", "RELEASE", "PRAGMA"})
+_WRITE_WORDS = frozenset(
+    {"INSERT", "UPDATE", "DELETE", "REPLACE", "CREATE", "DROP", "ALTER", "SAVEPOINT"}
+    | {"ANALYZE", "REINDEX"}
+)
+
+
+def is_write_statement(sql: str) -> bool:
+    """True for SQL that writes (and so must run in a transaction holding the write lock)."""
+    head = sql.lstrip()[:10].split(None, 1)
+    return bool(head) and head[0].upper() in _WRITE_WORDS
+
+
+def is_transaction_control(sql: str) -> bool:
+    """True for BEGIN, COMMIT, ROLLBACK, RELEASE and PRAGMA: never wrapped in a transaction."""
+    head = sql.lstrip()[:10].split(None, 1)
+    return bool(head) and head[0].upper() in _CONTROL_WORDS
+
+
+def lock_timeout(conn: Connection) -> float:
+    """Seconds a write waits for SQLite's write lock: the execution option, else
+    ``MNESTOMA_LOCK_TIMEOUT``, else 60."""
+    value: Any = conn.get_execution_options().get(LOCK_TIMEOUT_OPTION)
+    if value is None:
+        value = os.environ.get(ENV_LOCK_TIMEOUT, "").strip() or DEFAULT_LOCK_TIMEOUT_S
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise InvalidInput(f"{ENV_LOCK_TIMEOUT} must be a number of seconds") from None
+    if not seconds >= 0:
+        raise InvalidInput(f"{ENV_LOCK_TIMEOUT} must be a number of seconds ≥ 0")
+    return seconds
+
+
+def take_write_lock(conn: Connection) -> None:
+    """Begin the transaction with SQLite's write lock (``BEGIN IMMEDIATE``), waiting for it.
+
+    Does nothing on PostgreSQL, nor when the connection is already in a transaction that
+    wrote, or that a caller began (a caller's read snapshot that cannot be upgraded gives a
+    ConflictError at the write that needs it). A read-only snapshot this package began is
+    ended first. Raises :class:`WriteLockTimeout` when another writer keeps the lock longer than
+    :func:`lock_timeout`.
+    """
+    if conn.dialect.name != "sqlite":
+        return
+    dbapi = conn.connection.dbapi_connection
+    if dbapi is None:
+        return
+    if dbapi.in_transaction:
+        if not conn.connection.info.pop(SNAPSHOT_INFO, False):
+            return
+        # A snapshot that has only read: end it (nothing to lose) rather than upgrade it,
+        # which fails once another writer has committed since it began.
+        dbapi.execute("COMMIT")
+    _begin_immediate(dbapi, lock_timeout(conn))
+    conn.connection.info.pop(SNAPSHOT_INFO, None)
+
+
+def _begin_immediate(dbapi: Any, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    pause = 0.001
+    while True:
+        try:
+            dbapi.execute("BEGIN IMMEDIATE")
+            return
+        except sqlite3.OperationalError as err:
+            text_ = str(err).lower()
+            if "locked" not in text_ and "busy" not in text_:
+                raise
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise WriteLockTimeout(
+                    f"another writer held the SQLite write lock for more than {timeout:g} s; "
+                    f"try again, or wait longer ({ENV_LOCK_TIMEOUT} or the "
+                    f"{LOCK_TIMEOUT_OPTION!r} execution option)"
+                ) from None
+            time.sleep(min(pause, left))
+            pause = min(pause * 2, 0.05)
+
+
+def lock_for_migration(conn: Connection) -> None:
+    """Serialise migrations of one database: the first migrates, the others wait and find
+    it done. SQLite: the write lock; PostgreSQL: a transaction-scoped advisory lock."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
+    else:
+        take_write_lock(conn)
