@@ -8,7 +8,10 @@ unreachable its tests are skipped, unless ``MNESTOMA_REQUIRE_POSTGRESQL=1`` (set
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
+import re
 import secrets
 import shutil
 from collections.abc import Iterator
@@ -196,3 +199,116 @@ def pg_empty_db_url() -> Iterator[str]:
         yield url.render_as_string(hide_password=False)
     finally:
         drop_pg_database(url)
+
+
+# --- markers: `-m "not postgresql"` and `-m "not slow"` select what they say ----------------
+
+PG_FIXTURES = frozenset({"pg_store_url", "pg_empty_db_url", "_pg_head_database"})
+PG_CALLS = re.compile(r"\b(require_postgresql|create_pg_database)\(")
+SPAWNS = re.compile(
+    r"\bsubprocess\.|\bPopen\(|\.Process\(|\bProcessPoolExecutor\b|\brunpytest_subprocess\("
+)
+_SEARCH_DEPTH = 3  # test -> helper -> helper's helper
+
+
+@functools.cache
+def _source(obj: object) -> str:
+    try:
+        return inspect.getsource(obj)  # type: ignore[arg-type]
+    except (OSError, TypeError):
+        return ""
+
+
+def _names(code: object) -> set[str]:
+    """Global names a code object and the functions nested in it refer to."""
+    names = set(getattr(code, "co_names", ()))
+    for const in getattr(code, "co_consts", ()):
+        if inspect.iscode(const):
+            names |= _names(const)
+    return names
+
+
+@functools.cache
+def _reaches(func: object, pattern: re.Pattern[str], depth: int = _SEARCH_DEPTH) -> bool:
+    """True when ``func``, or a function of the suite it calls (to ``depth``), matches."""
+    func = inspect.unwrap(func)  # type: ignore[arg-type]
+    if pattern.search(_source(func)):
+        return True
+    code, scope = getattr(func, "__code__", None), getattr(func, "__globals__", {})
+    if depth == 0 or code is None:
+        return False
+    for name in _names(code):
+        helper = scope.get(name)
+        if (
+            inspect.isfunction(helper)
+            and helper is not func
+            and not helper.__module__.startswith(("mnestoma", "pytest", "_pytest"))
+            and _reaches(helper, pattern, depth - 1)
+        ):
+            return True
+    return False
+
+
+def _names_postgresql(value: object) -> bool:
+    if isinstance(value, str):
+        return "postgresql" in re.findall(r"[a-z]+", value.lower())
+    if isinstance(value, tuple | list):
+        return any(_names_postgresql(v) for v in value)
+    return False
+
+
+def _direct_argnames(item: pytest.Item) -> set[str]:
+    """Arguments parametrised on the test itself (not through a fixture's own params)."""
+    names: set[str] = set()
+    for mark in item.iter_markers("parametrize"):
+        if mark.kwargs.get("indirect"):
+            continue
+        argnames = mark.args[0] if mark.args else mark.kwargs.get("argnames", ())
+        if isinstance(argnames, str):
+            argnames = argnames.split(",")
+        names |= {n.strip() for n in argnames}
+    return names
+
+
+def _fixture_funcs(item: pytest.Item) -> list[object]:
+    info = getattr(item, "_fixtureinfo", None)
+    defs = getattr(info, "name2fixturedefs", {}) if info is not None else {}
+    return [d.func for name in item.fixturenames for d in defs.get(name, ())]
+
+
+def _needs_postgresql(item: pytest.Item) -> bool:
+    """The test runs against a PostgreSQL server (not merely renders PostgreSQL's SQL)."""
+    if PG_FIXTURES & set(getattr(item, "fixturenames", ())):
+        return True
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None:
+        direct = _direct_argnames(item)
+        # engine_name, or a fixture of the suite parametrised over engines ("postgresql",
+        # "sqlite->postgresql", ...); a test's own ``dialect`` parameter renders SQL only
+        if any(_names_postgresql(v) for k, v in callspec.params.items() if k not in direct):
+            return True
+    func = getattr(item, "function", None)
+    return func is not None and _reaches(func, PG_CALLS, depth=1)
+
+
+def _spawns_processes(item: pytest.Item) -> bool:
+    """The test (or a helper or fixture of the suite it uses) starts a process."""
+    funcs = [getattr(item, "function", None), *_fixture_funcs(item)]
+    return any(
+        f is not None and getattr(f, "__module__", "").startswith(("test", "conftest"))
+        and _reaches(f, SPAWNS)
+        for f in funcs
+    )  # fmt: skip
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every PostgreSQL test ``postgresql`` and every process-spawning test ``slow``.
+
+    The marks follow from what a test uses (its parametrised engine, its fixtures, the
+    helpers it calls), so a new test is marked without anybody remembering to.
+    """
+    for item in items:
+        if _needs_postgresql(item):
+            item.add_marker(pytest.mark.postgresql)
+        if _spawns_processes(item):
+            item.add_marker(pytest.mark.slow)

@@ -368,3 +368,47 @@ def test_the_readme_states_one_exit_status_per_error() -> None:
 def test_help_states_the_exit_statuses() -> None:
     out = " ".join(run_ok("--help").stdout.split())
     assert "Exit status: 0 success; 2 bad input" in out and "1 any other failure" in out
+
+
+# --- markers: -m "not postgresql" and -m "not slow" mean what they say ----------------------
+
+TESTS = Path(__file__).resolve().parent
+
+
+def _collected(*args: str) -> list[str]:
+    """The test ids pytest selects for ``args`` (collection only, in a fresh process)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args],
+        cwd=TESTS.parent, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode in (0, 5), done.stdout + done.stderr  # 5: nothing selected
+    return [line for line in done.stdout.splitlines() if "::" in line]
+
+
+def test_not_postgresql_deselects_every_test_that_needs_the_server() -> None:
+    files = ["tests/test_record.py", "tests/test_bad_input.py", "tests/test_open_errors.py"]
+    kept = _collected("-m", "not postgresql", *files)
+    on_pg = _collected("-m", "postgresql", *files)
+    assert kept and on_pg and not set(kept) & set(on_pg)
+    assert [i for i in kept if "postgresql" in i] == []  # engine_name, the module fixture
+    assert any("missing_database_on_a_live_server" in i for i in on_pg)  # require_postgresql()
+    assert sum("[sqlite" in i for i in kept) == sum("[postgresql" in i for i in on_pg)
+
+
+def test_rendering_postgresql_sql_needs_no_server_and_stays_selected() -> None:
+    kept = _collected("-m", "not postgresql", "tests/test_cli_small.py", "-k", "db_sql")
+    assert (
+        "tests/test_cli_small.py::test_db_sql_of_a_downward_range_prints_the_downgrade[postgresql]"
+        in kept
+    )
+
+
+def test_not_slow_deselects_tests_that_spawn_processes_or_build_wheels() -> None:
+    files = ["tests/test_packaging.py", "tests/test_faults.py", "tests/test_readme.py"]
+    slow = _collected("-m", "slow", *files)
+    assert any("installed_wheel" in i for i in slow)  # builds a wheel
+    assert any("killed_after_any_statement" in i for i in slow)  # through a helper
+    assert any("test_a_readme_example_runs" in i for i in slow)  # subprocess.run
+    fast = _collected("-m", "not slow", *files)
+    assert not set(fast) & set(slow)
+    assert "tests/test_readme.py::test_the_readme_has_python_examples" in fast
