@@ -44,17 +44,22 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from sqlalchemy import (
+    Column,
     Connection,
     Engine,
+    MetaData,
     RowMapping,
+    Select,
+    String,
     Table,
+    and_,
     bindparam,
+    delete,
     func,
     insert,
     inspect,
     select,
     text,
-    tuple_,
     update,
 )
 from sqlalchemy.engine import URL
@@ -415,6 +420,63 @@ def _quoted(conn: Connection, table: Table) -> str:
     return conn.dialect.identifier_preparer.format_table(table)
 
 
+class _Keys:
+    """A temporary table of lookup keys, joined to a target table one batch at a time.
+
+    A join uses the target's indexes whatever its statistics; a row-value ``IN (...)`` list
+    does not (PostgreSQL plans it as one OR per key, each re-reading a whole index), and a
+    VALUES list would be compiled anew for every batch. Statements are built once.
+    """
+
+    NAME = "mnestoma_copy_keys"
+
+    def __init__(self, conn: Connection) -> None:
+        self.table = Table(
+            self.NAME,
+            MetaData(),
+            *(Column(f"k{i}", String) for i in range(len(KEY))),
+            prefixes=["TEMPORARY"],
+        )
+        self.table.create(conn)
+        k = self.table.c
+        twin_cols = [MNESTS.c[n] for n in KEY]
+        proto_cols = [MNESTS.c[n] for n in PROTO_KEY]
+        self.twins = (
+            select(MNESTS.c.id, *twin_cols)
+            .join_from(
+                self.table, MNESTS, and_(*(c == k[f"k{i}"] for i, c in enumerate(twin_cols)))
+            )
+            .where(MNESTS.c.dst_version.is_not(None))
+        )
+        self.proto_twins = (
+            select(MNESTS.c.id, *proto_cols)
+            .join_from(
+                self.table, MNESTS, and_(*(c == k[f"k{i}"] for i, c in enumerate(proto_cols)))
+            )
+            .where(MNESTS.c.dst_version.is_(None))
+        )
+        self.turns = (
+            select(EVENTS.c.turn_id, EVENTS.c.mnest_id)
+            .join_from(
+                self.table,
+                EVENTS,
+                and_(EVENTS.c.turn_id == k.k0, EVENTS.c.mnest_id == k.k1),
+            )
+            .where(EVENTS.c.kind.in_(PASSING))
+        )
+
+    def find(
+        self, conn: Connection, query: Select[Any], keys: Sequence[tuple[Any, ...]]
+    ) -> list[tuple[Any, ...]]:
+        """The rows of ``query`` for these keys (one batch)."""
+        conn.execute(delete(self.table))
+        conn.execute(insert(self.table), [{f"k{i}": v for i, v in enumerate(k)} for k in keys])
+        return [tuple(row) for row in conn.execute(query)]
+
+    def drop(self, conn: Connection) -> None:
+        self.table.drop(conn)
+
+
 @dataclass
 class _Job:
     """One copy: its settings, and what the target must hold when it is done."""
@@ -431,6 +493,7 @@ class _Job:
     now: datetime = field(init=False)  # read once the target's write lock is held
     next_event_id: int = field(init=False)  # the merge events' ids, after the copied ones
     advance: Callable[[int], Any] = field(init=False)
+    keys: _Keys | None = None  # created when the copy merges
 
     def run(self, src_engine: Engine, dst_engine: Engine) -> CopyReport:
         with _source_reader(src_engine).connect() as sconn, dst_engine.connect() as tconn:
@@ -466,6 +529,8 @@ class _Job:
                     for table, _ in TABLES[2:]:
                         for rows in self._stream(sconn, table):
                             self._insert(tconn, table, rows)
+                if self.keys is not None:
+                    self.keys.drop(tconn)
                 if tconn.dialect.name == "postgresql":
                     self._after_postgresql_copy(tconn)
                 self._verify(tconn)
@@ -541,17 +606,17 @@ class _Job:
                 for r in rows
                 if (r["dst_version"] is not None) is versioned
             }
-            columns = [MNESTS.c[c] for c in names]
-            has_version = (
-                MNESTS.c.dst_version.is_not(None) if versioned else MNESTS.c.dst_version.is_(None)
-            )
+            keys = self._key_table(tconn)
+            query = keys.twins if versioned else keys.proto_twins
             for batch in _batches(list(wanted), LOOKUP_BATCH):
-                query = select(MNESTS.c.id, *columns).where(
-                    has_version, tuple_(*columns).in_(batch)
-                )
-                for target_id, *key in tconn.execute(query):
+                for target_id, *key in keys.find(tconn, query, batch):
                     found[wanted[tuple(key)]] = target_id
         return found
+
+    def _key_table(self, tconn: Connection) -> _Keys:
+        if self.keys is None:
+            self.keys = _Keys(tconn)
+        return self.keys
 
     # --- events --------------------------------------------------------------------------
 
@@ -574,14 +639,9 @@ class _Job:
         if not moved:
             return
         taken: set[tuple[str, str]] = set()
-        columns = (EVENTS.c.turn_id, EVENTS.c.mnest_id)
+        keys = self._key_table(tconn)
         for batch in _batches([(r["turn_id"], r["mnest_id"]) for r in moved], LOOKUP_BATCH):
-            query = select(*columns).where(
-                EVENTS.c.turn_id.is_not(None),
-                EVENTS.c.kind.in_(PASSING),
-                tuple_(*columns).in_(batch),
-            )
-            taken.update((turn, mnest) for turn, mnest in tconn.execute(query))
+            taken.update((turn, mnest) for turn, mnest in keys.find(tconn, keys.turns, batch))
         for row in moved:
             if (row["turn_id"], row["mnest_id"]) not in taken:
                 continue
