@@ -74,6 +74,7 @@ from .errors import (
     StoreError,
     translate_errors,
 )
+from .locking import take_write_lock
 from .migration import current_revision, head_revision, known_revisions, upgrade
 from .models import AgerRun, CanonicalQuery, Event, Mnest
 from .rules import (
@@ -403,19 +404,6 @@ def _source_reader(engine: Engine) -> Engine:
     return engine.execution_options(**{READ_ONLY_OPTION: True})
 
 
-def _hold_write_lock(conn: Connection) -> None:
-    """Take SQLite's write lock at the start of the copy's transaction (a no-op if held).
-
-    Everything the copy reads in the target (emptiness, the largest ids, the keys it merges
-    into) must stay true until it commits.
-    """
-    if conn.dialect.name != "sqlite":
-        return
-    dbapi = conn.connection.dbapi_connection
-    if dbapi is not None and not dbapi.in_transaction:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
-
-
 def _quoted(conn: Connection, table: Table) -> str:
     return conn.dialect.identifier_preparer.format_table(table)
 
@@ -498,7 +486,9 @@ class _Job:
     def run(self, src_engine: Engine, dst_engine: Engine) -> CopyReport:
         with _source_reader(src_engine).connect() as sconn, dst_engine.connect() as tconn:
             with tconn.begin():
-                _hold_write_lock(tconn)
+                # SQLite's write lock from the start: what the copy reads in the target
+                # (emptiness, largest ids, the keys it merges into) holds until it commits.
+                take_write_lock(tconn)
                 upgrade(tconn)  # inside the copy's transaction: a failed copy migrates nothing
                 before = self._target_counts(tconn)
                 if not self.append and any(before.values()):
