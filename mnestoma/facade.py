@@ -132,6 +132,33 @@ class Mnestoma:
             )
         )
 
+    def record_proto(
+        self,
+        src_executor: str,
+        src_version: str,
+        dst_executor: str,
+        *,
+        turn_id: str | None = None,
+        tags: Any = None,
+        desired_sig: Any = None,
+        recorder: str | None = None,
+    ) -> Mnest:
+        """Record that ``src`` wished for ``dst_executor``, which does not exist yet (a proto).
+
+        The same as ``record_passing(src, v, dst, None, dst_exists=False, ...)``.
+        """
+        return self._write(
+            lambda u: u.mnests.record_proto(
+                src_executor,
+                src_version,
+                dst_executor,
+                turn_id=turn_id,
+                tags=tags,
+                desired_sig=desired_sig,
+                recorder=recorder,
+            )
+        )
+
     def record_turn(
         self,
         turn_id: str,

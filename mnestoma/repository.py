@@ -225,6 +225,32 @@ class MnestRepository:
         who = self._recorder if recorder is None else check_recorder(recorder).value
         return self._record_one(passing, turn, who)
 
+    def record_proto(
+        self,
+        src_executor: str,
+        src_version: str,
+        dst_executor: str,
+        *,
+        turn_id: str | None = None,
+        tags: Any = None,
+        desired_sig: Any = None,
+        recorder: str | None = None,
+    ) -> Mnest:
+        """Record a passing to an executor that does not exist yet: the proto row of
+        (src, src_version, dst), created at 0.30 or reinforced. The same as
+        ``record_passing(..., None, dst_exists=False, ...)``, with the same checks."""
+        return self.record_passing(
+            src_executor,
+            src_version,
+            dst_executor,
+            None,
+            dst_exists=False,
+            turn_id=turn_id,
+            tags=tags,
+            desired_sig=desired_sig,
+            recorder=recorder,
+        )
+
     def record_turn(
         self,
         turn_id: str,
