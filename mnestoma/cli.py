@@ -189,8 +189,11 @@ def _url(database_url: str | None) -> str | None:
 
 
 @contextlib.contextmanager
-def _store(database_url: str | None, clock: Clock | None = None) -> Iterator[Mnestoma]:
-    store = Mnestoma(_url(database_url), clock=clock)
+def _store(
+    database_url: str | None, clock: Clock | None = None, *, recorder: str = Recorder.CALL.value
+) -> Iterator[Mnestoma]:
+    """The store of this command; ``recorder`` is written on its events (``cli`` for writes)."""
+    store = Mnestoma(_url(database_url), clock=clock, recorder=recorder)
     try:
         yield store
     finally:
@@ -621,7 +624,7 @@ def record(
         if summary is not None or sig_json is not None:
             raise InvalidInput("--summary and --sig describe a missing executor: add --proto")
         dst_exec, dst_version = parse_endpoint(dst, "DST", version_required=True)
-    with _store(database_url) as store:
+    with _store(database_url, recorder=Recorder.CLI.value) as store:
         m = store.record_passing(
             src_exec,
             src_version or "",
@@ -890,7 +893,7 @@ def _render_recent(rows: Sequence[CanonicalQuery], as_json: bool) -> None:
 @database_url_option
 def promote(mnest_id: str, version: str, as_json: bool, database_url: str | None) -> None:
     """The executor a proto wished for now exists at VERSION: make the edge active."""
-    with _store(database_url) as store:
+    with _store(database_url, recorder=Recorder.CLI.value) as store:
         m = store.promote_proto_to_active(mnest_id, version)
         _render_one(m, as_json)
 
@@ -908,7 +911,7 @@ def transition(
 
     A proto becomes active only through "mnestoma promote ID VERSION".
     """
-    with _store(database_url) as store:
+    with _store(database_url, recorder=Recorder.CLI.value) as store:
         try:
             m = store.transition_state(mnest_id, state, reason=reason)
         except InvalidTransition as err:
@@ -1110,34 +1113,19 @@ class _DemoClock:
 
 
 DEMO_START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
-PDF_SIG = {
-    "summary": "extract the text of a PDF that http.fetch downloaded",
-    "inputs": {"body": "bytes (application/pdf)"},
-    "outputs": {"text": "str"},
-    "errors": ["encrypted PDF", "scanned image without text layer"],
-}
 
 
-def _demo_turns() -> list[tuple[str, list[Passing], tuple[str, str] | None]]:
-    search = ("web.search", "2.1")
-    fetch = ("http.fetch", "1.4")
-
-    def chain(summariser: str) -> list[Passing]:
-        return [
-            Passing(*search, *fetch),
-            Passing(*fetch, "text.summarise", summariser),
-        ]
-
-    pdf = Passing(*fetch, "pdf.to_text", None, False, None, PDF_SIG)
-    return [
-        ("turn-001", chain("0.9"), ("What's new in PostgreSQL 17?", "postgresql 17 changes")),
-        ("turn-002", chain("0.9"), None),
-        ("turn-003", [Passing(*search, *fetch), pdf], ("SQLite WAL paper pdf", "sqlite wal pdf")),
-        ("turn-004", [Passing(*search, "text.summarise", "1.0")], None),
-        ("turn-005", [*chain("1.0"), pdf], ("postgres 17 release notes", "postgresql 17 changes")),
-        ("turn-006", [*chain("1.0"), pdf], None),
-        ("turn-007", chain("1.0"), None),
-    ]
+def _turn_line(passings: Sequence[Passing]) -> str:
+    """A turn's passings as chains: ``a@1 -> b@2 -> c@3; b@2 -> wished (wished)``."""
+    chains: list[list[str]] = []
+    for p in passings:
+        src = _endpoint(p.src_executor, p.src_version)
+        dst = _endpoint(p.dst_executor, p.dst_version) + ("" if p.dst_exists else " (wished)")
+        if chains and chains[-1][-1] == src:
+            chains[-1].append(dst)
+        else:
+            chains.append([src, dst])
+    return "; ".join(" -> ".join(chain) for chain in chains)
 
 
 def _section(title: str) -> None:
@@ -1146,7 +1134,9 @@ def _section(title: str) -> None:
 
 
 def run_demo(url: str | None) -> None:
-    """Record a week of realistic turns, let 30 days pass, age, and show what is left."""
+    """A traced runtime answers a week of turns; 30 days pass; age, and show what is left."""
+    from .demo import DEMO_TURNS, run_demo_turn  # the demo's executors: only for the demo
+
     clock = _DemoClock(DEMO_START)
     with contextlib.ExitStack() as stack:
         if url is None:
@@ -1163,20 +1153,22 @@ def run_demo(url: str | None) -> None:
                 f"the demo writes made-up rows: give it an empty database, not {where}"
             )
         click.echo(f"mnestoma demo in {where}")
-        turns = _demo_turns()
-        for i, (turn_id, passings, query) in enumerate(turns):
+        lines = []
+        for i, spec in enumerate(DEMO_TURNS):
             if i:
                 clock.advance(hours=3)
-            if query is not None:
-                store.log_canonical_query(query[0], query[1], turn_id=turn_id)
-            store.record_turn(turn_id, passings)
+            if spec.raw_query is not None:
+                store.log_canonical_query(spec.raw_query, spec.query, turn_id=spec.turn_id)
+            traced = run_demo_turn(store, spec)
+            lines.append(f"  {spec.turn_id}  {_turn_line(traced.passings)}")
         click.echo(
-            f"recorded {len(turns)} turns from {_fmt_time(DEMO_START)} to {_fmt_time(clock.now)}:"
+            f"{len(DEMO_TURNS)} turns of a made-up runtime, {_fmt_time(DEMO_START)} to "
+            f"{_fmt_time(clock.now)}: its executors\n"
+            "are decorated with @executor and each turn runs in `with turn(store, turn_id)`\n"
+            "(mnestoma.tracing); nothing calls record_passing. What the tracer recorded, from\n"
+            "the values each executor received from another:"
         )
-        click.echo(
-            "  web.search -> http.fetch -> text.summarise (version 0.9, then 1.0), and three\n"
-            "  PDFs that nothing could read: a proto-mnest wishing for the missing pdf.to_text"
-        )
+        click.echo("\n".join(lines))
         _section("edges right after the turns")
         render_edges(store.edges(), clock.now, False, "(no edge)")
         clock.advance(days=30)

@@ -1,17 +1,18 @@
-"""``mnestoma status``: what a store holds and who feeds it, from facts only.
+"""``mnestoma status``: what a store holds, who feeds it and whether the ager runs, from facts.
 
 Reading the status never migrates or creates anything: a missing SQLite file stays missing,
-a database behind head is reported as such (with the command that upgrades it).
+a database behind head is reported as such (with the command that upgrades it). Every
+sentence about recording is chosen by the rows: the status never claims a feed that the
+``events`` table does not show.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Connection, Engine, func, inspect, select
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
@@ -25,30 +26,92 @@ from .config import (
     resolve_database_url,
 )
 from .errors import translate_errors
-from .migration import head_revision, known_revisions
-from .models import CanonicalQuery, Event, Mnest
+from .migration import head_revision, known_revisions, read_revision
+from .models import AgerRun, CanonicalQuery, Event, Mnest
 from .repository import MnestRepository
-from .rules import RECURRING_MIN_USES, RECURRING_MIN_WEIGHT, EventKind, MnestState
+from .rules import (
+    AUTOMATIC_RECORDERS,
+    PASSING_KINDS,
+    RECURRING_MIN_USES,
+    RECURRING_MIN_WEIGHT,
+    EventKind,
+    MnestState,
+    Recorder,
+)
 from .types import parse_sqlite_timestamp
 from .validation import Clock, read_clock, utc_now
 
 __all__ = [
+    "AGER_WINDOW",
     "FEEDING_STATEMENT",
+    "READING_STATEMENT",
+    "AgerRunFacts",
+    "RecorderFacts",
     "StoreStatus",
     "collect_status",
     "missing_sqlite_file",
     "render_status",
 ]
 
+# The sentence when no tracer or processor ever wrote here (what the package offers, and
+# that this store shows no sign of it).
 FEEDING_STATEMENT = (
-    "Nothing in mnestoma records turns by itself: only code that calls record_passing / "
-    "record_turn feeds this store, and no planner reads it unless it calls suggest_next / walk."
+    "not fed automatically here: the in-process tracer (mnestoma.tracing) and the "
+    "OpenTelemetry processor (mnestoma.otel) are available, but no passing recorded by "
+    "them is in this store."
 )
-PASSING_KINDS = (EventKind.CREATED.value, EventKind.REINFORCED.value)
+# Reads leave no row behind, so the status can only say how a planner would read.
+READING_STATEMENT = (
+    "read by: reads leave no trace in the store, so this cannot say who reads it; a planner "
+    "reads it only where it calls suggest_next, walk or rank."
+)
+# "The last 30 days" of the ager's runs, counted back from the status's now.
+AGER_WINDOW = timedelta(days=30)
+
+PASSING = tuple(k.value for k in PASSING_KINDS)
+RECORDER_NAMES = {
+    Recorder.CALL.value: "calls of the API",
+    Recorder.TRACER.value: "the in-process tracer (mnestoma.tracing)",
+    Recorder.OTEL.value: "the OpenTelemetry processor (mnestoma.otel)",
+    Recorder.AGER.value: "the ager",
+    Recorder.CLI.value: "the command line",
+}
 
 M = Mnest.__table__
 E = Event.__table__
 Q = CanonicalQuery.__table__
+R = AgerRun.__table__
+
+
+@dataclass(frozen=True)
+class RecorderFacts:
+    """How many passings (created/reinforced events) one recorder wrote, and the last one."""
+
+    passings: int = 0
+    last: datetime | None = None
+
+
+@dataclass(frozen=True)
+class AgerRunFacts:
+    """One row of ``ager_runs``: when the ager ran (the clock's instant), how long, what it did."""
+
+    ts: datetime
+    duration_s: float
+    decayed: int
+    to_decaying: int
+    merged: int
+    protos_pruned: int
+    archive_candidates: int
+
+    def counters(self) -> dict[str, int]:
+        """The run's ``AgerReport`` counters, by name."""
+        return {
+            "decayed": self.decayed,
+            "to_decaying": self.to_decaying,
+            "merged": self.merged,
+            "protos_pruned": self.protos_pruned,
+            "archive_candidates": self.archive_candidates,
+        }
 
 
 @dataclass
@@ -57,6 +120,8 @@ class StoreStatus:
 
     ``schema``: ``missing`` (no SQLite file), ``none`` (no mnestoma schema), ``head``,
     ``behind`` (an older revision), ``unknown`` (a revision this release does not know).
+    ``passings_by_recorder`` is None where the store has no ``events.recorder`` column
+    (before revision 0003), ``ager_runs`` None where it has no ``ager_runs`` table.
     """
 
     database: str
@@ -74,6 +139,10 @@ class StoreStatus:
     last_turn_passing: datetime | None = None
     query_log: int = 0
     recurring_protos: list[Mnest] = field(default_factory=list)
+    passings_by_recorder: dict[str, RecorderFacts] | None = None
+    ager_runs: int | None = None
+    ager_runs_recent: int = 0
+    last_ager_run: AgerRunFacts | None = None
 
     @property
     def mnests(self) -> int:
@@ -84,6 +153,53 @@ class StoreStatus:
     def empty(self) -> bool:
         """True when the store holds no mnest, no event and no logged query."""
         return self.mnests == 0 and self.events == 0 and self.query_log == 0
+
+    @property
+    def automatic(self) -> dict[str, RecorderFacts]:
+        """The automatic recorders (tracer, otel) that wrote at least one passing here."""
+        by = self.passings_by_recorder or {}
+        return {
+            r.value: by[r.value] for r in AUTOMATIC_RECORDERS if by.get(r.value, _NONE).passings
+        }
+
+    @property
+    def fed_automatically(self) -> bool | None:
+        """True when a tracer or processor recorded a passing here; None when the rows
+        cannot tell (passings exist but the store predates ``events.recorder``)."""
+        if self.passings_by_recorder is None and self.passings:
+            return None
+        return bool(self.automatic)
+
+    def feeding(self) -> str:
+        """The sentence about automatic recording, chosen by the facts."""
+        fed = self.fed_automatically
+        if fed is None:
+            return (
+                f"who recorded these passings is not known: revision {self.revision} has no "
+                "events.recorder; after `mnestoma db upgrade` they read as calls of the API."
+            )
+        if not fed:
+            others = [
+                f"{RECORDER_NAMES[name]} ({f.passings})"
+                for name, f in (self.passings_by_recorder or {}).items()
+                if f.passings
+            ]
+            if not others:
+                return FEEDING_STATEMENT
+            return f"{FEEDING_STATEMENT} The passings here were recorded by {', '.join(others)}."
+        parts = []
+        for r in AUTOMATIC_RECORDERS:
+            facts = (self.passings_by_recorder or {}).get(r.value, _NONE)
+            name = RECORDER_NAMES[r.value]
+            if facts.passings:
+                n = facts.passings
+                parts.append(
+                    f"{n} passing{'s' if n != 1 else ''} by {name}, "
+                    f"last at {_fmt_time(facts.last)} ({_ago(facts.last, self.at)})"
+                )
+            else:
+                parts.append(f"none by {name}")
+        return "fed automatically: " + "; ".join(parts) + "."
 
     def advice(self) -> str | None:
         """What to run when the schema is not at head, else None."""
@@ -108,6 +224,22 @@ class StoreStatus:
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready mapping with stable keys (times as ISO-8601 UTC)."""
+        by_recorder = None
+        if self.passings_by_recorder is not None:
+            by_recorder = {
+                name: {"passings": f.passings, "last": iso_utc(f.last)}
+                for name, f in self.passings_by_recorder.items()
+            }
+        ager = None
+        if self.ager_runs is not None:
+            last = self.last_ager_run
+            ager = {
+                "total": self.ager_runs,
+                "last_30_days": self.ager_runs_recent,
+                "last": None
+                if last is None
+                else {"ts": iso_utc(last.ts), "duration_s": last.duration_s, **last.counters()},
+            }
         return {
             "database": self.database,
             "dialect": self.dialect,
@@ -139,8 +271,15 @@ class StoreStatus:
                 }
                 for m in self.recurring_protos
             ],
-            "feeding": FEEDING_STATEMENT,
+            "passings_by_recorder": by_recorder,
+            "fed_automatically": self.fed_automatically,
+            "ager_runs": ager,
+            "feeding": self.feeding(),
+            "reading": READING_STATEMENT,
         }
+
+
+_NONE = RecorderFacts()
 
 
 def iso_utc(value: datetime | None) -> str | None:
@@ -164,7 +303,11 @@ def missing_sqlite_file(url: URL) -> Path | None:
 def collect_status(
     url_or_engine: str | URL | Engine | None = None, *, clock: Clock | None = None
 ) -> StoreStatus:
-    """Read the facts of a store without migrating or creating anything."""
+    """Read the facts of a store without migrating or creating anything.
+
+    ``clock`` is the status's now: the recurring protos' weights and the ager's "last 30
+    days" are counted from it.
+    """
     now = read_clock(clock or utc_now)
     head = head_revision()
     if isinstance(url_or_engine, Engine):
@@ -184,8 +327,9 @@ def _collect(engine: Engine, head: str, now: datetime, clock: Clock | None) -> S
     status = StoreStatus(redact_url(engine.url), engine.dialect.name, "none", None, head, now)
     reader = engine.execution_options(**{READ_ONLY_OPTION: True})
     with translate_errors(), reader.connect() as conn:
-        status.revision = MigrationContext.configure(conn).get_current_revision()
-        tables = set(inspect(conn).get_table_names())
+        status.revision = read_revision(conn)
+        inspector = inspect(conn)
+        tables = set(inspector.get_table_names())
         if status.revision == head:
             status.schema = "head"
         elif status.revision is None:
@@ -195,6 +339,12 @@ def _collect(engine: Engine, head: str, now: datetime, clock: Clock | None) -> S
         else:
             status.schema = "unknown"
         _count(conn, tables, status)
+        if "events" in tables and "recorder" in {
+            c["name"] for c in inspector.get_columns("events")
+        }:
+            _count_recorders(conn, status)
+        if "ager_runs" in tables:
+            _count_ager_runs(conn, status)
         if status.schema == "head":
             with Session(bind=conn) as session:
                 repo = MnestRepository(session, clock=clock or (lambda: now))
@@ -218,7 +368,7 @@ def _count(conn: Connection, tables: set[str], status: StoreStatus) -> None:
             by_kind[kind] = int(n)
         status.events_by_kind = by_kind
         status.events = sum(by_kind.values())
-        passing = E.c.kind.in_(PASSING_KINDS)
+        passing = E.c.kind.in_(PASSING)
         row = conn.execute(
             select(func.count(), func.max(E.c.ts)).select_from(E).where(passing)
         ).one()
@@ -233,6 +383,42 @@ def _count(conn: Connection, tables: set[str], status: StoreStatus) -> None:
         status.query_log = int(conn.execute(select(func.count()).select_from(Q)).scalar_one())
 
 
+def _count_recorders(conn: Connection, status: StoreStatus) -> None:
+    """Passings (created/reinforced events) per ``events.recorder``, with the last instant."""
+    found = {r.value: _NONE for r in Recorder}
+    query = (
+        select(E.c.recorder, func.count(), func.max(E.c.ts))
+        .where(E.c.kind.in_(PASSING))
+        .group_by(E.c.recorder)
+    )
+    for recorder, n, last in conn.execute(query):
+        found[str(recorder)] = RecorderFacts(int(n), _as_utc(last))
+    status.passings_by_recorder = found
+
+
+def _count_ager_runs(conn: Connection, status: StoreStatus) -> None:
+    """How often the ager ran (in all, and in the 30 days up to now) and its last run."""
+    since = status.at - AGER_WINDOW
+    total, recent = conn.execute(
+        select(
+            func.count(),
+            func.count().filter(R.c.ts >= since, R.c.ts <= status.at),
+        ).select_from(R)
+    ).one()
+    status.ager_runs, status.ager_runs_recent = int(total), int(recent)
+    last = conn.execute(select(R).order_by(R.c.ts.desc(), R.c.id.desc()).limit(1)).first()
+    if last is not None:
+        status.last_ager_run = AgerRunFacts(
+            ts=parse_sqlite_timestamp(last.ts),
+            duration_s=float(last.duration_s),
+            decayed=int(last.decayed),
+            to_decaying=int(last.to_decaying),
+            merged=int(last.merged),
+            protos_pruned=int(last.protos_pruned),
+            archive_candidates=int(last.archive_candidates),
+        )
+
+
 def _as_utc(value: Any) -> datetime | None:
     """An aggregate's timestamp as an aware UTC datetime, whatever the driver returned."""
     return None if value is None else parse_sqlite_timestamp(value)
@@ -240,6 +426,51 @@ def _as_utc(value: Any) -> datetime | None:
 
 def _fmt_time(value: datetime | None) -> str:
     return "never" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _ago(then: datetime | None, now: datetime) -> str:
+    """How long before ``now`` an instant was, in the largest whole unit that fits."""
+    if then is None:
+        return "never"
+    seconds = (now - then).total_seconds()
+    if seconds < 0:
+        return "after the status's now"
+    for unit, size in (("day", 86_400), ("hour", 3_600), ("minute", 60)):
+        if seconds >= size:
+            n = int(seconds // size)
+            return f"{n} {unit}{'s' if n != 1 else ''} ago"
+    return "now" if seconds < 1 else f"{int(seconds)} s ago"
+
+
+def _render_recorders(status: StoreStatus) -> str | None:
+    """The ``recorders`` line: who wrote the passings, when last; None when nothing to say."""
+    if status.passings_by_recorder is None:
+        if status.passings:
+            return "recorders  not known at this revision (no events.recorder column)"
+        return None
+    wrote = [(name, f) for name, f in status.passings_by_recorder.items() if f.passings]
+    if not wrote:
+        return None
+    return "recorders  " + ", ".join(
+        f"{name} {f.passings} (last {_fmt_time(f.last)})" for name, f in wrote
+    )
+
+
+def _render_ager(status: StoreStatus) -> list[str]:
+    """The ``ager`` lines from ``ager_runs``: how often, and what the last run did."""
+    if status.ager_runs is None:
+        return []
+    last = status.last_ager_run
+    if not status.ager_runs or last is None:
+        return ["ager       the ager has never run here (no row in ager_runs)"]
+    n = status.ager_runs
+    counters = ", ".join(f"{k} {v}" for k, v in last.counters().items())
+    return [
+        f"ager       {n} run{'s' if n != 1 else ''}, {status.ager_runs_recent} in the last "
+        f"{AGER_WINDOW.days} days; last at {_fmt_time(last.ts)} ({_ago(last.ts, status.at)}), "
+        f"took {last.duration_s:.3f} s",
+        f"           last run: {counters}",
+    ]
 
 
 def render_status(status: StoreStatus) -> str:
@@ -279,7 +510,11 @@ def render_status(status: StoreStatus) -> str:
                     "           none carries a turn_id: no caller has recorded a turn here; "
                     f"last passing {_fmt_time(status.last_passing)}"
                 )
+            recorders = _render_recorders(status)
+            if recorders:
+                lines.append(recorders)
             lines.append(f"query log  {status.query_log} entries")
+        lines.extend(_render_ager(status))
         if status.schema == "head":
             lines.append(
                 f"recurring protos (uses >= {RECURRING_MIN_USES}, "
@@ -294,5 +529,6 @@ def render_status(status: StoreStatus) -> str:
                     f"  uses {m.uses}  weight {m.effective_weight(status.at):.3f}{summary}"
                 )
     lines.append("")
-    lines.append(FEEDING_STATEMENT)
+    lines.append(status.feeding())
+    lines.append(READING_STATEMENT)
     return "\n".join(lines)

@@ -504,14 +504,46 @@ def test_demo_shows_edges_walk_suggestions_protos_and_status() -> None:
     assert "web.search@2.1 -> http.fetch@1.4 -> text.summarise@1.0" in out
     assert "extract the text of a PDF" in out
     assert "decaying" in out  # the one-off edge, 30 days later
-    assert "Nothing in mnestoma records turns by itself" in out
     assert "/" not in out.split("== mnestoma status")[1].splitlines()[1]  # no machine path
+
+
+def test_demo_status_says_the_store_is_fed_by_the_tracer() -> None:
+    out = run_ok("demo").stdout
+    status = out.split("== mnestoma status")[1]
+    assert "recorders  tracer 15 (last 2026-03-03 03:00:00Z)" in status
+    assert (
+        "fed automatically: 15 passings by the in-process tracer (mnestoma.tracing), "
+        "last at 2026-03-03 03:00:00Z (30 days ago); "
+        "none by the OpenTelemetry processor (mnestoma.otel)."
+    ) in status
+    assert "ager       1 run, 1 in the last 30 days; last at 2026-04-02 03:00:00Z (now)" in status
+    assert "not fed automatically" not in out
+    assert "  turn-005  web.search@2.1 -> http.fetch@1.4 -> text.summarise@1.0; " in out
 
 
 def test_demo_in_a_given_empty_database_keeps_its_rows(empty_db_url: str) -> None:
     run_ok("demo", "--database-url", empty_db_url)
     assert count(empty_db_url, Mnest.__table__) == 5
     assert mnestoma.current_revision(empty_db_url) == mnestoma.head_revision()
+
+
+def test_demo_turns_are_recorded_by_the_tracer_not_by_hand(empty_db_url: str) -> None:
+    run_ok("demo", "--database-url", empty_db_url)
+    with mnestoma.Mnestoma(empty_db_url) as m:
+        events = m.events()
+        protos = m.edges(states=["proto"])
+    passings = [e for e in events if e.kind in ("created", "reinforced")]
+    assert len(passings) == 15 and {e.recorder for e in passings} == {"tracer"}
+    others = [(e.kind, e.recorder) for e in events if e.kind not in ("created", "reinforced")]
+    assert others == [("transition", "ager")]  # the one demotion, 30 days later
+    assert len({e.turn_id for e in passings}) == 7
+    [proto] = protos  # wish(...) with the desired signature, from http.fetch's PDF bytes
+    assert (proto.src_executor, proto.dst_executor, proto.uses) == ("http.fetch", "pdf.to_text", 3)
+    assert proto.desired_sig["summary"] == "extract the text of a PDF that http.fetch downloaded"
+    data = json.loads(run_ok("status", "--json", "--database-url", empty_db_url).stdout)
+    assert data["fed_automatically"] is True
+    assert data["passings_by_recorder"]["tracer"]["passings"] == 15
+    assert data["ager_runs"]["total"] == 1
 
 
 def test_demo_refuses_a_database_that_holds_rows(seeded: dict[str, Any]) -> None:
