@@ -571,7 +571,10 @@ def db_sql(dialect: str | None, revision_range: str, database_url: str | None) -
 @json_option
 @database_url_option
 def status(as_json: bool, database_url: str | None) -> None:
-    """Where the store is, its revision, what it holds, and who feeds it (never migrates)."""
+    """Where the store is, what it holds, who recorded its passings, whether the ager runs.
+
+    From the rows only; it reads, never migrates or creates anything.
+    """
     st = collect_status(_url(database_url))
     if as_json:
         _echo_json(st.as_dict())
