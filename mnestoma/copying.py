@@ -411,8 +411,8 @@ def _quoted(conn: Connection, table: Table) -> str:
 class _Keys:
     """A temporary table of lookup keys, joined to a target table one batch at a time.
 
-    A join uses the target's indexes whatever its statistics; a row-value ``IN (...)`` list
-    does not (PostgreSQL plans it as one OR per key, each re-reading a whole index), and a
+    A join probes the target's indexes once per key; a row-value ``IN (...)`` list did not
+    (PostgreSQL planned it as one OR per key, each re-reading a whole partial index), and a
     VALUES list would be compiled anew for every batch. Statements are built once.
     """
 

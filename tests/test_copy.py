@@ -557,6 +557,17 @@ def test_a_failed_copy_into_a_new_sqlite_file_removes_it_and_its_folders(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["source.sqlite"]
 
 
+def test_a_refused_copy_creates_no_target_file_nor_folder(
+    tmp_path: Path, sqlite_url: Callable[[str], str]
+) -> None:
+    source = sqlite_url("old.sqlite")
+    mnestoma.upgrade(source, "0001")  # behind head: refused before anything is copied
+    target = tmp_path / "new" / "target.sqlite"
+    result = run("copy", "--from", source, "--to", f"sqlite:///{target}")
+    assert result.exit_code == 1 and "mnestoma db upgrade" in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old.sqlite"]
+
+
 def test_a_failed_copy_into_an_existing_sqlite_file_keeps_the_file(
     tmp_path: Path, sqlite_url: Callable[[str], str]
 ) -> None:
