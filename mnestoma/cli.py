@@ -79,11 +79,15 @@ def _url_option_callback(ctx: click.Context, param: click.Parameter, value: Any)
 
 
 class CliFailure(click.ClickException):
-    """A failure shown as one line; ``exit_code`` 2 for bad input, 1 otherwise."""
+    """A failure shown as one line, exit status 1 (not found, refused, conflict, ...)."""
 
-    def __init__(self, message: str, exit_code: int) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
+    exit_code = 1
+
+
+class CliBadInput(CliFailure):
+    """Bad input (``InvalidInput``) shown as one line, exit status 2."""
+
+    exit_code = 2
 
 
 def _one_line(err: BaseException) -> str:
@@ -109,10 +113,10 @@ class MnestomaGroup(click.Group):
         except Exception as err:
             if ctx.find_root().params.get("debug"):
                 raise
-            code = 2 if isinstance(err, InvalidInput) else 1
-            raise CliFailure(_one_line(err), code) from err
+            failure = CliBadInput if isinstance(err, InvalidInput) else CliFailure
+            raise failure(_one_line(err)) from err
 
-    def main(  # type: ignore[override]
+    def main(
         self,
         args: Sequence[str] | None = None,
         prog_name: str | None = None,
