@@ -48,6 +48,7 @@ EVENT_KEYS = [
     "state_after",
     "reason",
     "related_id",
+    "recorder",
 ]
 
 

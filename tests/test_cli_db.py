@@ -37,7 +37,11 @@ STATUS_KEYS = [
     "last_turn_passing",
     "query_log",
     "recurring_protos",
+    "passings_by_recorder",
+    "fed_automatically",
+    "ager_runs",
     "feeding",
+    "reading",
 ]
 
 
@@ -112,7 +116,7 @@ def test_db_downgrade_needs_a_revision() -> None:
 
 def test_db_history_lists_revisions_newest_first() -> None:
     lines = run_ok("db", "history").stdout.splitlines()
-    assert lines[0].startswith(f"0001 -> {HEAD} (head)")
+    assert lines[0].startswith(f"0002 -> {HEAD} (head)")
     assert lines[-1].startswith("<base> -> 0001")
 
 
