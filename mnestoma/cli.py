@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import logging
 import os
 import sys
 import tempfile
@@ -24,7 +25,13 @@ from alembic.script import ScriptDirectory
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-from .config import ENV_DATABASE_URL, redact_text, redact_url, resolve_database_url
+from .config import (
+    ENV_DATABASE_URL,
+    is_secret_key,
+    redact_text,
+    redact_url,
+    resolve_database_url,
+)
 from .errors import InvalidInput, InvalidTransition, MnestomaError
 from .facade import Mnestoma
 from .migration import (
@@ -53,15 +60,19 @@ _SECRETS: set[str] = set()
 
 
 def _remember_secret(url: str | None) -> None:
-    """Note the password of a URL the user gave, so that no message can repeat it."""
+    """Note the secrets of a URL the user gave (its password, the values of its secret query
+    keys such as ``?password=``), so that no message can repeat them."""
     if not url:
         return
     try:
-        password = make_url(url).password
+        parsed = make_url(url)
     except (ArgumentError, ValueError):
         return
-    if password and len(str(password)) >= 4:
-        _SECRETS.add(str(password))
+    found = [parsed.password] if parsed.password else []
+    for key, value in parsed.query.items():
+        if is_secret_key(key):
+            found.extend([value] if isinstance(value, str) else value)
+    _SECRETS.update(str(s) for s in found if len(str(s)) >= 4)
 
 
 def scrub(message: str) -> str:
@@ -74,8 +85,31 @@ def scrub(message: str) -> str:
 
 
 def _url_option_callback(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """Remember the URL's secrets; an empty URL (an unset shell variable) is bad input."""
     _remember_secret(value)
+    if isinstance(value, str) and not value.strip():
+        raise click.BadParameter(
+            "the URL is empty (an unset variable?): give a URL, or leave the option out"
+        )
     return value
+
+
+class _DriverEcho(logging.Filter):
+    """Drops psycopg's "error ignored terminating <psycopg.Pipeline ...>" warning: the
+    error that ended the pipeline is the one the command reports, on its one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("error ignored terminating")
+
+
+_DRIVER_ECHO = _DriverEcho()
+
+
+def _quiet_driver_echoes() -> None:
+    """Keep a failure on one stderr line: no second line from the driver's logger."""
+    logger = logging.getLogger("psycopg")
+    if _DRIVER_ECHO not in logger.filters:
+        logger.addFilter(_DRIVER_ECHO)
 
 
 class CliFailure(click.ClickException):
@@ -124,6 +158,7 @@ class MnestomaGroup(click.Group):
         standalone_mode: bool = True,
         **extra: Any,
     ) -> Any:
+        _quiet_driver_echoes()
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode, **extra)
         try:
@@ -185,7 +220,7 @@ def json_option(f: Callable[..., Any]) -> Callable[..., Any]:
 
 def _url(database_url: str | None) -> str | None:
     """The URL given on this subcommand, else the group's ``--database-url``, else None."""
-    if database_url:
+    if database_url is not None:
         return database_url
     ctx = click.get_current_context(silent=True)
     root = ctx.find_root() if ctx is not None else None
@@ -194,10 +229,18 @@ def _url(database_url: str | None) -> str | None:
 
 @contextlib.contextmanager
 def _store(
-    database_url: str | None, clock: Clock | None = None, *, recorder: str = Recorder.CALL.value
+    database_url: str | None,
+    clock: Clock | None = None,
+    *,
+    recorder: str = Recorder.CALL.value,
+    write: bool = False,
 ) -> Iterator[Mnestoma]:
-    """The store of this command; ``recorder`` is written on its events (``cli`` for writes)."""
-    store = Mnestoma(_url(database_url), clock=clock, recorder=recorder)
+    """The store of this command; ``recorder`` is written on its events (``cli`` for writes).
+
+    Only a writing command may create a missing SQLite store; a reading one says there is
+    no store there and creates nothing.
+    """
+    store = Mnestoma(_url(database_url), clock=clock, recorder=recorder, create=write)
     try:
         yield store
     finally:
@@ -631,7 +674,7 @@ def record(
         if summary is not None or sig_json is not None:
             raise InvalidInput("--summary and --sig describe a missing executor: add --proto")
         dst_exec, dst_version = parse_endpoint(dst, "DST", version_required=True)
-    with _store(database_url, recorder=Recorder.CLI.value) as store:
+    with _store(database_url, recorder=Recorder.CLI.value, write=True) as store:
         m = store.record_passing(
             src_exec,
             src_version or "",
@@ -900,7 +943,7 @@ def _render_recent(rows: Sequence[CanonicalQuery], as_json: bool) -> None:
 @database_url_option
 def promote(mnest_id: str, version: str, as_json: bool, database_url: str | None) -> None:
     """The executor a proto wished for now exists at VERSION: make the edge active."""
-    with _store(database_url, recorder=Recorder.CLI.value) as store:
+    with _store(database_url, recorder=Recorder.CLI.value, write=True) as store:
         m = store.promote_proto_to_active(mnest_id, version)
         _render_one(m, as_json)
 
@@ -918,7 +961,7 @@ def transition(
 
     A proto becomes active only through "mnestoma promote ID VERSION".
     """
-    with _store(database_url, recorder=Recorder.CLI.value) as store:
+    with _store(database_url, recorder=Recorder.CLI.value, write=True) as store:
         try:
             m = store.transition_state(mnest_id, state, reason=reason)
         except InvalidTransition as err:

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from alembic import command
 from alembic.config import Config
+from click.testing import CliRunner
 from conftest import create_pg_database, drop_pg_database
 from service_patterns import SERVICE_TABLE, migrate_main, process_main, run_threads
 from sqlalchemy import create_engine, inspect, text
@@ -26,6 +27,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import sessionmaker
 
 import mnestoma
+from mnestoma.cli import cli
 from mnestoma.config import make_engine
 from mnestoma.migration import VERSION_TABLE
 
@@ -354,3 +356,25 @@ def test_the_testing_kit_under_pytest_xdist_migrates_one_fresh_database_once(
             drop_pg_database(db)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "8 passed" in done.stdout
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["edges"], ["events"], ["walk", "a"], ["suggest", "a"], ["protos"], ["status"], ["age"]],
+    ids=lambda a: a[0],
+)
+def test_reading_commands_never_create_a_sqlite_store(tmp_path: Path, args: list[str]) -> None:
+    missing = tmp_path / "no" / "store.sqlite"
+    result = CliRunner().invoke(cli, [*args, "--database-url", f"sqlite:///{missing}"])
+    assert result.exit_code in (0, 1), result.output
+    assert "Traceback" not in result.output
+    assert not missing.exists() and not missing.parent.exists()
+
+
+def test_recording_from_the_command_line_creates_the_store(tmp_path: Path) -> None:
+    target = tmp_path / "new" / "store.sqlite"
+    result = CliRunner().invoke(
+        cli, ["record", "a@1", "b@1", "--database-url", f"sqlite:///{target}"]
+    )
+    assert result.exit_code == 0, result.output
+    assert target.exists()
