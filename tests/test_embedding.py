@@ -246,6 +246,11 @@ def test_a_services_alembic_history_and_the_store_share_one_database(
     service = _service_alembic(tmp_path, empty_db_url)
     if service_first:
         command.upgrade(service, "head")
+        # the service's revision is not the store's: no wrong advice, nothing to adopt
+        status = CliRunner().invoke(cli, ["status", "--json", "--database-url", empty_db_url])
+        assert status.exit_code == 0, status.output
+        assert '"revision": null' in status.output
+        assert "upgrade the mnestoma package" not in status.output
         mnestoma.upgrade(empty_db_url)
     else:
         mnestoma.upgrade(empty_db_url)
