@@ -43,7 +43,7 @@ from .migration import (
     upgrade,
 )
 from .models import CanonicalQuery, Event, Mnest
-from .repository import QueryFrequency
+from .repository import WALK_LIMIT, QueryFrequency
 from .rules import RECURRING_MIN_USES, RECURRING_MIN_WEIGHT, AgerReport, Recorder, activation
 from .status import collect_status, iso_utc, missing_sqlite_file, render_status
 from .validation import Clock, Passing, check_positive_int, utc_now
@@ -739,22 +739,29 @@ def events(
 @click.argument("src")
 @click.option("--depth", default=3, show_default=True, type=int, help="Longest path, in edges.")
 @click.option("--min-weight", default=0.0, show_default=True, type=float, help="Weakest edge.")
-@limit_option("paths, best first")
+@click.option(
+    "--limit",
+    "limit",
+    type=int,
+    default=WALK_LIMIT,
+    show_default=True,
+    metavar="N",
+    help="Print the N best paths; only those are computed.",
+)
 @json_option
 @database_url_option
 def walk(
     src: str,
     depth: int,
     min_weight: float,
-    limit: int | None,
+    limit: int,
     as_json: bool,
     database_url: str | None,
 ) -> None:
-    """Every path of active edges starting at SRC (any version), best score first."""
-    n = None if limit is None else check_positive_int(limit, "limit")
+    """The best paths of active edges starting at SRC (any version), best score first."""
     with _store(database_url) as store:
-        paths = store.walk(src, max_depth=depth, min_weight=min_weight)
-        render_walk(paths[:n], _now(), as_json)
+        paths = store.walk(src, max_depth=depth, min_weight=min_weight, limit=limit)
+        render_walk(paths, _now(), as_json)
 
 
 @cli.command()

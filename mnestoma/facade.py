@@ -26,7 +26,7 @@ from .ranking import Ranked
 
 if TYPE_CHECKING:
     from .graph import MnestGraph
-from .repository import CanonicalQueryRepository, MnestRepository, QueryFrequency
+from .repository import WALK_LIMIT, CanonicalQueryRepository, MnestRepository, QueryFrequency
 from .rules import RECURRING_MIN_USES, RECURRING_MIN_WEIGHT, AgerReport, Recorder
 from .uow import UnitOfWork
 from .validation import Clock, Passing, check_recorder
@@ -220,11 +220,19 @@ class Mnestoma:
         )
 
     def walk(
-        self, src_executor: str, *, max_depth: int = 3, min_weight: float = 0.0
+        self,
+        src_executor: str,
+        *,
+        max_depth: int = 3,
+        min_weight: float = 0.0,
+        limit: int = WALK_LIMIT,
     ) -> list[list[Mnest]]:
-        """Every simple path of active edges from ``src_executor``, best score first."""
+        """The simple paths of active edges from ``src_executor``, best score first: at most
+        ``limit`` of them (1000 by default), and only those are computed."""
         return self._read(
-            lambda u: u.mnests.walk(src_executor, max_depth=max_depth, min_weight=min_weight)
+            lambda u: u.mnests.walk(
+                src_executor, max_depth=max_depth, min_weight=min_weight, limit=limit
+            )
         )
 
     def suggest_next(

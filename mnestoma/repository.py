@@ -68,6 +68,9 @@ __all__ = ["CanonicalQueryRepository", "MnestRepository", "QueryFrequency"]
 
 T = TypeVar("T")
 MAX_WALK_DEPTH = 16
+# walk(): the paths returned by default (best first), and the most a caller may ask for.
+WALK_LIMIT = 1000
+MAX_WALK_LIMIT = 100_000
 MAX_LIMIT = 2**31 - 1  # the largest LIMIT both engines take as a plain integer
 RANK_NAMES_PER_STATEMENT = 500
 _MAX_RACE_ROUNDS = 8
@@ -537,20 +540,28 @@ class MnestRepository:
         return [_event_snapshot(r) for r in _run(self._conn(), stmt).mappings()]
 
     def walk(
-        self, src_executor: str, *, max_depth: int = 3, min_weight: float = 0.0
+        self,
+        src_executor: str,
+        *,
+        max_depth: int = 3,
+        min_weight: float = 0.0,
+        limit: int = WALK_LIMIT,
     ) -> list[list[Mnest]]:
-        """Every simple path of 1..max_depth active edges from ``src_executor``, best first.
+        """The best ``limit`` simple paths of 1..max_depth active edges from ``src_executor``.
 
         One recursive query: an edge follows another when its source (executor and version)
         is the previous destination; no executor appears twice; each edge's effective
-        weight is at least ``min_weight``; paths are ordered by the product of weights.
+        weight is at least ``min_weight``; paths are ordered by the product of weights, best
+        first, and only the first ``limit`` are computed (the work grows with ``limit``,
+        not with the number of paths a dense graph has).
         """
         src = check_name(src_executor, "src_executor")
         depth = check_positive_int(max_depth, "max_depth", maximum=MAX_WALK_DEPTH)
         floor = check_weight_threshold(min_weight, "min_weight")
+        most = check_positive_int(limit, "limit", maximum=MAX_WALK_LIMIT)
         conn = self._conn()
         stmt = stm.walk_statement(conn.dialect.name, with_floor=floor > 0)
-        params = {"src": src, "max_depth": depth, "now": self._now()}
+        params = {"src": src, "max_depth": depth, "now": self._now(), "limit": most}
         if floor > 0:
             params["min_weight"] = floor
         if conn.dialect.name == "sqlite":

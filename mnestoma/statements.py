@@ -27,6 +27,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql as pg_dialect
 from sqlalchemy.dialects import sqlite as sqlite_dialect
+from sqlalchemy.sql.selectable import CTE
 
 from .models import AgerRun, CanonicalQuery, Event, Mnest
 from .rules import ARCHIVE_BELOW, DECAYING_BELOW, PROTO_PRUNE_BELOW, Recorder
@@ -178,29 +179,44 @@ def _row_locator(dialect: str, table: Any) -> Any:
 
 
 def walk_statement(dialect: str, *, with_floor: bool) -> Any:
-    """The recursive walk: rows of (path of ids, *the columns of the path's last edge).
+    """The recursive walk: rows of (path of ids, *the columns of the path's last edge), the
+    ``:limit`` best paths only.
 
     The CTE carries only what the recursion needs; each path's last edge is read once at
     the end, through its row locator. Without a floor (``min_weight`` ≤ 0, which every
     effective weight meets) the weight test is left out rather than computed for nothing.
+
+    The work is bounded by ``:limit``, not by the number of paths. A path never scores more
+    than its prefix (weights are ≤ 1, and a tie goes to the shorter), so the best ``n`` paths
+    are closed under prefixes: SQLite extracts paths from the recursion's queue best first
+    and stops after ``n`` (ORDER BY and LIMIT of a recursive CTE); PostgreSQL, which allows
+    neither in the recursive term, ranks each depth's paths and extends only the first
+    ``n`` of them, which keeps every path of the best ``n``.
     """
     key = ("walk" + ("_floor" if with_floor else ""), dialect)
     if key in _CACHE:
         return _CACHE[key]
     now = now_param()
-    sep = func.chr(1) if dialect == "postgresql" else func.char(1)
-    instr = func.strpos if dialect == "postgresql" else func.instr
+    pg = dialect == "postgresql"
+    sep = func.chr(1) if pg else func.char(1)
+    instr = func.strpos if pg else func.instr
     eff = decayed(dialect, M.c.weight, M.c.decay_lambda, M.c.ts_weight, now)
-    start = (
-        select(
-            _row_locator(dialect, M).label("loc"),
-            M.c.dst_executor.label("dst_executor"),
-            M.c.dst_version.label("dst_version"),
-            literal(1).label("depth"),
-            eff.label("score"),
-            M.c.id.cast(Text).label("path"),
-            (sep + M.c.src_executor + sep + M.c.dst_executor + sep).cast(Text).label("seen"),
+    first_path = M.c.id.cast(Text)
+    first_columns = [
+        _row_locator(dialect, M).label("loc"),
+        M.c.dst_executor.label("dst_executor"),
+        M.c.dst_version.label("dst_version"),
+        literal(1).label("depth"),
+        eff.label("score"),
+        first_path.label("path"),
+        (sep + M.c.src_executor + sep + M.c.dst_executor + sep).cast(Text).label("seen"),
+    ]
+    if pg:
+        first_columns.append(
+            func.row_number().over(order_by=(eff.desc(), first_path)).label("rank")
         )
+    start = (
+        select(*first_columns)
         .where(
             M.c.state == "active",
             M.c.src_executor == bindparam("src"),
@@ -213,28 +229,50 @@ def walk_statement(dialect: str, *, with_floor: bool) -> Any:
     eff_n = decayed(dialect, nxt.c.weight, nxt.c.decay_lambda, nxt.c.ts_weight, now)
     # PostgreSQL raises on float underflow, hence its guard (0 below 1e-150, far under any
     # weight that matters); SQLite's product just underflows towards 0, with no error.
-    score = safe_product(start.c.score, eff_n) if dialect == "postgresql" else start.c.score * eff_n
-    step = select(
+    score = safe_product(start.c.score, eff_n) if pg else start.c.score * eff_n
+    path = (start.c.path + literal(",") + nxt.c.id).cast(Text)
+    step_columns = [
         _row_locator(dialect, nxt),
         nxt.c.dst_executor,
         nxt.c.dst_version,
         start.c.depth + 1,
         score,
-        (start.c.path + literal(",") + nxt.c.id).cast(Text),
+        path,
         (start.c.seen + nxt.c.dst_executor + sep).cast(Text),
-    ).where(
+    ]
+    if pg:
+        step_columns.append(func.row_number().over(order_by=(score.desc(), path)))
+    step = select(*step_columns).where(
         nxt.c.state == "active",
         nxt.c.src_executor == start.c.dst_executor,
         nxt.c.src_version == start.c.dst_version,
         start.c.depth < bindparam("max_depth"),
         instr(start.c.seen, sep + nxt.c.dst_executor + sep) == 0,
         *([eff_n >= bindparam("min_weight")] if with_floor else []),
+        *([start.c.rank <= bindparam("limit")] if pg else []),
     )
-    paths = start.union_all(step)
+    if pg:
+        paths = start.union_all(step)
+    else:
+        best_first: list[Any] = [
+            literal_column("score").desc(),
+            literal_column("depth"),
+            literal_column("path"),
+        ]
+        first: Any = start.element
+        # SQLAlchemy has no public spelling of ORDER BY / LIMIT on a recursive CTE's
+        # compound: build it as CTE.union_all does, with both added.
+        paths = CTE._construct(
+            first.union_all(step).order_by(*best_first).limit(bindparam("limit")),
+            name=start.name,
+            recursive=True,
+            _restates=start,
+        )
     stmt = (
         select(paths.c.path, *M.c)
         .join_from(paths, M, _row_locator(dialect, M) == paths.c.loc)
         .order_by(paths.c.score.desc(), paths.c.depth, paths.c.path)
+        .limit(bindparam("limit"))
     )
     _CACHE[key] = stmt
     return stmt
