@@ -24,7 +24,7 @@ from sqlalchemy import (
     select,
     text,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, ORMExecuteState, Session, mapped_column
 
 from .errors import MnestomaError
 from .rules import EventKind, MnestState, Recorder, decayed_weight, sql_list
@@ -281,3 +281,24 @@ def _refuse_view_writes(session: Session, flush_context: Any, instances: Any) ->
     for obj in (*session.new, *session.dirty, *session.deleted):
         if isinstance(obj, MnestomaView):
             raise ReadOnlyError(f"{VIEW_NAME} is read-only; write through Mnest instead")
+
+
+def _is_view(target: Any) -> bool:
+    """True when a DML statement's target is ``v_mnestoma`` (a mapped, Core or lightweight
+    table of that name, or an alias of one)."""
+    while target is not None:
+        if getattr(target, "name", None) == VIEW_NAME and not hasattr(target, "element"):
+            return True
+        target = getattr(target, "element", None)
+    return False
+
+
+@event.listens_for(Session, "do_orm_execute")
+def _refuse_view_bulk_writes(state: ORMExecuteState) -> None:
+    """``session.execute(insert/update/delete(...))`` on the view would change ``mnests``
+    through it on PostgreSQL, with no event: refused like a flush, whether the target is the
+    mapped class or its Core table."""
+    if not (state.is_insert or state.is_update or state.is_delete):
+        return
+    if _is_view(getattr(state.statement, "table", None)):
+        raise ReadOnlyError(f"{VIEW_NAME} is read-only; write through Mnest instead")

@@ -142,3 +142,66 @@ def test_cli_walk_limit_prints_that_many_paths(store_url: str) -> None:
     assert len(json.loads(out.output)) == 10
     out = runner.invoke(cli, ["walk", "a", "--limit", "0", "--database-url", store_url])
     assert out.exit_code == 2
+
+
+# --- 16.7: ORM bulk statements cannot write through the read-only view ----------------------
+
+
+def _view_session(store: Mnestoma):  # type: ignore[no-untyped-def]
+    from sqlalchemy.orm import Session
+
+    return Session(store.engine)
+
+
+@pytest.mark.parametrize(
+    "statement",
+    ["orm_update", "orm_delete", "orm_insert", "core_update", "core_delete", "bulk_by_pk"],
+)
+def test_bulk_writes_through_the_view_are_refused(store: Mnestoma, statement: str) -> None:
+    from sqlalchemy import delete, update
+
+    from mnestoma.models import MnestomaView, ReadOnlyError
+
+    m = store.record_passing("a", "1", "b", "1")
+    view = MnestomaView.__table__
+    statements = {
+        "orm_update": (update(MnestomaView).where(MnestomaView.id == m.id).values(weight=0.9),),
+        "orm_delete": (delete(MnestomaView).where(MnestomaView.id == m.id),),
+        "orm_insert": (
+            insert(MnestomaView).values(
+                id=new_mnest_id(),
+                src_executor="x",
+                src_version="1",
+                dst_executor="y",
+                dst_version="1",
+                weight=0.5,
+                uses=1,
+                ts_first=T0,
+                ts_last=T0,
+                ts_weight=T0,
+                decay_lambda=0.018,
+                state="active",
+            ),
+        ),
+        "core_update": (update(view).where(view.c.id == m.id).values(uses=99),),
+        "core_delete": (delete(view),),
+        "bulk_by_pk": (update(MnestomaView), [{"id": m.id, "weight": 0.9}]),
+    }
+    with _view_session(store) as session:
+        with pytest.raises(ReadOnlyError, match="read-only"):
+            session.execute(*statements[statement])
+        session.rollback()
+        assert session.get(MnestomaView, m.id) is not None  # reading the view still works
+    after = store.edges()
+    assert [(r.id, r.weight, r.uses) for r in after] == [(m.id, m.weight, m.uses)]
+    assert [e.kind for e in store.events()] == ["created"]
+
+
+def test_bulk_writes_to_mnests_itself_are_not_refused(store: Mnestoma) -> None:
+    from sqlalchemy import update
+
+    m = store.record_passing("a", "1", "b", "1")
+    with _view_session(store) as session:
+        session.execute(update(Mnest).where(Mnest.id == m.id).values(tags={"k": "v"}))
+        session.commit()
+    assert store.get(m.id).tags == {"k": "v"}
