@@ -4,26 +4,30 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import sqlite3
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 from sqlalchemy.orm import Session, sessionmaker
 
-from .errors import InvalidInput
+from .errors import InvalidInput, MissingExtra
 from .locking import SNAPSHOT_INFO, is_transaction_control, is_write_statement, take_write_lock
 
 __all__ = [
     "READ_ONLY_OPTION",
     "WRITE_OPTION",
     "default_sqlite_path",
+    "is_secret_key",
     "make_engine",
     "make_session_factory",
+    "redact_text",
     "redact_url",
     "resolve_database_url",
+    "split_url_secrets",
 ]
 
 ENV_DATABASE_URL = "MNESTOMA_DATABASE_URL"
@@ -45,8 +49,17 @@ def default_sqlite_path() -> Path:
 
 
 def resolve_database_url(url: str | URL | None = None) -> URL:
-    """The database URL by the contract's order: argument, env URL, env path, workspace, cwd."""
-    if url is not None and str(url).strip():
+    """The database URL by the contract's order: argument, env URL, env path, workspace, cwd.
+
+    Only None falls back: an empty or blank string given by the caller (an unset shell
+    variable, say) is :class:`InvalidInput`, never a silent switch to another store.
+    """
+    if url is not None:
+        if isinstance(url, str) and not url.strip():
+            raise InvalidInput(
+                "the database URL is empty (an unset variable?): give a URL, or none at all "
+                "for the default store"
+            )
         return _parse(url)
     env_url = os.environ.get(ENV_DATABASE_URL, "").strip()
     if env_url:
@@ -57,9 +70,14 @@ def resolve_database_url(url: str | URL | None = None) -> URL:
 
 
 def _parse(url: str | URL) -> URL:
+    """A URL this package can open (sqlite or postgresql, a driver SQLAlchemy knows)."""
+    if not isinstance(url, str | URL):
+        raise InvalidInput(
+            f"a database URL must be a string or a sqlalchemy URL, got {type(url).__name__}"
+        )
     try:
         parsed = make_url(url) if isinstance(url, str) else url
-    except ArgumentError:
+    except (ArgumentError, ValueError):  # ValueError: a port that is not a number
         raise InvalidInput(f"not a database URL: {redact_text(str(url))!r}") from None
     # A bare postgresql:// would pick psycopg2; this package speaks psycopg 3.
     if parsed.drivername in ("postgresql", "postgres"):
@@ -70,23 +88,71 @@ def _parse(url: str | URL) -> URL:
         raise InvalidInput(
             f"unsupported database {parsed.get_backend_name()!r}: use sqlite or postgresql"
         )
+    try:
+        parsed.get_dialect()  # the dialect only: its driver is imported by create_engine
+    except NoSuchModuleError:
+        raise InvalidInput(
+            f"unknown database driver {parsed.drivername!r}: use sqlite:// or postgresql://"
+        ) from None
     return parsed
 
 
+# Query keys that carry a secret: libpq's password and sslpassword (the passphrase of the
+# sslkey file), and anything named like a password, secret or token.
+_SECRET_WORDS = ("password", "passwd", "passphrase", "pwd", "secret", "token", "credential")
+REDACTED = "***"
+_USERINFO = re.compile(r"(://[^:/@\s]*):[^@\s]*@")
+_KEY_VALUE = re.compile(
+    r"(?i)\b([\w.-]*(?:" + "|".join(_SECRET_WORDS) + r")[\w.-]*)(\s*=\s*)"
+    r"('[^']*'|\"[^\"]*\"|[^\s&;,'\")]+)"
+)
+
+
+def is_secret_key(key: str) -> bool:
+    """True for a URL query key whose value is a secret (``password``, ``sslpassword``...)."""
+    low = key.lower()
+    return any(word in low for word in _SECRET_WORDS)
+
+
+def split_url_secrets(url: URL) -> tuple[URL, dict[str, Any]]:
+    """The URL without its secret query keys, and those keys (for ``connect_args``)."""
+    secrets = {k: v for k, v in url.query.items() if is_secret_key(k)}
+    if not secrets:
+        return url, {}
+    return url.difference_update_query(list(secrets)), secrets
+
+
 def redact_url(url: str | URL) -> str:
-    """The URL as text with its password hidden."""
+    """The URL as text with every secret it can carry hidden: the password of
+    ``user:password@`` and the value of every secret query key (``?password=``,
+    ``sslpassword``, any key named like a password, secret or token)."""
     try:
         parsed = make_url(url) if isinstance(url, str) else url
-    except ArgumentError:
+    except (ArgumentError, ValueError):
         return redact_text(str(url))
-    return parsed.render_as_string(hide_password=True)
+    if not isinstance(parsed, URL):
+        return redact_text(str(url))
+    query = {
+        k: REDACTED if is_secret_key(k) else _redact_query_value(v) for k, v in parsed.query.items()
+    }
+    shown = parsed.set(query=query).render_as_string(hide_password=True)
+    return redact_text(shown.replace("%2A%2A%2A", REDACTED))
+
+
+def _redact_query_value(value: str | tuple[str, ...]) -> str | tuple[str, ...]:
+    """A non-secret query value, with any secret written inside it hidden (libpq reads a
+    whole connection string from ``dbname``)."""
+    if isinstance(value, tuple):
+        return tuple(redact_text(v) for v in value)
+    return redact_text(value)
 
 
 def redact_text(text: str) -> str:
-    """Hide anything that looks like ``user:password@`` inside free text."""
-    import re
-
-    return re.sub(r"(://[^:/@\s]*):[^@\s]*@", r"\1:***@", text)
+    """Hide secrets inside free text (an error message): ``user:password@`` in URLs, and the
+    value of ``password=...``, ``sslpassword=...`` (and any key named like a secret) in
+    query strings and libpq connection strings."""
+    text = _USERINFO.sub(r"\1:***@", text)
+    return _KEY_VALUE.sub(lambda m: f"{m.group(1)}{m.group(2)}{REDACTED}", text)
 
 
 def is_sqlite(url_or_engine: URL | Engine) -> bool:
@@ -107,22 +173,49 @@ def make_engine(url: str | URL | None = None, **kwargs: Any) -> Engine:
     write transaction begins with ``BEGIN IMMEDIATE`` (see :mod:`mnestoma.locking`); reads
     take no lock. PostgreSQL: psycopg 3 with pre-ping.
     """
-    resolved = resolve_database_url(url)
-    if is_sqlite(resolved):
+    if isinstance(url, Engine):
+        raise InvalidInput("make_engine takes a URL; this is already an Engine: use it as it is")
+    # Secret query keys travel as connect_args: the engine's URL (its repr, its logs) no
+    # longer carries them. SQLAlchemy hides only the password of ``user:password@``.
+    resolved, secrets = split_url_secrets(resolve_database_url(url))
+    if is_sqlite(resolved):  # pysqlite ignores them (SQLite has no passwords)
         return _make_sqlite_engine(resolved, **kwargs)
+    if secrets:
+        kwargs["connect_args"] = {**secrets, **dict(kwargs.get("connect_args") or {})}
     kwargs.setdefault("pool_pre_ping", True)
-    return create_engine(resolved, **kwargs)
+    return _create_engine(resolved, **kwargs)
+
+
+def _create_engine(url: URL, **kwargs: Any) -> Engine:
+    """``create_engine``, with a missing driver named by the extra that installs it."""
+    try:
+        return create_engine(url, **kwargs)
+    except ImportError as err:
+        if url.get_backend_name() == "postgresql":
+            raise MissingExtra(
+                f"the PostgreSQL driver of {url.drivername!r} is not installed "
+                f'({err}): pip install "mnestoma[postgresql]" (psycopg 3)'
+            ) from err
+        raise MissingExtra(f"the driver of {url.drivername!r} is not installed: {err}") from err
+    except (ArgumentError, TypeError) as err:  # an engine option create_engine refuses
+        raise InvalidInput(redact_text(str(err).splitlines()[0] if str(err) else "")) from None
 
 
 def _make_sqlite_engine(url: URL, **kwargs: Any) -> Engine:
     if not is_memory_sqlite(url) and url.database and not url.database.startswith("file:"):
         parent = Path(url.database).expanduser().absolute().parent
         if not parent.exists():
-            parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            try:
+                parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            except OSError as err:  # /proc, a file in the way, no permission...
+                raise InvalidInput(
+                    f"cannot create the folder of the SQLite file {url.database!r}: "
+                    f"{err.strerror or err}"
+                ) from None
     connect_args = dict(kwargs.pop("connect_args", {}))
     connect_args.setdefault("timeout", SQLITE_BUSY_TIMEOUT_MS / 1000)
     connect_args.setdefault("check_same_thread", False)
-    engine = create_engine(url, connect_args=connect_args, **kwargs)
+    engine = _create_engine(url, connect_args=connect_args, **kwargs)
     _configure_sqlite(engine, busy_timeout_ms=int(float(connect_args["timeout"]) * 1000))
     return engine
 

@@ -12,6 +12,7 @@ __all__ = [
     "DatabaseUnavailable",
     "InvalidInput",
     "InvalidTransition",
+    "MissingExtra",
     "MnestomaError",
     "NotFound",
     "SchemaError",
@@ -39,6 +40,10 @@ class ConflictError(MnestomaError):
 
 class WriteLockTimeout(ConflictError):
     """Another writer held SQLite's write lock for longer than the lock timeout: retryable."""
+
+
+class MissingExtra(MnestomaError, ImportError):
+    """An optional dependency is not installed; the message names the extra that brings it."""
 
 
 class InvalidTransition(MnestomaError):

@@ -343,6 +343,9 @@ class Mnestoma:
         if self._owns_engine:
             self.engine.dispose()
 
+    def __repr__(self) -> str:
+        return f"Mnestoma({redact_url(self.engine.url)!r})"
+
     def __enter__(self) -> Mnestoma:
         return self
 

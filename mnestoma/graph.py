@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from .errors import InvalidInput, MnestomaError
+from .errors import InvalidInput, MissingExtra
 from .models import Mnest
 from .rules import MnestState
 from .validation import (
@@ -61,10 +61,6 @@ PEN_SPAN = 4.0
 WISHED_COLOUR = "#b35c00"
 FADED_COLOUR = "#9e9e9e"
 SUPERSEDED_COLOUR = "#c8c8c8"
-
-
-class MissingExtra(MnestomaError, ImportError):
-    """An optional dependency is not installed; the message names the extra that brings it."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,7 @@ from .config import (
 )
 from .errors import InvalidInput, SchemaError, translate_errors
 from .locking import lock_for_migration
+from .validation import check_name
 
 __all__ = [
     "LEGACY_VERSION_TABLE",
@@ -207,13 +208,31 @@ def upgrade(
     one database are serialised: each ends at ``revision``. The package's revision lives in
     ``mnestoma_alembic_version``; a service's own ``alembic_version`` is left alone.
     """
+    check_name(revision, "revision")
     if isinstance(url_or_engine, Connection):
         with translate_errors(), _revision_errors():
+            _refuse_unknown_stamp(url_or_engine)
             command.upgrade(alembic_config(url_or_engine), revision)
         return
     with _engine_for(url_or_engine) as engine, translate_errors(), _revision_errors():
+        with engine.connect() as conn:
+            _refuse_unknown_stamp(conn)
         _use_wal(engine)
         command.upgrade(alembic_config(engine), revision)
+
+
+def _refuse_unknown_stamp(conn: Connection) -> None:
+    """A database stamped by a newer release: say so, not Alembic's "Can't locate revision"."""
+    current = read_revision(conn)
+    if current is not None and current not in known_revisions():
+        raise SchemaError(_newer_release(redact_url(conn.engine.url), current))
+
+
+def _newer_release(where: str, current: str) -> str:
+    return (
+        f"database {where} is at revision {current}, unknown to this version of mnestoma "
+        "(written by a newer release?): upgrade the mnestoma package"
+    )
 
 
 def _use_wal(engine: Engine) -> None:
@@ -229,7 +248,10 @@ def _use_wal(engine: Engine) -> None:
 
 def downgrade(url_or_engine: str | URL | Engine | None, revision: str) -> None:
     """Migrate the database down to ``revision``."""
+    check_name(revision, "revision")
     with _engine_for(url_or_engine) as engine, translate_errors(), _revision_errors():
+        with engine.connect() as conn:
+            _refuse_unknown_stamp(conn)
         command.downgrade(alembic_config(engine), revision)
 
 
@@ -282,10 +304,7 @@ def ensure_at_head(engine: Engine, *, auto_migrate: bool) -> None:
         return
     where = redact_url(engine.url)
     if current is not None and current not in known_revisions():
-        raise SchemaError(
-            f"database {where} is at revision {current}, unknown to this version of mnestoma "
-            "(written by a newer release?): upgrade the mnestoma package"
-        )
+        raise SchemaError(_newer_release(where, current))
     if auto_migrate:
         upgrade(engine)
         return

@@ -21,7 +21,7 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.orm import Session, configure_mappers
+from sqlalchemy.orm import Session, configure_mappers, scoped_session
 from sqlalchemy.orm.base import instance_state
 from sqlalchemy.sql import Executable
 
@@ -51,6 +51,7 @@ from .statements import EVENT_COLUMNS, MNEST_COLUMNS, QUERY_COLUMNS, E, Key, M, 
 from .validation import (
     Clock,
     Passing,
+    check_mnest_id,
     check_name,
     check_optional_name,
     check_positive_int,
@@ -61,6 +62,7 @@ from .validation import (
     check_weight_threshold,
     normalise_passing,
     read_clock,
+    shorten,
     utc_now,
 )
 
@@ -160,7 +162,7 @@ class MnestRepository:
         recorder: str = Recorder.CALL.value,
         before_write: Callable[[], None] | None = None,
     ) -> None:
-        self._session = session
+        self._session = _check_session(session, type(self).__name__)
         self._clock: Clock = clock or utc_now
         self._recorder = check_recorder(recorder).value
         self._before_write = before_write
@@ -466,8 +468,7 @@ class MnestRepository:
 
     def get(self, mnest_id: str) -> Mnest | None:
         """The mnest with this id, or None."""
-        if not isinstance(mnest_id, str):
-            raise InvalidInput(f"mnest_id must be a string, got {type(mnest_id).__name__}")
+        check_mnest_id(mnest_id)
         row = _run(self._conn(), stm.SEL_BY_ID, {"id": mnest_id}).mappings().first()
         return _snapshot(row) if row is not None else None
 
@@ -529,9 +530,7 @@ class MnestRepository:
         ``limit`` of them (in the SQL)."""
         stmt = select(E)
         if mnest_id is not None:
-            if not isinstance(mnest_id, str):
-                raise InvalidInput("mnest_id must be a string")
-            stmt = stmt.where(E.c.mnest_id == mnest_id)
+            stmt = stmt.where(E.c.mnest_id == check_mnest_id(mnest_id))
         if turn_id is not None:
             stmt = stmt.where(E.c.turn_id == check_name(turn_id, "turn_id"))
         stmt = stmt.order_by(E.c.ts, E.c.id)
@@ -662,11 +661,11 @@ class MnestRepository:
     # --- changing state ---------------------------------------------------------------
 
     def _locked(self, conn: Connection, mnest_id: Any) -> Any:
-        if not isinstance(mnest_id, str) or not mnest_id:
+        if not check_mnest_id(mnest_id):
             raise InvalidInput("mnest_id must be a non-empty string")
         row = _run(conn, stm.SEL_BY_ID_LOCK, {"id": mnest_id}).mappings().first()
         if row is None:
-            raise NotFound(f"no mnest with id {mnest_id!r}")
+            raise NotFound(f"no mnest with id {shorten(mnest_id)!r}")
         return row
 
     def _key_taken(
@@ -793,6 +792,15 @@ class MnestRepository:
         ).log(raw_query, canonical_query, turn_id=turn_id)
 
 
+def _check_session(session: Any, owner: str) -> Session | Connection:
+    """A Session (or scoped_session) or Connection, else InvalidInput naming what was given."""
+    if not isinstance(session, Session | Connection | scoped_session):
+        raise InvalidInput(
+            f"{owner} needs a SQLAlchemy Session or Connection, got {type(session).__name__}"
+        )
+    return session  # type: ignore[return-value]
+
+
 def _connection_of(session: Session | Connection) -> Connection:
     """The connection of the current transaction, after flushing pending ORM changes."""
     if isinstance(session, Connection):
@@ -841,7 +849,7 @@ class CanonicalQueryRepository:
         clock: Clock | None = None,
         before_write: Callable[[], None] | None = None,
     ) -> None:
-        self._session = session
+        self._session = _check_session(session, type(self).__name__)
         self._clock: Clock = clock or utc_now
         self._before_write = before_write
 

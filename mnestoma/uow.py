@@ -6,6 +6,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Self
 
+from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session, SessionTransaction, sessionmaker
 
 from .errors import InvalidInput, translate_errors
@@ -34,11 +35,26 @@ class UnitOfWork:
         *,
         clock: Clock | None = None,
     ):
+        if isinstance(session_factory, Engine | Connection | Session) or not callable(
+            session_factory
+        ):
+            given = type(session_factory).__name__
+            if isinstance(session_factory, Session):
+                given += "; UnitOfWork.joining(session) works in a session"
+            raise InvalidInput(
+                f"UnitOfWork needs a session factory (make_session_factory(engine)), got {given}"
+            )
         self._factory = session_factory
         self._clock = clock
 
     def __enter__(self) -> Self:
-        self.session = self._factory()
+        session = self._factory()
+        if not isinstance(session, Session):
+            raise InvalidInput(
+                f"the session factory of a UnitOfWork returned {type(session).__name__}, "
+                "not a Session"
+            )
+        self.session = session
         self.mnests = MnestRepository(self.session, clock=self._clock)
         self.queries = CanonicalQueryRepository(self.session, clock=self._clock)
         return self

@@ -18,6 +18,7 @@ from .types import ensure_aware_utc, ensure_json, ensure_unicode_text
 __all__ = [
     "Clock",
     "Passing",
+    "check_mnest_id",
     "check_name",
     "check_optional_name",
     "check_positive_int",
@@ -27,8 +28,15 @@ __all__ = [
     "check_weight_threshold",
     "normalise_passing",
     "read_clock",
+    "shorten",
     "utc_now",
 ]
+
+# The largest integer both engines hold (a signed 64-bit integer): a count above it is
+# refused before it reaches a driver that would overflow.
+MAX_INT = 2**63 - 1
+# How much of a caller's value an error message repeats.
+SHOWN_CHARS = 80
 
 Clock = Callable[[], datetime]
 
@@ -75,6 +83,27 @@ def check_name(value: Any, what: str) -> str:
     return value
 
 
+def check_mnest_id(value: Any, what: str = "mnest_id") -> str:
+    """A mnest id as a caller names it: a string; unknown ids are not an error here.
+
+    An id with a control character or a lone surrogate cannot exist (ids are ``mn_`` and
+    url-safe characters): :class:`InvalidInput` on both engines alike, never a driver error.
+    """
+    if not isinstance(value, str):
+        raise InvalidInput(f"{what} must be a string, got {type(value).__name__}")
+    bad = _NOT_A_NAME.search(value)
+    if bad is not None:
+        if "\ud800" <= bad.group() <= "\udfff":
+            raise InvalidInput(f"{what} is not valid Unicode text (a lone surrogate?)")
+        raise InvalidInput(f"{what} must not contain control characters")
+    return value
+
+
+def shorten(value: str, limit: int = SHOWN_CHARS) -> str:
+    """``value`` cut to ``limit`` characters (with "…"), for an error message."""
+    return value if len(value) <= limit else value[:limit] + "…"
+
+
 def check_optional_name(value: Any, what: str) -> str | None:
     """Like :func:`check_name`, but None is allowed."""
     return None if value is None else check_name(value, what)
@@ -116,24 +145,32 @@ def check_states(values: Iterable[Any] | None) -> list[MnestState] | None:
 
 
 def check_positive_int(value: Any, what: str, *, maximum: int | None = None) -> int:
-    """An int ≥ 1 (bools refused)."""
+    """An int ≥ 1 (bools refused), at most ``maximum`` and never above :data:`MAX_INT`."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidInput(f"{what} must be an integer, got {type(value).__name__}")
     if value < 1:
-        raise InvalidInput(f"{what} must be at least 1, got {value}")
-    if maximum is not None and value > maximum:
-        raise InvalidInput(f"{what} must be at most {maximum}, got {value}")
+        raise InvalidInput(f"{what} must be at least 1, got {_int_text(value)}")
+    top = MAX_INT if maximum is None else min(maximum, MAX_INT)
+    if value > top:
+        raise InvalidInput(f"{what} must be at most {top}, got {_int_text(value)}")
     return value
+
+
+def _int_text(value: int) -> str:
+    """An int for a message (one of thousands of digits is not printed whole, or at all)."""
+    if value.bit_length() > 256:
+        return f"a number of about {int(value.bit_length() * 0.30103)} digits"
+    return str(value)
 
 
 def check_weight_threshold(value: Any, what: str) -> float:
     """A finite number in [0, 1]."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidInput(f"{what} must be a number, got {type(value).__name__}")
-    value = float(value)
-    if not math.isfinite(value) or not 0.0 <= value <= 1.0:
-        raise InvalidInput(f"{what} must be a finite number between 0 and 1, got {value}")
-    return value
+    number = float(value)
+    if not math.isfinite(number) or not 0.0 <= number <= 1.0:
+        raise InvalidInput(f"{what} must be a finite number between 0 and 1, got {number}")
+    return number
 
 
 def check_text(value: Any, what: str, *, max_length: int = 100_000) -> str:

@@ -11,6 +11,17 @@ It gives the fixtures ``mnestoma_engine``, ``mnestoma_session``, ``mnestoma_cloc
 
 from __future__ import annotations
 
+from ..errors import MissingExtra
+
+try:
+    import factory  # noqa: F401  (factory-boy)
+    import pytest  # noqa: F401
+except ImportError as _missing:
+    raise MissingExtra(
+        f"mnestoma.testing needs factory-boy and pytest ({_missing}): "
+        'pip install "mnestoma[testing]"'
+    ) from _missing
+
 from .clock import DEFAULT_START, MovableClock
 from .factories import (
     CanonicalQueryFactory,
