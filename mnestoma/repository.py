@@ -322,11 +322,18 @@ class MnestRepository:
             if result is None:
                 raise ConflictError("another writer created a key of this turn meanwhile")
             return [result[(p.dst_exists, _key(p))] for p in items]
-        for _ in range(_MAX_RACE_ROUNDS):
+        for attempt in range(_MAX_RACE_ROUNDS + len(unique)):
             # A savepoint per attempt: when another transaction creates one of our keys
             # first, rolling back to it releases every row lock this attempt took, so the
             # next attempt locks all the turn's rows again in one (id) order. Continuing
             # instead would lock the new row after the others and could deadlock.
+            if attempt == 1:
+                # Between attempts the ager could demote our keys again, and again. From the
+                # first retry on, hold it off: ROW EXCLUSIVE waits for a running ager and
+                # keeps the next one out until this turn ends, and conflicts with no other
+                # writer. Taken outside the savepoints, it outlives their rollbacks; every
+                # further retry then means a key another writer created and committed.
+                _run(conn, stm.HOLD_OFF_AGER)
             with translate_errors():
                 savepoint = conn.begin_nested()
             try:

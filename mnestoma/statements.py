@@ -318,6 +318,11 @@ def rank_statement(dialect: str, with_version: bool) -> Any:
     return stmt
 
 
+# PostgreSQL: what a turn takes before retrying; it conflicts with the ager's EXCLUSIVE lock
+# (below), not with other writers.
+HOLD_OFF_AGER = text("LOCK TABLE mnests IN ROW EXCLUSIVE MODE")
+
+
 def ager_statements(dialect: str) -> dict[str, Any]:
     key = ("ager", dialect)
     if key in _CACHE:
