@@ -39,6 +39,9 @@ def _configure(connection: Connection) -> None:
         compare_type=True,
         compare_server_default=False,
         render_as_batch=connection.dialect.name == "sqlite",
+        # One transaction for the whole upgrade, on SQLite too (its DDL is transactional,
+        # although Alembic assumes otherwise): the migration lock is held to the end.
+        transactional_ddl=True,
         transaction_per_migration=False,
         version_table=VERSION_TABLE,
     )

@@ -121,7 +121,7 @@ def _reset_pg(url: URL) -> None:
     with engine.begin() as conn:
         conn.execute(text("TRUNCATE " + ", ".join(TABLES) + " RESTART IDENTITY"))
         conn.execute(
-            text("UPDATE alembic_version SET version_num = :head"),
+            text("UPDATE mnestoma_alembic_version SET version_num = :head"),
             {"head": mnestoma.head_revision()},
         )
     engine.dispose()
