@@ -239,10 +239,19 @@ def test_commands_on_postgresql_behind_head_exit_1_and_say_what_to_run(
     assert tables(pg_empty_db_url) == set()
 
 
-def test_commands_on_a_fresh_sqlite_file_migrate_it(tmp_path: Path) -> None:
+def test_a_writing_command_on_a_fresh_sqlite_file_migrates_it(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'fresh.sqlite'}"
-    assert run_ok("edges", "--json", "--database-url", url).stdout.strip() == "[]"
+    run_ok("record", "a@1", "b@1", "--database-url", url)
     assert mnestoma.current_revision(url) == HEAD
+    assert len(json.loads(run_ok("edges", "--json", "--database-url", url).stdout)) == 1
+
+
+def test_a_reading_command_on_a_missing_sqlite_file_creates_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "fresh.sqlite"
+    result = run("edges", "--json", "--database-url", f"sqlite:///{path}")
+    assert result.exit_code == 1
+    assert "no mnestoma store" in result.stderr
+    assert not path.exists()
 
 
 def test_status_says_when_no_passing_carries_a_turn_id(store_url: str) -> None:
