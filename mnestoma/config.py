@@ -15,7 +15,13 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 from sqlalchemy.orm import Session, sessionmaker
 
 from .errors import InvalidInput, MissingExtra
-from .locking import SNAPSHOT_INFO, is_transaction_control, is_write_statement, take_write_lock
+from .locking import (
+    SNAPSHOT_INFO,
+    driver_in_transaction,
+    is_transaction_control,
+    is_write_statement,
+    take_write_lock,
+)
 
 __all__ = [
     "READ_ONLY_OPTION",
@@ -254,7 +260,7 @@ def _configure_sqlite(engine: Engine, *, busy_timeout_ms: int) -> None:
         dbapi_conn = conn.connection.dbapi_connection
         if dbapi_conn is None:
             return
-        if dbapi_conn.in_transaction:
+        if driver_in_transaction(dbapi_conn):
             if is_write_statement(statement):
                 conn.connection.info.pop(SNAPSHOT_INFO, None)  # no longer read-only
             return

@@ -70,7 +70,7 @@ class Mnestoma:
         self.clock = clock
         self.recorder = check_recorder(recorder).value
         try:
-            ensure_at_head(self.engine, auto_migrate=is_sqlite(self.engine) and _is_empty(self))
+            ensure_schema(self.engine)
         except BaseException:
             self.close()
             raise
@@ -88,10 +88,10 @@ class Mnestoma:
                     unit.commit()
                     return result
             except MnestomaError as err:
-                if attempt + 1 < MAX_ATTEMPTS and is_retryable(err):
-                    time.sleep(random.uniform(0, 0.002 * 2**attempt))
-                    continue
-                raise
+                pause = retry_pause(attempt, err)
+                if pause is None:
+                    raise
+                time.sleep(pause)
         raise AssertionError("unreachable")
 
     def _read(self, work: Callable[[_Unit], T]) -> T:
@@ -167,12 +167,8 @@ class Mnestoma:
         recorder: str | None = None,
     ) -> list[Mnest]:
         """Record every passing of a turn in one transaction: all or nothing."""
-        if isinstance(passings, str | bytes) or not isinstance(passings, Iterable):
-            raise InvalidInput("passings must be an iterable of Passing or tuples")
-        items = list(passings)  # read once: a generator is not replayed by a retry
-        return self._write(
-            lambda u: u.mnests.record_turn(turn_id, items, recorder=recorder)  # type: ignore[arg-type]
-        )
+        items = read_passings(passings)
+        return self._write(lambda u: u.mnests.record_turn(turn_id, items, recorder=recorder))
 
     def get(self, mnest_id: str) -> Mnest | None:
         """The mnest with this id, or None."""
@@ -249,9 +245,7 @@ class Mnestoma:
         Highest effective weight of ``src → candidate`` first, ties broken by activation;
         candidates without an active edge follow in the order given (contract §9).
         """
-        items: Any = candidates
-        if isinstance(candidates, Iterable) and not isinstance(candidates, str | bytes):
-            items = list(candidates)  # read once: a generator is not replayed
+        items = read_candidates(candidates)
         return self._read(lambda u: u.mnests.rank(src_executor, items, src_version=src_version))
 
     def graph(
@@ -313,9 +307,7 @@ class Mnestoma:
 
     def apply_ager(self, *, dry_run: bool = False) -> AgerReport:
         """Run the ager at the clock's now; ``dry_run`` reports and rolls everything back."""
-        if not isinstance(dry_run, bool):
-            raise InvalidInput("dry_run must be True or False")
-        if dry_run:
+        if check_dry_run(dry_run):
             with _Unit(self.engine, self.clock, self.recorder) as unit:
                 return unit.mnests.apply_ager()  # left without commit: rolled back
         return self._write(lambda u: u.mnests.apply_ager())
@@ -380,10 +372,48 @@ class _Unit:
             self._conn.close()
 
 
-def _is_empty(store: Mnestoma) -> bool:
+# --- shared with the async door (mnestoma.aio): one policy for both -------------------------
+
+
+def retry_pause(attempt: int, err: BaseException) -> float | None:
+    """Seconds to wait before retrying a write whose attempt ``attempt`` (from 0) failed
+    with ``err``; None when it must not be retried (not transient, or attempts spent)."""
+    if attempt + 1 < MAX_ATTEMPTS and is_retryable(err):
+        return random.uniform(0, 0.002 * 2**attempt)
+    return None
+
+
+def ensure_schema(engine: Engine) -> None:
+    """A new or empty SQLite store is migrated to head; any other must already be there."""
+    ensure_at_head(engine, auto_migrate=is_sqlite(engine) and _is_empty(engine))
+
+
+def read_passings(passings: Iterable[Passing | tuple[Any, ...]]) -> list[Any]:
+    """The passings of a turn as a list: a generator is read once, not replayed by a retry."""
+    if isinstance(passings, str | bytes) or not isinstance(passings, Iterable):
+        raise InvalidInput("passings must be an iterable of Passing or tuples")
+    return list(passings)
+
+
+def read_candidates(candidates: Iterable[Any]) -> Any:
+    """Candidates to rank, read once (a generator is not replayed); anything else is left
+    for the repository to refuse."""
+    if isinstance(candidates, Iterable) and not isinstance(candidates, str | bytes):
+        return list(candidates)
+    return candidates
+
+
+def check_dry_run(dry_run: object) -> bool:
+    """``dry_run`` must be a bool."""
+    if not isinstance(dry_run, bool):
+        raise InvalidInput("dry_run must be True or False")
+    return dry_run
+
+
+def _is_empty(engine: Engine) -> bool:
     from sqlalchemy import inspect
 
     from .errors import translate_errors
 
     with translate_errors():
-        return not inspect(store.engine).get_table_names()
+        return not inspect(engine).get_table_names()

@@ -10,12 +10,14 @@ and migrations take a transaction-scoped advisory lock.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sqlite3
 import time
 from typing import Any
 
 from sqlalchemy import Connection, text
+from sqlalchemy.engine.interfaces import AdaptedConnection
 
 from .errors import InvalidInput, WriteLockTimeout
 
@@ -24,6 +26,7 @@ __all__ = [
     "ENV_LOCK_TIMEOUT",
     "LOCK_TIMEOUT_OPTION",
     "SNAPSHOT_INFO",
+    "driver_in_transaction",
     "is_transaction_control",
     "is_write_statement",
     "lock_for_migration",
@@ -74,6 +77,14 @@ def lock_timeout(conn: Connection) -> float:
     return seconds
 
 
+def driver_in_transaction(dbapi: Any) -> bool:
+    """True while the SQLite driver's connection is inside a transaction, also behind
+    SQLAlchemy's asyncio adapter (aiosqlite), which does not expose sqlite3's attribute."""
+    if isinstance(dbapi, AdaptedConnection):
+        return bool(dbapi.driver_connection.in_transaction)
+    return bool(dbapi.in_transaction)
+
+
 def take_write_lock(conn: Connection) -> None:
     """Begin the transaction with SQLite's write lock (``BEGIN IMMEDIATE``), waiting for it.
 
@@ -88,7 +99,7 @@ def take_write_lock(conn: Connection) -> None:
     dbapi = conn.connection.dbapi_connection
     if dbapi is None:
         return
-    if dbapi.in_transaction:
+    if driver_in_transaction(dbapi):
         if not conn.connection.info.pop(SNAPSHOT_INFO, False):
             return
         # A snapshot that has only read: end it (nothing to lose) rather than upgrade it,
@@ -116,8 +127,17 @@ def _begin_immediate(dbapi: Any, timeout: float) -> None:
                     f"try again, or wait longer ({ENV_LOCK_TIMEOUT} or the "
                     f"{LOCK_TIMEOUT_OPTION!r} execution option)"
                 ) from None
-            time.sleep(min(pause, left))
+            _pause(dbapi, min(pause, left))
             pause = min(pause * 2, 0.05)
+
+
+def _pause(dbapi: Any, seconds: float) -> None:
+    """Wait before trying the lock again; behind the asyncio adapter the event loop keeps
+    running other tasks meanwhile."""
+    if isinstance(dbapi, AdaptedConnection):
+        dbapi.run_async(lambda _driver: asyncio.sleep(seconds))
+    else:
+        time.sleep(seconds)
 
 
 def lock_for_migration(conn: Connection) -> None:

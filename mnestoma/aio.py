@@ -1,0 +1,564 @@
+"""The async door (contract §9): the same rules, statements and errors as the sync one, awaited.
+
+Each operation runs the sync repository on the sync proxy of an async connection or session
+(``run_sync``), as SQLAlchemy's asyncio extension intends: the driver's I/O is awaited on
+the event loop, and the rules, statements, checks and snapshots are the sync door's own.
+Needs the extra ``mnestoma[async]`` (greenlet, aiosqlite); PostgreSQL uses psycopg 3 in its
+async mode.
+
+>>> async with AsyncMnestoma("sqlite:///store.sqlite") as am:
+...     await am.record_passing("search", "1", "read", "2")
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable, Coroutine, Iterable
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, Self, TypeVar
+
+from sqlalchemy import Connection, Engine
+from sqlalchemy.engine import URL
+from sqlalchemy.exc import ArgumentError
+from sqlalchemy.orm import Session
+
+from .config import (
+    READ_ONLY_OPTION,
+    is_memory_sqlite,
+    make_engine,
+    redact_url,
+    resolve_database_url,
+)
+from .errors import InvalidInput, MissingExtra, MnestomaError, SchemaError, translate_errors
+from .facade import check_dry_run, ensure_schema, read_candidates, read_passings, retry_pause
+from .migration import sqlite_store_missing
+from .models import CanonicalQuery, Mnest
+from .ranking import Ranked
+from .repository import CanonicalQueryRepository, MnestRepository, QueryFrequency
+from .rules import AgerReport, Recorder
+from .uow import JoinedUnitOfWork
+from .validation import Clock, Passing, check_recorder
+
+try:
+    from sqlalchemy.ext.asyncio import (
+        AsyncConnection,
+        AsyncEngine,
+        AsyncSession,
+        async_sessionmaker,
+    )
+except ImportError as err:  # SQLAlchemy's asyncio extension needs greenlet
+    raise MissingExtra(f'the async door needs: pip install "mnestoma[async]" ({err})') from err
+
+if TYPE_CHECKING:
+    from .graph import MnestGraph
+
+__all__ = [
+    "AsyncCanonicalQueryRepository",
+    "AsyncJoinedUnitOfWork",
+    "AsyncMnestRepository",
+    "AsyncMnestoma",
+    "AsyncUnitOfWork",
+    "async_database_url",
+    "make_async_engine",
+    "make_async_session_factory",
+]
+
+T = TypeVar("T")
+R = TypeVar("R")
+P = ParamSpec("P")
+
+# The async driver a plain (or sync) URL gets: aiosqlite, and psycopg 3 in its async mode
+# (SQLAlchemy picks psycopg's async dialect for ``postgresql+psycopg`` on an async engine).
+ASYNC_DRIVERS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+psycopg"}
+
+
+# --- engines ----------------------------------------------------------------------------------
+
+
+def async_database_url(url: str | URL | None = None) -> URL:
+    """The URL the async door opens: resolved as contract §3 says; an explicit async driver
+    is kept, a plain or sync one (``sqlite://``, ``postgresql://``) becomes the async one."""
+    resolved = resolve_database_url(url)
+    if resolved.get_dialect().is_async:
+        return resolved
+    return resolved.set(drivername=ASYNC_DRIVERS[resolved.get_backend_name()])
+
+
+def make_async_engine(url: str | URL | None = None, **kwargs: Any) -> AsyncEngine:
+    """An AsyncEngine for ``url`` (or the resolved default), configured as :func:`make_engine`
+    configures a sync one: the same SQLite folder, busy timeout, pragmas and transaction
+    listeners (registered on its ``sync_engine``), the same PostgreSQL options."""
+    if isinstance(url, Engine | AsyncEngine):
+        raise InvalidInput("make_async_engine takes a URL; this is already an engine")
+    resolved = async_database_url(url)
+    try:
+        # What create_async_engine does: a sync Engine on the async dialect, wrapped.
+        sync_engine = make_engine(resolved, _is_async=True, **kwargs)
+    except MissingExtra as err:
+        raise MissingExtra(f'{err} (the async door: pip install "mnestoma[async]")') from err
+    try:
+        return AsyncEngine(sync_engine)
+    except ArgumentError as err:  # a driver that is not async after all
+        sync_engine.dispose()
+        raise InvalidInput(f"{resolved.drivername!r} is not an async driver: {err}") from None
+
+
+def make_async_session_factory(
+    engine: AsyncEngine, **kwargs: Any
+) -> async_sessionmaker[AsyncSession]:
+    """An ``async_sessionmaker`` bound to ``engine``; objects stay readable after commit."""
+    kwargs.setdefault("expire_on_commit", False)
+    return async_sessionmaker(engine, **kwargs)
+
+
+# --- one sync operation, awaited ----------------------------------------------------------
+
+
+class _AsyncDoor(Generic[R]):
+    """Something that runs an operation of the sync object ``R`` without blocking the loop."""
+
+    async def _call(self, op: Callable[[R], T], *, write: bool) -> T:
+        raise NotImplementedError
+
+
+def _awaited(
+    op: Callable[Concatenate[R, P], T], *, write: bool = False
+) -> Callable[Concatenate[_AsyncDoor[R], P], Coroutine[Any, Any, T]]:
+    """The sync operation ``op`` as a coroutine method: same signature, checks, errors and
+    result, because it is the same code, run through the door's ``_call``."""
+
+    async def method(self: _AsyncDoor[R], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return await self._call(lambda sync: op(sync, *args, **kwargs), write=write)
+
+    functools.update_wrapper(method, op, assigned=("__name__", "__doc__"))
+    method.__qualname__ = op.__name__
+    return method
+
+
+def _check_async_session(session: Any, owner: str) -> AsyncSession | AsyncConnection:
+    if not isinstance(session, AsyncSession | AsyncConnection):
+        hint = ""
+        if isinstance(session, Session | Connection):
+            hint = f"; a sync one goes to {owner.removeprefix('Async')}"
+        raise InvalidInput(
+            f"{owner} needs an AsyncSession or AsyncConnection, got {type(session).__name__}" + hint
+        )
+    return session
+
+
+class _OnAsyncSession(_AsyncDoor[R]):
+    """A sync repository of a caller's async session, rebuilt when the session's sync proxy
+    changes; it may flush, it never commits (the unit of work or the caller does)."""
+
+    def __init__(self, session: AsyncSession | AsyncConnection) -> None:
+        self._session = _check_async_session(session, type(self).__name__)
+        self._sync: R | None = None
+
+    @property
+    def session(self) -> AsyncSession | AsyncConnection:
+        """The async session (or connection) this repository works in."""
+        return self._session
+
+    def _build(self, sync: Session | Connection) -> R:
+        raise NotImplementedError
+
+    def _sync_session_of(self, repo: R) -> Any:
+        return repo.session  # type: ignore[attr-defined]
+
+    async def _call(self, op: Callable[[R], T], *, write: bool) -> T:
+        with translate_errors():
+            return await self._session.run_sync(self._apply, op)
+
+    def _apply(self, sync: Session | Connection, op: Callable[[R], T]) -> T:
+        repo = self._sync
+        if repo is None or self._sync_session_of(repo) is not sync:
+            repo = self._sync = self._build(sync)
+        return op(repo)
+
+    @classmethod
+    def _over(cls, session: AsyncSession, repo: R) -> Self:
+        """A door onto an existing sync repository of ``session`` (a joined unit's)."""
+        door = cls.__new__(cls)
+        _OnAsyncSession.__init__(door, session)
+        door._sync = repo
+        return door
+
+
+class AsyncMnestRepository(_OnAsyncSession[MnestRepository]):
+    """Every operation of :class:`~mnestoma.MnestRepository` on an ``AsyncSession`` (or
+    ``AsyncConnection``), awaited: ``await repo.record_passing(...)``. Flushes, never commits.
+    """
+
+    def __init__(
+        self,
+        session: AsyncSession | AsyncConnection,
+        *,
+        clock: Clock | None = None,
+        recorder: str = Recorder.CALL.value,
+    ) -> None:
+        super().__init__(session)
+        self._clock = clock
+        self._recorder = check_recorder(recorder).value
+
+    def _build(self, sync: Session | Connection) -> MnestRepository:
+        return MnestRepository(sync, clock=self._clock, recorder=self._recorder)
+
+    record_passing = _awaited(MnestRepository.record_passing, write=True)
+    record_proto = _awaited(MnestRepository.record_proto, write=True)
+    record_turn = _awaited(MnestRepository.record_turn, write=True)
+    get = _awaited(MnestRepository.get)
+    find = _awaited(MnestRepository.find)
+    edges = _awaited(MnestRepository.edges)
+    events = _awaited(MnestRepository.events)
+    walk = _awaited(MnestRepository.walk)
+    suggest_next = _awaited(MnestRepository.suggest_next)
+    rank = _awaited(MnestRepository.rank)
+    recurring_protos = _awaited(MnestRepository.recurring_protos)
+    transition_state = _awaited(MnestRepository.transition_state, write=True)
+    promote_proto_to_active = _awaited(MnestRepository.promote_proto_to_active, write=True)
+    apply_ager = _awaited(MnestRepository.apply_ager, write=True)
+    log_canonical_query = _awaited(MnestRepository.log_canonical_query, write=True)
+
+
+class AsyncCanonicalQueryRepository(_OnAsyncSession[CanonicalQueryRepository]):
+    """The query log of :class:`~mnestoma.CanonicalQueryRepository` on an async session."""
+
+    def __init__(
+        self, session: AsyncSession | AsyncConnection, *, clock: Clock | None = None
+    ) -> None:
+        super().__init__(session)
+        self._clock = clock
+
+    def _build(self, sync: Session | Connection) -> CanonicalQueryRepository:
+        return CanonicalQueryRepository(sync, clock=self._clock)
+
+    def _sync_session_of(self, repo: CanonicalQueryRepository) -> Any:
+        return repo._session
+
+    log = _awaited(CanonicalQueryRepository.log, write=True)
+    recent = _awaited(CanonicalQueryRepository.recent)
+    top = _awaited(CanonicalQueryRepository.top)
+
+
+# --- units of work ------------------------------------------------------------------------
+
+
+class AsyncUnitOfWork:
+    """Opens an ``AsyncSession`` on enter; commits only when asked; rolls back otherwise;
+    always closes. The async twin of :class:`~mnestoma.UnitOfWork`:
+
+    >>> async with AsyncUnitOfWork(make_async_session_factory(engine)) as uow:
+    ...     await uow.mnests.record_passing("search", "1", "read", "2")
+    ...     await uow.commit()
+    """
+
+    mnests: AsyncMnestRepository
+    queries: AsyncCanonicalQueryRepository
+    session: AsyncSession
+
+    def __init__(
+        self,
+        async_session_factory: async_sessionmaker[AsyncSession] | Callable[[], AsyncSession],
+        *,
+        clock: Clock | None = None,
+    ) -> None:
+        if isinstance(
+            async_session_factory, AsyncEngine | AsyncConnection | AsyncSession | Engine | Session
+        ) or not callable(async_session_factory):
+            given = type(async_session_factory).__name__
+            if isinstance(async_session_factory, AsyncSession):
+                given += "; AsyncUnitOfWork.joining(session) works in a session"
+            raise InvalidInput(
+                "AsyncUnitOfWork needs an async session factory "
+                f"(make_async_session_factory(engine)), got {given}"
+            )
+        self._factory = async_session_factory
+        self._clock = clock
+
+    async def __aenter__(self) -> Self:
+        session = self._factory()
+        if not isinstance(session, AsyncSession):
+            raise InvalidInput(
+                f"the session factory of an AsyncUnitOfWork returned {type(session).__name__}, "
+                "not an AsyncSession"
+            )
+        self.session = session
+        self.mnests = AsyncMnestRepository(session, clock=self._clock)
+        self.queries = AsyncCanonicalQueryRepository(session, clock=self._clock)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            await self.session.rollback()
+        finally:
+            await self.session.close()
+
+    async def commit(self) -> None:
+        """Commit the work done so far; a later operation starts a new transaction."""
+        with translate_errors():
+            await self.session.commit()
+
+    async def rollback(self) -> None:
+        """Throw away the work done since the last commit."""
+        await self.session.rollback()
+
+    @classmethod
+    def joining(cls, session: AsyncSession, *, clock: Clock | None = None) -> AsyncJoinedUnitOfWork:
+        """A unit of work inside an ``AsyncSession`` (and transaction) that the caller owns."""
+        return AsyncJoinedUnitOfWork(session, clock=clock)
+
+
+class AsyncJoinedUnitOfWork:
+    """Works in a SAVEPOINT of a caller's ``AsyncSession``; never commits or closes it.
+
+    It is :class:`~mnestoma.JoinedUnitOfWork` on the session's sync proxy: the savepoint is
+    taken before the first write (after the write lock on SQLite), ``commit()`` releases it
+    into the caller's transaction, leaving without it rolls back to it.
+    """
+
+    mnests: AsyncMnestRepository
+    queries: AsyncCanonicalQueryRepository
+
+    def __init__(self, session: AsyncSession, *, clock: Clock | None = None) -> None:
+        if not isinstance(session, AsyncSession):
+            hint = "; UnitOfWork.joining takes a sync one" if isinstance(session, Session) else ""
+            raise InvalidInput(
+                "AsyncUnitOfWork.joining needs a SQLAlchemy AsyncSession, "
+                f"got {type(session).__name__}{hint}"
+            )
+        self.session = session
+        self._joined = JoinedUnitOfWork(session.sync_session, clock=clock)
+
+    async def __aenter__(self) -> Self:
+        joined = self._joined.__enter__()
+        self.mnests = AsyncMnestRepository._over(self.session, joined.mnests)
+        self.queries = AsyncCanonicalQueryRepository._over(self.session, joined.queries)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.rollback()
+
+    async def commit(self) -> None:
+        """Release the savepoint into the caller's transaction (nothing to do after reads)."""
+        await self.session.run_sync(lambda _sync: self._joined.commit())
+
+    async def rollback(self) -> None:
+        """Roll back to the savepoint taken before the first write."""
+        await self.session.run_sync(lambda _sync: self._joined.rollback())
+
+
+# --- the facade -------------------------------------------------------------------------
+
+
+class AsyncMnestoma(_AsyncDoor[MnestRepository]):
+    """The store for async services: every operation of :class:`~mnestoma.Mnestoma`, awaited,
+    one transaction per call, with the same retry of transient conflicts.
+
+    A URL (plain or async) or an ``AsyncEngine``. The schema is checked on first use (or on
+    ``async with``): a new or empty SQLite store is migrated to head, any other database
+    must already be there, else :class:`~mnestoma.SchemaError`. Safe to share between the
+    tasks of one event loop.
+    """
+
+    def __init__(
+        self,
+        url_or_engine: str | URL | AsyncEngine | None = None,
+        *,
+        clock: Clock | None = None,
+        recorder: str = Recorder.CALL.value,
+        create: bool = True,
+    ) -> None:
+        if clock is not None and not callable(clock):
+            raise InvalidInput("clock must be a zero-argument callable")
+        self.clock = clock
+        self.recorder = check_recorder(recorder).value
+        if isinstance(url_or_engine, Engine):
+            raise InvalidInput(
+                "AsyncMnestoma needs an AsyncEngine (make_async_engine) or a URL; "
+                "a sync Engine goes to Mnestoma"
+            )
+        if isinstance(url_or_engine, AsyncEngine):
+            url = url_or_engine.url
+        else:
+            url = async_database_url(url_or_engine)
+        if is_memory_sqlite(url):
+            raise InvalidInput("an in-memory SQLite database cannot be shared: use a file")
+        if not create and sqlite_store_missing(url):
+            raise SchemaError(f"there is no mnestoma store at {redact_url(url)}")
+        if isinstance(url_or_engine, AsyncEngine):
+            self.engine = url_or_engine
+            self._owns_engine = False
+        else:
+            self.engine = make_async_engine(url)
+            self._owns_engine = True
+        self._read_engine = self.engine.execution_options(**{READ_ONLY_OPTION: True})
+        self._at_head = False
+
+    # --- transactions -----------------------------------------------------------------------
+
+    async def _ready(self) -> None:
+        """Check (or, for an empty SQLite store, migrate) the schema once."""
+        if self._at_head:
+            return
+        with translate_errors():
+            async with self.engine.connect() as conn:
+                await conn.run_sync(lambda sync: ensure_schema(sync.engine))
+        self._at_head = True
+
+    async def _call(self, op: Callable[[MnestRepository], T], *, write: bool) -> T:
+        """Run ``op`` in its own transaction: a read, or a write retried when transient."""
+        await self._ready()
+        if not write:
+            return await self._once(self._read_engine, op, commit=False)
+        attempt = 0
+        while True:
+            try:
+                return await self._once(self.engine, op, commit=True)
+            except MnestomaError as err:
+                pause = retry_pause(attempt, err)
+                if pause is None:
+                    raise
+                await asyncio.sleep(pause)
+                attempt += 1
+
+    async def _once(
+        self, engine: AsyncEngine, op: Callable[[MnestRepository], T], *, commit: bool
+    ) -> T:
+        """One connection, one transaction; rolled back unless committed."""
+        with translate_errors():
+            async with engine.connect() as conn:
+                return await conn.run_sync(self._in_unit, op, commit)
+
+    def _in_unit(self, conn: Connection, op: Callable[[MnestRepository], T], commit: bool) -> T:
+        result = op(MnestRepository(conn, clock=self.clock, recorder=self.recorder))
+        if commit:
+            conn.commit()
+        return result
+
+    # --- the contract's operations, each the sync repository's ------------------------------
+
+    record_passing = _awaited(MnestRepository.record_passing, write=True)
+    record_proto = _awaited(MnestRepository.record_proto, write=True)
+    get = _awaited(MnestRepository.get)
+    find = _awaited(MnestRepository.find)
+    edges = _awaited(MnestRepository.edges)
+    events = _awaited(MnestRepository.events)
+    walk = _awaited(MnestRepository.walk)
+    suggest_next = _awaited(MnestRepository.suggest_next)
+    transition_state = _awaited(MnestRepository.transition_state, write=True)
+    recurring_protos = _awaited(MnestRepository.recurring_protos)
+    promote_proto_to_active = _awaited(MnestRepository.promote_proto_to_active, write=True)
+    log_canonical_query = _awaited(MnestRepository.log_canonical_query, write=True)
+
+    async def record_turn(
+        self,
+        turn_id: str,
+        passings: Iterable[Passing | tuple[Any, ...]],
+        *,
+        recorder: str | None = None,
+    ) -> list[Mnest]:
+        """Record every passing of a turn in one transaction: all or nothing."""
+        items = read_passings(passings)
+        return await self._call(
+            lambda r: r.record_turn(turn_id, items, recorder=recorder), write=True
+        )
+
+    async def rank(
+        self, src_executor: str, candidates: Iterable[Any], *, src_version: str | None = None
+    ) -> list[Ranked]:
+        """The candidates in the order a planner should try them after ``src_executor``."""
+        items = read_candidates(candidates)
+        return await self._call(
+            lambda r: r.rank(src_executor, items, src_version=src_version), write=False
+        )
+
+    async def apply_ager(self, *, dry_run: bool = False) -> AgerReport:
+        """Run the ager at the clock's now; ``dry_run`` reports and rolls everything back."""
+        if check_dry_run(dry_run):
+            await self._ready()
+            return await self._once(self.engine, lambda r: r.apply_ager(), commit=False)
+        return await self._call(lambda r: r.apply_ager(), write=True)
+
+    async def graph(
+        self,
+        src_executor: str | None = None,
+        *,
+        src_version: str | None = None,
+        depth: int = 3,
+        states: Iterable[str] | str | None = None,
+    ) -> MnestGraph:
+        """The graph of the store, or what ``src_executor`` reaches within ``depth`` edges
+        (see :meth:`mnestoma.Mnestoma.graph`)."""
+        from .graph import build_graph
+
+        return await self._call(
+            lambda r: build_graph(
+                r,
+                src_executor,
+                src_version=src_version,
+                depth=depth,
+                states=states,
+                clock=self.clock,
+            ),
+            write=False,
+        )
+
+    async def to_networkx(
+        self,
+        src_executor: str | None = None,
+        *,
+        src_version: str | None = None,
+        depth: int = 3,
+        states: Iterable[str] | str | None = None,
+    ) -> Any:
+        """The graph as a ``networkx.MultiDiGraph`` (extra ``mnestoma[graph]``)."""
+        from .graph import to_networkx
+
+        graph = await self.graph(src_executor, src_version=src_version, depth=depth, states=states)
+        return to_networkx(graph)
+
+    async def top_queries(self, *, limit: int = 10) -> list[QueryFrequency]:
+        """The most frequent canonical forms."""
+        return await self._call(lambda r: _queries(r).top(limit=limit), write=False)
+
+    async def recent_queries(self, *, limit: int = 20) -> list[CanonicalQuery]:
+        """The latest query-log entries, newest first."""
+        return await self._call(lambda r: _queries(r).recent(limit=limit), write=False)
+
+    def unit_of_work(self) -> AsyncUnitOfWork:
+        """An async unit of work on this store's engine and clock, for several operations."""
+        return AsyncUnitOfWork(make_async_session_factory(self.engine), clock=self.clock)
+
+    async def close(self) -> None:
+        """Release the connections (the engine too, when this facade created it)."""
+        if self._owns_engine:
+            await self.engine.dispose()
+
+    def __repr__(self) -> str:
+        return f"AsyncMnestoma({redact_url(self.engine.url)!r})"
+
+    async def __aenter__(self) -> Self:
+        try:
+            await self._ready()
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+def _queries(repo: MnestRepository) -> CanonicalQueryRepository:
+    return CanonicalQueryRepository(repo.session, clock=repo._clock)
