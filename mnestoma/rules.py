@@ -19,6 +19,7 @@ __all__ = [
     "RECURRING_MIN_WEIGHT",
     "REINFORCEMENT",
     "SECONDS_PER_DAY",
+    "THRESHOLD_TOLERANCE",
     "AgerReport",
     "EventKind",
     "MnestState",
@@ -27,9 +28,11 @@ __all__ = [
     "clamp_weight",
     "days_between",
     "decayed_weight",
+    "is_below",
     "new_mnest_id",
     "reinforce",
     "reinforced_weight",
+    "threshold_cut",
 ]
 
 INITIAL_WEIGHT = 0.30
@@ -42,6 +45,11 @@ ARCHIVE_AFTER_DAYS = 90
 RECURRING_MIN_USES = 3
 RECURRING_MIN_WEIGHT = 0.30
 SECONDS_PER_DAY = 86400.0
+# The ager's thresholds (0.20, 0.05) are crossed only by more than this: SQLite (julianday,
+# milliseconds), PostgreSQL (epoch arithmetic) and Python compute an effective weight a few
+# units in the 13th digit apart, so a weight that is exactly at a threshold must not fall on
+# either side by rounding. 1e-9 is far above that noise and far below anything observable.
+THRESHOLD_TOLERANCE = 1e-9
 MAX_NAME_LENGTH = 255
 MAX_JSON_DEPTH = 64  # containers nested in tags / desired_sig; deeper is InvalidInput
 
@@ -116,6 +124,18 @@ def days_between(earlier: datetime, later: datetime) -> float:
 def decayed_weight(weight: float, decay_lambda: float, since: datetime, now: datetime) -> float:
     """``weight × exp(−decay_lambda × days(now − since))``: the effective weight at ``now``."""
     return weight * math.exp(-decay_lambda * days_between(since, now))
+
+
+def threshold_cut(threshold: float) -> float:
+    """The value below which a weight counts as below ``threshold`` (see
+    :data:`THRESHOLD_TOLERANCE`); the SQL of the ager compares with the same number."""
+    return threshold - THRESHOLD_TOLERANCE
+
+
+def is_below(effective: float, threshold: float) -> bool:
+    """True when an effective weight is below one of the ager's thresholds: by more than
+    :data:`THRESHOLD_TOLERANCE`, so that both engines and Python decide alike at the edge."""
+    return effective < threshold_cut(threshold)
 
 
 def reinforce(effective: float) -> float:

@@ -15,7 +15,6 @@ from sqlalchemy import (
     bindparam,
     case,
     delete,
-    exists,
     func,
     insert,
     literal,
@@ -30,7 +29,7 @@ from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.sql.selectable import CTE
 
 from .models import AgerRun, CanonicalQuery, Event, Mnest
-from .rules import ARCHIVE_BELOW, DECAYING_BELOW, PROTO_PRUNE_BELOW, Recorder
+from .rules import ARCHIVE_BELOW, DECAYING_BELOW, PROTO_PRUNE_BELOW, Recorder, threshold_cut
 from .sqlrules import decayed, greatest, least, now_param, safe_product
 from .types import UTCDateTime
 
@@ -323,13 +322,48 @@ def rank_statement(dialect: str, with_version: bool) -> Any:
 HOLD_OFF_AGER = text("LOCK TABLE mnests IN ROW EXCLUSIVE MODE")
 
 
+# The ager's thresholds as it compares them (see rules.THRESHOLD_TOLERANCE).
+PRUNE_CUT = threshold_cut(PROTO_PRUNE_BELOW)
+DECAYING_CUT = threshold_cut(DECAYING_BELOW)
+ARCHIVE_CUT = threshold_cut(ARCHIVE_BELOW)
+
+
+def _merge_pairs(dialect: str, now: Any) -> Any:
+    """The ager's merge pairs, one row per key that has both an active row below 0.20 and a
+    decaying row: their ids, and what the merge needs of each. A subquery, not a CTE: each
+    statement then starts with its verb, and SQLite's driver reports its rowcount."""
+    eff = decayed(dialect, M.c.weight, M.c.decay_lambda, M.c.ts_weight, now)
+    active = M.c.state == "active"
+    decaying = M.c.state == "decaying"
+
+    def of(which: Any, column: Any) -> Any:
+        return func.max(case((which, column)))
+
+    return (
+        select(
+            of(active, M.c.id).label("a_id"),
+            of(decaying, M.c.id).label("d_id"),
+            of(active, M.c.uses).label("a_uses"),
+            of(active, M.c.ts_first).label("a_first"),
+            of(active, M.c.ts_last).label("a_last"),
+            of(active, eff).label("a_eff"),
+            of(decaying, eff).label("d_eff"),
+        )
+        .where(
+            M.c.dst_version.is_not(None),
+            or_(and_(active, eff < DECAYING_CUT), decaying),
+        )
+        .group_by(M.c.src_executor, M.c.src_version, M.c.dst_executor, M.c.dst_version)
+        .having(and_(of(active, M.c.id).is_not(None), of(decaying, M.c.id).is_not(None)))
+        .subquery("merge_pairs")
+    )
+
+
 def ager_statements(dialect: str) -> dict[str, Any]:
     key = ("ager", dialect)
     if key in _CACHE:
         return _CACHE[key]
     now = now_param()
-    a = M.alias("a")
-    d = M.alias("d")
 
     def eff(t: Any) -> Any:
         return decayed(dialect, t.c.weight, t.c.decay_lambda, t.c.ts_weight, now)
@@ -349,7 +383,7 @@ def ager_statements(dialect: str) -> dict[str, Any]:
     now_ts = now.cast(UTCDateTime()) if dialect == "postgresql" else now
 
     # protos whose weight fell below 0.05 are deleted, their history kept.
-    proto_dying = and_(M.c.state == "proto", eff(M) < PROTO_PRUNE_BELOW)
+    proto_dying = and_(M.c.state == "proto", eff(M) < PRUNE_CUT)
     prune_events = insert(E).from_select(
         ev_cols,
         select(
@@ -366,77 +400,56 @@ def ager_statements(dialect: str) -> dict[str, Any]:
     )
     prune = delete(M).where(proto_dying)
 
-    # actives below 0.20 whose key already has a decaying row merge into it.
-    def twin_of(active: Any, decaying: Any) -> Any:
-        return and_(
-            decaying.c.state == "decaying",
-            decaying.c.src_executor == active.c.src_executor,
-            decaying.c.src_version == active.c.src_version,
-            decaying.c.dst_executor == active.c.dst_executor,
-            decaying.c.dst_version == active.c.dst_version,
-        )
-
-    merged_weight = greatest(dialect, eff(a), eff(d))
-    pair = and_(a.c.state == "active", eff(a) < DECAYING_BELOW, twin_of(a, d))
+    # Actives below 0.20 whose key already has a decaying row merge into it. The pairs come
+    # from one pass over the candidates grouped by key (a key holds at most one active and
+    # one decaying row), and the rows are then reached by id: whatever plan the database
+    # picks, with or without statistics, the cost stays linear. A join on the key could be
+    # planned through the (state, src) index instead, quadratic in a hub's out-degree.
+    pairs = _merge_pairs(dialect, now)
+    merged_weight = greatest(dialect, pairs.c.a_eff, pairs.c.d_eff)
     merge_events_absorbed = insert(E).from_select(
         ev_cols,
         select(
-            a.c.id,
+            pairs.c.a_id,
             literal("merged"),
             now_ts,
-            eff(a),
+            pairs.c.a_eff,
             merged_weight,
             literal("active"),
             literal("decaying"),
-            d.c.id,
+            pairs.c.d_id,
             literal(Recorder.AGER.value),
-        ).where(pair),
+        ),
     )
     merge_events_target = insert(E).from_select(
         ev_cols,
         select(
-            d.c.id,
+            pairs.c.d_id,
             literal("merged"),
             now_ts,
-            eff(d),
+            pairs.c.d_eff,
             merged_weight,
             literal("decaying"),
             literal("decaying"),
-            a.c.id,
+            pairs.c.a_id,
             literal(Recorder.AGER.value),
-        ).where(pair),
-    )
-
-    def from_absorbed(col: Any) -> Any:
-        return (
-            select(col)
-            .where(
-                a.c.state == "active",
-                eff(a) < DECAYING_BELOW,
-                twin_of(a, M),
-            )
-            .scalar_subquery()
-        )
-
-    has_absorbed = exists(
-        select(a.c.id).where(a.c.state == "active", eff(a) < DECAYING_BELOW, twin_of(a, M))
+        ),
     )
     merge_update = (
         update(M)
-        .where(M.c.state == "decaying", has_absorbed)
+        .where(M.c.id == pairs.c.d_id)
         .values(
-            uses=M.c.uses + from_absorbed(a.c.uses),
-            ts_first=least(dialect, M.c.ts_first, from_absorbed(a.c.ts_first)),
-            ts_last=greatest(dialect, M.c.ts_last, from_absorbed(a.c.ts_last)),
-            weight=greatest(dialect, eff(M), from_absorbed(eff(a))),
+            uses=M.c.uses + pairs.c.a_uses,
+            ts_first=least(dialect, M.c.ts_first, pairs.c.a_first),
+            ts_last=greatest(dialect, M.c.ts_last, pairs.c.a_last),
+            weight=merged_weight,
             ts_weight=anchor,
         )
     )
-    has_twin = exists(select(literal(1)).where(twin_of(M, d)))
-    merge_delete = delete(M).where(M.c.state == "active", eff(M) < DECAYING_BELOW, has_twin)
+    merge_delete = delete(M).where(M.c.id.in_(select(pairs.c.a_id)))
 
     # the other actives below 0.20 become decaying.
-    demoting = and_(M.c.state == "active", eff(M) < DECAYING_BELOW)
+    demoting = and_(M.c.state == "active", eff(M) < DECAYING_CUT)
     demote_events = insert(E).from_select(
         ev_cols,
         select(
@@ -461,7 +474,7 @@ def ager_statements(dialect: str) -> dict[str, Any]:
     )
     archive_count = select(func.count()).where(
         M.c.state == "decaying",
-        eff(M) < ARCHIVE_BELOW,
+        eff(M) < ARCHIVE_CUT,
         M.c.ts_last <= bindparam("cutoff", type_=UTCDateTime()),
     )
     stmts = {

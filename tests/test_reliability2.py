@@ -8,10 +8,10 @@ import itertools
 import math
 import random
 import tracemalloc
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
-from sqlalchemy import insert
+from sqlalchemy import insert, text
 
 import mnestoma
 from mnestoma import Mnestoma
@@ -262,3 +262,142 @@ def test_turns_racing_the_ager_all_succeed_and_count_once(pg_store_url: str) -> 
     assert len(passings) == sum(counted)
     assert sum(r.uses for r in rows) == sum(counted)
     assert {r.state for r in rows} <= {"active", "decaying"}
+
+
+# --- 16.11 (c): at a threshold exactly, both engines (and Python) decide alike -----------------
+
+
+def _days_to(weight: float, threshold: float) -> timedelta:
+    """The time a weight takes to decay exactly to ``threshold`` at the default speed."""
+    return timedelta(days=math.log(weight / threshold) / 0.018)
+
+
+def test_the_pure_rule_treats_rounding_noise_at_a_threshold_as_not_below() -> None:
+    from mnestoma.rules import THRESHOLD_TOLERANCE, decayed_weight, is_below
+
+    at_edge = decayed_weight(0.30, 0.018, T0, T0 + _days_to(0.30, 0.05))
+    assert at_edge == pytest.approx(0.05, abs=1e-14) and at_edge < 0.05  # noise, below
+    assert not is_below(at_edge, 0.05)
+    assert is_below(0.05 - 2 * THRESHOLD_TOLERANCE, 0.05)
+    assert not is_below(0.05, 0.05)
+
+
+def test_a_proto_decayed_exactly_to_the_prune_threshold_is_kept_on_every_engine(
+    store: Mnestoma, clock
+) -> None:
+    clock.set(T0)
+    p = store.record_passing("a", "1", "wish", dst_exists=False)
+    clock.set(T0 + _days_to(0.30, 0.05))  # Python: 0.049999999999996506
+    report = store.apply_ager()
+    assert report.protos_pruned == 0
+    assert store.get(p.id) is not None
+    clock.advance(hours=1)  # now clearly below
+    assert store.apply_ager().protos_pruned == 1
+    assert store.get(p.id) is None
+
+
+def test_an_active_row_decayed_exactly_to_0_20_stays_active_on_every_engine(
+    store: Mnestoma, clock
+) -> None:
+    clock.set(T0)
+    store.record_passing("a", "1", "b", "1")
+    store.record_passing("a", "1", "b", "1")
+    row = store.record_passing("a", "1", "b", "1")
+    assert row.weight == pytest.approx(0.60)
+    clock.set(T0 + _days_to(row.weight, 0.20))  # Python: 0.19999999999999696
+    assert store.apply_ager().to_decaying == 0
+    assert store.get(row.id).state == "active"
+    clock.advance(hours=1)
+    assert store.apply_ager().to_decaying == 1
+    assert store.get(row.id).state == "decaying"
+
+
+def test_archive_candidates_at_exactly_0_05_are_not_counted_on_every_engine(
+    store: Mnestoma, clock
+) -> None:
+    clock.set(T0)
+    row = store.record_passing("a", "1", "b", "1")
+    store.transition_state(row.id, "decaying")
+    clock.set(T0 + _days_to(0.30, 0.05))  # 99.5 days: old enough, weight exactly 0.05
+    assert store.apply_ager().archive_candidates == 0
+    clock.advance(hours=1)
+    assert store.apply_ager().archive_candidates == 1
+
+
+# --- 16.6: the ager's merge costs the same whatever the plan (PostgreSQL, no statistics) -----
+
+
+def _plan_work(node: dict) -> int:
+    """Rows a plan node and its children produced or threw away, times their loops: the work
+    an EXPLAIN ANALYZE plan did, independent of the machine's speed."""
+    rows = node.get("Actual Rows", 0) + node.get("Rows Removed by Filter", 0)
+    rows += node.get("Rows Removed by Join Filter", 0) + node.get(
+        "Rows Removed by Index Recheck", 0
+    )
+    own = int(rows * node.get("Actual Loops", 1))
+    return own + sum(_plan_work(child) for child in node.get("Plans", []))
+
+
+def test_the_merge_of_a_hub_is_linear_on_a_database_without_statistics(
+    pg_empty_db_url: str,
+) -> None:
+    """One source with 2,000 active rows below 0.20, each with a decaying twin, in a database
+    that was never analysed: planned through the (state, src) index, a correlated merge
+    touched every twin of the hub for each row (quadratic, millions of rows); the merge
+    statements now do a bounded amount of work per row."""
+    from mnestoma import statements as stm
+
+    hub = 2_000
+    mnestoma.upgrade(pg_empty_db_url)
+    with Mnestoma(pg_empty_db_url) as store:
+        with store.engine.begin() as conn:
+            for table in ("mnests", "events"):
+                conn.execute(text(f"ALTER TABLE {table} SET (autovacuum_enabled = false)"))
+            conn.execute(text("SELECT pg_stat_reset()"))
+            conn.execute(
+                insert(Mnest.__table__),
+                [
+                    {
+                        "id": new_mnest_id(),
+                        "src_executor": "hub",
+                        "src_version": "1",
+                        "dst_executor": f"d{i}",
+                        "dst_version": "1",
+                        "weight": 0.1,
+                        "uses": 1,
+                        "ts_first": T0,
+                        "ts_last": T0,
+                        "ts_weight": T0,
+                        "decay_lambda": 0.018,
+                        "state": state,
+                    }
+                    for i in range(hub)
+                    for state in ("active", "decaying")
+                ],
+            )
+        with store.engine.connect() as conn:
+            never_analysed = conn.execute(
+                text("SELECT reltuples < 0 FROM pg_class WHERE relname = 'mnests'")
+            ).scalar_one()
+            assert never_analysed
+            statements = stm.ager_statements("postgresql")
+            params = {"now": T0 + timedelta(days=1), "cutoff": T0 - timedelta(days=89)}
+            work = {}
+            for name in ("merge_events_absorbed", "merge_events_target", "merge_update"):
+                compiled = statements[name].compile(dialect=conn.dialect)
+                bound = {**compiled.params, **params}
+                plan = conn.exec_driver_sql(
+                    "EXPLAIN (ANALYZE, FORMAT JSON) " + compiled.string, bound
+                ).scalar_one()
+                work[name] = _plan_work(plan[0]["Plan"])
+            compiled = statements["merge_delete"].compile(dialect=conn.dialect)
+            plan = conn.exec_driver_sql(
+                "EXPLAIN (ANALYZE, FORMAT JSON) " + compiled.string,
+                {**compiled.params, **params},
+            ).scalar_one()
+            work["merge_delete"] = _plan_work(plan[0]["Plan"])
+            merged = conn.execute(text("SELECT count(*) FROM mnests")).scalar_one()
+            conn.rollback()
+    assert merged == hub  # the statements did merge every pair
+    for name, rows in work.items():
+        assert rows < 20 * 2 * hub, (name, rows)  # quadratic: ~hub² = 4,000,000
