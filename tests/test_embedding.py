@@ -35,6 +35,7 @@ from mnestoma.migration import VERSION_TABLE
 def _prepare_service(url: str) -> None:
     engine = create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1))
     with engine.begin() as conn:
+        conn.execute(text("DROP TABLE IF EXISTS service_log"))  # the PostgreSQL store is shared
         sql = SERVICE_TABLE
         if engine.dialect.name == "postgresql":
             sql = sql.replace("INTEGER PRIMARY KEY", "SERIAL PRIMARY KEY")
