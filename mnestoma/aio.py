@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session
 from .config import (
     READ_ONLY_OPTION,
     is_memory_sqlite,
+    is_sqlite,
     make_engine,
     redact_url,
     resolve_database_url,
@@ -404,6 +405,9 @@ class AsyncMnestoma(_AsyncDoor[MnestRepository]):
             self._owns_engine = True
         self._read_engine = self.engine.execution_options(**{READ_ONLY_OPTION: True})
         self._at_head = False
+        # SQLite has one writer at a time: this facade's writes queue here, each woken as
+        # soon as the previous one commits, instead of polling SQLite's busy handler.
+        self._one_writer = asyncio.Lock() if is_sqlite(url) else None
 
     # --- transactions -----------------------------------------------------------------------
 
@@ -424,7 +428,10 @@ class AsyncMnestoma(_AsyncDoor[MnestRepository]):
         attempt = 0
         while True:
             try:
-                return await self._once(self.engine, op, commit=True)
+                if self._one_writer is None:
+                    return await self._once(self.engine, op, commit=True)
+                async with self._one_writer:
+                    return await self._once(self.engine, op, commit=True)
             except MnestomaError as err:
                 pause = retry_pause(attempt, err)
                 if pause is None:

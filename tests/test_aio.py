@@ -12,8 +12,11 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import json
 import re
 import sqlite3
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
@@ -652,3 +655,23 @@ def test_a_fastapi_service_records_through_its_own_async_session(
         [edge] = m.edges()
         assert edge.uses == 21
         assert len(m.events(mnest_id=edge.id)) == 21
+
+
+# --- the benchmark --------------------------------------------------------------------------
+
+
+def test_the_async_door_benchmark_runs_quick_and_loses_nothing(tmp_path: Path) -> None:
+    """No timing asserted: the quick run completes, reports both doors, loses no update."""
+    out = tmp_path / "figures.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.async_door", "--quick", "--json", str(out)],
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    [sqlite_figures] = json.loads(out.read_text())
+    assert sqlite_figures["concurrent_lost"] == {"sync": 0, "async": 0}
+    assert set(sqlite_figures["record_passing_us"]) == {"sync", "async"}
