@@ -24,6 +24,7 @@ from .config import (
 )
 from .errors import InvalidInput, SchemaError, translate_errors
 from .locking import lock_for_migration
+from .seed_repair import repair_before_upgrade
 from .validation import check_name
 
 __all__ = [
@@ -142,11 +143,14 @@ def adopt_legacy_version(conn: Connection) -> str | None:
 
 def prepare_for_migration(conn: Connection) -> None:
     """What every online migration does first, inside its transaction: create the schema the
-    URL's ``search_path`` names (PostgreSQL), take the migration lock, adopt a legacy stamp."""
+    URL's ``search_path`` names (PostgreSQL), take the migration lock, adopt a legacy stamp,
+    repair a seed-era store at 0001 (:mod:`mnestoma.seed_repair`)."""
     if conn.dialect.name == "postgresql":
         _create_search_path_schema(conn)
     lock_for_migration(conn)
     adopt_legacy_version(conn)
+    # a seed-era store at 0001 may hold rows that 0002's unique indexes forbid: merge them
+    repair_before_upgrade(conn, read_revision(conn))
 
 
 def _create_search_path_schema(conn: Connection) -> None:
@@ -212,13 +216,35 @@ def upgrade(
     if isinstance(url_or_engine, Connection):
         with translate_errors(), _revision_errors():
             _refuse_unknown_stamp(url_or_engine)
+            before = read_revision(url_or_engine)
             command.upgrade(alembic_config(url_or_engine), revision)
+            _analyze_if_migrated(url_or_engine, before)
         return
     with _engine_for(url_or_engine) as engine, translate_errors(), _revision_errors():
         with engine.connect() as conn:
             _refuse_unknown_stamp(conn)
+            before = read_revision(conn)
         _use_wal(engine)
         command.upgrade(alembic_config(engine), revision)
+        with engine.begin() as conn:
+            _analyze_if_migrated(conn, before)
+
+
+# The package's tables, analysed after a migration on PostgreSQL.
+PACKAGE_TABLES = ("mnests", "events", "canonical_query_log", "ager_runs")
+
+
+def _analyze_if_migrated(conn: Connection, before: str | None) -> None:
+    """PostgreSQL: ANALYZE the package's tables when the revision moved. A migration builds
+    indexes and rewrites tables; until statistics exist the planner guesses, and a guess
+    can turn a linear statement quadratic (the ager's, once, on a store with a hub)."""
+    if conn.dialect.name != "postgresql" or read_revision(conn) == before:
+        return
+    present = set(inspect(conn).get_table_names())
+    quote = conn.dialect.identifier_preparer.quote_identifier
+    tables = [quote(t) for t in PACKAGE_TABLES if t in present]
+    if tables:
+        conn.execute(text("ANALYZE " + ", ".join(tables)))
 
 
 def _refuse_unknown_stamp(conn: Connection) -> None:

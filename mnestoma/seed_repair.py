@@ -1,0 +1,350 @@
+"""The repair a seed-era store needs before it can leave revision 0001.
+
+Revision 0001 allowed two things that 0002's unique indexes forbid: two rows of one key
+without a destination version (two protos of ``src@version → dst``; NULL is distinct from
+NULL in its five-column unique constraint), and one (turn_id, mnest_id) holding both a
+``created`` and a ``reinforced`` event. 0002 cannot build ``ux_mnests_proto_key`` nor
+``ux_events_turn_edge`` over such rows, and the landed revisions are not edited: this
+module merges them first, under the migration lock and in the migration's transaction, so a
+failed upgrade still leaves the store exactly as it was.
+
+- Rows of one key merge with the ager's rule (contract §4): the row first seen (earliest
+  ``ts_first``, then id) keeps its id; ``uses`` summed, ``ts_first`` the earliest,
+  ``ts_last`` the latest; the weight is the larger of the rows' effective weights at that
+  ``ts_last`` (at 0001 a weight refers to its row's ``ts_last``, and 0002 anchors it
+  there); ``tags`` and ``desired_sig`` those of the most recently used row that has them
+  (a later passing's ``desired_sig`` replaces an older one); ``decay_lambda`` the kept
+  row's. Every event of the absorbed rows moves to the kept row, and each absorbed row gets
+  a ``merged`` event under its own id (so that its id still says what became of it), the
+  kept row one per absorbed row.
+- Of the ``created`` / ``reinforced`` events of one (turn_id, mnest_id) the first (by ts,
+  then id) stays the turn's; the others keep their kind and weights but lose their
+  ``turn_id`` (a turn counts an edge once). ``uses`` is left as it was: those passings did
+  happen.
+- ``events`` has no ``related_id`` nor ``reason`` at 0001. When the upgrade runs through
+  Alembic, they are filled in as soon as revision 0002 has added them, in the same
+  transaction: ``related_id`` of each ``merged`` event names the other row, and ``reason``
+  says why (for a cleared turn, which turn it was).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    Column,
+    Connection,
+    Float,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    and_,
+    bindparam,
+    delete,
+    func,
+    insert,
+    select,
+    tuple_,
+    update,
+)
+
+from .rules import decayed_weight
+from .types import UTCDateTime
+from .validation import utc_now
+
+__all__ = ["SEED_REVISION", "SeedRepair", "repair_before_upgrade", "repair_seed_store"]
+
+logger = logging.getLogger(__name__)
+
+SEED_REVISION = "0001"
+# Duplicate groups handled per round trip: memory stays bounded whatever the store holds.
+GROUPS_PER_BATCH = 500
+PASSING_KINDS = ("created", "reinforced")
+
+# The two tables as revision 0001 has them (only the columns the repair reads or writes).
+_md = MetaData()
+_mnests = Table(
+    "mnests",
+    _md,
+    Column("id", String(64), primary_key=True),
+    Column("src_executor", String(255)),
+    Column("src_version", String(255)),
+    Column("dst_executor", String(255)),
+    Column("dst_version", String(255)),
+    Column("weight", Float),
+    Column("uses", Integer),
+    Column("ts_first", UTCDateTime()),
+    Column("ts_last", UTCDateTime()),
+    Column("decay_lambda", Float),
+    Column("state", String(16)),
+)
+_events = Table(
+    "events",
+    _md,
+    Column("id", Integer, primary_key=True),
+    Column("mnest_id", String(64)),
+    Column("kind", String(16)),
+    Column("ts", UTCDateTime()),
+    Column("turn_id", String(255)),
+    Column("weight_before", Float),
+    Column("weight_after", Float),
+    Column("state_before", String(16)),
+    Column("state_after", String(16)),
+)
+_M, _E = _mnests.c, _events.c
+_KEY = (_M.src_executor, _M.src_version, _M.dst_executor, _M.state)
+
+
+@dataclass
+class SeedRepair:
+    """What the repair did, and what it leaves for revision 0002's new columns."""
+
+    rows_merged: int = 0
+    turn_events_cleared: int = 0
+    # (event id, related_id, reason) to write once events.related_id and .reason exist
+    notes: list[tuple[int, str | None, str]] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        """True when the store held anything to repair."""
+        return bool(self.rows_merged or self.turn_events_cleared)
+
+
+def repair_before_upgrade(conn: Connection, current: str | None) -> SeedRepair | None:
+    """Called under the migration lock before Alembic runs: on a store at 0001 that is being
+    upgraded, repair it, and have the notes written once 0002 has added their columns."""
+    if current != SEED_REVISION:
+        return None
+    migration = _alembic_run()
+    if migration is not None and not migration[0]:
+        return None
+    report = repair_seed_store(conn)
+    if migration is not None and report.notes:
+        ctx = migration[1]
+        ctx.on_version_apply_callbacks = (*ctx.on_version_apply_callbacks, notes_writer(report))
+    return report
+
+
+def _alembic_run() -> tuple[bool, Any] | None:
+    """Inside an Alembic run: (whether it takes the store past 0001, its MigrationContext);
+    None outside one (a caller that repairs before migrating by other means)."""
+    from alembic import context
+
+    try:
+        destination = context.get_revision_argument()
+        ctx = context.get_context()
+    except NameError:  # the proxy exists only while env.py runs
+        return None
+    targets = destination if isinstance(destination, tuple | list) else (destination,)
+    onward = any(
+        t is not None and t not in ("base", SEED_REVISION) and not str(t).startswith("-")
+        for t in targets
+    )
+    return onward, ctx
+
+
+def repair_seed_store(conn: Connection, *, now: datetime | None = None) -> SeedRepair:
+    """Merge what revision 0001 allowed and 0002 forbids, on a store at 0001 (see the module
+    docstring); ``now`` (default: the current UTC time) stamps the ``merged`` events."""
+    at = now or utc_now()
+    report = SeedRepair()
+    for groups in _batches(_duplicate_keys(conn)):
+        _merge_groups(conn, groups, at, report)
+    for pairs in _batches(_duplicate_turn_edges(conn)):
+        _clear_turns(conn, pairs, report)
+    if report.changed:
+        logger.info(
+            "seed store repaired before revision 0002: %d rows merged into the row of their "
+            "key, %d repeated passings of a turn no longer carry its turn_id",
+            report.rows_merged,
+            report.turn_events_cleared,
+        )
+    return report
+
+
+def write_notes(conn: Connection, report: SeedRepair) -> None:
+    """Fill in ``related_id`` and ``reason`` of the repair's events, once revision 0002 has
+    added those columns (same transaction)."""
+    if not report.notes:
+        return
+    events = Table(
+        "events",
+        MetaData(),
+        Column("id", Integer, primary_key=True),
+        Column("related_id", String(64)),
+        Column("reason", String),
+    )
+    stmt = (
+        update(events)
+        .where(events.c.id == bindparam("event_id"))
+        .values(related_id=bindparam("related"), reason=bindparam("why"))
+    )
+    conn.execute(
+        stmt, [{"event_id": e, "related": related, "why": why} for e, related, why in report.notes]
+    )
+
+
+# --- rows of one key --------------------------------------------------------------------------
+
+
+def _duplicate_keys(conn: Connection) -> list[tuple[Any, ...]]:
+    """(src, src_version, dst, state) of every key held by more than one row without a
+    destination version."""
+    stmt = (
+        select(*_KEY)
+        .where(_M.dst_version.is_(None))
+        .group_by(*_KEY)
+        .having(func.count() > 1)
+        .order_by(*_KEY)
+    )
+    return [tuple(r) for r in conn.execute(stmt)]
+
+
+def _batches(items: Sequence[tuple[Any, ...]]) -> Iterator[Sequence[tuple[Any, ...]]]:
+    for i in range(0, len(items), GROUPS_PER_BATCH):
+        yield items[i : i + GROUPS_PER_BATCH]
+
+
+def _merge_groups(
+    conn: Connection, keys: Sequence[tuple[Any, ...]], at: datetime, report: SeedRepair
+) -> None:
+    stmt = (
+        select(_mnests)
+        .where(_M.dst_version.is_(None), tuple_(*_KEY).in_(keys))
+        .order_by(*_KEY, _M.ts_first, _M.id)
+    )
+    rows = conn.execute(stmt).mappings().all()
+    groups: dict[tuple[Any, ...], list[Any]] = {}
+    for r in rows:
+        groups.setdefault(tuple(r[c.key] for c in _KEY), []).append(r)
+    for group in groups.values():
+        _merge_group(conn, group, at, report)
+
+
+def _merge_group(conn: Connection, rows: list[Any], at: datetime, report: SeedRepair) -> None:
+    """Merge ``rows`` (one key, oldest first) into the first."""
+    kept, absorbed = rows[0], rows[1:]
+    ts_last = max(r["ts_last"] for r in rows)
+
+    def weight_at_end(r: Any) -> float:
+        return decayed_weight(r["weight"], r["decay_lambda"], r["ts_last"], ts_last)
+
+    _copy_json(conn, rows)
+    weight = weight_at_end(kept)
+    for r in absorbed:
+        before, weight = weight, max(weight, weight_at_end(r))
+        # the absorbed row's history becomes the kept row's; a merged event on each id
+        conn.execute(update(_events).where(_E.mnest_id == r["id"]).values(mnest_id=kept["id"]))
+        conn.execute(delete(_mnests).where(_M.id == r["id"]))
+        for own, other, w_before in ((r, kept, weight_at_end(r)), (kept, r, before)):
+            event_id = conn.execute(
+                insert(_events).returning(_E.id),
+                {
+                    "mnest_id": own["id"],
+                    "kind": "merged",
+                    "ts": at,
+                    "turn_id": None,
+                    "weight_before": w_before,
+                    "weight_after": weight,
+                    "state_before": own["state"],
+                    "state_after": kept["state"],
+                },
+            ).scalar_one()
+            why = (
+                f"merged into {kept['id']} when the store left revision 0001, which let two "
+                "rows share this key"
+                if own is r
+                else f"{r['id']} merged into this row when the store left revision 0001"
+            )
+            report.notes.append((event_id, other["id"], why))
+        report.rows_merged += 1
+    values: dict[str, Any] = {
+        "uses": sum(r["uses"] for r in rows),
+        "ts_first": min(r["ts_first"] for r in rows),
+        "ts_last": ts_last,
+        "weight": min(1.0, weight),
+    }
+    conn.execute(update(_mnests).where(_M.id == kept["id"]).values(**values))
+
+
+def _copy_json(conn: Connection, rows: list[Any]) -> None:
+    """Give the first row, for ``tags`` and for ``desired_sig``, the value of the most
+    recently used row of the group that has one (in SQL: the values are not read into
+    Python, nor re-encoded). Runs before the other rows are deleted."""
+    raw = Table(
+        "mnests",
+        MetaData(),
+        Column("id", String(64), primary_key=True),
+        Column("ts_last", UTCDateTime()),
+        Column("tags"),
+        Column("desired_sig"),
+    )
+    src = raw.alias("latest")
+    ids = [r["id"] for r in rows]
+    values = {
+        name: select(src.c[name])
+        .where(src.c.id.in_(ids), src.c[name].is_not(None))
+        .order_by(src.c.ts_last.desc(), src.c.id.desc())
+        .limit(1)
+        .scalar_subquery()
+        for name in ("tags", "desired_sig")
+    }
+    conn.execute(update(raw).where(raw.c.id == rows[0]["id"]).values(**values))
+
+
+# --- passings of one turn ---------------------------------------------------------------------
+
+
+def _duplicate_turn_edges(conn: Connection) -> list[tuple[Any, ...]]:
+    """(turn_id, mnest_id) of every pair with more than one created / reinforced event."""
+    stmt = (
+        select(_E.turn_id, _E.mnest_id)
+        .where(_E.turn_id.is_not(None), _E.kind.in_(PASSING_KINDS))
+        .group_by(_E.turn_id, _E.mnest_id)
+        .having(func.count() > 1)
+        .order_by(_E.turn_id, _E.mnest_id)
+    )
+    return [tuple(r) for r in conn.execute(stmt)]
+
+
+def _clear_turns(conn: Connection, pairs: Sequence[tuple[Any, ...]], report: SeedRepair) -> None:
+    stmt = (
+        select(_E.id, _E.turn_id, _E.mnest_id)
+        .where(
+            _E.kind.in_(PASSING_KINDS),
+            and_(_E.turn_id.is_not(None), tuple_(_E.turn_id, _E.mnest_id).in_(pairs)),
+        )
+        .order_by(_E.turn_id, _E.mnest_id, _E.ts, _E.id)
+    )
+    seen: set[tuple[str, str]] = set()
+    cleared: list[dict[str, Any]] = []
+    for event_id, turn_id, mnest_id in conn.execute(stmt):
+        if (turn_id, mnest_id) in seen:
+            cleared.append({"event_id": event_id})
+            why = (
+                f"turn {turn_id} had already counted this row; its turn_id was cleared when "
+                "the store left revision 0001 (a turn counts an edge once)"
+            )
+            report.notes.append((event_id, None, why))
+        seen.add((turn_id, mnest_id))
+    if cleared:
+        conn.execute(
+            update(_events).where(_E.id == bindparam("event_id")).values(turn_id=None), cleared
+        )
+    report.turn_events_cleared += len(cleared)
+
+
+def notes_writer(report: SeedRepair) -> Callable[..., None]:
+    """An Alembic ``on_version_apply`` callback that writes the repair's notes right after
+    revision 0002 (which adds ``related_id`` and ``reason``) is applied."""
+
+    def after_step(*, ctx: Any, step: Any, heads: Any, run_args: Any) -> None:
+        if getattr(step, "is_upgrade", False) and getattr(step, "up_revision_id", None) == "0002":
+            write_notes(ctx.connection, report)
+
+    return after_step
