@@ -105,7 +105,8 @@ class Mnest(Base):
         CheckConstraint("weight >= 0 AND weight <= 1", name="weight_range"),
         CheckConstraint("uses >= 1", name="uses_positive"),
         CheckConstraint("ts_last >= ts_first", name="ts_order"),
-        CheckConstraint("decay_lambda >= 0", name="decay_lambda_nonneg"),
+        # finite too: a bare ">= 0" let +inf in on both engines and NaN on PostgreSQL
+        CheckConstraint("decay_lambda >= 0 AND decay_lambda <= 1e300", name="decay_lambda_nonneg"),
         CheckConstraint(f"state IN ({STATES_SQL})", name="state_known"),
         CheckConstraint(
             "(state = 'proto' AND dst_version IS NULL)"

@@ -401,3 +401,80 @@ def test_the_merge_of_a_hub_is_linear_on_a_database_without_statistics(
     assert merged == hub  # the statements did merge every pair
     for name, rows in work.items():
         assert rows < 20 * 2 * hub, (name, rows)  # quadratic: ~hub² = 4,000,000
+
+
+# --- 16.11 (b): decay speeds and weights are finite numbers in the database ------------------
+
+
+def _raw_row(**overrides: object) -> dict[str, object]:
+    row: dict[str, object] = {
+        "id": new_mnest_id(),
+        "src_executor": "a",
+        "src_version": "1",
+        "dst_executor": "b",
+        "dst_version": "1",
+        "weight": 0.5,
+        "uses": 1,
+        "ts_first": T0,
+        "ts_last": T0,
+        "ts_weight": T0,
+        "decay_lambda": 0.018,
+        "state": "active",
+    }
+    row.update(overrides)
+    return row
+
+
+@pytest.mark.parametrize(
+    "column, value",
+    [
+        ("decay_lambda", math.inf),
+        ("decay_lambda", math.nan),
+        ("decay_lambda", -math.inf),
+        ("decay_lambda", 1e301),
+        ("weight", math.inf),
+        ("weight", math.nan),
+    ],
+)
+def test_the_database_refuses_non_finite_decay_speeds_and_weights(
+    store: Mnestoma, column: str, value: float
+) -> None:
+    from sqlalchemy.exc import IntegrityError
+
+    with pytest.raises(IntegrityError), store.engine.begin() as conn:
+        conn.execute(insert(Mnest.__table__), [_raw_row(**{column: value})])
+    assert store.edges() == []
+
+
+def test_the_largest_finite_decay_speed_is_accepted_and_decays_at_once(
+    store: Mnestoma, clock
+) -> None:
+    clock.set(T0)
+    with store.engine.begin() as conn:
+        conn.execute(insert(Mnest.__table__), [_raw_row(decay_lambda=1e300)])
+    clock.advance(seconds=1)
+    assert store.suggest_next("a")[0][1] < 1e-80  # the SQL caps the exponent at 200
+    assert store.apply_ager().to_decaying == 1
+
+
+def test_upgrading_to_0004_mends_non_finite_decay_speeds(empty_db_url: str) -> None:
+    mnestoma.upgrade(empty_db_url, "0003")
+    bad = {"mn_infinitespeed01": math.inf}
+    engine = mnestoma.make_engine(empty_db_url)
+    try:
+        if engine.dialect.name == "postgresql":
+            bad["mn_notanumberspeed"] = math.nan
+        with engine.begin() as conn:
+            for i, (mid, speed) in enumerate(bad.items()):
+                conn.execute(
+                    insert(Mnest.__table__),
+                    [_raw_row(id=mid, dst_executor=f"b{i}", decay_lambda=speed)],
+                )
+    finally:
+        engine.dispose()
+    mnestoma.upgrade(empty_db_url)
+    with Mnestoma(empty_db_url) as m:
+        assert m.get("mn_infinitespeed01").decay_lambda == 1e300
+        if "mn_notanumberspeed" in bad:
+            assert m.get("mn_notanumberspeed").decay_lambda == 0.018
+        assert math.isfinite(m.suggest_next("a")[0][1])
