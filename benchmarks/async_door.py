@@ -14,7 +14,8 @@ round to round; wall time, medians over rounds:
 
 Both doors run the same statements (the async door runs the sync repository through
 SQLAlchemy's ``run_sync``); what differs is the hand-over: a greenlet switch per call, and on
-SQLite aiosqlite's thread per statement.
+SQLite aiosqlite's thread per statement. A third column, ``to_thread``, is the sync door
+called from the event loop through ``asyncio.to_thread``: one thread hand-over per call.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ __all__ = ["DoorFigures", "main", "measure"]
 
 TURN_SIZE = 8
 CALLERS = 16
+DOORS = ("sync", "async", "to_thread")
 
 
 @dataclass
@@ -95,6 +97,13 @@ async def _async_passings(store: AsyncMnestoma, calls: Sequence[Edge]) -> float:
     return time.perf_counter() - start
 
 
+async def _thread_passings(store: mnestoma.Mnestoma, calls: Sequence[Edge]) -> float:
+    start = time.perf_counter()
+    for e in calls:
+        await asyncio.to_thread(store.record_passing, *e)
+    return time.perf_counter() - start
+
+
 def _sync_turns(store: mnestoma.Mnestoma, turns: Sequence[tuple[str, list[Edge]]]) -> float:
     start = time.perf_counter()
     for turn_id, passings in turns:
@@ -106,6 +115,13 @@ async def _async_turns(store: AsyncMnestoma, turns: Sequence[tuple[str, list[Edg
     start = time.perf_counter()
     for turn_id, passings in turns:
         await store.record_turn(turn_id, passings)
+    return time.perf_counter() - start
+
+
+async def _thread_turns(store: mnestoma.Mnestoma, turns: Sequence[tuple[str, list[Edge]]]) -> float:
+    start = time.perf_counter()
+    for turn_id, passings in turns:
+        await asyncio.to_thread(store.record_turn, turn_id, passings)
     return time.perf_counter() - start
 
 
@@ -139,6 +155,17 @@ async def _async_concurrent(store: AsyncMnestoma, calls: int) -> tuple[float, in
     await asyncio.gather(*(caller(i) for i in range(CALLERS)))
     elapsed = time.perf_counter() - start
     return CALLERS * calls / elapsed, _lost(await store.find(*HOT_EDGE), calls)
+
+
+async def _thread_concurrent(store: mnestoma.Mnestoma, calls: int) -> tuple[float, int]:
+    async def caller(i: int) -> None:
+        for e in _caller_calls(i, calls):
+            await asyncio.to_thread(store.record_passing, *e)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(caller(i) for i in range(CALLERS)))
+    elapsed = time.perf_counter() - start
+    return CALLERS * calls / elapsed, _lost(store.find(*HOT_EDGE), calls)
 
 
 def _lost(hot: Any, calls: int) -> int:
@@ -177,11 +204,11 @@ def _measure_engine(
     calls = _calls(make_edges(sizes.edges), sizes.repeats)
     turns = make_turns(sizes.turns, TURN_SIZE, pool=sizes.edges)
     times: dict[str, dict[str, list[float]]] = {
-        w: {"sync": [], "async": []} for w in ("passing", "turn", "concurrent")
+        w: {d: [] for d in DOORS} for w in ("passing", "turn", "concurrent")
     }
-    lost = {"sync": 0, "async": 0}
+    lost = dict.fromkeys(DOORS, 0)
     for r in range(rounds):
-        for door in ("sync", "async") if r % 2 == 0 else ("async", "sync"):
+        for door in DOORS[r % len(DOORS) :] + DOORS[: r % len(DOORS)]:  # rotate who goes first
             for workload in ("passing", "turn", "concurrent"):
                 url = stores.fresh()
                 if door == "sync":
@@ -195,8 +222,8 @@ def _measure_engine(
                             value, n = _sync_concurrent(store, sizes.calls_per_caller)
                             lost["sync"] += n
                 else:
-                    value, n = loop.run(_async_round(workload, url, calls, turns, sizes))
-                    lost["async"] += n
+                    value, n = loop.run(_async_round(door, workload, url, calls, turns, sizes))
+                    lost[door] += n
                 times[workload][door].append(value)
                 stores.discard_all()
     med = {w: {d: statistics.median(v) for d, v in doors.items()} for w, doors in times.items()}
@@ -211,12 +238,21 @@ def _measure_engine(
 
 
 async def _async_round(
+    door: str,
     workload: str,
     url: str,
     calls: Sequence[Edge],
     turns: Sequence[tuple[str, list[Edge]]],
     sizes: Sizes,
 ) -> tuple[float, int]:
+    if door == "to_thread":
+        with mnestoma.Mnestoma(url, clock=FixedClock(NOW)) as sync:
+            await asyncio.to_thread(sync.get, "mn_warmupwarmup00")
+            if workload == "passing":
+                return await _thread_passings(sync, calls) / len(calls) * 1e6, 0
+            if workload == "turn":
+                return await _thread_turns(sync, turns) / len(turns) * 1e6, 0
+            return await _thread_concurrent(sync, sizes.calls_per_caller)
     async with AsyncMnestoma(url, clock=FixedClock(NOW)) as store:
         await store.get("mn_warmupwarmup00")
         if workload == "passing":
@@ -274,7 +310,7 @@ def format_figures(figures: Sequence[DoorFigures], rounds: int, sizes: Sizes) ->
     lines = [
         f"async door vs sync door — Python {platform.python_version()}, "
         f"{rounds} round(s), medians of wall time",
-        f"{'':44}{'sync':>10}{'async':>10}{'async/sync':>12}",
+        f"{'':44}{'sync':>10}{'async':>10}{'async/sync':>12}{'to_thread':>11}",
     ]
     for f in figures:
         rows = [
@@ -285,10 +321,14 @@ def format_figures(figures: Sequence[DoorFigures], rounds: int, sizes: Sizes) ->
         lines.append(f.server)
         for label, value in rows:
             ratio = value["async"] / value["sync"] if value["sync"] else float("nan")
-            lines.append(f"  {label:42}{value['sync']:>10.0f}{value['async']:>10.0f}{ratio:>12.2f}")
+            lines.append(
+                f"  {label:42}{value['sync']:>10.0f}{value['async']:>10.0f}{ratio:>12.2f}"
+                f"{value['to_thread']:>11.0f}"
+            )
         lines.append(
             f"  {'hot edge: lost reinforcements':42}"
-            f"{f.concurrent_lost['sync']:>10}{f.concurrent_lost['async']:>10}"
+            f"{f.concurrent_lost['sync']:>10}{f.concurrent_lost['async']:>10}{'':>12}"
+            f"{f.concurrent_lost['to_thread']:>11}"
         )
     return "\n".join(lines)
 

@@ -673,5 +673,31 @@ def test_the_async_door_benchmark_runs_quick_and_loses_nothing(tmp_path: Path) -
     )
     assert done.returncode == 0, done.stdout + done.stderr
     [sqlite_figures] = json.loads(out.read_text())
-    assert sqlite_figures["concurrent_lost"] == {"sync": 0, "async": 0}
-    assert set(sqlite_figures["record_passing_us"]) == {"sync", "async"}
+    assert sqlite_figures["concurrent_lost"] == {"sync": 0, "async": 0, "to_thread": 0}
+    assert set(sqlite_figures["record_passing_us"]) == {"sync", "async", "to_thread"}
+
+
+# --- the README -------------------------------------------------------------------------------
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+@pytest.mark.parametrize(
+    ("marker", "printed"),
+    [("make_async_session_factory(engine)", ["10", "1.0", "2", "0.45"]), ("FastAPI()", ["20"])],
+)
+def test_the_readme_async_examples_print_what_their_comments_say(
+    marker: str, printed: list[str], tmp_path: Path
+) -> None:
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
+    [block] = [b for b in blocks if "mnestoma.aio" in b and marker in b]
+    done = subprocess.run(
+        [sys.executable, "-c", block],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == printed
