@@ -18,6 +18,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from mnestoma.repository import MAX_WALK_LIMIT
+
 from .baseline import Baseline
 from .baseline_pg import PgBaseline
 from .data import NOW, FixedClock
@@ -147,12 +149,17 @@ def path_ids(path: Sequence[Any]) -> tuple[str, ...]:
 def run_walk(
     store: Any, sources: Sequence[str], depth: int = 3
 ) -> tuple[list[float], list[list[tuple[str, ...]]]]:
-    """One walk per source after one untimed warm-up; per-call seconds and the paths."""
-    store.walk(sources[0], max_depth=depth)
+    """One walk per source after one untimed warm-up; per-call seconds and the paths.
+
+    The package is asked for every path (its default stops at ``WALK_LIMIT``), as the
+    baseline returns them all.
+    """
+    every = {} if isinstance(store, Baseline | PgBaseline) else {"limit": MAX_WALK_LIMIT}
+    store.walk(sources[0], max_depth=depth, **every)
     times, found = [], []
     for src in sources:
         start = time.perf_counter()
-        paths = store.walk(src, max_depth=depth)
+        paths = store.walk(src, max_depth=depth, **every)
         times.append(time.perf_counter() - start)
         found.append([path_ids(p) for p in paths])
     return times, found
