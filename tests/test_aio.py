@@ -145,6 +145,7 @@ from mnestoma.aio import (
     make_async_session_factory,
 )
 from mnestoma.config import make_engine
+from mnestoma.errors import MissingExtra
 from mnestoma.testing.clock import MovableClock
 from mnestoma.tracing import executor, turn
 
@@ -499,6 +500,14 @@ def test_a_wrong_argument_is_invalid_input_saying_which_door_takes_it(
 ) -> None:
     with pytest.raises(InvalidInput, match=re.escape(error)):
         make(f"sqlite:///{tmp_path / 'x.sqlite'}")
+
+
+def test_a_missing_async_driver_names_the_extra_that_brings_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "aiosqlite", None)  # as if it were not installed
+    with pytest.raises(MissingExtra, match=re.escape('pip install "mnestoma[async]"')):
+        make_async_engine(f"sqlite:///{tmp_path / 'x.sqlite'}")
 
 
 def _async_session(url: str) -> AsyncSession:
