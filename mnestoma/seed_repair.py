@@ -124,9 +124,10 @@ def repair_before_upgrade(conn: Connection, current: str | None) -> SeedRepair |
     if migration is not None and not migration[0]:
         return None
     report = repair_seed_store(conn)
-    if migration is not None and report.notes:
-        ctx = migration[1]
-        ctx.on_version_apply_callbacks = (*ctx.on_version_apply_callbacks, notes_writer(report))
+    callbacks = getattr(migration[1], "on_version_apply_callbacks", None) if migration else None
+    if migration is not None and callbacks is not None and report.notes:
+        # Alembic calls these after each revision, in the migration's transaction
+        migration[1].on_version_apply_callbacks = (*callbacks, notes_writer(report))
     return report
 
 
