@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from alembic.script import ScriptDirectory
 from click.testing import CliRunner, Result
 from sqlalchemy import inspect
 from sqlalchemy.engine import make_url
@@ -15,6 +16,7 @@ from sqlalchemy.engine import make_url
 import mnestoma
 from mnestoma.cli import cli
 from mnestoma.config import make_engine
+from mnestoma.migration import alembic_config
 from mnestoma.status import FEEDING_STATEMENT
 
 STATUS_KEYS = [
@@ -116,7 +118,8 @@ def test_db_downgrade_needs_a_revision() -> None:
 
 def test_db_history_lists_revisions_newest_first() -> None:
     lines = run_ok("db", "history").stdout.splitlines()
-    assert lines[0].startswith(f"0002 -> {HEAD} (head)")
+    before_head = ScriptDirectory.from_config(alembic_config()).get_revision(HEAD).down_revision
+    assert lines[0].startswith(f"{before_head} -> {HEAD} (head)")
     assert lines[-1].startswith("<base> -> 0001")
 
 
