@@ -65,12 +65,23 @@ def run_migrations_offline() -> None:
         context.run_migrations()
 
 
+def _moves_the_revision() -> bool:
+    """True for upgrade, downgrade and stamp (they have a destination revision)."""
+    try:
+        context.get_revision_argument()
+    except KeyError:
+        return False
+    return True
+
+
 def _run(connection: Connection) -> None:
     _configure(connection)
     with context.begin_transaction():
         # Under the migration lock: a second process migrating at once waits here, then
         # reads the revision the first one wrote. A legacy stamp in alembic_version moves.
-        prepare_for_migration(connection)
+        # Commands that only read (`alembic current`, `history`) change nothing.
+        if _moves_the_revision():
+            prepare_for_migration(connection)
         context.run_migrations()
 
 

@@ -137,10 +137,13 @@ def _alembic_run() -> tuple[bool, Any] | None:
     from alembic import context
 
     try:
-        destination = context.get_revision_argument()
         ctx = context.get_context()
     except NameError:  # the proxy exists only while env.py runs
         return None
+    try:
+        destination = context.get_revision_argument()
+    except KeyError:  # a command that moves no revision (current, history)
+        return False, ctx
     targets = destination if isinstance(destination, tuple | list) else (destination,)
     onward = any(
         t is not None and t not in ("base", SEED_REVISION) and not str(t).startswith("-")

@@ -29,7 +29,7 @@ from sqlalchemy.orm import sessionmaker
 import mnestoma
 from mnestoma.cli import cli
 from mnestoma.config import make_engine
-from mnestoma.migration import VERSION_TABLE
+from mnestoma.migration import VERSION_TABLE, alembic_config
 
 
 def _prepare_service(url: str) -> None:
@@ -384,3 +384,14 @@ def test_recording_from_the_command_line_creates_the_store(tmp_path: Path) -> No
     )
     assert result.exit_code == 0, result.output
     assert target.exists()
+
+
+def test_alembic_current_reads_a_legacy_store_without_adopting_it(empty_db_url: str) -> None:
+    mnestoma.upgrade(empty_db_url, "0002")
+    _move_stamp_to_alembic_version(empty_db_url)
+    engine = make_engine(empty_db_url)
+    try:
+        command.current(alembic_config(engine))
+    finally:
+        engine.dispose()
+    assert _versions(empty_db_url) == {"alembic_version": ["0002"]}
