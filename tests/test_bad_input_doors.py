@@ -21,7 +21,13 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
-from conftest import ENGINES, PG_ADMIN_URL, create_pg_database, drop_pg_database
+from conftest import (
+    ENGINES,
+    PG_ADMIN_URL,
+    create_pg_database,
+    drop_pg_database,
+    require_postgresql,
+)
 from invariants import dump_tables, plain_engine
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
@@ -449,6 +455,7 @@ def test_a_failure_inside_a_psycopg_pipeline_prints_one_stderr_line(
     holds a pipeline (an executemany) fails and the pipeline's own sync fails too: seen on
     PostgreSQL failures of ``copy`` and writes, depending on timing. Here the command's work
     fails inside a pipeline deterministically; stderr keeps the command's one line."""
+    require_postgresql()
     store = tmp_path / "store.sqlite"
     shutil.copy(_sqlite_template, store)
     server = make_url(PG_ADMIN_URL).set(drivername="postgresql")
