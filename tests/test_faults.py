@@ -111,13 +111,17 @@ def test_a_turn_killed_after_any_statement_leaves_all_of_it_or_none(store_url: s
     check_invariants(store_url)
 
 
+# The kill delays are drawn from a seeded generator: a failing run can be replayed.
+KILL_DELAYS = random.Random(20261130)
+
+
 def kill_a_big_turn_at_random(url: str, prefix: str, size: int = 200) -> int:
     """Record big turns in a child and SIGKILL it after a random delay; return turns done."""
     ready = CTX.Event()
     proc = CTX.Process(target=turn_loop_process, args=(url, prefix, size, ready))
     proc.start()
     assert ready.wait(30)
-    time.sleep(random.uniform(0.05, 0.6))
+    time.sleep(KILL_DELAYS.uniform(0.05, 0.6))
     os.kill(proc.pid, signal.SIGKILL)
     proc.join(30)
     assert proc.exitcode == -signal.SIGKILL

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import event, text
 
-from mnestoma import InvalidInput, Mnestoma
+from mnestoma import InvalidInput, Mnestoma, statements
 
 
 def _names(paths: list) -> list[list[str]]:
@@ -182,32 +182,29 @@ def test_suggest_next_filters_by_version_and_limits_to_k(store: Mnestoma) -> Non
 
 
 def test_suggest_next_uses_an_index(store: Mnestoma) -> None:
+    """EXPLAIN of the very statement suggest_next runs, with its parameters bound."""
     store.record_passing("a", "1", "b", "1")
-    from sqlalchemy import text
-
+    stmt = statements.suggest_statement(store.engine.dialect.name, False)
+    params = {"src": "a", "k": 5, "now": datetime(2026, 1, 2, tzinfo=UTC)}
     with store.engine.connect() as conn:
-        if store.engine.dialect.name == "sqlite":
-            plan = " ".join(
-                str(r[-1])
-                for r in conn.execute(
-                    text(
-                        "EXPLAIN QUERY PLAN SELECT * FROM mnests "
-                        "WHERE state = 'active' AND src_executor = 'a'"
-                    )
-                )
+        compiled = stmt.compile(dialect=conn.dialect)
+        if conn.dialect.name == "sqlite":
+            bound = compiled.construct_params(params)
+            args = tuple(
+                compiled.binds[n].type.process_bind_param(bound[n], conn.dialect)
+                if hasattr(compiled.binds[n].type, "process_bind_param")
+                else bound[n]
+                for n in compiled.positiontup or ()
             )
-            assert "ix_mnests_state_src" in plan
+            rows = conn.exec_driver_sql("EXPLAIN QUERY PLAN " + compiled.string, args)
+            plan = " ".join(str(r[-1]) for r in rows)
         else:
-            conn.execute(text("SET enable_seqscan = off"))
-            plan = " ".join(
-                r[0]
-                for r in conn.execute(
-                    text(
-                        "EXPLAIN SELECT * FROM mnests WHERE state = 'active' AND src_executor = 'a'"
-                    )
-                )
+            conn.exec_driver_sql("SET enable_seqscan = off")
+            rows = conn.exec_driver_sql(
+                "EXPLAIN " + compiled.string, compiled.construct_params(params)
             )
-            assert "ix_mnests_state_src" in plan
+            plan = " ".join(r[0] for r in rows)
+    assert "ix_mnests_state_src" in plan
 
 
 def test_walk_and_suggest_on_a_factory_built_graph(store_url: str, clock) -> None:
