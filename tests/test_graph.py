@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
+from test_cli import MNEST_KEYS  # the JSON keys of every listing, stated once
 
 from mnestoma import InvalidInput, Mnestoma, MnestomaError
 from mnestoma.cli import cli
@@ -29,23 +30,6 @@ from mnestoma.graph import (
 )
 
 README = Path(__file__).resolve().parent.parent / "README.md"
-MNEST_KEYS = [
-    "id",
-    "src_executor",
-    "src_version",
-    "dst_executor",
-    "dst_version",
-    "weight",
-    "uses",
-    "ts_first",
-    "ts_last",
-    "ts_weight",
-    "decay_lambda",
-    "state",
-    "tags",
-    "desired_sig",
-    "effective_weight",
-]
 TRICKY = ['we"ird\\name', "uni·cødé", "a#b|c;d", "<b>&amp;</b>", "`tick`", "end\\"]
 
 
