@@ -44,7 +44,14 @@ from .migration import (
 )
 from .models import CanonicalQuery, Event, Mnest
 from .repository import WALK_LIMIT, QueryFrequency
-from .rules import RECURRING_MIN_USES, RECURRING_MIN_WEIGHT, AgerReport, Recorder, activation
+from .rules import (
+    PROMOTE_HINT,
+    RECURRING_MIN_USES,
+    RECURRING_MIN_WEIGHT,
+    AgerReport,
+    Recorder,
+    activation,
+)
 from .status import collect_status, iso_utc, missing_sqlite_file, render_status
 from .validation import Clock, Passing, check_positive_int, utc_now
 
@@ -979,7 +986,7 @@ def transition(
 def _command_wording(message: str, mnest_id: str) -> str:
     """An API error message as a command-line user reads it: commands, not method names."""
     return message.replace(
-        "use promote_proto_to_active",
+        PROMOTE_HINT,
         f"once the executor exists, use 'mnestoma promote {mnest_id} VERSION'",
     )
 

@@ -79,7 +79,7 @@ from .migration import current_revision, head_revision, known_revisions, upgrade
 from .models import AgerRun, CanonicalQuery, Event, Mnest
 from .rules import (
     MAX_JSON_DEPTH,
-    PASSING_KINDS,
+    PASSING,
     EventKind,
     Recorder,
     clamp_weight,
@@ -87,7 +87,7 @@ from .rules import (
 )
 from .status import missing_sqlite_file
 from .types import JSONDocument
-from .validation import Clock, read_clock, utc_now
+from .validation import Clock, check_recorder, read_clock, utc_now
 
 __all__ = [
     "CHUNK_SIZE",
@@ -114,7 +114,6 @@ TABLES: tuple[tuple[Table, bool], ...] = (
 )
 KEY = ("src_executor", "src_version", "dst_executor", "dst_version", "state")
 PROTO_KEY = ("src_executor", "src_version", "dst_executor", "state")  # dst_version IS NULL
-PASSING = tuple(k.value for k in PASSING_KINDS)
 MERGED_COLUMNS = ("uses", "ts_first", "ts_last", "weight", "ts_weight", "tags", "desired_sig")
 
 Progress = Callable[[int], AbstractContextManager[Callable[[int], Any]]]
@@ -357,8 +356,7 @@ def copy_store(
     """
     if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
         raise InvalidInput("chunk_size must be a positive integer")
-    if recorder not in {r.value for r in Recorder}:
-        raise InvalidInput(f"recorder must be one of {', '.join(r.value for r in Recorder)}")
+    recorder = check_recorder(recorder).value
     src_url = resolve_database_url(source)
     dst_url = resolve_database_url(target)
     if _same_database(src_url, dst_url):

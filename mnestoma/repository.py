@@ -130,7 +130,7 @@ def _event(
     state_after: str | None = None,
     reason: str | None = None,
     related_id: str | None = None,
-    recorder: str = "call",
+    recorder: str,
 ) -> dict[str, Any]:
     return {
         "mnest_id": mnest_id,
@@ -178,14 +178,7 @@ class MnestRepository:
         return _connection_of(self._session)
 
     def _write_conn(self) -> Connection:
-        """The connection, in a transaction that holds the write lock (SQLite) before the
-        first statement of a write: see :mod:`mnestoma.locking`."""
-        if self._before_write is not None:
-            self._before_write()
-        conn = self._conn()
-        with translate_errors():
-            take_write_lock(conn)
-        return conn
+        return _write_connection(self._session, self._before_write)
 
     def _now(self) -> datetime:
         return read_clock(self._clock)
@@ -817,6 +810,19 @@ def _connection_of(session: Session | Connection) -> Connection:
         return session.connection()
 
 
+def _write_connection(
+    session: Session | Connection, before_write: Callable[[], None] | None
+) -> Connection:
+    """The connection, in a transaction that holds the write lock (SQLite) before the first
+    statement of a write: see :mod:`mnestoma.locking`."""
+    if before_write is not None:
+        before_write()
+    conn = _connection_of(session)
+    with translate_errors():
+        take_write_lock(conn)
+    return conn
+
+
 def _unprefix(values: dict[str, Any]) -> dict[str, Any]:
     return {k[2:]: v for k, v in values.items() if k.startswith("b_") and k != "b_id"}
 
@@ -874,11 +880,7 @@ class CanonicalQueryRepository:
             "canonical_query": canonical,
             "canonical_hash": hashlib.sha256(canonical.encode("utf-8")).hexdigest(),
         }
-        if self._before_write is not None:
-            self._before_write()
-        conn = _connection_of(self._session)
-        with translate_errors():
-            take_write_lock(conn)
+        conn = _write_connection(self._session, self._before_write)
         new_id = _run(conn, _INSERT_QUERY, values).scalar_one()
         return _detached(CanonicalQuery, {"id": new_id, **values}, new_id)
 

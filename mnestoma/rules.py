@@ -86,6 +86,7 @@ class Recorder(StrEnum):
 
 # Event kinds that stand for a passing (a created or reinforced edge).
 PASSING_KINDS: tuple[EventKind, ...] = (EventKind.CREATED, EventKind.REINFORCED)
+PASSING = tuple(k.value for k in PASSING_KINDS)  # the same, as the strings stored in events
 # Recorders that mean the store is fed automatically by a runtime.
 AUTOMATIC_RECORDERS: tuple[Recorder, ...] = (Recorder.TRACER, Recorder.OTEL)
 
@@ -148,6 +149,9 @@ def reinforced_weight(weight: float, decay_lambda: float, since: datetime, now: 
     return reinforce(decayed_weight(weight, decay_lambda, since, now))
 
 
+# The advice of a refused proto transition; the command line words it as a command.
+PROMOTE_HINT = "use promote_proto_to_active"
+
 # Allowed (from, to) state changes for transition_state; the same state is a no-op.
 _ALLOWED: frozenset[tuple[MnestState, MnestState]] = frozenset(
     {
@@ -174,7 +178,7 @@ def check_transition(current: MnestState, target: MnestState, *, has_version: bo
         return "a row cannot become a proto"
     if current == MnestState.PROTO:
         return (
-            f"a proto cannot become {target.value}; use promote_proto_to_active"
+            f"a proto cannot become {target.value}; {PROMOTE_HINT}"
             if target != MnestState.SUPERSEDED
             else None
         )

@@ -31,7 +31,7 @@ from .models import AgerRun, CanonicalQuery, Event, Mnest
 from .repository import MnestRepository
 from .rules import (
     AUTOMATIC_RECORDERS,
-    PASSING_KINDS,
+    PASSING,
     RECURRING_MIN_USES,
     RECURRING_MIN_WEIGHT,
     EventKind,
@@ -68,7 +68,6 @@ READING_STATEMENT = (
 # "The last 30 days" of the ager's runs, counted back from the status's now.
 AGER_WINDOW = timedelta(days=30)
 
-PASSING = tuple(k.value for k in PASSING_KINDS)
 RECORDER_NAMES = {
     Recorder.CALL.value: "calls of the API",
     Recorder.TRACER.value: "the in-process tracer (mnestoma.tracing)",

@@ -75,6 +75,11 @@ def check_name(value: Any, what: str) -> str:
         raise InvalidInput(f"{what} must not be empty or blank")
     if len(value) > MAX_NAME_LENGTH:
         raise InvalidInput(f"{what} is {len(value)} characters long; the limit is 255")
+    return _check_characters(value, what)
+
+
+def _check_characters(value: str, what: str) -> str:
+    """``value`` unless it holds a control character or a lone surrogate (InvalidInput)."""
     bad = _NOT_A_NAME.search(value)
     if bad is not None:
         if "\ud800" <= bad.group() <= "\udfff":
@@ -91,12 +96,7 @@ def check_mnest_id(value: Any, what: str = "mnest_id") -> str:
     """
     if not isinstance(value, str):
         raise InvalidInput(f"{what} must be a string, got {type(value).__name__}")
-    bad = _NOT_A_NAME.search(value)
-    if bad is not None:
-        if "\ud800" <= bad.group() <= "\udfff":
-            raise InvalidInput(f"{what} is not valid Unicode text (a lone surrogate?)")
-        raise InvalidInput(f"{what} must not contain control characters")
-    return value
+    return _check_characters(value, what)
 
 
 def shorten(value: str, limit: int = SHOWN_CHARS) -> str:
