@@ -24,7 +24,6 @@ from sqlalchemy.exc import ArgumentError
 from sqlalchemy.orm import Session
 
 from .config import (
-    READ_ONLY_OPTION,
     is_memory_sqlite,
     is_sqlite,
     make_engine,
@@ -403,7 +402,6 @@ class AsyncMnestoma(_AsyncDoor[MnestRepository]):
         else:
             self.engine = make_async_engine(url)
             self._owns_engine = True
-        self._read_engine = self.engine.execution_options(**{READ_ONLY_OPTION: True})
         self._at_head = False
         # SQLite has one writer at a time: this facade's writes queue here, each woken as
         # soon as the previous one commits, instead of polling SQLite's busy handler.
@@ -424,7 +422,7 @@ class AsyncMnestoma(_AsyncDoor[MnestRepository]):
         """Run ``op`` in its own transaction: a read, or a write retried when transient."""
         await self._ready()
         if not write:
-            return await self._once(self._read_engine, op, commit=False)
+            return await self._once(self.engine, op, commit=False)
         attempt = 0
         while True:
             try:

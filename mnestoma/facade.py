@@ -11,7 +11,6 @@ from sqlalchemy import Engine
 from sqlalchemy.engine import URL
 
 from .config import (
-    READ_ONLY_OPTION,
     is_memory_sqlite,
     is_sqlite,
     make_engine,
@@ -75,7 +74,6 @@ class Mnestoma:
             self.close()
             raise
         self._writes = make_session_factory(self.engine)
-        self._read_engine = self.engine.execution_options(**{READ_ONLY_OPTION: True})
 
     # --- transaction helpers --------------------------------------------------------------
 
@@ -96,7 +94,7 @@ class Mnestoma:
 
     def _read(self, work: Callable[[_Unit], T]) -> T:
         """Run ``work`` in a read transaction (SQLite: a plain BEGIN, no write lock)."""
-        with _Unit(self._read_engine, self.clock, self.recorder) as unit:
+        with _Unit(self.engine, self.clock, self.recorder) as unit:
             return work(unit)
 
     # --- the contract's operations ----------------------------------------------------------

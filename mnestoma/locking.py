@@ -89,9 +89,12 @@ def take_write_lock(conn: Connection) -> None:
     """Begin the transaction with SQLite's write lock (``BEGIN IMMEDIATE``), waiting for it.
 
     Does nothing on PostgreSQL, nor when the connection is already in a transaction that
-    wrote, or that a caller began (a caller's read snapshot that cannot be upgraded gives a
-    ConflictError at the write that needs it). A read-only snapshot this package began is
-    ended first. Raises :class:`WriteLockTimeout` when another writer keeps the lock longer than
+    wrote or that began otherwise than by a read (an explicit BEGIN, a savepoint, any
+    transaction on a caller's own ``create_engine`` engine): a read snapshot there that cannot
+    be upgraded gives a ConflictError at the write that needs it. A transaction that only
+    read, begun by the listener of a ``make_engine`` engine (whoever's session runs on it),
+    is ended first: it wrote nothing, and its reads were read committed. Raises
+    :class:`WriteLockTimeout` when another writer keeps the lock longer than
     :func:`lock_timeout`.
     """
     if conn.dialect.name != "sqlite":

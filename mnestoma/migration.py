@@ -113,7 +113,8 @@ def _legacy_revision(conn: Connection, tables: set[str]) -> str | None:
     if LEGACY_VERSION_TABLE not in tables or "mnests" not in tables:
         return None
     rows = conn.execute(text(f"SELECT version_num FROM {LEGACY_VERSION_TABLE}")).scalars()
-    ours = [r for r in rows if r in known_revisions()]
+    known = known_revisions()
+    ours = [r for r in rows if r in known]
     return ours[0] if len(ours) == 1 else None
 
 
@@ -142,12 +143,13 @@ def adopt_legacy_version(conn: Connection) -> str | None:
 
 
 def prepare_for_migration(conn: Connection) -> None:
-    """What every online migration does first, inside its transaction: create the schema the
-    URL's ``search_path`` names (PostgreSQL), take the migration lock, adopt a legacy stamp,
-    repair a seed-era store at 0001 (:mod:`mnestoma.seed_repair`)."""
+    """What every online migration does first, inside its transaction: take the migration
+    lock, create the schema the URL's ``search_path`` names (PostgreSQL: under the lock, so
+    two first migrations never race to create it), adopt a legacy stamp, repair a seed-era
+    store at 0001 (:mod:`mnestoma.seed_repair`)."""
+    lock_for_migration(conn)
     if conn.dialect.name == "postgresql":
         _create_search_path_schema(conn)
-    lock_for_migration(conn)
     adopt_legacy_version(conn)
     # a seed-era store at 0001 may hold rows that 0002's unique indexes forbid: merge them
     repair_before_upgrade(conn, read_revision(conn))

@@ -348,7 +348,11 @@ def notes_writer(report: SeedRepair) -> Callable[..., None]:
     revision 0002 (which adds ``related_id`` and ``reason``) is applied."""
 
     def after_step(*, ctx: Any, step: Any, heads: Any, run_args: Any) -> None:
-        if getattr(step, "is_upgrade", False) and getattr(step, "up_revision_id", None) == "0002":
+        if (
+            getattr(step, "is_upgrade", False)
+            and not getattr(step, "is_stamp", False)  # a stamp adds no column
+            and getattr(step, "up_revision_id", None) == "0002"
+        ):
             write_notes(ctx.connection, report)
 
     return after_step
