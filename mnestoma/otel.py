@@ -26,15 +26,16 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any, NamedTuple, Protocol
 
+from .errors import InvalidInput, MissingExtra
+
 try:
     from opentelemetry.context import Context
     from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
-    raise ImportError(
+    raise MissingExtra(
         "mnestoma.otel needs the OpenTelemetry SDK: pip install 'mnestoma[otel]'"
     ) from exc
 
-from .errors import InvalidInput
 from .validation import Passing, check_name
 
 __all__ = [

@@ -437,6 +437,23 @@ def test_the_testing_kit_without_factory_boy_names_the_extra() -> None:
     assert "mnestoma[testing]" in done.stdout
 
 
+def test_the_otel_processor_without_the_sdk_is_a_missing_extra() -> None:
+    done = _python(
+        """
+        import sys
+        sys.modules["opentelemetry"] = None  # as if mnestoma[otel] were not installed
+        sys.modules["opentelemetry.context"] = None
+        from mnestoma.errors import MissingExtra
+        try:
+            import mnestoma.otel
+        except MissingExtra as err:
+            print(err)
+        """
+    )
+    assert done.returncode == 0, done.stderr
+    assert "mnestoma[otel]" in done.stdout
+
+
 def test_missing_extra_is_one_error_class_importable_from_errors_and_graph() -> None:
     from mnestoma.errors import MissingExtra
     from mnestoma.graph import MissingExtra as FromGraph

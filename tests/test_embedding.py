@@ -21,7 +21,13 @@ from alembic import command
 from alembic.config import Config
 from click.testing import CliRunner
 from conftest import create_pg_database, drop_pg_database
-from service_patterns import SERVICE_TABLE, migrate_main, process_main, run_threads
+from service_patterns import (
+    SERVICE_TABLE,
+    migrate_main,
+    process_main,
+    run_threads,
+    service_engine,
+)
 from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import sessionmaker
@@ -33,7 +39,7 @@ from mnestoma.migration import VERSION_TABLE, alembic_config
 
 
 def _prepare_service(url: str) -> None:
-    engine = create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1))
+    engine = service_engine(url)
     with engine.begin() as conn:
         conn.execute(text("DROP TABLE IF EXISTS service_log"))  # the PostgreSQL store is shared
         sql = SERVICE_TABLE
@@ -49,7 +55,7 @@ def _uses(url: str) -> dict[str, int]:
 
 
 def _service_rows(url: str) -> int:
-    engine = create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1))
+    engine = service_engine(url)
     with engine.connect() as conn:
         n = conn.execute(text("SELECT count(*) FROM service_log")).scalar_one()
     engine.dispose()
@@ -228,7 +234,7 @@ def _service_alembic(tmp_path: Path, url: str) -> Config:
 
 
 def _versions(url: str) -> dict[str, list[str]]:
-    engine = create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1))
+    engine = service_engine(url)
     out: dict[str, list[str]] = {}
     with engine.connect() as conn:
         tables = set(inspect(conn).get_table_names())
@@ -268,7 +274,7 @@ def test_a_services_alembic_history_and_the_store_share_one_database(
 
 def _move_stamp_to_alembic_version(url: str) -> None:
     """Make the store look like one written before the package had its own version table."""
-    engine = create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1))
+    engine = service_engine(url)
     with engine.begin() as conn:
         rev = conn.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).scalar_one()
         conn.execute(text(f"DROP TABLE {VERSION_TABLE}"))
@@ -282,7 +288,7 @@ def test_a_store_stamped_in_alembic_version_is_adopted_by_upgrade_with_every_row
     empty_db_url: str, revision: str
 ) -> None:
     mnestoma.upgrade(empty_db_url, revision)
-    engine = create_engine(empty_db_url.replace("postgresql://", "postgresql+psycopg://", 1))
+    engine = service_engine(empty_db_url)
     ts = "2026-01-01 00:00:00+00:00"
     columns = "id, src_executor, src_version, dst_executor, dst_version, weight, uses, "
     columns += "ts_first, ts_last, decay_lambda, state"
