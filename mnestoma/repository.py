@@ -8,10 +8,9 @@ and executed with bound parameters on the session's connection.
 from __future__ import annotations
 
 import hashlib
-import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
-from datetime import datetime, timedelta
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, TypeVar
 
 from sqlalchemy import (
@@ -28,11 +27,11 @@ from sqlalchemy.sql import Executable
 from . import ranking
 from . import sqlite_driver as lite
 from . import statements as stm
+from .ager import run_ager
 from .errors import ConflictError, InvalidInput, InvalidTransition, NotFound, translate_errors
 from .locking import take_write_lock
 from .models import CanonicalQuery, Event, Mnest
 from .rules import (
-    ARCHIVE_AFTER_DAYS,
     DEFAULT_DECAY_LAMBDA,
     INITIAL_WEIGHT,
     RECURRING_MIN_USES,
@@ -750,36 +749,7 @@ class MnestRepository:
 
     def apply_ager(self) -> AgerReport:
         """Decay, demote, merge, prune and count archive candidates, in set-based SQL."""
-        started = time.perf_counter()
-        conn = self._write_conn()
-        dialect = conn.dialect.name
-        s = stm.ager_statements(dialect)
-        now = self._now()
-        p = {"now": now, "cutoff": now - timedelta(days=ARCHIVE_AFTER_DAYS)}
-        if dialect == "postgresql":
-            # One lock order with writers: they wait for the ager instead of deadlocking.
-            _run(conn, s["lock"])
-        _run(conn, s["prune_events"], p)
-        pruned = _run(conn, s["prune"], p).rowcount
-        _run(conn, s["merge_events_absorbed"], p)
-        _run(conn, s["merge_events_target"], p)
-        _run(conn, s["merge_update"], p)
-        merged = _run(conn, s["merge_delete"], p).rowcount
-        _run(conn, s["demote_events"], p)
-        demoted = _run(conn, s["demote"], p).rowcount
-        decayed_rows = _run(conn, s["decay"], p).rowcount
-        archive = _run(conn, s["archive_count"], p).scalar_one()
-        report = AgerReport(
-            decayed=decayed_rows,
-            to_decaying=demoted + merged,
-            merged=merged,
-            protos_pruned=pruned,
-            archive_candidates=int(archive),
-        )
-        # One row per run, in the run's transaction: it exists exactly when the run commits.
-        run = {"ts": now, "duration_s": time.perf_counter() - started, **asdict(report)}
-        _run(conn, stm.INSERT_AGER_RUN, run)
-        return report
+        return run_ager(self._write_conn(), self._now())
 
     # --- query log --------------------------------------------------------------------
 

@@ -345,7 +345,7 @@ def test_the_merge_of_a_hub_is_linear_on_a_database_without_statistics(
     the last ANALYZE: planned through the (state, src) index, a correlated merge
     touched every twin of the hub for each row (quadratic, millions of rows); the merge
     statements now do a bounded amount of work per row."""
-    from mnestoma import statements as stm
+    from mnestoma.sql import ager as stm
 
     hub = 2_000
     mnestoma.upgrade(pg_empty_db_url)
