@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import random
-import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -18,22 +16,21 @@ from .config import (
     redact_url,
     resolve_database_url,
 )
-from .errors import InvalidInput, MnestomaError, SchemaError, is_retryable, translate_errors
+from .errors import InvalidInput, SchemaError, translate_errors
 from .migration import ensure_at_head, sqlite_store_missing
 from .models import CanonicalQuery, Event, Mnest
 from .ranking import Ranked
 
 if TYPE_CHECKING:
     from .graph import MnestGraph
-from .repository import WALK_LIMIT, CanonicalQueryRepository, MnestRepository, QueryFrequency
-from .rules import RECURRING_MIN_USES, RECURRING_MIN_WEIGHT, AgerReport, Recorder
-from .uow import UnitOfWork
+from .repository import WALK_LIMIT, QueryFrequency
+from .rules import RECURRING_MIN_USES, RECURRING_MIN_WEIGHT, AgerReport, MnestState, Recorder
+from .uow import ConnectionUnitOfWork, UnitOfWork, retry_pause, with_retries
 from .validation import Clock, Passing, check_recorder
 
-__all__ = ["Mnestoma"]
+__all__ = ["Mnestoma", "retry_pause"]
 
 T = TypeVar("T")
-MAX_ATTEMPTS = 8
 
 
 class Mnestoma:
@@ -77,24 +74,23 @@ class Mnestoma:
 
     # --- transaction helpers --------------------------------------------------------------
 
-    def _write(self, work: Callable[[_Unit], T]) -> T:
-        """Run ``work`` in one write transaction; retry transient conflicts, bounded."""
-        for attempt in range(MAX_ATTEMPTS):
-            try:
-                with _Unit(self.engine, self.clock, self.recorder) as unit:
-                    result = work(unit)
-                    unit.commit()
-                    return result
-            except MnestomaError as err:
-                pause = retry_pause(attempt, err)
-                if pause is None:
-                    raise
-                time.sleep(pause)
-        raise AssertionError("unreachable")
+    def _unit(self) -> ConnectionUnitOfWork:
+        return ConnectionUnitOfWork(self.engine, clock=self.clock, recorder=self.recorder)
 
-    def _read(self, work: Callable[[_Unit], T]) -> T:
+    def _write(self, work: Callable[[ConnectionUnitOfWork], T]) -> T:
+        """Run ``work`` in one write transaction; retry transient conflicts, bounded."""
+
+        def once() -> T:
+            with self._unit() as unit:
+                result = work(unit)
+                unit.commit()
+                return result
+
+        return with_retries(once)
+
+    def _read(self, work: Callable[[ConnectionUnitOfWork], T]) -> T:
         """Run ``work`` in a read transaction (SQLite: a plain BEGIN, no write lock)."""
-        with _Unit(self.engine, self.clock, self.recorder) as unit:
+        with self._unit() as unit:
             return work(unit)
 
     # --- the contract's operations ----------------------------------------------------------
@@ -178,7 +174,7 @@ class Mnestoma:
         src_version: str,
         dst_executor: str,
         dst_version: str | None,
-        state: str = "active",
+        state: str = MnestState.ACTIVE,
     ) -> Mnest | None:
         """The row with this key and state, or None."""
         return self._read(
@@ -306,7 +302,7 @@ class Mnestoma:
     def apply_ager(self, *, dry_run: bool = False) -> AgerReport:
         """Run the ager at the clock's now; ``dry_run`` reports and rolls everything back."""
         if check_dry_run(dry_run):
-            with _Unit(self.engine, self.clock, self.recorder) as unit:
+            with self._unit() as unit:
                 return unit.mnests.apply_ager()  # left without commit: rolled back
         return self._write(lambda u: u.mnests.apply_ager())
 
@@ -343,42 +339,7 @@ class Mnestoma:
         self.close()
 
 
-class _Unit:
-    """One transaction on one connection for one facade call; rolled back unless committed."""
-
-    def __init__(self, engine: Engine, clock: Clock | None, recorder: str) -> None:
-        self._engine = engine
-        self._clock = clock
-        self._recorder = recorder
-
-    def __enter__(self) -> _Unit:
-        with translate_errors():
-            self._conn = self._engine.connect()
-        self.mnests = MnestRepository(self._conn, clock=self._clock, recorder=self._recorder)
-        self.queries = CanonicalQueryRepository(self._conn, clock=self._clock)
-        return self
-
-    def commit(self) -> None:
-        with translate_errors():
-            self._conn.commit()
-
-    def __exit__(self, *exc: object) -> None:
-        try:
-            if self._conn.in_transaction():
-                self._conn.rollback()
-        finally:
-            self._conn.close()
-
-
-# --- shared with the async door (mnestoma.aio): one policy for both -------------------------
-
-
-def retry_pause(attempt: int, err: BaseException) -> float | None:
-    """Seconds to wait before retrying a write whose attempt ``attempt`` (from 0) failed
-    with ``err``; None when it must not be retried (not transient, or attempts spent)."""
-    if attempt + 1 < MAX_ATTEMPTS and is_retryable(err):
-        return random.uniform(0, 0.002 * 2**attempt)
-    return None
+# --- shared with the async door (mnestoma.aio) ----------------------------------------------
 
 
 def ensure_schema(engine: Engine) -> None:
@@ -410,8 +371,6 @@ def check_dry_run(dry_run: object) -> bool:
 
 def _is_empty(engine: Engine) -> bool:
     from sqlalchemy import inspect
-
-    from .errors import translate_errors
 
     with translate_errors():
         return not inspect(engine).get_table_names()

@@ -11,24 +11,16 @@ import hashlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, cast
 
-from sqlalchemy import (
-    Connection,
-    func,
-    insert,
-    select,
-    update,
-)
-from sqlalchemy.orm import Session, configure_mappers, scoped_session
-from sqlalchemy.orm.base import instance_state
-from sqlalchemy.sql import Executable
+from sqlalchemy import Connection
+from sqlalchemy.orm import Session, scoped_session
 
 from . import ranking
-from . import sqlite_driver as lite
-from . import statements as stm
+from . import snapshots as snap
 from .ager import run_ager
 from .errors import ConflictError, InvalidInput, InvalidTransition, NotFound, translate_errors
+from .executor import Executor, executor_for
 from .locking import take_write_lock
 from .models import CanonicalQuery, Event, Mnest
 from .rules import (
@@ -45,8 +37,9 @@ from .rules import (
     new_mnest_id,
     reinforce,
 )
-from .sqlrules import decayed, now_param
-from .statements import EVENT_COLUMNS, MNEST_COLUMNS, QUERY_COLUMNS, E, Key, M, Q
+from .sql import read as rd
+from .sql import record as rec
+from .sql.tables import MNEST_COLUMNS, Key
 from .validation import (
     Clock,
     Passing,
@@ -67,54 +60,59 @@ from .validation import (
 
 __all__ = ["CanonicalQueryRepository", "MnestRepository", "QueryFrequency"]
 
-T = TypeVar("T")
 MAX_WALK_DEPTH = 16
 # walk(): the paths returned by default (best first), and the most a caller may ask for.
 WALK_LIMIT = 1000
 MAX_WALK_LIMIT = 100_000
 MAX_LIMIT = 2**31 - 1  # the largest LIMIT both engines take as a plain integer
 RANK_NAMES_PER_STATEMENT = 500
-_MAX_RACE_ROUNDS = 8
+# A passing whose INSERT finds its key created by another transaction meanwhile reads that
+# row again and reinforces it: a race round, not a retry of a failed transaction (those are
+# the unit of work's). Bounded, in case the row keeps vanishing (the ager demoting it).
+RACE_ROUNDS = 8
+
+# Positions of the columns in a row of ``select(mnests)``.
+_COL = {name: i for i, name in enumerate(MNEST_COLUMNS)}
+_ID, _STATE, _USES = _COL["id"], _COL["state"], _COL["uses"]
+_SRC, _SRC_V, _DST, _DST_V = (
+    _COL["src_executor"],
+    _COL["src_version"],
+    _COL["dst_executor"],
+    _COL["dst_version"],
+)
+_WEIGHT, _LAMBDA, _TS_WEIGHT, _TS_LAST = (
+    _COL["weight"],
+    _COL["decay_lambda"],
+    _COL["ts_weight"],
+    _COL["ts_last"],
+)
+_TAGS, _SIG = _COL["tags"], _COL["desired_sig"]
+Row = tuple[Any, ...]
 
 
 def _key(p: Passing) -> Key:
     return (p.src_executor, p.src_version, p.dst_executor, p.dst_version)
 
 
-def _detached(cls: type[T], values: Iterable[tuple[str, Any]] | dict[str, Any], ident: Any) -> T:
-    """A detached instance with every column loaded, built without ``__init__`` or events.
-
-    What ``make_transient_to_detached`` does for a fresh object, minus its generic
-    bookkeeping: the hot paths build one per returned row.
-    """
-    manager = cls._sa_class_manager  # type: ignore[attr-defined]
-    if not manager.mapper.configured:
-        configure_mappers()
-    obj = manager.new_instance()
-    state = instance_state(obj)
-    state.dict.update(values)
-    state.key = (cls, (ident,), None)
-    return obj  # type: ignore[no-any-return]
+def _row_key(r: Row) -> Key:
+    return (r[_SRC], r[_SRC_V], r[_DST], r[_DST_V])
 
 
-def _snapshot(values: Any) -> Mnest:
-    """A detached Mnest with every column set, from a row mapping or dict."""
-    return _detached(Mnest, {k: values[k] for k in MNEST_COLUMNS}, values["id"])
+def _key_params(key: Key) -> dict[str, Any]:
+    """The parameters of :func:`~mnestoma.sql.tables.key_is` for one key."""
+    s, sv, d, dv = key
+    params: dict[str, Any] = {"s": s, "sv": sv, "d": d}
+    if dv is not None:
+        params["dv"] = dv
+    return params
 
 
-def _event_snapshot(values: Any) -> Event:
-    return _detached(Event, {k: values[k] for k in EVENT_COLUMNS}, values["id"])
-
-
-def _version_is(dst_version: str | None) -> Any:
-    """``dst_version`` equal to the given version, NULL-safe."""
-    return M.c.dst_version.is_(None) if dst_version is None else M.c.dst_version == dst_version
-
-
-def _run(conn: Connection, stmt: Executable, params: Any = None) -> Any:
-    """Execute on ``conn``, translating driver errors into the package's."""
-    with translate_errors():
-        return conn.execute(stmt, params) if params is not None else conn.execute(stmt)
+def _with(row: Row, changes: dict[int, Any]) -> Row:
+    """``row`` with the values at some positions replaced."""
+    values = list(row)
+    for i, v in changes.items():
+        values[i] = v
+    return tuple(values)
 
 
 def _event(
@@ -149,8 +147,8 @@ def _event(
 class MnestRepository:
     """Every rule of contract §4 on one session; flushes, never commits.
 
-    A bare ``Connection`` is accepted too (the facade uses one: a Session adds nothing to
-    Core statements but its own bookkeeping).
+    A bare ``Connection`` is accepted too (the facade's connection units use one: a Session
+    adds nothing to Core statements but its own bookkeeping).
     """
 
     def __init__(
@@ -173,29 +171,14 @@ class MnestRepository:
         """The session (or connection) this repository works in."""
         return self._session
 
-    def _conn(self) -> Connection:
-        return _connection_of(self._session)
+    def _ex(self) -> Executor:
+        return executor_for(_connection_of(self._session))
 
-    def _write_conn(self) -> Connection:
-        return _write_connection(self._session, self._before_write)
+    def _write_ex(self) -> Executor:
+        return executor_for(_write_connection(self._session, self._before_write))
 
     def _now(self) -> datetime:
         return read_clock(self._clock)
-
-    def _select_mnests(self, conn: Connection, stmt: Any, params: dict[str, Any]) -> list[Any]:
-        """Rows of ``mnests`` as mappings; on SQLite read through the driver directly."""
-        if conn.dialect.name != "sqlite":
-            return list(_run(conn, stmt, params).mappings().all())
-        with translate_errors():
-            return [lite.mnest_mapping(r) for r in lite.fetch_tuples(conn, stmt, params)]
-
-    def _run_many(self, conn: Connection, stmt: Any, rows: list[dict[str, Any]]) -> None:
-        """executemany; on SQLite with driver-ready rows (see :func:`lite.execute`)."""
-        if conn.dialect.name != "sqlite":
-            _run(conn, stmt, rows)
-            return
-        with translate_errors():
-            lite.execute(conn, stmt, rows)
 
     # --- recording --------------------------------------------------------------------
 
@@ -268,53 +251,48 @@ class MnestRepository:
         return self._record_many(items, turn, who)
 
     def _record_one(self, p: Passing, turn_id: str | None, recorder: str) -> Mnest:
-        conn = self._write_conn()
+        ex = self._write_ex()
         proto = not p.dst_exists
-        sel = stm.SEL_ONE_PROTO if proto else stm.SEL_ONE_ACTIVE
-        params = {"s": p.src_executor, "sv": p.src_version, "d": p.dst_executor}
-        if not proto:
-            params["dv"] = p.dst_version
-        insert_stmt = stm.INSERT_MNEST[conn.dialect.name]
-        for _ in range(_MAX_RACE_ROUNDS):
-            found = self._select_mnests(conn, sel, params)
-            row = found[0] if found else None
+        sel = rec.SELECT_ONE_PROTO if proto else rec.SELECT_ONE_ACTIVE
+        params = _key_params(_key(p))
+        for _ in range(RACE_ROUNDS):
+            row = ex.first(sel, params)
             now = self._now()  # read once the write lock is held
             if row is not None:
                 if turn_id is not None and (
-                    _run(
-                        conn, stm.SEL_TURN_DONE_ONE, {"turn_id": turn_id, "mid": row["id"]}
-                    ).first()
+                    ex.first(rec.TURN_COUNTED_ONE, {"turn_id": turn_id, "mid": row[_ID]})
                     is not None
                 ):
-                    return _snapshot(row)
+                    return snap.mnest(row)
                 values, ev = self._reinforcement(row, p, turn_id, now, recorder)
-                if conn.dialect.name == "postgresql":
-                    ev_params = {k: ev[k] for k in stm.PG_REINFORCE_EVENT_PARAMS}
-                    _run(conn, stm.PG_REINFORCE_WITH_EVENT, {**values, **ev_params})
+                if ex.dialect == "postgresql":
+                    ev_params = {k: ev[k] for k in rec.PG_REINFORCE_EVENT_PARAMS}
+                    ex.execute(rec.PG_REINFORCE_WITH_EVENT, {**values, **ev_params})
                 else:
-                    self._run_many(conn, stm.UPD_REINFORCE, [values])
-                    self._run_many(conn, stm.INSERT_EVENT, [ev])
-                return _snapshot({**row, **_unprefix(values), "uses": row["uses"] + 1})
+                    ex.many(rec.UPDATE_REINFORCE, [values])
+                    ex.many(rec.INSERT_EVENT, [ev])
+                return snap.mnest(_reinforced(row, values))
             values, ev = self._creation(p, turn_id, now, recorder)
-            if _run(conn, insert_stmt, values).first() is not None:
-                self._run_many(conn, stm.INSERT_EVENT, [ev])
-                return _snapshot(values)
+            if ex.first(rec.insert_mnest(ex.dialect), values) is not None:
+                ex.many(rec.INSERT_EVENT, [ev])
+                return snap.mnest_from(values)
             # Another transaction created the row first: lock it and reinforce instead.
         raise ConflictError("could not record the passing: the edge kept changing under us")
 
     def _record_many(self, items: list[Passing], turn_id: str, recorder: str) -> list[Mnest]:
-        conn = self._write_conn()
+        ex = self._write_ex()
         unique: dict[tuple[bool, Key], Passing] = {}
         for p in items:
             # The last tags / desired_sig given for an edge in the turn win.
             unique[(p.dst_exists, _key(p))] = p
-        if conn.dialect.name == "sqlite":
+        if ex.dialect == "sqlite":
             # BEGIN IMMEDIATE: no other writer can create one of our keys meanwhile
-            result = self._record_many_once(conn, unique, turn_id, recorder)
+            result = self._record_many_once(ex, unique, turn_id, recorder)
             if result is None:
                 raise ConflictError("another writer created a key of this turn meanwhile")
             return [result[(p.dst_exists, _key(p))] for p in items]
-        for attempt in range(_MAX_RACE_ROUNDS + len(unique)):
+        conn = ex.conn
+        for attempt in range(RACE_ROUNDS + len(unique)):
             # A savepoint per attempt: when another transaction creates one of our keys
             # first, rolling back to it releases every row lock this attempt took, so the
             # next attempt locks all the turn's rows again in one (id) order. Continuing
@@ -325,11 +303,11 @@ class MnestRepository:
                 # keeps the next one out until this turn ends, and conflicts with no other
                 # writer. Taken outside the savepoints, it outlives their rollbacks; every
                 # further retry then means a key another writer created and committed.
-                _run(conn, stm.HOLD_OFF_AGER)
+                ex.execute(rec.HOLD_OFF_AGER)
             with translate_errors():
                 savepoint = conn.begin_nested()
             try:
-                result = self._record_many_once(conn, unique, turn_id, recorder)
+                result = self._record_many_once(ex, unique, turn_id, recorder)
             except BaseException:
                 if savepoint.is_active:
                     savepoint.rollback()
@@ -343,21 +321,21 @@ class MnestRepository:
 
     def _record_many_once(
         self,
-        conn: Connection,
+        ex: Executor,
         pending: dict[tuple[bool, Key], Passing],
         turn_id: str,
         recorder: str,
     ) -> dict[tuple[bool, Key], Mnest] | None:
         """One attempt at a turn; None when another transaction created one of its keys."""
         result: dict[tuple[bool, Key], Mnest] = {}
-        rows = self._lock_keys(conn, list(pending))
+        rows = self._lock_keys(ex, list(pending))
         now = self._now()
-        found = {(r["state"] == "active", _row_key(r)): r for r in rows}
+        found = {(r[_STATE] == MnestState.ACTIVE, _row_key(r)): r for r in rows}
         done: set[str] = set()
-        if found and _run(conn, stm.SEL_TURN_SEEN, {"turn_id": turn_id}).first() is not None:
+        if found and ex.first(rec.TURN_SEEN, {"turn_id": turn_id}) is not None:
             # a retried (or continued) turn: which of its rows did it already count?
-            ids = [r["id"] for r in found.values()]
-            done = set(_run(conn, stm.SEL_TURN_DONE, {"turn_id": turn_id, "ids": ids}).scalars())
+            ids = [r[_ID] for r in found.values()]
+            done = set(ex.scalars(rec.TURN_COUNTED, {"turn_id": turn_id, "ids": ids}))
         updates: list[dict[str, Any]] = []
         creations: list[tuple[tuple[bool, Key], dict[str, Any], dict[str, Any]]] = []
         events: list[dict[str, Any]] = []
@@ -366,66 +344,64 @@ class MnestRepository:
             if row is None:
                 values, ev = self._creation(p, turn_id, now, recorder)
                 creations.append((ident, values, ev))
-            elif row["id"] in done:
-                result[ident] = _snapshot(row)
+            elif row[_ID] in done:
+                result[ident] = snap.mnest(row)
             else:
                 values, ev = self._reinforcement(row, p, turn_id, now, recorder)
                 updates.append(values)
                 events.append(ev)
-                result[ident] = _snapshot({**row, **_unprefix(values), "uses": row["uses"] + 1})
-        if updates:
-            self._run_many(conn, stm.UPD_REINFORCE, updates)
+                result[ident] = snap.mnest(_reinforced(row, values))
+        ex.many(rec.UPDATE_REINFORCE, updates)
         if creations:
             # one multi-row INSERT ... ON CONFLICT DO NOTHING RETURNING id, in key order; a
             # key that another transaction created meanwhile comes back missing
             creations.sort(key=lambda c: _sort_key(c[0]))
             params = [values for _, values, _ in creations]
-            inserted = set(_run(conn, stm.INSERT_MNEST[conn.dialect.name], params).scalars())
+            inserted = ex.execute(rec.insert_mnest(ex.dialect), params).scalars().all()
             if len(inserted) < len(creations):
                 return None
             for ident, values, ev in creations:
                 events.append(ev)
-                result[ident] = _snapshot(values)
-        if events:
-            self._run_many(conn, stm.INSERT_EVENT, events)
+                result[ident] = snap.mnest_from(values)
+        ex.many(rec.INSERT_EVENT, events)
         return result
 
-    def _lock_keys(self, conn: Connection, idents: list[tuple[bool, Key]]) -> list[Any]:
+    def _lock_keys(self, ex: Executor, idents: list[tuple[bool, Key]]) -> list[Row]:
         """Lock and read the rows of these keys, every chunk in id order."""
         idents = sorted(idents, key=_sort_key)
-        rows: list[Any] = []
-        for i in range(0, len(idents), stm.KEYS_PER_STATEMENT):
-            chunk = idents[i : i + stm.KEYS_PER_STATEMENT]
+        rows: list[Row] = []
+        for i in range(0, len(idents), rec.KEYS_PER_STATEMENT):
+            chunk = idents[i : i + rec.KEYS_PER_STATEMENT]
             akeys = [k for (exists_, k) in chunk if exists_]
             pkeys = [k for (exists_, k) in chunk if not exists_]
-            stmt = stm.select_keys(len(akeys), len(pkeys))
-            rows.extend(self._select_mnests(conn, stmt, stm.key_params(akeys, pkeys)))
+            stmt = rec.select_keys(rec.shape_size(len(akeys)), rec.shape_size(len(pkeys)))
+            rows.extend(ex.rows(stmt, rec.key_params(akeys, pkeys)))
         return rows
 
     def _reinforcement(
-        self, row: Any, p: Passing, turn_id: str | None, now: datetime, recorder: str
+        self, row: Row, p: Passing, turn_id: str | None, now: datetime, recorder: str
     ) -> tuple[dict[str, Any], dict[str, Any]]:
-        ts_last = max(row["ts_last"], now)
-        ts_weight = max(row["ts_weight"], now)
-        before = decayed_weight(row["weight"], row["decay_lambda"], row["ts_weight"], ts_weight)
+        ts_last = max(row[_TS_LAST], now)
+        ts_weight = max(row[_TS_WEIGHT], now)
+        before = decayed_weight(row[_WEIGHT], row[_LAMBDA], row[_TS_WEIGHT], ts_weight)
         after = reinforce(before)
         values = {
-            "b_id": row["id"],
+            "b_id": row[_ID],
             "b_weight": after,
             "b_ts_last": ts_last,
             "b_ts_weight": ts_weight,
-            "b_tags": p.tags if p.tags is not None else row["tags"],
-            "b_desired_sig": (p.desired_sig if p.desired_sig is not None else row["desired_sig"]),
+            "b_tags": p.tags if p.tags is not None else row[_TAGS],
+            "b_desired_sig": p.desired_sig if p.desired_sig is not None else row[_SIG],
         }
         ev = _event(
-            row["id"],
+            row[_ID],
             EventKind.REINFORCED,
             ts_last,
             turn_id=turn_id,
             weight_before=before,
             weight_after=after,
-            state_before=row["state"],
-            state_after=row["state"],
+            state_before=row[_STATE],
+            state_after=row[_STATE],
             recorder=recorder,
         )
         return values, ev
@@ -468,8 +444,8 @@ class MnestRepository:
     def get(self, mnest_id: str) -> Mnest | None:
         """The mnest with this id, or None."""
         check_mnest_id(mnest_id)
-        row = _run(self._conn(), stm.SEL_BY_ID, {"id": mnest_id}).mappings().first()
-        return _snapshot(row) if row is not None else None
+        row = self._ex().first(rd.SELECT_BY_ID, {"id": mnest_id})
+        return snap.mnest(row) if row is not None else None
 
     def find(
         self,
@@ -477,23 +453,18 @@ class MnestRepository:
         src_version: str,
         dst_executor: str,
         dst_version: str | None,
-        state: str = "active",
+        state: str = MnestState.ACTIVE,
     ) -> Mnest | None:
         """The row with this key and state, or None."""
-        check_name(src_executor, "src_executor")
-        check_name(src_version, "src_version")
-        check_name(dst_executor, "dst_executor")
-        check_optional_name(dst_version, "dst_version")
-        st = check_state(state)
-        stmt = select(M).where(
-            M.c.src_executor == src_executor,
-            M.c.src_version == src_version,
-            M.c.dst_executor == dst_executor,
-            _version_is(dst_version),
-            M.c.state == st.value,
+        key = (
+            check_name(src_executor, "src_executor"),
+            check_name(src_version, "src_version"),
+            check_name(dst_executor, "dst_executor"),
+            check_optional_name(dst_version, "dst_version"),
         )
-        row = _run(self._conn(), stmt).mappings().first()
-        return _snapshot(row) if row is not None else None
+        params = {**_key_params(key), "state": check_state(state).value}
+        row = self._ex().first(rd.find_statement(dst_version is None), params)
+        return snap.mnest(row) if row is not None else None
 
     def edges(
         self,
@@ -505,18 +476,20 @@ class MnestRepository:
     ) -> list[Mnest]:
         """Rows filtered by source, destination and states (None: every state), oldest
         first; at most ``limit`` of them (in the SQL, so a big store is not read whole)."""
-        stmt = select(M)
+        params: dict[str, Any] = {}
         if src_executor is not None:
-            stmt = stmt.where(M.c.src_executor == check_name(src_executor, "src_executor"))
+            params["src"] = check_name(src_executor, "src_executor")
         if dst_executor is not None:
-            stmt = stmt.where(M.c.dst_executor == check_name(dst_executor, "dst_executor"))
+            params["dst"] = check_name(dst_executor, "dst_executor")
         st = check_states(states)
         if st is not None:
-            stmt = stmt.where(M.c.state.in_([s.value for s in st]))
-        stmt = stmt.order_by(M.c.ts_first, M.c.id)
+            params["states"] = [s.value for s in st]
         if limit is not None:
-            stmt = stmt.limit(check_positive_int(limit, "limit", maximum=MAX_LIMIT))
-        return [_snapshot(r) for r in _run(self._conn(), stmt).mappings()]
+            params["limit"] = check_positive_int(limit, "limit", maximum=MAX_LIMIT)
+        stmt = rd.edges_statement(
+            src_executor is not None, dst_executor is not None, st is not None, limit is not None
+        )
+        return [snap.mnest(r) for r in self._ex().rows(stmt, params)]
 
     def events(
         self,
@@ -527,15 +500,15 @@ class MnestRepository:
     ) -> list[Event]:
         """Events, oldest first, optionally for one mnest and/or one turn; at most
         ``limit`` of them (in the SQL)."""
-        stmt = select(E)
+        params: dict[str, Any] = {}
         if mnest_id is not None:
-            stmt = stmt.where(E.c.mnest_id == check_mnest_id(mnest_id))
+            params["mnest_id"] = check_mnest_id(mnest_id)
         if turn_id is not None:
-            stmt = stmt.where(E.c.turn_id == check_name(turn_id, "turn_id"))
-        stmt = stmt.order_by(E.c.ts, E.c.id)
+            params["turn_id"] = check_name(turn_id, "turn_id")
         if limit is not None:
-            stmt = stmt.limit(check_positive_int(limit, "limit", maximum=MAX_LIMIT))
-        return [_event_snapshot(r) for r in _run(self._conn(), stmt).mappings()]
+            params["limit"] = check_positive_int(limit, "limit", maximum=MAX_LIMIT)
+        stmt = rd.events_statement(mnest_id is not None, turn_id is not None, limit is not None)
+        return [snap.event(r) for r in self._ex().rows(stmt, params)]
 
     def walk(
         self,
@@ -557,29 +530,21 @@ class MnestRepository:
         depth = check_positive_int(max_depth, "max_depth", maximum=MAX_WALK_DEPTH)
         floor = check_weight_threshold(min_weight, "min_weight")
         most = check_positive_int(limit, "limit", maximum=MAX_WALK_LIMIT)
-        conn = self._conn()
-        stmt = stm.walk_statement(conn.dialect.name, with_floor=floor > 0)
+        ex = self._ex()
+        stmt = rd.walk_statement(ex.dialect, with_floor=floor > 0)
         params = {"src": src, "max_depth": depth, "now": self._now(), "limit": most}
         if floor > 0:
             params["min_weight"] = floor
-        if conn.dialect.name == "sqlite":
-            with translate_errors():
-                rows = lite.fetch_tuples(conn, stmt, params)
-            values = lite.mnest_values
-        else:
-            rows = _run(conn, stmt, params).all()
-            values = list
         # A row is (path of ids, *the columns of its last edge). Every prefix of a path is a
         # path too and scores at least as much (weights are ≤ 1; ties go to the shorter), so
         # it came in an earlier row: each path is its parent's list plus one edge.
         by_id: dict[str, Mnest] = {}
         by_path: dict[str, list[Mnest]] = {}
         out: list[list[Mnest]] = []
-        for r in rows:
+        for r in ex.rows(stmt, params):
             edge = by_id.get(r[1])
             if edge is None:
-                columns = zip(MNEST_COLUMNS, values(r[1:]), strict=True)
-                edge = by_id[r[1]] = _detached(Mnest, columns, r[1])
+                edge = by_id[r[1]] = snap.mnest(r[1:])
             parent = r[0].rpartition(",")[0]
             path = by_path[r[0]] = [*by_path[parent], edge] if parent else [edge]
             out.append(path)
@@ -596,21 +561,20 @@ class MnestRepository:
         src = check_name(src_executor, "src_executor")
         version = check_optional_name(src_version, "src_version")
         limit = check_positive_int(k, "k", maximum=10_000)
-        conn = self._conn()
-        dialect = conn.dialect.name
+        ex = self._ex()
         now = self._now()
         params: dict[str, Any] = {"src": src, "k": limit + 1, "now": now}
         if version is not None:
             params["sv"] = version
-        stmt = stm.suggest_statement(dialect, version is not None)
-        rows = _run(conn, stmt, params).mappings().all()
-        if len(rows) > limit and rows[limit]["effective"] == rows[limit - 1]["effective"]:
+        stmt = rd.suggest_statement(ex.dialect, version is not None)
+        rows = ex.rows(stmt, params)
+        if len(rows) > limit and rows[limit][-1] == rows[limit - 1][-1]:
             # a tie across the k-th place: read every edge of that strength, so that the
             # activation (not the SQL's order) decides which of them make the cut
-            params["floor"] = rows[limit - 1]["effective"]
-            stmt = stm.suggest_statement(dialect, version is not None, ties=True)
-            rows = _run(conn, stmt, params).mappings().all()
-        edges = [(_snapshot(r), float(r["effective"])) for r in rows]
+            params["floor"] = rows[limit - 1][-1]
+            stmt = rd.suggest_statement(ex.dialect, version is not None, ties=True)
+            rows = ex.rows(stmt, params)
+        edges = [(snap.mnest(r), float(r[-1])) for r in rows]
         return ranking.order_edges(edges, now)[:limit]
 
     def rank(
@@ -623,8 +587,8 @@ class MnestRepository:
         wanted = ranking.normalise_candidates(candidates)
         if not wanted:
             return []
-        conn = self._conn()
-        stmt = stm.rank_statement(conn.dialect.name, version is not None)
+        ex = self._ex()
+        stmt = rd.rank_statement(ex.dialect, version is not None)
         now = self._now()
         names = sorted({executor for _, executor, _ in wanted})
         edges: list[tuple[Mnest, float]] = []
@@ -636,8 +600,7 @@ class MnestRepository:
             }
             if version is not None:
                 params["sv"] = version
-            rows = _run(conn, stmt, params).mappings().all()
-            edges.extend((_snapshot(r), float(r["effective"])) for r in rows)
+            edges.extend((snap.mnest(r), float(r[-1])) for r in ex.rows(stmt, params))
         return ranking.rank_candidates(src, wanted, edges, now)
 
     def recurring_protos(
@@ -646,39 +609,28 @@ class MnestRepository:
         """Protos with at least ``min_uses`` uses and effective weight ≥ ``min_weight``."""
         uses = check_positive_int(min_uses, "min_uses")
         floor = check_weight_threshold(min_weight, "min_weight")
-        conn = self._conn()
-        dialect = conn.dialect.name
-        eff = decayed(dialect, M.c.weight, M.c.decay_lambda, M.c.ts_weight, now_param())
-        stmt = (
-            select(M)
-            .where(M.c.state == "proto", M.c.uses >= uses, eff >= floor)
-            .order_by(M.c.uses.desc(), eff.desc(), M.c.id)
-        )
-        rows = _run(conn, stmt, {"now": self._now()}).mappings()
-        return [_snapshot(r) for r in rows]
+        ex = self._ex()
+        stmt = rd.recurring_protos_statement(ex.dialect)
+        rows = ex.rows(stmt, {"uses": uses, "floor": floor, "now": self._now()})
+        return [snap.mnest(r) for r in rows]
 
     # --- changing state ---------------------------------------------------------------
 
-    def _locked(self, conn: Connection, mnest_id: Any) -> Any:
+    def _locked(self, ex: Executor, mnest_id: Any) -> Row:
         if not check_mnest_id(mnest_id):
             raise InvalidInput("mnest_id must be a non-empty string")
-        row = _run(conn, stm.SEL_BY_ID_LOCK, {"id": mnest_id}).mappings().first()
+        row = ex.first(rec.SELECT_BY_ID_LOCKED, {"id": mnest_id})
         if row is None:
             raise NotFound(f"no mnest with id {shorten(mnest_id)!r}")
         return row
 
     def _key_taken(
-        self, conn: Connection, row: Any, state: str, dst_version: str | None, own_id: str
+        self, ex: Executor, row: Row, state: MnestState, dst_version: str | None
     ) -> bool:
-        stmt = select(M.c.id).where(
-            M.c.src_executor == row["src_executor"],
-            M.c.src_version == row["src_version"],
-            M.c.dst_executor == row["dst_executor"],
-            _version_is(dst_version),
-            M.c.state == state,
-            M.c.id != own_id,
-        )
-        return _run(conn, stmt).first() is not None
+        """Does another row hold this row's key (with ``dst_version``) in ``state``?"""
+        key = (row[_SRC], row[_SRC_V], row[_DST], dst_version)
+        params = {**_key_params(key), "state": state.value, "own_id": row[_ID]}
+        return ex.first(rec.key_taken(dst_version is None), params) is not None
 
     def transition_state(
         self, mnest_id: str, new_state: str, *, reason: str | None = None
@@ -687,69 +639,70 @@ class MnestRepository:
         target = check_state(new_state)
         if reason is not None:
             reason = check_text(reason, "reason", max_length=2_000)
-        conn = self._write_conn()
-        row = self._locked(conn, mnest_id)
-        current = MnestState(row["state"])
+        ex = self._write_ex()
+        row = self._locked(ex, mnest_id)
+        current = MnestState(row[_STATE])
         if current == target:
-            return _snapshot(row)
-        why = check_transition(current, target, has_version=row["dst_version"] is not None)
+            return snap.mnest(row)
+        why = check_transition(current, target, has_version=row[_DST_V] is not None)
         if why is not None:
             raise InvalidTransition(why)
-        if self._key_taken(conn, row, target.value, row["dst_version"], row["id"]):
+        if self._key_taken(ex, row, target, row[_DST_V]):
             raise ConflictError(
-                f"a {target.value} row with the same key as {row['id']} already exists"
+                f"a {target.value} row with the same key as {row[_ID]} already exists"
             )
-        changes = {"state": target.value}
-        self._change_row(conn, row, changes, EventKind.TRANSITION, reason=reason)
-        return _snapshot({**row, **changes})
+        ex.many(rec.SET_STATE, [{"b_id": row[_ID], "b_state": target.value}])
+        self._record_change(ex, row, target, EventKind.TRANSITION, reason=reason)
+        return snap.mnest(_with(row, {_STATE: target.value}))
 
     def promote_proto_to_active(self, mnest_id: str, dst_version: str) -> Mnest:
         """Give a proto its destination version and make it active (event ``promoted``)."""
         version = check_name(dst_version, "dst_version")
-        conn = self._write_conn()
-        row = self._locked(conn, mnest_id)
-        if row["state"] != MnestState.PROTO.value:
-            raise InvalidTransition(f"{row['id']} is {row['state']}, not a proto")
-        if self._key_taken(conn, row, "active", version, row["id"]):
+        ex = self._write_ex()
+        row = self._locked(ex, mnest_id)
+        if row[_STATE] != MnestState.PROTO:
+            raise InvalidTransition(f"{row[_ID]} is {row[_STATE]}, not a proto")
+        if self._key_taken(ex, row, MnestState.ACTIVE, version):
             raise ConflictError(
-                f"an active edge {row['src_executor']}@{row['src_version']} -> "
-                f"{row['dst_executor']}@{version} already exists"
+                f"an active edge {row[_SRC]}@{row[_SRC_V]} -> {row[_DST]}@{version} already exists"
             )
-        changes = {"dst_version": version, "desired_sig": None, "state": "active"}
-        self._change_row(conn, row, changes, EventKind.PROMOTED)
-        return _snapshot({**row, **changes})
+        target = MnestState.ACTIVE
+        ex.many(
+            rec.PROMOTE, [{"b_id": row[_ID], "b_state": target.value, "b_dst_version": version}]
+        )
+        self._record_change(ex, row, target, EventKind.PROMOTED)
+        return snap.mnest(_with(row, {_DST_V: version, _SIG: None, _STATE: target.value}))
 
-    def _change_row(
+    def _record_change(
         self,
-        conn: Connection,
-        row: Any,
-        changes: dict[str, Any],
+        ex: Executor,
+        row: Row,
+        target: MnestState,
         kind: EventKind,
         *,
         reason: str | None = None,
     ) -> None:
-        """Apply ``changes`` to a locked row and record the event; the weight is untouched."""
-        now = max(self._now(), row["ts_last"])
-        _run(conn, update(M).where(M.c.id == row["id"]).values(**changes))
-        eff = decayed_weight(row["weight"], row["decay_lambda"], row["ts_weight"], now)
+        """The event of a state change of a locked row; the weight is untouched."""
+        now = max(row[_TS_LAST], self._now())
+        eff = decayed_weight(row[_WEIGHT], row[_LAMBDA], row[_TS_WEIGHT], now)
         event_row = _event(
-            row["id"],
+            row[_ID],
             kind,
             now,
             weight_before=eff,
             weight_after=eff,
-            state_before=row["state"],
-            state_after=changes["state"],
+            state_before=row[_STATE],
+            state_after=target.value,
             reason=reason,
             recorder=self._recorder,
         )
-        _run(conn, stm.INSERT_EVENT, [event_row])
+        ex.many(rec.INSERT_EVENT, [event_row])
 
     # --- ageing -----------------------------------------------------------------------
 
     def apply_ager(self) -> AgerReport:
         """Decay, demote, merge, prune and count archive candidates, in set-based SQL."""
-        return run_ager(self._write_conn(), self._now())
+        return run_ager(self._write_ex().conn, self._now())
 
     # --- query log --------------------------------------------------------------------
 
@@ -762,13 +715,28 @@ class MnestRepository:
         ).log(raw_query, canonical_query, turn_id=turn_id)
 
 
+def _reinforced(row: Row, values: dict[str, Any]) -> Row:
+    """The row as :data:`~mnestoma.sql.record.UPDATE_REINFORCE` leaves it."""
+    return _with(
+        row,
+        {
+            _WEIGHT: values["b_weight"],
+            _TS_LAST: values["b_ts_last"],
+            _TS_WEIGHT: values["b_ts_weight"],
+            _TAGS: values["b_tags"],
+            _SIG: values["b_desired_sig"],
+            _USES: row[_USES] + 1,
+        },
+    )
+
+
 def _check_session(session: Any, owner: str) -> Session | Connection:
     """A Session (or scoped_session) or Connection, else InvalidInput naming what was given."""
     if not isinstance(session, Session | Connection | scoped_session):
         raise InvalidInput(
             f"{owner} needs a SQLAlchemy Session or Connection, got {type(session).__name__}"
         )
-    return session  # type: ignore[return-value]
+    return cast(Session | Connection, session)
 
 
 def _connection_of(session: Session | Connection) -> Connection:
@@ -793,17 +761,9 @@ def _write_connection(
     return conn
 
 
-def _unprefix(values: dict[str, Any]) -> dict[str, Any]:
-    return {k[2:]: v for k, v in values.items() if k.startswith("b_") and k != "b_id"}
-
-
 def _sort_key(ident: tuple[bool, Key]) -> tuple[str, str, str, str, bool]:
     exists_, (s, sv, d, dv) = ident
     return (s, sv, d, dv or "", exists_)
-
-
-def _row_key(r: Any) -> Key:
-    return (r["src_executor"], r["src_version"], r["dst_executor"], r["dst_version"])
 
 
 # --- the canonical query log ----------------------------------------------------------------
@@ -817,9 +777,6 @@ class QueryFrequency:
     canonical_hash: str
     count: int
     last_ts: datetime
-
-
-_INSERT_QUERY = insert(Q).returning(Q.c.id)
 
 
 class CanonicalQueryRepository:
@@ -843,37 +800,27 @@ class CanonicalQueryRepository:
         raw = check_text(raw_query, "raw_query")
         canonical = check_text(canonical_query, "canonical_query")
         turn = check_optional_name(turn_id, "turn_id")
+        ts = read_clock(self._clock)
+        digest = hashlib.sha256(canonical.encode("utf-8")).hexdigest()
         values = {
-            "ts": read_clock(self._clock),
+            "ts": ts,
             "turn_id": turn,
             "raw_query": raw,
             "canonical_query": canonical,
-            "canonical_hash": hashlib.sha256(canonical.encode("utf-8")).hexdigest(),
+            "canonical_hash": digest,
         }
-        conn = _write_connection(self._session, self._before_write)
-        new_id = _run(conn, _INSERT_QUERY, values).scalar_one()
-        return _detached(CanonicalQuery, {"id": new_id, **values}, new_id)
+        ex = executor_for(_write_connection(self._session, self._before_write))
+        new_id = ex.execute(rec.INSERT_QUERY, values).scalar_one()
+        return snap.query_from({"id": new_id, **values})
 
     def recent(self, *, limit: int = 20) -> list[CanonicalQuery]:
         """The latest entries, newest first."""
         n = check_positive_int(limit, "limit", maximum=100_000)
-        stmt = select(Q).order_by(Q.c.ts.desc(), Q.c.id.desc()).limit(n)
-        rows = _run(_connection_of(self._session), stmt).mappings().all()
-        return [_detached(CanonicalQuery, {k: r[k] for k in QUERY_COLUMNS}, r["id"]) for r in rows]
+        rows = executor_for(_connection_of(self._session)).rows(rd.QUERY_RECENT, {"limit": n})
+        return [snap.query(r) for r in rows]
 
     def top(self, *, limit: int = 10) -> list[QueryFrequency]:
         """The most frequent canonical forms, most frequent first."""
         n = check_positive_int(limit, "limit", maximum=100_000)
-        count = func.count().label("count")
-        last = func.max(Q.c.ts).label("last_ts")
-        stmt = (
-            select(Q.c.canonical_query, Q.c.canonical_hash, count, last)
-            .group_by(Q.c.canonical_hash, Q.c.canonical_query)
-            .order_by(count.desc(), last.desc())
-            .limit(n)
-        )
-        rows = _run(_connection_of(self._session), stmt).all()
-        return [
-            QueryFrequency(r.canonical_query, r.canonical_hash, int(r.count), r.last_ts)
-            for r in rows
-        ]
+        rows = executor_for(_connection_of(self._session)).rows(rd.QUERY_TOP, {"limit": n})
+        return [QueryFrequency(r[0], r[1], int(r[2]), r[3]) for r in rows]

@@ -1,20 +1,45 @@
-"""The unit of work: owns one transaction; repositories work inside it."""
+"""The units of work, the package's only transaction owners, and its one retry policy.
+
+- :class:`UnitOfWork`: a session of the caller's factory, one transaction, for services;
+- :class:`JoinedUnitOfWork`: a savepoint inside a caller's own session;
+- :class:`ConnectionUnitOfWork`: one transaction on one Core connection, what the facade
+  (and the async door) run each call in, because a Session adds only bookkeeping to Core
+  statements;
+- :func:`with_retries`: a write retried when it failed transiently, bounded.
+
+Repositories never commit; these do.
+"""
 
 from __future__ import annotations
 
+import random
+import time
 from collections.abc import Callable
 from types import TracebackType
-from typing import Self
+from typing import Self, TypeVar
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session, SessionTransaction, sessionmaker
 
-from .errors import InvalidInput, translate_errors
+from .errors import InvalidInput, MnestomaError, is_retryable, translate_errors
 from .locking import take_write_lock
 from .repository import CanonicalQueryRepository, MnestRepository
+from .rules import Recorder
 from .validation import Clock
 
-__all__ = ["JoinedUnitOfWork", "UnitOfWork"]
+__all__ = [
+    "MAX_ATTEMPTS",
+    "ConnectionUnitOfWork",
+    "JoinedUnitOfWork",
+    "UnitOfWork",
+    "retry_pause",
+    "with_retries",
+]
+
+T = TypeVar("T")
+# A write that fails transiently (a conflict, a lock timeout, a serialisation failure) is
+# run again, in a new transaction, up to this many times in all.
+MAX_ATTEMPTS = 8
 
 
 class UnitOfWork:
@@ -144,3 +169,82 @@ class JoinedUnitOfWork:
         if self._savepoint is not None and self._savepoint.is_active:
             self._savepoint.rollback()
         self._savepoint = None
+
+
+class ConnectionUnitOfWork:
+    """One transaction on one Core connection; rolled back unless committed.
+
+    Given an Engine, it checks a connection out on enter and returns it on exit; given a
+    Connection (the async door's), it works in that connection's transaction and leaves the
+    connection open.
+    """
+
+    mnests: MnestRepository
+    queries: CanonicalQueryRepository
+
+    def __init__(
+        self,
+        bind: Engine | Connection,
+        *,
+        clock: Clock | None = None,
+        recorder: str = Recorder.CALL.value,
+    ) -> None:
+        self._bind = bind
+        self._clock = clock
+        self._recorder = recorder
+
+    def __enter__(self) -> Self:
+        if isinstance(self._bind, Engine):
+            with translate_errors():
+                self.connection = self._bind.connect()
+        else:
+            self.connection = self._bind
+        self.mnests = MnestRepository(self.connection, clock=self._clock, recorder=self._recorder)
+        self.queries = CanonicalQueryRepository(self.connection, clock=self._clock)
+        return self
+
+    def commit(self) -> None:
+        """Commit the work done so far."""
+        with translate_errors():
+            self.connection.commit()
+
+    def rollback(self) -> None:
+        """Throw away the work done since the last commit."""
+        if self.connection.in_transaction():
+            self.connection.rollback()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            self.rollback()
+        finally:
+            if isinstance(self._bind, Engine):
+                self.connection.close()
+
+
+def retry_pause(attempt: int, err: BaseException) -> float | None:
+    """Seconds to wait before retrying a write whose attempt ``attempt`` (from 0) failed
+    with ``err``; None when it must not be retried (not transient, or attempts spent).
+    The pause is random and grows with each attempt, so that colliding writers spread out."""
+    if attempt + 1 < MAX_ATTEMPTS and is_retryable(err):
+        return random.uniform(0, 0.002 * 2**attempt)
+    return None
+
+
+def with_retries(attempt_once: Callable[[], T]) -> T:
+    """Run ``attempt_once`` (which opens, commits and closes its own unit of work) until it
+    succeeds, retrying transient failures after :func:`retry_pause`."""
+    attempt = 0
+    while True:
+        try:
+            return attempt_once()
+        except MnestomaError as err:
+            pause = retry_pause(attempt, err)
+            if pause is None:
+                raise
+            time.sleep(pause)
+            attempt += 1

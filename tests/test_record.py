@@ -281,10 +281,10 @@ def test_a_turn_finds_its_rows_through_the_unique_indexes(store: Mnestoma) -> No
     """The lookup of a turn's keys must not scan the table (it did with a row-value IN)."""
     from sqlalchemy import text
 
-    from mnestoma.statements import key_params, select_keys
+    from mnestoma.sql.record import key_params, select_keys
 
     store.record_turn("bulk", [(f"s{i % 50}", str(i % 7), f"d{i}", "1") for i in range(2000)])
-    stmt = select_keys(2, 1)
+    stmt = select_keys(2, 1)  # shapes come in powers of two: 2 active keys, 1 proto key
     params = key_params([("s1", "1", "d1", "1"), ("s2", "2", "d2", "1")], [("s3", "3", "y", None)])
     with store.engine.connect() as conn:
         conn.execute(text("ANALYZE"))

@@ -10,7 +10,8 @@ import pytest
 from sqlalchemy import literal, select
 
 import mnestoma
-from mnestoma import sqlite_driver, statements
+from mnestoma import executor
+from mnestoma.sql import record
 
 
 def test_a_freed_statement_never_lends_its_cached_sql_to_a_new_one(tmp_path: Path) -> None:
@@ -19,7 +20,7 @@ def test_a_freed_statement_never_lends_its_cached_sql_to_a_new_one(tmp_path: Pat
         with engine.connect() as conn:
             for i in range(40):
                 stmt = select(literal(i).label("n"))  # freed at the end of each round
-                assert sqlite_driver.fetch_tuples(conn, stmt, {}) == [(i,)]
+                assert executor.SQLiteExecutor(conn).rows(stmt) == [(i,)]
                 del stmt
                 gc.collect()
     finally:
@@ -30,10 +31,10 @@ def test_the_compiled_statement_cache_is_bounded(tmp_path: Path) -> None:
     engine = mnestoma.make_engine(f"sqlite:///{tmp_path / 'cache.sqlite'}")
     try:
         with engine.connect() as conn:
-            kept = [select(literal(i).label("n")) for i in range(sqlite_driver.MAX_PREPARED + 50)]
+            kept = [select(literal(i).label("n")) for i in range(executor.MAX_PREPARED + 50)]
             for stmt in kept:
-                sqlite_driver.fetch_tuples(conn, stmt, {})
-        assert len(sqlite_driver._PREPARED) <= sqlite_driver.MAX_PREPARED
+                executor.SQLiteExecutor(conn).rows(stmt)
+        assert len(executor._PREPARED) <= executor.MAX_PREPARED
     finally:
         engine.dispose()
 
@@ -42,9 +43,9 @@ def test_turns_of_more_shapes_than_the_caches_hold_all_succeed(
     store: mnestoma.Mnestoma, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Small caches, so that statements are evicted and freed while the turns go on.
-    monkeypatch.setattr(sqlite_driver, "MAX_PREPARED", 4)
-    small = functools.lru_cache(maxsize=3)(statements.select_keys.__wrapped__)
-    monkeypatch.setattr(statements, "select_keys", small)
+    monkeypatch.setattr(executor, "MAX_PREPARED", 4)
+    small = functools.lru_cache(maxsize=3)(record.select_keys.__wrapped__)
+    monkeypatch.setattr(record, "select_keys", small)
     shapes = [(a, p) for a in range(7) for p in range(7) if a + p >= 2]
     for round_ in range(2):
         for a, p in shapes:

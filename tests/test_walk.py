@@ -8,7 +8,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import event, text
 
-from mnestoma import InvalidInput, Mnestoma, statements
+from mnestoma import InvalidInput, Mnestoma
+from mnestoma.sql import read
 
 
 def _names(paths: list) -> list[list[str]]:
@@ -184,7 +185,7 @@ def test_suggest_next_filters_by_version_and_limits_to_k(store: Mnestoma) -> Non
 def test_suggest_next_uses_an_index(store: Mnestoma) -> None:
     """EXPLAIN of the very statement suggest_next runs, with its parameters bound."""
     store.record_passing("a", "1", "b", "1")
-    stmt = statements.suggest_statement(store.engine.dialect.name, False)
+    stmt = read.suggest_statement(store.engine.dialect.name, False)
     params = {"src": "a", "k": 5, "now": datetime(2026, 1, 2, tzinfo=UTC)}
     with store.engine.connect() as conn:
         compiled = stmt.compile(dialect=conn.dialect)

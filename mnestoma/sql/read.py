@@ -1,0 +1,246 @@
+"""The statements that read: by id, by key, listings, the walk, suggestions, ranking, the
+recurring protos and the query log. Built once (at import, or once per dialect or shape);
+callers only bind parameters.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from sqlalchemy import (
+    ColumnElement,
+    FromClause,
+    Integer,
+    Select,
+    Text,
+    bindparam,
+    func,
+    literal,
+    literal_column,
+    select,
+)
+from sqlalchemy.sql.selectable import CTE, NamedFromClause
+
+from ..rules import MnestState
+from ..sqlrules import decayed, now_param, safe_product
+from .tables import EVENTS as E
+from .tables import MNESTS as M
+from .tables import QUERIES as Q
+from .tables import key_is
+
+__all__ = [
+    "QUERY_RECENT",
+    "QUERY_TOP",
+    "SELECT_BY_ID",
+    "edges_statement",
+    "events_statement",
+    "find_statement",
+    "rank_statement",
+    "recurring_protos_statement",
+    "suggest_statement",
+    "walk_statement",
+]
+
+SELECT_BY_ID = select(M).where(M.c.id == bindparam("id"))
+
+
+@functools.cache
+def find_statement(proto: bool) -> Select[Any]:
+    """The row with the key bound as ``:s :sv :d :dv`` and state ``:state``."""
+    return select(M).where(key_is(M, proto=proto))
+
+
+@functools.cache
+def edges_statement(by_src: bool, by_dst: bool, by_states: bool, limited: bool) -> Select[Any]:
+    """Rows filtered by ``:src``, ``:dst``, ``:states`` (expanding), oldest first, at most
+    ``:limit``: one statement per combination of the filters given."""
+    stmt = select(M)
+    if by_src:
+        stmt = stmt.where(M.c.src_executor == bindparam("src"))
+    if by_dst:
+        stmt = stmt.where(M.c.dst_executor == bindparam("dst"))
+    if by_states:
+        stmt = stmt.where(M.c.state.in_(bindparam("states", expanding=True)))
+    stmt = stmt.order_by(M.c.ts_first, M.c.id)
+    return stmt.limit(bindparam("limit")) if limited else stmt
+
+
+@functools.cache
+def events_statement(by_mnest: bool, by_turn: bool, limited: bool) -> Select[Any]:
+    """Events of ``:mnest_id`` and/or ``:turn_id``, oldest first, at most ``:limit``."""
+    stmt = select(E)
+    if by_mnest:
+        stmt = stmt.where(E.c.mnest_id == bindparam("mnest_id"))
+    if by_turn:
+        stmt = stmt.where(E.c.turn_id == bindparam("turn_id"))
+    stmt = stmt.order_by(E.c.ts, E.c.id)
+    return stmt.limit(bindparam("limit")) if limited else stmt
+
+
+@functools.cache
+def recurring_protos_statement(dialect: str) -> Select[Any]:
+    """Protos with at least ``:uses`` uses and effective weight ≥ ``:floor`` at ``:now``,
+    most used first."""
+    eff = decayed(dialect, M.c.weight, M.c.decay_lambda, M.c.ts_weight, now_param())
+    return (
+        select(M)
+        .where(
+            M.c.state == MnestState.PROTO.value,
+            M.c.uses >= bindparam("uses"),
+            eff >= bindparam("floor"),
+        )
+        .order_by(M.c.uses.desc(), eff.desc(), M.c.id)
+    )
+
+
+QUERY_RECENT = select(Q).order_by(Q.c.ts.desc(), Q.c.id.desc()).limit(bindparam("limit"))
+_COUNT = func.count().label("count")
+_LAST = func.max(Q.c.ts).label("last_ts")
+QUERY_TOP = (
+    select(Q.c.canonical_query, Q.c.canonical_hash, _COUNT, _LAST)
+    .group_by(Q.c.canonical_hash, Q.c.canonical_query)
+    .order_by(_COUNT.desc(), _LAST.desc())
+    .limit(bindparam("limit"))
+)
+
+
+# --- the walk, suggestions and ranking: built once per dialect ------------------------------
+
+
+def _row_locator(dialect: str, table: NamedFromClause) -> ColumnElement[Any]:
+    """What finds a row again fastest: SQLite's rowid (one b-tree lookup, not two), else id."""
+    if dialect == "sqlite":
+        return literal_column(f"{table.name}.rowid", Integer)
+    return table.c.id
+
+
+@functools.cache
+def walk_statement(dialect: str, *, with_floor: bool) -> Select[Any]:
+    """The recursive walk: rows of (path of ids, *the columns of the path's last edge), the
+    ``:limit`` best paths only.
+
+    The CTE carries only what the recursion needs; each path's last edge is read once at
+    the end, through its row locator. Without a floor (``min_weight`` ≤ 0, which every
+    effective weight meets) the weight test is left out rather than computed for nothing.
+
+    The work is bounded by ``:limit``, not by the number of paths. A path never scores more
+    than its prefix (weights are ≤ 1, and a tie goes to the shorter), so the best ``n`` paths
+    are closed under prefixes: SQLite extracts paths from the recursion's queue best first
+    and stops after ``n`` (ORDER BY and LIMIT of a recursive CTE); PostgreSQL, which allows
+    neither in the recursive term, ranks each depth's paths and extends only the first
+    ``n`` of them, which keeps every path of the best ``n``.
+    """
+    now = now_param()
+    pg = dialect == "postgresql"
+    sep = func.chr(1) if pg else func.char(1)
+    instr = func.strpos if pg else func.instr
+    eff = decayed(dialect, M.c.weight, M.c.decay_lambda, M.c.ts_weight, now)
+    first_path = M.c.id.cast(Text)
+    first_columns = [
+        _row_locator(dialect, M).label("loc"),
+        M.c.dst_executor.label("dst_executor"),
+        M.c.dst_version.label("dst_version"),
+        literal(1).label("depth"),
+        eff.label("score"),
+        first_path.label("path"),
+        (sep + M.c.src_executor + sep + M.c.dst_executor + sep).cast(Text).label("seen"),
+    ]
+    if pg:
+        first_columns.append(
+            func.row_number().over(order_by=(eff.desc(), first_path)).label("rank")
+        )
+    start = (
+        select(*first_columns)
+        .where(
+            M.c.state == MnestState.ACTIVE.value,
+            M.c.src_executor == bindparam("src"),
+            M.c.dst_executor != M.c.src_executor,
+            *([eff >= bindparam("min_weight")] if with_floor else []),
+        )
+        .cte("paths", recursive=True)
+    )
+    nxt = M.alias("nxt")
+    eff_n = decayed(dialect, nxt.c.weight, nxt.c.decay_lambda, nxt.c.ts_weight, now)
+    # PostgreSQL raises on float underflow, hence its guard (0 below 1e-150, far under any
+    # weight that matters); SQLite's product just underflows towards 0, with no error.
+    score = safe_product(start.c.score, eff_n) if pg else start.c.score * eff_n
+    path = (start.c.path + literal(",") + nxt.c.id).cast(Text)
+    step_columns = [
+        _row_locator(dialect, nxt),
+        nxt.c.dst_executor,
+        nxt.c.dst_version,
+        start.c.depth + 1,
+        score,
+        path,
+        (start.c.seen + nxt.c.dst_executor + sep).cast(Text),
+    ]
+    if pg:
+        step_columns.append(func.row_number().over(order_by=(score.desc(), path)))
+    step = select(*step_columns).where(
+        nxt.c.state == MnestState.ACTIVE.value,
+        nxt.c.src_executor == start.c.dst_executor,
+        nxt.c.src_version == start.c.dst_version,
+        start.c.depth < bindparam("max_depth"),
+        instr(start.c.seen, sep + nxt.c.dst_executor + sep) == 0,
+        *([eff_n >= bindparam("min_weight")] if with_floor else []),
+        *([start.c.rank <= bindparam("limit")] if pg else []),
+    )
+    if pg:
+        paths = start.union_all(step)
+    else:
+        best_first: list[Any] = [
+            literal_column("score").desc(),
+            literal_column("depth"),
+            literal_column("path"),
+        ]
+        first: Any = start.element
+        # SQLAlchemy has no public spelling of ORDER BY / LIMIT on a recursive CTE's
+        # compound: build it as CTE.union_all does, with both added.
+        paths = CTE._construct(
+            first.union_all(step).order_by(*best_first).limit(bindparam("limit")),
+            name=start.name,
+            recursive=True,
+            _restates=start,
+        )
+    stmt = (
+        select(paths.c.path, *M.c)
+        .join_from(paths, M, _row_locator(dialect, M) == paths.c.loc)
+        .order_by(paths.c.score.desc(), paths.c.depth, paths.c.path)
+        .limit(bindparam("limit"))
+    )
+    return stmt
+
+
+def _out_of_source(table: FromClause, with_version: bool) -> list[ColumnElement[bool]]:
+    """The active edges out of ``:src`` (and ``:sv`` when the version is given)."""
+    terms = [table.c.state == MnestState.ACTIVE.value, table.c.src_executor == bindparam("src")]
+    if with_version:
+        terms.append(table.c.src_version == bindparam("sv"))
+    return terms
+
+
+@functools.cache
+def suggest_statement(dialect: str, with_version: bool, *, ties: bool = False) -> Select[Any]:
+    """The candidates of ``suggest_next``, with their effective weight.
+
+    Plain: the ``:k`` strongest active edges out of the source. With ``ties``: every one at
+    least as strong as ``:floor``, asked for when the k-th and the next one tie, so that
+    Python can break the tie with the activation (:mod:`mnestoma.ranking`).
+    """
+    eff = decayed(dialect, M.c.weight, M.c.decay_lambda, M.c.ts_weight, now_param())
+    stmt = select(M, eff.label("effective")).where(*_out_of_source(M, with_version))
+    stmt = stmt.order_by(eff.desc(), M.c.uses.desc(), M.c.id)
+    stmt = stmt.where(eff >= bindparam("floor")) if ties else stmt.limit(bindparam("k"))
+    return stmt
+
+
+@functools.cache
+def rank_statement(dialect: str, with_version: bool) -> Select[Any]:
+    """The active edges out of the source to ``:names`` (expanding), with effective weight."""
+    eff = decayed(dialect, M.c.weight, M.c.decay_lambda, M.c.ts_weight, now_param())
+    stmt = select(M, eff.label("effective")).where(
+        *_out_of_source(M, with_version),
+        M.c.dst_executor.in_(bindparam("names", expanding=True)),
+    )
+    return stmt

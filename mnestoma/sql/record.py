@@ -1,0 +1,179 @@
+"""The statements that write: recording passings, changing state, logging queries.
+
+Built once (at import, or once per dialect or shape); callers only bind parameters.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from sqlalchemy import (
+    Insert,
+    Select,
+    TextClause,
+    Update,
+    bindparam,
+    insert,
+    or_,
+    select,
+    text,
+    update,
+)
+from sqlalchemy.dialects import postgresql as pg_dialect
+from sqlalchemy.dialects import sqlite as sqlite_dialect
+
+from ..rules import PASSING_KINDS, MnestState
+from .tables import EVENTS as E
+from .tables import MNESTS as M
+from .tables import QUERIES as Q
+from .tables import Key, key_is
+
+__all__ = [
+    "HOLD_OFF_AGER",
+    "INSERT_EVENT",
+    "INSERT_QUERY",
+    "KEYS_PER_STATEMENT",
+    "PG_REINFORCE_EVENT_PARAMS",
+    "PG_REINFORCE_WITH_EVENT",
+    "PROMOTE",
+    "SELECT_BY_ID_LOCKED",
+    "SELECT_ONE_ACTIVE",
+    "SELECT_ONE_PROTO",
+    "SET_STATE",
+    "TURN_COUNTED",
+    "TURN_COUNTED_ONE",
+    "TURN_SEEN",
+    "UPDATE_REINFORCE",
+    "insert_mnest",
+    "key_params",
+    "key_taken",
+    "select_keys",
+    "shape_size",
+]
+
+# A turn's keys are locked and read by statements of at most this many keys each.
+KEYS_PER_STATEMENT = 64
+
+
+def shape_size(n: int) -> int:
+    """The number of key slots a statement for ``n`` keys has: the next power of two, so
+    that turns of any size share 7 shapes per kind (unused slots bind NULL, which matches
+    nothing) instead of one compiled statement per turn size."""
+    return 0 if n == 0 else 1 << (n - 1).bit_length()
+
+
+@functools.cache
+def select_keys(n_active: int, n_proto: int) -> Select[Any]:
+    """Lock and read the rows of ``n_active`` versioned keys and ``n_proto`` proto keys, in
+    id order. An OR of per-key equalities, so that each term can use a unique index (a
+    row-value IN list makes SQLite scan every active row). Sizes come from :func:`shape_size`.
+    """
+    terms = [key_is(M, f"a{i}", proto=False, state=MnestState.ACTIVE) for i in range(n_active)]
+    terms += [key_is(M, f"p{j}", proto=True, state=MnestState.PROTO) for j in range(n_proto)]
+    return select(M).where(or_(*terms)).order_by(M.c.id).with_for_update()
+
+
+def key_params(akeys: list[Key], pkeys: list[Key]) -> dict[str, Any]:
+    """The parameters of :func:`select_keys` for these keys, padded to the shape's size."""
+    params: dict[str, Any] = {}
+    for i in range(shape_size(len(akeys))):
+        s, sv, d, dv = akeys[i] if i < len(akeys) else (None, None, None, None)
+        params[f"sa{i}"], params[f"sva{i}"], params[f"da{i}"], params[f"dva{i}"] = s, sv, d, dv
+    for j in range(shape_size(len(pkeys))):
+        s, sv, d, _ = pkeys[j] if j < len(pkeys) else (None, None, None, None)
+        params[f"sp{j}"], params[f"svp{j}"], params[f"dp{j}"] = s, sv, d
+    return params
+
+
+SELECT_ONE_ACTIVE = (
+    select(M).where(key_is(M, proto=False, state=MnestState.ACTIVE)).with_for_update()
+)
+SELECT_ONE_PROTO = select(M).where(key_is(M, proto=True, state=MnestState.PROTO)).with_for_update()
+SELECT_BY_ID_LOCKED = select(M).where(M.c.id == bindparam("id")).with_for_update()
+
+_COUNTED = E.c.kind.in_([kind.value for kind in PASSING_KINDS])
+# Has this turn counted any passing yet? (one index probe; most turns are new)
+TURN_SEEN = select(E.c.id).where(E.c.turn_id == bindparam("turn_id"), _COUNTED).limit(1)
+# Which of these rows has the turn already counted?
+TURN_COUNTED = select(E.c.mnest_id).where(
+    E.c.turn_id == bindparam("turn_id"),
+    E.c.mnest_id.in_(bindparam("ids", expanding=True)),
+    _COUNTED,
+)
+TURN_COUNTED_ONE = select(E.c.mnest_id).where(
+    E.c.turn_id == bindparam("turn_id"), E.c.mnest_id == bindparam("mid"), _COUNTED
+)
+
+UPDATE_REINFORCE = (
+    update(M)
+    .where(M.c.id == bindparam("b_id"))
+    .values(
+        weight=bindparam("b_weight"),
+        uses=M.c.uses + 1,
+        ts_last=bindparam("b_ts_last"),
+        ts_weight=bindparam("b_ts_weight"),
+        tags=bindparam("b_tags"),
+        desired_sig=bindparam("b_desired_sig"),
+    )
+)
+_INSERT_MNEST = {
+    "sqlite": sqlite_dialect.insert(M).on_conflict_do_nothing().returning(M.c.id),
+    "postgresql": pg_dialect.insert(M).on_conflict_do_nothing().returning(M.c.id),
+}
+
+
+def insert_mnest(dialect: str) -> Insert:
+    """INSERT ... ON CONFLICT DO NOTHING RETURNING id: a key another transaction created
+    meanwhile comes back missing instead of failing the transaction."""
+    return _INSERT_MNEST[dialect]
+
+
+INSERT_EVENT = insert(E)
+
+# the event columns bound by PG_REINFORCE_WITH_EVENT (its mnest_id is the updated row's id)
+PG_REINFORCE_EVENT_PARAMS = (
+    "kind",
+    "ts",
+    "turn_id",
+    "weight_before",
+    "weight_after",
+    "state_before",
+    "state_after",
+    "recorder",
+)
+
+
+def _reinforce_with_event() -> Insert:
+    """PostgreSQL: the reinforcement and its event in one statement (a data-modifying CTE),
+    so a hot row's lock is held one round trip shorter."""
+    upd = UPDATE_REINFORCE.returning(M.c.id).cte("reinforced")
+    binds = [bindparam(name, type_=E.c[name].type) for name in PG_REINFORCE_EVENT_PARAMS]
+    return insert(E).from_select(["mnest_id", *PG_REINFORCE_EVENT_PARAMS], select(upd.c.id, *binds))
+
+
+PG_REINFORCE_WITH_EVENT = _reinforce_with_event()
+
+# PostgreSQL: what a turn takes before retrying; it conflicts with the ager's EXCLUSIVE lock,
+# not with other writers.
+HOLD_OFF_AGER: TextClause = text("LOCK TABLE mnests IN ROW EXCLUSIVE MODE")
+
+
+def key_taken(proto: bool) -> Select[Any]:
+    """Another row (not ``:own_id``) with this key in state ``:state``?"""
+    return _KEY_TAKEN[proto]
+
+
+_KEY_TAKEN = {
+    proto: select(M.c.id).where(key_is(M, proto=proto), M.c.id != bindparam("own_id")).limit(1)
+    for proto in (False, True)
+}
+
+SET_STATE: Update = update(M).where(M.c.id == bindparam("b_id")).values(state=bindparam("b_state"))
+PROMOTE: Update = (
+    update(M)
+    .where(M.c.id == bindparam("b_id"))
+    .values(state=bindparam("b_state"), dst_version=bindparam("b_dst_version"), desired_sig=None)
+)
+
+INSERT_QUERY = insert(Q).returning(Q.c.id)

@@ -1,0 +1,89 @@
+"""Snapshots built by the package are the objects SQLAlchemy's public API would build."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import inspect
+from sqlalchemy.orm import make_transient_to_detached
+
+from mnestoma import snapshots
+from mnestoma.models import CanonicalQuery, Event, Mnest
+from mnestoma.sql.tables import EVENT_COLUMNS, MNEST_COLUMNS, QUERY_COLUMNS
+
+NOW = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
+MNEST = {
+    "id": "m-1",
+    "src_executor": "search",
+    "src_version": "1",
+    "dst_executor": "read",
+    "dst_version": "2",
+    "weight": 0.45,
+    "uses": 2,
+    "ts_first": NOW,
+    "ts_last": NOW,
+    "ts_weight": NOW,
+    "decay_lambda": 0.018,
+    "state": "active",
+    "tags": {"k": [1, 2]},
+    "desired_sig": None,
+}
+
+
+def _textbook(cls: type[Any], values: dict[str, Any]) -> Any:
+    obj = cls(**values)
+    make_transient_to_detached(obj)
+    return obj
+
+
+def _same_state(ours: Any, textbook: Any, columns: tuple[str, ...]) -> None:
+    a, b = inspect(ours), inspect(textbook)
+    assert a.detached and b.detached
+    assert a.key == b.key
+    assert not a.modified and not b.modified
+    assert a.unloaded == b.unloaded == set()
+    assert not a.expired_attributes
+    for name in columns:
+        assert getattr(ours, name) == getattr(textbook, name)
+        assert a.attrs[name].history.unchanged == b.attrs[name].history.unchanged
+
+
+def test_a_mnest_snapshot_equals_the_one_make_transient_to_detached_builds() -> None:
+    ours = snapshots.mnest([MNEST[k] for k in MNEST_COLUMNS])
+    _same_state(ours, _textbook(Mnest, MNEST), MNEST_COLUMNS)
+    assert snapshots.mnest_from(MNEST).weight == 0.45
+
+
+def test_event_and_query_snapshots_equal_the_textbook_ones() -> None:
+    event = {k: None for k in EVENT_COLUMNS} | {
+        "id": 7,
+        "mnest_id": "m-1",
+        "kind": "created",
+        "ts": NOW,
+        "recorder": "call",
+    }
+    _same_state(
+        snapshots.event([event[k] for k in EVENT_COLUMNS]), _textbook(Event, event), EVENT_COLUMNS
+    )
+    query = {
+        "id": 3,
+        "ts": NOW,
+        "turn_id": None,
+        "raw_query": "Find X",
+        "canonical_query": "find x",
+        "canonical_hash": "h",
+    }
+    _same_state(snapshots.query_from(query), _textbook(CanonicalQuery, query), QUERY_COLUMNS)
+
+
+def test_a_snapshot_can_be_merged_into_a_session_without_a_query() -> None:
+    """A detached instance with an identity key is what Session.merge(load=False) takes."""
+    from sqlalchemy.orm import Session
+
+    ours = snapshots.mnest([MNEST[k] for k in MNEST_COLUMNS])
+    with Session() as session:
+        merged = session.merge(ours, load=False)
+        # persistent in the session at once, with no database: nothing had to be loaded
+        assert inspect(merged).persistent
+        assert merged.weight == 0.45 and not session.dirty
