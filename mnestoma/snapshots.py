@@ -11,10 +11,11 @@ the mechanism fails a test, not a user.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from sqlalchemy import inspect
-from sqlalchemy.orm import configure_mappers
+from sqlalchemy.orm import ClassManager, configure_mappers
+from sqlalchemy.orm.attributes import instance_state
 
 from .models import CanonicalQuery, Event, Mnest
 from .sql.tables import EVENT_COLUMNS, MNEST_COLUMNS, QUERY_COLUMNS
@@ -24,15 +25,26 @@ __all__ = ["event", "mnest", "mnest_from", "query", "query_from"]
 T = TypeVar("T")
 
 
+_MANAGERS: dict[type[Any], ClassManager[Any]] = {}
+
+
+def _manager(cls: type[Any]) -> ClassManager[Any]:
+    """The class manager of a mapped class, its mappers configured."""
+    manager = _MANAGERS.get(cls)
+    if manager is None:
+        mapper = inspect(cls)
+        if not mapper.configured:
+            configure_mappers()
+        manager = _MANAGERS[cls] = cast(ClassManager[Any], mapper.class_manager)
+    return manager
+
+
 def _build(cls: type[T], columns: Sequence[str], values: Sequence[Any]) -> T:
     """A detached ``cls`` with ``columns`` set to ``values``, without ``__init__`` or events."""
-    mapper = inspect(cls)
-    if not mapper.configured:
-        configure_mappers()
-    obj: T = mapper.class_manager.new_instance()
-    state = inspect(obj)
+    obj: T = _manager(cls).new_instance()
+    state = instance_state(obj)
     state.dict.update(zip(columns, values, strict=True))
-    state.key = mapper.identity_key_from_primary_key([state.dict["id"]])
+    state.key = (cls, (state.dict["id"],), None)  # mapper.identity_key_from_primary_key's
     return obj
 
 

@@ -87,3 +87,8 @@ def test_a_snapshot_can_be_merged_into_a_session_without_a_query() -> None:
         # persistent in the session at once, with no database: nothing had to be loaded
         assert inspect(merged).persistent
         assert merged.weight == 0.45 and not session.dirty
+
+
+def test_the_identity_key_is_the_mappers_own() -> None:
+    ours = snapshots.mnest([MNEST[k] for k in MNEST_COLUMNS])
+    assert inspect(ours).key == inspect(Mnest).identity_key_from_primary_key(["m-1"])
