@@ -6,6 +6,7 @@ import io
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TextIO
 
 from alembic import command
 from alembic.config import Config
@@ -62,7 +63,7 @@ def migrations_path() -> Path:
 
 
 def alembic_config(
-    bind: Engine | Connection | None = None, *, stdout: io.TextIOBase | None = None
+    bind: Engine | Connection | None = None, *, stdout: TextIO | None = None
 ) -> Config:
     """An Alembic Config for the packaged scripts, optionally handing over a connection."""
     cfg = Config(stdout=stdout) if stdout is not None else Config()

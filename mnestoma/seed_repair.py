@@ -53,7 +53,7 @@ from sqlalchemy import (
     update,
 )
 
-from .rules import decayed_weight
+from .rules import PASSING, EventKind, decayed_weight
 from .types import UTCDateTime
 from .validation import utc_now
 
@@ -64,7 +64,6 @@ logger = logging.getLogger(__name__)
 SEED_REVISION = "0001"
 # Duplicate groups handled per round trip: memory stays bounded whatever the store holds.
 GROUPS_PER_BATCH = 500
-PASSING_KINDS = ("created", "reinforced")
 
 # The two tables as revision 0001 has them (only the columns the repair reads or writes).
 _md = MetaData()
@@ -250,7 +249,7 @@ def _merge_group(conn: Connection, rows: list[Any], at: datetime, report: SeedRe
                 insert(_events).returning(_E.id),
                 {
                     "mnest_id": own["id"],
-                    "kind": "merged",
+                    "kind": EventKind.MERGED.value,
                     "ts": at,
                     "turn_id": None,
                     "weight_before": w_before,
@@ -308,7 +307,7 @@ def _duplicate_turn_edges(conn: Connection) -> list[tuple[Any, ...]]:
     """(turn_id, mnest_id) of every pair with more than one created / reinforced event."""
     stmt = (
         select(_E.turn_id, _E.mnest_id)
-        .where(_E.turn_id.is_not(None), _E.kind.in_(PASSING_KINDS))
+        .where(_E.turn_id.is_not(None), _E.kind.in_(PASSING))
         .group_by(_E.turn_id, _E.mnest_id)
         .having(func.count() > 1)
         .order_by(_E.turn_id, _E.mnest_id)
@@ -320,7 +319,7 @@ def _clear_turns(conn: Connection, pairs: Sequence[tuple[Any, ...]], report: See
     stmt = (
         select(_E.id, _E.turn_id, _E.mnest_id)
         .where(
-            _E.kind.in_(PASSING_KINDS),
+            _E.kind.in_(PASSING),
             and_(_E.turn_id.is_not(None), tuple_(_E.turn_id, _E.mnest_id).in_(pairs)),
         )
         .order_by(_E.turn_id, _E.mnest_id, _E.ts, _E.id)

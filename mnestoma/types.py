@@ -79,19 +79,18 @@ class UTCDateTime(TypeDecorator[datetime]):
     def process_bind_param(self, value: Any, dialect: Dialect) -> datetime | None:
         if value is None:
             return None
-        value = ensure_aware_utc(value)
+        aware = ensure_aware_utc(value)
         if dialect.name == "sqlite":
-            return value.replace(tzinfo=None)
-        return value
+            return aware.replace(tzinfo=None)
+        return aware
 
     def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
         if value is None:
             return None
-        if isinstance(value, str):
-            value = datetime.fromisoformat(value)
-        if value.tzinfo is None:
-            return value.replace(tzinfo=UTC)
-        return value.astimezone(UTC)
+        stored: datetime = datetime.fromisoformat(value) if isinstance(value, str) else value
+        if stored.tzinfo is None:
+            return stored.replace(tzinfo=UTC)
+        return stored.astimezone(UTC)
 
     # On SQLite the two steps (ours, then the dialect's text formatting and regex parsing)
     # are fused into one: the same text format, a third of the cost on the hot paths.

@@ -25,7 +25,7 @@ from factory.alchemy import SQLAlchemyModelFactory
 from sqlalchemy.orm import Session
 
 from ..models import CanonicalQuery, Event, Mnest
-from ..rules import DEFAULT_DECAY_LAMBDA, INITIAL_WEIGHT, MnestState, new_mnest_id
+from ..rules import DEFAULT_DECAY_LAMBDA, INITIAL_WEIGHT, EventKind, MnestState, new_mnest_id
 from ..types import ensure_aware_utc
 
 __all__ = [
@@ -63,7 +63,7 @@ def bind_factories(
     """
     provider: SessionProvider | None
     if session is None or isinstance(session, Session):
-        provider = (lambda: session) if session is not None else None  # type: ignore[assignment,return-value]
+        provider = (lambda: session) if session is not None else None
     else:
         provider = session
     previous = _Binding(_binding.session, _binding.clock)
@@ -110,8 +110,10 @@ class _MnestomaFactory(SQLAlchemyModelFactory):
     def _create(cls, model_class: Any, *args: Any, **kwargs: Any) -> Any:
         # factory-boy stores the factory's session on _meta, where a closed session of an
         # earlier test would linger; ask for the bound one on every create instead.
-        session = cls._meta.sqlalchemy_session_factory()
-        return cls._save(model_class, session, args, kwargs)
+        session_factory = cls._meta.sqlalchemy_session_factory
+        if session_factory is None:  # a subclass's Meta unset it
+            raise TypeError(f"{cls.__name__}.Meta.sqlalchemy_session_factory is None")
+        return cls._save(model_class, session_factory(), args, kwargs)
 
 
 class MnestFactory(_MnestomaFactory):
@@ -210,23 +212,29 @@ class EventFactory(_MnestomaFactory):
     class Params:
         mnest = None
         reinforced = factory.Trait(
-            kind="reinforced", weight_before=0.30, weight_after=0.45, state_before="active"
+            kind=EventKind.REINFORCED.value,
+            weight_before=0.30,
+            weight_after=0.45,
+            state_before=MnestState.ACTIVE.value,
         )
         transition = factory.Trait(
-            kind="transition",
+            kind=EventKind.TRANSITION.value,
             weight_before=0.19,
             weight_after=0.19,
-            state_before="active",
-            state_after="decaying",
+            state_before=MnestState.ACTIVE.value,
+            state_after=MnestState.DECAYING.value,
         )
         promoted = factory.Trait(
-            kind="promoted", weight_before=0.45, weight_after=0.45, state_before="proto"
+            kind=EventKind.PROMOTED.value,
+            weight_before=0.45,
+            weight_after=0.45,
+            state_before=MnestState.PROTO.value,
         )
         pruned = factory.Trait(
-            kind="pruned",
+            kind=EventKind.PRUNED.value,
             weight_before=0.04,
             weight_after=None,
-            state_before="proto",
+            state_before=MnestState.PROTO.value,
             state_after=None,
         )
 
@@ -237,7 +245,7 @@ class EventFactory(_MnestomaFactory):
         yes_declaration=factory.SelfAttribute("mnest.id"),
         no_declaration=factory.SubFactory(MnestFactory),
     )
-    kind = "created"
+    kind = EventKind.CREATED.value
     ts = factory.LazyFunction(factory_now)
     turn_id: Any = None
     weight_before: Any = None
