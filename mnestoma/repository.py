@@ -68,8 +68,9 @@ MAX_LIMIT = 2**31 - 1  # the largest LIMIT both engines take as a plain integer
 RANK_NAMES_PER_STATEMENT = 500
 # A passing whose INSERT finds its key created by another transaction meanwhile reads that
 # row again and reinforces it: a race round, not a retry of a failed transaction (those are
-# the unit of work's). Bounded, in case the row keeps vanishing (the ager demoting it).
-RACE_ROUNDS = 8
+# the unit of work's, see mnestoma.uow.with_retries). The second round finds the committed
+# row; a third covers the ager demoting it in between. Past that: a retryable ConflictError.
+RACE_ROUNDS = 3
 
 # Positions of the columns in a row of ``select(mnests)``.
 _COL = {name: i for i, name in enumerate(MNEST_COLUMNS)}
@@ -273,6 +274,10 @@ class MnestRepository:
                     ex.many(rec.INSERT_EVENT, [ev])
                 return snap.mnest(_reinforced(row, values))
             values, ev = self._creation(p, turn_id, now, recorder)
+            if ex.dialect == "sqlite":
+                ex.many(rec.INSERT_MNEST_LOCKED, [values])  # under the write lock
+                ex.many(rec.INSERT_EVENT, [ev])
+                return snap.mnest_from(values)
             if ex.first(rec.insert_mnest(ex.dialect), values) is not None:
                 ex.many(rec.INSERT_EVENT, [ev])
                 return snap.mnest_from(values)
@@ -353,12 +358,14 @@ class MnestRepository:
                 result[ident] = snap.mnest(_reinforced(row, values))
         ex.many(rec.UPDATE_REINFORCE, updates)
         if creations:
-            # one multi-row INSERT ... ON CONFLICT DO NOTHING RETURNING id, in key order; a
-            # key that another transaction created meanwhile comes back missing
+            # In key order. PostgreSQL: one multi-row INSERT ... ON CONFLICT DO NOTHING
+            # RETURNING id, where a key another transaction created meanwhile comes back
+            # missing. SQLite: a plain batch, since the write lock keeps other writers out.
             creations.sort(key=lambda c: _sort_key(c[0]))
             params = [values for _, values, _ in creations]
-            inserted = ex.execute(rec.insert_mnest(ex.dialect), params).scalars().all()
-            if len(inserted) < len(creations):
+            if ex.dialect == "sqlite":
+                ex.many(rec.INSERT_MNEST_LOCKED, params)  # under the write lock
+            elif len(ex.execute(rec.insert_mnest(ex.dialect), params).all()) < len(params):
                 return None
             for ident, values, ev in creations:
                 events.append(ev)

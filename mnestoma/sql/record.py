@@ -32,6 +32,7 @@ from .tables import Key, key_is
 __all__ = [
     "HOLD_OFF_AGER",
     "INSERT_EVENT",
+    "INSERT_MNEST_LOCKED",
     "INSERT_QUERY",
     "KEYS_PER_STATEMENT",
     "PG_REINFORCE_EVENT_PARAMS",
@@ -130,6 +131,9 @@ def insert_mnest(dialect: str) -> Insert:
 
 
 INSERT_EVENT = insert(E)
+# SQLite, under the write lock the package takes before any write: no other writer can
+# create a key meanwhile, so creations need neither ON CONFLICT nor RETURNING.
+INSERT_MNEST_LOCKED = insert(M)
 
 # the event columns bound by PG_REINFORCE_WITH_EVENT (its mnest_id is the updated row's id)
 PG_REINFORCE_EVENT_PARAMS = (
