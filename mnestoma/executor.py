@@ -84,23 +84,24 @@ class _Prepared:
     sql: str
     names: tuple[str, ...]
     defaults: dict[str, Any]
-    binds: tuple[Processor | None, ...]
-    results: tuple[tuple[int, Processor], ...]
+    converting: tuple[tuple[int, Processor], ...]  # (position, bind processor)
+    results: tuple[tuple[int, Processor], ...]  # (column, result processor)
 
     def args(self, values: Params, seen: dict[datetime, Any]) -> tuple[Any, ...]:
         """One row of positional parameters; ``seen`` converts each instant once per batch."""
-        out = []
-        for name, convert in zip(self.names, self.binds, strict=True):
-            value = values[name] if name in values else self.defaults[name]
-            if convert is not None and value is not None:
-                if isinstance(value, datetime):
-                    done = seen.get(value)
-                    if done is None:
-                        done = seen[value] = convert(value)
-                    value = done
-                else:
-                    value = convert(value)
-            out.append(value)
+        defaults = self.defaults
+        out = [values[n] if n in values else defaults[n] for n in self.names]
+        for i, convert in self.converting:
+            value = out[i]
+            if value is None:
+                continue
+            if isinstance(value, datetime):
+                done = seen.get(value)
+                if done is None:
+                    done = seen[value] = convert(value)
+                out[i] = done
+            else:
+                out[i] = convert(value)
         return tuple(out)
 
     def convert(self, raw: list[Any]) -> list[tuple[Any, ...]]:
@@ -143,12 +144,13 @@ def _compile(stmt: Executable, dialect: Dialect, column_keys: tuple[str, ...]) -
         process = column.type.dialect_impl(dialect).result_processor(dialect, None)
         if process is not None:
             results.append((i, process))
+    converting = []
+    for i, name in enumerate(names):
+        process = binds[name].type.dialect_impl(dialect).bind_processor(dialect)
+        if process is not None:
+            converting.append((i, process))
     return _Prepared(
-        compiled.string,
-        names,
-        dict(compiled.params),
-        tuple(binds[n].type.dialect_impl(dialect).bind_processor(dialect) for n in names),
-        tuple(results),
+        compiled.string, names, dict(compiled.params), tuple(converting), tuple(results)
     )
 
 
