@@ -33,8 +33,11 @@ from helpers_proc import (
 )
 from invariants import check_invariants, plain_engine
 from sqlalchemy import text
+from sqlalchemy.engine import make_url
 
 import mnestoma
+from mnestoma import locking
+from mnestoma.config import make_engine
 
 CTX = multiprocessing.get_context("spawn")
 SOAK = os.environ.get("MNESTOMA_SOAK", "") not in ("", "0")
@@ -82,6 +85,17 @@ def uses_by_key(store: mnestoma.Mnestoma) -> dict[str, int]:
     return dict(out)
 
 
+DEADLOCKS = text("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
+OTHER_SESSIONS = text(
+    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+    " AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
+)
+LOCK_WAITERS = text(
+    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+    " AND wait_event_type = 'Lock'"
+)
+
+
 def deadlocks(url: str) -> int | None:
     """The server's deadlock counter for this database (PostgreSQL), else None."""
     engine = plain_engine(url)
@@ -89,21 +103,33 @@ def deadlocks(url: str) -> int | None:
         if engine.dialect.name != "postgresql":
             return None
         with engine.connect() as conn:
-            return conn.execute(
-                text("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
-            ).scalar_one()
+            return int(conn.execute(DEADLOCKS).scalar_one())
     finally:
         engine.dispose()
 
 
-def new_deadlocks(url: str, before: int | None) -> int:
-    """Deadlocks PostgreSQL detected (and the package retried) since ``before``; 0 on SQLite."""
+def new_deadlocks(url: str, before: int | None, timeout: float = 30.0) -> int:
+    """Deadlocks PostgreSQL detected (and the package retried) since ``before``; 0 on SQLite.
+
+    A server process reports its pending statistics at the latest as it exits, before it
+    leaves ``pg_stat_activity``: the counter is read once no other session of the database
+    is left, so that every deadlock of the sessions that wrote is in it.
+    """
     if before is None:
         return 0
-    time.sleep(0.6)  # the server flushes its statistics asynchronously (about every second)
-    after = deadlocks(url)
-    assert after is not None
-    return after - before
+    engine = plain_engine(url)
+    try:
+        # Statement by statement: a transaction would keep showing its first snapshot.
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            end = time.monotonic() + timeout
+            while (others := conn.execute(OTHER_SESSIONS).scalar_one()) > 0:
+                if time.monotonic() > end:
+                    pytest.fail(f"{others} sessions of the store still open after {timeout}s")
+                time.sleep(0.02)
+            after = conn.execute(DEADLOCKS).scalar_one()
+    finally:
+        engine.dispose()
+    return int(after) - before
 
 
 def test_concurrent_writers_count_every_passing_exactly_once(store_url: str) -> None:
@@ -262,27 +288,35 @@ class GateClock:
 
 
 def wait_for_lock_waiters(url: str, n: int, timeout: float = 10.0) -> None:
-    """Wait until ``n`` sessions of this database wait on a lock (PostgreSQL) or a moment."""
+    """Wait until ``n`` sessions of this PostgreSQL database wait on a lock."""
     engine = plain_engine(url)
     try:
-        if engine.dialect.name != "postgresql":
-            time.sleep(0.3)
-            return
-        end = time.monotonic() + timeout
-        with engine.connect() as conn:
-            while time.monotonic() < end:
-                waiting = conn.execute(
-                    text(
-                        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                        " AND wait_event_type = 'Lock'"
-                    )
-                ).scalar_one()
-                if waiting >= n:
-                    return
+        # Statement by statement: a transaction would keep showing its first snapshot.
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            end = time.monotonic() + timeout
+            while conn.execute(LOCK_WAITERS).scalar_one() < n:
+                if time.monotonic() > end:
+                    pytest.fail(f"{n} sessions never waited on a lock")
                 time.sleep(0.02)
-        pytest.fail(f"{n} sessions never waited on a lock")
     finally:
         engine.dispose()
+
+
+def sqlite_lock_waits(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """An event set once a write in this process found SQLite's write lock taken.
+
+    The package's lock loop pauses only after SQLite refused a ``BEGIN IMMEDIATE``; on an
+    engine whose busy timeout is 0 SQLite refuses at once instead of waiting inside itself.
+    """
+    waiting = threading.Event()
+    pause = locking._pause
+
+    def observed_pause(dbapi: Any, seconds: float) -> None:
+        waiting.set()
+        pause(dbapi, seconds)
+
+    monkeypatch.setattr(locking, "_pause", observed_pause)
+    return waiting
 
 
 def in_thread(fn: Any, *args: Any, **kwargs: Any) -> tuple[threading.Thread, dict]:
@@ -299,18 +333,27 @@ def in_thread(fn: Any, *args: Any, **kwargs: Any) -> tuple[threading.Thread, dic
     return t, box
 
 
-def test_the_ager_waits_for_a_writer_holding_a_row_instead_of_deadlocking(store_url: str) -> None:
+def test_the_ager_waits_for_a_writer_holding_a_row_instead_of_deadlocking(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with mnestoma.Mnestoma(store_url) as plain:
         plain.record_passing(*HOT_EDGE)
     before = deadlocks(store_url)
+    on_sqlite = make_url(store_url).get_backend_name() == "sqlite"
+    sqlite_waits = sqlite_lock_waits(monkeypatch)
     gate = GateClock()
     writer = mnestoma.Mnestoma(store_url, clock=gate)
-    ager = mnestoma.Mnestoma(store_url, clock=lambda: datetime.now(UTC) + timedelta(days=60))
+    ager_engine = make_engine(store_url, **({"connect_args": {"timeout": 0}} if on_sqlite else {}))
+    ager = mnestoma.Mnestoma(ager_engine, clock=lambda: datetime.now(UTC) + timedelta(days=60))
     try:
         w_thread, w_box = in_thread(writer.record_passing, *HOT_EDGE)
         assert gate.reached.wait(10), "the writer never reached its locked section"
         a_thread, a_box = in_thread(ager.apply_ager)
-        wait_for_lock_waiters(store_url, 1)  # the ager now waits for the writer
+        # the ager now waits for the writer: for its row, or for SQLite's write lock
+        if on_sqlite:
+            assert sqlite_waits.wait(10), "the ager never waited for the writer's lock"
+        else:
+            wait_for_lock_waiters(store_url, 1)
         gate.go.set()
         w_thread.join(30)
         a_thread.join(30)
@@ -318,6 +361,7 @@ def test_the_ager_waits_for_a_writer_holding_a_row_instead_of_deadlocking(store_
         gate.go.set()
         writer.close()
         ager.close()
+        ager_engine.dispose()
     assert "error" not in w_box and "error" not in a_box, (w_box, a_box)
     assert new_deadlocks(store_url, before) == 0, "the ager and a writer deadlocked"
     assert w_box["result"].uses == 2
