@@ -13,6 +13,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -175,12 +176,16 @@ def test_reading_tools_never_create_a_sqlite_file(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_four_processes_migrating_one_fresh_database_all_end_at_head(empty_db_url: str) -> None:
     ctx = multiprocessing.get_context("spawn")
-    start, out = ctx.Event(), ctx.Queue()
+    # Each child waits at the barrier once it has imported the package; the parent passes it
+    # only when all four are there, so they start migrating together.
+    start, out = ctx.Barrier(5), ctx.Queue()
     procs = [ctx.Process(target=migrate_main, args=(empty_db_url, start, out)) for _ in range(4)]
     for p in procs:
         p.start()
-    time.sleep(0.5)  # let every child import the package; they then start together
-    start.set()
+    try:
+        start.wait(timeout=120)
+    except threading.BrokenBarrierError:
+        pytest.fail("the four children did not all reach the start within 120 s")
     results = [out.get(timeout=300) for _ in procs]
     for p in procs:
         p.join(timeout=60)
