@@ -17,7 +17,7 @@ from click.testing import CliRunner, Result
 from sqlalchemy import Engine, event
 
 import mnestoma
-import mnestoma.cli as cli_module
+import mnestoma.cli.commands as cli_module
 from mnestoma import UnitOfWork, make_engine, make_session_factory
 from mnestoma.cli import cli
 from mnestoma.testing.clock import MovableClock

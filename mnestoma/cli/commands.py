@@ -25,16 +25,16 @@ from alembic.script import ScriptDirectory
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-from .config import (
+from ..config import (
     ENV_DATABASE_URL,
     is_secret_key,
     redact_text,
     redact_url,
     resolve_database_url,
 )
-from .errors import InvalidInput, InvalidTransition, MnestomaError
-from .facade import Mnestoma
-from .migration import (
+from ..errors import InvalidInput, InvalidTransition, MnestomaError
+from ..facade import Mnestoma
+from ..migration import (
     alembic_config,
     current_revision,
     downgrade,
@@ -42,9 +42,9 @@ from .migration import (
     offline_sql,
     upgrade,
 )
-from .models import CanonicalQuery, Event, Mnest
-from .repository import WALK_LIMIT, QueryFrequency
-from .rules import (
+from ..models import CanonicalQuery, Event, Mnest
+from ..repository import WALK_LIMIT, QueryFrequency
+from ..rules import (
     PROMOTE_HINT,
     RECURRING_MIN_USES,
     RECURRING_MIN_WEIGHT,
@@ -52,8 +52,8 @@ from .rules import (
     Recorder,
     activation,
 )
-from .status import collect_status, iso_utc, missing_sqlite_file, render_status
-from .validation import Clock, Passing, check_positive_int, utc_now
+from ..status import collect_status, iso_utc, missing_sqlite_file, render_status
+from ..validation import Clock, Passing, check_positive_int, utc_now
 
 __all__ = ["cli", "main"]
 
@@ -846,7 +846,7 @@ def graph_cmd(
     unless asked (--states superseded)."""
     from pathlib import Path
 
-    from .graph import DEFAULT_DEPTH, PICTURE_STATES, render
+    from ..graph import DEFAULT_DEPTH, PICTURE_STATES, render
 
     if as_json and fmt not in (None, "json"):
         raise InvalidInput(f"--json and --format {fmt} disagree: give one of them")
@@ -1118,7 +1118,7 @@ def copy_cmd(
     A mnest id held by both stores (one was copied from the other) is refused: nothing
     is copied.
     """
-    from .copying import copy_store
+    from ..copying import copy_store
 
     report = copy_store(
         source or _url(database_url),
@@ -1199,7 +1199,7 @@ def _section(title: str) -> None:
 
 def run_demo(url: str | None) -> None:
     """A traced runtime answers a week of turns; 30 days pass; age, and show what is left."""
-    from .demo import DEMO_TURNS, run_demo_turn  # the demo's executors: only for the demo
+    from ..demo import DEMO_TURNS, run_demo_turn  # the demo's executors: only for the demo
 
     clock = _DemoClock(DEMO_START)
     with contextlib.ExitStack() as stack:
