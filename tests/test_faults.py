@@ -207,20 +207,19 @@ def test_an_ager_killed_after_any_statement_leaves_all_of_its_work_or_none(
 def backend_pids_waiting(url: str, timeout: float = 10.0) -> list[int]:
     engine = plain_engine(url)
     end = time.monotonic() + timeout
+    query = text(
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+        " AND wait_event_type = 'Lock'"
+    )
     try:
-        with engine.connect() as conn:
-            while time.monotonic() < end:
-                pids = list(
-                    conn.execute(
-                        text(
-                            "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
-                            " AND wait_event_type = 'Lock'"
-                        )
-                    ).scalars()
-                )
-                if pids:
-                    return pids
-                time.sleep(0.02)
+        while time.monotonic() < end:
+            # a transaction of its own per read: pg_stat_activity is a snapshot that stays
+            # the same for the whole of a transaction
+            with engine.connect() as conn:
+                pids = list(conn.execute(query).scalars())
+            if pids:
+                return pids
+            time.sleep(0.02)
     finally:
         engine.dispose()
     pytest.fail("the call never waited on the lock")
