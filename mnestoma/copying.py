@@ -41,53 +41,50 @@ from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
-from sqlalchemy import (
-    Column,
-    Connection,
-    Engine,
-    MetaData,
-    RowMapping,
-    Select,
-    String,
-    Table,
-    and_,
-    bindparam,
-    delete,
-    func,
-    insert,
-    inspect,
-    select,
-    text,
-    update,
-)
+from sqlalchemy import Connection, Engine, RowMapping, Select, Table, inspect
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import IntegrityError
 
-from .config import READ_ONLY_OPTION, make_engine, redact_url, resolve_database_url
+from .clock import Clock, read_clock, utc_now
+from .config import make_engine, redact_url, resolve_database_url
 from .errors import (
     ConflictError,
+    CopyVerificationError,
     InvalidInput,
-    MnestomaError,
     SchemaError,
     StoreError,
+    StoresShareRows,
+    TargetNotEmpty,
     translate_errors,
 )
 from .locking import take_write_lock
-from .migration import current_revision, head_revision, known_revisions, upgrade
-from .models import AgerRun, CanonicalQuery, Event, Mnest
-from .rules import (
-    MAX_JSON_DEPTH,
-    PASSING,
-    EventKind,
-    Recorder,
-    clamp_weight,
-    decayed_weight,
+from .migration import (
+    current_revision,
+    head_revision,
+    known_revisions,
+    sqlite_store_missing,
+    upgrade,
 )
-from .status import missing_sqlite_file
+from .rules import MAX_JSON_DEPTH, PASSING, EventKind, Recorder, clamp_weight, decayed_weight
+from .sql.copying import (
+    KEY,
+    KEYS,
+    MERGE_INTO_TARGET,
+    MERGED_COLUMNS,
+    MNESTS_BY_ID,
+    POSTGRESQL_ANALYZE,
+    POSTGRESQL_LOCK,
+    POSTGRESQL_RESET_IDS,
+    PROTO_KEY,
+    SHARED_MNEST_ID,
+    TABLES,
+    statements,
+)
+from .sql.tables import EVENTS, MNESTS
 from .types import JSONDocument
-from .validation import Clock, check_recorder, read_clock, utc_now
+from .validation import check_recorder
 
 __all__ = [
     "CHUNK_SIZE",
@@ -103,33 +100,9 @@ CHUNK_SIZE = 5_000
 # Keys per ``IN (...)`` lookup in the target: far below every engine's parameter limit.
 LOOKUP_BATCH = 500
 MODULUS = 2**256
-MNESTS = cast(Table, Mnest.__table__)
-EVENTS = cast(Table, Event.__table__)
-# (table, has an integer id the copy keeps, or shifts past the target's ids when appending)
-TABLES: tuple[tuple[Table, bool], ...] = (
-    (MNESTS, False),
-    (EVENTS, True),
-    (cast(Table, CanonicalQuery.__table__), True),
-    (cast(Table, AgerRun.__table__), True),
-)
-KEY = ("src_executor", "src_version", "dst_executor", "dst_version", "state")
-PROTO_KEY = ("src_executor", "src_version", "dst_executor", "state")  # dst_version IS NULL
-MERGED_COLUMNS = ("uses", "ts_first", "ts_last", "weight", "ts_weight", "tags", "desired_sig")
 
 Progress = Callable[[int], AbstractContextManager[Callable[[int], Any]]]
 T = TypeVar("T")
-
-
-class TargetNotEmpty(InvalidInput):
-    """The target already holds rows and ``append`` was not asked for."""
-
-
-class StoresShareRows(ConflictError):
-    """A mnest id is in both stores: they share rows, and merging would count them twice."""
-
-
-class CopyVerificationError(MnestomaError):
-    """The target's content read back differs from what it must hold: the copy was rolled back."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,10 +229,9 @@ def table_checksum(conn: Connection, table: Table, *, id_above: int | None = Non
 
 def _table_digest(conn: Connection, table: Table, *, id_above: int | None = None) -> _Digest:
     digest = _Digest(table)
-    stmt = select(table)
-    if id_above is not None:
-        stmt = stmt.where(table.c.id > id_above)
-    result = conn.execute(stmt, execution_options={"yield_per": CHUNK_SIZE})
+    of = statements(table)
+    stmt, params = (of.rows, {}) if id_above is None else (of.rows_above, {"id_above": id_above})
+    result = conn.execute(stmt, params, execution_options={"yield_per": CHUNK_SIZE})
     for part in result.mappings().partitions():
         for row in part:
             digest.add(row)
@@ -297,7 +269,7 @@ class _NewFile:
 
     @classmethod
     def of(cls, url: URL) -> _NewFile | None:
-        missing = missing_sqlite_file(url)
+        missing = _missing_sqlite_file(url)
         if missing is None:
             return None
         path = missing.absolute()
@@ -318,6 +290,11 @@ class _NewFile:
                 folder.rmdir()
             except OSError:
                 break
+
+
+def _missing_sqlite_file(url: URL) -> Path | None:
+    """The path of a SQLite file that does not exist (no store there), else None."""
+    return Path(url.database or "").expanduser() if sqlite_store_missing(url) else None
 
 
 def _check_revision(role: str, url: URL, revision: str | None, *, at_head: bool) -> None:
@@ -361,7 +338,7 @@ def copy_store(
     dst_url = resolve_database_url(target)
     if _same_database(src_url, dst_url):
         raise InvalidInput("the source and the target are the same database")
-    missing = missing_sqlite_file(src_url)
+    missing = _missing_sqlite_file(src_url)
     if missing is not None:
         raise InvalidInput(f"no source database at {missing}")
     new_file = _NewFile.of(dst_url)
@@ -399,68 +376,16 @@ def _source_reader(engine: Engine) -> Engine:
     """One consistent snapshot of the source across its tables."""
     if engine.dialect.name == "postgresql":
         return engine.execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)
-    return engine.execution_options(**{READ_ONLY_OPTION: True})
+    return engine  # SQLite: one read transaction is one snapshot
 
 
-def _quoted(conn: Connection, table: Table) -> str:
-    return conn.dialect.identifier_preparer.format_table(table)
-
-
-class _Keys:
-    """A temporary table of lookup keys, joined to a target table one batch at a time.
-
-    A join probes the target's indexes once per key; a row-value ``IN (...)`` list did not
-    (PostgreSQL planned it as one OR per key, each re-reading a whole partial index), and a
-    VALUES list would be compiled anew for every batch. Statements are built once.
-    """
-
-    NAME = "mnestoma_copy_keys"
-
-    def __init__(self, conn: Connection) -> None:
-        self.table = Table(
-            self.NAME,
-            MetaData(),
-            *(Column(f"k{i}", String) for i in range(len(KEY))),
-            prefixes=["TEMPORARY"],
-        )
-        self.table.create(conn)
-        k = self.table.c
-        twin_cols = [MNESTS.c[n] for n in KEY]
-        proto_cols = [MNESTS.c[n] for n in PROTO_KEY]
-        self.twins = (
-            select(MNESTS.c.id, *twin_cols)
-            .join_from(
-                self.table, MNESTS, and_(*(c == k[f"k{i}"] for i, c in enumerate(twin_cols)))
-            )
-            .where(MNESTS.c.dst_version.is_not(None))
-        )
-        self.proto_twins = (
-            select(MNESTS.c.id, *proto_cols)
-            .join_from(
-                self.table, MNESTS, and_(*(c == k[f"k{i}"] for i, c in enumerate(proto_cols)))
-            )
-            .where(MNESTS.c.dst_version.is_(None))
-        )
-        self.turns = (
-            select(EVENTS.c.turn_id, EVENTS.c.mnest_id)
-            .join_from(
-                self.table,
-                EVENTS,
-                and_(EVENTS.c.turn_id == k.k0, EVENTS.c.mnest_id == k.k1),
-            )
-            .where(EVENTS.c.kind.in_(PASSING))
-        )
-
-    def find(
-        self, conn: Connection, query: Select[Any], keys: Sequence[tuple[Any, ...]]
-    ) -> list[tuple[Any, ...]]:
-        """The rows of ``query`` for these keys (one batch)."""
-        conn.execute(delete(self.table))
-        conn.execute(insert(self.table), [{f"k{i}": v for i, v in enumerate(k)} for k in keys])
-        return [tuple(row) for row in conn.execute(query)]
-
-    def drop(self, conn: Connection) -> None:
-        self.table.drop(conn)
+def _find_keys(
+    conn: Connection, query: Select[Any], keys: Sequence[tuple[Any, ...]]
+) -> list[tuple[Any, ...]]:
+    """The rows of ``query`` (one of :data:`KEYS`' joins) for these keys (one batch)."""
+    conn.execute(KEYS.clear)
+    conn.execute(KEYS.fill, [{f"k{i}": v for i, v in enumerate(k)} for k in keys])
+    return [tuple(row) for row in conn.execute(query)]
 
 
 @dataclass
@@ -479,7 +404,7 @@ class _Job:
     now: datetime = field(init=False)  # read once the target's write lock is held
     next_event_id: int = field(init=False)  # the merge events' ids, after the copied ones
     advance: Callable[[int], Any] = field(init=False)
-    keys: _Keys | None = None  # created when the copy merges
+    keys_created: bool = False  # the temporary key table, created when the copy merges
 
     def run(self, src_engine: Engine, dst_engine: Engine) -> CopyReport:
         with _source_reader(src_engine).connect() as sconn, dst_engine.connect() as tconn:
@@ -496,12 +421,10 @@ class _Job:
                         "use --append to add to it"
                     )
                 if tconn.dialect.name == "postgresql":
-                    names = ", ".join(_quoted(tconn, t) for t, _ in TABLES)
-                    tconn.execute(text(f"LOCK TABLE {names} IN EXCLUSIVE MODE"))
+                    tconn.execute(POSTGRESQL_LOCK)
                 self.now = read_clock(self.clock)
                 counts = {
-                    t.name: int(sconn.execute(select(func.count()).select_from(t)).scalar_one())
-                    for t, _ in TABLES
+                    t.name: int(sconn.execute(statements(t).count).scalar_one()) for t, _ in TABLES
                 }
                 for table, int_id in TABLES:
                     name = table.name
@@ -517,8 +440,8 @@ class _Job:
                     for table, _ in TABLES[2:]:
                         for rows in self._stream(sconn, table):
                             self._insert(tconn, table, rows)
-                if self.keys is not None:
-                    self.keys.drop(tconn)
+                if self.keys_created:
+                    KEYS.table.drop(tconn)
                 if tconn.dialect.name == "postgresql":
                     self._after_postgresql_copy(tconn)
                 self._verify(tconn)
@@ -540,7 +463,7 @@ class _Job:
         """The source table in chunks, integer ids shifted past the target's."""
         offset = self.offsets[table.name]
         result = sconn.execute(
-            select(table).order_by(table.c.id), execution_options={"yield_per": self.chunk_size}
+            statements(table).in_id_order, execution_options={"yield_per": self.chunk_size}
         )
         for part in result.mappings().partitions():
             rows = [dict(r) for r in part]
@@ -562,7 +485,7 @@ class _Job:
         digest = self.expected[table.name]
         for row in rows:
             digest.add(row)
-        tconn.execute(insert(table), rows)
+        tconn.execute(statements(table).insert, rows)
         if source:
             self.advance(len(rows))
 
@@ -578,9 +501,7 @@ class _Job:
         """Source id -> id of the target row with the same edge key, for these rows."""
         ids = [r["id"] for r in rows]
         for batch in _batches(ids, LOOKUP_BATCH):
-            shared = tconn.execute(
-                select(MNESTS.c.id).where(MNESTS.c.id.in_(batch)).limit(1)
-            ).scalar()
+            shared = tconn.execute(SHARED_MNEST_ID, {"ids": list(batch)}).scalar()
             if shared is not None:
                 raise StoresShareRows(
                     f"mnest {shared} is in both stores: they share rows (was one copied from "
@@ -594,17 +515,17 @@ class _Job:
                 for r in rows
                 if (r["dst_version"] is not None) is versioned
             }
-            keys = self._key_table(tconn)
-            query = keys.twins if versioned else keys.proto_twins
+            self._create_keys(tconn)
+            query = KEYS.twins if versioned else KEYS.proto_twins
             for batch in _batches(list(wanted), LOOKUP_BATCH):
-                for target_id, *key in keys.find(tconn, query, batch):
+                for target_id, *key in _find_keys(tconn, query, batch):
                     found[wanted[tuple(key)]] = target_id
         return found
 
-    def _key_table(self, tconn: Connection) -> _Keys:
-        if self.keys is None:
-            self.keys = _Keys(tconn)
-        return self.keys
+    def _create_keys(self, tconn: Connection) -> None:
+        if not self.keys_created:
+            KEYS.table.create(tconn)
+            self.keys_created = True
 
     # --- events --------------------------------------------------------------------------
 
@@ -627,9 +548,9 @@ class _Job:
         if not moved:
             return
         taken: set[tuple[str, str]] = set()
-        keys = self._key_table(tconn)
+        self._create_keys(tconn)
         for batch in _batches([(r["turn_id"], r["mnest_id"]) for r in moved], LOOKUP_BATCH):
-            taken.update((turn, mnest) for turn, mnest in keys.find(tconn, keys.turns, batch))
+            taken.update((turn, mnest) for turn, mnest in _find_keys(tconn, KEYS.turns, batch))
         for row in moved:
             if (row["turn_id"], row["mnest_id"]) not in taken:
                 continue
@@ -646,11 +567,6 @@ class _Job:
     def _merge(self, sconn: Connection, tconn: Connection) -> None:
         if not self.pairs:
             return
-        stmt = (
-            update(MNESTS)
-            .where(MNESTS.c.id == bindparam("b_id", type_=MNESTS.c.id.type))
-            .values({c: bindparam(f"b_{c}", type_=MNESTS.c[c].type) for c in MERGED_COLUMNS})
-        )
         pairs = list(self.pairs.items())
         for batch in _batches(pairs, min(self.chunk_size, LOOKUP_BATCH)):
             sources = _rows_by_id(sconn, [s for s, _ in batch])
@@ -666,7 +582,7 @@ class _Job:
                 weight = merged["weight"]
                 events.append(self._merged_event(target_id, source_id, eff_dst, weight, dst))
                 events.append(self._merged_event(source_id, target_id, eff_src, weight, src))
-            tconn.execute(stmt, changes)
+            tconn.execute(MERGE_INTO_TARGET, changes)
             self._insert(tconn, EVENTS, events, source=False)
             self.advance(len(batch))
 
@@ -720,27 +636,15 @@ class _Job:
     def _target_counts(self, conn: Connection) -> dict[str, int]:
         tables = set(inspect(conn).get_table_names())
         return {
-            t.name: (
-                int(conn.execute(select(func.count()).select_from(t)).scalar_one())
-                if t.name in tables
-                else 0
-            )
+            t.name: int(conn.execute(statements(t).count).scalar_one()) if t.name in tables else 0
             for t, _ in TABLES
         }
 
     def _after_postgresql_copy(self, tconn: Connection) -> None:
         """Identity sequences past every id; statistics, so that the first ager plans well."""
-        for table, int_id in TABLES:
-            if int_id:
-                name = _quoted(tconn, table)
-                tconn.execute(
-                    text(
-                        f"SELECT setval(pg_get_serial_sequence(:name, 'id'), "
-                        f"COALESCE((SELECT MAX(id) FROM {name}), 0) + 1, false)"
-                    ),
-                    {"name": name},
-                )
-        tconn.execute(text("ANALYZE " + ", ".join(_quoted(tconn, t) for t, _ in TABLES)))
+        for reset in POSTGRESQL_RESET_IDS:
+            tconn.execute(reset)
+        tconn.execute(POSTGRESQL_ANALYZE)
 
     def _verify(self, tconn: Connection) -> None:
         """Read the target back; any difference raises (and rolls the transaction back)."""
@@ -756,9 +660,9 @@ class _Job:
 
 
 def _max_id(conn: Connection, table: Table) -> int:
-    return int(conn.execute(select(func.coalesce(func.max(table.c.id), 0))).scalar_one())
+    return int(conn.execute(statements(table).max_id).scalar_one())
 
 
 def _rows_by_id(conn: Connection, ids: Sequence[str]) -> dict[str, RowMapping]:
-    result = conn.execute(select(MNESTS).where(MNESTS.c.id.in_(ids))).mappings()
+    result = conn.execute(MNESTS_BY_ID, {"ids": list(ids)}).mappings()
     return {row["id"]: row for row in result}

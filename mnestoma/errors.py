@@ -9,6 +9,7 @@ from sqlalchemy import exc as sa_exc
 
 __all__ = [
     "ConflictError",
+    "CopyVerificationError",
     "DatabaseUnavailable",
     "InvalidInput",
     "InvalidTransition",
@@ -17,6 +18,8 @@ __all__ = [
     "NotFound",
     "SchemaError",
     "StoreError",
+    "StoresShareRows",
+    "TargetNotEmpty",
     "WriteLockTimeout",
     "translate_errors",
 ]
@@ -60,6 +63,21 @@ class StoreError(MnestomaError):
 
 class DatabaseUnavailable(StoreError):
     """The database cannot be reached or opened right now."""
+
+
+# --- copying a store (mnestoma.copying) ---------------------------------------------------
+
+
+class TargetNotEmpty(InvalidInput):
+    """The copy's target already holds rows and ``append`` was not asked for."""
+
+
+class StoresShareRows(ConflictError):
+    """A mnest id is in both stores: they share rows, and merging would count them twice."""
+
+
+class CopyVerificationError(MnestomaError):
+    """The target's content read back differs from what it must hold: the copy was rolled back."""
 
 
 def _message(err: sa_exc.DBAPIError) -> str:

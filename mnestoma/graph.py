@@ -13,21 +13,16 @@ import io
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from .clock import Clock, read_clock, utc_now
 from .errors import InvalidInput, MissingExtra
 from .models import Mnest
+from .records import mnest_record
 from .rules import MnestState
-from .validation import (
-    Clock,
-    check_name,
-    check_optional_name,
-    check_positive_int,
-    check_states,
-    read_clock,
-    utc_now,
-)
+from .timefmt import iso_utc
+from .validation import check_name, check_optional_name, check_positive_int, check_states
 
 if TYPE_CHECKING:
     from .repository import MnestRepository
@@ -92,6 +87,12 @@ class MnestGraph:
     at: datetime
     src: str | None = None
 
+    def is_source(self, node: GraphNode) -> bool:
+        """True for a node the graph starts from: ``src`` is its id (``executor@version``)
+        or its executor (any version). A wished node never is: it does not exist yet, even
+        where it bears the source's name."""
+        return not node.wished and self.src is not None and self.src in (node.id, node.executor)
+
 
 def node_id(executor: str, version: str | None) -> str:
     """``executor@version``; a wished executor (no version) is its bare name."""
@@ -130,11 +131,15 @@ def build_graph(
     frontier: dict[str, set[str] | None] = {src: None if version is None else {version}}
     reached: set[tuple[str, str]] = set()
     found: dict[str, Mnest] = {}
+    # Each executor's edges are read once, whichever versions of it the walk reaches later.
+    read: dict[str, list[Mnest]] = {}
     for _ in range(hops):
         following: dict[str, set[str]] = {}
         for executor in sorted(frontier):
             versions = frontier[executor]
-            for m in repo.edges(src_executor=executor, states=wanted):
+            if executor not in read:
+                read[executor] = repo.edges(src_executor=executor, states=wanted)
+            for m in read[executor]:
                 if versions is not None and m.src_version not in versions:
                     continue
                 reached.add((m.src_executor, m.src_version))
@@ -169,10 +174,6 @@ def _graph(rows: Iterable[Mnest], at: datetime, src: str | None) -> MnestGraph:
 # --- shared look --------------------------------------------------------------------------
 
 
-def _iso(value: datetime) -> str:
-    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
-
-
 def _pen(weight: float) -> float:
     return round(PEN_MIN + PEN_SPAN * min(1.0, max(0.0, weight)), 2)
 
@@ -197,7 +198,7 @@ def _faded_nodes(graph: MnestGraph) -> set[str]:
 
 def _title(graph: MnestGraph) -> str:
     where = f"from {graph.src}, " if graph.src is not None else ""
-    return f"mnestoma: {where}effective weights at {_iso(graph.at.replace(microsecond=0))}"
+    return f"mnestoma: {where}effective weights at {iso_utc(graph.at.replace(microsecond=0))}"
 
 
 # --- DOT ----------------------------------------------------------------------------------
@@ -247,7 +248,7 @@ def to_dot(graph: MnestGraph) -> str:
             attrs = {"label": _dot_label(n.executor, n.version or "")}
             if n.id in faded:
                 attrs.update(color=FADED_COLOUR, fontcolor=FADED_COLOUR)
-        if n.id == graph.src or (graph.src == n.executor and not n.wished):
+        if graph.is_source(n):
             attrs["penwidth"] = 2.0
         out.append(f"  {_dot_quote(n.id)} {_dot_attrs(attrs)};")
     for e in graph.edges:
@@ -315,11 +316,7 @@ def to_mermaid(graph: MnestGraph) -> str:
     out.append("    classDef source stroke-width:3px;")
     wished = [ids[n.id] for n in graph.nodes if n.wished]
     grey = [ids[n.id] for n in graph.nodes if n.id in faded and not n.wished]
-    start = [
-        ids[n.id]
-        for n in graph.nodes
-        if not n.wished and graph.src is not None and graph.src in (n.id, n.executor)
-    ]
+    start = [ids[n.id] for n in graph.nodes if graph.is_source(n)]
     for name, members in (("wished", wished), ("faded", grey), ("source", start)):
         if members:
             out.append(f"    class {','.join(members)} {name};")
@@ -333,16 +330,14 @@ def to_mermaid(graph: MnestGraph) -> str:
 def edge_records(graph: MnestGraph) -> list[dict[str, Any]]:
     """One object per edge, keyed like the command line's other listings (every column,
     ISO-8601 UTC times, ``effective_weight``), plus its ``source`` and ``target`` nodes."""
-    out = []
-    for e in graph.edges:
-        record = {
-            k: (_iso(v) if isinstance(v, datetime) else v) for k, v in e.mnest.as_dict().items()
+    return [
+        {
+            **mnest_record(e.mnest, graph.at, effective=e.effective_weight),
+            "source": e.source,
+            "target": e.target,
         }
-        record["effective_weight"] = e.effective_weight
-        record["source"] = e.source
-        record["target"] = e.target
-        out.append(record)
-    return out
+        for e in graph.edges
+    ]
 
 
 def to_json(graph: MnestGraph) -> str:
@@ -385,7 +380,7 @@ def to_networkx(graph: MnestGraph) -> Any:
 def _graphml_value(value: Any) -> Any:
     """GraphML holds strings, numbers and booleans: times as ISO text, JSON as JSON text."""
     if isinstance(value, datetime):
-        return _iso(value)
+        return iso_utc(value)
     if isinstance(value, dict | list):
         return json.dumps(value, ensure_ascii=False, sort_keys=True)
     return value
@@ -395,7 +390,7 @@ def to_graphml(graph: MnestGraph) -> str:
     """GraphML through networkx (absent values are left out, as GraphML does)."""
     nx = _networkx()
     g = nx.MultiDiGraph()
-    g.graph["at"] = _iso(graph.at)
+    g.graph["at"] = iso_utc(graph.at)
     if graph.src is not None:
         g.graph["src"] = graph.src
     for n in graph.nodes:

@@ -8,38 +8,33 @@ sentence about recording is chosen by the rows: the status never claims a feed t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
-from pathlib import Path
+from dataclasses import dataclass, field, fields
+from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, func, inspect, select
+from sqlalchemy import Connection, Engine, inspect
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
-from .config import (
-    READ_ONLY_OPTION,
-    is_memory_sqlite,
-    is_sqlite,
-    make_engine,
-    redact_url,
-    resolve_database_url,
-)
+from .clock import Clock, read_clock, utc_now
+from .config import make_engine, redact_url, resolve_database_url
 from .errors import translate_errors
-from .migration import head_revision, known_revisions, read_revision
-from .models import AgerRun, CanonicalQuery, Event, Mnest
+from .migration import head_revision, known_revisions, read_revision, sqlite_store_missing
+from .models import Mnest
 from .repository import MnestRepository
 from .rules import (
     AUTOMATIC_RECORDERS,
-    PASSING,
     RECURRING_MIN_USES,
     RECURRING_MIN_WEIGHT,
+    AgerReport,
     EventKind,
     MnestState,
     Recorder,
 )
+from .sql import status as sql
+from .sql.tables import AGER_RUNS, EVENTS, MNESTS, QUERIES
+from .timefmt import ago, iso_utc, short_utc
 from .types import parse_sqlite_timestamp
-from .validation import Clock, read_clock, utc_now
 
 __all__ = [
     "AGER_WINDOW",
@@ -49,7 +44,6 @@ __all__ = [
     "RecorderFacts",
     "StoreStatus",
     "collect_status",
-    "missing_sqlite_file",
     "render_status",
 ]
 
@@ -65,6 +59,8 @@ READING_STATEMENT = (
     "read by: reads leave no trace in the store, so this cannot say who reads it; a planner "
     "reads it only where it calls suggest_next, walk or rank."
 )
+# The counters of an ager run, as ``AgerReport`` names and orders them.
+AGER_COUNTERS: tuple[str, ...] = tuple(f.name for f in fields(AgerReport))
 # "The last 30 days" of the ager's runs, counted back from the status's now.
 AGER_WINDOW = timedelta(days=30)
 
@@ -75,11 +71,6 @@ RECORDER_NAMES = {
     Recorder.AGER.value: "the ager",
     Recorder.CLI.value: "the command line",
 }
-
-M = Mnest.__table__
-E = Event.__table__
-Q = CanonicalQuery.__table__
-R = AgerRun.__table__
 
 
 @dataclass(frozen=True)
@@ -103,19 +94,13 @@ class AgerRunFacts:
     archive_candidates: int
 
     def counters(self) -> dict[str, int]:
-        """The run's ``AgerReport`` counters, by name."""
-        return {
-            "decayed": self.decayed,
-            "to_decaying": self.to_decaying,
-            "merged": self.merged,
-            "protos_pruned": self.protos_pruned,
-            "archive_candidates": self.archive_candidates,
-        }
+        """The run's ``AgerReport`` counters, by name, in the report's order."""
+        return {name: int(getattr(self, name)) for name in AGER_COUNTERS}
 
 
 @dataclass
 class StoreStatus:
-    """The facts ``mnestoma status`` reports; ``schema`` is one of the ``SCHEMA_*`` words.
+    """The facts ``mnestoma status`` reports.
 
     ``schema``: ``missing`` (no SQLite file), ``none`` (no mnestoma schema), ``head``,
     ``behind`` (an older revision), ``unknown`` (a revision this release does not know).
@@ -194,7 +179,7 @@ class StoreStatus:
                 n = facts.passings
                 parts.append(
                     f"{n} passing{'s' if n != 1 else ''} by {name}, "
-                    f"last at {_fmt_time(facts.last)} ({_ago(facts.last, self.at)})"
+                    f"last at {_fmt_time(facts.last)} ({ago(facts.last, self.at)})"
                 )
             else:
                 parts.append(f"none by {name}")
@@ -281,24 +266,6 @@ class StoreStatus:
 _NONE = RecorderFacts()
 
 
-def iso_utc(value: datetime | None) -> str | None:
-    """ISO-8601 in UTC with a ``Z``, or None."""
-    if value is None:
-        return None
-    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
-
-
-def missing_sqlite_file(url: URL) -> Path | None:
-    """The path of a SQLite database file that does not exist yet, else None."""
-    if not is_sqlite(url) or is_memory_sqlite(url):
-        return None
-    database = url.database or ""
-    if database.startswith("file:"):
-        return None
-    path = Path(database).expanduser()
-    return None if path.exists() else path
-
-
 def collect_status(
     url_or_engine: str | URL | Engine | None = None, *, clock: Clock | None = None
 ) -> StoreStatus:
@@ -313,7 +280,7 @@ def collect_status(
         return _collect(url_or_engine, head, now, clock)
     url = resolve_database_url(url_or_engine)
     where = redact_url(url)
-    if missing_sqlite_file(url) is not None:
+    if sqlite_store_missing(url):
         return StoreStatus(where, "sqlite", "missing", None, head, now)
     engine = make_engine(url)
     try:
@@ -324,8 +291,7 @@ def collect_status(
 
 def _collect(engine: Engine, head: str, now: datetime, clock: Clock | None) -> StoreStatus:
     status = StoreStatus(redact_url(engine.url), engine.dialect.name, "none", None, head, now)
-    reader = engine.execution_options(**{READ_ONLY_OPTION: True})
-    with translate_errors(), reader.connect() as conn:
+    with translate_errors(), engine.connect() as conn:
         status.revision = read_revision(conn)
         inspector = inspect(conn)
         tables = set(inspector.get_table_names())
@@ -337,12 +303,11 @@ def _collect(engine: Engine, head: str, now: datetime, clock: Clock | None) -> S
             status.schema = "behind"
         else:
             status.schema = "unknown"
-        _count(conn, tables, status)
-        if "events" in tables and "recorder" in {
-            c["name"] for c in inspector.get_columns("events")
-        }:
-            _count_recorders(conn, status)
-        if "ager_runs" in tables:
+        by_recorder = EVENTS.name in tables and "recorder" in {
+            c["name"] for c in inspector.get_columns(EVENTS.name)
+        }
+        _count(conn, tables, status, by_recorder=by_recorder)
+        if AGER_RUNS.name in tables:
             _count_ager_runs(conn, status)
         if status.schema == "head":
             with Session(bind=conn) as session:
@@ -354,67 +319,62 @@ def _collect(engine: Engine, head: str, now: datetime, clock: Clock | None) -> S
     return status
 
 
-def _count(conn: Connection, tables: set[str], status: StoreStatus) -> None:
-    """Counts that only use columns every known revision has (a store behind head too)."""
-    if "mnests" in tables:
+def _count(conn: Connection, tables: set[str], status: StoreStatus, *, by_recorder: bool) -> None:
+    """Rows per state and kind, the passings and the query log; the passings per recorder
+    where the store has ``events.recorder`` (revision 0003 on)."""
+    if MNESTS.name in tables:
         by_state = dict.fromkeys((s.value for s in MnestState), 0)
-        for state, n in conn.execute(select(M.c.state, func.count()).group_by(M.c.state)):
+        for state, n in conn.execute(sql.MNESTS_BY_STATE):
             by_state[state] = int(n)
         status.mnests_by_state = by_state
-    if "events" in tables:
+    if EVENTS.name in tables:
         by_kind = dict.fromkeys((k.value for k in EventKind), 0)
-        for kind, n in conn.execute(select(E.c.kind, func.count()).group_by(E.c.kind)):
+        for kind, n in conn.execute(sql.EVENTS_BY_KIND):
             by_kind[kind] = int(n)
         status.events_by_kind = by_kind
         status.events = sum(by_kind.values())
-        passing = E.c.kind.in_(PASSING)
-        row = conn.execute(
-            select(func.count(), func.max(E.c.ts)).select_from(E).where(passing)
-        ).one()
-        status.passings, status.last_passing = int(row[0]), _as_utc(row[1])
-        row = conn.execute(
-            select(func.count(), func.max(E.c.ts))
-            .select_from(E)
-            .where(passing, E.c.turn_id.is_not(None))
-        ).one()
-        status.passings_with_turn, status.last_turn_passing = int(row[0]), _as_utc(row[1])
-    if "canonical_query_log" in tables:
-        status.query_log = int(conn.execute(select(func.count()).select_from(Q)).scalar_one())
+        if by_recorder:
+            _count_passings_by_recorder(conn, status)
+        else:
+            passings, last, with_turn, last_with_turn = conn.execute(sql.PASSINGS).one()
+            status.passings, status.last_passing = int(passings), _as_utc(last)
+            status.passings_with_turn = int(with_turn)
+            status.last_turn_passing = _as_utc(last_with_turn)
+    if QUERIES.name in tables:
+        status.query_log = int(conn.execute(sql.QUERY_LOG_COUNT).scalar_one())
 
 
-def _count_recorders(conn: Connection, status: StoreStatus) -> None:
-    """Passings (created/reinforced events) per ``events.recorder``, with the last instant."""
+def _count_passings_by_recorder(conn: Connection, status: StoreStatus) -> None:
+    """Passings (created/reinforced events) per ``events.recorder`` with the last instant,
+    and their totals, from one scan of the passing events."""
     found = {r.value: _NONE for r in Recorder}
-    query = (
-        select(E.c.recorder, func.count(), func.max(E.c.ts))
-        .where(E.c.kind.in_(PASSING))
-        .group_by(E.c.recorder)
-    )
-    for recorder, n, last in conn.execute(query):
-        found[str(recorder)] = RecorderFacts(int(n), _as_utc(last))
+    lasts: list[datetime] = []
+    turn_lasts: list[datetime] = []
+    for recorder, n, last, with_turn, last_with_turn in conn.execute(sql.PASSINGS_BY_RECORDER):
+        facts = RecorderFacts(int(n), _as_utc(last))
+        found[str(recorder)] = facts
+        status.passings += facts.passings
+        status.passings_with_turn += int(with_turn)
+        if facts.last is not None:
+            lasts.append(facts.last)
+        if last_with_turn is not None:
+            turn_lasts.append(parse_sqlite_timestamp(last_with_turn))
+    status.last_passing = max(lasts, default=None)
+    status.last_turn_passing = max(turn_lasts, default=None)
     status.passings_by_recorder = found
 
 
 def _count_ager_runs(conn: Connection, status: StoreStatus) -> None:
     """How often the ager ran (in all, and in the 30 days up to now) and its last run."""
-    since = status.at - AGER_WINDOW
-    total, recent = conn.execute(
-        select(
-            func.count(),
-            func.count().filter(R.c.ts >= since, R.c.ts <= status.at),
-        ).select_from(R)
-    ).one()
+    window = {"since": status.at - AGER_WINDOW, "at": status.at}
+    total, recent = conn.execute(sql.AGER_RUN_COUNTS, window).one()
     status.ager_runs, status.ager_runs_recent = int(total), int(recent)
-    last = conn.execute(select(R).order_by(R.c.ts.desc(), R.c.id.desc()).limit(1)).first()
+    last = conn.execute(sql.LAST_AGER_RUN).first()
     if last is not None:
         status.last_ager_run = AgerRunFacts(
             ts=parse_sqlite_timestamp(last.ts),
             duration_s=float(last.duration_s),
-            decayed=int(last.decayed),
-            to_decaying=int(last.to_decaying),
-            merged=int(last.merged),
-            protos_pruned=int(last.protos_pruned),
-            archive_candidates=int(last.archive_candidates),
+            **{name: int(getattr(last, name)) for name in AGER_COUNTERS},
         )
 
 
@@ -424,21 +384,7 @@ def _as_utc(value: Any) -> datetime | None:
 
 
 def _fmt_time(value: datetime | None) -> str:
-    return "never" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
-
-
-def _ago(then: datetime | None, now: datetime) -> str:
-    """How long before ``now`` an instant was, in the largest whole unit that fits."""
-    if then is None:
-        return "never"
-    seconds = (now - then).total_seconds()
-    if seconds < 0:
-        return "after the status's now"
-    for unit, size in (("day", 86_400), ("hour", 3_600), ("minute", 60)):
-        if seconds >= size:
-            n = int(seconds // size)
-            return f"{n} {unit}{'s' if n != 1 else ''} ago"
-    return "now" if seconds < 1 else f"{int(seconds)} s ago"
+    return short_utc(value, "never")
 
 
 def _render_recorders(status: StoreStatus) -> str | None:
@@ -466,7 +412,7 @@ def _render_ager(status: StoreStatus) -> list[str]:
     counters = ", ".join(f"{k} {v}" for k, v in last.counters().items())
     return [
         f"ager       {n} run{'s' if n != 1 else ''}, {status.ager_runs_recent} in the last "
-        f"{AGER_WINDOW.days} days; last at {_fmt_time(last.ts)} ({_ago(last.ts, status.at)}), "
+        f"{AGER_WINDOW.days} days; last at {_fmt_time(last.ts)} ({ago(last.ts, status.at)}), "
         f"took {last.duration_s:.3f} s",
         f"           last run: {counters}",
     ]

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterable
-from datetime import UTC, datetime
+from collections.abc import Iterable
 from typing import Any, NamedTuple
 
+from .clock import Clock, read_clock, utc_now
 from .errors import InvalidInput
 from .rules import MAX_NAME_LENGTH, MnestState, Recorder
-from .types import ensure_aware_utc, ensure_json, ensure_unicode_text
+from .types import ensure_json, ensure_unicode_text
 
 __all__ = [
     "Clock",
@@ -38,8 +38,6 @@ MAX_INT = 2**63 - 1
 # How much of a caller's value an error message repeats.
 SHOWN_CHARS = 80
 
-Clock = Callable[[], datetime]
-
 
 class Passing(NamedTuple):
     """One passing of output from ``src_executor@src_version`` to ``dst_executor``."""
@@ -51,16 +49,6 @@ class Passing(NamedTuple):
     dst_exists: bool = True
     tags: Any = None
     desired_sig: Any = None
-
-
-def utc_now() -> datetime:
-    """The default clock: the system's current time in UTC."""
-    return datetime.now(UTC)
-
-
-def read_clock(clock: Clock) -> datetime:
-    """Call ``clock`` and check it returned an aware datetime; return it in UTC."""
-    return ensure_aware_utc(clock(), "clock()")
 
 
 # control characters (C0, DEL, C1) and lone surrogates, which no database text can hold

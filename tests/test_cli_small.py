@@ -17,7 +17,7 @@ from click.testing import CliRunner, Result
 from sqlalchemy import Engine, event
 
 import mnestoma
-import mnestoma.cli.commands as cli_module
+import mnestoma.cli.progress as progress
 from mnestoma import UnitOfWork, make_engine, make_session_factory
 from mnestoma.cli import cli
 from mnestoma.testing.clock import MovableClock
@@ -269,7 +269,7 @@ def test_age_shows_no_progress_when_stderr_is_not_a_terminal(
     store_url: str, clock: MovableClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _chain_store(store_url, 3, clock)
-    monkeypatch.setattr(cli_module, "SPINNER_DELAY_S", 0.0)  # would draw at once on a TTY
+    monkeypatch.setattr(progress, "SPINNER_DELAY_S", 0.0)  # would draw at once on a TTY
     result = run_ok("age", "--database-url", store_url)
     assert result.stderr == ""
     assert result.stdout.startswith("ager at ")
@@ -279,8 +279,8 @@ def test_age_shows_a_spinner_on_a_terminal_and_clears_it(
     store_url: str, clock: MovableClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _chain_store(store_url, 3, clock)
-    monkeypatch.setattr(cli_module, "_stderr_is_terminal", lambda: True)
-    monkeypatch.setattr(cli_module, "SPINNER_DELAY_S", 0.0)
+    monkeypatch.setattr(progress, "_stderr_is_terminal", lambda: True)
+    monkeypatch.setattr(progress, "SPINNER_DELAY_S", 0.0)
     result = run_ok("age", "--json", "--database-url", store_url)
     assert result.stderr.startswith("\r") and "ageing" in result.stderr
     last = result.stderr.rsplit("\r", 2)[-2]
@@ -291,8 +291,8 @@ def test_age_shows_a_spinner_on_a_terminal_and_clears_it(
 def test_a_quick_age_on_a_terminal_draws_nothing(
     store_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(cli_module, "_stderr_is_terminal", lambda: True)
-    monkeypatch.setattr(cli_module, "SPINNER_DELAY_S", 3600.0)
+    monkeypatch.setattr(progress, "_stderr_is_terminal", lambda: True)
+    monkeypatch.setattr(progress, "SPINNER_DELAY_S", 3600.0)
     result = run_ok("age", "--dry-run", "--database-url", store_url)
     assert result.stderr == ""
 

@@ -1,0 +1,134 @@
+"""``mnestoma db``: the schema's migrations (Alembic) from the command line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from alembic.script import ScriptDirectory
+from sqlalchemy.engine import URL
+
+from ..config import redact_url, resolve_database_url
+from ..errors import InvalidInput
+from ..migration import (
+    alembic_config,
+    current_revision,
+    downgrade,
+    head_revision,
+    offline_sql,
+    sqlite_store_missing,
+    upgrade,
+)
+from .errors import MnestomaGroup
+from .options import command_url, database_url_option
+
+__all__ = ["db"]
+
+
+def _missing_file(url: URL) -> Path | None:
+    """The SQLite file of ``url`` when it does not exist (never created here), else None."""
+    return Path(url.database or "").expanduser() if sqlite_store_missing(url) else None
+
+
+def _head_mark(revision: str | None) -> str:
+    return " (head)" if revision is not None and revision == head_revision() else ""
+
+
+@click.group(cls=MnestomaGroup)
+def db() -> None:
+    """Schema migrations (Alembic): upgrade, downgrade, current, history, sql."""
+
+
+@db.command("upgrade")
+@click.argument("revision", default="head")
+@database_url_option
+def db_upgrade(revision: str, database_url: str | None) -> None:
+    """Migrate the database up to REVISION (default: head)."""
+    url = resolve_database_url(command_url(database_url))
+    before = current_revision(url)
+    upgrade(url, revision)
+    after = current_revision(url)
+    where = redact_url(url)
+    if before == after:
+        click.echo(f"{where}: already at revision {after}{_head_mark(after)}")
+    else:
+        click.echo(f"{where}: upgraded from {before or 'empty'} to {after}{_head_mark(after)}")
+
+
+@db.command("downgrade")
+@click.argument("revision")
+@database_url_option
+def db_downgrade(revision: str, database_url: str | None) -> None:
+    """Migrate the database down to REVISION ("base" removes the schema)."""
+    url = resolve_database_url(command_url(database_url))
+    missing = _missing_file(url)
+    if missing is not None:
+        raise InvalidInput(f"no database at {missing}")
+    before = current_revision(url)
+    downgrade(url, revision)
+    after = current_revision(url)
+    click.echo(f"{redact_url(url)}: downgraded from {before} to {after or 'base (no schema)'}")
+
+
+@db.command("current")
+@database_url_option
+def db_current(database_url: str | None) -> None:
+    """Print the database's revision, followed by (head) when it is at head.
+
+    A database without the mnestoma schema (or a missing SQLite file, never created here)
+    prints "none (...)" on stdout and exits 0, so scripts always read one line.
+    """
+    url = resolve_database_url(command_url(database_url))
+    missing = _missing_file(url)
+    if missing is not None:
+        click.echo(f"none (no database file at {missing}; head is {head_revision()})")
+        return
+    rev = current_revision(url)
+    if rev is None:
+        click.echo(f"none (no mnestoma schema here; head is {head_revision()})")
+        return
+    click.echo(f"{rev}{_head_mark(rev)}")
+
+
+@db.command("history")
+@click.option("--indicate-current", is_flag=True, help="Mark the database's revision (reads it).")
+@database_url_option
+def db_history(indicate_current: bool, database_url: str | None) -> None:
+    """List the migration scripts, newest first."""
+    current = None
+    if indicate_current:
+        url = resolve_database_url(command_url(database_url))
+        current = None if sqlite_store_missing(url) else current_revision(url)
+    script = ScriptDirectory.from_config(alembic_config())
+    for rev in script.walk_revisions():
+        marks = []
+        if rev.is_head:
+            marks.append("head")
+        if current is not None and rev.revision == current:
+            marks.append("current")
+        mark = f" ({', '.join(marks)})" if marks else ""
+        down = rev.down_revision or "<base>"
+        doc = (rev.doc or "").strip().splitlines()[0] if rev.doc else ""
+        click.echo(f"{down} -> {rev.revision}{mark}, {doc}")
+
+
+@db.command("sql")
+@click.option(
+    "--dialect",
+    type=click.Choice(["sqlite", "postgresql"]),
+    default=None,
+    help="Dialect of the script (default: that of the resolved database URL).",
+)
+@click.argument("revision_range", metavar="[RANGE]", default="head")
+@database_url_option
+def db_sql(dialect: str | None, revision_range: str, database_url: str | None) -> None:
+    """Print the SQL a DBA reviews before migrating; nothing is run, nothing connected.
+
+    RANGE is a target ("head", the default: the whole script from an empty database) or
+    START:END. START:END with END below START ("0002:0001", "head:base", "head:-1") prints
+    the downgrade script.
+    """
+    if dialect is None:
+        dialect = resolve_database_url(command_url(database_url)).get_backend_name()
+    script = offline_sql(f"{dialect}://", revision_range)
+    click.echo(script, nl=False)

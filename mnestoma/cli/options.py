@@ -1,0 +1,110 @@
+"""What the commands share to read their arguments: the ``--database-url``, ``--json`` and
+``--limit`` options, and the parsers of endpoints, tags and instants.
+
+A parser raises ``InvalidInput`` (exit status 2) with one line that names the argument.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import click
+
+from ..errors import InvalidInput
+from .errors import remember_secret
+
+__all__ = [
+    "command_url",
+    "database_url_option",
+    "json_option",
+    "limit_option",
+    "parse_endpoint",
+    "parse_instant",
+    "parse_tags",
+    "url_option_callback",
+]
+
+
+def url_option_callback(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """Remember the URL's secrets; an empty URL (an unset shell variable) is bad input."""
+    remember_secret(value)
+    if isinstance(value, str) and not value.strip():
+        raise click.BadParameter(
+            "the URL is empty (an unset variable?): give a URL, or leave the option out"
+        )
+    return value
+
+
+def database_url_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    """``--database-url URL``: overrides MNESTOMA_DATABASE_URL and the default SQLite file."""
+    return click.option(
+        "--database-url",
+        "database_url",
+        metavar="URL",
+        default=None,
+        callback=url_option_callback,
+        expose_value=True,
+        help="SQLAlchemy URL of the store (overrides MNESTOMA_DATABASE_URL, MNESTOMA_DB_PATH).",
+    )(f)
+
+
+def limit_option(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--limit N``: print at most N rows (the first ones in the listing's order)."""
+    return click.option(
+        "--limit",
+        "limit",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"Print at most N {what} (default: all).",
+    )
+
+
+def json_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    """``--json``: machine-readable output instead of a table."""
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")(f)
+
+
+def command_url(database_url: str | None) -> str | None:
+    """The URL given on this subcommand, else the group's ``--database-url``, else None."""
+    if database_url is not None:
+        return database_url
+    ctx = click.get_current_context(silent=True)
+    root = ctx.find_root() if ctx is not None else None
+    return root.params.get("database_url") if root is not None else None
+
+
+def parse_endpoint(value: str, what: str, *, version_required: bool) -> tuple[str, str | None]:
+    """``EXECUTOR@VERSION`` → (executor, version); the last ``@`` separates them."""
+    executor, sep, version = value.rpartition("@")
+    if not sep:
+        if version_required:
+            raise InvalidInput(f"{what} must be EXECUTOR@VERSION, got {value!r}")
+        return value, None
+    if not executor or not version:
+        raise InvalidInput(f"{what} must be EXECUTOR@VERSION, got {value!r}")
+    return executor, version
+
+
+def parse_tags(pairs: Sequence[str]) -> dict[str, str] | None:
+    """``K=V`` pairs → a dict (None when there are none)."""
+    tags: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise InvalidInput(f"--tag must be KEY=VALUE, got {pair!r}")
+        tags[key.strip()] = value
+    return tags or None
+
+
+def parse_instant(value: str, what: str) -> datetime:
+    """An ISO-8601 instant with a zone, in UTC."""
+    try:
+        when = datetime.fromisoformat(value)
+    except ValueError:
+        raise InvalidInput(f"{what} must be an ISO-8601 time, got {value!r}") from None
+    if when.tzinfo is None:
+        raise InvalidInput(f"{what} needs a time zone, e.g. 2026-04-02T03:00:00Z")
+    return when.astimezone(UTC)

@@ -1,0 +1,79 @@
+"""Progress on stderr, never on stdout: a spinner while a long step runs (on a terminal
+only), a bar while a big copy runs."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import click
+
+__all__ = ["PROGRESS_THRESHOLD", "SPINNER_DELAY_S", "progress_bar", "spinner"]
+
+PROGRESS_THRESHOLD = 10_000  # rows: a smaller copy shows no bar
+SPINNER_DELAY_S = 0.5  # a quick run shows nothing; a long one (a big store) a spinner
+SPINNER_INTERVAL_S = 0.1
+
+
+def _stderr_is_terminal() -> bool:
+    """True when stderr is a terminal (progress is for people, never for logs or pipes)."""
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+@contextlib.contextmanager
+def spinner(label: str) -> Iterator[None]:
+    """While the block runs, a spinner and the elapsed seconds on stderr, on a terminal only.
+
+    Nothing is drawn before ``SPINNER_DELAY_S`` (0: at once); the line is cleared at the end.
+    """
+    if not _stderr_is_terminal():
+        yield
+        return
+    done = threading.Event()
+    start = time.monotonic()
+    frames = itertools.cycle("|/-\\")
+    width = 0  # of the line drawn last, to blank it at the end
+
+    def draw() -> None:
+        nonlocal width
+        line = f"{next(frames)} {label}  {time.monotonic() - start:.1f} s"
+        click.echo(f"\r{line}", nl=False, err=True)
+        width = max(width, len(line))
+
+    def spin() -> None:
+        if done.wait(SPINNER_DELAY_S):
+            return
+        while not done.is_set():
+            draw()
+            done.wait(SPINNER_INTERVAL_S)
+
+    if SPINNER_DELAY_S <= 0:
+        draw()
+    thread = threading.Thread(target=spin, name="mnestoma-spinner", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+        if width:
+            click.echo("\r" + " " * width + "\r", nl=False, err=True)
+
+
+@contextlib.contextmanager
+def progress_bar(total: int) -> Iterator[Callable[[int], Any]]:
+    """A bar of ``total`` rows on stderr, above ``PROGRESS_THRESHOLD`` rows; the callable
+    it yields advances it."""
+    if total <= PROGRESS_THRESHOLD:
+        yield lambda n: None
+        return
+    with click.progressbar(length=total, label="copying rows", file=sys.stderr) as bar:
+        yield bar.update

@@ -1,0 +1,292 @@
+"""What the commands print: tables for people, JSON for scripts (one object per row, keyed
+by column name, times in ISO-8601 UTC; see :mod:`mnestoma.records`)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, fields
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from ..clock import utc_now
+from ..models import CanonicalQuery, Event, Mnest
+from ..records import mnest_record, row_record
+from ..repository import QueryFrequency
+from ..rules import AgerReport, activation
+from ..timefmt import iso_utc, short_utc
+
+if TYPE_CHECKING:
+    from ..copying import CopyReport
+
+__all__ = [
+    "echo_json",
+    "endpoint",
+    "render_ager",
+    "render_copy",
+    "render_edges",
+    "render_events",
+    "render_one",
+    "render_protos",
+    "render_recent_queries",
+    "render_suggestions",
+    "render_top_queries",
+    "render_walk",
+    "table",
+]
+
+# Names of the tables a copy fills, as its summary line says them.
+COPY_LABELS = {
+    "mnests": "mnests",
+    "events": "events",
+    "canonical_query_log": "query-log entries",
+    "ager_runs": "ager runs",
+}
+
+
+def echo_json(data: Any) -> None:
+    """``data`` as indented JSON on stdout."""
+    click.echo(json.dumps(data, indent=2, ensure_ascii=False, default=str))
+
+
+def _fmt_weight(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], right: set[str]) -> str:
+    """Rows under their headers, columns padded; the columns in ``right`` right-aligned."""
+    cells = [[("-" if v is None else str(v)) for v in row] for row in rows]
+    widths = [len(h) for h in headers]
+    for row in cells:
+        for i, v in enumerate(row):
+            widths[i] = max(widths[i], len(v))
+
+    def line(values: Sequence[str]) -> str:
+        parts = [
+            v.rjust(widths[i]) if headers[i] in right else v.ljust(widths[i])
+            for i, v in enumerate(values)
+        ]
+        return "  ".join(parts).rstrip()
+
+    return "\n".join([line(headers), *(line(r) for r in cells)])
+
+
+def endpoint(executor: str, version: str | None) -> str:
+    """``executor@version``, or the bare executor when it has no version (a wish)."""
+    return executor if version is None else f"{executor}@{version}"
+
+
+def _summary(m: Mnest) -> str | None:
+    if isinstance(m.desired_sig, dict):
+        summary = m.desired_sig.get("summary")
+        return str(summary) if summary is not None else None
+    return None
+
+
+def render_edges(edges: Sequence[Mnest], at: datetime, as_json: bool, empty: str) -> None:
+    """Print mnests as a table (effective weight at ``at``) or as a JSON array."""
+    if as_json:
+        echo_json([mnest_record(m, at) for m in edges])
+        return
+    if not edges:
+        click.echo(empty)
+        return
+    rows = [
+        (
+            m.id,
+            endpoint(m.src_executor, m.src_version),
+            endpoint(m.dst_executor, m.dst_version),
+            m.state,
+            _fmt_weight(m.effective_weight(at)),
+            m.uses,
+            short_utc(m.ts_last),
+        )
+        for m in edges
+    ]
+    headers = ("ID", "SOURCE", "DESTINATION", "STATE", "WEIGHT", "USES", "LAST")
+    click.echo(table(headers, rows, {"WEIGHT", "USES"}))
+
+
+def render_one(m: Mnest, as_json: bool) -> None:
+    """Print the one mnest a command changed, weighted now."""
+    now = utc_now()
+    if as_json:
+        echo_json(mnest_record(m, now))
+    else:
+        render_edges([m], now, False, "")
+
+
+def render_walk(paths: Sequence[Sequence[Mnest]], at: datetime, as_json: bool) -> None:
+    """Print the paths of a walk, best score first."""
+    records: list[dict[str, Any]] = []
+    for rank, path in enumerate(paths, 1):
+        score = 1.0
+        for m in path:
+            score *= m.effective_weight(at)
+        text = " -> ".join(
+            [endpoint(path[0].src_executor, path[0].src_version)]
+            + [endpoint(m.dst_executor, m.dst_version) for m in path]
+        )
+        records.append(
+            {
+                "rank": rank,
+                "score": score,
+                "depth": len(path),
+                "path": text,
+                "mnest_ids": [m.id for m in path],
+                "edges": [mnest_record(m, at) for m in path],
+            }
+        )
+    if as_json:
+        echo_json(records)
+    elif not records:
+        click.echo("(no path)")
+    else:
+        rows = [(r["rank"], _fmt_weight(r["score"]), r["depth"], r["path"]) for r in records]
+        click.echo(table(("RANK", "SCORE", "DEPTH", "PATH"), rows, {"RANK", "SCORE", "DEPTH"}))
+
+
+def render_suggestions(
+    suggestions: Sequence[tuple[Mnest, float]], at: datetime, as_json: bool
+) -> None:
+    """Print what a planner would be told to try next, best first: the score (effective
+    weight) and the activation that breaks its ties."""
+    records: list[dict[str, Any]] = [
+        {
+            "rank": i,
+            **mnest_record(m, at, effective=w),
+            "score": w,
+            "activation": activation(m.uses, m.ts_first, m.ts_last, at),
+        }
+        for i, (m, w) in enumerate(suggestions, 1)
+    ]
+    if as_json:
+        echo_json(records)
+        return
+    if not suggestions:
+        click.echo("(no suggestion)")
+        return
+    rows = [
+        (
+            r["rank"],
+            endpoint(m.dst_executor, m.dst_version),
+            _fmt_weight(r["score"]),
+            f"{r['activation']:.3f}",
+            m.uses,
+            short_utc(m.ts_last),
+            m.id,
+        )
+        for r, (m, _) in zip(records, suggestions, strict=True)
+    ]
+    headers = ("RANK", "NEXT", "SCORE", "ACTIVATION", "USES", "LAST", "ID")
+    click.echo(table(headers, rows, {"RANK", "SCORE", "ACTIVATION", "USES"}))
+
+
+def render_protos(protos: Sequence[Mnest], at: datetime, as_json: bool) -> None:
+    """Print proto-mnests: executors wished for that do not exist yet."""
+    if as_json:
+        echo_json([mnest_record(m, at) for m in protos])
+        return
+    if not protos:
+        click.echo("(no recurring proto)")
+        return
+    rows = [
+        (
+            m.id,
+            endpoint(m.src_executor, m.src_version),
+            m.dst_executor,
+            m.uses,
+            _fmt_weight(m.effective_weight(at)),
+            _summary(m),
+        )
+        for m in protos
+    ]
+    headers = ("ID", "SOURCE", "WISHED FOR", "USES", "WEIGHT", "SUMMARY")
+    click.echo(table(headers, rows, {"USES", "WEIGHT"}))
+
+
+def render_events(events: Sequence[Event], as_json: bool) -> None:
+    """Print events, oldest first."""
+    if as_json:
+        echo_json([row_record(e) for e in events])
+        return
+    if not events:
+        click.echo("(no event)")
+        return
+    rows = [
+        (
+            e.id,
+            short_utc(e.ts),
+            e.kind,
+            e.mnest_id,
+            e.turn_id,
+            f"{_fmt_weight(e.weight_before)} -> {_fmt_weight(e.weight_after)}",
+            f"{e.state_before or '-'} -> {e.state_after or '-'}",
+        )
+        for e in events
+    ]
+    headers = ("ID", "TS", "KIND", "MNEST", "TURN", "WEIGHT", "STATE")
+    click.echo(table(headers, rows, {"ID"}))
+
+
+def render_ager(report: AgerReport, at: datetime, dry_run: bool, as_json: bool) -> None:
+    """Print what one run of the ager did, or would do."""
+    data = {**asdict(report), "dry_run": dry_run, "at": iso_utc(at)}
+    if as_json:
+        echo_json(data)
+        return
+    head = "ager (dry run: nothing changed)" if dry_run else "ager"
+    click.echo(f"{head} at {short_utc(at)}")
+    for key in (f.name for f in fields(AgerReport)):
+        click.echo(f"  {key:<19}{data[key]}")
+
+
+def render_top_queries(rows: Sequence[QueryFrequency], as_json: bool) -> None:
+    """Print the most frequent canonical queries, most frequent first."""
+    if as_json:
+        echo_json(
+            [
+                {
+                    "canonical_query": r.canonical_query,
+                    "canonical_hash": r.canonical_hash,
+                    "count": r.count,
+                    "last_ts": iso_utc(r.last_ts),
+                }
+                for r in rows
+            ]
+        )
+    elif not rows:
+        click.echo("(no query logged)")
+    else:
+        lines = [(r.count, short_utc(r.last_ts), r.canonical_query) for r in rows]
+        click.echo(table(("COUNT", "LAST", "CANONICAL QUERY"), lines, {"COUNT"}))
+
+
+def render_recent_queries(rows: Sequence[CanonicalQuery], as_json: bool) -> None:
+    """Print the latest entries of the canonical query log."""
+    if as_json:
+        echo_json([row_record(r) for r in rows])
+    elif not rows:
+        click.echo("(no query logged)")
+    else:
+        lines = [(r.id, short_utc(r.ts), r.turn_id, r.canonical_query, r.raw_query) for r in rows]
+        click.echo(table(("ID", "TS", "TURN", "CANONICAL", "RAW"), lines, {"ID"}))
+
+
+def render_copy(report: CopyReport, as_json: bool) -> None:
+    """Print what a copy did: rows per table, where from and to, what it merged."""
+    if as_json:
+        echo_json({**asdict(report), "verified": True})
+        return
+    counts = ", ".join(f"{n} {COPY_LABELS.get(name, name)}" for name, n in report.rows.items())
+    click.echo(f"copied {counts}")
+    click.echo(f"  from {report.source}")
+    click.echo(f"  to   {report.target}")
+    if report.appended:
+        click.echo(
+            f"merged {report.merged} edges that both stores held "
+            f"({report.turns_counted_once} turns counted once)"
+        )
+    click.echo("verified: row counts and content checksums match")

@@ -1,0 +1,192 @@
+"""The statements of a store copy (:mod:`mnestoma.copying`), built once at import.
+
+Per table: its count, its rows (all, in id order, or above an id), its insert and its
+largest id. For merging: a temporary table of lookup keys joined to the target's edges and
+events, the id lookups and the merge update. For a PostgreSQL target: the table lock, the
+identity sequences moved past the copied ids, and ``ANALYZE``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final
+
+from sqlalchemy import (
+    BindParameter,
+    Column,
+    Delete,
+    Insert,
+    MetaData,
+    Select,
+    String,
+    Table,
+    TextClause,
+    Update,
+    and_,
+    bindparam,
+    delete,
+    func,
+    insert,
+    select,
+    text,
+    update,
+)
+from sqlalchemy.dialects.postgresql.base import PGDialect
+
+from ..rules import PASSING
+from .tables import AGER_RUNS, EVENTS, MNESTS, QUERIES
+
+__all__ = [
+    "KEY",
+    "KEYS",
+    "MERGED_COLUMNS",
+    "MERGE_INTO_TARGET",
+    "MNESTS_BY_ID",
+    "POSTGRESQL_ANALYZE",
+    "POSTGRESQL_LOCK",
+    "POSTGRESQL_RESET_IDS",
+    "PROTO_KEY",
+    "SHARED_MNEST_ID",
+    "TABLES",
+    "TableStatements",
+    "statements",
+]
+
+# (table, has an integer id the copy keeps, or shifts past the target's ids when appending),
+# in the order the copy fills them.
+TABLES: Final[tuple[tuple[Table, bool], ...]] = (
+    (MNESTS, False),
+    (EVENTS, True),
+    (QUERIES, True),
+    (AGER_RUNS, True),
+)
+KEY: Final = ("src_executor", "src_version", "dst_executor", "dst_version", "state")
+PROTO_KEY: Final = ("src_executor", "src_version", "dst_executor", "state")  # dst_version NULL
+# What a merge changes in the target's row.
+MERGED_COLUMNS: Final = (
+    "uses",
+    "ts_first",
+    "ts_last",
+    "weight",
+    "ts_weight",
+    "tags",
+    "desired_sig",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class TableStatements:
+    """What the copy runs on one table."""
+
+    table: Table
+    count: Select[int]
+    rows: Select[Any]  # every row, in no order (the checksum needs none)
+    rows_above: Select[Any]  # the rows with ``id > :id_above``
+    in_id_order: Select[Any]  # every row, by id (the source, streamed in chunks)
+    insert: Insert
+    max_id: Select[int]  # the largest integer id, 0 when empty
+
+    @classmethod
+    def of(cls, table: Table) -> TableStatements:
+        return cls(
+            table=table,
+            count=select(func.count()).select_from(table),
+            rows=select(table),
+            rows_above=select(table).where(table.c.id > bindparam("id_above")),
+            in_id_order=select(table).order_by(table.c.id),
+            insert=insert(table),
+            max_id=select(func.coalesce(func.max(table.c.id), 0)),
+        )
+
+
+_BY_TABLE: Final[dict[str, TableStatements]] = {t.name: TableStatements.of(t) for t, _ in TABLES}
+
+
+def statements(table: Table) -> TableStatements:
+    """The statements of a table: built at import for :data:`TABLES`, else now."""
+    known = _BY_TABLE.get(table.name)
+    return known if known is not None and known.table is table else TableStatements.of(table)
+
+
+# --- merging -------------------------------------------------------------------------------
+
+_ids: Final[BindParameter[str]] = bindparam("ids", expanding=True)
+# A mnest id of ``:ids`` that the store already holds (the two stores share rows).
+SHARED_MNEST_ID: Final[Select[Any]] = select(MNESTS.c.id).where(MNESTS.c.id.in_(_ids)).limit(1)
+MNESTS_BY_ID: Final[Select[Any]] = select(MNESTS).where(MNESTS.c.id.in_(_ids))
+
+# The target's row absorbs the source's: ``:b_id`` and ``:b_<column>`` per merged column.
+MERGE_INTO_TARGET: Final[Update] = (
+    update(MNESTS)
+    .where(MNESTS.c.id == bindparam("b_id", type_=MNESTS.c.id.type))
+    .values({c: bindparam(f"b_{c}", type_=MNESTS.c[c].type) for c in MERGED_COLUMNS})
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _KeyTable:
+    """A temporary table of lookup keys (``k0``, ``k1``, ...), joined to the target one
+    batch at a time.
+
+    A join probes the target's indexes once per key; a row-value ``IN (...)`` list did not
+    (PostgreSQL planned it as one OR per key, each re-reading a whole partial index), and a
+    VALUES list would be compiled anew for every batch.
+    """
+
+    table: Table
+    clear: Delete
+    fill: Insert
+    twins: Select[Any]  # (target id, *KEY) of versioned edges whose key is in the table
+    proto_twins: Select[Any]  # (target id, *PROTO_KEY) of protos whose key is in the table
+    turns: Select[Any]  # (turn_id, mnest_id) of passings already counted on the target
+
+    @classmethod
+    def build(cls) -> _KeyTable:
+        table = Table(
+            "mnestoma_copy_keys",
+            MetaData(),
+            *(Column(f"k{i}", String) for i in range(len(KEY))),
+            prefixes=["TEMPORARY"],
+        )
+        k = table.c
+        twin_cols = [MNESTS.c[n] for n in KEY]
+        proto_cols = [MNESTS.c[n] for n in PROTO_KEY]
+        return cls(
+            table=table,
+            clear=delete(table),
+            fill=insert(table),
+            twins=select(MNESTS.c.id, *twin_cols)
+            .join_from(table, MNESTS, and_(*(c == k[f"k{i}"] for i, c in enumerate(twin_cols))))
+            .where(MNESTS.c.dst_version.is_not(None)),
+            proto_twins=select(MNESTS.c.id, *proto_cols)
+            .join_from(table, MNESTS, and_(*(c == k[f"k{i}"] for i, c in enumerate(proto_cols))))
+            .where(MNESTS.c.dst_version.is_(None)),
+            turns=select(EVENTS.c.turn_id, EVENTS.c.mnest_id)
+            .join_from(table, EVENTS, and_(EVENTS.c.turn_id == k.k0, EVENTS.c.mnest_id == k.k1))
+            .where(EVENTS.c.kind.in_(PASSING)),
+        )
+
+
+KEYS: Final[_KeyTable] = _KeyTable.build()
+
+
+# --- a PostgreSQL target ------------------------------------------------------------------
+
+_pg = PGDialect().identifier_preparer  # type: ignore[no-untyped-call]
+_NAMES: Final = {t.name: _pg.format_table(t) for t, _ in TABLES}
+
+# Writers wait until the copy commits (its reads of the target hold until then).
+POSTGRESQL_LOCK: Final[TextClause] = text(
+    f"LOCK TABLE {', '.join(_NAMES.values())} IN EXCLUSIVE MODE"
+)
+# The identity sequences past every copied id.
+POSTGRESQL_RESET_IDS: Final[tuple[TextClause, ...]] = tuple(
+    text(
+        f"SELECT setval(pg_get_serial_sequence(:name, 'id'), "
+        f"COALESCE((SELECT MAX(id) FROM {_NAMES[t.name]}), 0) + 1, false)"
+    ).bindparams(name=_NAMES[t.name])
+    for t, int_id in TABLES
+    if int_id
+)
+# Statistics, so that the first ager after a copy plans well.
+POSTGRESQL_ANALYZE: Final[TextClause] = text("ANALYZE " + ", ".join(_NAMES.values()))
