@@ -16,12 +16,13 @@ import pytest
 from click.testing import CliRunner, Result
 from test_cli import MNEST_KEYS  # the JSON keys of every listing, stated once
 
-from mnestoma import InvalidInput, Mnestoma, MnestomaError
+from mnestoma import InvalidInput, Mnestoma, MnestomaError, UnitOfWork, make_session_factory
 from mnestoma.cli import cli
 from mnestoma.graph import (
     PICTURE_STATES,
     MissingExtra,
     MnestGraph,
+    build_graph,
     render,
     to_dot,
     to_graphml,
@@ -100,6 +101,33 @@ def test_states_hide_edges_but_active_ones_are_still_followed(store: Mnestoma) -
     _fixture_graph(store)
     got = store.graph("a", depth=2, states=["decaying"])
     assert _edges(got) == {("b@1", "x@1", "decaying")}
+
+
+def test_the_graph_reads_each_executor_once_whatever_versions_of_it_are_reached(
+    store: Mnestoma,
+) -> None:
+    """b is reached at version 1 (one edge from a) and at version 2 (two edges from a): its
+    edges are read once and serve both."""
+    for src, dst in [("a@1", "b@1"), ("a@1", "c@1"), ("c@1", "b@2"), ("b@2", "d@1")]:
+        store.record_passing(*src.split("@"), *dst.split("@"))
+    store.record_passing("b", "1", "e", "1")
+    reads: list[str] = []
+    with UnitOfWork(make_session_factory(store.engine)) as uow:
+
+        class CountingRepository:
+            def edges(self, **kwargs: Any) -> Any:
+                reads.append(kwargs["src_executor"])
+                return uow.mnests.edges(**kwargs)
+
+        graph = build_graph(CountingRepository(), "a", depth=3)  # type: ignore[arg-type]
+    assert sorted(reads) == ["a", "b", "c", "e"]
+    assert {(e.source, e.target) for e in graph.edges} == {
+        ("a@1", "b@1"),
+        ("a@1", "c@1"),
+        ("c@1", "b@2"),
+        ("b@2", "d@1"),
+        ("b@1", "e@1"),
+    }
 
 
 @pytest.mark.parametrize(
@@ -253,6 +281,28 @@ def test_mermaid_parses_and_says_what_the_graph_holds(store: Mnestoma) -> None:
     assert parsed["classes"][by_text["old@1"]] == "faded"  # only a superseded edge
     assert by_text["x@1"] not in parsed["classes"]  # a decaying edge in, an active one out
     assert set(parsed["styles"]) == set(range(len(graph.edges)))
+
+
+def test_dot_and_mermaid_mark_the_same_source_never_a_wished_node_named_like_it(
+    store: Mnestoma,
+) -> None:
+    """A proto a@1 -> a (wished) puts a node named "a" beside the source a@1: it does not
+    exist yet, so neither drawing marks it as where the graph starts."""
+    store.record_passing("a", "1", "b", "1")
+    store.record_passing("a", "1", "a", dst_exists=False)
+    graph = store.graph("a", depth=1)
+    assert {n.id for n in graph.nodes} == {"a", "a@1", "b@1"}
+    assert [n.id for n in graph.nodes if graph.is_source(n)] == ["a@1"]
+    dot_marked = {
+        line.split(" [", 1)[0].strip().strip('"')
+        for line in to_dot(graph).splitlines()
+        if "->" not in line and "penwidth=2" in line
+    }
+    parsed = parse_mermaid(to_mermaid(graph))
+    mermaid_marked = {
+        parsed["nodes"][ident][1] for ident, name in parsed["classes"].items() if name == "source"
+    }
+    assert dot_marked == mermaid_marked == {"a@1"}
 
 
 # --- networkx and GraphML -------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import asdict
 from datetime import timedelta
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
+from sqlalchemy import event
 from sqlalchemy.engine import make_url
 
 import mnestoma
@@ -144,6 +146,34 @@ def test_other_recorders_alone_never_count_as_automatic(
     st = collect_status(store_url, clock=clock)
     assert st.fed_automatically is False
     assert "the command line (1)" in st.feeding() and "the ager (1)" in st.feeding()
+
+
+def test_the_passings_are_read_in_one_scan_and_totalled_across_recorders(
+    store: mnestoma.Mnestoma, store_url: str, clock: MovableClock
+) -> None:
+    store.record_passing("a", "1", "b", "2")  # by a call, without a turn
+    clock.advance(hours=1)
+    store.record_turn("t1", [("a", "1", "c", "1")], recorder="tracer")
+    clock.advance(hours=1)
+    store.record_passing("a", "1", "b", "2")  # reinforced, without a turn
+    engine = mnestoma.make_engine(store_url)
+    scans: list[str] = []
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def seen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if re.search(r"\bkind IN \(", statement, re.IGNORECASE):
+            scans.append(statement)
+
+    try:
+        st = collect_status(engine, clock=clock)
+    finally:
+        engine.dispose()
+    assert len(scans) == 1, scans
+    assert (st.passings, st.passings_with_turn) == (3, 1)
+    assert (st.last_passing, st.last_turn_passing) == (clock.now, clock.now - timedelta(hours=1))
+    assert st.passings_by_recorder is not None
+    assert st.passings_by_recorder["call"].passings == 2
+    assert st.passings_by_recorder["tracer"].passings == 1
 
 
 # --- the ager's runs ------------------------------------------------------------------------

@@ -1,0 +1,140 @@
+"""Where things live: the command line's modules, one clock, one way to write a time, the
+statements of status and copy in ``mnestoma.sql``, the state and event words spelled by the
+rules' enums. A newcomer can trust these to stay where the README says."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.metadata
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import mnestoma
+import mnestoma.cli
+import mnestoma.clock
+import mnestoma.copying
+import mnestoma.errors
+import mnestoma.testing.clock
+import mnestoma.validation
+from mnestoma.rules import EventKind, MnestState
+
+PACKAGE = Path(mnestoma.__file__).resolve().parent
+CLI_MODULES = ("commands", "db", "demo", "errors", "options", "progress", "render")
+# The modules that spell no state or event word of their own.
+ENUM_SPELLED = (
+    *(f"cli/{name}.py" for name in (*CLI_MODULES, "__init__")),
+    "clock.py",
+    "copying.py",
+    "demo.py",
+    "graph.py",
+    "records.py",
+    "sql/copying.py",
+    "sql/status.py",
+    "status.py",
+    "testing/clock.py",
+    "timefmt.py",
+)
+WORDS = {s.value for s in MnestState} | {k.value for k in EventKind}
+STATEMENT_BUILDERS = {"and_", "bindparam", "delete", "func", "insert", "select", "text", "update"}
+
+
+def _tree(relative: str) -> ast.Module:
+    return ast.parse((PACKAGE / relative).read_text(encoding="utf-8"))
+
+
+# --- the command line -------------------------------------------------------------------------
+
+
+def test_the_console_script_and_python_m_run_the_same_main() -> None:
+    (script,) = importlib.metadata.entry_points(group="console_scripts", name="mnestoma")
+    assert script.value == "mnestoma.cli:main"
+    assert script.load() is mnestoma.cli.main
+    done = subprocess.run(
+        [sys.executable, "-m", "mnestoma", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0 and "mnestoma" in done.stdout, done.stderr
+
+
+def test_the_command_line_is_a_package_of_one_module_a_concern() -> None:
+    for name in CLI_MODULES:
+        importlib.import_module(f"mnestoma.cli.{name}")
+    from mnestoma.cli.db import db
+    from mnestoma.cli.demo import demo
+
+    group = mnestoma.cli.cli
+    assert group.commands["db"] is db and group.commands["demo"] is demo
+    assert mnestoma.cli.scrub is importlib.import_module("mnestoma.cli.errors").scrub
+
+
+# --- one of each ----------------------------------------------------------------------------
+
+
+def test_there_is_one_clock_and_the_test_kit_and_validation_reexport_it() -> None:
+    clock = mnestoma.clock
+    assert mnestoma.testing.clock.MovableClock is clock.MovableClock
+    assert mnestoma.testing.clock.DEFAULT_START == clock.DEFAULT_START
+    assert mnestoma.validation.utc_now is clock.utc_now
+    assert mnestoma.validation.read_clock is clock.read_clock
+    assert importlib.import_module("mnestoma.cli.demo").MovableClock is clock.MovableClock
+
+
+def test_the_copy_errors_live_with_the_others_and_copying_still_exports_them() -> None:
+    for name in ("StoresShareRows", "CopyVerificationError", "TargetNotEmpty"):
+        assert getattr(mnestoma.copying, name) is getattr(mnestoma.errors, name)
+        assert name in mnestoma.copying.__all__ and name in mnestoma.errors.__all__
+    assert issubclass(mnestoma.errors.StoresShareRows, mnestoma.errors.ConflictError)
+    assert issubclass(mnestoma.errors.TargetNotEmpty, mnestoma.errors.InvalidInput)
+
+
+@pytest.mark.parametrize(
+    "relative", sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py"))
+)
+def test_times_are_written_only_by_timefmt(relative: str) -> None:
+    if relative == "timefmt.py":
+        return
+    for node in ast.walk(_tree(relative)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            assert node.func.attr != "strftime", f"{relative}:{node.lineno}: use mnestoma.timefmt"
+            args = [a.value for a in node.args if isinstance(a, ast.Constant)]
+            assert not (node.func.attr == "replace" and args == ["+00:00", "Z"]), (
+                f"{relative}:{node.lineno}: use mnestoma.timefmt.iso_utc"
+            )
+
+
+# --- SQL and words ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("relative", ["status.py", "copying.py"])
+def test_status_and_copying_run_statements_built_in_mnestoma_sql(relative: str) -> None:
+    for node in ast.walk(_tree(relative)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("sqlalchemy"):
+            built = STATEMENT_BUILDERS & {alias.name for alias in node.names}
+            assert not built, f"{relative}:{node.lineno} builds SQL with {sorted(built)}"
+
+
+@pytest.mark.parametrize(
+    "relative", ["status.py", "copying.py", *(f"cli/{name}.py" for name in CLI_MODULES)]
+)
+def test_no_reader_passes_the_inert_read_only_option(relative: str) -> None:
+    tree = _tree(relative)
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    names |= {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+    assert "READ_ONLY_OPTION" not in names
+
+
+@pytest.mark.parametrize("relative", ENUM_SPELLED)
+def test_state_and_event_words_are_spelled_by_the_rules_enums(relative: str) -> None:
+    found = [
+        (node.lineno, node.value)
+        for node in ast.walk(_tree(relative))
+        if isinstance(node, ast.Constant) and node.value in WORDS
+    ]
+    assert found == [], f"{relative}: use MnestState / EventKind members, not {found}"
