@@ -31,13 +31,13 @@ from .config import (
     resolve_database_url,
 )
 from .errors import InvalidInput, MissingExtra, MnestomaError, SchemaError, translate_errors
-from .facade import check_dry_run, ensure_schema, read_candidates, read_passings, retry_pause
+from .facade import check_dry_run, ensure_schema, read_candidates, read_passings
 from .migration import sqlite_store_missing
 from .models import CanonicalQuery, Mnest
 from .ranking import Ranked
 from .repository import CanonicalQueryRepository, MnestRepository, QueryFrequency
 from .rules import AgerReport, Recorder
-from .uow import JoinedUnitOfWork
+from .uow import ConnectionUnitOfWork, JoinedUnitOfWork, retry_pause
 from .validation import Clock, Passing, check_recorder
 
 try:
@@ -446,10 +446,12 @@ class AsyncMnestoma(_AsyncDoor[MnestRepository]):
                 return await conn.run_sync(self._in_unit, op, commit)
 
     def _in_unit(self, conn: Connection, op: Callable[[MnestRepository], T], commit: bool) -> T:
-        result = op(MnestRepository(conn, clock=self.clock, recorder=self.recorder))
-        if commit:
-            conn.commit()
-        return result
+        """The sync side of one call: a connection unit of work, as the sync facade's."""
+        with ConnectionUnitOfWork(conn, clock=self.clock, recorder=self.recorder) as unit:
+            result = op(unit.mnests)
+            if commit:
+                unit.commit()
+            return result
 
     # --- the contract's operations, each the sync repository's ------------------------------
 

@@ -16,6 +16,7 @@ __all__ = [
     "MissingExtra",
     "MnestomaError",
     "NotFound",
+    "RaceLost",
     "SchemaError",
     "StoreError",
     "StoresShareRows",
@@ -39,6 +40,11 @@ class NotFound(MnestomaError, LookupError):
 
 class ConflictError(MnestomaError):
     """The change would give a second row the key another row already holds."""
+
+
+class RaceLost(ConflictError):
+    """Other writers kept changing the rows this call needed (a race lost several times
+    over): transient, so the unit of work's retry policy runs the call again."""
 
 
 class WriteLockTimeout(ConflictError):
@@ -143,6 +149,8 @@ def _looks_unreachable(msg: str) -> bool:
 
 def is_retryable(err: BaseException) -> bool:
     """True for transient conflicts a bounded retry resolves (serialization, deadlock, busy)."""
+    if isinstance(err, RaceLost):
+        return True
     cause = err.__cause__ if isinstance(err, MnestomaError) else err
     if isinstance(cause, sa_exc.DBAPIError) and cause.orig is not None:
         sqlstate = getattr(cause.orig, "sqlstate", None)

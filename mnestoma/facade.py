@@ -25,10 +25,10 @@ if TYPE_CHECKING:
     from .graph import MnestGraph
 from .repository import WALK_LIMIT, QueryFrequency
 from .rules import RECURRING_MIN_USES, RECURRING_MIN_WEIGHT, AgerReport, MnestState, Recorder
-from .uow import ConnectionUnitOfWork, UnitOfWork, retry_pause, with_retries
+from .uow import ConnectionUnitOfWork, UnitOfWork, with_retries
 from .validation import Clock, Passing, check_recorder
 
-__all__ = ["Mnestoma", "retry_pause"]
+__all__ = ["Mnestoma"]
 
 T = TypeVar("T")
 

@@ -19,7 +19,14 @@ from sqlalchemy.orm import Session, scoped_session
 from . import ranking
 from . import snapshots as snap
 from .ager import run_ager
-from .errors import ConflictError, InvalidInput, InvalidTransition, NotFound, translate_errors
+from .errors import (
+    ConflictError,
+    InvalidInput,
+    InvalidTransition,
+    NotFound,
+    RaceLost,
+    translate_errors,
+)
 from .executor import Executor, executor_for
 from .locking import take_write_lock
 from .models import CanonicalQuery, Event, Mnest
@@ -69,7 +76,8 @@ RANK_NAMES_PER_STATEMENT = 500
 # A passing whose INSERT finds its key created by another transaction meanwhile reads that
 # row again and reinforces it: a race round, not a retry of a failed transaction (those are
 # the unit of work's, see mnestoma.uow.with_retries). The second round finds the committed
-# row; a third covers the ager demoting it in between. Past that: a retryable ConflictError.
+# row; a third covers the ager demoting it in between. Past that: RaceLost, which the
+# retry policy runs again in a new transaction.
 RACE_ROUNDS = 3
 
 # Positions of the columns in a row of ``select(mnests)``.
@@ -282,7 +290,7 @@ class MnestRepository:
                 ex.many(rec.INSERT_EVENT, [ev])
                 return snap.mnest_from(values)
             # Another transaction created the row first: lock it and reinforce instead.
-        raise ConflictError("could not record the passing: the edge kept changing under us")
+        raise RaceLost("could not record the passing: the edge kept changing under us")
 
     def _record_many(self, items: list[Passing], turn_id: str, recorder: str) -> list[Mnest]:
         ex = self._write_ex()
@@ -322,7 +330,7 @@ class MnestRepository:
                     savepoint.commit()
                 return [result[(p.dst_exists, _key(p))] for p in items]
             savepoint.rollback()
-        raise ConflictError("could not record the turn: its edges kept changing under us")
+        raise RaceLost("could not record the turn: its edges kept changing under us")
 
     def _record_many_once(
         self,

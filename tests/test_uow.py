@@ -8,9 +8,12 @@ import pytest
 from sqlalchemy import Engine, func, select, text
 
 from mnestoma import MnestRepository, UnitOfWork, make_engine, make_session_factory
+from mnestoma import uow as uow_module
 from mnestoma.config import READ_ONLY_OPTION
+from mnestoma.errors import ConflictError, InvalidInput, RaceLost
 from mnestoma.models import Mnest
 from mnestoma.testing import MnestFactory, bind_factories
+from mnestoma.uow import MAX_ATTEMPTS, ConnectionUnitOfWork, with_retries
 
 
 @pytest.fixture
@@ -129,3 +132,76 @@ def test_joining_leaves_the_session_open(engine: Engine, clock) -> None:
     assert session.is_active
     session.execute(text("SELECT 1"))
     session.close()
+
+
+# --- the connection unit of work (what each facade call runs in) and the retry policy -------
+
+
+def test_a_connection_unit_keeps_committed_work(engine: Engine, clock) -> None:
+    with ConnectionUnitOfWork(engine, clock=clock) as unit:
+        unit.mnests.record_passing("a", "1", "b", "1")
+        unit.commit()
+    assert _count(engine) == 1
+
+
+def test_a_connection_unit_rolls_back_uncommitted_work_by_default(engine: Engine, clock) -> None:
+    with ConnectionUnitOfWork(engine, clock=clock) as unit:
+        unit.mnests.record_passing("a", "1", "b", "1")
+    assert _count(engine) == 0
+
+
+def test_a_connection_unit_rolls_back_on_error_and_returns_its_connection(
+    engine: Engine, clock
+) -> None:
+    with pytest.raises(RuntimeError), ConnectionUnitOfWork(engine, clock=clock) as unit:
+        unit.mnests.record_passing("a", "1", "b", "1")
+        raise RuntimeError("boom")
+    assert _count(engine) == 0
+    assert unit.connection.closed
+
+
+def test_a_connection_unit_on_a_callers_connection_leaves_it_open(engine: Engine, clock) -> None:
+    with engine.connect() as conn:
+        with ConnectionUnitOfWork(conn, clock=clock) as unit:
+            unit.mnests.record_passing("a", "1", "b", "1")
+            unit.commit()
+        assert not conn.closed
+        assert conn.execute(select(func.count()).select_from(Mnest)).scalar_one() == 1
+
+
+def test_with_retries_runs_a_transient_failure_again_up_to_max_attempts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(uow_module.time, "sleep", lambda _: None)
+    calls = []
+
+    def always_conflicting() -> None:
+        calls.append(1)
+        raise RaceLost("the edge changed under us")
+
+    with pytest.raises(RaceLost):
+        with_retries(always_conflicting)
+    assert len(calls) == MAX_ATTEMPTS
+
+    outcomes = iter([RaceLost("once"), "done"])
+
+    def conflicting_once() -> str:
+        outcome = next(outcomes)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    assert with_retries(conflicting_once) == "done"
+
+
+@pytest.mark.parametrize("error", [InvalidInput("no"), ConflictError("the key is taken")])
+def test_with_retries_never_runs_a_permanent_failure_twice(error: Exception) -> None:
+    calls = []
+
+    def failing() -> None:
+        calls.append(1)
+        raise error
+
+    with pytest.raises(type(error)):
+        with_retries(failing)
+    assert calls == [1]
