@@ -27,7 +27,18 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, ORMExecuteState, Session, mapped_column
 
 from .errors import MnestomaError
-from .rules import EventKind, MnestState, Recorder, decayed_weight, sql_list
+from .rules import (
+    DEFAULT_DECAY_LAMBDA,
+    LIVE,
+    MAX_NAME_LENGTH,
+    VERSIONED_STATES,
+    EventKind,
+    MnestState,
+    Recorder,
+    decayed_weight,
+    sql_list,
+    sql_literal,
+)
 from .types import JSONDocument, UTCDateTime
 
 __all__ = [
@@ -70,7 +81,7 @@ class Base(DeclarativeBase):
 
 
 def _name_check(column: str) -> str:
-    return f"length(trim({column})) > 0 AND length({column}) <= 255"
+    return f"length(trim({column})) > 0 AND length({column}) <= {MAX_NAME_LENGTH}"
 
 
 class Mnest(Base):
@@ -79,16 +90,18 @@ class Mnest(Base):
     __tablename__ = "mnests"
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
-    src_executor: Mapped[str] = mapped_column(String(255))
-    src_version: Mapped[str] = mapped_column(String(255))
-    dst_executor: Mapped[str] = mapped_column(String(255))
-    dst_version: Mapped[str | None] = mapped_column(String(255))
+    src_executor: Mapped[str] = mapped_column(String(MAX_NAME_LENGTH))
+    src_version: Mapped[str] = mapped_column(String(MAX_NAME_LENGTH))
+    dst_executor: Mapped[str] = mapped_column(String(MAX_NAME_LENGTH))
+    dst_version: Mapped[str | None] = mapped_column(String(MAX_NAME_LENGTH))
     weight: Mapped[float] = mapped_column(Float)
     uses: Mapped[int] = mapped_column(Integer)
     ts_first: Mapped[datetime]
     ts_last: Mapped[datetime]
     ts_weight: Mapped[datetime]
-    decay_lambda: Mapped[float] = mapped_column(Float, default=0.018, server_default=text("0.018"))
+    decay_lambda: Mapped[float] = mapped_column(
+        Float, default=DEFAULT_DECAY_LAMBDA, server_default=text(repr(DEFAULT_DECAY_LAMBDA))
+    )
     state: Mapped[str] = mapped_column(String(16))
     tags: Mapped[Any | None] = mapped_column(JSONDocument())
     desired_sig: Mapped[Any | None] = mapped_column(JSONDocument())
@@ -109,9 +122,9 @@ class Mnest(Base):
         CheckConstraint("decay_lambda >= 0 AND decay_lambda <= 1e300", name="decay_lambda_nonneg"),
         CheckConstraint(f"state IN ({STATES_SQL})", name="state_known"),
         CheckConstraint(
-            "(state = 'proto' AND dst_version IS NULL)"
-            " OR (state IN ('active', 'decaying') AND dst_version IS NOT NULL)"
-            " OR state = 'superseded'",
+            f"(state = {sql_literal(MnestState.PROTO)} AND dst_version IS NULL)"
+            f" OR (state IN ({sql_list(VERSIONED_STATES)}) AND dst_version IS NOT NULL)"
+            f" OR state = {sql_literal(MnestState.SUPERSEDED)}",
             name="proto_has_no_version",
         ),
         # The edge key, NULL-safe: one index for versioned rows, one for rows without a
@@ -176,7 +189,7 @@ class Event(Base):
     mnest_id: Mapped[str] = mapped_column(String(64))
     kind: Mapped[str] = mapped_column(String(16))
     ts: Mapped[datetime]
-    turn_id: Mapped[str | None] = mapped_column(String(255))
+    turn_id: Mapped[str | None] = mapped_column(String(MAX_NAME_LENGTH))
     weight_before: Mapped[float | None] = mapped_column(Float)
     weight_after: Mapped[float | None] = mapped_column(Float)
     state_before: Mapped[str | None] = mapped_column(String(16))
@@ -218,7 +231,7 @@ class CanonicalQuery(Base):
 
     id: Mapped[int] = mapped_column(EventId, primary_key=True, autoincrement=True)
     ts: Mapped[datetime]
-    turn_id: Mapped[str | None] = mapped_column(String(255))
+    turn_id: Mapped[str | None] = mapped_column(String(MAX_NAME_LENGTH))
     raw_query: Mapped[str] = mapped_column(Text)
     canonical_query: Mapped[str] = mapped_column(Text)
     canonical_hash: Mapped[str] = mapped_column(String(64))
@@ -258,7 +271,7 @@ VIEW_NAME = "v_mnestoma"
 
 _mnests = Mnest.__table__
 create_view = CreateView(
-    select(*_mnests.c).where(_mnests.c.state.in_(["active", "proto"])),
+    select(*_mnests.c).where(_mnests.c.state.in_(LIVE)),
     VIEW_NAME,
     metadata=Base.metadata,
 )

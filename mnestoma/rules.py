@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import math
 import secrets
-from dataclasses import dataclass
-from datetime import datetime
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, fields, replace
+from datetime import datetime, timedelta
 from enum import StrEnum
+from typing import Any
 
 __all__ = [
     "ARCHIVE_AFTER_DAYS",
@@ -84,6 +86,12 @@ class Recorder(StrEnum):
     CLI = "cli"
 
 
+# The states the ager decays (and prunes or demotes), and that the view v_mnestoma shows.
+LIVE_STATES: tuple[MnestState, ...] = (MnestState.ACTIVE, MnestState.PROTO)
+LIVE = tuple(s.value for s in LIVE_STATES)  # the same, as the strings stored in mnests
+# The states whose rows always carry a dst_version (a proto never does; a superseded row may).
+VERSIONED_STATES: tuple[MnestState, ...] = (MnestState.ACTIVE, MnestState.DECAYING)
+
 # Event kinds that stand for a passing (a created or reinforced edge).
 PASSING_KINDS: tuple[EventKind, ...] = (EventKind.CREATED, EventKind.REINFORCED)
 PASSING = tuple(k.value for k in PASSING_KINDS)  # the same, as the strings stored in events
@@ -91,9 +99,14 @@ PASSING = tuple(k.value for k in PASSING_KINDS)  # the same, as the strings stor
 AUTOMATIC_RECORDERS: tuple[Recorder, ...] = (Recorder.TRACER, Recorder.OTEL)
 
 
+def sql_literal(value: StrEnum) -> str:
+    """``'a'``: one member's value as an SQL string literal (for CHECK and index texts)."""
+    return f"'{value.value}'"
+
+
 def sql_list(values: tuple[StrEnum, ...] | type[StrEnum]) -> str:
     """``'a', 'b'``: the values of an enum (or a tuple of members) as an SQL list."""
-    return ", ".join(f"'{v.value}'" for v in values)
+    return ", ".join(sql_literal(v) for v in values)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +133,12 @@ def clamp_weight(w: float) -> float:
 def days_between(earlier: datetime, later: datetime) -> float:
     """Days from ``earlier`` to ``later``, never negative (a clock stepping back decays nothing)."""
     return max(0.0, (later - earlier).total_seconds() / SECONDS_PER_DAY)
+
+
+def advance(old: datetime, now: datetime) -> datetime:
+    """``max(old, now)``: a timestamp (ts_last, ts_weight) moved to ``now``, never backwards,
+    so that a clock stepping back or a writer that read ``now`` earlier cannot reorder them."""
+    return old if old > now else now
 
 
 def decayed_weight(weight: float, decay_lambda: float, since: datetime, now: datetime) -> float:
@@ -236,3 +255,195 @@ def activation(uses: int, ts_first: datetime, ts_last: datetime, now: datetime) 
 def ranking_key(effective_weight: float, activation_value: float) -> tuple[float, float]:
     """Sort key, best first: the higher effective weight, then the higher activation."""
     return (-effective_weight, -activation_value)
+
+
+# =============================================================================================
+# The ager (contract §4) as pure functions over plain rows: the reference model that its
+# set-based SQL (mnestoma.sql.ager) must agree with, row by row and count by count.
+# =============================================================================================
+
+__all__ += [
+    "LIVE",
+    "LIVE_STATES",
+    "VERSIONED_STATES",
+    "AgerAction",
+    "AgerDecision",
+    "AgerRow",
+    "advance",
+    "age",
+    "ager_decision",
+    "archive_cutoff",
+    "is_archive_candidate",
+    "merge_demoted",
+    "sql_list",
+    "sql_literal",
+]
+
+
+class AgerAction(StrEnum):
+    """What the ager does to one row, seen alone (a demotion becomes a merge when the key
+    already has a decaying row: see :func:`merge_demoted`)."""
+
+    KEEP = "keep"  # nothing written: decaying and superseded rows, live rows already at now
+    DECAY = "decay"  # a live row's weight brought to now, ts_weight = now
+    DEMOTE = "demote"  # an active row below 0.20 becomes decaying at its effective weight
+    PRUNE = "prune"  # a proto below 0.05 is deleted (its events stay)
+
+
+@dataclass(frozen=True, slots=True)
+class AgerDecision:
+    """The ager's decision on one row and the row's values after it."""
+
+    action: AgerAction
+    effective: float  # the effective weight at now, before the run
+    state: MnestState  # after the run
+    weight: float  # stored after the run (decaying rows keep theirs: not rewritten)
+    ts_weight: datetime  # after the run
+    archive_candidate: bool  # counted in AgerReport.archive_candidates after the run
+
+
+def archive_cutoff(now: datetime) -> datetime:
+    """The newest ``ts_last`` that a decaying row may have to be an archive candidate."""
+    return now - timedelta(days=ARCHIVE_AFTER_DAYS)
+
+
+def is_archive_candidate(
+    state: str,
+    weight: float,
+    decay_lambda: float,
+    ts_weight: datetime,
+    ts_last: datetime,
+    now: datetime,
+) -> bool:
+    """A decaying row whose effective weight is below 0.05 and whose last passing is at least
+    90 days old: counted, never deleted."""
+    return (
+        state == MnestState.DECAYING
+        and is_below(decayed_weight(weight, decay_lambda, ts_weight, now), ARCHIVE_BELOW)
+        and ts_last <= archive_cutoff(now)
+    )
+
+
+def ager_decision(
+    state: str,
+    weight: float,
+    decay_lambda: float,
+    ts_weight: datetime,
+    ts_last: datetime,
+    now: datetime,
+) -> AgerDecision:
+    """What the ager does at ``now`` to one row with these values, seen alone."""
+    current = MnestState(state)
+    effective = decayed_weight(weight, decay_lambda, ts_weight, now)
+    if current == MnestState.PROTO and is_below(effective, PROTO_PRUNE_BELOW):
+        return AgerDecision(AgerAction.PRUNE, effective, current, effective, ts_weight, False)
+    if current == MnestState.ACTIVE and is_below(effective, DECAYING_BELOW):
+        anchor = advance(ts_weight, now)
+        candidate = is_archive_candidate(
+            MnestState.DECAYING, effective, decay_lambda, anchor, ts_last, now
+        )
+        return AgerDecision(
+            AgerAction.DEMOTE, effective, MnestState.DECAYING, effective, anchor, candidate
+        )
+    if current in LIVE_STATES and ts_weight < now:
+        return AgerDecision(AgerAction.DECAY, effective, current, effective, now, False)
+    candidate = is_archive_candidate(current, weight, decay_lambda, ts_weight, ts_last, now)
+    return AgerDecision(AgerAction.KEEP, effective, current, weight, ts_weight, candidate)
+
+
+@dataclass(frozen=True, slots=True)
+class AgerRow:
+    """A row of ``mnests`` as the ager sees it (the columns it reads or writes)."""
+
+    id: str
+    src_executor: str
+    src_version: str
+    dst_executor: str
+    dst_version: str | None
+    state: MnestState
+    weight: float
+    uses: int
+    ts_first: datetime
+    ts_last: datetime
+    ts_weight: datetime
+    decay_lambda: float = DEFAULT_DECAY_LAMBDA
+
+    @classmethod
+    def of(cls, row: AgerRow | Mapping[str, Any]) -> AgerRow:
+        """An :class:`AgerRow` from itself or a mapping keyed by column name (extra keys,
+        such as ``tags``, are ignored)."""
+        if isinstance(row, AgerRow):
+            return row
+        values = {f.name: row[f.name] for f in fields(cls) if f.name in row}
+        values["state"] = MnestState(values["state"])
+        return cls(**values)
+
+    @property
+    def key(self) -> tuple[str, str, str, str | None]:
+        """The edge key without the state: (src, src_version, dst, dst_version)."""
+        return (self.src_executor, self.src_version, self.dst_executor, self.dst_version)
+
+    def decision(self, now: datetime) -> AgerDecision:
+        """:func:`ager_decision` for this row."""
+        return ager_decision(
+            self.state, self.weight, self.decay_lambda, self.ts_weight, self.ts_last, now
+        )
+
+    def effective_weight(self, at: datetime) -> float:
+        """The weight at instant ``at``."""
+        return decayed_weight(self.weight, self.decay_lambda, self.ts_weight, at)
+
+
+def merge_demoted(active: AgerRow, decaying: AgerRow, now: datetime) -> AgerRow:
+    """The decaying row after an active row of the same key, demoted at ``now``, merged into
+    it: uses summed, ts_first the earlier, ts_last the later, weight the larger of the two
+    effective weights, ts_weight moved to now (never backwards). The active row is deleted."""
+    return replace(
+        decaying,
+        uses=decaying.uses + active.uses,
+        ts_first=min(decaying.ts_first, active.ts_first),
+        ts_last=max(decaying.ts_last, active.ts_last),
+        weight=max(active.effective_weight(now), decaying.effective_weight(now)),
+        ts_weight=advance(decaying.ts_weight, now),
+    )
+
+
+def age(
+    rows: Iterable[AgerRow | Mapping[str, Any]], now: datetime
+) -> tuple[list[AgerRow], AgerReport]:
+    """The whole ager at ``now`` over plain rows: the rows left (in their given order, a
+    merged row where its decaying twin was) and the report, as ``apply_ager`` must do them."""
+    given = [AgerRow.of(r) for r in rows]
+    out = {r.id: r for r in given}
+    gone: set[str] = set()
+    twins = {r.key: r.id for r in given if r.state == MnestState.DECAYING}
+    pruned = merged = demoted = decayed = 0
+    for row in given:
+        decision = row.decision(now)
+        if decision.action == AgerAction.PRUNE:
+            gone.add(row.id)
+            pruned += 1
+        elif decision.action == AgerAction.DEMOTE and row.key in twins:
+            twin = out[twins[row.key]]
+            out[twin.id] = merge_demoted(row, twin, now)
+            gone.add(row.id)
+            merged += 1
+        elif decision.action in (AgerAction.DEMOTE, AgerAction.DECAY):
+            out[row.id] = replace(
+                row, state=decision.state, weight=decision.weight, ts_weight=decision.ts_weight
+            )
+            demoted += decision.action == AgerAction.DEMOTE
+            decayed += decision.action == AgerAction.DECAY
+    left = [r for r in out.values() if r.id not in gone]
+    archive = sum(
+        is_archive_candidate(r.state, r.weight, r.decay_lambda, r.ts_weight, r.ts_last, now)
+        for r in left
+    )
+    report = AgerReport(
+        decayed=decayed,
+        to_decaying=demoted + merged,
+        merged=merged,
+        protos_pruned=pruned,
+        archive_candidates=archive,
+    )
+    return left, report

@@ -1,20 +1,30 @@
-"""The SQL twins of :mod:`mnestoma.rules`: the same decay formula as SQL expressions.
+"""The SQL twins of :mod:`mnestoma.rules`: the same formulas and comparisons as SQL
+expressions (tests evaluate them on both engines against the pure functions).
 
-Each builder takes the dialect name, because SQLite and PostgreSQL spell day arithmetic
-and the two-argument max differently.
+Builders that take the dialect name do so because SQLite and PostgreSQL spell day
+arithmetic and the two-argument max differently.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import ColumnElement, Float, bindparam, case, func, literal, or_
+from sqlalchemy import ColumnElement, Float, bindparam, case, func, literal, or_, type_coerce
 from sqlalchemy.sql.elements import BindParameter
 
-from .rules import SECONDS_PER_DAY
+from .rules import SECONDS_PER_DAY, threshold_cut
 from .types import UTCDateTime
 
-__all__ = ["days_since", "decayed", "greatest", "least", "now_param", "safe_product"]
+__all__ = [
+    "advanced",
+    "below",
+    "days_since",
+    "decayed",
+    "greatest",
+    "least",
+    "now_param",
+    "safe_product",
+]
 
 
 def now_param(name: str = "now") -> BindParameter[Any]:
@@ -35,8 +45,21 @@ def least(dialect: str, *args: Any) -> ColumnElement[Any]:
 def days_since(dialect: str, earlier: Any, now: Any) -> ColumnElement[float]:
     """Days from ``earlier`` to ``now`` as a float, not clamped."""
     if dialect == "postgresql":
-        return func.extract("epoch", now - earlier) / literal(SECONDS_PER_DAY, Float)
+        seconds = func.extract("epoch", now - earlier) / literal(SECONDS_PER_DAY, Float)
+        return type_coerce(seconds, Float)  # a float8 already: typed, not cast
     return (func.julianday(now) - func.julianday(earlier)).cast(Float)
+
+
+def advanced(old: Any, now: Any) -> ColumnElement[Any]:
+    """``max(old, now)`` for timestamps, twin of :func:`mnestoma.rules.advance`."""
+    return case((old > now, old), else_=now)
+
+
+def below(effective: Any, threshold: float) -> ColumnElement[bool]:
+    """``effective`` below one of the ager's thresholds, twin of
+    :func:`mnestoma.rules.is_below`: compared with :func:`~mnestoma.rules.threshold_cut`."""
+    cut: ColumnElement[bool] = effective < literal(threshold_cut(threshold), Float)
+    return cut
 
 
 # PostgreSQL raises "value out of range: underflow" where Python quietly returns 0.0:

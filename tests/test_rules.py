@@ -104,3 +104,196 @@ def test_the_transition_table(
     current: MnestState, target: MnestState, has_version: bool, allowed: bool
 ) -> None:
     assert (check_transition(current, target, has_version=has_version) is None) is allowed
+
+
+# --- the timestamp anchor and the ager as pure functions --------------------------------------
+
+NOW = T0 + timedelta(days=100)
+
+
+def _row(ident: str, state: str, weight: float, *, dst_version: str | None = "1", **kw) -> dict:
+    """A plain row as a mapping, the way a caller (or a test reading the database) has it."""
+    values = {
+        "id": ident,
+        "src_executor": "a",
+        "src_version": "1",
+        "dst_executor": "b" if dst_version is not None else "wish",
+        "dst_version": dst_version,
+        "state": state,
+        "weight": weight,
+        "uses": 1,
+        "ts_first": T0,
+        "ts_last": T0,
+        "ts_weight": T0,
+        "decay_lambda": rules.DEFAULT_DECAY_LAMBDA,
+        "tags": {"ignored": True},
+    }
+    return values | kw
+
+
+def test_advance_moves_a_timestamp_to_now_but_never_backwards() -> None:
+    assert rules.advance(T0, NOW) == NOW
+    assert rules.advance(NOW, T0) == NOW
+    assert rules.advance(T0, T0) == T0
+
+
+def test_the_threshold_cut_is_a_hair_below_the_threshold() -> None:
+    cut = rules.threshold_cut(rules.DECAYING_BELOW)
+    assert cut == rules.DECAYING_BELOW - rules.THRESHOLD_TOLERANCE
+    assert not rules.is_below(rules.DECAYING_BELOW, rules.DECAYING_BELOW)
+    assert not rules.is_below(cut, rules.DECAYING_BELOW)
+    assert rules.is_below(math.nextafter(cut, 0.0), rules.DECAYING_BELOW)
+
+
+def test_the_ager_decays_a_live_row_to_now() -> None:
+    for state in rules.LIVE_STATES:
+        d = rules.ager_decision(state, 0.9, 0.018, T0, T0, T0 + timedelta(days=10))
+        assert d.action == rules.AgerAction.DECAY
+        assert (d.state, d.ts_weight) == (state, T0 + timedelta(days=10))
+        assert d.weight == d.effective == pytest.approx(0.9 * math.exp(-0.18))
+
+
+def test_the_ager_leaves_a_live_row_already_at_now_or_ahead_of_it() -> None:
+    assert rules.ager_decision("active", 0.9, 0.018, T0, T0, T0).action == rules.AgerAction.KEEP
+    ahead = rules.ager_decision("proto", 0.9, 0.018, NOW, NOW, T0)  # the clock stepped back
+    assert (ahead.action, ahead.weight, ahead.ts_weight) == (rules.AgerAction.KEEP, 0.9, NOW)
+
+
+def test_the_ager_demotes_an_active_row_below_020_at_its_effective_weight() -> None:
+    d = rules.ager_decision("active", 0.30, 0.018, T0, T0, T0 + timedelta(days=23))
+    assert (d.action, d.state) == (rules.AgerAction.DEMOTE, MnestState.DECAYING)
+    assert d.weight == d.effective == pytest.approx(0.30 * math.exp(-0.018 * 23))
+    assert d.ts_weight == T0 + timedelta(days=23)
+    assert not d.archive_candidate
+
+
+def test_a_demotion_anchors_ts_weight_at_the_later_of_ts_weight_and_now() -> None:
+    d = rules.ager_decision("active", 0.1, 0.018, NOW, T0, T0)
+    assert (d.action, d.weight, d.ts_weight) == (rules.AgerAction.DEMOTE, 0.1, NOW)
+
+
+def test_a_weight_exactly_at_a_threshold_is_not_below_it() -> None:
+    assert rules.ager_decision("active", 0.20, 0.018, NOW, T0, NOW).action == "keep"
+    assert rules.ager_decision("proto", 0.05, 0.018, NOW, T0, NOW).action == "keep"
+
+
+def test_the_ager_prunes_a_proto_below_005() -> None:
+    d = rules.ager_decision("proto", 0.30, 0.018, T0, T0, T0 + timedelta(days=100))
+    assert d.action == rules.AgerAction.PRUNE
+    assert d.effective == pytest.approx(0.30 * math.exp(-1.8))
+
+
+def test_the_ager_keeps_the_stored_weight_of_decaying_and_superseded_rows() -> None:
+    for state in ("decaying", "superseded"):
+        d = rules.ager_decision(state, 0.3, 0.018, T0, T0, T0 + timedelta(days=30))
+        assert (d.action, d.weight, d.ts_weight) == (rules.AgerAction.KEEP, 0.3, T0)
+        assert d.effective == pytest.approx(0.3 * math.exp(-0.54))
+
+
+def test_an_archive_candidate_is_decaying_below_005_and_90_days_unused() -> None:
+    weak = 0.3 * math.exp(-0.018 * 100)  # below 0.05 after 100 days
+    assert rules.ager_decision("decaying", 0.3, 0.018, T0, T0, NOW).archive_candidate
+    recent = T0 + timedelta(days=10, seconds=1)  # 89.99… days before NOW
+    assert not rules.ager_decision("decaying", 0.3, 0.018, T0, recent, NOW).archive_candidate
+    on_the_day = NOW - timedelta(days=90)
+    assert rules.ager_decision("decaying", 0.3, 0.018, T0, on_the_day, NOW).archive_candidate
+    assert not rules.ager_decision("decaying", 0.06, 0.0, T0, T0, NOW).archive_candidate
+    assert not rules.ager_decision("superseded", weak, 0.0, T0, T0, NOW).archive_candidate
+    demoted = rules.ager_decision("active", 0.3, 0.018, T0, T0, NOW)
+    assert demoted.action == rules.AgerAction.DEMOTE and demoted.archive_candidate
+
+
+def test_a_demoted_row_merges_into_its_decaying_twin() -> None:
+    later = T0 + timedelta(days=5)
+    active = rules.AgerRow.of(
+        _row("mn_a", "active", 0.30, uses=2, ts_first=later, ts_last=later, ts_weight=later)
+    )
+    decaying = rules.AgerRow.of(
+        _row("mn_d", "decaying", 0.45, uses=3, ts_last=T0 + timedelta(days=1))
+    )
+    merged = rules.merge_demoted(active, decaying, NOW)
+    assert merged.id == "mn_d" and merged.state == MnestState.DECAYING
+    assert (merged.uses, merged.ts_first, merged.ts_last) == (5, T0, later)
+    assert merged.weight == pytest.approx(max(0.30 * math.exp(-0.018 * 95), 0.45 * math.exp(-1.8)))
+    assert merged.ts_weight == NOW
+    ahead = rules.merge_demoted(active, decaying, T0)  # a clock behind the twin's ts_weight
+    assert ahead.ts_weight == T0 and ahead.weight == 0.45
+
+
+def test_ager_rows_are_read_from_mappings_ignoring_other_columns() -> None:
+    row = rules.AgerRow.of(_row("mn_x", "proto", 0.5, dst_version=None))
+    assert row.state is MnestState.PROTO
+    assert row.key == ("a", "1", "wish", None)
+    assert rules.AgerRow.of(row) is row
+
+
+def test_age_prunes_merges_demotes_decays_and_counts_like_the_contract() -> None:
+    fresh = NOW - timedelta(hours=1)
+    rows = [
+        _row("mn_p_dead", "proto", 0.30, dst_version=None),
+        _row("mn_p_live", "proto", 0.90, dst_version=None, src_version="2", ts_weight=fresh),
+        _row("mn_a_twin", "active", 0.30, uses=2),
+        _row("mn_d_twin", "decaying", 0.25, uses=4),
+        _row("mn_a_weak", "active", 0.30, dst_version="2"),
+        _row("mn_a_ok", "active", 0.90, dst_version="3", ts_weight=fresh),
+        _row("mn_a_now", "active", 0.90, dst_version="4", ts_weight=NOW),
+        _row("mn_s", "superseded", 0.01, dst_version="5"),
+    ]
+    left, report = rules.age(rows, NOW)
+    assert report == rules.AgerReport(
+        decayed=2, to_decaying=2, merged=1, protos_pruned=1, archive_candidates=2
+    )
+    by_id = {r.id: r for r in left}
+    assert list(by_id) == ["mn_p_live", "mn_d_twin", "mn_a_weak", "mn_a_ok", "mn_a_now", "mn_s"]
+    assert by_id["mn_d_twin"].uses == 6
+    assert by_id["mn_d_twin"].weight == pytest.approx(0.30 * math.exp(-1.8))
+    assert by_id["mn_a_weak"].state == MnestState.DECAYING
+    assert by_id["mn_a_ok"].ts_weight == NOW
+    assert by_id["mn_a_now"] == rules.AgerRow.of(rows[6])
+    assert by_id["mn_s"] == rules.AgerRow.of(rows[7])
+
+
+def test_age_twice_at_the_same_instant_changes_nothing_more() -> None:
+    rows = [
+        _row("mn_1", "active", 0.9),
+        _row("mn_2", "active", 0.3, dst_version="2"),
+        _row("mn_3", "proto", 0.9, dst_version=None),
+    ]
+    once, _ = rules.age(rows, NOW)
+    twice, report = rules.age(once, NOW)
+    assert twice == once
+    assert report == rules.AgerReport(archive_candidates=1)
+
+
+_state = st.sampled_from(list(MnestState))
+_days = st.floats(0, 200)
+
+
+@given(
+    specs=st.lists(st.tuples(_state, st.floats(0, 1), st.floats(0, 0.2), _days, _days), max_size=8),
+    t1=_days,
+    t2=_days,
+)
+def test_age_is_schedule_free(specs: list, t1: float, t2: float) -> None:
+    """Once at t2, or at t1 then at t2: the same rows, states and effective weights."""
+    rows = [
+        _row(
+            f"mn_{i}",
+            state,
+            w,
+            dst_version=None if state == MnestState.PROTO else str(i),
+            decay_lambda=lam,
+            ts_weight=T0 + timedelta(days=tw),
+            ts_last=T0 + timedelta(days=tl),
+            ts_first=T0,
+        )
+        for i, (state, w, lam, tw, tl) in enumerate(specs)
+    ]
+    first, second = sorted((T0 + timedelta(days=t1), T0 + timedelta(days=t1 + t2)))
+    once, _ = rules.age(rows, second)
+    stepwise, _ = rules.age(rules.age(rows, first)[0], second)
+    assert [(r.id, r.state) for r in stepwise] == [(r.id, r.state) for r in once]
+    for a, b in zip(stepwise, once, strict=True):
+        assert a.effective_weight(second) == pytest.approx(
+            b.effective_weight(second), rel=1e-9, abs=1e-15
+        )
