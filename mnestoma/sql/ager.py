@@ -1,4 +1,12 @@
-"""The ager's statements, built once per dialect: prune, merge, demote, decay, archive count."""
+"""The ager's statements, built once per dialect.
+
+Each row is visited in table order by full scans (most rows match, and an index on the
+state would visit them in random order: one page read per row), and its effective weight
+is computed once per statement that needs it. Merges go through their pairs, found from
+the decaying rows by the edge-key index. SQLite keeps the pairs in a temporary table;
+PostgreSQL merges in one statement and writes each event in the statement that changes
+its row (``WITH ... RETURNING``).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +14,13 @@ import functools
 from typing import Any
 
 from sqlalchemy import (
+    Column,
+    ColumnElement,
+    Float,
+    Integer,
+    MetaData,
+    String,
+    Table,
     and_,
     bindparam,
     case,
@@ -13,188 +28,319 @@ from sqlalchemy import (
     func,
     insert,
     literal,
-    or_,
+    literal_column,
     select,
     text,
+    union_all,
     update,
 )
+from sqlalchemy.schema import CreateTable, DropTable
+from sqlalchemy.sql.elements import ColumnClause, TextClause, UnaryExpression
+from sqlalchemy.sql.operators import custom_op
 
-from ..models import Event, Mnest
-from ..rules import ARCHIVE_BELOW, DECAYING_BELOW, PROTO_PRUNE_BELOW, Recorder, threshold_cut
+from ..rules import (
+    ARCHIVE_BELOW,
+    DECAYING_BELOW,
+    PROTO_PRUNE_BELOW,
+    EventKind,
+    MnestState,
+    Recorder,
+    threshold_cut,
+)
 from ..sqlrules import decayed, greatest, least, now_param
 from ..types import UTCDateTime
+from .tables import EVENTS as E
+from .tables import MNESTS as M
 
-M = Mnest.__table__
-E = Event.__table__
+__all__ = ["PAIRS", "ager_statements", "cache_size_pragma"]
 
 # The ager's thresholds as it compares them (see rules.THRESHOLD_TOLERANCE).
 PRUNE_CUT = threshold_cut(PROTO_PRUNE_BELOW)
 DECAYING_CUT = threshold_cut(DECAYING_BELOW)
 ARCHIVE_CUT = threshold_cut(ARCHIVE_BELOW)
 
+ACTIVE = MnestState.ACTIVE.value
+PROTO = MnestState.PROTO.value
+DECAYING = MnestState.DECAYING.value
 
-def _merge_pairs(dialect: str, now: Any) -> Any:
-    """The ager's merge pairs, one row per key that has both an active row below 0.20 and a
-    decaying row: their ids, and what the merge needs of each. A subquery, not a CTE: each
-    statement then starts with its verb, and SQLite's driver reports its rowcount."""
-    eff = decayed(dialect, M.c.weight, M.c.decay_lambda, M.c.ts_weight, now)
-    active = M.c.state == "active"
-    decaying = M.c.state == "decaying"
+EVENT_COLUMNS = [
+    "mnest_id",
+    "kind",
+    "ts",
+    "weight_before",
+    "weight_after",
+    "state_before",
+    "state_after",
+    "related_id",
+    "recorder",
+]
 
-    def of(which: Any, column: Any) -> Any:
-        return func.max(case((which, column)))
+# SQLite: the run's merge pairs, keyed by the decaying row's rowid (a key has at most one
+# active and one decaying row, so either rowid identifies a pair). Created and dropped by
+# each run, inside its transaction.
+PAIRS = Table(
+    "mnestoma_ager_pairs",
+    MetaData(),
+    Column("d_rowid", Integer, primary_key=True),
+    Column("a_rowid", Integer, nullable=False),
+    Column("a_id", String(64), nullable=False),
+    Column("d_id", String(64), nullable=False),
+    Column("a_eff", Float, nullable=False),
+    Column("d_eff", Float, nullable=False),
+    Column("a_uses", Integer, nullable=False),
+    Column("a_first", UTCDateTime, nullable=False),
+    Column("a_last", UTCDateTime, nullable=False),
+    schema="temp",
+)
 
-    return (
-        select(
-            of(active, M.c.id).label("a_id"),
-            of(decaying, M.c.id).label("d_id"),
-            of(active, M.c.uses).label("a_uses"),
-            of(active, M.c.ts_first).label("a_first"),
-            of(active, M.c.ts_last).label("a_last"),
-            of(active, eff).label("a_eff"),
-            of(decaying, eff).label("d_eff"),
-        )
-        .where(
-            M.c.dst_version.is_not(None),
-            or_(and_(active, eff < DECAYING_CUT), decaying),
-        )
-        .group_by(M.c.src_executor, M.c.src_version, M.c.dst_executor, M.c.dst_version)
-        .having(and_(of(active, M.c.id).is_not(None), of(decaying, M.c.id).is_not(None)))
-        .subquery("merge_pairs")
+
+def _unindexed(dialect: str, column: Any) -> ColumnElement[Any]:
+    """``column`` as an expression no index can serve (``+state`` on SQLite): the planner
+    then scans the table in its order instead of visiting rows in index order."""
+    if dialect == "sqlite":
+        return UnaryExpression(column, operator=custom_op("+"), type_=column.type)
+    unindexed: ColumnElement[Any] = column.op("||")(literal_column("''"))
+    return unindexed
+
+
+def _rowid(table: Any) -> ColumnClause[int]:
+    """SQLite's ``rowid`` of ``table`` (a table or an alias)."""
+    return ColumnClause("rowid", Integer(), _selectable=table)
+
+
+def _event(dialect: str, now: Any, *values: Any) -> list[Any]:
+    """One event's select list, in :data:`EVENT_COLUMNS` order, recorded by the ager:
+    ``mnest_id, kind, weight_before, weight_after, state_before, state_after, related_id``."""
+    mnest_id, kind, before, after, state_before, state_after, related = values
+    ts = now.cast(UTCDateTime()) if dialect == "postgresql" else now
+
+    def lit(value: Any) -> Any:
+        return literal(value) if value is None or isinstance(value, str) else value
+
+    return [
+        mnest_id,
+        literal(kind),
+        ts,
+        before,
+        lit(after),
+        lit(state_before),
+        lit(state_after),
+        lit(related),
+        literal(Recorder.AGER.value),
+    ]
+
+
+def _pairs_select(dialect: str, now: Any) -> Any:
+    """Actives below 0.20 whose key has a decaying row: one row per pair, from the decaying
+    rows, each looking its active twin up by the edge key. The twin's state is compared
+    unindexed, so that no plan reaches it through the (state, src) index (which, for a hub
+    source, would read every edge of the hub for each of its rows)."""
+    a, d = M.alias("a"), M.alias("d")
+    eff_a = decayed(dialect, a.c.weight, a.c.decay_lambda, a.c.ts_weight, now)
+    eff_d = decayed(dialect, d.c.weight, d.c.decay_lambda, d.c.ts_weight, now)
+    same_key = and_(
+        a.c.src_executor == d.c.src_executor,
+        a.c.src_version == d.c.src_version,
+        a.c.dst_executor == d.c.dst_executor,
+        a.c.dst_version == d.c.dst_version,
+        _unindexed(dialect, a.c.state) == ACTIVE,
     )
+    columns = [
+        a.c.id.label("a_id"),
+        d.c.id.label("d_id"),
+        eff_a.label("a_eff"),
+        eff_d.label("d_eff"),
+        a.c.uses.label("a_uses"),
+        a.c.ts_first.label("a_first"),
+        a.c.ts_last.label("a_last"),
+    ]
+    if dialect == "sqlite":
+        columns = [_rowid(d).label("d_rowid"), _rowid(a).label("a_rowid"), *columns]
+    return (
+        select(*columns)
+        .select_from(d.join(a, same_key))
+        .where(d.c.state == DECAYING, d.c.dst_version.is_not(None), eff_a < DECAYING_CUT)
+    )
+
+
+def _merged_weight(dialect: str, pairs: Any) -> Any:
+    return greatest(dialect, pairs.c.a_eff, pairs.c.d_eff)
+
+
+def _merge_events(dialect: str, now: Any, pairs: Any) -> tuple[Any, Any]:
+    """The two events of each merge: the absorbed active row's and its decaying twin's."""
+    weight = _merged_weight(dialect, pairs)
+    merged = EventKind.MERGED.value
+    absorbed = _event(
+        dialect, now, pairs.c.a_id, merged, pairs.c.a_eff, weight, ACTIVE, DECAYING, pairs.c.d_id
+    )
+    target = _event(
+        dialect, now, pairs.c.d_id, merged, pairs.c.d_eff, weight, DECAYING, DECAYING, pairs.c.a_id
+    )
+    return select(*absorbed), select(*target)
+
+
+def _merge_values(dialect: str, now: Any, pairs: Any) -> dict[str, Any]:
+    """What a merge writes into the decaying row."""
+    return {
+        "uses": M.c.uses + pairs.c.a_uses,
+        "ts_first": least(dialect, M.c.ts_first, pairs.c.a_first),
+        "ts_last": greatest(dialect, M.c.ts_last, pairs.c.a_last),
+        "weight": _merged_weight(dialect, pairs),
+        "ts_weight": greatest(dialect, M.c.ts_weight, now),
+    }
+
+
+def _sqlite(now: Any) -> dict[str, Any]:
+    eff = decayed("sqlite", M.c.weight, M.c.decay_lambda, M.c.ts_weight, now)
+    state = _unindexed("sqlite", M.c.state)
+    p = PAIRS
+    stmts: dict[str, Any] = {
+        "pairs_create": CreateTable(p),
+        "pairs": insert(p).from_select([c.name for c in p.columns], _pairs_select("sqlite", now)),
+    }
+    absorbed, target = _merge_events("sqlite", now, p)
+    stmts["merge_events"] = insert(E).from_select(EVENT_COLUMNS, union_all(absorbed, target))
+    # Reached by rowid from the pairs (an UPDATE ... FROM would scan mnests for them).
+    pair = p.alias("pair")
+    merge_values = {
+        name: select(value).where(pair.c.d_rowid == _rowid(M)).scalar_subquery()
+        for name, value in _merge_values("sqlite", now, pair).items()
+    }
+    stmts["merge_update"] = (
+        update(M).where(_rowid(M).in_(select(p.c.d_rowid))).values(merge_values)
+    )
+    stmts["merge_delete"] = delete(M).where(_rowid(M).in_(select(p.c.a_rowid)))
+
+    # One scan writes the events of every proto pruned and every active demoted below,
+    # each weight computed once (the LIMIT keeps SQLite from copying the expression out of
+    # the subquery into each place that uses it).
+    moving = (
+        select(M.c.id, M.c.state, eff.label("e"))
+        .where(state.in_([ACTIVE, PROTO]))
+        .limit(-1)
+        .subquery("moving")
+    )
+    is_proto = moving.c.state == PROTO
+
+    def when_proto(then: Any, otherwise: Any) -> Any:
+        return case((is_proto, then), else_=otherwise)
+
+    moves = [
+        moving.c.id,
+        when_proto(literal(EventKind.PRUNED.value), literal(EventKind.TRANSITION.value)),
+        now,
+        moving.c.e,
+        when_proto(literal(None), moving.c.e),
+        moving.c.state,
+        when_proto(literal(None), literal(DECAYING)),
+        literal(None),
+        literal(Recorder.AGER.value),
+    ]
+    stmts["moves_events"] = insert(E).from_select(
+        EVENT_COLUMNS,
+        select(*moves).where(moving.c.e < when_proto(PRUNE_CUT, DECAYING_CUT)),
+    )
+    stmts["prune"] = delete(M).where(state == PROTO, eff < PRUNE_CUT)
+    # Demoted and decayed rows are written by two statements: a statement that sets
+    # ``state`` rewrites the entries of every index holding it, for each row it touches.
+    stmts["demote"] = (
+        update(M)
+        .where(state == ACTIVE, eff < DECAYING_CUT)
+        .values(state=DECAYING, weight=eff, ts_weight=greatest("sqlite", M.c.ts_weight, now))
+    )
+    stmts["decay"] = (
+        update(M)
+        .where(state.in_([ACTIVE, PROTO]), M.c.ts_weight < now)
+        .values(weight=eff, ts_weight=now)
+    )
+    stmts["archive_count"] = _archive_count("sqlite", now, state)
+    stmts["pairs_drop"] = DropTable(p, if_exists=True)
+    stmts["cache_size"] = text("PRAGMA cache_size")
+    stmts["page_size"] = text("PRAGMA page_size")
+    return stmts
+
+
+def _archive_count(dialect: str, now: Any, state: Any) -> Any:
+    eff = decayed(dialect, M.c.weight, M.c.decay_lambda, M.c.ts_weight, now)
+    return select(func.count()).where(
+        state == DECAYING,
+        M.c.ts_last <= bindparam("cutoff", type_=UTCDateTime()),
+        eff < ARCHIVE_CUT,
+    )
+
+
+def _postgresql(now: Any) -> dict[str, Any]:
+    pg = "postgresql"
+    eff = decayed(pg, M.c.weight, M.c.decay_lambda, M.c.ts_weight, now)
+
+    # The merges, one statement: the pairs once, their events, the decaying rows updated,
+    # the active rows deleted (its row count).
+    pairs = _pairs_select(pg, now).cte("pairs").prefix_with("MATERIALIZED")
+    absorbed, target = _merge_events(pg, now, pairs)
+    merge_absorbed = insert(E).from_select(EVENT_COLUMNS, absorbed).cte("merge_absorbed")
+    merge_target = insert(E).from_select(EVENT_COLUMNS, target).cte("merge_target")
+    merge_update = (
+        update(M)
+        .where(M.c.id == pairs.c.d_id)
+        .values(_merge_values(pg, now, pairs))
+        .cte("merge_update")
+    )
+    merge = (
+        delete(M)
+        .where(M.c.id.in_(select(pairs.c.a_id)))
+        .add_cte(merge_absorbed, merge_target, merge_update)
+    )
+
+    # Prune and demote write their events from the rows they change (RETURNING): the
+    # effective weight is computed by the statement that changes the row, and only there.
+    gone = (
+        delete(M)
+        .where(M.c.state == PROTO, eff < PRUNE_CUT)
+        .returning(M.c.id, eff.label("e"))
+        .cte("gone")
+    )
+    pruned = _event(pg, now, gone.c.id, EventKind.PRUNED.value, gone.c.e, None, PROTO, None, None)
+    # (an INSERT's row count is read after the statement only when asked to keep it)
+    prune = insert(E).from_select(EVENT_COLUMNS, select(*pruned))
+    prune = prune.execution_options(preserve_rowcount=True)
+    moved = (
+        update(M)
+        .where(M.c.state == ACTIVE, eff < DECAYING_CUT)
+        .values(state=DECAYING, weight=eff, ts_weight=greatest(pg, M.c.ts_weight, now))
+        .returning(M.c.id, M.c.weight)
+        .cte("moved")
+    )
+    transition = EventKind.TRANSITION.value
+    demoted = _event(
+        pg, now, moved.c.id, transition, moved.c.weight, moved.c.weight, ACTIVE, DECAYING, None
+    )
+    demote = insert(E).from_select(EVENT_COLUMNS, select(*demoted))
+    demote = demote.execution_options(preserve_rowcount=True)
+    decay = (
+        update(M)
+        .where(M.c.state.in_([ACTIVE, PROTO]), M.c.ts_weight < now)
+        .values(weight=eff, ts_weight=now)
+    )
+    return {
+        # EXCLUSIVE also conflicts with the ROW SHARE lock of a writer's SELECT ... FOR
+        # UPDATE: the ager waits for writers that hold row locks, never the reverse.
+        "lock": text("LOCK TABLE mnests IN EXCLUSIVE MODE"),
+        "merge": merge,
+        "prune": prune,
+        "demote": demote,
+        "decay": decay,
+        "archive_count": _archive_count(pg, now, M.c.state),
+    }
+
+
+def cache_size_pragma(value: int) -> TextClause:
+    """``PRAGMA cache_size = value`` (SQLite; negative: KiB, positive: pages)."""
+    return text(f"PRAGMA cache_size = {int(value)}")
 
 
 @functools.cache
 def ager_statements(dialect: str) -> dict[str, Any]:
-    """The ager's statements for ``dialect``, in the order the ager runs them."""
+    """The ager's statements for ``dialect`` (``sqlite`` or ``postgresql``), by name."""
     now = now_param()
-
-    def eff(t: Any) -> Any:
-        return decayed(dialect, t.c.weight, t.c.decay_lambda, t.c.ts_weight, now)
-
-    anchor = case((M.c.ts_weight > now, M.c.ts_weight), else_=now)
-    ev_cols = [
-        "mnest_id",
-        "kind",
-        "ts",
-        "weight_before",
-        "weight_after",
-        "state_before",
-        "state_after",
-        "related_id",
-        "recorder",
-    ]
-    now_ts = now.cast(UTCDateTime()) if dialect == "postgresql" else now
-
-    # protos whose weight fell below 0.05 are deleted, their history kept.
-    proto_dying = and_(M.c.state == "proto", eff(M) < PRUNE_CUT)
-    prune_events = insert(E).from_select(
-        ev_cols,
-        select(
-            M.c.id,
-            literal("pruned"),
-            now_ts,
-            eff(M),
-            literal(None),
-            literal("proto"),
-            literal(None),
-            literal(None),
-            literal(Recorder.AGER.value),
-        ).where(proto_dying),
-    )
-    prune = delete(M).where(proto_dying)
-
-    # Actives below 0.20 whose key already has a decaying row merge into it. The pairs come
-    # from one pass over the candidates grouped by key (a key holds at most one active and
-    # one decaying row), and the rows are then reached by id: whatever plan the database
-    # picks, with or without statistics, the cost stays linear. A join on the key could be
-    # planned through the (state, src) index instead, quadratic in a hub's out-degree.
-    pairs = _merge_pairs(dialect, now)
-    merged_weight = greatest(dialect, pairs.c.a_eff, pairs.c.d_eff)
-    merge_events_absorbed = insert(E).from_select(
-        ev_cols,
-        select(
-            pairs.c.a_id,
-            literal("merged"),
-            now_ts,
-            pairs.c.a_eff,
-            merged_weight,
-            literal("active"),
-            literal("decaying"),
-            pairs.c.d_id,
-            literal(Recorder.AGER.value),
-        ),
-    )
-    merge_events_target = insert(E).from_select(
-        ev_cols,
-        select(
-            pairs.c.d_id,
-            literal("merged"),
-            now_ts,
-            pairs.c.d_eff,
-            merged_weight,
-            literal("decaying"),
-            literal("decaying"),
-            pairs.c.a_id,
-            literal(Recorder.AGER.value),
-        ),
-    )
-    merge_update = (
-        update(M)
-        .where(M.c.id == pairs.c.d_id)
-        .values(
-            uses=M.c.uses + pairs.c.a_uses,
-            ts_first=least(dialect, M.c.ts_first, pairs.c.a_first),
-            ts_last=greatest(dialect, M.c.ts_last, pairs.c.a_last),
-            weight=merged_weight,
-            ts_weight=anchor,
-        )
-    )
-    merge_delete = delete(M).where(M.c.id.in_(select(pairs.c.a_id)))
-
-    # the other actives below 0.20 become decaying.
-    demoting = and_(M.c.state == "active", eff(M) < DECAYING_CUT)
-    demote_events = insert(E).from_select(
-        ev_cols,
-        select(
-            M.c.id,
-            literal("transition"),
-            now_ts,
-            eff(M),
-            eff(M),
-            literal("active"),
-            literal("decaying"),
-            literal(None),
-            literal(Recorder.AGER.value),
-        ).where(demoting),
-    )
-    demote = update(M).where(demoting).values(state="decaying", weight=eff(M), ts_weight=anchor)
-
-    # every remaining active and proto row: weight brought to now.
-    decay = (
-        update(M)
-        .where(M.c.state.in_(["active", "proto"]), M.c.ts_weight < now)
-        .values(weight=eff(M), ts_weight=now)
-    )
-    archive_count = select(func.count()).where(
-        M.c.state == "decaying",
-        eff(M) < ARCHIVE_CUT,
-        M.c.ts_last <= bindparam("cutoff", type_=UTCDateTime()),
-    )
-    stmts = {
-        "prune_events": prune_events,
-        "prune": prune,
-        "merge_events_absorbed": merge_events_absorbed,
-        "merge_events_target": merge_events_target,
-        "merge_update": merge_update,
-        "merge_delete": merge_delete,
-        "demote_events": demote_events,
-        "demote": demote,
-        "decay": decay,
-        "archive_count": archive_count,
-    }
-    if dialect == "postgresql":
-        # EXCLUSIVE also conflicts with the ROW SHARE lock of a writer's SELECT ... FOR
-        # UPDATE: the ager waits for writers that hold row locks, never the reverse.
-        stmts["lock"] = text("LOCK TABLE mnests IN EXCLUSIVE MODE")
-    return stmts
+    return _postgresql(now) if dialect == "postgresql" else _sqlite(now)
