@@ -67,7 +67,15 @@ from .migration import (
     sqlite_store_missing,
     upgrade,
 )
-from .rules import MAX_JSON_DEPTH, PASSING, EventKind, Recorder, clamp_weight, decayed_weight
+from .rules import (
+    MAX_JSON_DEPTH,
+    PASSING,
+    EventKind,
+    Recorder,
+    advance,
+    clamp_weight,
+    decayed_weight,
+)
 from .sql.copying import (
     KEY,
     KEYS,
@@ -599,7 +607,7 @@ class _Job:
             ts_first=min(dst["ts_first"], src["ts_first"]),
             ts_last=max(dst["ts_last"], src["ts_last"]),
             weight=clamp_weight(max(eff_dst, eff_src)),
-            ts_weight=max(now, dst["ts_weight"]),
+            ts_weight=advance(dst["ts_weight"], now),
             tags=dst["tags"] if dst["tags"] is not None else src["tags"],
             desired_sig=sig,
         )

@@ -39,6 +39,7 @@ from .rules import (
     EventKind,
     MnestState,
     Recorder,
+    advance,
     check_transition,
     decayed_weight,
     new_mnest_id,
@@ -396,8 +397,8 @@ class MnestRepository:
     def _reinforcement(
         self, row: Row, p: Passing, turn_id: str | None, now: datetime, recorder: str
     ) -> tuple[dict[str, Any], dict[str, Any]]:
-        ts_last = max(row[_TS_LAST], now)
-        ts_weight = max(row[_TS_WEIGHT], now)
+        ts_last = advance(row[_TS_LAST], now)
+        ts_weight = advance(row[_TS_WEIGHT], now)
         before = decayed_weight(row[_WEIGHT], row[_LAMBDA], row[_TS_WEIGHT], ts_weight)
         after = reinforce(before)
         values = {
@@ -698,7 +699,7 @@ class MnestRepository:
         reason: str | None = None,
     ) -> None:
         """The event of a state change of a locked row; the weight is untouched."""
-        now = max(row[_TS_LAST], self._now())
+        now = advance(row[_TS_LAST], self._now())
         eff = decayed_weight(row[_WEIGHT], row[_LAMBDA], row[_TS_WEIGHT], now)
         event_row = _event(
             row[_ID],

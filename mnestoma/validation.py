@@ -56,13 +56,16 @@ _NOT_A_NAME = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
 def check_name(value: Any, what: str) -> str:
-    """An executor name, version or turn id: a non-blank string of at most 255 characters."""
+    """An executor name, version or turn id: a non-blank string of at most
+    :data:`~mnestoma.rules.MAX_NAME_LENGTH` characters."""
     if not isinstance(value, str):
         raise InvalidInput(f"{what} must be a string, got {type(value).__name__}")
     if not value.strip():
         raise InvalidInput(f"{what} must not be empty or blank")
     if len(value) > MAX_NAME_LENGTH:
-        raise InvalidInput(f"{what} is {len(value)} characters long; the limit is 255")
+        raise InvalidInput(
+            f"{what} is {len(value)} characters long; the limit is {MAX_NAME_LENGTH}"
+        )
     return _check_characters(value, what)
 
 

@@ -151,7 +151,7 @@ PG_REINFORCE_EVENT_PARAMS = (
 def _reinforce_with_event() -> Insert:
     """PostgreSQL: the reinforcement and its event in one statement (a data-modifying CTE),
     so a hot row's lock is held one round trip shorter."""
-    upd = UPDATE_REINFORCE.returning(M.c.id).cte("reinforced")
+    upd = UPDATE_REINFORCE.returning(M.c.id).cte("reinforced_row")
     binds = [bindparam(name, type_=E.c[name].type) for name in PG_REINFORCE_EVENT_PARAMS]
     return insert(E).from_select(["mnest_id", *PG_REINFORCE_EVENT_PARAMS], select(upd.c.id, *binds))
 
