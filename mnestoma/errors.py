@@ -17,6 +17,7 @@ __all__ = [
     "MnestomaError",
     "NotFound",
     "RaceLost",
+    "ReadOnlyError",
     "SchemaError",
     "StoreError",
     "StoresShareRows",
@@ -40,6 +41,10 @@ class NotFound(MnestomaError, LookupError):
 
 class ConflictError(MnestomaError):
     """The change would give a second row the key another row already holds."""
+
+
+class ReadOnlyError(MnestomaError):
+    """A write was attempted through the read-only view ``v_mnestoma``."""
 
 
 class RaceLost(ConflictError):

@@ -26,7 +26,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, ORMExecuteState, Session, mapped_column
 
-from .errors import MnestomaError
+from .errors import ReadOnlyError
 from .rules import (
     DEFAULT_DECAY_LAMBDA,
     LIVE,
@@ -67,10 +67,6 @@ RECORDERS_SQL = sql_list(Recorder)
 
 # Integer primary keys: BIGINT identity on PostgreSQL, the rowid alias on SQLite.
 EventId = BigInteger().with_variant(Integer(), "sqlite")
-
-
-class ReadOnlyError(MnestomaError):
-    """A write was attempted through the read-only view ``v_mnestoma``."""
 
 
 class Base(DeclarativeBase):
