@@ -55,8 +55,8 @@ def _run_postgresql(conn: Connection, p: dict[str, Any]) -> AgerReport:
     _run(conn, s["lock"])
     merged = _run(conn, s["merge"], p).rowcount
     pruned = _run(conn, s["prune"], p).rowcount
-    demoted = _run(conn, s["demote"], p).rowcount
     decayed = _run(conn, s["decay"], p).rowcount
+    demoted = _run(conn, s["demote"], p).rowcount
     archive = _run(conn, s["archive_count"], p).scalar_one()
     return _report(merged, pruned, demoted, decayed, archive)
 

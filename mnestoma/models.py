@@ -200,7 +200,13 @@ class Event(Base):
         CheckConstraint(f"kind IN ({EVENT_KINDS_SQL})", name="kind_known"),
         CheckConstraint(f"recorder IN ({RECORDERS_SQL})", name="recorder_known"),
         Index("ix_events_mnest_id", "mnest_id"),
-        Index("ix_events_turn_id", "turn_id"),
+        # Only events with a turn: lookups by turn imply it, and the ager's events have none.
+        Index(
+            "ix_events_turn_id",
+            "turn_id",
+            sqlite_where=text("turn_id IS NOT NULL"),
+            postgresql_where=text("turn_id IS NOT NULL"),
+        ),
         # A turn reinforces (or creates) a given row at most once: safe retries.
         Index(
             "ux_events_turn_edge",

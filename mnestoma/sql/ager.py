@@ -131,20 +131,24 @@ def _event(dialect: str, now: Any, *values: Any) -> list[Any]:
 
 
 def _pairs_select(dialect: str, now: Any) -> Any:
-    """Actives below 0.20 whose key has a decaying row: one row per pair, from the decaying
-    rows, each looking its active twin up by the edge key. The twin's state is compared
-    unindexed, so that no plan reaches it through the (state, src) index (which, for a hub
-    source, would read every edge of the hub for each of its rows)."""
+    """Actives below 0.20 whose key has a decaying row: one row per pair, with what the
+    merge needs of each. No plan may reach one side through an index on part of the key
+    (the (state, src) or the dst_executor index): for a hub, each of its rows would read
+    all the hub's edges, quadratic in its degree.
+
+    SQLite: from the decaying rows, each active twin looked up by the edge-key index (the
+    twin's state compared unindexed, so that only that index matches). PostgreSQL, whose
+    plan depends on statistics it may not have: the key compared unindexed on both sides,
+    which leaves a hash (or merge) join, linear whatever the statistics; skipped at once
+    when the store holds no versioned decaying row."""
     a, d = M.alias("a"), M.alias("d")
     eff_a = decayed(dialect, a.c.weight, a.c.decay_lambda, a.c.ts_weight, now)
     eff_d = decayed(dialect, d.c.weight, d.c.decay_lambda, d.c.ts_weight, now)
-    same_key = and_(
-        a.c.src_executor == d.c.src_executor,
-        a.c.src_version == d.c.src_version,
-        a.c.dst_executor == d.c.dst_executor,
-        a.c.dst_version == d.c.dst_version,
-        _unindexed(dialect, a.c.state) == ACTIVE,
-    )
+    key = ("src_executor", "src_version", "dst_executor", "dst_version")
+    if dialect == "sqlite":
+        same_key = [a.c[k] == d.c[k] for k in key]
+    else:
+        same_key = [_unindexed(dialect, a.c[k]) == _unindexed(dialect, d.c[k]) for k in key]
     columns = [
         a.c.id.label("a_id"),
         d.c.id.label("d_id"),
@@ -154,13 +158,14 @@ def _pairs_select(dialect: str, now: Any) -> Any:
         a.c.ts_first.label("a_first"),
         a.c.ts_last.label("a_last"),
     ]
+    terms = [d.c.state == DECAYING, d.c.dst_version.is_not(None), eff_a < DECAYING_CUT]
     if dialect == "sqlite":
         columns = [_rowid(d).label("d_rowid"), _rowid(a).label("a_rowid"), *columns]
-    return (
-        select(*columns)
-        .select_from(d.join(a, same_key))
-        .where(d.c.state == DECAYING, d.c.dst_version.is_not(None), eff_a < DECAYING_CUT)
-    )
+    else:
+        any_decaying = select(M.c.id).where(M.c.state == DECAYING, M.c.dst_version.is_not(None))
+        terms.append(any_decaying.exists())
+    joined = d.join(a, and_(*same_key, _unindexed(dialect, a.c.state) == ACTIVE))
+    return select(*columns).select_from(joined).where(*terms)
 
 
 def _merged_weight(dialect: str, pairs: Any) -> Any:
@@ -207,9 +212,7 @@ def _sqlite(now: Any) -> dict[str, Any]:
         name: select(value).where(pair.c.d_rowid == _rowid(M)).scalar_subquery()
         for name, value in _merge_values("sqlite", now, pair).items()
     }
-    stmts["merge_update"] = (
-        update(M).where(_rowid(M).in_(select(p.c.d_rowid))).values(merge_values)
-    )
+    stmts["merge_update"] = update(M).where(_rowid(M).in_(select(p.c.d_rowid))).values(merge_values)
     stmts["merge_delete"] = delete(M).where(_rowid(M).in_(select(p.c.a_rowid)))
 
     # One scan writes the events of every proto pruned and every active demoted below,
@@ -317,9 +320,13 @@ def _postgresql(now: Any) -> dict[str, Any]:
     )
     demote = insert(E).from_select(EVENT_COLUMNS, select(*demoted))
     demote = demote.execution_options(preserve_rowcount=True)
+    # The rows that stay are decayed before the others are demoted: an update that changes
+    # no indexed column can stay on its page (HOT, no index entry written) where the page
+    # has room, and the demotions (which change ``state``) would take that room first.
+    stays = eff >= case((M.c.state == PROTO, PRUNE_CUT), else_=DECAYING_CUT)
     decay = (
         update(M)
-        .where(M.c.state.in_([ACTIVE, PROTO]), M.c.ts_weight < now)
+        .where(M.c.state.in_([ACTIVE, PROTO]), M.c.ts_weight < now, stays)
         .values(weight=eff, ts_weight=now)
     )
     return {
@@ -328,8 +335,8 @@ def _postgresql(now: Any) -> dict[str, Any]:
         "lock": text("LOCK TABLE mnests IN EXCLUSIVE MODE"),
         "merge": merge,
         "prune": prune,
-        "demote": demote,
         "decay": decay,
+        "demote": demote,
         "archive_count": _archive_count(pg, now, M.c.state),
     }
 
