@@ -13,6 +13,7 @@ import json
 import math
 import secrets
 import sqlite3
+import time
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -103,38 +104,66 @@ _UPD_REINFORCE = (
 _INS_MNEST = f"INSERT INTO mnests ({_COLS}) VALUES ({', '.join('?' * len(COLUMNS))})"
 _INS_EVENT = f"INSERT INTO events ({_EVENT_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 
-_EV8 = "mnest_id, kind, ts, weight_before, weight_after, state_before, state_after, related_id"
-_PROTO_DYING = f"state = 'proto' AND {_eff()} < {PROTO_PRUNE_BELOW}"
-_DEMOTING = f"state = 'active' AND {_eff()} < {DECAYING_BELOW}"
+# --- the ager ---------------------------------------------------------------------------
+# The best plain-sqlite3 ager found for the contract's whole work (events with their states,
+# merges that never fail, the archive count, the run's ager_runs row): full scans in table
+# order (``+state`` keeps SQLite off the state index, which would visit rows in random
+# order), each weight computed once where a statement needs it several times, merges
+# through a temporary table of rowid pairs, demotions and decays in separate statements (a
+# statement that sets ``state`` rewrites that column's index entries for every row it
+# touches), and a 64 MiB page cache for the run.
+THRESHOLD_TOLERANCE = 1e-9
+_DEMOTE_CUT = DECAYING_BELOW - THRESHOLD_TOLERANCE
+_PRUNE_CUT = PROTO_PRUNE_BELOW - THRESHOLD_TOLERANCE
+_ARCHIVE_CUT = ARCHIVE_BELOW - THRESHOLD_TOLERANCE
+AGER_CACHE_KIB = 64 * 1024
+_EV9 = (
+    "mnest_id, kind, ts, weight_before, weight_after, state_before, state_after, related_id,"
+    " recorder"
+)
+_AGER_PAIRS = (
+    "CREATE TEMP TABLE bench_ager_pairs (d_rowid INTEGER PRIMARY KEY, a_rowid INTEGER NOT NULL,"
+    " a_id TEXT NOT NULL, d_id TEXT NOT NULL, a_eff REAL NOT NULL, d_eff REAL NOT NULL,"
+    " a_uses INTEGER NOT NULL, a_first TEXT NOT NULL, a_last TEXT NOT NULL)"
+)
 _AGER = {
-    "prune_events": f"INSERT INTO events ({_EV8}) SELECT id, 'pruned', :now, {_eff()},"
-    f" NULL, 'proto', NULL, NULL FROM mnests WHERE {_PROTO_DYING}",
-    "prune": f"DELETE FROM mnests WHERE {_PROTO_DYING}",
-    "pairs_table": "CREATE TEMP TABLE IF NOT EXISTS ager_pairs (aid TEXT PRIMARY KEY,"
-    " did TEXT, eff_a REAL, eff_d REAL, uses INTEGER, ts_first TEXT, ts_last TEXT)",
-    "pairs_clear": "DELETE FROM ager_pairs",
-    "pairs": f"INSERT INTO ager_pairs SELECT a.id, d.id, {_eff('a')}, {_eff('d')}, a.uses,"
-    " a.ts_first, a.ts_last FROM mnests a JOIN mnests d ON d.state = 'decaying'"
-    " AND d.src_executor = a.src_executor AND d.src_version = a.src_version"
-    " AND d.dst_executor = a.dst_executor AND d.dst_version = a.dst_version"
-    f" WHERE a.state = 'active' AND {_eff('a')} < {DECAYING_BELOW}",
-    "merge_events_absorbed": f"INSERT INTO events ({_EV8}) SELECT aid, 'merged', :now,"
-    " eff_a, max(eff_a, eff_d), 'active', 'decaying', did FROM ager_pairs",
-    "merge_events_target": f"INSERT INTO events ({_EV8}) SELECT did, 'merged', :now,"
-    " eff_d, max(eff_a, eff_d), 'decaying', 'decaying', aid FROM ager_pairs",
-    "merge_update": "UPDATE mnests SET uses = mnests.uses + p.uses,"
-    " ts_first = min(mnests.ts_first, p.ts_first), ts_last = max(mnests.ts_last, p.ts_last),"
-    " weight = max(p.eff_a, p.eff_d), ts_weight = max(mnests.ts_weight, :now)"
-    " FROM ager_pairs p WHERE mnests.id = p.did",
-    "merge_delete": "DELETE FROM mnests WHERE id IN (SELECT aid FROM ager_pairs)",
-    "demote_events": f"INSERT INTO events ({_EV8}) SELECT id, 'transition', :now, {_eff()},"
-    f" {_eff()}, 'active', 'decaying', NULL FROM mnests WHERE {_DEMOTING}",
+    # actives below 0.20 with a decaying twin: from the decaying rows, the twin by the key
+    "pairs": "INSERT INTO bench_ager_pairs SELECT d.rowid, a.rowid, a.id, d.id,"
+    f" {_eff('a')}, {_eff('d')}, a.uses, a.ts_first, a.ts_last"
+    " FROM mnests AS d JOIN mnests AS a ON a.src_executor = d.src_executor"
+    " AND a.src_version = d.src_version AND a.dst_executor = d.dst_executor"
+    " AND a.dst_version = d.dst_version AND +a.state = 'active'"
+    f" WHERE d.state = 'decaying' AND d.dst_version IS NOT NULL AND {_eff('a')} < {_DEMOTE_CUT}",
+    "merge_events": f"INSERT INTO events ({_EV9})"
+    " SELECT a_id, 'merged', :now, a_eff, max(a_eff, d_eff), 'active', 'decaying', d_id, 'ager'"
+    " FROM bench_ager_pairs UNION ALL"
+    " SELECT d_id, 'merged', :now, d_eff, max(a_eff, d_eff), 'decaying', 'decaying', a_id,"
+    " 'ager' FROM bench_ager_pairs",
+    "merge_update": "UPDATE mnests SET (uses, ts_first, ts_last, weight, ts_weight) ="
+    " (SELECT mnests.uses + p.a_uses, min(mnests.ts_first, p.a_first),"
+    " max(mnests.ts_last, p.a_last), max(p.a_eff, p.d_eff), max(mnests.ts_weight, :now)"
+    " FROM bench_ager_pairs AS p WHERE p.d_rowid = mnests.rowid)"
+    " WHERE rowid IN (SELECT d_rowid FROM bench_ager_pairs)",
+    "merge_delete": "DELETE FROM mnests WHERE rowid IN (SELECT a_rowid FROM bench_ager_pairs)",
+    # one scan: the events of the protos pruned and of the actives demoted
+    "moves_events": f"INSERT INTO events ({_EV9})"
+    " SELECT id, CASE state WHEN 'proto' THEN 'pruned' ELSE 'transition' END, :now, e,"
+    " CASE state WHEN 'proto' THEN NULL ELSE e END, state,"
+    " CASE state WHEN 'proto' THEN NULL ELSE 'decaying' END, NULL, 'ager'"
+    f" FROM (SELECT id, state, {_eff()} AS e FROM mnests"
+    " WHERE +state IN ('active', 'proto') LIMIT -1)"
+    f" WHERE e < CASE state WHEN 'proto' THEN {_PRUNE_CUT} ELSE {_DEMOTE_CUT} END",
+    "prune": f"DELETE FROM mnests WHERE +state = 'proto' AND {_eff()} < {_PRUNE_CUT}",
     "demote": f"UPDATE mnests SET state = 'decaying', weight = {_eff()},"
-    f" ts_weight = max(ts_weight, :now) WHERE {_DEMOTING}",
+    f" ts_weight = max(ts_weight, :now) WHERE +state = 'active' AND {_eff()} < {_DEMOTE_CUT}",
     "decay": f"UPDATE mnests SET weight = {_eff()}, ts_weight = :now"
-    " WHERE state IN ('active', 'proto') AND ts_weight < :now",
-    "archive_count": f"SELECT count(*) FROM mnests WHERE state = 'decaying'"
-    f" AND {_eff()} < {ARCHIVE_BELOW} AND ts_last <= :cutoff",
+    " WHERE +state IN ('active', 'proto') AND ts_weight < :now",
+    "archive_count": "SELECT count(*) FROM mnests WHERE +state = 'decaying'"
+    f" AND ts_last <= :cutoff AND {_eff()} < {_ARCHIVE_CUT}",
+    "drop_pairs": "DROP TABLE temp.bench_ager_pairs",
+    "run": "INSERT INTO ager_runs (ts, duration_s, decayed, to_decaying, merged, protos_pruned,"
+    " archive_candidates) VALUES (:now, :duration_s, :decayed, :to_decaying, :merged,"
+    " :protos_pruned, :archive_candidates)",
 }
 
 _SEP = "char(1)"
@@ -366,38 +395,45 @@ class Baseline:
 
     def apply_ager(self) -> dict[str, int]:
         """The contract's ager in set-based SQL; returns the AgerReport's fields."""
+        started = time.perf_counter()
         now = self._clock().astimezone(UTC)
         p = {
             "now": format_ts(now),
             "cutoff": format_ts(now - timedelta(days=ARCHIVE_AFTER_DAYS)),
         }
         s = _AGER
+        con = self._con
+        cache = con.execute("PRAGMA cache_size").fetchone()[0]
+        con.execute(f"PRAGMA cache_size = {-AGER_CACHE_KIB}")
 
         def work() -> dict[str, int]:
-            con = self._con
-            con.execute(s["prune_events"], p)
+            con.execute(_AGER_PAIRS)
+            merged = 0
+            if con.execute(s["pairs"], p).rowcount:
+                con.execute(s["merge_events"], p)
+                con.execute(s["merge_update"], p)
+                merged = con.execute(s["merge_delete"]).rowcount
+            con.execute(s["moves_events"], p)
             pruned = con.execute(s["prune"], p).rowcount
-            con.execute(s["pairs_table"])
-            con.execute(s["pairs_clear"])
-            con.execute(s["pairs"], p)
-            con.execute(s["merge_events_absorbed"], p)
-            con.execute(s["merge_events_target"], p)
-            con.execute(s["merge_update"], p)
-            merged = con.execute(s["merge_delete"]).rowcount
-            con.execute(s["pairs_clear"])
-            con.execute(s["demote_events"], p)
             demoted = con.execute(s["demote"], p).rowcount
             decayed = con.execute(s["decay"], p).rowcount
             archive = con.execute(s["archive_count"], p).fetchone()[0]
-            return {
+            con.execute(s["drop_pairs"])
+            report = {
                 "decayed": decayed,
                 "to_decaying": demoted + merged,
                 "merged": merged,
                 "protos_pruned": pruned,
                 "archive_candidates": int(archive),
             }
+            run = {**report, "now": p["now"], "duration_s": time.perf_counter() - started}
+            con.execute(s["run"], run)
+            return report
 
-        return self._write(work)
+        try:
+            return self._write(work)
+        finally:
+            con.execute(f"PRAGMA cache_size = {int(cache)}")
 
     # --- reading ----------------------------------------------------------------------
 

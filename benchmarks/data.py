@@ -27,6 +27,7 @@ __all__ = [
     "PostgresServer",
     "SqliteFiles",
     "ager_rows",
+    "demoting_rows",
     "graph_rows",
     "graph_sources",
 ]
@@ -75,6 +76,26 @@ def ager_rows(n: int, seed: int = 7) -> Iterator[Row]:
             state, weight, ts = "proto", rng.uniform(0.05, 0.6), rng.choice(recent)
         first = ts - timedelta(days=rng.randint(0, 30))
         uses = rng.randint(1, 40)
+        yield (mid, *key, weight, uses, first, ts, ts, 0.018, state, None, None)
+
+
+def demoting_rows(n: int, seed: int = 29) -> Iterator[Row]:
+    """``n`` rows for a store the ager mostly demotes: 90 % active, 10 % proto, weights
+    uniform in [0, 1], last anchored 30 to 430 days ago; about 93 % change state in one run
+    (actives fall below 0.20, protos below 0.05), none merges."""
+    rng = random.Random(seed)
+    anchors = _ts_pool(rng, 30, 430)
+    for i in range(n):
+        mid = f"mn_{i:013d}"
+        ts = rng.choice(anchors)
+        first = ts - timedelta(days=rng.randint(0, 30))
+        uses = rng.randint(1, 40)
+        weight = rng.random()
+        if i % 10 == 9:
+            key: tuple[str, str, str, str | None] = (f"x{i}", "1", f"w{i}", None)
+            state = "proto"
+        else:
+            key, state = (f"x{i}", "1", f"y{i}", "1"), "active"
         yield (mid, *key, weight, uses, first, ts, ts, 0.018, state, None, None)
 
 

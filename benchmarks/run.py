@@ -27,7 +27,14 @@ from pathlib import Path
 from typing import Any
 
 from . import workloads as w
-from .data import PostgresServer, SqliteFiles, ager_rows, graph_rows, graph_sources
+from .data import (
+    PostgresServer,
+    SqliteFiles,
+    ager_rows,
+    demoting_rows,
+    graph_rows,
+    graph_sources,
+)
 
 __all__ = ["FULL", "QUICK", "WORKLOADS", "Check", "Report", "Result", "Sizes", "main", "run"]
 
@@ -139,6 +146,7 @@ class Report:
     checks: list[Check] = field(default_factory=list)
     curve: list[dict[str, Any]] = field(default_factory=list)
     wall_seconds: dict[str, float] = field(default_factory=dict)
+    load: dict[str, tuple[float, float, float]] = field(default_factory=dict)
 
     @property
     def consistent(self) -> bool:
@@ -346,8 +354,35 @@ def _same_summary(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return True
 
 
+def _same_ager_state(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Equal rows per state (count, uses, weights, anchors) and equal events per kind and
+    states (count, weights), sums compared to a relative 1e-9; one ager_runs row each."""
+
+    def close(x: Any, y: Any) -> bool:
+        return all(
+            v1 == v2 if isinstance(v1, int) else abs(v1 - v2) <= 1e-9 * max(1.0, abs(v2))
+            for v1, v2 in zip(x, y, strict=True)
+        )
+
+    return (
+        a["runs"] == b["runs"] == 1
+        and a["states"].keys() == b["states"].keys()
+        and a["events"].keys() == b["events"].keys()
+        and all(close(a["states"][k], b["states"][k]) for k in a["states"])
+        and all(close(a["events"][k], b["events"][k]) for k in a["events"])
+    )
+
+
+# The ager's data shapes: the mixed store (28 % of rows change state, with merges and
+# archive candidates) and the mostly-demoting one (93 % change state, no merge).
+AGER_SHAPES: dict[str, tuple[str, Callable[[int], Any]]] = {
+    "mixed": ("mixed store", ager_rows),
+    "demoting": ("mostly-demoting store", demoting_rows),
+}
+
+
 def bench_apply_ager(b: Bench, report: Report) -> None:
-    """apply_ager on growing tables: time, peak-memory growth and the scaling curve."""
+    """apply_ager on growing tables of both shapes: time, peak-memory growth, the curve."""
     s = b.sizes
     pool = (
         ProcessPoolExecutor(1, mp_context=get_context("spawn"), max_tasks_per_child=1)
@@ -355,56 +390,92 @@ def bench_apply_ager(b: Bench, report: Report) -> None:
         else None
     )
     try:
-        for n in s.ager_sizes:
-            name = f"ager{n}"
-
-            def rows(n: int = n) -> Any:
-                return ager_rows(n)
-
-            times: dict[str, list[float]] = {i: [] for i in b.impls}
-            mem: dict[str, list[float]] = {i: [] for i in b.impls}
-            peak: dict[str, list[float]] = {i: [] for i in b.impls}
-            reports: dict[str, Any] = {}
-            summaries: dict[str, Any] = {}
-            for impl in b.impls:  # build the templates before timing anything
-                b.shared(impl, name, rows)
-            for r in range(s.ager_rounds):
-                for impl in b.order(r):
-                    where = b.fresh(impl, name, rows)
-                    if pool is not None:
-                        out = pool.submit(_ager_job, impl, where).result()
-                    else:
-                        out = w.ager_once(impl, where)
-                    times[impl].append(out["seconds"])
-                    mem[impl].append(out["rss_growth_mb"])
-                    peak[impl].append(out["rss_peak_mb"])
-                    if r == 0:
-                        reports[impl] = out["report"]
-                        summaries[impl] = w.summary(impl, where)
-                    b.discard(impl, where)
-            t: dict[str, float | None] = {i: _median(v) for i, v in times.items()}
-            m = {i: max(v) for i, v in mem.items()}
-            ratio = _ratio(t)
-            report.results.append(
-                Result("apply_ager", f"seconds, {n:,} rows", t, ratio, _mem_note(m, s.isolate))
-            )
-            report.curve.append(
-                {
-                    "rows": n,
-                    "seconds": t,
-                    "us_per_row": {i: (v or 0) / n * 1e6 for i, v in t.items()},
-                    "rss_growth_mb": m,
-                    "rss_peak_mb": {i: max(v) for i, v in peak.items()},
-                    "ratio": ratio,
-                    "report": reports.get(PKG),
-                }
-            )
-            _compare(report, f"apply_ager {n:,} report", reports, lambda a, b_: a == b_)
-            _compare(report, f"apply_ager {n:,} table", summaries, _same_summary)
+        for shape in AGER_SHAPES:
+            for n in s.ager_sizes:
+                _ager_size(b, report, shape, n, pool)
     finally:
         if pool is not None:
             pool.shutdown()
     _ager_verdicts(report, s)
+
+
+def ager_rows_of(shape: str, n: int) -> Callable[[], Any]:
+    """The rows of ``n``-row store of ``shape``, as a factory for the templates."""
+    make = AGER_SHAPES[shape][1]
+
+    def rows() -> Any:
+        return make(n)
+
+    return rows
+
+
+def run_ager_rounds(
+    b: Bench, shape: str, n: int, impls: Sequence[str], pool: Any, rounds: int
+) -> dict[str, Any]:
+    """``rounds`` interleaved runs of the ager per implementation on fresh copies of one
+    template: times, memory, and the first round's reports and end states."""
+    name = f"ager-{shape}-{n}"
+    rows = ager_rows_of(shape, n)
+    out: dict[str, Any] = {
+        k: {i: [] for i in impls} for k in ("seconds", "rss_growth_mb", "rss_peak_mb")
+    }
+    out["report"], out["state"] = {}, {}
+    for impl in impls:  # build the templates before timing anything
+        b.shared(impl, name, rows)
+    for r in range(rounds):
+        for impl in b.order(r, impls):
+            where = b.fresh(impl, name, rows)
+            if pool is not None:
+                got = pool.submit(_ager_job, impl, where).result()
+            else:
+                got = w.ager_once(impl, where)
+            for k in ("seconds", "rss_growth_mb", "rss_peak_mb"):
+                out[k][impl].append(got[k])
+            if r == 0:
+                out["report"][impl] = got["report"]
+                out["state"][impl] = w.ager_summary(impl, where)
+            b.discard(impl, where)
+    return out
+
+
+def _ager_size(b: Bench, report: Report, shape: str, n: int, pool: Any) -> None:
+    s = b.sizes
+    label = AGER_SHAPES[shape][0]
+    got = run_ager_rounds(b, shape, n, b.impls, pool, s.ager_rounds)
+    t: dict[str, float | None] = {i: _median(v) for i, v in got["seconds"].items()}
+    m = {i: max(v) for i, v in got["rss_growth_mb"].items()}
+    ratio = _ratio(t)
+    changed = _changed_share(got["report"].get(PKG), n)
+    report.results.append(
+        Result(
+            "apply_ager",
+            f"seconds, {n:,} rows, {label}",
+            t,
+            ratio,
+            _mem_note(m, s.isolate) + (f"; {changed:.0%} of rows change state" if changed else ""),
+        )
+    )
+    report.curve.append(
+        {
+            "shape": shape,
+            "rows": n,
+            "seconds": t,
+            "us_per_row": {i: (v or 0) / n * 1e6 for i, v in t.items()},
+            "rss_growth_mb": m,
+            "rss_peak_mb": {i: max(v) for i, v in got["rss_peak_mb"].items()},
+            "ratio": ratio,
+            "report": got["report"].get(PKG),
+        }
+    )
+    _compare(report, f"apply_ager {label} {n:,} report", got["report"], lambda a, b_: a == b_)
+    _compare(report, f"apply_ager {label} {n:,} table", got["state"], _same_ager_state)
+
+
+def _changed_share(fields: dict[str, int] | None, n: int) -> float | None:
+    """The share of rows whose state the run changed (demoted, merged away or pruned)."""
+    if not fields or not n:
+        return None
+    return (fields["to_decaying"] + fields["protos_pruned"]) / n
 
 
 def _mem_note(m: dict[str, float], isolated: bool) -> str:
@@ -413,33 +484,62 @@ def _mem_note(m: dict[str, float], isolated: bool) -> str:
 
 
 def _ager_verdicts(report: Report, s: Sizes) -> None:
-    curve = report.curve
-    if not curve:
+    curves = {shape: [c for c in report.curve if c["shape"] == shape] for shape in AGER_SHAPES}
+    if not all(curves.values()):
         return
-    big, small = curve[-1], curve[0]
-    ratio = big["ratio"]
+    for shape, curve in curves.items():
+        big = curve[-1]
+        label = AGER_SHAPES[shape][0]
+        ratio = big["ratio"]
+        report.verdicts.append(
+            Verdict(
+                f"apply_ager {label}, {big['rows']:,} rows ≤ 1.1× best sqlite3",
+                _fmt(ratio, "×"),
+                _le(ratio, 1.1),
+            )
+        )
+    big = curves["demoting"][-1]
+    t_big = big["seconds"].get(PKG)
     report.verdicts.append(
         Verdict(
-            f"apply_ager {big['rows']:,} rows ≤ 1.5× baseline", _fmt(ratio, "×"), _le(ratio, 1.5)
+            f"apply_ager mostly-demoting store, {big['rows']:,} rows ≤ 15 s",
+            _fmt(t_big, " s"),
+            _le(t_big, 15.0),
         )
     )
+    mixed = curves["mixed"]
+    big, small = mixed[-1], mixed[0]
     t_big, t_small = big["seconds"].get(PKG), small["seconds"].get(PKG)
     slope = None
     if t_big and t_small and big["rows"] > small["rows"]:
         slope = math.log(t_big / t_small) / math.log(big["rows"] / small["rows"])
     report.verdicts.append(
-        Verdict(
-            "apply_ager linear (log-log slope ≤ 1.15)",
-            _fmt(slope, ""),
-            _le(slope, 1.15),
-        )
+        Verdict("apply_ager linear (log-log slope ≤ 1.15)", _fmt(slope, ""), _le(slope, 1.15))
     )
-    growth = big["rss_growth_mb"].get(PKG)
+    growths = [c["rss_growth_mb"].get(PKG) for c in curves["mixed"] + curves["demoting"]]
+    growth = max((g for g in growths if g is not None), default=None)
     report.verdicts.append(
         Verdict(
             f"apply_ager memory growth < 100 MB at {big['rows']:,} rows",
             _fmt(growth, " MB"),
             None if growth is None else growth < 100,
+        )
+    )
+    ends = (mixed[-1], curves["demoting"][-1])
+    pg = [(c["seconds"].get(PG), c["seconds"].get(PKG)) for c in ends]
+    measured = (
+        "not run (no --postgresql)"
+        if pg[0][0] is None
+        else ", ".join(
+            f"{label}: {_fmt(p, ' s')} vs {_fmt(q, ' s')}"
+            for label, (p, q) in zip(("mixed", "mostly-demoting"), pg, strict=True)
+        )
+    )
+    report.verdicts.append(
+        Verdict(
+            f"apply_ager PostgreSQL, {big['rows']:,} rows ≤ SQLite",
+            measured,
+            None if pg[0][0] is None else all(p is not None and q and p <= q for p, q in pg),
         )
     )
 
@@ -629,34 +729,7 @@ def format_report(report: Report, with_pg: bool) -> str:
     if notes:
         out += ["Notes:", *notes, ""]
     if report.curve:
-        ch = [
-            "rows",
-            "package s",
-            "baseline s",
-            "ratio",
-            "package µs/row",
-            "baseline µs/row",
-            "package RSS growth MB",
-            "baseline RSS growth MB",
-        ]
-        if with_pg:
-            ch += ["PostgreSQL s"]
-        crow = []
-        for c in report.curve:
-            line = [
-                f"{c['rows']:,}",
-                _fmt(c["seconds"].get(PKG)),
-                _fmt(c["seconds"].get(BASE)),
-                _fmt(c["ratio"], "×"),
-                _fmt(c["us_per_row"].get(PKG)),
-                _fmt(c["us_per_row"].get(BASE)),
-                _fmt(c["rss_growth_mb"].get(PKG)),
-                _fmt(c["rss_growth_mb"].get(BASE)),
-            ]
-            if with_pg:
-                line.append(_fmt(c["seconds"].get(PG)))
-            crow.append(line)
-        out += ["apply_ager scaling:", _table(ch, crow), ""]
+        out += [format_curve(report.curve, with_pg), ""]
     if report.verdicts:
         vrows = [
             [v.target, v.measured, "–" if v.ok is None else ("PASS" if v.ok else "MISS")]
@@ -668,11 +741,50 @@ def format_report(report: Report, with_pg: bool) -> str:
     bad = [c for c in report.checks if not c.ok]
     out.append(f"consistency checks: {len(report.checks) - len(bad)}/{len(report.checks)} agree")
     out += [f"  DISAGREE {c.name}: {c.detail}" for c in bad]
+    if report.load:
+        out.append(
+            "load average (1, 5, 15 min): "
+            + ", ".join(f"{k} {' '.join(f'{x:.2f}' for x in v)}" for k, v in report.load.items())
+        )
     if report.wall_seconds:
         out.append(
             "wall time: " + ", ".join(f"{k} {v:.0f} s" for k, v in report.wall_seconds.items())
         )
     return "\n".join(out)
+
+
+def format_curve(curve: Sequence[dict[str, Any]], with_pg: bool) -> str:
+    """The ager's scaling table: both shapes, both implementations, memory."""
+    ch = [
+        "store",
+        "rows",
+        "package s",
+        "baseline s",
+        "ratio",
+        "package µs/row",
+        "baseline µs/row",
+        "package RSS growth MB",
+        "baseline RSS growth MB",
+    ]
+    if with_pg:
+        ch += ["PostgreSQL s"]
+    crow = []
+    for c in curve:
+        line = [
+            AGER_SHAPES[c["shape"]][0],
+            f"{c['rows']:,}",
+            _fmt(c["seconds"].get(PKG)),
+            _fmt(c["seconds"].get(BASE)),
+            _fmt(c["ratio"], "×"),
+            _fmt(c["us_per_row"].get(PKG)),
+            _fmt(c["us_per_row"].get(BASE)),
+            _fmt(c["rss_growth_mb"].get(PKG)),
+            _fmt(c["rss_growth_mb"].get(BASE)),
+        ]
+        if with_pg:
+            line.append(_fmt(c["seconds"].get(PG)))
+        crow.append(line)
+    return "apply_ager scaling:\n" + _table(ch, crow)
 
 
 def _machine(pg: PostgresServer | None) -> str:
@@ -709,6 +821,7 @@ def run(
         pg = PostgresServer(postgresql) if postgresql else None
         bench = Bench(sizes, Path(folder), pg)
         report = Report("quick" if quick else "full", _machine(pg))
+        report.load["start"] = os.getloadavg()
         try:
             for name in names:
                 start = time.perf_counter()
@@ -718,6 +831,7 @@ def run(
                 report.wall_seconds[name] = time.perf_counter() - start
         finally:
             bench.close()
+            report.load["end"] = os.getloadavg()
     return report
 
 

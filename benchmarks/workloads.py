@@ -28,6 +28,7 @@ __all__ = [
     "Edge",
     "PeakMemory",
     "ager_once",
+    "ager_summary",
     "edge_snapshot",
     "make_big_store_turns",
     "make_edges",
@@ -358,6 +359,46 @@ def summary(impl: str, where: str) -> dict[str, Any]:
             )
         }
     return {"states": states, "events": events}
+
+
+def ager_summary(impl: str, where: str, now: datetime = NOW) -> dict[str, Any]:
+    """What an ager run leaves, in aggregates both engines compute alike: rows per state
+    (count, uses, weights, rows anchored at ``now``, days from first to last passing),
+    events per (kind, state before, state after) (count, weights, recorded by the ager),
+    and the number of ``ager_runs`` rows."""
+    from sqlalchemy import text
+
+    with _reading(impl, where) as conn:
+        pg = conn.dialect.name == "postgresql"
+        days = (
+            "extract(epoch FROM ts_last - ts_first) / 86400.0"
+            if pg
+            else "julianday(ts_last) - julianday(ts_first)"
+        )
+        states = {
+            r[0]: (int(r[1]), int(r[2]), float(r[3]), int(r[4]), float(r[5]))
+            for r in conn.execute(
+                text(
+                    "SELECT state, count(*), sum(uses), sum(weight),"
+                    f" sum(CASE WHEN ts_weight = :now THEN 1 ELSE 0 END), sum({days})"
+                    " FROM mnests GROUP BY state"
+                ),
+                {"now": now if pg else now.strftime("%Y-%m-%d %H:%M:%S.%f")},
+            )
+        }
+        events = {
+            (r[0], r[1], r[2]): (int(r[3]), float(r[4]), float(r[5]), int(r[6]))
+            for r in conn.execute(
+                text(
+                    "SELECT kind, coalesce(state_before, ''), coalesce(state_after, ''),"
+                    " count(*), coalesce(sum(weight_before), 0), coalesce(sum(weight_after), 0),"
+                    " sum(CASE WHEN recorder = 'ager' THEN 1 ELSE 0 END)"
+                    " FROM events GROUP BY 1, 2, 3"
+                )
+            )
+        }
+        runs = int(conn.execute(text("SELECT count(*) FROM ager_runs")).scalar_one())
+    return {"states": states, "events": events, "runs": runs}
 
 
 def edge_snapshot(impl: str, where: str) -> list[tuple[Any, ...]]:

@@ -41,7 +41,9 @@ def files(tmp_path: Path) -> SqliteFiles:
 
 def test_quick_mode_runs_every_workload(quick_report: bench.Report) -> None:
     assert list(dict.fromkeys(r.workload for r in quick_report.results)) == list(bench.WORKLOADS)
-    assert [c["rows"] for c in quick_report.curve] == list(bench.QUICK.ager_sizes)
+    assert [(c["shape"], c["rows"]) for c in quick_report.curve] == [
+        (shape, n) for shape in bench.AGER_SHAPES for n in bench.QUICK.ager_sizes
+    ]
     for r in quick_report.results:
         assert r.values["package"] and r.values["baseline"], r
 
@@ -81,7 +83,7 @@ def test_every_target_gets_a_verdict_line(quick_report: bench.Report) -> None:
     text = bench.format_report(quick_report, with_pg=False)
     assert "| target" in text
     assert "PostgreSQL 8 writers" in text
-    assert len(quick_report.verdicts) == 8
+    assert len(quick_report.verdicts) == 11
 
 
 def test_baseline_follows_the_contract_numbers(files: SqliteFiles) -> None:

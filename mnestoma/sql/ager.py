@@ -29,6 +29,7 @@ from sqlalchemy import (
     insert,
     literal,
     literal_column,
+    or_,
     select,
     text,
     union_all,
@@ -45,19 +46,13 @@ from ..rules import (
     EventKind,
     MnestState,
     Recorder,
-    threshold_cut,
 )
-from ..sqlrules import decayed, greatest, least, now_param
+from ..sqlrules import advanced, below, decayed, greatest, least, now_param
 from ..types import UTCDateTime
 from .tables import EVENTS as E
 from .tables import MNESTS as M
 
 __all__ = ["PAIRS", "ager_statements", "cache_size_pragma"]
-
-# The ager's thresholds as it compares them (see rules.THRESHOLD_TOLERANCE).
-PRUNE_CUT = threshold_cut(PROTO_PRUNE_BELOW)
-DECAYING_CUT = threshold_cut(DECAYING_BELOW)
-ARCHIVE_CUT = threshold_cut(ARCHIVE_BELOW)
 
 ACTIVE = MnestState.ACTIVE.value
 PROTO = MnestState.PROTO.value
@@ -158,7 +153,7 @@ def _pairs_select(dialect: str, now: Any) -> Any:
         a.c.ts_first.label("a_first"),
         a.c.ts_last.label("a_last"),
     ]
-    terms = [d.c.state == DECAYING, d.c.dst_version.is_not(None), eff_a < DECAYING_CUT]
+    terms = [d.c.state == DECAYING, d.c.dst_version.is_not(None), below(eff_a, DECAYING_BELOW)]
     if dialect == "sqlite":
         columns = [_rowid(d).label("d_rowid"), _rowid(a).label("a_rowid"), *columns]
     else:
@@ -192,7 +187,7 @@ def _merge_values(dialect: str, now: Any, pairs: Any) -> dict[str, Any]:
         "ts_first": least(dialect, M.c.ts_first, pairs.c.a_first),
         "ts_last": greatest(dialect, M.c.ts_last, pairs.c.a_last),
         "weight": _merged_weight(dialect, pairs),
-        "ts_weight": greatest(dialect, M.c.ts_weight, now),
+        "ts_weight": advanced(M.c.ts_weight, now),
     }
 
 
@@ -242,15 +237,20 @@ def _sqlite(now: Any) -> dict[str, Any]:
     ]
     stmts["moves_events"] = insert(E).from_select(
         EVENT_COLUMNS,
-        select(*moves).where(moving.c.e < when_proto(PRUNE_CUT, DECAYING_CUT)),
+        select(*moves).where(
+            or_(
+                and_(is_proto, below(moving.c.e, PROTO_PRUNE_BELOW)),
+                and_(~is_proto, below(moving.c.e, DECAYING_BELOW)),
+            )
+        ),
     )
-    stmts["prune"] = delete(M).where(state == PROTO, eff < PRUNE_CUT)
+    stmts["prune"] = delete(M).where(state == PROTO, below(eff, PROTO_PRUNE_BELOW))
     # Demoted and decayed rows are written by two statements: a statement that sets
     # ``state`` rewrites the entries of every index holding it, for each row it touches.
     stmts["demote"] = (
         update(M)
-        .where(state == ACTIVE, eff < DECAYING_CUT)
-        .values(state=DECAYING, weight=eff, ts_weight=greatest("sqlite", M.c.ts_weight, now))
+        .where(state == ACTIVE, below(eff, DECAYING_BELOW))
+        .values(state=DECAYING, weight=eff, ts_weight=advanced(M.c.ts_weight, now))
     )
     stmts["decay"] = (
         update(M)
@@ -269,7 +269,7 @@ def _archive_count(dialect: str, now: Any, state: Any) -> Any:
     return select(func.count()).where(
         state == DECAYING,
         M.c.ts_last <= bindparam("cutoff", type_=UTCDateTime()),
-        eff < ARCHIVE_CUT,
+        below(eff, ARCHIVE_BELOW),
     )
 
 
@@ -299,7 +299,7 @@ def _postgresql(now: Any) -> dict[str, Any]:
     # effective weight is computed by the statement that changes the row, and only there.
     gone = (
         delete(M)
-        .where(M.c.state == PROTO, eff < PRUNE_CUT)
+        .where(M.c.state == PROTO, below(eff, PROTO_PRUNE_BELOW))
         .returning(M.c.id, eff.label("e"))
         .cte("gone")
     )
@@ -309,8 +309,8 @@ def _postgresql(now: Any) -> dict[str, Any]:
     prune = prune.execution_options(preserve_rowcount=True)
     moved = (
         update(M)
-        .where(M.c.state == ACTIVE, eff < DECAYING_CUT)
-        .values(state=DECAYING, weight=eff, ts_weight=greatest(pg, M.c.ts_weight, now))
+        .where(M.c.state == ACTIVE, below(eff, DECAYING_BELOW))
+        .values(state=DECAYING, weight=eff, ts_weight=advanced(M.c.ts_weight, now))
         .returning(M.c.id, M.c.weight)
         .cte("moved")
     )
@@ -323,7 +323,10 @@ def _postgresql(now: Any) -> dict[str, Any]:
     # The rows that stay are decayed before the others are demoted: an update that changes
     # no indexed column can stay on its page (HOT, no index entry written) where the page
     # has room, and the demotions (which change ``state``) would take that room first.
-    stays = eff >= case((M.c.state == PROTO, PRUNE_CUT), else_=DECAYING_CUT)
+    stays = or_(
+        and_(M.c.state == PROTO, ~below(eff, PROTO_PRUNE_BELOW)),
+        and_(M.c.state == ACTIVE, ~below(eff, DECAYING_BELOW)),
+    )
     decay = (
         update(M)
         .where(M.c.state.in_([ACTIVE, PROTO]), M.c.ts_weight < now, stays)
