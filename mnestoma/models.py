@@ -31,6 +31,7 @@ from .rules import (
     DEFAULT_DECAY_LAMBDA,
     LIVE,
     MAX_NAME_LENGTH,
+    PASSING_KINDS,
     VERSIONED_STATES,
     EventKind,
     MnestState,
@@ -64,6 +65,8 @@ NAMING_CONVENTION = {
 STATES_SQL = sql_list(MnestState)
 EVENT_KINDS_SQL = sql_list(EventKind)
 RECORDERS_SQL = sql_list(Recorder)
+# The passings a turn counts once per edge (ux_events_turn_edge).
+_TURN_EDGE_WHERE = f"turn_id IS NOT NULL AND kind IN ({sql_list(PASSING_KINDS)})"
 
 # Integer primary keys: BIGINT identity on PostgreSQL, the rowid alias on SQLite.
 EventId = BigInteger().with_variant(Integer(), "sqlite")
@@ -213,8 +216,8 @@ class Event(Base):
             "turn_id",
             "mnest_id",
             unique=True,
-            sqlite_where=text("turn_id IS NOT NULL AND kind IN ('created', 'reinforced')"),
-            postgresql_where=text("turn_id IS NOT NULL AND kind IN ('created', 'reinforced')"),
+            sqlite_where=text(_TURN_EDGE_WHERE),
+            postgresql_where=text(_TURN_EDGE_WHERE),
         ),
     )
 
