@@ -1,6 +1,7 @@
 """Where things live: the command line's modules, one clock, one way to write a time, the
-statements of status and copy in ``mnestoma.sql``, the state and event words spelled by the
-rules' enums. A newcomer can trust these to stay where the README says."""
+statements of status and copy in ``mnestoma.sql`` (the state and event words are checked
+for the whole package by ``test_structure.py``). A newcomer can trust these to stay where
+the README says."""
 
 from __future__ import annotations
 
@@ -20,25 +21,9 @@ import mnestoma.copying
 import mnestoma.errors
 import mnestoma.testing.clock
 import mnestoma.validation
-from mnestoma.rules import EventKind, MnestState
 
 PACKAGE = Path(mnestoma.__file__).resolve().parent
 CLI_MODULES = ("commands", "db", "demo", "errors", "options", "progress", "render")
-# The modules that spell no state or event word of their own.
-ENUM_SPELLED = (
-    *(f"cli/{name}.py" for name in (*CLI_MODULES, "__init__")),
-    "clock.py",
-    "copying.py",
-    "demo.py",
-    "graph.py",
-    "records.py",
-    "sql/copying.py",
-    "sql/status.py",
-    "status.py",
-    "testing/clock.py",
-    "timefmt.py",
-)
-WORDS = {s.value for s in MnestState} | {k.value for k in EventKind}
 STATEMENT_BUILDERS = {"and_", "bindparam", "delete", "func", "insert", "select", "text", "update"}
 
 
@@ -128,13 +113,3 @@ def test_no_reader_passes_the_inert_read_only_option(relative: str) -> None:
     names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
     names |= {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
     assert "READ_ONLY_OPTION" not in names
-
-
-@pytest.mark.parametrize("relative", ENUM_SPELLED)
-def test_state_and_event_words_are_spelled_by_the_rules_enums(relative: str) -> None:
-    found = [
-        (node.lineno, node.value)
-        for node in ast.walk(_tree(relative))
-        if isinstance(node, ast.Constant) and node.value in WORDS
-    ]
-    assert found == [], f"{relative}: use MnestState / EventKind members, not {found}"
