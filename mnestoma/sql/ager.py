@@ -1,11 +1,11 @@
 """The ager's statements, built once per dialect.
 
-Each row is visited in table order by full scans (most rows match, and an index on the
-state would visit them in random order: one page read per row), and its effective weight
-is computed once per statement that needs it. Merges go through their pairs, found from
-the decaying rows by the edge-key index. SQLite keeps the pairs in a temporary table;
-PostgreSQL merges in one statement and writes each event in the statement that changes
-its row (``WITH ... RETURNING``).
+Rows are visited in table order by full scans (most rows match, and an index on the state
+would visit them in random order: one page read per row), and each effective weight is
+computed once per statement that needs it. Merges go through their pairs, whose cost stays
+linear whatever the plan: SQLite keeps them in a temporary table and reaches rows by rowid;
+PostgreSQL merges in one statement. On PostgreSQL, prune and demote write their events in
+the statement that changes the rows (``WITH ... RETURNING``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from sqlalchemy import (
     func,
     insert,
     literal,
-    literal_column,
     or_,
     select,
     text,
@@ -89,13 +88,10 @@ PAIRS = Table(
 )
 
 
-def _unindexed(dialect: str, column: Any) -> ColumnElement[Any]:
-    """``column`` as an expression no index can serve (``+state`` on SQLite): the planner
-    then scans the table in its order instead of visiting rows in index order."""
-    if dialect == "sqlite":
-        return UnaryExpression(column, operator=custom_op("+"), type_=column.type)
-    unindexed: ColumnElement[Any] = column.op("||")(literal_column("''"))
-    return unindexed
+def _unindexed(column: Any) -> ColumnElement[Any]:
+    """SQLite's ``+column``: an expression no index can serve, so that the planner scans
+    the table in its order instead of visiting rows in index order."""
+    return UnaryExpression(column, operator=custom_op("+"), type_=column.type)
 
 
 def _rowid(table: Any) -> ColumnClause[int]:
@@ -128,39 +124,72 @@ def _event(dialect: str, now: Any, *values: Any) -> list[Any]:
 def _pairs_select(dialect: str, now: Any) -> Any:
     """Actives below 0.20 whose key has a decaying row: one row per pair, with what the
     merge needs of each. No plan may reach one side through an index on part of the key
-    (the (state, src) or the dst_executor index): for a hub, each of its rows would read
-    all the hub's edges, quadratic in its degree.
+    (the (state, src) or the dst_executor index), nor scan one side for each row of the
+    other: for a hub, each of its rows would read all the hub's edges, quadratic in its
+    degree. SQLite's plan (no statistics) is fixed by the query; PostgreSQL's depends on
+    statistics it may not have (after a bulk load), so there the pairs come without a
+    join."""
+    return _sqlite_pairs(now) if dialect == "sqlite" else _postgresql_pairs(now)
 
-    SQLite: from the decaying rows, each active twin looked up by the edge-key index (the
-    twin's state compared unindexed, so that only that index matches). PostgreSQL, whose
-    plan depends on statistics it may not have: the key compared unindexed on both sides,
-    which leaves a hash (or merge) join, linear whatever the statistics; skipped at once
-    when the store holds no versioned decaying row."""
+
+def _sqlite_pairs(now: Any) -> Any:
+    """From the decaying rows, each active twin looked up by the whole edge key (its state
+    compared unindexed, so that the edge-key index is the only one that matches)."""
     a, d = M.alias("a"), M.alias("d")
-    eff_a = decayed(dialect, a.c.weight, a.c.decay_lambda, a.c.ts_weight, now)
-    eff_d = decayed(dialect, d.c.weight, d.c.decay_lambda, d.c.ts_weight, now)
+    eff_a = decayed("sqlite", a.c.weight, a.c.decay_lambda, a.c.ts_weight, now)
+    eff_d = decayed("sqlite", d.c.weight, d.c.decay_lambda, d.c.ts_weight, now)
     key = ("src_executor", "src_version", "dst_executor", "dst_version")
-    if dialect == "sqlite":
-        same_key = [a.c[k] == d.c[k] for k in key]
-    else:
-        same_key = [_unindexed(dialect, a.c[k]) == _unindexed(dialect, d.c[k]) for k in key]
-    columns = [
-        a.c.id.label("a_id"),
-        d.c.id.label("d_id"),
-        eff_a.label("a_eff"),
-        eff_d.label("d_eff"),
-        a.c.uses.label("a_uses"),
-        a.c.ts_first.label("a_first"),
-        a.c.ts_last.label("a_last"),
-    ]
-    terms = [d.c.state == DECAYING, d.c.dst_version.is_not(None), below(eff_a, DECAYING_BELOW)]
-    if dialect == "sqlite":
-        columns = [_rowid(d).label("d_rowid"), _rowid(a).label("a_rowid"), *columns]
-    else:
-        any_decaying = select(M.c.id).where(M.c.state == DECAYING, M.c.dst_version.is_not(None))
-        terms.append(any_decaying.exists())
-    joined = d.join(a, and_(*same_key, _unindexed(dialect, a.c.state) == ACTIVE))
-    return select(*columns).select_from(joined).where(*terms)
+    same_key = and_(*(a.c[k] == d.c[k] for k in key))
+    twin = and_(same_key, _unindexed(a.c.state) == ACTIVE)
+    return (
+        select(
+            _rowid(d).label("d_rowid"),
+            _rowid(a).label("a_rowid"),
+            a.c.id.label("a_id"),
+            d.c.id.label("d_id"),
+            eff_a.label("a_eff"),
+            eff_d.label("d_eff"),
+            a.c.uses.label("a_uses"),
+            a.c.ts_first.label("a_first"),
+            a.c.ts_last.label("a_last"),
+        )
+        .select_from(d.join(a, twin))
+        .where(d.c.state == DECAYING, d.c.dst_version.is_not(None), below(eff_a, DECAYING_BELOW))
+    )
+
+
+def _postgresql_pairs(now: Any) -> Any:
+    """One pass over the candidates (actives below 0.20 and decaying rows) grouped by key (a
+    key holds at most one row per state): linear whatever the plan, with or without
+    statistics (a join on the key, planned without them, can take the dst_executor or the
+    (state, src) index, or scan one side for each row of the other); nothing is read when
+    the store holds no versioned decaying row."""
+    eff = decayed("postgresql", M.c.weight, M.c.decay_lambda, M.c.ts_weight, now)
+    active = M.c.state == ACTIVE
+    decaying = M.c.state == DECAYING
+
+    def of(which: Any, column: Any) -> Any:
+        return func.max(case((which, column)))
+
+    any_decaying = select(M.c.id).where(decaying, M.c.dst_version.is_not(None)).exists()
+    return (
+        select(
+            of(active, M.c.id).label("a_id"),
+            of(decaying, M.c.id).label("d_id"),
+            of(active, eff).label("a_eff"),
+            of(decaying, eff).label("d_eff"),
+            of(active, M.c.uses).label("a_uses"),
+            of(active, M.c.ts_first).label("a_first"),
+            of(active, M.c.ts_last).label("a_last"),
+        )
+        .where(
+            any_decaying,
+            M.c.dst_version.is_not(None),
+            or_(and_(active, below(eff, DECAYING_BELOW)), decaying),
+        )
+        .group_by(M.c.src_executor, M.c.src_version, M.c.dst_executor, M.c.dst_version)
+        .having(and_(of(active, M.c.id).is_not(None), of(decaying, M.c.id).is_not(None)))
+    )
 
 
 def _merged_weight(dialect: str, pairs: Any) -> Any:
@@ -193,7 +222,7 @@ def _merge_values(dialect: str, now: Any, pairs: Any) -> dict[str, Any]:
 
 def _sqlite(now: Any) -> dict[str, Any]:
     eff = decayed("sqlite", M.c.weight, M.c.decay_lambda, M.c.ts_weight, now)
-    state = _unindexed("sqlite", M.c.state)
+    state = _unindexed(M.c.state)
     p = PAIRS
     stmts: dict[str, Any] = {
         "pairs_create": CreateTable(p),
