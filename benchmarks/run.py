@@ -425,6 +425,9 @@ def run_ager_rounds(
     for r in range(rounds):
         for impl in b.order(r, impls):
             where = b.fresh(impl, name, rows)
+            # Start each run with no write-back pending (of the copy just made, or of the
+            # last run's writes): it would slow down whichever run comes next.
+            _sync()
             if pool is not None:
                 got = pool.submit(_ager_job, impl, where).result()
             else:
@@ -436,6 +439,13 @@ def run_ager_rounds(
                 out["state"][impl] = w.ager_summary(impl, where)
             b.discard(impl, where)
     return out
+
+
+def _sync() -> None:
+    """Flush the system's dirty pages to disk, where the platform can."""
+    sync = getattr(os, "sync", None)
+    if sync is not None:
+        sync()
 
 
 def _ager_size(b: Bench, report: Report, shape: str, n: int, pool: Any) -> None:

@@ -142,11 +142,18 @@ def test_quick_mode_on_postgresql(tmp_path: Path) -> None:
     report = bench.run(
         quick=True,
         postgresql=PG_ADMIN_URL,
-        only=["record_passing", "record_turn", "walk", "writers"],
+        only=["record_passing", "record_turn", "apply_ager", "walk", "writers"],
         workdir=str(tmp_path),
     )
     assert [f"{c.name}: {c.detail}" for c in report.checks if not c.ok] == []
     assert any("package-pg" in c.name for c in report.checks)
+    # the ager on PostgreSQL leaves the same rows and events as the sqlite3 baseline, on
+    # both data shapes
+    for shape in ("mixed store", "mostly-demoting store"):
+        assert any(
+            c.name.startswith(f"apply_ager {shape}") and "package-pg" in c.name
+            for c in report.checks
+        ), shape
     (writers,) = [r for r in report.results if r.workload == "writers"]
     for impl in ("package-pg", "baseline-pg"):
         assert writers.details["outcome"][impl]["lost"] == 0, impl
