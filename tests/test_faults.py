@@ -42,7 +42,38 @@ def run_killed(target: Any, *args: Any) -> int | None:
     if proc.is_alive():
         proc.kill()
         pytest.fail("a child neither finished nor died in 60 s")
+    wait_for_the_servers_sessions_to_end(args[0])
     return proc.exitcode
+
+
+OTHER_SESSIONS = text(
+    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+    " AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
+)
+
+
+def wait_for_the_servers_sessions_to_end(url: str, timeout: float = 30.0) -> None:
+    """PostgreSQL: wait until the server has ended every session of the killed client.
+
+    A client killed just after it sent COMMIT leaves its server process to finish that
+    commit; counting before the process has ended could miss a turn it then commits.
+    """
+    engine = plain_engine(url)
+    try:
+        if engine.dialect.name != "postgresql":
+            return
+        end = time.monotonic() + timeout
+        while True:
+            # a transaction of its own per read: pg_stat_activity is a snapshot per transaction
+            with engine.connect() as conn:
+                others = conn.execute(OTHER_SESSIONS).scalar_one()
+            if others == 0:
+                return
+            if time.monotonic() > end:
+                pytest.fail(f"{others} sessions of the killed client still open after {timeout}s")
+            time.sleep(0.02)
+    finally:
+        engine.dispose()
 
 
 def wipe(url: str) -> None:
@@ -125,6 +156,7 @@ def kill_a_big_turn_at_random(url: str, prefix: str, size: int = 200) -> int:
     os.kill(proc.pid, signal.SIGKILL)
     proc.join(30)
     assert proc.exitcode == -signal.SIGKILL
+    wait_for_the_servers_sessions_to_end(url)
     per_turn = counted_per_turn(url, prefix + "-")
     assert set(per_turn.values()) <= {size}, "a killed turn left part of its passings"
     assert sorted(per_turn) == sorted(f"{prefix}-{i}" for i in range(len(per_turn)))
