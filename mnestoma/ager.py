@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import Connection
 from sqlalchemy.sql import Executable
 
-from .errors import translate_errors
+from .executor import Executor
 from .rules import ARCHIVE_AFTER_DAYS, AgerReport
 from .sql.ager import ager_statements, cache_size_pragma
 from .sql.tables import AGER_RUNS
@@ -28,9 +28,8 @@ AGER_CACHE_KIB = 64 * 1024
 
 
 def _run(conn: Connection, stmt: Executable, params: Any = None) -> Any:
-    """Execute on ``conn``, translating driver errors into the package's."""
-    with translate_errors():
-        return conn.execute(stmt, params) if params is not None else conn.execute(stmt)
+    """Execute on ``conn`` through the package's executor (driver errors translated)."""
+    return Executor(conn).execute(stmt, params)
 
 
 def run_ager(conn: Connection, now: datetime) -> AgerReport:
