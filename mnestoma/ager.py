@@ -6,14 +6,14 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import asdict
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection
 from sqlalchemy.sql import Executable
 
 from .executor import Executor
-from .rules import ARCHIVE_AFTER_DAYS, AgerReport
+from .rules import AgerReport, archive_cutoff
 from .sql.ager import ager_statements, cache_size_pragma
 from .sql.tables import AGER_RUNS
 
@@ -36,7 +36,7 @@ def run_ager(conn: Connection, now: datetime) -> AgerReport:
     """Run the ager at ``now`` on ``conn``, whose transaction (holding the write lock) the
     caller owns; set-based SQL, so memory does not grow with the number of rows."""
     started = time.perf_counter()
-    p = {"now": now, "cutoff": now - timedelta(days=ARCHIVE_AFTER_DAYS)}
+    p = {"now": now, "cutoff": archive_cutoff(now)}
     if conn.dialect.name == "postgresql":
         report = _run_postgresql(conn, p)
     else:
