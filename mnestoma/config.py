@@ -15,6 +15,7 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 from sqlalchemy.orm import Session, sessionmaker
 
 from .errors import InvalidInput, MissingExtra
+from .executor import own_listener
 from .locking import (
     SNAPSHOT_INFO,
     driver_in_transaction,
@@ -253,22 +254,35 @@ def _configure_sqlite(engine: Engine, *, busy_timeout_ms: int) -> None:
             # SQLite built without its math functions: the ager's SQL needs exp().
             dbapi_conn.create_function("exp", 1, _safe_exp, deterministic=True)
 
-    @event.listens_for(engine, "before_cursor_execute")
-    def _before_execute(conn: Connection, _cursor: Any, statement: str, *_args: Any) -> None:
-        if not conn.in_transaction():
-            return
-        dbapi_conn = conn.connection.dbapi_connection
-        if dbapi_conn is None:
-            return
-        if driver_in_transaction(dbapi_conn):
-            if is_write_statement(statement):
-                conn.connection.info.pop(SNAPSHOT_INFO, None)  # no longer read-only
-            return
-        if is_write_statement(statement) or conn.get_execution_options().get(WRITE_OPTION):
-            take_write_lock(conn)
-        elif not is_transaction_control(statement):
-            dbapi_conn.execute("BEGIN")
-            conn.connection.info[SNAPSHOT_INFO] = True
+    @own_listener
+    def _before_execute(
+        conn: Connection, _cursor: Any, statement: str, parameters: Any, *_args: Any
+    ) -> tuple[str, Any]:
+        _begin_for(conn, statement)
+        return statement, parameters
+
+    # retval=True keeps the function itself in the listener list, where the executor
+    # recognises it as the package's own (see executor.unobserved)
+    event.listen(engine, "before_cursor_execute", _before_execute, retval=True)
+
+
+def _begin_for(conn: Connection, statement: str) -> None:
+    """Begin SQLite's transaction the way ``statement`` needs: the write lock before a write,
+    a read snapshot before a read (see :mod:`mnestoma.locking`)."""
+    if not conn.in_transaction():
+        return
+    dbapi_conn = conn.connection.dbapi_connection
+    if dbapi_conn is None:
+        return
+    if driver_in_transaction(dbapi_conn):
+        if is_write_statement(statement):
+            conn.connection.info.pop(SNAPSHOT_INFO, None)  # no longer read-only
+        return
+    if is_write_statement(statement) or conn.get_execution_options().get(WRITE_OPTION):
+        take_write_lock(conn)
+    elif not is_transaction_control(statement):
+        dbapi_conn.execute("BEGIN")
+        conn.connection.info[SNAPSHOT_INFO] = True
 
 
 def _safe_exp(x: float | None) -> float | None:

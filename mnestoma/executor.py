@@ -1,31 +1,52 @@
 """One way to run the package's statements: ``rows``, ``first``, ``scalars``, ``many``.
 
 :func:`executor_for` chooses the implementation once per connection. :class:`Executor`
-lets SQLAlchemy Core run and convert everything. :class:`SQLiteExecutor` runs the same
-prebuilt statements at the driver: each is compiled once (an LRU keyed by the statement
-object itself, so two statements can never share an entry), and values are converted by
-the processors of their own column types (``TypeEngine.dialect_impl(...).bind_processor``
-and ``result_processor``), so a new typed column is converted like any other. Statements
-with expanding parameters (``IN`` lists) go through Core on both.
+lets SQLAlchemy Core run and convert everything. :class:`DriverExecutor` (SQLite, and
+PostgreSQL on psycopg) runs the same prebuilt statements at the driver: each is compiled
+once (an LRU keyed by the statement object itself, so two statements can never share an
+entry), and values are converted by the processors of their own column types
+(``TypeEngine.dialect_impl(...).bind_processor`` and ``result_processor``), so a new typed
+column is converted like any other. Statements with expanding parameters (``IN`` lists) go
+through Core.
+
+Where nobody observes the connection's statements (no engine or connection listener but
+the package's own, no SQL logging) and its transaction is open, a statement runs on the
+driver's cursor directly: SQLAlchemy's per-statement context and result set-up cost more
+than the database's own work on the hot paths. As soon as a service adds a listener (its
+tracing, its statement counter) or turns SQL logging on, every statement goes through
+SQLAlchemy again and is seen there (SQLite: ``exec_driver_sql``; PostgreSQL: Core).
 """
 
 from __future__ import annotations
 
+import logging
+import sqlite3
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
 from sqlalchemy import Connection, CursorResult, Executable
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Dialect
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import ClauseElement
+from sqlalchemy.types import TypeEngine
 
-from .errors import translate_errors
+from .errors import translate, translate_errors
 
-__all__ = ["MAX_PREPARED", "Executor", "SQLiteExecutor", "executor_for"]
+__all__ = [
+    "MAX_PREPARED",
+    "DriverExecutor",
+    "Executor",
+    "SQLiteExecutor",
+    "executor_for",
+    "own_listener",
+    "unobserved",
+]
 
 Processor = Callable[[Any], Any]
 Params = Mapping[str, Any]
@@ -78,17 +99,25 @@ class Executor:
 
 @dataclass(frozen=True, slots=True)
 class _Prepared:
-    """A statement compiled once for SQLite: its text, its parameters in order with their
-    literal values and processors, and the processors of its result columns."""
+    """A statement compiled once for the driver: its text, its parameters in order with
+    their literal values and processors, and the types of its result columns."""
 
     sql: str
     names: tuple[str, ...]
     defaults: dict[str, Any]
     converting: tuple[tuple[int, Processor], ...]  # (position, bind processor)
-    results: tuple[tuple[int, Processor], ...]  # (column, result processor)
+    result_types: tuple[TypeEngine[Any], ...]
+    dialect: Dialect
+    named: bool  # the driver takes a dict (psycopg's ``%(name)s``), else a tuple
+    # result processors by the type codes of the driver's description: some dialects
+    # (psycopg's numerics) choose a processor by the column's database type
+    processors: dict[tuple[Any, ...], tuple[tuple[int, Processor], ...]] = field(
+        default_factory=dict
+    )
 
-    def args(self, values: Params, seen: dict[datetime, Any]) -> tuple[Any, ...]:
-        """One row of positional parameters; ``seen`` converts each instant once per batch."""
+    def args(self, values: Params, seen: dict[datetime, Any]) -> tuple[Any, ...] | dict[str, Any]:
+        """One row of parameters as the driver takes them; ``seen`` converts each instant
+        once per batch."""
         defaults = self.defaults
         out = [values[n] if n in values else defaults[n] for n in self.names]
         for i, convert in self.converting:
@@ -102,16 +131,31 @@ class _Prepared:
                 out[i] = done
             else:
                 out[i] = convert(value)
-        return tuple(out)
+        return dict(zip(self.names, out, strict=True)) if self.named else tuple(out)
 
-    def convert(self, raw: list[Any]) -> list[tuple[Any, ...]]:
+    def results(self, description: Sequence[Any] | None) -> tuple[tuple[int, Processor], ...]:
+        """The (column, result processor) pairs for rows of this description."""
+        codes = tuple(d[1] for d in description or ())
+        found = self.processors.get(codes)
+        if found is None:
+            pairs = []
+            for i, (type_, code) in enumerate(zip(self.result_types, codes, strict=False)):
+                process = type_.dialect_impl(self.dialect).result_processor(self.dialect, code)
+                if process is not None:
+                    pairs.append((i, process))
+            found = tuple(pairs)
+            self.processors[codes] = found
+        return found
+
+    def convert(self, raw: list[Any], description: Sequence[Any] | None) -> list[tuple[Any, ...]]:
         """Rows as the driver returned them, converted as their column types would be."""
-        if not self.results:
+        results = self.results(description)
+        if not results:
             return raw
         out = []
         for r in raw:
             values = list(r)
-            for i, process in self.results:
+            for i, process in results:
                 if values[i] is not None:
                     values[i] = process(values[i])
             out.append(tuple(values))
@@ -122,9 +166,7 @@ class _Prepared:
 # cached, its id() cannot be reused by another object, and the identity check makes a stale
 # entry impossible even so.
 MAX_PREPARED = 512
-_PREPARED: OrderedDict[tuple[int, tuple[str, ...]], tuple[Executable, _Prepared | None]] = (
-    OrderedDict()
-)
+_PREPARED: OrderedDict[tuple[Any, ...], tuple[Executable, _Prepared | None]] = OrderedDict()
 _PREPARED_LOCK = threading.Lock()
 
 
@@ -135,27 +177,32 @@ def _compile(stmt: Executable, dialect: Dialect, column_keys: tuple[str, ...]) -
         SQLCompiler, element.compile(dialect=dialect, column_keys=list(column_keys) or None)
     )
     binds = compiled.binds
-    if any(b.expanding for b in binds.values()):
+    if any(b.expanding for b in binds.values()) or compiled.escaped_bind_names:
         return None
-    names = tuple(compiled.positiontup or ())
-    columns = getattr(stmt, "exported_columns", ())
-    results = []
-    for i, column in enumerate(columns):
-        process = column.type.dialect_impl(dialect).result_processor(dialect, None)
-        if process is not None:
-            results.append((i, process))
+    named = compiled.positiontup is None
+    names = tuple(compiled.params) if named else tuple(compiled.positiontup or ())
+    result_types = tuple(c.type for c in getattr(stmt, "exported_columns", ()))
     converting = []
     for i, name in enumerate(names):
         process = binds[name].type.dialect_impl(dialect).bind_processor(dialect)
         if process is not None:
             converting.append((i, process))
     return _Prepared(
-        compiled.string, names, dict(compiled.params), tuple(converting), tuple(results)
+        compiled.string,
+        names,
+        dict(compiled.params),
+        tuple(converting),
+        result_types,
+        dialect,
+        named,
     )
 
 
 def _prepare(conn: Connection, stmt: Executable, column_keys: tuple[str, ...]) -> _Prepared | None:
-    key = (id(stmt), column_keys)
+    dialect = conn.dialect
+    # the same statement compiles differently for another dialect, driver or server
+    flavour = (type(dialect), dialect.paramstyle, dialect.server_version_info)
+    key = (id(stmt), column_keys, flavour)
     with _PREPARED_LOCK:
         entry = _PREPARED.get(key)
         if entry is not None and entry[0] is stmt:
@@ -170,24 +217,109 @@ def _prepare(conn: Connection, stmt: Executable, column_keys: tuple[str, ...]) -
     return prepared
 
 
-class SQLiteExecutor(Executor):
-    """SQLite: the same statements, compiled once and run at the driver, because for a
-    turn's batched writes and the rows a turn or a walk reads, SQLAlchemy's per-row and
-    per-parameter processing costs more than SQLite's own work."""
+# The package's own statement listeners (SQLite's write-lock listener): they do not count as
+# somebody observing the statements. Registered with ``retval=True``, so that SQLAlchemy
+# keeps the function itself in the engine's listener list.
+_OWN_LISTENERS: weakref.WeakSet[Callable[..., Any]] = weakref.WeakSet()
+_OBSERVING_EVENTS = ("before_execute", "after_execute", "after_cursor_execute")
+_DRIVER_CONNECTIONS: tuple[type, ...] = (sqlite3.Connection,)
+try:
+    import psycopg
+except ImportError:  # pragma: no cover - PostgreSQL is an extra
+    pass
+else:
+    _DRIVER_CONNECTIONS += (psycopg.Connection,)
 
-    __slots__ = ()
+
+def own_listener(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark ``fn`` as the package's own statement listener (see :func:`unobserved`)."""
+    _OWN_LISTENERS.add(fn)
+    return fn
+
+
+def unobserved(conn: Connection) -> bool:
+    """True when nobody but the package watches this connection's statements: no engine
+    or connection event listener of a service, no ``handle_error`` hook, no SQL logging."""
+    dispatch = conn.dispatch
+    if any(getattr(dispatch, name) for name in _OBSERVING_EVENTS):
+        return False
+    if any(fn not in _OWN_LISTENERS for fn in dispatch.before_cursor_execute):
+        return False
+    if conn.dialect.dispatch.handle_error:  # an engine's handle_error hooks live here
+        return False
+    return not conn.engine.logger.isEnabledFor(logging.INFO)
+
+
+class DriverExecutor(Executor):
+    """The same statements, compiled once and run at the driver, because on the hot paths
+    (a passing, a turn's batched writes, the rows a turn or a walk reads) SQLAlchemy's
+    per-statement and per-row processing costs more than the database's own work."""
+
+    __slots__ = ("_core_fallback",)
+
+    def __init__(self, conn: Connection) -> None:
+        super().__init__(conn)
+        # Observed PostgreSQL statements go through Core: exec_driver_sql saves nothing there.
+        self._core_fallback = self.dialect != "sqlite"
+
+    def _driver(self) -> Any:
+        """The driver's connection when a statement may run on it directly, else None."""
+        conn = self.conn
+        dbapi = conn.connection.dbapi_connection
+        if not isinstance(dbapi, _DRIVER_CONNECTIONS) or not unobserved(conn):
+            return None
+        if isinstance(dbapi, sqlite3.Connection) and not dbapi.in_transaction:
+            return None  # the package's listener begins SQLite's transactions
+        if not conn.in_transaction():
+            with translate_errors():
+                conn.begin()  # what the first statement would do: commit() must see it
+        return dbapi
+
+    def _failed(self, dbapi: Any, sql: str, params: Any, err: Exception) -> NoReturn:
+        """Raise a driver error as the package's error, chained to SQLAlchemy's wrapper of
+        it (as for the statements SQLAlchemy runs); a lost connection is invalidated."""
+        dialect = self.conn.dialect
+        wrapped = sa_exc.DBAPIError.instance(
+            sql,
+            params,
+            err,
+            dialect.loaded_dbapi.Error,
+            connection_invalidated=dialect.is_disconnect(cast(Any, err), dbapi, None),
+            dialect=dialect,
+        )
+        if isinstance(wrapped, sa_exc.DBAPIError) and wrapped.connection_invalidated:
+            self.conn.invalidate(err)
+        raise translate(wrapped) from wrapped
 
     def rows(self, stmt: Executable, params: Params | None = None) -> list[tuple[Any, ...]]:
         prepared = _prepare(self.conn, stmt, ())
         if prepared is None:
             return super().rows(stmt, params)
-        with translate_errors():
-            result = self.conn.exec_driver_sql(prepared.sql, prepared.args(params or {}, {}))
+        args = prepared.args(params or {}, {})
+        dbapi = self._driver()
+        if dbapi is not None:
             try:
-                raw = cast(list[Any], result.cursor.fetchall()) if result.cursor else []
+                cursor = dbapi.cursor()
+                try:
+                    cursor.execute(prepared.sql, args)
+                    description = cursor.description
+                    raw = cursor.fetchall() if description else []
+                finally:
+                    cursor.close()
+            except dbapi_errors(self.conn) as err:
+                self._failed(dbapi, prepared.sql, args, err)
+            return prepared.convert(raw, description)
+        if self._core_fallback:
+            return super().rows(stmt, params)
+        with translate_errors():
+            result = self.conn.exec_driver_sql(prepared.sql, args)
+            try:
+                cursor = result.cursor
+                description = cursor.description if cursor else None
+                raw = cast(list[Any], cursor.fetchall()) if cursor else []
             finally:
                 result.close()
-        return prepared.convert(raw)
+        return prepared.convert(raw, description)
 
     def many(self, stmt: Executable, rows: Sequence[Params]) -> None:
         if not rows:
@@ -196,12 +328,41 @@ class SQLiteExecutor(Executor):
         if prepared is None:
             super().many(stmt, rows)
             return
+        dbapi = self._driver()
+        if dbapi is None and self._core_fallback:
+            super().many(stmt, rows)
+            return
         seen: dict[datetime, Any] = {}
         data = [prepared.args(r, seen) for r in rows]
+        if dbapi is not None:
+            try:
+                cursor = dbapi.cursor()
+                try:
+                    if len(data) > 1:
+                        cursor.executemany(prepared.sql, data)
+                    else:
+                        cursor.execute(prepared.sql, data[0])
+                finally:
+                    cursor.close()
+            except dbapi_errors(self.conn) as err:
+                self._failed(dbapi, prepared.sql, data, err)
+            return
         with translate_errors():
             self.conn.exec_driver_sql(prepared.sql, data if len(data) > 1 else data[0])
 
 
+def dbapi_errors(conn: Connection) -> type[Exception]:
+    """The base class of the connection's driver errors."""
+    return cast(type[Exception], conn.dialect.loaded_dbapi.Error)
+
+
+# The name the SQLite executor had before PostgreSQL on psycopg ran at the driver too.
+SQLiteExecutor = DriverExecutor
+
+
 def executor_for(conn: Connection) -> Executor:
-    """The executor for this connection's dialect."""
-    return SQLiteExecutor(conn) if conn.dialect.name == "sqlite" else Executor(conn)
+    """The executor for this connection's dialect and driver."""
+    dialect = conn.dialect
+    if dialect.name == "sqlite" or (dialect.driver == "psycopg" and not dialect.is_async):
+        return DriverExecutor(conn)
+    return Executor(conn)

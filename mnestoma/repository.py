@@ -277,7 +277,7 @@ class MnestRepository:
                 values, ev = self._reinforcement(row, p, turn_id, now, recorder)
                 if ex.dialect == "postgresql":
                     ev_params = {k: ev[k] for k in rec.PG_REINFORCE_EVENT_PARAMS}
-                    ex.execute(rec.PG_REINFORCE_WITH_EVENT, {**values, **ev_params})
+                    ex.many(rec.PG_REINFORCE_WITH_EVENT, [{**values, **ev_params}])
                 else:
                     ex.many(rec.UPDATE_REINFORCE, [values])
                     ex.many(rec.INSERT_EVENT, [ev])

@@ -58,3 +58,20 @@ def test_turns_of_more_shapes_than_the_caches_hold_all_succeed(
     rounds_with = {f"d{i}": sum(2 for a, _ in shapes if a > i) for i in range(6)}
     for edge in store.edges(states=["active"]):
         assert edge.uses == rounds_with[edge.dst_executor]
+
+
+def test_one_statement_runs_with_its_own_sql_on_sqlite_and_on_postgresql(
+    tmp_path: Path, pg_store_url: str
+) -> None:
+    sqlite_url = f"sqlite:///{tmp_path / 'both.sqlite'}"
+    mnestoma.upgrade(sqlite_url)
+    engines = [mnestoma.make_engine(sqlite_url), mnestoma.make_engine(pg_store_url)]
+    try:
+        for _ in range(2):  # each compiled once, then both taken from the cache
+            for engine in engines:
+                with engine.connect() as conn:
+                    ex = executor.executor_for(conn)
+                    assert ex.rows(record.SELECT_BY_ID_LOCKED, {"id": "mn_none"}) == []
+    finally:
+        for engine in engines:
+            engine.dispose()

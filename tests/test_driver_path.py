@@ -1,0 +1,158 @@
+"""The hot paths run at the driver while nobody observes the statements, and go back through
+SQLAlchemy as soon as somebody does; a driver error there is still the package's error."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from sqlalchemy import Connection, create_engine, event, text
+from sqlalchemy import exc as sa_exc
+
+import mnestoma
+from mnestoma import executor
+from mnestoma.errors import ConflictError, DatabaseUnavailable
+from mnestoma.rules import EventKind, MnestState, Recorder
+from mnestoma.sql import record, tables
+
+EDGE = ("plan", "1", "search", "2")
+
+
+@pytest.fixture
+def sqlalchemy_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """Every statement SQLAlchemy's Connection is asked to run (by patching, which is not an
+    event listener, so it does not count as observing the statements)."""
+    seen: list[str] = []
+    execute, driver_sql = Connection.execute, Connection.exec_driver_sql
+
+    def counting_execute(self: Connection, statement: Any, *args: Any, **kw: Any) -> Any:
+        seen.append(str(statement))
+        return execute(self, statement, *args, **kw)
+
+    def counting_driver_sql(self: Connection, statement: str, *args: Any, **kw: Any) -> Any:
+        seen.append(statement)
+        return driver_sql(self, statement, *args, **kw)
+
+    monkeypatch.setattr(Connection, "execute", counting_execute)
+    monkeypatch.setattr(Connection, "exec_driver_sql", counting_driver_sql)
+    yield seen
+
+
+def test_a_reinforcement_runs_at_the_driver_when_nobody_listens(
+    store: mnestoma.Mnestoma, sqlalchemy_calls: list[str]
+) -> None:
+    store.record_passing(*EDGE)
+    sqlalchemy_calls.clear()
+    m = store.record_passing(*EDGE)
+    assert m.uses == 2
+    assert sqlalchemy_calls == []
+
+
+def test_a_services_statement_listener_sees_every_statement_of_a_passing(
+    store: mnestoma.Mnestoma,
+) -> None:
+    seen: list[str] = []
+
+    def listener(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        seen.append(statement)
+
+    event.listen(store.engine, "before_cursor_execute", listener)
+    try:
+        store.record_passing(*EDGE)
+        store.record_passing(*EDGE)
+    finally:
+        event.remove(store.engine, "before_cursor_execute", listener)
+    reads = [s for s in seen if s.lstrip().upper().startswith("SELECT") and "mnests" in s]
+    writes = [s for s in seen if "INSERT INTO events" in s]
+    assert len(reads) >= 2  # the edge is looked up on both passings
+    assert len(writes) == 2  # created, then reinforced
+    seen.clear()
+    store.record_passing(*EDGE)
+    assert seen == []  # removed: the listener no longer runs, and nothing else needs it
+    assert store.find(*EDGE).uses == 3
+
+
+def test_an_error_hook_of_the_service_turns_the_driver_path_off(
+    store: mnestoma.Mnestoma, sqlalchemy_calls: list[str]
+) -> None:
+    def hook(_context: Any) -> None:
+        return None
+
+    store.record_passing(*EDGE)
+    event.listen(store.engine, "handle_error", hook)
+    try:
+        sqlalchemy_calls.clear()
+        store.record_passing(*EDGE)
+        assert sqlalchemy_calls  # the hook is consulted only for statements SQLAlchemy runs
+    finally:
+        event.remove(store.engine, "handle_error", hook)
+
+
+def test_sql_logging_shows_the_statements_of_a_passing(
+    store: mnestoma.Mnestoma, caplog: pytest.LogCaptureFixture
+) -> None:
+    store.record_passing(*EDGE)
+    with caplog.at_level(logging.INFO, logger="sqlalchemy.engine.Engine"):
+        store.record_passing(*EDGE)
+    logged = " ".join(r.getMessage() for r in caplog.records)
+    assert "FROM mnests" in logged
+    assert "events" in logged
+
+
+def test_a_driver_error_at_the_driver_is_the_packages_error_and_changes_nothing(
+    store: mnestoma.Mnestoma,
+) -> None:
+    first = store.record_passing(*EDGE)
+    again = {c: getattr(first, c) for c in tables.MNEST_COLUMNS}  # the same primary key
+    again["dst_executor"] = "elsewhere"
+    with store.engine.connect() as conn:
+        conn.begin()
+        if conn.dialect.name == "sqlite":
+            conn.exec_driver_sql("SELECT 1")  # the package's listener begins the transaction
+        ex = executor.executor_for(conn)
+        assert isinstance(ex, executor.DriverExecutor)
+        assert ex._driver() is not None  # this statement does run at the driver
+        ex.many(record.INSERT_EVENT, [_event(first.id)])  # a write that the error undoes
+        with pytest.raises(ConflictError) as caught:
+            ex.many(record.INSERT_MNEST_LOCKED, [again])
+        assert isinstance(caught.value.__cause__, sa_exc.IntegrityError)
+        conn.rollback()
+    assert [m.dst_executor for m in store.edges()] == ["search"]
+    assert len(store.events(mnest_id=first.id)) == 1
+
+
+def _event(mnest_id: str) -> dict[str, Any]:
+    return {
+        "mnest_id": mnest_id,
+        "kind": EventKind.REINFORCED.value,
+        "ts": datetime(2026, 1, 1, tzinfo=UTC),
+        "turn_id": None,
+        "weight_before": None,
+        "weight_after": 0.3,
+        "state_before": None,
+        "state_after": MnestState.ACTIVE.value,
+        "recorder": Recorder.CALL.value,
+    }
+
+
+def test_a_lost_postgresql_connection_at_the_driver_is_invalidated(pg_store_url: str) -> None:
+    engine = mnestoma.make_engine(pg_store_url)
+    admin = create_engine(pg_store_url, isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as conn:
+            conn.begin()
+            pid = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+            with admin.connect() as a:
+                a.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+            ex = executor.executor_for(conn)
+            with pytest.raises(DatabaseUnavailable):
+                ex.rows(record.SELECT_BY_ID_LOCKED, {"id": "mn_any"})
+            assert conn.invalidated
+        with mnestoma.Mnestoma(engine) as m:  # the pool hands out a working connection
+            assert m.record_passing(*EDGE).uses == 1
+    finally:
+        engine.dispose()
+        admin.dispose()
