@@ -109,11 +109,11 @@ class _Prepared:
     result_types: tuple[TypeEngine[Any], ...]
     dialect: Dialect
     named: bool  # the driver takes a dict (psycopg's ``%(name)s``), else a tuple
-    # result processors by the type codes of the driver's description: some dialects
-    # (psycopg's numerics) choose a processor by the column's database type
-    processors: dict[tuple[Any, ...], tuple[tuple[int, Processor], ...]] = field(
-        default_factory=dict
-    )
+    # The result processors, found from the driver's description of the first result: some
+    # dialects (psycopg's numerics) choose a processor by the column's database type, which
+    # one statement's text always gives the same. Reading a description again per row set
+    # costs psycopg more than the rows themselves.
+    resolved: list[tuple[tuple[int, Processor], ...]] = field(default_factory=list)
 
     def args(self, values: Params, seen: dict[datetime, Any]) -> tuple[Any, ...] | dict[str, Any]:
         """One row of parameters as the driver takes them; ``seen`` converts each instant
@@ -133,25 +133,29 @@ class _Prepared:
                 out[i] = convert(value)
         return dict(zip(self.names, out, strict=True)) if self.named else tuple(out)
 
-    def results(self, description: Sequence[Any] | None) -> tuple[tuple[int, Processor], ...]:
-        """The (column, result processor) pairs for rows of this description."""
-        codes = tuple(d[1] for d in description or ())
-        found = self.processors.get(codes)
-        if found is None:
-            pairs = []
-            for i, (type_, code) in enumerate(zip(self.result_types, codes, strict=False)):
-                process = type_.dialect_impl(self.dialect).result_processor(self.dialect, code)
-                if process is not None:
-                    pairs.append((i, process))
-            found = tuple(pairs)
-            self.processors[codes] = found
+    def results(self, cursor: Any) -> tuple[tuple[int, Processor], ...]:
+        """The (column, result processor) pairs for this statement's rows."""
+        if self.resolved:
+            return self.resolved[0]
+        codes = [d[1] for d in cursor.description or ()]
+        pairs = []
+        for i, (type_, code) in enumerate(zip(self.result_types, codes, strict=False)):
+            process = type_.dialect_impl(self.dialect).result_processor(self.dialect, code)
+            if process is not None:
+                pairs.append((i, process))
+        found = tuple(pairs)
+        if codes:
+            self.resolved[:] = [found]
         return found
 
-    def convert(self, raw: list[Any], description: Sequence[Any] | None) -> list[tuple[Any, ...]]:
-        """Rows as the driver returned them, converted as their column types would be."""
-        results = self.results(description)
+    def fetch(self, cursor: Any) -> list[tuple[Any, ...]]:
+        """The rows of an executed cursor, converted as their column types would be."""
+        if not self.result_types and not cursor.description:
+            return []  # no result set (a write without RETURNING)
+        raw = cursor.fetchall()
+        results = self.results(cursor)
         if not results:
-            return raw
+            return cast(list[tuple[Any, ...]], raw)
         out = []
         for r in raw:
             values = list(r)
@@ -255,18 +259,26 @@ class DriverExecutor(Executor):
     (a passing, a turn's batched writes, the rows a turn or a walk reads) SQLAlchemy's
     per-statement and per-row processing costs more than the database's own work."""
 
-    __slots__ = ("_core_fallback",)
+    __slots__ = ("_core_fallback", "_unobserved")
 
     def __init__(self, conn: Connection) -> None:
         super().__init__(conn)
         # Observed PostgreSQL statements go through Core: exec_driver_sql saves nothing there.
         self._core_fallback = self.dialect != "sqlite"
+        # Asked once per executor, that is once per repository operation: SQLAlchemy's
+        # listener collections are slow to inspect, and an operation's statements are
+        # either all observed or none.
+        self._unobserved: bool | None = None
 
     def _driver(self) -> Any:
         """The driver's connection when a statement may run on it directly, else None."""
         conn = self.conn
         dbapi = conn.connection.dbapi_connection
-        if not isinstance(dbapi, _DRIVER_CONNECTIONS) or not unobserved(conn):
+        if not isinstance(dbapi, _DRIVER_CONNECTIONS):
+            return None
+        if self._unobserved is None:
+            self._unobserved = unobserved(conn)
+        if not self._unobserved:
             return None
         if isinstance(dbapi, sqlite3.Connection) and not dbapi.in_transaction:
             return None  # the package's listener begins SQLite's transactions
@@ -302,24 +314,19 @@ class DriverExecutor(Executor):
                 cursor = dbapi.cursor()
                 try:
                     cursor.execute(prepared.sql, args)
-                    description = cursor.description
-                    raw = cursor.fetchall() if description else []
+                    return prepared.fetch(cursor)
                 finally:
                     cursor.close()
             except dbapi_errors(self.conn) as err:
                 self._failed(dbapi, prepared.sql, args, err)
-            return prepared.convert(raw, description)
         if self._core_fallback:
             return super().rows(stmt, params)
         with translate_errors():
             result = self.conn.exec_driver_sql(prepared.sql, args)
             try:
-                cursor = result.cursor
-                description = cursor.description if cursor else None
-                raw = cast(list[Any], cursor.fetchall()) if cursor else []
+                return prepared.fetch(result.cursor) if result.cursor else []
             finally:
                 result.close()
-        return prepared.convert(raw, description)
 
     def many(self, stmt: Executable, rows: Sequence[Params]) -> None:
         if not rows:
