@@ -259,7 +259,7 @@ class DriverExecutor(Executor):
     (a passing, a turn's batched writes, the rows a turn or a walk reads) SQLAlchemy's
     per-statement and per-row processing costs more than the database's own work."""
 
-    __slots__ = ("_core_fallback", "_unobserved")
+    __slots__ = ("_core_fallback", "_dbapi", "_unobserved")
 
     def __init__(self, conn: Connection) -> None:
         super().__init__(conn)
@@ -269,9 +269,12 @@ class DriverExecutor(Executor):
         # listener collections are slow to inspect, and an operation's statements are
         # either all observed or none.
         self._unobserved: bool | None = None
+        self._dbapi: Any = None
 
     def _driver(self) -> Any:
         """The driver's connection when a statement may run on it directly, else None."""
+        if self._dbapi is not None:
+            return self._dbapi
         conn = self.conn
         dbapi = conn.connection.dbapi_connection
         if not isinstance(dbapi, _DRIVER_CONNECTIONS):
@@ -285,6 +288,9 @@ class DriverExecutor(Executor):
         if not conn.in_transaction():
             with translate_errors():
                 conn.begin()  # what the first statement would do: commit() must see it
+        # An operation never ends its transaction midway: the rest of its statements can
+        # run here too.
+        self._dbapi = dbapi
         return dbapi
 
     def _failed(self, dbapi: Any, sql: str, params: Any, err: Exception) -> NoReturn:
