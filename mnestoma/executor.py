@@ -42,7 +42,6 @@ __all__ = [
     "MAX_PREPARED",
     "DriverExecutor",
     "Executor",
-    "SQLiteExecutor",
     "executor_for",
     "own_listener",
     "unobserved",
@@ -367,10 +366,6 @@ class DriverExecutor(Executor):
 def dbapi_errors(conn: Connection) -> type[Exception]:
     """The base class of the connection's driver errors."""
     return cast(type[Exception], conn.dialect.loaded_dbapi.Error)
-
-
-# The name the SQLite executor had before PostgreSQL on psycopg ran at the driver too.
-SQLiteExecutor = DriverExecutor
 
 
 def executor_for(conn: Connection) -> Executor:

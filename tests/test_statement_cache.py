@@ -1,4 +1,5 @@
-"""The SQLite statement cache never runs the SQL of another statement, and stays bounded."""
+"""The driver path's statement cache never runs the SQL of another statement or of another
+dialect, and stays bounded."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def test_a_freed_statement_never_lends_its_cached_sql_to_a_new_one(tmp_path: Pat
         with engine.connect() as conn:
             for i in range(40):
                 stmt = select(literal(i).label("n"))  # freed at the end of each round
-                assert executor.SQLiteExecutor(conn).rows(stmt) == [(i,)]
+                assert executor.DriverExecutor(conn).rows(stmt) == [(i,)]
                 del stmt
                 gc.collect()
     finally:
@@ -33,7 +34,7 @@ def test_the_compiled_statement_cache_is_bounded(tmp_path: Path) -> None:
         with engine.connect() as conn:
             kept = [select(literal(i).label("n")) for i in range(executor.MAX_PREPARED + 50)]
             for stmt in kept:
-                executor.SQLiteExecutor(conn).rows(stmt)
+                executor.DriverExecutor(conn).rows(stmt)
         assert len(executor._PREPARED) <= executor.MAX_PREPARED
     finally:
         engine.dispose()
