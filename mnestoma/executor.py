@@ -110,8 +110,8 @@ class _Prepared:
     named: bool  # the driver takes a dict (psycopg's ``%(name)s``), else a tuple
     # The result processors, found from the driver's description of the first result: some
     # dialects (psycopg's numerics) choose a processor by the column's database type, which
-    # one statement's text always gives the same. Reading a description again per row set
-    # costs psycopg more than the rows themselves.
+    # one statement's text always gives the same. psycopg builds an object per column each
+    # time its description is read, so it is read once.
     resolved: list[tuple[tuple[int, Processor], ...]] = field(default_factory=list)
 
     def args(self, values: Params, seen: dict[datetime, Any]) -> tuple[Any, ...] | dict[str, Any]:

@@ -156,3 +156,24 @@ def test_a_lost_postgresql_connection_at_the_driver_is_invalidated(pg_store_url:
     finally:
         engine.dispose()
         admin.dispose()
+
+
+def test_a_listener_on_a_callers_own_connection_sees_the_repositorys_statements(
+    store_url: str,
+) -> None:
+    engine = mnestoma.make_engine(store_url)
+    seen: list[str] = []
+
+    def listener(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        seen.append(statement)
+
+    try:
+        with engine.connect() as conn:
+            event.listen(conn, "before_cursor_execute", listener)
+            repo = mnestoma.MnestRepository(conn)
+            repo.record_passing(*EDGE)
+            assert repo.record_passing(*EDGE).uses == 2
+            conn.commit()
+        assert sum("INSERT INTO events" in s for s in seen) == 2
+    finally:
+        engine.dispose()
