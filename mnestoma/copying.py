@@ -64,7 +64,7 @@ from .migration import (
     current_revision,
     head_revision,
     known_revisions,
-    sqlite_store_missing,
+    missing_sqlite_file,
     upgrade,
 )
 from .rules import (
@@ -277,7 +277,7 @@ class _NewFile:
 
     @classmethod
     def of(cls, url: URL) -> _NewFile | None:
-        missing = _missing_sqlite_file(url)
+        missing = missing_sqlite_file(url)
         if missing is None:
             return None
         path = missing.absolute()
@@ -298,11 +298,6 @@ class _NewFile:
                 folder.rmdir()
             except OSError:
                 break
-
-
-def _missing_sqlite_file(url: URL) -> Path | None:
-    """The path of a SQLite file that does not exist (no store there), else None."""
-    return Path(url.database or "").expanduser() if sqlite_store_missing(url) else None
 
 
 def _check_revision(role: str, url: URL, revision: str | None, *, at_head: bool) -> None:
@@ -346,7 +341,7 @@ def copy_store(
     dst_url = resolve_database_url(target)
     if _same_database(src_url, dst_url):
         raise InvalidInput("the source and the target are the same database")
-    missing = _missing_sqlite_file(src_url)
+    missing = missing_sqlite_file(src_url)
     if missing is not None:
         raise InvalidInput(f"no source database at {missing}")
     new_file = _NewFile.of(dst_url)

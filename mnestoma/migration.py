@@ -38,6 +38,7 @@ __all__ = [
     "ensure_at_head",
     "head_revision",
     "migrations_path",
+    "missing_sqlite_file",
     "offline_sql",
     "prepare_for_migration",
     "read_revision",
@@ -180,6 +181,12 @@ def sqlite_store_missing(url: URL) -> bool:
     if url.database.startswith("file:"):
         return False
     return not Path(url.database).expanduser().exists()
+
+
+def missing_sqlite_file(url: URL) -> Path | None:
+    """The path of the SQLite file of ``url`` when it does not exist (no store there; the
+    reading tools never create it), else None."""
+    return Path(url.database or "").expanduser() if sqlite_store_missing(url) else None
 
 
 def current_revision(url_or_engine: str | URL | Engine | None = None) -> str | None:

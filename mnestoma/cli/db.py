@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 from alembic.script import ScriptDirectory
-from sqlalchemy.engine import URL
 
 from ..config import redact_url, resolve_database_url
 from ..errors import InvalidInput
@@ -15,6 +12,7 @@ from ..migration import (
     current_revision,
     downgrade,
     head_revision,
+    missing_sqlite_file,
     offline_sql,
     sqlite_store_missing,
     upgrade,
@@ -23,11 +21,6 @@ from .errors import MnestomaGroup
 from .options import command_url, database_url_option
 
 __all__ = ["db"]
-
-
-def _missing_file(url: URL) -> Path | None:
-    """The SQLite file of ``url`` when it does not exist (never created here), else None."""
-    return Path(url.database or "").expanduser() if sqlite_store_missing(url) else None
 
 
 def _head_mark(revision: str | None) -> str:
@@ -61,7 +54,7 @@ def db_upgrade(revision: str, database_url: str | None) -> None:
 def db_downgrade(revision: str, database_url: str | None) -> None:
     """Migrate the database down to REVISION ("base" removes the schema)."""
     url = resolve_database_url(command_url(database_url))
-    missing = _missing_file(url)
+    missing = missing_sqlite_file(url)
     if missing is not None:
         raise InvalidInput(f"no database at {missing}")
     before = current_revision(url)
@@ -79,7 +72,7 @@ def db_current(database_url: str | None) -> None:
     prints "none (...)" on stdout and exits 0, so scripts always read one line.
     """
     url = resolve_database_url(command_url(database_url))
-    missing = _missing_file(url)
+    missing = missing_sqlite_file(url)
     if missing is not None:
         click.echo(f"none (no database file at {missing}; head is {head_revision()})")
         return
