@@ -369,8 +369,12 @@ def dbapi_errors(conn: Connection) -> type[Exception]:
 
 
 def executor_for(conn: Connection) -> Executor:
-    """The executor for this connection's dialect and driver."""
+    """The executor for this connection's dialect and driver. A connection that renames
+    schemas at execution (``schema_translate_map``) gets Core: the driver path runs the SQL
+    as compiled once, without the renaming."""
     dialect = conn.dialect
+    if conn.get_execution_options().get("schema_translate_map"):
+        return Executor(conn)
     if dialect.name == "sqlite" or (dialect.driver == "psycopg" and not dialect.is_async):
         return DriverExecutor(conn)
     return Executor(conn)

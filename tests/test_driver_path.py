@@ -177,3 +177,19 @@ def test_a_listener_on_a_callers_own_connection_sees_the_repositorys_statements(
         assert sum("INSERT INTO events" in s for s in seen) == 2
     finally:
         engine.dispose()
+
+
+def test_a_schema_translate_map_on_the_connection_is_honoured(store_url: str) -> None:
+    # The map sends the package's tables to a schema that does not exist: a statement that
+    # honours it fails; one run as compiled, without the renaming, would succeed.
+    engine = mnestoma.make_engine(store_url)
+    try:
+        with engine.connect() as plain:
+            mnestoma.MnestRepository(plain).record_passing(*EDGE)
+            plain.commit()
+        with engine.connect() as conn:
+            renamed = conn.execution_options(schema_translate_map={None: "nowhere"})
+            with pytest.raises(mnestoma.MnestomaError):
+                mnestoma.MnestRepository(renamed).find(*EDGE)
+    finally:
+        engine.dispose()
