@@ -10,9 +10,10 @@ column is converted like any other. Statements with expanding parameters (``IN``
 through Core.
 
 Where nobody observes the connection's statements (no engine or connection listener but
-the package's own, no SQL logging) and its transaction is open, a statement runs on the
-driver's cursor directly: SQLAlchemy's per-statement context and result set-up cost more
-than the database's own work on the hot paths. As soon as a service adds a listener (its
+the package's own, no SQL logging), a statement runs on the driver's cursor directly, after
+the package's own listener (SQLite's, which begins the transaction the statement needs):
+SQLAlchemy's per-statement context and result set-up cost more than the database's own
+work on the hot paths. As soon as a service adds a listener (its
 tracing, its statement counter) or turns SQL logging on, every statement goes through
 SQLAlchemy again and is seen there (SQLite: ``exec_driver_sql``; PostgreSQL: Core).
 """
@@ -258,7 +259,7 @@ class DriverExecutor(Executor):
     (a passing, a turn's batched writes, the rows a turn or a walk reads) SQLAlchemy's
     per-statement and per-row processing costs more than the database's own work."""
 
-    __slots__ = ("_core_fallback", "_dbapi", "_unobserved")
+    __slots__ = ("_core_fallback", "_dbapi", "_own", "_unobserved")
 
     def __init__(self, conn: Connection) -> None:
         super().__init__(conn)
@@ -269,6 +270,7 @@ class DriverExecutor(Executor):
         # either all observed or none.
         self._unobserved: bool | None = None
         self._dbapi: Any = None
+        self._own: tuple[Callable[..., Any], ...] = ()
 
     def _driver(self) -> Any:
         """The driver's connection when a statement may run on it directly, else None."""
@@ -282,8 +284,10 @@ class DriverExecutor(Executor):
             self._unobserved = unobserved(conn)
         if not self._unobserved:
             return None
-        if isinstance(dbapi, sqlite3.Connection) and not dbapi.in_transaction:
-            return None  # the package's listener begins SQLite's transactions
+        # Only the package's own listeners are left (SQLite's, which begins the driver's
+        # transaction the way each statement needs): they run before each statement here,
+        # as SQLAlchemy would run them.
+        self._own = tuple(conn.dispatch.before_cursor_execute)
         if not conn.in_transaction():
             with translate_errors():
                 conn.begin()  # what the first statement would do: commit() must see it
@@ -291,6 +295,17 @@ class DriverExecutor(Executor):
         # run here too.
         self._dbapi = dbapi
         return dbapi
+
+    def _cursor(self, dbapi: Any, sql: str, params: Any, many: bool) -> Any:
+        """A driver cursor, once the package's own listeners have seen the statement."""
+        cursor = dbapi.cursor()
+        try:
+            for listener in self._own:
+                listener(self.conn, cursor, sql, params, None, many)
+        except BaseException:
+            cursor.close()
+            raise
+        return cursor
 
     def _failed(self, dbapi: Any, sql: str, params: Any, err: Exception) -> NoReturn:
         """Raise a driver error as the package's error, chained to SQLAlchemy's wrapper of
@@ -316,7 +331,7 @@ class DriverExecutor(Executor):
         dbapi = self._driver()
         if dbapi is not None:
             try:
-                cursor = dbapi.cursor()
+                cursor = self._cursor(dbapi, prepared.sql, args, False)
                 try:
                     cursor.execute(prepared.sql, args)
                     return prepared.fetch(cursor)
@@ -348,7 +363,7 @@ class DriverExecutor(Executor):
         data = [prepared.args(r, seen) for r in rows]
         if dbapi is not None:
             try:
-                cursor = dbapi.cursor()
+                cursor = self._cursor(dbapi, prepared.sql, data, len(data) > 1)
                 try:
                     if len(data) > 1:
                         cursor.executemany(prepared.sql, data)

@@ -193,3 +193,30 @@ def test_a_schema_translate_map_on_the_connection_is_honoured(store_url: str) ->
                 mnestoma.MnestRepository(renamed).find(*EDGE)
     finally:
         engine.dispose()
+
+
+def test_reads_run_at_the_driver_in_one_snapshot_of_their_own(
+    store_url: str, sqlalchemy_calls: list[str]
+) -> None:
+    # A read unit's statements run at the driver, and (SQLite: the package's listener
+    # begins a read snapshot before the first one) see one state of the store, while a
+    # writer commits between them.
+    engine = mnestoma.make_engine(store_url)
+    factory = mnestoma.make_session_factory(engine)
+    other = mnestoma.Mnestoma(engine)
+    try:
+        other.record_passing(*EDGE)
+        sqlalchemy_calls.clear()
+        with mnestoma.UnitOfWork(factory) as reader:
+            first = reader.mnests.find(*EDGE)
+            other.record_passing(*EDGE)  # commits while the read unit is open
+            again = reader.mnests.find(*EDGE)
+        assert sqlalchemy_calls == []
+        assert first is not None and again is not None
+        if engine.dialect.name == "sqlite":
+            assert again.uses == first.uses == 1  # one snapshot for the whole unit
+        else:
+            assert (first.uses, again.uses) == (1, 2)  # READ COMMITTED, as documented
+    finally:
+        other.close()
+        engine.dispose()
