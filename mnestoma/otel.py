@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any, NamedTuple, Protocol
 
+from . import rules
 from .errors import InvalidInput, MissingExtra
 
 try:
@@ -56,9 +57,9 @@ logger = logging.getLogger(__name__)
 #: Version given to a tool that ``version_of`` does not know (spans carry no version).
 DEFAULT_VERSION = "unversioned"
 #: A string shorter than this (surrounding whitespace aside) is too common to prove a passing.
-MIN_LEAF_CHARS = 4
+MIN_LEAF_CHARS = rules.MIN_EVIDENCE_CHARS
 #: Numbers from -TRIVIAL_NUMBER to TRIVIAL_NUMBER are too common to prove a passing.
-TRIVIAL_NUMBER = 1024
+TRIVIAL_NUMBER = rules.TRIVIAL_NUMBER
 #: Texts that say "no value" whatever their length: never evidence of a passing.
 _TRIVIAL_TEXTS = frozenset({"true", "false", "null", "none", "nan", "undefined"})
 #: What instrumentations write in place of content they were told to hide: "not captured".

@@ -16,12 +16,14 @@ __all__ = [
     "DECAYING_BELOW",
     "DEFAULT_DECAY_LAMBDA",
     "INITIAL_WEIGHT",
+    "MIN_EVIDENCE_CHARS",
     "PROTO_PRUNE_BELOW",
     "RECURRING_MIN_USES",
     "RECURRING_MIN_WEIGHT",
     "REINFORCEMENT",
     "SECONDS_PER_DAY",
     "THRESHOLD_TOLERANCE",
+    "TRIVIAL_NUMBER",
     "AgerReport",
     "EventKind",
     "MnestState",
@@ -54,6 +56,11 @@ SECONDS_PER_DAY = 86400.0
 THRESHOLD_TOLERANCE = 1e-9
 MAX_NAME_LENGTH = 255
 MAX_JSON_DEPTH = 64  # containers nested in tags / desired_sig; deeper is InvalidInput
+# What automatic recording (the in-process tracer, the OpenTelemetry processor) takes as
+# evidence that one executor's output reached another: values too common to prove it never
+# link two calls.
+TRIVIAL_NUMBER = 1024  # numbers in [-1024, 1024]
+MIN_EVIDENCE_CHARS = 4  # texts (and bytes) shorter than this
 
 
 class MnestState(StrEnum):

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, ParamSpec, Protocol, TypeVar, cast
 
+from . import rules
 from .errors import InvalidInput, MnestomaError, StoreError
 from .types import ensure_json
 from .validation import Passing, check_name
@@ -74,8 +75,8 @@ DEFAULT_MAX_OUTPUTS = 1024  # outputs remembered per turn; past it the oldest ar
 MAX_DEPTH = 3  # levels of elements walked below a returned value or an argument
 MAX_NODES = 256  # values walked per output, and per call's arguments
 JSON_TEXT_LIMIT = 65_536  # longest str parsed as JSON text to reach its items
-TRIVIAL_NUMBER = 1024  # numbers in [-1024, 1024] never link
-MIN_TEXT = 4  # str / bytes shorter than this never link
+TRIVIAL_NUMBER = rules.TRIVIAL_NUMBER  # numbers in [-1024, 1024] never link
+MIN_TEXT = rules.MIN_EVIDENCE_CHARS  # str / bytes shorter than this never link
 MAX_PASSINGS = 10_000  # distinct edges per turn; past it new edges are counted, not kept
 
 RECORDER = "tracer"
