@@ -10,14 +10,15 @@ from __future__ import annotations
 import hashlib
 import math
 import re
+import time
 from collections import Counter, defaultdict
 from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import create_engine, text
-from sqlalchemy.engine import URL, Engine, make_url
+from sqlalchemy.engine import URL, Connection, Engine, make_url
 
-__all__ = ["check_invariants", "dump_tables", "plain_engine"]
+__all__ = ["check_invariants", "dump_tables", "plain_engine", "wait_for_other_sessions_to_end"]
 
 STATES = {"active", "proto", "decaying", "superseded"}
 KINDS = {"created", "reinforced", "transition", "promoted", "merged", "pruned"}
@@ -32,6 +33,24 @@ def plain_engine(url: str | URL) -> Engine:
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
     return create_engine(parsed)
+
+
+OTHER_SESSIONS = text(
+    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+    " AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
+)
+
+
+def wait_for_other_sessions_to_end(conn: Connection, timeout: float = 30.0) -> None:
+    """PostgreSQL: wait until no other client session of the database is left (a killed or
+    finished client's server process ends after it has committed and reported its
+    statistics). ``conn`` must run each statement on its own (AUTOCOMMIT): a transaction
+    would keep showing its first snapshot of ``pg_stat_activity``."""
+    end = time.monotonic() + timeout
+    while (others := conn.execute(OTHER_SESSIONS).scalar_one()) > 0:
+        if time.monotonic() > end:
+            raise AssertionError(f"{others} other sessions still open after {timeout}s")
+        time.sleep(0.02)
 
 
 def _utc(value: Any) -> datetime | None:

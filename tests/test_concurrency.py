@@ -31,7 +31,7 @@ from helpers_proc import (
     same_turn_process,
     writer_process,
 )
-from invariants import check_invariants, plain_engine
+from invariants import check_invariants, plain_engine, wait_for_other_sessions_to_end
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
@@ -86,10 +86,6 @@ def uses_by_key(store: mnestoma.Mnestoma) -> dict[str, int]:
 
 
 DEADLOCKS = text("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
-OTHER_SESSIONS = text(
-    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-    " AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
-)
 LOCK_WAITERS = text(
     "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
     " AND wait_event_type = 'Lock'"
@@ -119,13 +115,8 @@ def new_deadlocks(url: str, before: int | None, timeout: float = 30.0) -> int:
         return 0
     engine = plain_engine(url)
     try:
-        # Statement by statement: a transaction would keep showing its first snapshot.
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            end = time.monotonic() + timeout
-            while (others := conn.execute(OTHER_SESSIONS).scalar_one()) > 0:
-                if time.monotonic() > end:
-                    pytest.fail(f"{others} sessions of the store still open after {timeout}s")
-                time.sleep(0.02)
+            wait_for_other_sessions_to_end(conn, timeout)
             after = conn.execute(DEADLOCKS).scalar_one()
     finally:
         engine.dispose()

@@ -23,7 +23,12 @@ from helpers_proc import (
     killed_turn_process,
     turn_loop_process,
 )
-from invariants import check_invariants, dump_tables, plain_engine
+from invariants import (
+    check_invariants,
+    dump_tables,
+    plain_engine,
+    wait_for_other_sessions_to_end,
+)
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -46,13 +51,7 @@ def run_killed(target: Any, *args: Any) -> int | None:
     return proc.exitcode
 
 
-OTHER_SESSIONS = text(
-    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-    " AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
-)
-
-
-def wait_for_the_servers_sessions_to_end(url: str, timeout: float = 30.0) -> None:
+def wait_for_the_servers_sessions_to_end(url: str) -> None:
     """PostgreSQL: wait until the server has ended every session of the killed client.
 
     A client killed just after it sent COMMIT leaves its server process to finish that
@@ -62,16 +61,8 @@ def wait_for_the_servers_sessions_to_end(url: str, timeout: float = 30.0) -> Non
     try:
         if engine.dialect.name != "postgresql":
             return
-        end = time.monotonic() + timeout
-        while True:
-            # a transaction of its own per read: pg_stat_activity is a snapshot per transaction
-            with engine.connect() as conn:
-                others = conn.execute(OTHER_SESSIONS).scalar_one()
-            if others == 0:
-                return
-            if time.monotonic() > end:
-                pytest.fail(f"{others} sessions of the killed client still open after {timeout}s")
-            time.sleep(0.02)
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            wait_for_other_sessions_to_end(conn)
     finally:
         engine.dispose()
 
