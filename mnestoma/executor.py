@@ -28,7 +28,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, NoReturn, cast
+from typing import Any, cast
 
 from sqlalchemy import Connection, CursorResult, Executable
 from sqlalchemy import exc as sa_exc
@@ -296,51 +296,48 @@ class DriverExecutor(Executor):
         self._dbapi = dbapi
         return dbapi
 
-    def _cursor(self, dbapi: Any, sql: str, params: Any, many: bool) -> Any:
-        """A driver cursor, once the package's own listeners have seen the statement."""
-        cursor = dbapi.cursor()
+    def _at_driver(
+        self, dbapi: Any, prepared: _Prepared, data: Any, many: bool
+    ) -> list[tuple[Any, ...]]:
+        """Run ``prepared`` on a driver cursor, after the package's own listeners, as
+        SQLAlchemy would run them; its rows (none for a write without RETURNING). A driver
+        error is raised as the package's error, chained to SQLAlchemy's wrapper of it (as
+        for the statements SQLAlchemy runs); a lost connection is invalidated."""
+        sql = prepared.sql
         try:
-            for listener in self._own:
-                listener(self.conn, cursor, sql, params, None, many)
-        except BaseException:
-            cursor.close()
-            raise
-        return cursor
-
-    def _failed(self, dbapi: Any, sql: str, params: Any, err: Exception) -> NoReturn:
-        """Raise a driver error as the package's error, chained to SQLAlchemy's wrapper of
-        it (as for the statements SQLAlchemy runs); a lost connection is invalidated."""
-        dialect = self.conn.dialect
-        wrapped = sa_exc.DBAPIError.instance(
-            sql,
-            params,
-            err,
-            dialect.loaded_dbapi.Error,
-            connection_invalidated=dialect.is_disconnect(cast(Any, err), dbapi, None),
-            dialect=dialect,
-        )
-        if isinstance(wrapped, sa_exc.DBAPIError) and wrapped.connection_invalidated:
-            self.conn.invalidate(err)
-        raise translate(wrapped) from wrapped
+            cursor = dbapi.cursor()
+            try:
+                for listener in self._own:
+                    listener(self.conn, cursor, sql, data, None, many)
+                if many:
+                    cursor.executemany(sql, data)
+                    return []
+                cursor.execute(sql, data)
+                return prepared.fetch(cursor)
+            finally:
+                cursor.close()
+        except dbapi_errors(self.conn) as err:
+            dialect = self.conn.dialect
+            wrapped = sa_exc.DBAPIError.instance(
+                sql,
+                data,
+                err,
+                dialect.loaded_dbapi.Error,
+                connection_invalidated=dialect.is_disconnect(cast(Any, err), dbapi, None),
+                dialect=dialect,
+            )
+            if isinstance(wrapped, sa_exc.DBAPIError) and wrapped.connection_invalidated:
+                self.conn.invalidate(err)
+            raise translate(wrapped) from wrapped
 
     def rows(self, stmt: Executable, params: Params | None = None) -> list[tuple[Any, ...]]:
         prepared = _prepare(self.conn, stmt, ())
-        if prepared is None:
+        dbapi = None if prepared is None else self._driver()
+        if prepared is None or (dbapi is None and self._core_fallback):
             return super().rows(stmt, params)
         args = prepared.args(params or {}, {})
-        dbapi = self._driver()
         if dbapi is not None:
-            try:
-                cursor = self._cursor(dbapi, prepared.sql, args, False)
-                try:
-                    cursor.execute(prepared.sql, args)
-                    return prepared.fetch(cursor)
-                finally:
-                    cursor.close()
-            except dbapi_errors(self.conn) as err:
-                self._failed(dbapi, prepared.sql, args, err)
-        if self._core_fallback:
-            return super().rows(stmt, params)
+            return self._at_driver(dbapi, prepared, args, False)
         with translate_errors():
             result = self.conn.exec_driver_sql(prepared.sql, args)
             try:
@@ -352,30 +349,18 @@ class DriverExecutor(Executor):
         if not rows:
             return
         prepared = _prepare(self.conn, stmt, tuple(rows[0]))
-        if prepared is None:
-            super().many(stmt, rows)
-            return
-        dbapi = self._driver()
-        if dbapi is None and self._core_fallback:
+        dbapi = None if prepared is None else self._driver()
+        if prepared is None or (dbapi is None and self._core_fallback):
             super().many(stmt, rows)
             return
         seen: dict[datetime, Any] = {}
         data = [prepared.args(r, seen) for r in rows]
+        batch = data if len(data) > 1 else data[0]
         if dbapi is not None:
-            try:
-                cursor = self._cursor(dbapi, prepared.sql, data, len(data) > 1)
-                try:
-                    if len(data) > 1:
-                        cursor.executemany(prepared.sql, data)
-                    else:
-                        cursor.execute(prepared.sql, data[0])
-                finally:
-                    cursor.close()
-            except dbapi_errors(self.conn) as err:
-                self._failed(dbapi, prepared.sql, data, err)
+            self._at_driver(dbapi, prepared, batch, len(data) > 1)
             return
         with translate_errors():
-            self.conn.exec_driver_sql(prepared.sql, data if len(data) > 1 else data[0])
+            self.conn.exec_driver_sql(prepared.sql, batch)
 
 
 def dbapi_errors(conn: Connection) -> type[Exception]:
