@@ -65,6 +65,11 @@ NAMING_CONVENTION = {
 STATES_SQL = sql_list(MnestState)
 EVENT_KINDS_SQL = sql_list(EventKind)
 RECORDERS_SQL = sql_list(Recorder)
+# The rows looked up by source (the walk, suggest_next, ranking): ix_mnests_active_src.
+ACTIVE_WHERE = f"state = {sql_literal(MnestState.ACTIVE)}"
+# PostgreSQL: mnests pages are filled to 70 %, leaving room for updates that stay on their
+# page (every row is rewritten by each ager run; each passing rewrites one).
+MNESTS_FILLFACTOR = 70
 # The passings a turn counts once per edge (ux_events_turn_edge).
 _TURN_EDGE_WHERE = f"turn_id IS NOT NULL AND kind IN ({sql_list(PASSING_KINDS)})"
 
@@ -149,9 +154,17 @@ class Mnest(Base):
             sqlite_where=text("dst_version IS NULL"),
             postgresql_where=text("dst_version IS NULL"),
         ),
-        # walk() joins edges on (src_executor, src_version) among active rows.
-        Index("ix_mnests_state_src", "state", "src_executor", "src_version"),
+        # walk() joins edges on (src_executor, src_version) among active rows; the other
+        # states are never looked up by source, and a demoted row leaves this index.
+        Index(
+            "ix_mnests_active_src",
+            "src_executor",
+            "src_version",
+            sqlite_where=text(ACTIVE_WHERE),
+            postgresql_where=text(ACTIVE_WHERE),
+        ),
         Index("ix_mnests_dst_executor", "dst_executor"),
+        {"postgresql_with": {"fillfactor": MNESTS_FILLFACTOR}},
     )
 
     def effective_weight(self, at: datetime) -> float:

@@ -53,13 +53,13 @@ def _diff(url: str) -> list:
 def test_the_scripts_have_exactly_one_head() -> None:
     script = ScriptDirectory.from_config(alembic_config())
     assert script.get_heads() == [head_revision()]
-    assert head_revision() == "0005"
+    assert head_revision() == "0006"
 
 
 def test_revisions_tell_the_story_in_order() -> None:
     script = ScriptDirectory.from_config(alembic_config())
     chain = [rev.revision for rev in script.walk_revisions()]
-    assert chain == ["0005", "0004", "0003", "0002", "0001"]
+    assert chain == ["0006", "0005", "0004", "0003", "0002", "0001"]
 
 
 def test_upgrade_builds_tables_view_and_stamps_head(empty_db_url: str) -> None:
@@ -270,3 +270,97 @@ def test_upgrade_runs_inside_a_callers_connection(empty_db_url: str) -> None:
         assert current_revision(engine) == head_revision()
     finally:
         engine.dispose()
+
+
+def _mnests_indexes(engine) -> dict[str, str]:
+    """Each index of mnests and the text the database keeps of it."""
+    with engine.connect() as conn:
+        if engine.dialect.name == "sqlite":
+            rows = conn.execute(
+                text(
+                    "SELECT name, sql FROM sqlite_master"
+                    " WHERE type = 'index' AND tbl_name = 'mnests'"
+                )
+            )
+        else:
+            rows = conn.execute(
+                text("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'mnests'")
+            )
+        return {name: sql or "" for name, sql in rows}
+
+
+def _fillfactor(engine) -> str | None:
+    with engine.connect() as conn:
+        options = conn.execute(
+            text("SELECT reloptions FROM pg_class WHERE relname = 'mnests'")
+        ).scalar_one()
+    found = [o for o in options or [] if o.startswith("fillfactor=")]
+    return found[0] if found else None
+
+
+def test_0006_indexes_only_active_rows_by_source_and_0005_gets_the_full_index_back(
+    empty_db_url: str,
+) -> None:
+    engine = make_engine(empty_db_url)
+    try:
+        mnestoma.upgrade(engine)
+        indexes = _mnests_indexes(engine)
+        assert "ix_mnests_state_src" not in indexes
+        definition = indexes["ix_mnests_active_src"].replace("(", "").replace(")", "")
+        assert "src_executor, src_version" in definition
+        assert "WHERE state" in definition and "'active'" in definition
+        mnestoma.downgrade(engine, "0005")
+        indexes = _mnests_indexes(engine)
+        assert "ix_mnests_active_src" not in indexes
+        assert "WHERE" not in indexes["ix_mnests_state_src"]
+    finally:
+        engine.dispose()
+
+
+def test_0006_leaves_room_on_postgresql_pages_and_0005_resets_it(pg_empty_db_url: str) -> None:
+    engine = make_engine(pg_empty_db_url)
+    try:
+        mnestoma.upgrade(engine)
+        assert _fillfactor(engine) == "fillfactor=70"
+        mnestoma.downgrade(engine, "0005")
+        assert _fillfactor(engine) is None
+    finally:
+        engine.dispose()
+
+
+def _in_place_share(engine) -> float:
+    """Bulk-load 2,000 rows back to back, then rewrite each one's weight in one statement
+    (as the ager's decay does): the share of updates that stayed on their page."""
+    with engine.begin() as conn:
+        conn.execute(text("TRUNCATE mnests CASCADE"))
+        conn.execute(
+            text(
+                "INSERT INTO mnests (id, src_executor, src_version, dst_executor,"
+                " dst_version, weight, uses, ts_first, ts_last, ts_weight, state)"
+                " SELECT 'mn_fill' || lpad(g::text, 10, '0'), 'src', '1', 'dst' || g, '1',"
+                " 0.5, 1, now(), now(), now(), 'active' FROM generate_series(1, 2000) g"
+            )
+        )
+    with engine.begin() as conn:
+        updated = conn.execute(text("UPDATE mnests SET weight = weight / 2")).rowcount
+        in_place = conn.execute(
+            text("SELECT pg_stat_get_xact_tuples_hot_updated('mnests'::regclass)")
+        ).scalar_one()
+    assert updated == 2000
+    return float(in_place) / updated
+
+
+def test_postgresql_rewrites_rows_of_bulk_loaded_pages_in_place(pg_empty_db_url: str) -> None:
+    """Pages filled to 70 % leave room for the new version of 30/70 of their rows within
+    one transaction: such an update (no indexed column changes) stays on its page and
+    writes no index entry. Full pages (revision 0005) leave room for almost none."""
+    engine = make_engine(pg_empty_db_url)
+    try:
+        mnestoma.upgrade(engine, "0005")
+        full_pages = _in_place_share(engine)
+        mnestoma.upgrade(engine)
+        with_room = _in_place_share(engine)
+    finally:
+        engine.dispose()
+    assert full_pages < 0.05
+    assert 0.38 < with_room < 0.5

@@ -182,11 +182,9 @@ def test_suggest_next_filters_by_version_and_limits_to_k(store: Mnestoma) -> Non
     assert [m.dst_executor for m, _ in store.suggest_next("a", "2")] == ["only-v2"]
 
 
-def test_suggest_next_uses_an_index(store: Mnestoma) -> None:
-    """EXPLAIN of the very statement suggest_next runs, with its parameters bound."""
-    store.record_passing("a", "1", "b", "1")
-    stmt = read.suggest_statement(store.engine.dialect.name, False)
-    params = {"src": "a", "k": 5, "now": datetime(2026, 1, 2, tzinfo=UTC)}
+def _plan(store: Mnestoma, stmt, params: dict) -> str:
+    """EXPLAIN of ``stmt`` with ``params`` bound, as the engine would plan it (PostgreSQL
+    with sequential scans off: the tables of a test are too small to need an index)."""
     with store.engine.connect() as conn:
         compiled = stmt.compile(dialect=conn.dialect)
         if conn.dialect.name == "sqlite":
@@ -198,14 +196,29 @@ def test_suggest_next_uses_an_index(store: Mnestoma) -> None:
                 for n in compiled.positiontup or ()
             )
             rows = conn.exec_driver_sql("EXPLAIN QUERY PLAN " + compiled.string, args)
-            plan = " ".join(str(r[-1]) for r in rows)
-        else:
-            conn.exec_driver_sql("SET enable_seqscan = off")
-            rows = conn.exec_driver_sql(
-                "EXPLAIN " + compiled.string, compiled.construct_params(params)
-            )
-            plan = " ".join(r[0] for r in rows)
-    assert "ix_mnests_state_src" in plan
+            return " ".join(str(r[-1]) for r in rows)
+        conn.exec_driver_sql("SET enable_seqscan = off")
+        rows = conn.exec_driver_sql("EXPLAIN " + compiled.string, compiled.construct_params(params))
+        return " ".join(r[0] for r in rows)
+
+
+def test_suggest_next_uses_the_partial_index_of_active_sources(store: Mnestoma) -> None:
+    """EXPLAIN of the very statement suggest_next runs, with its parameters bound: the state
+    is written as a literal, so the planner knows ix_mnests_active_src holds the rows."""
+    store.record_passing("a", "1", "b", "1")
+    stmt = read.suggest_statement(store.engine.dialect.name, False)
+    params = {"src": "a", "k": 5, "now": datetime(2026, 1, 2, tzinfo=UTC)}
+    assert "ix_mnests_active_src" in _plan(store, stmt, params)
+
+
+def test_walk_steps_through_the_partial_index_of_active_sources(store: Mnestoma) -> None:
+    store.record_passing("a", "1", "b", "1")
+    store.record_passing("b", "1", "c", "1")
+    stmt = read.walk_statement(store.engine.dialect.name, with_floor=False)
+    params = {"src": "a", "max_depth": 3, "limit": 10, "now": datetime(2026, 1, 2, tzinfo=UTC)}
+    plan = _plan(store, stmt, params)
+    # the first edges, and each step's next edges (the recursion's join), both through it
+    assert plan.count("ix_mnests_active_src") >= 2, plan
 
 
 def test_walk_and_suggest_on_a_factory_built_graph(store_url: str, clock) -> None:

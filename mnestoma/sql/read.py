@@ -27,7 +27,7 @@ from ..sqlrules import decayed, now_param, safe_product
 from .tables import EVENTS as E
 from .tables import MNESTS as M
 from .tables import QUERIES as Q
-from .tables import key_is
+from .tables import is_active, key_is
 
 __all__ = [
     "QUERY_RECENT",
@@ -153,7 +153,7 @@ def walk_statement(dialect: str, *, with_floor: bool) -> Select[Any]:
     start = (
         select(*first_columns)
         .where(
-            M.c.state == MnestState.ACTIVE.value,
+            is_active(M),
             M.c.src_executor == bindparam("src"),
             M.c.dst_executor != M.c.src_executor,
             *([eff >= bindparam("min_weight")] if with_floor else []),
@@ -178,7 +178,7 @@ def walk_statement(dialect: str, *, with_floor: bool) -> Select[Any]:
     if pg:
         step_columns.append(func.row_number().over(order_by=(score.desc(), path)))
     step = select(*step_columns).where(
-        nxt.c.state == MnestState.ACTIVE.value,
+        is_active(nxt),
         nxt.c.src_executor == start.c.dst_executor,
         nxt.c.src_version == start.c.dst_version,
         start.c.depth < bindparam("max_depth"),
@@ -214,7 +214,7 @@ def walk_statement(dialect: str, *, with_floor: bool) -> Select[Any]:
 
 def _out_of_source(table: FromClause, with_version: bool) -> list[ColumnElement[bool]]:
     """The active edges out of ``:src`` (and ``:sv`` when the version is given)."""
-    terms = [table.c.state == MnestState.ACTIVE.value, table.c.src_executor == bindparam("src")]
+    terms = [is_active(table), table.c.src_executor == bindparam("src")]
     if with_version:
         terms.append(table.c.src_version == bindparam("sv"))
     return terms

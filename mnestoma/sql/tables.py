@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import cast
 
-from sqlalchemy import ColumnElement, Table, and_, bindparam
+from sqlalchemy import ColumnElement, String, Table, and_, bindparam, literal_column
+from sqlalchemy.sql.expression import FromClause
 
 from ..models import AgerRun, CanonicalQuery, Event, Mnest
-from ..rules import MnestState
+from ..rules import MnestState, sql_literal
 
 __all__ = [
     "AGER_RUNS",
@@ -18,6 +19,7 @@ __all__ = [
     "QUERIES",
     "QUERY_COLUMNS",
     "Key",
+    "is_active",
     "key_is",
 ]
 
@@ -49,3 +51,10 @@ def key_is(
         c.state == (bindparam("state" + suffix) if state is None else state.value),
     ]
     return and_(*terms)
+
+
+def is_active(table: FromClause) -> ColumnElement[bool]:
+    """``state = 'active'`` with the state written as a literal, as the predicate of the
+    partial index ``ix_mnests_active_src`` says it: with a bound parameter instead, neither
+    planner could tell that the index holds every row the statement wants."""
+    return table.c.state == literal_column(sql_literal(MnestState.ACTIVE), String)
