@@ -478,8 +478,8 @@ class MnestRepository:
             check_name(dst_executor, "dst_executor"),
             check_optional_name(dst_version, "dst_version"),
         )
-        params = {**_key_params(key), "state": check_state(state).value}
-        row = self._ex().first(rd.find_statement(dst_version is None), params)
+        stmt = rd.find_statement(dst_version is None, check_state(state))
+        row = self._ex().first(stmt, _key_params(key))
         return snap.mnest(row) if row is not None else None
 
     def edges(
@@ -645,8 +645,8 @@ class MnestRepository:
     ) -> bool:
         """Does another row hold this row's key (with ``dst_version``) in ``state``?"""
         key = (row[_SRC], row[_SRC_V], row[_DST], dst_version)
-        params = {**_key_params(key), "state": state.value, "own_id": row[_ID]}
-        return ex.first(rec.key_taken(dst_version is None), params) is not None
+        params = {**_key_params(key), "own_id": row[_ID]}
+        return ex.first(rec.key_taken(dst_version is None, state), params) is not None
 
     def transition_state(
         self, mnest_id: str, new_state: str, *, reason: str | None = None

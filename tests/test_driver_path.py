@@ -4,6 +4,7 @@ SQLAlchemy as soon as somebody does; a driver error there is still the package's
 from __future__ import annotations
 
 import logging
+import sqlite3
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -220,3 +221,43 @@ def test_reads_run_at_the_driver_in_one_snapshot_of_their_own(
     finally:
         other.close()
         engine.dispose()
+
+
+def test_sqlite_plans_the_hot_statements_once_not_at_each_call(tmp_path) -> None:
+    """SQLite re-plans a cached statement each time a value is bound to a parameter that its
+    planner compared with a partial index's constant (a state, an event kind). The hot
+    statements write such values as literals: once warm, recording, looking up and walking
+    prepare nothing. SQLite calls the authorizer only while it prepares a statement."""
+    store = mnestoma.Mnestoma(f"sqlite:///{tmp_path / 'plans.sqlite'}")
+    prepared: list[tuple[Any, ...]] = []
+
+    def authorizer(action: int, *args: Any) -> int:
+        # BEGIN, COMMIT and ROLLBACK are prepared afresh each time by Python's driver
+        if action != sqlite3.SQLITE_TRANSACTION:
+            prepared.append((action, *args))
+        return sqlite3.SQLITE_OK
+
+    def calls(n: int) -> None:
+        store.record_passing(*EDGE, turn_id=f"turn-{n}")
+        store.record_passing(*EDGE)
+        store.record_proto("plan", "1", "summarise", turn_id=f"turn-{n}")
+        store.record_turn(f"batch-{n}", [EDGE, ("search", "2", "read", "1")])
+        store.find(*EDGE)
+        store.suggest_next("plan")
+        store.walk("plan")
+
+    try:
+        calls(0)
+        raw = store.engine.raw_connection()  # the pool's one connection, used by every call
+        try:
+            raw.driver_connection.set_authorizer(authorizer)
+        finally:
+            raw.close()
+        calls(1)  # setting an authorizer expires every prepared statement: prepared again
+        assert prepared, "the authorizer sees each preparation"
+        prepared.clear()
+        for n in range(2, 6):
+            calls(n)
+        assert prepared == []
+    finally:
+        store.close()

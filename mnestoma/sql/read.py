@@ -27,7 +27,7 @@ from ..sqlrules import decayed, now_param, safe_product
 from .tables import EVENTS as E
 from .tables import MNESTS as M
 from .tables import QUERIES as Q
-from .tables import is_active, key_is
+from .tables import is_active, key_is, state_is
 
 __all__ = [
     "QUERY_RECENT",
@@ -46,9 +46,10 @@ SELECT_BY_ID = select(M).where(M.c.id == bindparam("id"))
 
 
 @functools.cache
-def find_statement(proto: bool) -> Select[Any]:
-    """The row with the key bound as ``:s :sv :d :dv`` and state ``:state``."""
-    return select(M).where(key_is(M, proto=proto))
+def find_statement(proto: bool, state: MnestState) -> Select[Any]:
+    """The row with the key bound as ``:s :sv :d :dv`` and this state (one statement per
+    state: see :func:`~mnestoma.sql.tables.state_is`)."""
+    return select(M).where(key_is(M, proto=proto, state=state))
 
 
 @functools.cache
@@ -86,7 +87,7 @@ def recurring_protos_statement(dialect: str) -> Select[Any]:
     return (
         select(M)
         .where(
-            M.c.state == MnestState.PROTO.value,
+            state_is(M, MnestState.PROTO),
             M.c.uses >= bindparam("uses"),
             eff >= bindparam("floor"),
         )

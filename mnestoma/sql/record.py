@@ -27,7 +27,7 @@ from ..rules import PASSING_KINDS, MnestState
 from .tables import EVENTS as E
 from .tables import MNESTS as M
 from .tables import QUERIES as Q
-from .tables import Key, key_is
+from .tables import Key, key_is, kind_in
 
 __all__ = [
     "HOLD_OFF_AGER",
@@ -93,7 +93,7 @@ SELECT_ONE_ACTIVE = (
 SELECT_ONE_PROTO = select(M).where(key_is(M, proto=True, state=MnestState.PROTO)).with_for_update()
 SELECT_BY_ID_LOCKED = select(M).where(M.c.id == bindparam("id")).with_for_update()
 
-_COUNTED = E.c.kind.in_([kind.value for kind in PASSING_KINDS])
+_COUNTED = kind_in(E, PASSING_KINDS)
 # Has this turn counted any passing yet? (one index probe; most turns are new)
 TURN_SEEN = select(E.c.id).where(E.c.turn_id == bindparam("turn_id"), _COUNTED).limit(1)
 # Which of these rows has the turn already counted?
@@ -163,14 +163,17 @@ PG_REINFORCE_WITH_EVENT = _reinforce_with_event()
 HOLD_OFF_AGER: TextClause = text("LOCK TABLE mnests IN ROW EXCLUSIVE MODE")
 
 
-def key_taken(proto: bool) -> Select[Any]:
-    """Another row (not ``:own_id``) with this key in state ``:state``?"""
-    return _KEY_TAKEN[proto]
+def key_taken(proto: bool, state: MnestState) -> Select[Any]:
+    """Another row (not ``:own_id``) with this key in this state?"""
+    return _KEY_TAKEN[(proto, state)]
 
 
 _KEY_TAKEN = {
-    proto: select(M.c.id).where(key_is(M, proto=proto), M.c.id != bindparam("own_id")).limit(1)
+    (proto, state): select(M.c.id)
+    .where(key_is(M, proto=proto, state=state), M.c.id != bindparam("own_id"))
+    .limit(1)
     for proto in (False, True)
+    for state in MnestState
 }
 
 SET_STATE: Update = update(M).where(M.c.id == bindparam("b_id")).values(state=bindparam("b_state"))

@@ -8,7 +8,7 @@ from sqlalchemy import ColumnElement, String, Table, and_, bindparam, literal_co
 from sqlalchemy.sql.expression import FromClause
 
 from ..models import AgerRun, CanonicalQuery, Event, Mnest
-from ..rules import MnestState, sql_literal
+from ..rules import EventKind, MnestState, sql_literal
 
 __all__ = [
     "AGER_RUNS",
@@ -21,6 +21,8 @@ __all__ = [
     "Key",
     "is_active",
     "key_is",
+    "kind_in",
+    "state_is",
 ]
 
 MNESTS = cast(Table, Mnest.__table__)
@@ -41,20 +43,37 @@ def key_is(
 ) -> ColumnElement[bool]:
     """The edge-key predicate, the one spelling of it: the key bound as ``:s``, ``:sv``,
     ``:d`` (and ``:dv`` unless a proto, whose version is NULL), each name + ``suffix``;
-    the state bound as ``:state`` + suffix, or fixed when ``state`` is given."""
+    the state bound as ``:state`` + suffix, or written in when ``state`` is given (see
+    :func:`state_is`)."""
     c = table.c
     terms: list[ColumnElement[bool]] = [
         c.src_executor == bindparam("s" + suffix),
         c.src_version == bindparam("sv" + suffix),
         c.dst_executor == bindparam("d" + suffix),
         c.dst_version.is_(None) if proto else c.dst_version == bindparam("dv" + suffix),
-        c.state == (bindparam("state" + suffix) if state is None else state.value),
+        c.state == bindparam("state" + suffix) if state is None else state_is(table, state),
     ]
     return and_(*terms)
 
 
+def state_is(table: FromClause, state: MnestState) -> ColumnElement[bool]:
+    """``state = '<state>'``, the state written as a literal, never a bound parameter.
+
+    The partial index ``ix_mnests_active_src`` names a state (``WHERE state = 'active'``).
+    With the state as a parameter, neither planner could tell that it holds the rows a
+    statement wants; and SQLite, which compares such a parameter with the index's constant
+    while planning, would plan the statement again each time a value is bound to it.
+    """
+    return table.c.state == literal_column(sql_literal(state), String)
+
+
 def is_active(table: FromClause) -> ColumnElement[bool]:
-    """``state = 'active'`` with the state written as a literal, as the predicate of the
-    partial index ``ix_mnests_active_src`` says it: with a bound parameter instead, neither
-    planner could tell that the index holds every row the statement wants."""
-    return table.c.state == literal_column(sql_literal(MnestState.ACTIVE), String)
+    """``state = 'active'`` as :func:`state_is` writes it."""
+    return state_is(table, MnestState.ACTIVE)
+
+
+def kind_in(table: FromClause, kinds: tuple[EventKind, ...]) -> ColumnElement[bool]:
+    """``kind IN ('a', 'b')``, the kinds written as literals, as the partial index
+    ``ux_events_turn_edge`` names them (see :func:`state_is`); a list of values would also
+    be an expanding parameter, which the driver path leaves to SQLAlchemy."""
+    return table.c.kind.in_([literal_column(sql_literal(k), String) for k in kinds])
