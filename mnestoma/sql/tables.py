@@ -39,19 +39,18 @@ Key = tuple[str, str, str, str | None]
 
 
 def key_is(
-    table: Table, suffix: str = "", *, proto: bool, state: MnestState | None = None
+    table: Table, suffix: str = "", *, proto: bool, state: MnestState
 ) -> ColumnElement[bool]:
     """The edge-key predicate, the one spelling of it: the key bound as ``:s``, ``:sv``,
     ``:d`` (and ``:dv`` unless a proto, whose version is NULL), each name + ``suffix``;
-    the state bound as ``:state`` + suffix, or written in when ``state`` is given (see
-    :func:`state_is`)."""
+    the state written in (see :func:`state_is`): one statement per state."""
     c = table.c
     terms: list[ColumnElement[bool]] = [
         c.src_executor == bindparam("s" + suffix),
         c.src_version == bindparam("sv" + suffix),
         c.dst_executor == bindparam("d" + suffix),
         c.dst_version.is_(None) if proto else c.dst_version == bindparam("dv" + suffix),
-        c.state == bindparam("state" + suffix) if state is None else state_is(table, state),
+        state_is(table, state),
     ]
     return and_(*terms)
 
