@@ -148,3 +148,22 @@ def test_recurring_protos_ignore_active_rows(store: Mnestoma) -> None:
     for _ in range(5):
         store.record_passing("a", "1", "b", "1")
     assert store.recurring_protos() == []
+
+
+def test_find_reads_each_state_of_one_key_apart(store: Mnestoma) -> None:
+    """One key can hold an active, a decaying and superseded rows at once: find answers for
+    the state asked (each state is its own statement, the state written in)."""
+    old = store.record_passing("a", "1", "b", "1")
+    store.transition_state(old.id, "decaying")
+    new = store.record_passing("a", "1", "b", "1")  # a fresh active row beside it
+    assert new.id != old.id
+    found = {s: store.find("a", "1", "b", "1", state=s) for s in ("active", "decaying")}
+    assert found["active"].id == new.id and found["active"].state == "active"
+    assert found["decaying"].id == old.id and found["decaying"].state == "decaying"
+    assert store.find("a", "1", "b", "1", state="superseded") is None
+    store.transition_state(old.id, "superseded")
+    assert store.find("a", "1", "b", "1", state="decaying") is None
+    assert store.find("a", "1", "b", "1", state="superseded").id == old.id
+    proto = store.record_proto("a", "1", "c")
+    assert store.find("a", "1", "c", None, state="proto").id == proto.id
+    assert store.find("a", "1", "c", None, state="active") is None
