@@ -245,6 +245,8 @@ def test_sqlite_plans_the_hot_statements_once_not_at_each_call(tmp_path) -> None
         store.find(*EDGE)
         store.suggest_next("plan")
         store.walk("plan")
+        store.edges(src_executor="plan", states=["active"])
+        store.edges(states=["decaying", "active"], limit=10)
 
     try:
         calls(0)
