@@ -163,18 +163,12 @@ PG_REINFORCE_WITH_EVENT = _reinforce_with_event()
 HOLD_OFF_AGER: TextClause = text("LOCK TABLE mnests IN ROW EXCLUSIVE MODE")
 
 
+@functools.cache
 def key_taken(proto: bool, state: MnestState) -> Select[Any]:
     """Another row (not ``:own_id``) with this key in this state?"""
-    return _KEY_TAKEN[(proto, state)]
+    own = M.c.id != bindparam("own_id")
+    return select(M.c.id).where(key_is(M, proto=proto, state=state), own).limit(1)
 
-
-_KEY_TAKEN = {
-    (proto, state): select(M.c.id)
-    .where(key_is(M, proto=proto, state=state), M.c.id != bindparam("own_id"))
-    .limit(1)
-    for proto in (False, True)
-    for state in MnestState
-}
 
 SET_STATE: Update = update(M).where(M.c.id == bindparam("b_id")).values(state=bindparam("b_state"))
 PROMOTE: Update = (
