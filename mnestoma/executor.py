@@ -21,6 +21,7 @@ SQLAlchemy again and is seen there (SQLite: ``exec_driver_sql``; PostgreSQL: Cor
 from __future__ import annotations
 
 import logging
+import operator
 import sqlite3
 import threading
 import weakref
@@ -89,12 +90,23 @@ class Executor:
         """The first column of every row."""
         return [r[0] for r in self.rows(stmt, params)]
 
-    def many(self, stmt: Executable, rows: Sequence[Params]) -> None:
-        """Run an INSERT or UPDATE once per parameter set (executemany); no result."""
+    def many(
+        self,
+        stmt: Executable,
+        rows: Sequence[Params] | Sequence[Sequence[Any]],
+        columns: tuple[str, ...] | None = None,
+    ) -> None:
+        """Run an INSERT or UPDATE once per parameter set (executemany); no result. Each
+        set is a mapping, or with ``columns``, a tuple of values in that order."""
         if not rows:
             return
+        params = (
+            [dict(zip(columns, r, strict=True)) for r in cast(Sequence[Sequence[Any]], rows)]
+            if columns is not None
+            else list(cast(Sequence[Params], rows))
+        )
         with translate_errors():
-            self.conn.execute(stmt, list(rows))
+            self.conn.execute(stmt, params)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,12 +126,44 @@ class _Prepared:
     # one statement's text always gives the same. psycopg builds an object per column each
     # time its description is read, so it is read once.
     resolved: list[tuple[tuple[int, Processor], ...]] = field(default_factory=list)
+    # For rows given as tuples: per column order, what puts a row in this statement's order.
+    pickers: dict[tuple[str, ...], Callable[[Sequence[Any]], list[Any]]] = field(
+        default_factory=dict
+    )
 
     def args(self, values: Params, seen: dict[datetime, Any]) -> tuple[Any, ...] | dict[str, Any]:
         """One row of parameters as the driver takes them; ``seen`` converts each instant
         once per batch."""
         defaults = self.defaults
-        out = [values[n] if n in values else defaults[n] for n in self.names]
+        return self.converted([values[n] if n in values else defaults[n] for n in self.names], seen)
+
+    def picker(self, columns: tuple[str, ...]) -> Callable[[Sequence[Any]], list[Any]]:
+        """For rows given as tuples in ``columns`` order: the function that lists a row's
+        values in this statement's parameter order (worked out once per column order)."""
+        pick = self.pickers.get(columns)
+        if pick is not None:
+            return pick
+        where = {name: i for i, name in enumerate(columns)}
+        if len(self.names) > 1 and all(n in where for n in self.names):
+            getter = operator.itemgetter(*(where[n] for n in self.names))
+
+            def pick(row: Sequence[Any]) -> list[Any]:
+                return list(getter(row))
+
+        else:  # a parameter the rows do not hold keeps its compiled value
+            slots = [(where.get(n), self.defaults[n]) for n in self.names]
+
+            def pick(row: Sequence[Any]) -> list[Any]:
+                return [value if i is None else row[i] for i, value in slots]
+
+        self.pickers[columns] = pick
+        return pick
+
+    def converted(
+        self, out: list[Any], seen: dict[datetime, Any]
+    ) -> tuple[Any, ...] | dict[str, Any]:
+        """Parameters in statement order, converted by their types' bind processors, as the
+        driver takes them; ``seen`` converts each instant once per batch."""
         for i, convert in self.converting:
             value = out[i]
             if value is None:
@@ -345,16 +389,26 @@ class DriverExecutor(Executor):
             finally:
                 result.close()
 
-    def many(self, stmt: Executable, rows: Sequence[Params]) -> None:
+    def many(
+        self,
+        stmt: Executable,
+        rows: Sequence[Params] | Sequence[Sequence[Any]],
+        columns: tuple[str, ...] | None = None,
+    ) -> None:
         if not rows:
             return
-        prepared = _prepare(self.conn, stmt, tuple(rows[0]))
+        keys = columns if columns is not None else tuple(cast(Params, rows[0]))
+        prepared = _prepare(self.conn, stmt, keys)
         dbapi = None if prepared is None else self._driver()
         if prepared is None or (dbapi is None and self._core_fallback):
-            super().many(stmt, rows)
+            super().many(stmt, rows, columns)
             return
         seen: dict[datetime, Any] = {}
-        data = [prepared.args(r, seen) for r in rows]
+        if columns is not None:
+            pick, convert = prepared.picker(columns), prepared.converted
+            data = [convert(pick(r), seen) for r in cast(Sequence[Sequence[Any]], rows)]
+        else:
+            data = [prepared.args(r, seen) for r in cast(Sequence[Params], rows)]
         batch = data if len(data) > 1 else data[0]
         if dbapi is not None:
             self._at_driver(dbapi, prepared, batch, len(data) > 1)

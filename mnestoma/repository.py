@@ -98,6 +98,8 @@ _WEIGHT, _LAMBDA, _TS_WEIGHT, _TS_LAST = (
 )
 _TAGS, _SIG = _COL["tags"], _COL["desired_sig"]
 Row = tuple[Any, ...]
+# Where PostgreSQL's one-statement reinforcement finds its event values in an event tuple.
+_PG_REINFORCE_EVENT_AT = tuple(rec.EVENT_ROW.index(n) for n in rec.PG_REINFORCE_EVENT_PARAMS)
 
 
 def _key(p: Passing) -> Key:
@@ -138,20 +140,21 @@ def _event(
     reason: str | None = None,
     related_id: str | None = None,
     recorder: str,
-) -> dict[str, Any]:
-    return {
-        "mnest_id": mnest_id,
-        "kind": kind.value,
-        "ts": ts,
-        "turn_id": turn_id,
-        "weight_before": weight_before,
-        "weight_after": weight_after,
-        "state_before": state_before,
-        "state_after": state_after,
-        "reason": reason,
-        "related_id": related_id,
-        "recorder": recorder,
-    }
+) -> Row:
+    """An event's values in :data:`~mnestoma.sql.record.EVENT_ROW` order."""
+    return (
+        mnest_id,
+        kind.value,
+        ts,
+        turn_id,
+        weight_before,
+        weight_after,
+        state_before,
+        state_after,
+        reason,
+        related_id,
+        recorder,
+    )
 
 
 class MnestRepository:
@@ -276,20 +279,20 @@ class MnestRepository:
                     return snap.mnest(row)
                 values, ev = self._reinforcement(row, p, turn_id, now, recorder)
                 if ex.dialect == "postgresql":
-                    ev_params = {k: ev[k] for k in rec.PG_REINFORCE_EVENT_PARAMS}
-                    ex.many(rec.PG_REINFORCE_WITH_EVENT, [{**values, **ev_params}])
+                    both = values + tuple(ev[i] for i in _PG_REINFORCE_EVENT_AT)
+                    ex.many(rec.PG_REINFORCE_WITH_EVENT, [both], rec.PG_REINFORCE_ROW)
                 else:
-                    ex.many(rec.UPDATE_REINFORCE, [values])
-                    ex.many(rec.INSERT_EVENT, [ev])
+                    ex.many(rec.UPDATE_REINFORCE, [values], rec.REINFORCE_ROW)
+                    ex.many(rec.INSERT_EVENT, [ev], rec.EVENT_ROW)
                 return snap.mnest(_reinforced(row, values))
             values, ev = self._creation(p, turn_id, now, recorder)
             if ex.dialect == "sqlite":
-                ex.many(rec.INSERT_MNEST_LOCKED, [values])  # under the write lock
-                ex.many(rec.INSERT_EVENT, [ev])
-                return snap.mnest_from(values)
-            if ex.first(rec.insert_mnest(ex.dialect), values) is not None:
-                ex.many(rec.INSERT_EVENT, [ev])
-                return snap.mnest_from(values)
+                ex.many(rec.INSERT_MNEST_LOCKED, [values], MNEST_COLUMNS)  # under the write lock
+                ex.many(rec.INSERT_EVENT, [ev], rec.EVENT_ROW)
+                return snap.mnest(values)
+            if ex.first(rec.insert_mnest(ex.dialect), _as_params(values)) is not None:
+                ex.many(rec.INSERT_EVENT, [ev], rec.EVENT_ROW)
+                return snap.mnest(values)
             # Another transaction created the row first: lock it and reinforce instead.
         raise RaceLost("could not record the passing: the edge kept changing under us")
 
@@ -350,9 +353,9 @@ class MnestRepository:
             # a retried (or continued) turn: which of its rows did it already count?
             ids = [r[_ID] for r in found.values()]
             done = set(ex.scalars(rec.TURN_COUNTED, {"turn_id": turn_id, "ids": ids}))
-        updates: list[dict[str, Any]] = []
-        creations: list[tuple[tuple[bool, Key], dict[str, Any], dict[str, Any]]] = []
-        events: list[dict[str, Any]] = []
+        updates: list[Row] = []
+        creations: list[tuple[tuple[bool, Key], Row, Row]] = []
+        events: list[Row] = []
         for ident, p in pending.items():
             row = found.get(ident)
             if row is None:
@@ -365,7 +368,7 @@ class MnestRepository:
                 updates.append(values)
                 events.append(ev)
                 result[ident] = snap.mnest(_reinforced(row, values))
-        ex.many(rec.UPDATE_REINFORCE, updates)
+        ex.many(rec.UPDATE_REINFORCE, updates, rec.REINFORCE_ROW)
         if creations:
             # In key order. PostgreSQL: one multi-row INSERT ... ON CONFLICT DO NOTHING
             # RETURNING id, where a key another transaction created meanwhile comes back
@@ -373,13 +376,15 @@ class MnestRepository:
             creations.sort(key=lambda c: _sort_key(c[0]))
             params = [values for _, values, _ in creations]
             if ex.dialect == "sqlite":
-                ex.many(rec.INSERT_MNEST_LOCKED, params)  # under the write lock
-            elif len(ex.execute(rec.insert_mnest(ex.dialect), params).all()) < len(params):
-                return None
+                ex.many(rec.INSERT_MNEST_LOCKED, params, MNEST_COLUMNS)  # under the write lock
+            else:
+                inserted = ex.execute(rec.insert_mnest(ex.dialect), [_as_params(v) for v in params])
+                if len(inserted.all()) < len(params):
+                    return None
             for ident, values, ev in creations:
                 events.append(ev)
-                result[ident] = snap.mnest_from(values)
-        ex.many(rec.INSERT_EVENT, events)
+                result[ident] = snap.mnest(values)
+        ex.many(rec.INSERT_EVENT, events, rec.EVENT_ROW)
         return result
 
     def _lock_keys(self, ex: Executor, idents: list[tuple[bool, Key]]) -> list[Row]:
@@ -396,19 +401,21 @@ class MnestRepository:
 
     def _reinforcement(
         self, row: Row, p: Passing, turn_id: str | None, now: datetime, recorder: str
-    ) -> tuple[dict[str, Any], dict[str, Any]]:
+    ) -> tuple[Row, Row]:
+        """A reinforcement's UPDATE_REINFORCE values (:data:`~mnestoma.sql.record.REINFORCE_ROW`
+        order) and its event."""
         ts_last = advance(row[_TS_LAST], now)
         ts_weight = advance(row[_TS_WEIGHT], now)
         before = decayed_weight(row[_WEIGHT], row[_LAMBDA], row[_TS_WEIGHT], ts_weight)
         after = reinforce(before)
-        values = {
-            "b_id": row[_ID],
-            "b_weight": after,
-            "b_ts_last": ts_last,
-            "b_ts_weight": ts_weight,
-            "b_tags": p.tags if p.tags is not None else row[_TAGS],
-            "b_desired_sig": p.desired_sig if p.desired_sig is not None else row[_SIG],
-        }
+        values = (
+            row[_ID],
+            after,
+            ts_last,
+            ts_weight,
+            p.tags if p.tags is not None else row[_TAGS],
+            p.desired_sig if p.desired_sig is not None else row[_SIG],
+        )
         ev = _event(
             row[_ID],
             EventKind.REINFORCED,
@@ -424,26 +431,29 @@ class MnestRepository:
 
     def _creation(
         self, p: Passing, turn_id: str | None, now: datetime, recorder: str
-    ) -> tuple[dict[str, Any], dict[str, Any]]:
+    ) -> tuple[Row, Row]:
+        """A new row (the table's columns in order, as :func:`~mnestoma.snapshots.mnest`
+        takes them) and its event."""
         state = MnestState.ACTIVE if p.dst_exists else MnestState.PROTO
-        values = {
-            "id": new_mnest_id(),
-            "src_executor": p.src_executor,
-            "src_version": p.src_version,
-            "dst_executor": p.dst_executor,
-            "dst_version": p.dst_version,
-            "weight": INITIAL_WEIGHT,
-            "uses": 1,
-            "ts_first": now,
-            "ts_last": now,
-            "ts_weight": now,
-            "decay_lambda": DEFAULT_DECAY_LAMBDA,
-            "state": state.value,
-            "tags": p.tags,
-            "desired_sig": p.desired_sig,
-        }
+        mnest_id = new_mnest_id()
+        values = (
+            mnest_id,
+            p.src_executor,
+            p.src_version,
+            p.dst_executor,
+            p.dst_version,
+            INITIAL_WEIGHT,
+            1,
+            now,
+            now,
+            now,
+            DEFAULT_DECAY_LAMBDA,
+            state.value,
+            p.tags,
+            p.desired_sig,
+        )
         ev = _event(
-            values["id"],
+            mnest_id,
             EventKind.CREATED,
             now,
             turn_id=turn_id,
@@ -712,7 +722,7 @@ class MnestRepository:
             reason=reason,
             recorder=self._recorder,
         )
-        ex.many(rec.INSERT_EVENT, [event_row])
+        ex.many(rec.INSERT_EVENT, [event_row], rec.EVENT_ROW)
 
     # --- ageing -----------------------------------------------------------------------
 
@@ -731,19 +741,17 @@ class MnestRepository:
         ).log(raw_query, canonical_query, turn_id=turn_id)
 
 
-def _reinforced(row: Row, values: dict[str, Any]) -> Row:
-    """The row as :data:`~mnestoma.sql.record.UPDATE_REINFORCE` leaves it."""
-    return _with(
-        row,
-        {
-            _WEIGHT: values["b_weight"],
-            _TS_LAST: values["b_ts_last"],
-            _TS_WEIGHT: values["b_ts_weight"],
-            _TAGS: values["b_tags"],
-            _SIG: values["b_desired_sig"],
-            _USES: row[_USES] + 1,
-        },
-    )
+def _reinforced(row: Row, values: Row) -> Row:
+    """The row as :data:`~mnestoma.sql.record.UPDATE_REINFORCE` leaves it, given that
+    statement's values (:data:`~mnestoma.sql.record.REINFORCE_ROW` order)."""
+    _, weight, ts_last, ts_weight, tags, sig = values
+    changes = {_WEIGHT: weight, _TS_LAST: ts_last, _TS_WEIGHT: ts_weight, _TAGS: tags, _SIG: sig}
+    return _with(row, {**changes, _USES: row[_USES] + 1})
+
+
+def _as_params(values: Row) -> dict[str, Any]:
+    """A new row's values by column name, for the statements SQLAlchemy runs itself."""
+    return dict(zip(MNEST_COLUMNS, values, strict=True))
 
 
 def _check_session(session: Any, owner: str) -> Session | Connection:

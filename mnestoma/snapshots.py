@@ -20,7 +20,7 @@ from sqlalchemy.orm.attributes import instance_state
 from .models import CanonicalQuery, Event, Mnest
 from .sql.tables import EVENT_COLUMNS, MNEST_COLUMNS, QUERY_COLUMNS
 
-__all__ = ["event", "mnest", "mnest_from", "query", "query_from"]
+__all__ = ["event", "mnest", "query", "query_from"]
 
 T = TypeVar("T")
 
@@ -51,11 +51,6 @@ def _build(cls: type[T], columns: Sequence[str], values: Sequence[Any]) -> T:
 def mnest(values: Sequence[Any]) -> Mnest:
     """A Mnest from the table's columns in order (a row of ``select(mnests)``)."""
     return _build(Mnest, MNEST_COLUMNS, values[: len(MNEST_COLUMNS)])
-
-
-def mnest_from(values: Mapping[str, Any]) -> Mnest:
-    """A Mnest from a mapping holding every column."""
-    return _build(Mnest, MNEST_COLUMNS, [values[k] for k in MNEST_COLUMNS])
 
 
 def event(values: Sequence[Any]) -> Event:

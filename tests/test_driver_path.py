@@ -263,3 +263,45 @@ def test_sqlite_plans_the_hot_statements_once_not_at_each_call(tmp_path) -> None
         assert prepared == []
     finally:
         store.close()
+
+
+def _event_rows(store: mnestoma.Mnestoma, mnest_id: str) -> list[tuple[Any, ...]]:
+    return [
+        (e.kind, e.ts, e.turn_id, e.weight_before, e.weight_after, e.state_after, e.recorder)
+        for e in store.events(mnest_id=mnest_id)
+    ]
+
+
+@pytest.mark.parametrize("observed", [False, True], ids=["at-the-driver", "through-sqlalchemy"])
+def test_rows_given_as_tuples_in_any_column_order_write_what_mappings_write(
+    store: mnestoma.Mnestoma, observed: bool
+) -> None:
+    first = store.record_passing(*EDGE)
+    mapping = _event(first.id)
+    columns = tuple(reversed(mapping))  # not the statement's own order
+    listener = lambda *_args: None  # noqa: E731 - a service's statement listener
+    if observed:
+        event.listen(store.engine, "before_cursor_execute", listener)
+    try:
+        with store.engine.begin() as conn:
+            ex = executor.executor_for(conn)
+            ex.many(record.INSERT_EVENT, [mapping])
+            ex.many(record.INSERT_EVENT, [tuple(mapping[c] for c in columns)] * 2, columns)
+    finally:
+        if observed:
+            event.remove(store.engine, "before_cursor_execute", listener)
+    written = [e for e in _event_rows(store, first.id) if e[0] != EventKind.CREATED.value]
+    assert len(written) == 3
+    assert written[0] == written[1] == written[2]
+    assert written[0][0] == EventKind.REINFORCED.value and written[0][4] == 0.3
+
+
+def test_a_parameter_missing_from_tuple_rows_keeps_its_compiled_value(
+    store: mnestoma.Mnestoma,
+) -> None:
+    m = store.record_passing(*EDGE)
+    stmt = record.SET_STATE.values(state=MnestState.DECAYING.value)  # state as a literal bind
+    with store.engine.begin() as conn:
+        ex = executor.executor_for(conn)
+        ex.many(stmt, [(m.id,)], ("b_id",))
+    assert store.get(m.id).state == MnestState.DECAYING.value

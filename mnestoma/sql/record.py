@@ -24,20 +24,23 @@ from sqlalchemy.dialects import postgresql as pg_dialect
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 
 from ..rules import PASSING_KINDS, MnestState
+from .tables import EVENT_COLUMNS, Key, key_is, kind_in
 from .tables import EVENTS as E
 from .tables import MNESTS as M
 from .tables import QUERIES as Q
-from .tables import Key, key_is, kind_in
 
 __all__ = [
+    "EVENT_ROW",
     "HOLD_OFF_AGER",
     "INSERT_EVENT",
     "INSERT_MNEST_LOCKED",
     "INSERT_QUERY",
     "KEYS_PER_STATEMENT",
     "PG_REINFORCE_EVENT_PARAMS",
+    "PG_REINFORCE_ROW",
     "PG_REINFORCE_WITH_EVENT",
     "PROMOTE",
+    "REINFORCE_ROW",
     "SELECT_BY_ID_LOCKED",
     "SELECT_ONE_ACTIVE",
     "SELECT_ONE_PROTO",
@@ -106,6 +109,8 @@ TURN_COUNTED_ONE = select(E.c.mnest_id).where(
     E.c.turn_id == bindparam("turn_id"), E.c.mnest_id == bindparam("mid"), _COUNTED
 )
 
+# The parameters of UPDATE_REINFORCE, in the order of the tuples the repository builds.
+REINFORCE_ROW = ("b_id", "b_weight", "b_ts_last", "b_ts_weight", "b_tags", "b_desired_sig")
 UPDATE_REINFORCE = (
     update(M)
     .where(M.c.id == bindparam("b_id"))
@@ -131,6 +136,8 @@ def insert_mnest(dialect: str) -> Insert:
 
 
 INSERT_EVENT = insert(E)
+# An event's values as the repository builds them: every column but the generated id.
+EVENT_ROW: tuple[str, ...] = tuple(c for c in EVENT_COLUMNS if c != "id")
 # SQLite, under the write lock the package takes before any write: no other writer can
 # create a key meanwhile, so creations need neither ON CONFLICT nor RETURNING.
 INSERT_MNEST_LOCKED = insert(M)
@@ -146,6 +153,10 @@ PG_REINFORCE_EVENT_PARAMS = (
     "state_after",
     "recorder",
 )
+
+
+# PG_REINFORCE_WITH_EVENT's parameters: a REINFORCE_ROW followed by these event values.
+PG_REINFORCE_ROW = REINFORCE_ROW + PG_REINFORCE_EVENT_PARAMS
 
 
 def _reinforce_with_event() -> Insert:
