@@ -305,3 +305,29 @@ def test_a_parameter_missing_from_tuple_rows_keeps_its_compiled_value(
         ex = executor.executor_for(conn)
         ex.many(stmt, [(m.id,)], ("b_id",))
     assert store.get(m.id).state == MnestState.DECAYING.value
+
+
+def test_an_event_tuple_puts_each_value_in_the_column_event_row_names() -> None:
+    from mnestoma.repository import _event
+
+    values = _event(
+        "mn_1",
+        EventKind.TRANSITION,
+        datetime(2026, 1, 1, tzinfo=UTC),
+        turn_id="t-1",
+        weight_before=0.4,
+        weight_after=0.1,
+        state_before="active",
+        state_after="decaying",
+        reason="why",
+        related_id="mn_2",
+        recorder=Recorder.AGER.value,
+    )
+    by_column = dict(zip(record.EVENT_ROW, values, strict=True))
+    assert by_column["mnest_id"] == "mn_1" and by_column["related_id"] == "mn_2"
+    assert by_column["kind"] == EventKind.TRANSITION.value and by_column["turn_id"] == "t-1"
+    assert (by_column["weight_before"], by_column["weight_after"]) == (0.4, 0.1)
+    assert (by_column["state_before"], by_column["state_after"]) == ("active", "decaying")
+    assert by_column["reason"] == "why" and by_column["recorder"] == Recorder.AGER.value
+    # every column but the generated id is named: a new column must be placed on purpose
+    assert set(record.EVENT_ROW) == set(tables.EVENT_COLUMNS) - {"id"}

@@ -24,10 +24,10 @@ from sqlalchemy.dialects import postgresql as pg_dialect
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 
 from ..rules import PASSING_KINDS, MnestState
-from .tables import EVENT_COLUMNS, Key, key_is, kind_in
 from .tables import EVENTS as E
 from .tables import MNESTS as M
 from .tables import QUERIES as Q
+from .tables import Key, key_is, kind_in
 
 __all__ = [
     "EVENT_ROW",
@@ -136,8 +136,22 @@ def insert_mnest(dialect: str) -> Insert:
 
 
 INSERT_EVENT = insert(E)
-# An event's values as the repository builds them: every column but the generated id.
-EVENT_ROW: tuple[str, ...] = tuple(c for c in EVENT_COLUMNS if c != "id")
+# An event's values in the order the repository builds them (the id is generated). Named
+# here rather than taken from the table, so that a column added to ``events`` later changes
+# no tuple: INSERT_EVENT compiled for these names leaves it to its default.
+EVENT_ROW: tuple[str, ...] = (
+    "mnest_id",
+    "kind",
+    "ts",
+    "turn_id",
+    "weight_before",
+    "weight_after",
+    "state_before",
+    "state_after",
+    "reason",
+    "related_id",
+    "recorder",
+)
 # SQLite, under the write lock the package takes before any write: no other writer can
 # create a key meanwhile, so creations need neither ON CONFLICT nor RETURNING.
 INSERT_MNEST_LOCKED = insert(M)
