@@ -636,33 +636,50 @@ def bench_suggest_next(b: Bench, report: Report) -> None:
 
 
 def bench_writers(b: Bench, report: Report) -> None:
-    """``writers`` concurrent writers on one hot edge: calls/s and no lost update."""
+    """``writers`` concurrent writers on one hot edge: calls/s (medians of interleaved
+    rounds: one round is a few seconds, and on a shared machine its rate moves by a
+    third) and no lost update in any round."""
     s = b.sizes
-    outcome: dict[str, dict[str, Any]] = {}
-    for impl in [*([PG, BASE_PG] if b.pg else []), PKG, BASE]:
-        where = b.fresh(impl, "empty")
-        outcome[impl] = w.run_writers(impl, where, s.writers, s.writer_calls, processes=s.isolate)
-        b.discard(impl, where)
-        o = outcome[impl]
-        report.checks.append(
-            Check(
-                f"writers {impl}: no lost update (uses == calls)",
-                o["lost"] == 0 and o["failed"] == 0 and o["reinforced_events"] == o["calls"],
-                f"calls={o['calls']} failed={o['failed']} uses-1={o['uses'] - 1} "
-                f"reinforced events={o['reinforced_events']}",
+    impls = [*([PG, BASE_PG] if b.pg else []), PKG, BASE]
+    rounds: dict[str, list[dict[str, Any]]] = {i: [] for i in impls}
+    for r in range(s.rounds):
+        for impl in b.order(r, impls):
+            where = b.fresh(impl, "empty")
+            o = w.run_writers(impl, where, s.writers, s.writer_calls, processes=s.isolate)
+            b.discard(impl, where)
+            rounds[impl].append(o)
+            report.checks.append(
+                Check(
+                    f"writers {impl}, round {r + 1}: no lost update (uses == calls)",
+                    o["lost"] == 0 and o["failed"] == 0 and o["reinforced_events"] == o["calls"],
+                    f"calls={o['calls']} failed={o['failed']} uses-1={o['uses'] - 1} "
+                    f"reinforced events={o['reinforced_events']}",
+                )
             )
-        )
+    outcome = {
+        i: {
+            "calls_per_s": _median([o["calls_per_s"] for o in runs]),
+            "lost": sum(o["lost"] for o in runs),
+            "failed": sum(o["failed"] for o in runs),
+            "rounds": runs,
+        }
+        for i, runs in rounds.items()
+    }
     rates: dict[str, float | None] = {i: o["calls_per_s"] for i, o in outcome.items()}
     kind = "processes" if s.isolate else "threads"
     note = "lost updates: " + ", ".join(f"{i} {o['lost']}" for i, o in outcome.items())
     pg, ref = outcome.get(PG), outcome.get(BASE_PG)
     if pg and ref:
         share = pg["calls_per_s"] / ref["calls_per_s"]
-        note += f"; package PostgreSQL / baseline psycopg = {share:.2f}"
+        each = ", ".join(
+            f"{a['calls_per_s'] / z['calls_per_s']:.2f}"
+            for a, z in zip(rounds[PG], rounds[BASE_PG], strict=True)
+        )
+        note += f"; package PostgreSQL / baseline psycopg = {share:.2f} (medians; rounds: {each})"
     report.results.append(
         Result(
             "writers",
-            f"calls/s, {s.writers} {kind} × {s.writer_calls} on one edge",
+            f"calls/s, {s.writers} {kind} × {s.writer_calls} on one edge, median of {s.rounds}",
             rates,
             _ratio({PKG: 1 / rates[PKG], BASE: 1 / rates[BASE]}) if rates[PKG] else None,
             note,

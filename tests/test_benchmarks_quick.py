@@ -76,7 +76,19 @@ def test_concurrent_writers_lose_no_update(quick_report: bench.Report) -> None:
     for impl, outcome in writers.details["outcome"].items():
         assert outcome["failed"] == 0, impl
         assert outcome["lost"] == 0, impl
-        assert outcome["uses"] == 1 + outcome["calls"], impl
+        for one in outcome["rounds"]:
+            assert one["uses"] == 1 + one["calls"], impl
+
+
+def test_the_writers_rate_is_the_median_of_interleaved_rounds(tmp_path: Path) -> None:
+    report = bench.run(quick=True, only=["writers"], rounds=3, workdir=str(tmp_path))
+    (writers,) = [r for r in report.results if r.workload == "writers"]
+    for impl, outcome in writers.details["outcome"].items():
+        rates = sorted(one["calls_per_s"] for one in outcome["rounds"])
+        assert len(rates) == 3, impl
+        assert writers.values[impl] == outcome["calls_per_s"] == rates[1], impl
+    names = [c.name for c in report.checks if c.name.startswith("writers")]
+    assert sum("round 3" in n for n in names) == 2  # the package and the baseline
 
 
 def test_every_target_gets_a_verdict_line(quick_report: bench.Report) -> None:
