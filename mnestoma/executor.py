@@ -21,24 +21,23 @@ SQLAlchemy again and is seen there (SQLite: ``exec_driver_sql``; PostgreSQL: Cor
 from __future__ import annotations
 
 import logging
-import operator
 import sqlite3
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import Connection, CursorResult, Executable
+from sqlalchemy import ColumnDefault, Connection, CursorResult, Executable
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Dialect
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import ClauseElement
 from sqlalchemy.types import TypeEngine
 
-from .errors import translate, translate_errors
+from .errors import StoreError, translate, translate_errors
 
 __all__ = [
     "MAX_PREPARED",
@@ -101,12 +100,19 @@ class Executor:
         if not rows:
             return
         params = (
-            [dict(zip(columns, r, strict=True)) for r in cast(Sequence[Sequence[Any]], rows)]
+            _as_mappings(columns, cast(Sequence[Sequence[Any]], rows))
             if columns is not None
             else list(cast(Sequence[Params], rows))
         )
         with translate_errors():
             self.conn.execute(stmt, params)
+
+
+def _as_mappings(columns: tuple[str, ...], rows: Sequence[Sequence[Any]]) -> list[dict[str, Any]]:
+    """Rows given as tuples in ``columns`` order, as the mappings SQLAlchemy takes."""
+    if any(len(r) != len(columns) for r in rows):
+        raise StoreError(f"a row whose number of values is not that of its {len(columns)} columns")
+    return [dict(zip(columns, r, strict=True)) for r in rows]
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,15 +127,19 @@ class _Prepared:
     result_types: tuple[TypeEngine[Any], ...]
     dialect: Dialect
     named: bool  # the driver takes a dict (psycopg's ``%(name)s``), else a tuple
+    # Parameters a row must give: bound without a value, or a column default SQLAlchemy
+    # would compute at execution (a function); constant defaults are in ``defaults``.
+    needed: frozenset[str]
+    # The column order this statement was compiled for (empty for reads): rows given as
+    # tuples come in this order.
+    columns: tuple[str, ...]
     # The result processors, found from the driver's description of the first result: some
     # dialects (psycopg's numerics) choose a processor by the column's database type, which
     # one statement's text always gives the same. psycopg builds an object per column each
     # time its description is read, so it is read once.
     resolved: list[tuple[tuple[int, Processor], ...]] = field(default_factory=list)
-    # For rows given as tuples: per column order, what puts a row in this statement's order.
-    pickers: dict[tuple[str, ...], Callable[[Sequence[Any]], list[Any]]] = field(
-        default_factory=dict
-    )
+    # For rows given as tuples in ``columns`` order: what lists them in parameter order.
+    picked: list[Callable[[Sequence[Any]], list[Any]]] = field(default_factory=list)
 
     def args(self, values: Params, seen: dict[datetime, Any]) -> tuple[Any, ...] | dict[str, Any]:
         """One row of parameters as the driver takes them; ``seen`` converts each instant
@@ -137,26 +147,35 @@ class _Prepared:
         defaults = self.defaults
         return self.converted([values[n] if n in values else defaults[n] for n in self.names], seen)
 
-    def picker(self, columns: tuple[str, ...]) -> Callable[[Sequence[Any]], list[Any]]:
-        """For rows given as tuples in ``columns`` order: the function that lists a row's
-        values in this statement's parameter order (worked out once per column order)."""
-        pick = self.pickers.get(columns)
-        if pick is not None:
-            return pick
-        where = {name: i for i, name in enumerate(columns)}
-        if len(self.names) > 1 and all(n in where for n in self.names):
-            getter = operator.itemgetter(*(where[n] for n in self.names))
+    def check_columns(self, keys: Iterable[str], *, exact: bool) -> None:
+        """Refuse, before anything runs, rows that lack a parameter the statement needs
+        (the driver would bind NULL where SQLAlchemy refuses), or with ``exact``, that name
+        one it does not have (a misspelt name would be silently left out)."""
+        given = set(keys)
+        missing = sorted(self.needed - given)
+        unknown = sorted(given - set(self.names)) if exact else []
+        if missing or unknown:
+            raise StoreError(
+                f"parameters do not fit the statement: missing {missing}, unknown {unknown}"
+            )
 
-            def pick(row: Sequence[Any]) -> list[Any]:
-                return list(getter(row))
+    def picker(self) -> Callable[[Sequence[Any]], list[Any]]:
+        """For rows given as tuples in :attr:`columns` order: the function that lists a
+        row's values in this statement's parameter order, worked out once; a parameter the
+        rows do not hold keeps its compiled value (a literal of the statement)."""
+        if self.picked:
+            return self.picked[0]
+        self.check_columns(self.columns, exact=True)
+        width = len(self.columns)
+        where = {name: i for i, name in enumerate(self.columns)}
+        slots = [(where.get(n), self.defaults[n]) for n in self.names]
 
-        else:  # a parameter the rows do not hold keeps its compiled value
-            slots = [(where.get(n), self.defaults[n]) for n in self.names]
+        def pick(row: Sequence[Any]) -> list[Any]:
+            if len(row) != width:
+                raise StoreError(f"a row of {len(row)} values for its {width} columns")
+            return [value if i is None else row[i] for i, value in slots]
 
-            def pick(row: Sequence[Any]) -> list[Any]:
-                return [value if i is None else row[i] for i, value in slots]
-
-        self.pickers[columns] = pick
+        self.picked[:] = [pick]
         return pick
 
     def converted(
@@ -235,15 +254,31 @@ def _compile(stmt: Executable, dialect: Dialect, column_keys: tuple[str, ...]) -
         process = binds[name].type.dialect_impl(dialect).bind_processor(dialect)
         if process is not None:
             converting.append((i, process))
-    return _Prepared(
+    # Columns whose Python-side default SQLAlchemy computes at execution: a constant is
+    # written in like a literal; any other default must be given by the rows.
+    defaults = dict(compiled.params)
+    computed = set()
+    for column in (*compiled.insert_prefetch, *compiled.update_prefetch):
+        default = column.default if column in compiled.insert_prefetch else column.onupdate
+        if isinstance(default, ColumnDefault) and default.is_scalar:
+            defaults[column.key] = default.arg
+        else:
+            computed.add(column.key)
+    needed = frozenset(n for n in names if binds[n].required or n in computed)
+    prepared = _Prepared(
         compiled.string,
         names,
-        dict(compiled.params),
+        defaults,
         tuple(converting),
         result_types,
         dialect,
         named,
+        needed,
+        column_keys,
     )
+    if column_keys:  # a write: its rows give these names (as mapping keys or tuple columns)
+        prepared.check_columns(column_keys, exact=False)
+    return prepared
 
 
 def _prepare(conn: Connection, stmt: Executable, column_keys: tuple[str, ...]) -> _Prepared | None:
@@ -405,7 +440,7 @@ class DriverExecutor(Executor):
             return
         seen: dict[datetime, Any] = {}
         if columns is not None:
-            pick, convert = prepared.picker(columns), prepared.converted
+            pick, convert = prepared.picker(), prepared.converted
             data = [convert(pick(r), seen) for r in cast(Sequence[Sequence[Any]], rows)]
         else:
             data = [prepared.args(r, seen) for r in cast(Sequence[Params], rows)]

@@ -6,7 +6,8 @@ from __future__ import annotations
 import logging
 import sqlite3
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -15,7 +16,7 @@ from sqlalchemy import exc as sa_exc
 
 import mnestoma
 from mnestoma import executor
-from mnestoma.errors import ConflictError, DatabaseUnavailable
+from mnestoma.errors import ConflictError, DatabaseUnavailable, StoreError
 from mnestoma.rules import EventKind, MnestState, Recorder
 from mnestoma.sql import record, tables
 
@@ -331,3 +332,79 @@ def test_an_event_tuple_puts_each_value_in_the_column_event_row_names() -> None:
     assert by_column["reason"] == "why" and by_column["recorder"] == Recorder.AGER.value
     # every column but the generated id is named: a new column must be placed on purpose
     assert set(record.EVENT_ROW) == set(tables.EVENT_COLUMNS) - {"id"}
+
+
+OBSERVED = pytest.mark.parametrize(
+    "observed", [False, True], ids=["at-the-driver", "through-sqlalchemy"]
+)
+
+
+@contextmanager
+def _observed_if(store: mnestoma.Mnestoma, observed: bool) -> Iterator[None]:
+    """A service's statement listener on the engine while the block runs, if ``observed``."""
+
+    def listener(*_args: Any) -> None:
+        return None
+
+    if observed:
+        event.listen(store.engine, "before_cursor_execute", listener)
+    try:
+        yield
+    finally:
+        if observed:
+            event.remove(store.engine, "before_cursor_execute", listener)
+
+
+@OBSERVED
+def test_a_misspelt_column_of_tuple_rows_is_refused_and_writes_nothing(
+    store: mnestoma.Mnestoma, observed: bool
+) -> None:
+    m = store.record_passing(*EDGE, tags={"keep": 1})
+    columns = tuple("b_tag" if c == "b_tags" else c for c in record.REINFORCE_ROW)
+    row = (m.id, 0.9, m.ts_last, m.ts_weight, None, None)
+    with _observed_if(store, observed), pytest.raises(StoreError), store.engine.begin() as conn:
+        executor.executor_for(conn).many(record.UPDATE_REINFORCE, [row], columns)
+    after = store.get(m.id)
+    assert (after.weight, after.tags, after.uses) == (m.weight, {"keep": 1}, 1)
+
+
+@OBSERVED
+def test_a_tuple_row_of_the_wrong_length_is_the_packages_error(
+    store: mnestoma.Mnestoma, observed: bool
+) -> None:
+    m = store.record_passing(*EDGE)
+    short = (m.id, 0.9, m.ts_last, m.ts_weight, None)
+    with _observed_if(store, observed), pytest.raises(StoreError), store.engine.begin() as conn:
+        executor.executor_for(conn).many(record.UPDATE_REINFORCE, [short], record.REINFORCE_ROW)
+    assert store.get(m.id).weight == m.weight
+
+
+@OBSERVED
+def test_a_column_left_out_of_tuple_rows_gets_its_constant_default(
+    store: mnestoma.Mnestoma, observed: bool
+) -> None:
+    m = store.record_passing(*EDGE)
+    mapping = _event(m.id)
+    del mapping["recorder"]  # the model's default: "call"
+    columns = tuple(mapping)
+    with _observed_if(store, observed), store.engine.begin() as conn:
+        executor.executor_for(conn).many(record.INSERT_EVENT, [tuple(mapping.values())], columns)
+    written = [e for e in store.events(mnest_id=m.id) if e.kind == EventKind.REINFORCED.value]
+    assert [e.recorder for e in written] == [Recorder.CALL.value]
+
+
+def test_a_reinforcement_writes_ts_last_and_ts_weight_each_in_its_column(
+    store: mnestoma.Mnestoma, clock: Any
+) -> None:
+    start = clock()
+    m = store.record_passing(*EDGE)
+    clock.advance(days=10)
+    store.apply_ager()  # decays the row: ts_weight moves to start + 10 days
+    clock.set(start + timedelta(days=1))  # the clock steps back
+    again = store.record_passing(*EDGE)
+    stored = store.get(m.id)
+    for seen in (again, stored):
+        assert seen.ts_last == start + timedelta(days=1)
+        assert seen.ts_weight == start + timedelta(days=10)  # never moved back
+    (reinforced,) = [e for e in store.events(mnest_id=m.id) if e.kind == "reinforced"]
+    assert reinforced.ts == start + timedelta(days=1)

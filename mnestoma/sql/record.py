@@ -137,8 +137,9 @@ def insert_mnest(dialect: str) -> Insert:
 
 INSERT_EVENT = insert(E)
 # An event's values in the order the repository builds them (the id is generated). Named
-# here rather than taken from the table, so that a column added to ``events`` later changes
-# no tuple: INSERT_EVENT compiled for these names leaves it to its default.
+# here rather than taken from the table, so that the tuples never depend on the table's
+# column order. A column added to ``events`` is added here on purpose (a test compares the
+# two); a row that leaves a column out gets its default, or an error if it has none.
 EVENT_ROW: tuple[str, ...] = (
     "mnest_id",
     "kind",
