@@ -21,6 +21,7 @@ SQLAlchemy again and is seen there (SQLite: ``exec_driver_sql``; PostgreSQL: Cor
 from __future__ import annotations
 
 import logging
+import operator
 import sqlite3
 import threading
 import weakref
@@ -168,12 +169,18 @@ class _Prepared:
         self.check_columns(self.columns, exact=True)
         width = len(self.columns)
         where = {name: i for i, name in enumerate(self.columns)}
-        slots = [(where.get(n), self.defaults[n]) for n in self.names]
+        taken = [where[n] for n in self.names if n in where]
+        # the statement's own literals, inserted at their places (in ascending order)
+        constants = [(k, self.defaults[n]) for k, n in enumerate(self.names) if n not in where]
+        get = operator.itemgetter(*taken) if len(taken) > 1 else None
 
         def pick(row: Sequence[Any]) -> list[Any]:
             if len(row) != width:
                 raise StoreError(f"a row of {len(row)} values for its {width} columns")
-            return [value if i is None else row[i] for i, value in slots]
+            out = list(get(row)) if get is not None else [row[i] for i in taken]
+            for k, value in constants:
+                out.insert(k, value)
+            return out
 
         self.picked[:] = [pick]
         return pick
