@@ -157,16 +157,10 @@ EVENT_ROW: tuple[str, ...] = (
 # create a key meanwhile, so creations need neither ON CONFLICT nor RETURNING.
 INSERT_MNEST_LOCKED = insert(M)
 
-# the event columns bound by PG_REINFORCE_WITH_EVENT (its mnest_id is the updated row's id)
-PG_REINFORCE_EVENT_PARAMS = (
-    "kind",
-    "ts",
-    "turn_id",
-    "weight_before",
-    "weight_after",
-    "state_before",
-    "state_after",
-    "recorder",
+# the event columns bound by PG_REINFORCE_WITH_EVENT: its mnest_id is the updated row's id,
+# and a reinforcement has no reason and no related row
+PG_REINFORCE_EVENT_PARAMS = tuple(
+    c for c in EVENT_ROW if c not in ("mnest_id", "reason", "related_id")
 )
 
 
