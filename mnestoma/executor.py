@@ -44,6 +44,7 @@ __all__ = [
     "MAX_PREPARED",
     "DriverExecutor",
     "Executor",
+    "as_mappings",
     "executor_for",
     "own_listener",
     "unobserved",
@@ -101,7 +102,7 @@ class Executor:
         if not rows:
             return
         params = (
-            _as_mappings(columns, cast(Sequence[Sequence[Any]], rows))
+            as_mappings(columns, cast(Sequence[Sequence[Any]], rows))
             if columns is not None
             else list(cast(Sequence[Params], rows))
         )
@@ -109,8 +110,9 @@ class Executor:
             self.conn.execute(stmt, params)
 
 
-def _as_mappings(columns: tuple[str, ...], rows: Sequence[Sequence[Any]]) -> list[dict[str, Any]]:
-    """Rows given as tuples in ``columns`` order, as the mappings SQLAlchemy takes."""
+def as_mappings(columns: tuple[str, ...], rows: Sequence[Sequence[Any]]) -> list[dict[str, Any]]:
+    """Rows given as tuples in ``columns`` order, as the mappings SQLAlchemy takes (the
+    package's error for a row of the wrong length)."""
     if any(len(r) != len(columns) for r in rows):
         raise StoreError(f"a row whose number of values is not that of its {len(columns)} columns")
     return [dict(zip(columns, r, strict=True)) for r in rows]
@@ -148,13 +150,13 @@ class _Prepared:
         defaults = self.defaults
         return self.converted([values[n] if n in values else defaults[n] for n in self.names], seen)
 
-    def check_columns(self, keys: Iterable[str], *, exact: bool) -> None:
+    def check_columns(self, keys: Iterable[str]) -> None:
         """Refuse, before anything runs, rows that lack a parameter the statement needs
-        (the driver would bind NULL where SQLAlchemy refuses), or with ``exact``, that name
-        one it does not have (a misspelt name would be silently left out)."""
+        (the driver would bind NULL where SQLAlchemy refuses) or that name one it does not
+        have (a misspelt name would be silently left out)."""
         given = set(keys)
         missing = sorted(self.needed - given)
-        unknown = sorted(given - set(self.names)) if exact else []
+        unknown = sorted(given - set(self.names))
         if missing or unknown:
             raise StoreError(
                 f"parameters do not fit the statement: missing {missing}, unknown {unknown}"
@@ -166,7 +168,6 @@ class _Prepared:
         rows do not hold keeps its compiled value (a literal of the statement)."""
         if self.picked:
             return self.picked[0]
-        self.check_columns(self.columns, exact=True)
         width = len(self.columns)
         where = {name: i for i, name in enumerate(self.columns)}
         taken = [where[n] for n in self.names if n in where]
@@ -284,7 +285,7 @@ def _compile(stmt: Executable, dialect: Dialect, column_keys: tuple[str, ...]) -
         column_keys,
     )
     if column_keys:  # a write: its rows give these names (as mapping keys or tuple columns)
-        prepared.check_columns(column_keys, exact=False)
+        prepared.check_columns(column_keys)
     return prepared
 
 

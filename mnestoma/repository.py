@@ -27,7 +27,7 @@ from .errors import (
     RaceLost,
     translate_errors,
 )
-from .executor import Executor, executor_for
+from .executor import Executor, as_mappings, executor_for
 from .locking import take_write_lock
 from .models import CanonicalQuery, Event, Mnest
 from .rules import (
@@ -290,7 +290,8 @@ class MnestRepository:
                 ex.many(rec.INSERT_MNEST_LOCKED, [values], MNEST_COLUMNS)  # under the write lock
                 ex.many(rec.INSERT_EVENT, [ev], rec.EVENT_ROW)
                 return snap.mnest(values)
-            if ex.first(rec.insert_mnest(ex.dialect), _as_params(values)) is not None:
+            (params,) = as_mappings(MNEST_COLUMNS, [values])
+            if ex.first(rec.insert_mnest(ex.dialect), params) is not None:
                 ex.many(rec.INSERT_EVENT, [ev], rec.EVENT_ROW)
                 return snap.mnest(values)
             # Another transaction created the row first: lock it and reinforce instead.
@@ -378,8 +379,8 @@ class MnestRepository:
             if ex.dialect == "sqlite":
                 ex.many(rec.INSERT_MNEST_LOCKED, params, MNEST_COLUMNS)  # under the write lock
             else:
-                inserted = ex.execute(rec.insert_mnest(ex.dialect), [_as_params(v) for v in params])
-                if len(inserted.all()) < len(params):
+                new_rows = as_mappings(MNEST_COLUMNS, params)
+                if len(ex.execute(rec.insert_mnest(ex.dialect), new_rows).all()) < len(params):
                     return None
             for ident, values, ev in creations:
                 events.append(ev)
@@ -745,13 +746,17 @@ def _reinforced(row: Row, values: Row) -> Row:
     """The row as :data:`~mnestoma.sql.record.UPDATE_REINFORCE` leaves it, given that
     statement's values (:data:`~mnestoma.sql.record.REINFORCE_ROW` order)."""
     _, weight, ts_last, ts_weight, tags, sig = values
-    changes = {_WEIGHT: weight, _TS_LAST: ts_last, _TS_WEIGHT: ts_weight, _TAGS: tags, _SIG: sig}
-    return _with(row, {**changes, _USES: row[_USES] + 1})
-
-
-def _as_params(values: Row) -> dict[str, Any]:
-    """A new row's values by column name, for the statements SQLAlchemy runs itself."""
-    return dict(zip(MNEST_COLUMNS, values, strict=True))
+    return _with(
+        row,
+        {
+            _WEIGHT: weight,
+            _TS_LAST: ts_last,
+            _TS_WEIGHT: ts_weight,
+            _TAGS: tags,
+            _SIG: sig,
+            _USES: row[_USES] + 1,
+        },
+    )
 
 
 def _check_session(session: Any, owner: str) -> Session | Connection:

@@ -368,6 +368,17 @@ def test_a_misspelt_column_of_tuple_rows_is_refused_and_writes_nothing(
     assert (after.weight, after.tags, after.uses) == (m.weight, {"keep": 1}, 1)
 
 
+def test_a_key_the_statement_lacks_is_refused_at_the_driver_and_writes_nothing(
+    store: mnestoma.Mnestoma,
+) -> None:
+    m = store.record_passing(*EDGE)
+    # meant for PROMOTE: SET_STATE would change the state and drop the version silently
+    misspelt = {"b_id": m.id, "b_state": MnestState.DECAYING.value, "b_dst_version": "3"}
+    with pytest.raises(StoreError), store.engine.begin() as conn:
+        executor.executor_for(conn).many(record.SET_STATE, [misspelt])
+    assert store.get(m.id).state == MnestState.ACTIVE.value
+
+
 @OBSERVED
 def test_a_tuple_row_of_the_wrong_length_is_the_packages_error(
     store: mnestoma.Mnestoma, observed: bool
