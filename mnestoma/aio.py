@@ -262,6 +262,7 @@ class AsyncUnitOfWork:
         async_session_factory: async_sessionmaker[AsyncSession] | Callable[[], AsyncSession],
         *,
         clock: Clock | None = None,
+        recorder: str = Recorder.CALL.value,
     ) -> None:
         if isinstance(
             async_session_factory, AsyncEngine | AsyncConnection | AsyncSession | Engine | Session
@@ -275,6 +276,7 @@ class AsyncUnitOfWork:
             )
         self._factory = async_session_factory
         self._clock = clock
+        self._recorder = check_recorder(recorder).value
 
     async def __aenter__(self) -> Self:
         session = self._factory()
@@ -284,7 +286,7 @@ class AsyncUnitOfWork:
                 "not an AsyncSession"
             )
         self.session = session
-        self.mnests = AsyncMnestRepository(session, clock=self._clock)
+        self.mnests = AsyncMnestRepository(session, clock=self._clock, recorder=self._recorder)
         self.queries = AsyncCanonicalQueryRepository(session, clock=self._clock)
         return self
 
@@ -309,9 +311,15 @@ class AsyncUnitOfWork:
         await self.session.rollback()
 
     @classmethod
-    def joining(cls, session: AsyncSession, *, clock: Clock | None = None) -> AsyncJoinedUnitOfWork:
+    def joining(
+        cls,
+        session: AsyncSession,
+        *,
+        clock: Clock | None = None,
+        recorder: str = Recorder.CALL.value,
+    ) -> AsyncJoinedUnitOfWork:
         """A unit of work inside an ``AsyncSession`` (and transaction) that the caller owns."""
-        return AsyncJoinedUnitOfWork(session, clock=clock)
+        return AsyncJoinedUnitOfWork(session, clock=clock, recorder=recorder)
 
 
 class AsyncJoinedUnitOfWork:
@@ -325,7 +333,13 @@ class AsyncJoinedUnitOfWork:
     mnests: AsyncMnestRepository
     queries: AsyncCanonicalQueryRepository
 
-    def __init__(self, session: AsyncSession, *, clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        session: AsyncSession,
+        *,
+        clock: Clock | None = None,
+        recorder: str = Recorder.CALL.value,
+    ) -> None:
         if not isinstance(session, AsyncSession):
             hint = "; UnitOfWork.joining takes a sync one" if isinstance(session, Session) else ""
             raise InvalidInput(
@@ -333,7 +347,7 @@ class AsyncJoinedUnitOfWork:
                 f"got {type(session).__name__}{hint}"
             )
         self.session = session
-        self._joined = JoinedUnitOfWork(session.sync_session, clock=clock)
+        self._joined = JoinedUnitOfWork(session.sync_session, clock=clock, recorder=recorder)
 
     async def __aenter__(self) -> Self:
         joined = self._joined.__enter__()
@@ -544,8 +558,10 @@ class AsyncMnestoma(_AsyncDoor[MnestRepository]):
         return await self._call(lambda r: _queries(r).recent(limit=limit), write=False)
 
     def unit_of_work(self) -> AsyncUnitOfWork:
-        """An async unit of work on this store's engine and clock, for several operations."""
-        return AsyncUnitOfWork(make_async_session_factory(self.engine), clock=self.clock)
+        """An async unit of work on this store's engine, clock and recorder."""
+        return AsyncUnitOfWork(
+            make_async_session_factory(self.engine), clock=self.clock, recorder=self.recorder
+        )
 
     async def close(self) -> None:
         """Release the connections (the engine too, when this facade created it)."""

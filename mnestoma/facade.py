@@ -321,8 +321,8 @@ class Mnestoma:
         return self._read(lambda u: u.queries.recent(limit=limit))
 
     def unit_of_work(self) -> UnitOfWork:
-        """A unit of work on this store's engine and clock, for several operations at once."""
-        return UnitOfWork(self._writes, clock=self.clock)
+        """A unit of work on this store's engine, clock and recorder, for several operations."""
+        return UnitOfWork(self._writes, clock=self.clock, recorder=self.recorder)
 
     def close(self) -> None:
         """Release the connections (the engine too, when this facade created it)."""

@@ -25,7 +25,7 @@ from .errors import InvalidInput, MnestomaError, is_retryable, translate_errors
 from .locking import take_write_lock
 from .repository import CanonicalQueryRepository, MnestRepository
 from .rules import Recorder
-from .validation import Clock
+from .validation import Clock, check_recorder
 
 __all__ = [
     "MAX_ATTEMPTS",
@@ -59,6 +59,7 @@ class UnitOfWork:
         session_factory: sessionmaker[Session] | Callable[[], Session],
         *,
         clock: Clock | None = None,
+        recorder: str = Recorder.CALL.value,
     ):
         if isinstance(session_factory, Engine | Connection | Session) or not callable(
             session_factory
@@ -71,6 +72,7 @@ class UnitOfWork:
             )
         self._factory = session_factory
         self._clock = clock
+        self._recorder = check_recorder(recorder).value
 
     def __enter__(self) -> Self:
         session = self._factory()
@@ -80,7 +82,7 @@ class UnitOfWork:
                 "not a Session"
             )
         self.session = session
-        self.mnests = MnestRepository(self.session, clock=self._clock)
+        self.mnests = MnestRepository(self.session, clock=self._clock, recorder=self._recorder)
         self.queries = CanonicalQueryRepository(self.session, clock=self._clock)
         return self
 
@@ -105,9 +107,11 @@ class UnitOfWork:
         self.session.rollback()
 
     @classmethod
-    def joining(cls, session: Session, *, clock: Clock | None = None) -> JoinedUnitOfWork:
+    def joining(
+        cls, session: Session, *, clock: Clock | None = None, recorder: str = Recorder.CALL.value
+    ) -> JoinedUnitOfWork:
         """A unit of work inside a session (and transaction) that the caller owns."""
-        return JoinedUnitOfWork(session, clock=clock)
+        return JoinedUnitOfWork(session, clock=clock, recorder=recorder)
 
 
 class JoinedUnitOfWork:
@@ -123,18 +127,24 @@ class JoinedUnitOfWork:
     mnests: MnestRepository
     queries: CanonicalQueryRepository
 
-    def __init__(self, session: Session, *, clock: Clock | None = None):
+    def __init__(
+        self, session: Session, *, clock: Clock | None = None, recorder: str = Recorder.CALL.value
+    ):
         if not isinstance(session, Session):
             raise InvalidInput(
                 f"UnitOfWork.joining needs a SQLAlchemy Session, got {type(session).__name__}"
             )
         self.session = session
         self._clock = clock
+        self._recorder = check_recorder(recorder).value
         self._savepoint: SessionTransaction | None = None
 
     def __enter__(self) -> Self:
         self.mnests = MnestRepository(
-            self.session, clock=self._clock, before_write=self._open_savepoint
+            self.session,
+            clock=self._clock,
+            recorder=self._recorder,
+            before_write=self._open_savepoint,
         )
         self.queries = CanonicalQueryRepository(
             self.session, clock=self._clock, before_write=self._open_savepoint
