@@ -6,7 +6,7 @@ import io
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from alembic import command
 from alembic.config import Config
@@ -25,11 +25,13 @@ from .config import (
 )
 from .errors import InvalidInput, SchemaError, translate_errors
 from .locking import lock_for_migration
+from .models import VIEW_NAME, Base
 from .seed_repair import repair_before_upgrade
 from .validation import check_name
 
 __all__ = [
     "LEGACY_VERSION_TABLE",
+    "STORE_NAMES",
     "VERSION_TABLE",
     "adopt_legacy_version",
     "alembic_config",
@@ -37,6 +39,8 @@ __all__ = [
     "downgrade",
     "ensure_at_head",
     "head_revision",
+    "include_name",
+    "include_object",
     "migrations_path",
     "missing_sqlite_file",
     "offline_sql",
@@ -49,6 +53,32 @@ __all__ = [
 # The package's own Alembic version table: a service's alembic_version is not ours.
 VERSION_TABLE = "mnestoma_alembic_version"
 LEGACY_VERSION_TABLE = "alembic_version"
+
+# Every name the store owns in a database: its tables (from the models, so that a table
+# added there is covered), its view and its version table.
+STORE_NAMES = frozenset(Base.metadata.tables) | {VIEW_NAME, VERSION_TABLE}
+
+
+def include_name(name: str | None, type_: str, parent_names: dict[str, str | None]) -> bool:
+    """Alembic's ``include_name`` hook for a service's own ``env.py``: its autogenerate
+    then skips the store's tables (their columns, indexes, constraints), view and version
+    table, and still sees everything else."""
+    if type_ == "schema":
+        return True
+    if type_ == "table":
+        return name not in STORE_NAMES
+    return parent_names.get("table_name") not in STORE_NAMES
+
+
+def include_object(
+    obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any
+) -> bool:
+    """Alembic's ``include_object`` hook for a service's own ``env.py``: the same choice as
+    :func:`include_name`, made on the objects themselves."""
+    if type_ == "table":
+        return name not in STORE_NAMES
+    table = getattr(obj, "table", None)
+    return getattr(table, "name", None) not in STORE_NAMES
 
 
 def migrations_path() -> Path:
