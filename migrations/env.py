@@ -2,7 +2,8 @@
 
 The connection comes from ``config.attributes["connection"]`` (an Engine or a Connection
 handed over by ``mnestoma.upgrade`` or a test), else ``-x database_url=URL``, else the
-package's own resolution (MNESTOMA_DATABASE_URL, MNESTOMA_DB_PATH, the default workspace).
+package's own resolution (MNESTOMA_DATABASE_URL, MNESTOMA_DB_PATH, the default workspace);
+an async driver's URL is migrated through the sync driver of the same database.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from typing import Any
 from alembic import context
 from sqlalchemy import Connection, Engine
 
-from mnestoma.config import make_engine, resolve_database_url
-from mnestoma.migration import VERSION_TABLE, prepare_for_migration
+from mnestoma.config import make_engine
+from mnestoma.migration import VERSION_TABLE, prepare_for_migration, sync_database_url
 from mnestoma.models import VIEW_NAME, Base
 
 config = context.config
@@ -53,7 +54,7 @@ def run_migrations_offline() -> None:
         "sqlalchemy.url"
     )
     context.configure(
-        url=str(resolve_database_url(url)),
+        url=str(sync_database_url(url)),
         target_metadata=target_metadata,
         include_object=include_object,
         literal_binds=True,
@@ -97,7 +98,7 @@ def run_migrations_online() -> None:
             connection.commit()
         return
     url = context.get_x_argument(as_dictionary=True).get("database_url")
-    engine = make_engine(url)
+    engine = make_engine(sync_database_url(url))
     try:
         with engine.connect() as connection:
             _run(connection)

@@ -47,6 +47,7 @@ __all__ = [
     "prepare_for_migration",
     "read_revision",
     "sqlite_store_missing",
+    "sync_database_url",
     "upgrade",
 ]
 
@@ -118,12 +119,25 @@ def known_revisions() -> set[str]:
     return {rev.revision for rev in script.walk_revisions()}
 
 
+# The sync driver of each database: Alembic migrates synchronously, whatever the URL's driver.
+SYNC_DRIVERS = {"sqlite": "sqlite+pysqlite", "postgresql": "postgresql+psycopg"}
+
+
+def sync_database_url(url: str | URL | None = None) -> URL:
+    """The URL the migration door opens: resolved as contract §3 says, an async driver that
+    the async door accepts (aiosqlite, psycopg_async, asyncpg) swapped for the sync one."""
+    resolved = resolve_database_url(url)
+    if not resolved.get_dialect().is_async:
+        return resolved
+    return resolved.set(drivername=SYNC_DRIVERS[resolved.get_backend_name()])
+
+
 @contextmanager
 def _engine_for(url_or_engine: str | URL | Engine | None) -> Iterator[Engine]:
     if isinstance(url_or_engine, Engine):
         yield url_or_engine
         return
-    engine = make_engine(url_or_engine)
+    engine = make_engine(sync_database_url(url_or_engine))
     try:
         yield engine
     finally:
@@ -225,7 +239,7 @@ def current_revision(url_or_engine: str | URL | Engine | None = None) -> str | N
     Reads only: a SQLite file that does not exist is not created (there is no store there).
     """
     if not isinstance(url_or_engine, Engine) and sqlite_store_missing(
-        resolve_database_url(url_or_engine)
+        sync_database_url(url_or_engine)
     ):
         return None
     with _engine_for(url_or_engine) as engine, translate_errors(), engine.connect() as conn:
