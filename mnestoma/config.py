@@ -17,10 +17,14 @@ from sqlalchemy.orm import Session, sessionmaker
 from .errors import InvalidInput, MissingExtra
 from .executor import own_listener
 from .locking import (
+    ENV_LOCK_TIMEOUT,
     SNAPSHOT_INFO,
+    busy_timeout_ms,
     driver_in_transaction,
     is_transaction_control,
     is_write_statement,
+    lock_timeout_seconds,
+    rest_busy_timeout,
     take_write_lock,
 )
 
@@ -40,7 +44,6 @@ __all__ = [
 ENV_DATABASE_URL = "MNESTOMA_DATABASE_URL"
 ENV_DB_PATH = "MNESTOMA_DB_PATH"
 ENV_WORKSPACE = "METNOS_WORKSPACE"
-SQLITE_BUSY_TIMEOUT_MS = 30_000
 # Execution option: a transaction that only reads begins with a plain (deferred) BEGIN.
 READ_ONLY_OPTION = "mnestoma_read_only"  # kept for callers of 0.1; reads never lock now
 # Execution option: on SQLite, transactions begin with the write lock whatever they run first
@@ -220,10 +223,15 @@ def _make_sqlite_engine(url: URL, **kwargs: Any) -> Engine:
                     f"{err.strerror or err}"
                 ) from None
     connect_args = dict(kwargs.pop("connect_args", {}))
-    connect_args.setdefault("timeout", SQLITE_BUSY_TIMEOUT_MS / 1000)
+    # One timeout: SQLite's busy handler waits as long as a write waits for the lock
+    # (MNESTOMA_LOCK_TIMEOUT), unless the caller gives the driver a timeout of its own.
+    given = connect_args.get("timeout")
+    what = ENV_LOCK_TIMEOUT if given is None else "connect_args['timeout']"
+    busy_ms = busy_timeout_ms(lock_timeout_seconds(given, what))
+    connect_args["timeout"] = busy_ms / 1000
     connect_args.setdefault("check_same_thread", False)
     engine = _create_engine(url, connect_args=connect_args, **kwargs)
-    _configure_sqlite(engine, busy_timeout_ms=int(float(connect_args["timeout"]) * 1000))
+    _configure_sqlite(engine, busy_timeout_ms=busy_ms)
     return engine
 
 
@@ -239,7 +247,7 @@ def _configure_sqlite(engine: Engine, *, busy_timeout_ms: int) -> None:
     """
 
     @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_conn: sqlite3.Connection, _record: Any) -> None:
+    def _on_connect(dbapi_conn: sqlite3.Connection, record: Any) -> None:
         dbapi_conn.isolation_level = None
         cur = dbapi_conn.cursor()
         try:
@@ -248,6 +256,7 @@ def _configure_sqlite(engine: Engine, *, busy_timeout_ms: int) -> None:
             cur.execute("PRAGMA foreign_keys = ON")
         finally:
             cur.close()
+        rest_busy_timeout(record.info, busy_timeout_ms)
         try:
             dbapi_conn.execute("SELECT exp(0.0)").fetchone()
         except sqlite3.OperationalError:

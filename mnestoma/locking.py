@@ -11,6 +11,8 @@ and migrations take a transaction-scoped advisory lock.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import math
 import os
 import sqlite3
 import time
@@ -25,12 +27,16 @@ __all__ = [
     "DEFAULT_LOCK_TIMEOUT_S",
     "ENV_LOCK_TIMEOUT",
     "LOCK_TIMEOUT_OPTION",
+    "MAX_BUSY_TIMEOUT_MS",
     "SNAPSHOT_INFO",
+    "busy_timeout_ms",
     "driver_in_transaction",
     "is_transaction_control",
     "is_write_statement",
     "lock_for_migration",
     "lock_timeout",
+    "lock_timeout_seconds",
+    "rest_busy_timeout",
     "take_write_lock",
 ]
 
@@ -38,6 +44,12 @@ ENV_LOCK_TIMEOUT = "MNESTOMA_LOCK_TIMEOUT"
 DEFAULT_LOCK_TIMEOUT_S = 60.0
 # Execution option (on an Engine or Connection): seconds a write waits for SQLite's lock.
 LOCK_TIMEOUT_OPTION = "mnestoma_lock_timeout"
+# SQLite keeps its busy timeout in a C int of milliseconds (about 24.8 days at most).
+MAX_BUSY_TIMEOUT_MS = 2**31 - 1
+# Connection info keys: the busy timeout (ms) a connection keeps between writes (make_engine
+# gives it the lock timeout when it connects), and the one it has now.
+_BUSY_REST_INFO = "mnestoma_busy_timeout_ms"
+_BUSY_NOW_INFO = "mnestoma_busy_timeout_now_ms"
 # Any 64-bit number is fine as long as it is this package's alone: "mnestoma" in ASCII.
 MIGRATION_LOCK_KEY = 0x6D6E6573746F6D61
 
@@ -65,16 +77,31 @@ def is_transaction_control(sql: str) -> bool:
 def lock_timeout(conn: Connection) -> float:
     """Seconds a write waits for SQLite's write lock: the execution option, else
     ``MNESTOMA_LOCK_TIMEOUT``, else 60."""
-    value: Any = conn.get_execution_options().get(LOCK_TIMEOUT_OPTION)
+    return lock_timeout_seconds(conn.get_execution_options().get(LOCK_TIMEOUT_OPTION))
+
+
+def lock_timeout_seconds(value: Any = None, what: str = ENV_LOCK_TIMEOUT) -> float:
+    """``value`` as a lock timeout in seconds (≥ 0); None: ``MNESTOMA_LOCK_TIMEOUT``, else 60."""
     if value is None:
         value = os.environ.get(ENV_LOCK_TIMEOUT, "").strip() or DEFAULT_LOCK_TIMEOUT_S
     try:
         seconds = float(value)
     except (TypeError, ValueError):
-        raise InvalidInput(f"{ENV_LOCK_TIMEOUT} must be a number of seconds") from None
+        raise InvalidInput(f"{what} must be a number of seconds") from None
     if not seconds >= 0:
-        raise InvalidInput(f"{ENV_LOCK_TIMEOUT} must be a number of seconds ≥ 0")
+        raise InvalidInput(f"{what} must be a number of seconds ≥ 0")
     return seconds
+
+
+def busy_timeout_ms(seconds: float) -> int:
+    """``seconds`` as SQLite's busy timeout: milliseconds rounded up, at most what it holds."""
+    return math.ceil(min(max(seconds, 0.0) * 1000, MAX_BUSY_TIMEOUT_MS))
+
+
+def rest_busy_timeout(info: dict[Any, Any], ms: int) -> None:
+    """Note in a connection's ``info`` the busy timeout it was given when it connected: the
+    one it keeps between writes, which :func:`take_write_lock` puts back after waiting."""
+    info[_BUSY_REST_INFO] = info[_BUSY_NOW_INFO] = ms
 
 
 def driver_in_transaction(dbapi: Any) -> bool:
@@ -108,21 +135,32 @@ def take_write_lock(conn: Connection) -> None:
         # A snapshot that has only read: end it (nothing to lose) rather than upgrade it,
         # which fails once another writer has committed since it began.
         dbapi.execute("COMMIT")
-    _begin_immediate(dbapi, lock_timeout(conn))
+    _begin_immediate(dbapi, conn.connection.info, lock_timeout(conn))
     conn.connection.info.pop(SNAPSHOT_INFO, None)
 
 
-def _begin_immediate(dbapi: Any, timeout: float) -> None:
+def _begin_immediate(dbapi: Any, info: dict[Any, Any], timeout: float) -> None:
+    """``BEGIN IMMEDIATE`` within ``timeout`` seconds in all, or WriteLockTimeout.
+
+    SQLite's busy handler waits inside each attempt for as long as the connection's busy
+    timeout: each attempt gets what is left of ``timeout``, and the connection's resting
+    busy timeout is put back afterwards (unchanged when it is the lock timeout already).
+    """
+    if _BUSY_REST_INFO not in info:  # a connection make_engine did not open
+        rest_busy_timeout(info, _read_busy_timeout(dbapi))
     deadline = time.monotonic() + timeout
+    left = timeout
     pause = 0.001
-    while True:
-        try:
-            dbapi.execute("BEGIN IMMEDIATE")
-            return
-        except sqlite3.OperationalError as err:
-            text_ = str(err).lower()
-            if "locked" not in text_ and "busy" not in text_:
-                raise
+    try:
+        while True:
+            _set_busy_timeout(dbapi, info, busy_timeout_ms(left))
+            try:
+                dbapi.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as err:
+                text_ = str(err).lower()
+                if "locked" not in text_ and "busy" not in text_:
+                    raise
             left = deadline - time.monotonic()
             if left <= 0:
                 raise WriteLockTimeout(
@@ -130,8 +168,32 @@ def _begin_immediate(dbapi: Any, timeout: float) -> None:
                     f"try again, or wait longer ({ENV_LOCK_TIMEOUT} or the "
                     f"{LOCK_TIMEOUT_OPTION!r} execution option)"
                 ) from None
+            # SQLite gave up before its busy timeout ran out (it does not call its busy
+            # handler in every case): wait a little here, then try with what is left.
             _pause(dbapi, min(pause, left))
             pause = min(pause * 2, 0.05)
+            left = max(0.0, deadline - time.monotonic())
+    finally:
+        with contextlib.suppress(sqlite3.Error):  # never hide the error that ended the wait
+            _set_busy_timeout(dbapi, info, info[_BUSY_REST_INFO])
+
+
+def _set_busy_timeout(dbapi: Any, info: dict[Any, Any], ms: int) -> None:
+    """Give the connection SQLite's busy timeout ``ms``, unless it has it already."""
+    if info.get(_BUSY_NOW_INFO) != ms:
+        dbapi.execute(f"PRAGMA busy_timeout = {int(ms)}")
+        info[_BUSY_NOW_INFO] = ms
+
+
+def _read_busy_timeout(dbapi: Any) -> int:
+    """The busy timeout (ms) a connection has now."""
+    cursor = dbapi.cursor()
+    try:
+        cursor.execute("PRAGMA busy_timeout")
+        row = cursor.fetchone()
+    finally:
+        cursor.close()
+    return int(row[0])
 
 
 def _pause(dbapi: Any, seconds: float) -> None:
