@@ -37,15 +37,20 @@ import itertools
 import json
 import logging
 import math
+import numbers
+import os
 import sys
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from contextvars import ContextVar
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, ParamSpec, Protocol, TypeVar, cast
+
+from sqlalchemy import Engine
 
 from . import rules
 from .errors import InvalidInput, MnestomaError, StoreError
@@ -128,6 +133,10 @@ class TracerStats:
         with self._lock:
             for name in _COUNTERS:
                 setattr(self, name, 0)
+
+    def _after_fork(self) -> None:
+        """In a forked child: a new lock, since another thread may have held this one."""
+        self._lock = threading.Lock()
 
 
 _COUNTERS = tuple(f.name for f in dataclasses.fields(TracerStats) if f.name != "_lock")
@@ -263,6 +272,30 @@ _CURRENT: ContextVar[Turn | None] = ContextVar("mnestoma_tracing_turn", default=
 def current_turn() -> Turn | None:
     """The turn the calling code runs in, or None."""
     return _CURRENT.get()
+
+
+def _after_fork_in_child() -> None:
+    """New locks for what the forked child can still use: the process-wide counters and the
+    turns the forking code runs in (a lock another thread held at the fork stays held)."""
+    stats._after_fork()
+    current: Any = _CURRENT.get()
+    while isinstance(current, Turn):
+        current._lock = threading.Lock()
+        token = current._token
+        current = token.old_value if token is not None else None  # the enclosing turn
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _own_connections(store: object) -> None:
+    """In a forked child, give ``store`` a connection pool of its own: the inherited one
+    holds the parent's connections, which two processes must never use (SQLAlchemy's recipe
+    for fork: ``dispose(close=False)`` leaves the parent's connections untouched)."""
+    engine = getattr(store, "engine", None)
+    if isinstance(engine, Engine):
+        engine.dispose(close=False)
 
 
 class Turn:
@@ -679,12 +712,27 @@ def propagate(fn: Callable[P, R]) -> Callable[P, R]:
 # ---------------------------------------------------------------------------- background
 
 
+def _is_seconds(value: object) -> bool:
+    """A real number from 0 to the longest wait threading accepts (NaN, inf and bools not):
+    a bad timeout would only fail at interpreter exit, losing the queued turns."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return False
+    return 0 <= float(value) <= threading.TIMEOUT_MAX
+
+
 class BackgroundWriter:
     """Writes ended turns to ``store`` from one thread, off the traced code's latency.
 
     The queue holds at most ``maxsize`` turns; a turn that does not fit is dropped and
     counted, never waited for. ``flush()`` waits until the queue is written; ``close()``
-    (also at the end of a ``with`` block and at interpreter exit) flushes and stops.
+    (also at the end of a ``with`` block, at interpreter exit and at the end of a
+    multiprocessing child, which skips interpreter exit) flushes and stops, waiting at most
+    ``exit_timeout`` seconds at exit.
+
+    Fork-safe: in a forked child (``gunicorn --preload``, multiprocessing's "fork") the
+    writer starts empty, with a new lock, new counters and a thread of its own started when
+    the child queues its first turn; turns the parent had queued stay the parent's to write.
+    The store gets a connection pool of its own in the child.
     """
 
     def __init__(
@@ -692,11 +740,15 @@ class BackgroundWriter:
     ) -> None:
         if isinstance(maxsize, bool) or not isinstance(maxsize, int) or maxsize < 1:
             raise InvalidInput("maxsize must be a positive integer")
+        if not _is_seconds(exit_timeout):
+            raise InvalidInput(
+                f"exit_timeout must be a finite number of seconds, 0 or more; got {exit_timeout!r}"
+            )
         if _is_async_callable(getattr(store, "record_turn", None)):
             raise InvalidInput("the background writer needs a blocking store (Mnestoma)")
         self.store = store
         self.maxsize = maxsize
-        self.exit_timeout = exit_timeout
+        self.exit_timeout = float(exit_timeout)
         self.submitted = 0  # turns accepted
         self.written = 0  # turns the store recorded
         self.failures = 0  # turns the store refused or failed on
@@ -705,11 +757,36 @@ class BackgroundWriter:
         self._cond = threading.Condition()
         self._busy = False
         self._closed = False
+        self._thread: threading.Thread | None = None
+        with self._cond:
+            self._start()
+        atexit.register(self._at_exit)
+        if hasattr(os, "register_at_fork"):
+            ref = weakref.WeakMethod(self._after_fork)
+            os.register_at_fork(after_in_child=lambda: (method := ref()) and method())
+
+    def _start(self) -> None:
+        """Start the writer thread (under ``_cond``), and have a multiprocessing child, which
+        ends without running ``atexit``, close this writer at its end too."""
         self._thread = threading.Thread(
             target=self._run, name="mnestoma-tracing-writer", daemon=True
         )
         self._thread.start()
-        atexit.register(self._at_exit)
+        mp = sys.modules.get("multiprocessing")
+        if mp is not None and mp.parent_process() is not None:
+            from multiprocessing import util
+
+            util.Finalize(self, self._at_exit, exitpriority=0)
+
+    def _after_fork(self) -> None:
+        """In a forked child: a new lock and an empty queue (the parent's turns are the
+        parent's), no thread until the child queues a turn, a pool of the store's own."""
+        self._cond = threading.Condition()
+        self._queue = deque()
+        self._busy = False
+        self._thread = None
+        self.submitted = self.written = self.failures = self.dropped = 0
+        _own_connections(self.store)
 
     def __repr__(self) -> str:
         return (
@@ -734,6 +811,8 @@ class BackgroundWriter:
         item = (turn_id, list(passings))
         with self._cond:
             if not self._closed and len(self._queue) < self.maxsize:
+                if self._thread is None:  # the first turn of a forked child
+                    self._start()
                 self._queue.append(item)
                 self.submitted += 1
                 self._cond.notify_all()
@@ -785,7 +864,7 @@ class BackgroundWriter:
         end = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while self._queue or self._busy:
-                if not self._thread.is_alive():
+                if self._thread is None or not self._thread.is_alive():
                     return False
                 remaining = None if end is None else end - time.monotonic()
                 if remaining is not None and remaining <= 0:
@@ -799,7 +878,9 @@ class BackgroundWriter:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-        self._thread.join(timeout)
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
         atexit.unregister(self._at_exit)
         return done
 

@@ -860,6 +860,17 @@ def test_a_failing_write_in_the_background_is_counted(caplog: pytest.LogCaptureF
     assert any("disk full" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.parametrize(
+    "bad", ["10", None, True, [10], -1, -0.5, float("nan"), float("inf"), 1e300]
+)
+def test_an_exit_timeout_that_is_not_a_finite_number_of_seconds_is_refused(
+    fake: FakeStore, bad: Any
+) -> None:
+    # accepted, it would fail only at interpreter exit, and lose the queued turns
+    with pytest.raises(InvalidInput, match="exit_timeout"):
+        BackgroundWriter(fake, exit_timeout=bad)
+
+
 def test_a_turn_with_a_writer_records_to_the_writer_s_store(fake: FakeStore) -> None:
     with BackgroundWriter(fake) as writer, pytest.raises(InvalidInput):
         turn(FakeStore(), "t", writer=writer)
