@@ -16,12 +16,16 @@ is merged into the target's row with the ager's rule (contract §4):
 - weight = the larger of the two effective weights at the copy's now, ts_weight = now (the
   target's, if later); decay_lambda, tags and desired_sig: the target's (tags and
   desired_sig: the source's where the target's is null);
-- every event of both is kept; the source row's events move to the target row; a source
-  created/reinforced event of a turn already counted on the target row keeps its kind but
-  hands its turn_id to its reason (the database allows one per turn and row);
-- two ``merged`` events at now, as the ager writes them: on the target row (related_id = the
-  source row's id) and on the source row's id (related_id = the target row's), each with
-  that row's effective weight before, the merged weight after, the state unchanged.
+- every event of both is kept; the source row's events move to the target row (so that a
+  turn of either store repeated on the merged edge is a no-op), except a created/reinforced
+  event of a turn the target row already counted: it stays, unchanged, on the source row's
+  id, and uses counts that turn once;
+- two ``merged`` events at now, as the ager writes a demotion merge (weight_before: that
+  row's effective weight, weight_after: the merged weight; state_after: the surviving row's
+  state): on the target row, which absorbs (related_id = the source row's id, its state
+  unchanged), and on the source row's id, which is absorbed (related_id = the target row's,
+  state_before NULL: the row was not in this store before). The absorbed side is the one
+  whose state changes, in the ager's merge (active to decaying) as in the copy's.
 
 The checksum is order-independent (the sum of one SHA-256 per row, modulo 2**256): the two
 engines sort text ids by different collations, and this way neither side has to sort.
@@ -539,31 +543,27 @@ class _Job:
             self._insert(tconn, EVENTS, rows)
 
     def _repoint(self, tconn: Connection, rows: list[dict[str, Any]]) -> None:
-        """Move merged rows' events to their target row; a turn counted on both counts once."""
-        moved: list[dict[str, Any]] = []
+        """Move merged rows' events to their target row, but for the passings of a turn the
+        target row already counted: those stay on the source row's id, and count once."""
+        turns = [
+            r
+            for r in rows
+            if r["mnest_id"] in self.pairs and r["turn_id"] is not None and r["kind"] in PASSING
+        ]
+        taken: set[tuple[str, str]] = set()
+        if turns:
+            self._create_keys(tconn)
+            wanted = [(r["turn_id"], self.pairs[r["mnest_id"]]) for r in turns]
+            for batch in _batches(wanted, LOOKUP_BATCH):
+                taken.update((turn, mnest) for turn, mnest in _find_keys(tconn, KEYS.turns, batch))
         for row in rows:
             target_id = self.pairs.get(row["mnest_id"])
             if target_id is None:
                 continue
-            row["mnest_id"] = target_id
-            if row["turn_id"] is not None and row["kind"] in PASSING:
-                moved.append(row)
-        if not moved:
-            return
-        taken: set[tuple[str, str]] = set()
-        self._create_keys(tconn)
-        for batch in _batches([(r["turn_id"], r["mnest_id"]) for r in moved], LOOKUP_BATCH):
-            taken.update((turn, mnest) for turn, mnest in _find_keys(tconn, KEYS.turns, batch))
-        for row in moved:
-            if (row["turn_id"], row["mnest_id"]) not in taken:
+            if row["kind"] in PASSING and (row["turn_id"], target_id) in taken:
+                self.counted_once[target_id] += 1
                 continue
-            self.counted_once[row["mnest_id"]] += 1
-            note = (
-                f"copy: turn {row['turn_id']!r} was also counted on this edge in the target; "
-                "counted once"
-            )
-            row["reason"] = f"{row['reason']}; {note}" if row["reason"] else note
-            row["turn_id"] = None
+            row["mnest_id"] = target_id
 
     # --- merges --------------------------------------------------------------------------
 
@@ -611,6 +611,8 @@ class _Job:
     def _merged_event(
         self, mnest_id: str, related_id: str, before: float, after: float, row: RowMapping
     ) -> dict[str, Any]:
+        """A ``merged`` event: the source row's says it was absorbed (it was not in this store
+        before: no state before), the target row's that it absorbed (its state unchanged)."""
         event_id = self.next_event_id
         self.next_event_id += 1
         absorbed = mnest_id in self.pairs
@@ -627,7 +629,7 @@ class _Job:
             "turn_id": None,
             "weight_before": before,
             "weight_after": after,
-            "state_before": row["state"],
+            "state_before": None if absorbed else row["state"],
             "state_after": row["state"],
             "reason": reason,
             "related_id": related_id,

@@ -174,9 +174,20 @@ def _check_keys(mnests: Any, problems: list[str]) -> None:
 
 
 def _check_events(rows: dict[str, Any], events: Any, problems: list[str]) -> None:
+    """Each row's history against the row: one created event, uses = its passings plus those
+    of the rows merged into it, the state its last event ends in; nothing merged away stays.
+
+    A ``merged`` event is written on both rows of a merge: the absorbing row's keeps its state
+    (state_before = state_after), the absorbed row's does not (the ager's demotion merge:
+    active to decaying; a copy's: no state before, the row was not in the store). A copy moves
+    the absorbed row's history to the absorbing row, but for the passings of turns the
+    absorbing row already counted, which stay behind and count once.
+    """
     counted: Counter[str] = Counter()
     created: Counter[str] = Counter()
+    turns: defaultdict[str, set[str]] = defaultdict(set)
     gone: set[str] = set()
+    copied_in: set[str] = set()  # rows absorbed by a copy (their history moved)
     merged_in: dict[str, list[str]] = defaultdict(list)
     turn_edges: Counter[tuple[str, str]] = Counter()
     last_state: dict[str, str | None] = {}
@@ -197,12 +208,22 @@ def _check_events(rows: dict[str, Any], events: Any, problems: list[str]) -> Non
             counted[mid] += 1
             if e["turn_id"] is not None:
                 turn_edges[(e["turn_id"], mid)] += 1
+                turns[mid].add(e["turn_id"])
         if kind == "created":
             created[mid] += 1
-        if kind == "pruned" or (kind == "merged" and e["state_before"] == "active"):
+        if kind == "pruned":
             gone.add(mid)
-        if kind == "merged" and e["state_before"] == "decaying":
-            merged_in[mid].append(e["related_id"])
+        if kind == "merged":
+            if e["state_after"] is None or e["related_id"] is None:
+                problems.append(
+                    f"event {eid}: a merge without the surviving state or the other row"
+                )
+            elif e["state_before"] == e["state_after"]:
+                merged_in[mid].append(e["related_id"])
+            else:
+                gone.add(mid)
+                if e["state_before"] is None:
+                    copied_in.add(mid)
         if kind != "pruned":
             last_state[mid] = e["state_after"]
 
@@ -217,17 +238,32 @@ def _check_events(rows: dict[str, Any], events: Any, problems: list[str]) -> Non
             problems.append(f"{mid}: pruned or merged away, yet still present")
 
     memo: dict[str, int] = {}
+    open_: set[str] = set()  # rows whose uses are being summed: met again, a merge cycle
 
-    def expected_uses(mid: str, depth: int = 0) -> int:
-        if mid not in memo:
-            if depth > 10_000:
-                raise AssertionError(f"merge cycle through {mid}")
-            memo[mid] = counted[mid] + sum(expected_uses(a, depth + 1) for a in merged_in[mid])
-        return memo[mid]
+    def expected_uses(mid: str) -> int:
+        if mid in memo:
+            return memo[mid]
+        if mid in open_:
+            problems.append(f"merge cycle through {mid}")
+            return 0
+        open_.add(mid)
+        total = counted[mid]
+        for absorbed in merged_in[mid]:
+            total += expected_uses(absorbed)
+            if absorbed in copied_in:  # a turn both rows counted counts once
+                total -= len(turns[absorbed] & turns[mid])
+        open_.discard(mid)
+        memo[mid] = total
+        return total
 
+    for mid in copied_in:
+        if created[mid] > 1:
+            problems.append(f"{mid}: {created[mid]} created events left behind by a copy")
     for mid, r in rows.items():
-        if created[mid] != 1:
-            problems.append(f"{mid}: {created[mid]} created events (expected 1)")
+        # a copy moved each absorbed row's created event here, unless its turn stayed behind
+        brought = sum(1 - created[a] for a in merged_in[mid] if a in copied_in)
+        if created[mid] != 1 + brought:
+            problems.append(f"{mid}: {created[mid]} created events (expected {1 + brought})")
         want = expected_uses(mid)
         if r["uses"] != want:
             problems.append(

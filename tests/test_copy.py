@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
+from invariants import check_invariants
 from sqlalchemy import func, insert, inspect, select, text
 
 import mnestoma
@@ -449,8 +450,10 @@ def test_copy_append_keeps_every_event_and_moves_the_merged_rows_history(
     for original in src["events"]:
         copied = moved[original["id"]]
         if original["mnest_id"] == s_active["id"]:
-            assert copied["mnest_id"] == t_active["id"]  # the source row's history moved
-        for column in ("kind", "ts", "weight_before", "weight_after", "recorder"):
+            # the source row's history moved, but for the turn the target had counted
+            stays = original["turn_id"] == "shared"
+            assert copied["mnest_id"] == (s_active["id"] if stays else t_active["id"])
+        for column in ("kind", "ts", "turn_id", "weight_before", "weight_after", "recorder"):
             assert copied[column] == original[column]
     merges = [e for e in events if e["kind"] == "merged" and e["ts"] == COPY_AT]
     assert len(merges) == 6
@@ -463,10 +466,12 @@ def test_copy_append_keeps_every_event_and_moves_the_merged_rows_history(
         decayed_weight(t_active["weight"], t_active["decay_lambda"], t_active["ts_weight"], COPY_AT)
     )
     assert (on_target["state_before"], on_target["state_after"]) == ("active", "active")
+    assert (on_source["state_before"], on_source["state_after"]) == (None, "active")
     assert {e["recorder"] for e in merges} == {"call"}
     with mnestoma.Mnestoma(target) as m:
         assert m.get(s_active["id"]) is None
-        assert [e.kind for e in m.events(mnest_id=s_active["id"])] == ["merged"]
+        left = [(e.kind, e.turn_id) for e in m.events(mnest_id=s_active["id"])]
+        assert left == [("reinforced", "shared"), ("merged", None)]
 
 
 def test_copy_append_counts_a_turn_both_stores_recorded_on_an_edge_once(
@@ -479,11 +484,11 @@ def test_copy_append_counts_a_turn_both_stores_recorded_on_an_edge_once(
         assert row is not None and row.uses == 4
         shared = [e for e in m.events(turn_id="shared") if e.mnest_id == row.id]
         assert [(e.kind, e.recorder) for e in shared] == [("reinforced", "call")]
-        history = m.events(mnest_id=row.id)
-        demoted = [e for e in history if e.kind != "merged" and e.turn_id is None]
-        assert len(demoted) == 1 and demoted[0].kind == "reinforced"
-        assert demoted[0].reason is not None
-        assert "'shared'" in demoted[0].reason and "counted once" in demoted[0].reason
+        # the source's passing of that turn stays, unchanged, on the absorbed row's id
+        absorbed = [e for e in m.events(turn_id="shared") if m.get(e.mnest_id) is None]
+        assert [(e.kind, e.reason) for e in absorbed] == [("reinforced", None)]
+        passings = [e for e in m.events(mnest_id=row.id) if e.kind in ("created", "reinforced")]
+        assert len(passings) == row.uses and all(e.turn_id is not None for e in passings)
         # idempotency holds on the merged row for the turns of both stores
         for turn in ("shared", "tgt-1", "src-1", "src-2"):
             m.record_turn(turn, [SHARED["active"]])
@@ -492,6 +497,49 @@ def test_copy_append_counts_a_turn_both_stores_recorded_on_an_edge_once(
         m.record_turn("new-turn", [SHARED["active"]])
         latest = m.find(*SHARED["active"])
         assert latest is not None and latest.uses == 5
+
+
+def test_copy_append_merged_events_say_which_row_absorbed_which(
+    merged_stores: tuple[str, str],
+) -> None:
+    """As in the ager's demotion merge, the absorbing row's merged event keeps its state and
+    the absorbed row's does not (it was not in the target: no state before); the package's
+    invariant checker reads the active and the decaying pair the same way."""
+    source, target = merged_stores
+    old, new = by_key(dump(target)["mnests"]), by_key(dump(source)["mnests"])
+    copy_store(source, target, append=True, clock=lambda: COPY_AT)
+    merges = {e["mnest_id"]: e for e in dump(target)["events"] if e["kind"] == "merged"}
+    for state in SHARED:
+        kept, absorbed = old[key_of(state)]["id"], new[key_of(state)]["id"]
+        on_kept, on_absorbed = merges[kept], merges[absorbed]
+        assert (on_kept["state_before"], on_kept["state_after"]) == (state, state)
+        assert (on_absorbed["state_before"], on_absorbed["state_after"]) == (None, state)
+        assert (on_kept["related_id"], on_absorbed["related_id"]) == (absorbed, kept)
+    check_invariants(target)
+
+
+def test_a_store_merged_by_copies_and_the_ager_passes_the_invariant_checker(
+    merged_stores: tuple[str, str], tmp_path: Path
+) -> None:
+    """Copy merges and demotion merges on the same rows, then the merged store merged again
+    into a third store: every history still adds up."""
+    source, target = merged_stores
+    copy_store(source, target, append=True, clock=lambda: COPY_AT)
+    clock = MovableClock(COPY_AT + timedelta(days=1))
+    with mnestoma.Mnestoma(target, clock=clock) as m:
+        m.record_turn("after", [SHARED["decaying"], SHARED["active"]])
+        clock.advance(days=60)
+        report = m.apply_ager()  # the new old->gone row merges into the copy's decaying row
+    assert report.merged == 1
+    check_invariants(target)
+    third = f"sqlite:///{tmp_path / 'third.sqlite'}"
+    mnestoma.upgrade(third)
+    fill_source(third)
+    later = COPY_AT + timedelta(days=90)
+    # old->gone and src->only are decaying in both (plan->search decayed in the target only,
+    # the proto was pruned): each target row brings the rows it had absorbed with it
+    assert copy_store(target, third, append=True, clock=lambda: later).merged == 2
+    check_invariants(third)
 
 
 def test_copy_append_through_the_command_line_reports_the_merges(

@@ -483,15 +483,17 @@ def copy_cmd(
 
     \b
     - uses summed; a turn counted on the edge in both stores (same turn
-      id) counts once: the source's event is kept, its turn id moved
-      into its reason;
+      id) counts once: the source's event of that turn stays, unchanged,
+      on the source row's id;
     - first use the earlier, last use the later;
     - weight: the larger of the two effective weights now, decaying from
       now;
     - decay speed, tags and desired_sig: the target's (tags and
       desired_sig: the source's where the target has none);
     - every event of both kept, the source row's moved to the target
-      row, and a merged event on each of the two ids naming the other.
+      row, and a merged event on each of the two ids naming the other:
+      the target row's keeps its state, the source row's has no state
+      before (it was absorbed), as the ager writes a merge.
 
     A mnest id held by both stores (one was copied from the other) is refused: nothing
     is copied.
