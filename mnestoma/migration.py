@@ -155,13 +155,41 @@ def read_revision(conn: Connection) -> str | None:
 
 
 def _legacy_revision(conn: Connection, tables: set[str]) -> str | None:
-    """A mnestoma revision held in ``alembic_version`` beside mnestoma's tables, if any."""
+    """A mnestoma revision held in ``alembic_version`` beside mnestoma's tables, if any.
+
+    A service's own revision may share the table and look like one of ours (its first is
+    often ``0001``): of several such rows, ours is the one the store's schema is at.
+    """
     if LEGACY_VERSION_TABLE not in tables or "mnests" not in tables:
         return None
     rows = conn.execute(text(f"SELECT version_num FROM {LEGACY_VERSION_TABLE}")).scalars()
     known = known_revisions()
     ours = [r for r in rows if r in known]
+    if len(ours) > 1:
+        built = _legacy_schema_revision(conn, tables)
+        ours = [r for r in ours if r == built]
     return ours[0] if len(ours) == 1 else None
+
+
+def _legacy_schema_revision(conn: Connection, tables: set[str]) -> str:
+    """The revision a store stamped in ``alembic_version`` was built to, read from what each
+    revision added. Only 0001..0006 were ever stamped there (later ones have the package's
+    own version table), so this ladder never grows."""
+    insp = inspect(conn)
+    if "ts_weight" not in {c["name"] for c in insp.get_columns("mnests")}:
+        return "0001"
+    if "ager_runs" not in tables:
+        return "0002"
+    checks = {c["name"]: str(c["sqltext"]) for c in insp.get_check_constraints("mnests")}
+    if "<=" not in checks.get("ck_mnests_decay_lambda_nonneg", ""):  # 0004's upper bound
+        return "0003"
+    turn_index = [i for i in insp.get_indexes("events") if i["name"] == "ix_events_turn_id"]
+    options = turn_index[0].get("dialect_options", {}) if turn_index else {}
+    if not any(key.endswith("_where") and value is not None for key, value in options.items()):
+        return "0004"  # 0005 made ix_events_turn_id partial
+    if "ix_mnests_active_src" not in {i["name"] for i in insp.get_indexes("mnests")}:
+        return "0005"
+    return "0006"
 
 
 def adopt_legacy_version(conn: Connection) -> str | None:
