@@ -13,6 +13,7 @@ ends the span; a failing store is logged and counted, never raised into the trac
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import logging
 import math
@@ -28,6 +29,7 @@ from typing import Any, NamedTuple, Protocol
 
 from . import rules
 from .errors import InvalidInput, MissingExtra
+from .tracing import _is_async_callable, _own_connections
 
 try:
     from opentelemetry.context import Context
@@ -97,11 +99,13 @@ class ProcessorStats:
 
     tool_spans: int = 0  # tool spans read (GenAI or OpenInference)
     traces_recorded: int = 0  # traces whose passings the store accepted
-    passings_recorded: int = 0  # passings the store accepted
+    passings_recorded: int = 0  # passings the store counted (new for their trace id)
+    passings_replayed: int = 0  # passings the store had already counted for that trace id
     traces_evicted: int = 0  # traces forgotten before their local root ended
     spans_dropped: int = 0  # tool spans over max_spans_per_trace (oldest first)
     late_spans: int = 0  # tool spans ending after their trace was recorded
     unversioned_spans: int = 0  # tool spans skipped: no version and no default
+    spans_without_content: int = 0  # tool spans with neither arguments nor result captured
     leaves_truncated: int = 0  # values read only up to max_leaves_per_value
     queue_overflow: int = 0  # spans the full queue could not take (their trace may be partial)
     store_failures: int = 0  # record_turn calls that raised
@@ -249,6 +253,10 @@ class MnestomaSpanProcessor(SpanProcessor):
     tool calls where either side carried no content are linked with ``tags={"basis":
     "sequence"}``; off by default, so that a trace without content records nothing.
 
+    ``store`` must be blocking (:class:`mnestoma.Mnestoma`): the processor records from its
+    own thread, where nothing would await an :class:`~mnestoma.aio.AsyncMnestoma`'s
+    ``record_turn``, so an async store is refused with :class:`InvalidInput`.
+
     Bounds: at most ``max_traces`` open traces (the oldest is forgotten first, counted in
     ``stats.traces_evicted``), ``max_spans_per_trace`` tool calls per trace (oldest first),
     ``max_leaves_per_value`` digests per argument or result, ``max_queue`` spans waiting
@@ -279,6 +287,11 @@ class MnestomaSpanProcessor(SpanProcessor):
             raise InvalidInput("version_of must be a mapping or a callable")
         if default_version is not None:
             check_name(default_version, "default_version")
+        if _is_async_callable(getattr(store, "record_turn", None)):
+            raise InvalidInput(
+                "the OpenTelemetry processor needs a blocking store (Mnestoma): it records "
+                "from its own thread, where an async store's record_turn is never awaited"
+            )
         self._store = store
         self._version_of = version_of
         self._default_version = default_version
@@ -293,6 +306,7 @@ class MnestomaSpanProcessor(SpanProcessor):
         self._counters = dict.fromkeys(ProcessorStats.__dataclass_fields__, 0)
         self._counters_lock = threading.Lock()
         self._closed = False
+        self._warned_no_content = False  # the missing-content warning is given once
         # writer-thread state: open traces, and recently recorded ones (to spot late spans)
         self._traces: OrderedDict[int, _Trace] = OrderedDict()
         self._recorded: OrderedDict[int, None] = OrderedDict()
@@ -307,11 +321,13 @@ class MnestomaSpanProcessor(SpanProcessor):
         return writer
 
     def _after_fork(self) -> None:
-        """In a forked child the writer thread is gone: start over with empty state."""
+        """In a forked child the writer thread is gone: start over with empty state, and a
+        connection pool of the store's own."""
         self._queue = queue.SimpleQueue()
         self._counters_lock = threading.Lock()
         self._traces.clear()
         self._recorded.clear()
+        _own_connections(self._store)
         if not self._closed:
             self._writer = self._start_writer()
 
@@ -477,13 +493,31 @@ class MnestomaSpanProcessor(SpanProcessor):
             logger.warning("mnestoma otel processor: skipped a tool span: %s", err)
             self._count("errors")
             return None
-        return _ToolCall(
+        call = _ToolCall(
             item.name,
             version,
             item.start,
             item.end,
             self._digests(item.arguments),
             self._digests(item.result),
+        )
+        if call.arguments is None and call.result is None:
+            self._without_content(item.name)
+        return call
+
+    def _without_content(self, name: str) -> None:
+        """Count a tool span that carried no content; say so once, since it records nothing."""
+        self._count("spans_without_content")
+        if self._warned_no_content:
+            return
+        self._warned_no_content = True
+        logger.warning(
+            "mnestoma otel processor: tool span %r carried no content (no arguments, no "
+            "result), so nothing links it by content. Is content capture off "
+            "(OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT, OPENINFERENCE_HIDE_INPUTS "
+            "/ _OUTPUTS)? sequence_edges=True links such calls by order. Further spans "
+            "without content are only counted (stats.spans_without_content).",
+            name,
         )
 
     def _digests(self, value: Any) -> frozenset[bytes] | None:
@@ -498,8 +532,14 @@ class MnestomaSpanProcessor(SpanProcessor):
         passings = self._passings(calls)
         if not passings:
             return
+        turn_id = format(trace_id, "032x")
         try:
-            self._store.record_turn(format(trace_id, "032x"), passings, recorder="otel")
+            counted = self._counted_before(turn_id)
+            rows = self._store.record_turn(turn_id, passings, recorder="otel")
+            if inspect.isawaitable(rows):
+                if inspect.iscoroutine(rows):
+                    rows.close()  # never run: no "never awaited" warning on top
+                raise InvalidInput("record_turn returned an awaitable: a blocking store is needed")
         except Exception:
             logger.warning(
                 "mnestoma otel processor: the store refused trace %032x (%d passings)",
@@ -509,8 +549,30 @@ class MnestomaSpanProcessor(SpanProcessor):
             )
             self._count("store_failures")
             return
+        kept = self._kept(rows, counted, len(passings))
         self._count("traces_recorded")
-        self._count("passings_recorded", len(passings))
+        self._count("passings_recorded", kept)
+        self._count("passings_replayed", len(passings) - kept)
+
+    def _counted_before(self, turn_id: str) -> frozenset[Any] | None:
+        """The mnests this trace id already counted in the store (one query per trace, not
+        per passing), or None for a store without ``events``."""
+        events = getattr(self._store, "events", None)
+        if not callable(events):
+            return None
+        return frozenset(e.mnest_id for e in events(turn_id=turn_id) if e.kind in rules.PASSING)
+
+    @staticmethod
+    def _kept(rows: Any, counted: frozenset[Any] | None, given: int) -> int:
+        """How many of the ``given`` passings the store counted: the rows it returned minus
+        those the trace id had already counted (a replay is a no-op in the store)."""
+        if counted is None:
+            return given
+        try:
+            ids = {row.id for row in rows}
+        except (AttributeError, TypeError):  # a store returning something else
+            return given
+        return min(given, len(ids - counted))
 
     def _passings(self, calls: Iterable[_ToolCall]) -> list[Passing]:
         """The passings of one trace's tool calls: lineage by content, then sequence if asked.

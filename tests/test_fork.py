@@ -267,3 +267,45 @@ def test_a_child_s_writer_does_not_reuse_the_parent_s_pooled_connection(
 
     with BackgroundWriter(store):
         assert not in_forked_child(reuses_parent_s)
+
+
+def test_a_forked_worker_s_span_processor_records_over_connections_of_its_own(
+    store: mnestoma.Mnestoma,
+) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from mnestoma.otel import MnestomaSpanProcessor
+
+    processor = MnestomaSpanProcessor(store, version_of={"search": "1", "read": "1"})
+    provider = TracerProvider()
+    provider.add_span_processor(processor)
+    tracer = provider.get_tracer("test")
+    with store.engine.connect() as conn:
+        parent = conn.connection.dbapi_connection
+
+    def tool(name: str, arguments: str, result: str) -> None:
+        attributes = {
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": name,
+            "gen_ai.tool.call.arguments": arguments,
+            "gen_ai.tool.call.result": result,
+        }
+        with tracer.start_as_current_span(name, attributes=attributes):
+            pass
+
+    def child() -> tuple[int, bool]:
+        with tracer.start_as_current_span("turn"):
+            tool("search", '{"q": "pdf"}', '["a/report.pdf"]')
+            tool("read", '{"path": "a/report.pdf"}', "the text")
+        assert processor.force_flush(CHILD_TIMEOUT * 1000)
+        with store.engine.connect() as conn:
+            reused = conn.connection.dbapi_connection is parent
+        return processor.stats.passings_recorded, reused
+
+    try:
+        recorded, reused = in_forked_child(child)
+    finally:
+        provider.shutdown()
+    assert (recorded, reused) == (1, False)
+    (row,) = store.edges()
+    assert (row.src_executor, row.dst_executor, row.uses) == ("search", "read", 1)

@@ -502,6 +502,25 @@ def test_without_content_nothing_is_recorded_by_default(setup: Setup) -> None:
     assert store.calls == [] and processor.stats.tool_spans == 2
 
 
+def test_tool_spans_without_content_are_counted_and_warned_about_once(
+    setup: Setup, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = FakeStore()
+    processor, tracer = setup(store)
+    with caplog.at_level(logging.WARNING, logger="mnestoma.otel"):
+        for _ in range(2):  # two traces: one warning for the processor, not one per span
+            with tracer.start_as_current_span("turn"):
+                genai(tracer, "fs.search")
+                openinference(tracer, "fs.read", "__REDACTED__", "__REDACTED__")
+                genai(tracer, "pdf.text", {"text": "page one"}, "summary")  # has content
+        flushed(processor)
+    assert processor.stats.tool_spans == 6
+    assert processor.stats.spans_without_content == 4
+    warnings = [r.getMessage() for r in caplog.records if "no content" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "content capture" in warnings[0]
+
+
 def test_redacted_content_is_not_evidence(setup: Setup) -> None:
     store = FakeStore()
     processor, tracer = setup(store)
@@ -554,6 +573,49 @@ def test_a_failing_store_is_logged_and_counted_not_raised(
     assert processor.stats.store_failures == 1
     assert processor.stats.traces_recorded == 0
     assert "database is down" in caplog.text
+
+
+class AsyncStore:
+    """A store whose record_turn must be awaited, like mnestoma.aio.AsyncMnestoma's."""
+
+    async def record_turn(self, turn_id: str, passings: Any, *, recorder: str) -> list[Any]:
+        raise AssertionError("never called")
+
+
+def test_an_async_store_is_refused_at_construction(tmp_path: Any) -> None:
+    import asyncio
+
+    from mnestoma.aio import AsyncMnestoma
+
+    with pytest.raises(mnestoma.InvalidInput, match="blocking store"):
+        MnestomaSpanProcessor(AsyncStore())
+    am = AsyncMnestoma(f"sqlite:///{tmp_path / 'store.sqlite'}")
+    try:
+        with pytest.raises(mnestoma.InvalidInput, match="blocking store"):
+            MnestomaSpanProcessor(am)
+    finally:
+        asyncio.run(am.close())
+
+
+def test_a_store_that_returns_an_awaitable_is_a_counted_failure(
+    setup: Setup, caplog: pytest.LogCaptureFixture
+) -> None:
+    class Deferring:
+        def __init__(self) -> None:
+            self.inner = AsyncStore()
+
+        def record_turn(self, turn_id: str, passings: Any, *, recorder: str) -> Any:
+            return self.inner.record_turn(turn_id, passings, recorder=recorder)  # not awaited
+
+    processor, tracer = setup(Deferring())
+    with caplog.at_level(logging.WARNING, logger="mnestoma.otel"):
+        with tracer.start_as_current_span("turn"):
+            genai(tracer, "fs.search", {"q": "pdf"}, ["a/report.pdf"])
+            genai(tracer, "fs.read", {"path": "a/report.pdf"}, "text")
+        flushed(processor)
+    assert processor.stats.store_failures == 1
+    assert processor.stats.traces_recorded == 0 and processor.stats.passings_recorded == 0
+    assert "awaitable" in caplog.text
 
 
 def test_writing_happens_off_the_thread_that_ends_the_span(setup: Setup) -> None:
@@ -681,6 +743,25 @@ def test_a_replayed_trace_counts_once_in_the_store(setup: Setup, store: mnestoma
     assert edge is not None and edge.uses == 1
     assert processor.stats.traces_recorded == 2
     assert len(store.events(turn_id=format(trace_id, "032x"))) == 1
+
+
+def test_passings_recorded_counts_what_the_store_kept_not_a_replay(
+    setup: Setup, store: mnestoma.Mnestoma
+) -> None:
+    processor, tracer = setup(store)
+    trace_id = 0x4BF92F3577B34DA6A3CE929D0E0E4736
+    with tracer.start_as_current_span("rpc", context=remote_context(trace_id)):
+        genai(tracer, "fs.search", {"pattern": "*.pdf"}, ["a/report.pdf"])
+        genai(tracer, "fs.read", {"path": "a/report.pdf"}, "the text")
+    flushed(processor)
+    with tracer.start_as_current_span("rpc", context=remote_context(trace_id)):  # replayed
+        genai(tracer, "fs.search", {"pattern": "*.pdf"}, ["a/report.pdf"])
+        genai(tracer, "fs.read", {"path": "a/report.pdf"}, "the text")
+        genai(tracer, "pdf.text", {"text": "the text"}, "summary")  # and one edge more
+    flushed(processor)
+    stats = processor.stats
+    assert (stats.passings_recorded, stats.passings_replayed) == (2, 1)
+    assert stats.passings_recorded == sum(m.uses for m in store.edges())
 
 
 def test_sequence_edges_reach_the_store_with_their_tag(
