@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
-from .types import ensure_aware_utc
+from .types import EARLIEST_CLOCK, ensure_aware_utc, ensure_instant
 
 __all__ = ["DEFAULT_START", "Clock", "MovableClock", "read_clock", "utc_now"]
 
@@ -23,8 +23,9 @@ def utc_now() -> datetime:
 
 
 def read_clock(clock: Clock) -> datetime:
-    """Call ``clock`` and check it returned an aware datetime; return it in UTC."""
-    return ensure_aware_utc(clock(), "clock()")
+    """Call ``clock`` and check it returned an aware datetime the store can work at (from
+    :data:`~mnestoma.types.EARLIEST_CLOCK`, before year 9999 ends); return it in UTC."""
+    return ensure_instant(clock(), "clock()", earliest=EARLIEST_CLOCK)
 
 
 class MovableClock:

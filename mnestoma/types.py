@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import JSON, DateTime
@@ -15,14 +15,29 @@ from .errors import InvalidInput
 from .rules import MAX_JSON_DEPTH
 
 __all__ = [
+    "EARLIEST_CLOCK",
+    "EARLIEST_INSTANT",
+    "INSTANTS_END",
     "JSONDocument",
     "UTCDateTime",
     "ensure_aware_utc",
+    "ensure_instant",
     "ensure_json",
     "ensure_unicode_text",
     "parse_sqlite_timestamp",
     "sqlite_timestamp_text",
 ]
+
+
+# The instants the store holds: from the first of year 1000, since SQLite keeps them as text
+# that sorts and reads back only with four-digit years, to the end of 9999-12-30, a day short
+# of Python's last, so that no session zone turns one into year 10000 on PostgreSQL's way back.
+EARLIEST_INSTANT = datetime(1000, 1, 1, tzinfo=UTC)
+INSTANTS_END = datetime(9999, 12, 31, tzinfo=UTC)  # the first instant past them
+# A clock's now is a year later at least: the ager and status look back from it (90 and 30
+# days), and what they compare with must be an instant the store holds too.
+EARLIEST_CLOCK = datetime(1001, 1, 1, tzinfo=UTC)
+_LAST_DAY = (INSTANTS_END - timedelta(days=1)).date().isoformat()  # for messages
 
 
 def ensure_aware_utc(value: Any, what: str = "datetime") -> datetime:
@@ -33,12 +48,31 @@ def ensure_aware_utc(value: Any, what: str = "datetime") -> datetime:
         return value
     if value.tzinfo is None or value.tzinfo.utcoffset(value) is None:
         raise InvalidInput(f"{what} must be timezone-aware (got a naive datetime)")
-    return value.astimezone(UTC)
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:  # year 1 east of UTC, or 9999-12-31 west of it
+        raise InvalidInput(
+            f"{what} {value.isoformat()} is outside the years 1 to 9999 in UTC"
+        ) from None
+
+
+def ensure_instant(
+    value: Any, what: str = "datetime", *, earliest: datetime = EARLIEST_INSTANT
+) -> datetime:
+    """:func:`ensure_aware_utc`, refusing too an instant the store cannot hold (from
+    :data:`EARLIEST_INSTANT`, or ``earliest``, up to :data:`INSTANTS_END`)."""
+    aware = ensure_aware_utc(value, what)
+    if earliest <= aware < INSTANTS_END:
+        return aware
+    raise InvalidInput(
+        f"{what} is {aware.isoformat()}: the store holds instants from "
+        f"{earliest.date().isoformat()} to {_LAST_DAY} (UTC)"
+    )
 
 
 def sqlite_timestamp_text(value: datetime) -> str:
     """What a timestamp is on SQLite: naive UTC text with microseconds (sorts as it should)."""
-    return f"{ensure_aware_utc(value):%Y-%m-%d %H:%M:%S.%f}"
+    return f"{ensure_instant(value):%Y-%m-%d %H:%M:%S.%f}"
 
 
 def ensure_unicode_text(value: str, what: str) -> None:
@@ -79,7 +113,7 @@ class UTCDateTime(TypeDecorator[datetime]):
     def process_bind_param(self, value: Any, dialect: Dialect) -> datetime | None:
         if value is None:
             return None
-        aware = ensure_aware_utc(value)
+        aware = ensure_instant(value)
         if dialect.name == "sqlite":
             return aware.replace(tzinfo=None)
         return aware
