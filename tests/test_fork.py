@@ -229,6 +229,35 @@ def test_a_child_writes_what_it_queued_when_it_ends_without_flushing() -> None:
     assert written == ["child-0", "child-1", "child-2"]
 
 
+def test_a_writer_built_in_a_multiprocessing_child_is_flushed_at_the_child_s_end() -> None:
+    ctx = multiprocessing.get_context("fork")
+    receive, send = ctx.Pipe(duplex=False)
+
+    class Reporting:
+        def record_turn(self, turn_id: str, passings: Any, *, recorder: str) -> list[Any]:
+            send.send(turn_id)
+            return []
+
+    def child() -> None:
+        writer = BackgroundWriter(Reporting())  # the child's own, never closed by the child
+        for k in range(3):
+            writer.submit(f"child-{k}", [Passing(*SEARCH_TO_READ)])
+
+    proc = ctx.Process(target=child, daemon=True)
+    proc.start()
+    proc.join(CHILD_TIMEOUT)
+    if proc.is_alive():
+        proc.kill()
+        pytest.fail("the child did not end")
+    send.close()
+    written = []
+    with contextlib.suppress(EOFError):
+        while receive.poll(CHILD_TIMEOUT):
+            written.append(receive.recv())
+    assert proc.exitcode == 0
+    assert written == ["child-0", "child-1", "child-2"]
+
+
 # ---------------------------------------------------------------------------- real store
 
 
