@@ -411,6 +411,50 @@ def test_graph_writes_a_file_with_output(store_url: str, store: Mnestoma, tmp_pa
     assert dot.startswith("digraph mnestoma {")  # DOT by default
 
 
+def _one_plain_line(result: Result) -> str:
+    """The failure's stderr: one line, no traceback, no Python exception name."""
+    assert result.stdout == ""
+    [line] = result.stderr.splitlines()
+    assert "Traceback" not in line and "Error:" not in line.removeprefix("Error:")
+    return line
+
+
+def test_graph_output_into_a_missing_directory_exits_2_in_plain_words(
+    store_url: str, store: Mnestoma, tmp_path: Path
+) -> None:
+    """Bad input (contract §6): the path names no directory; said before the store is read."""
+    _fixture_graph(store)
+    target = tmp_path / "missing" / "g.dot"
+    result = _run("graph", "-o", str(target), "--database-url", store_url)
+    assert result.exit_code == 2, result.output
+    line = _one_plain_line(result)
+    assert line == f"Error: cannot write {target}: no such directory {target.parent}"
+    assert not target.parent.exists()
+
+
+def test_graph_output_below_a_file_exits_2_in_plain_words(
+    store_url: str, store: Mnestoma, tmp_path: Path
+) -> None:
+    _fixture_graph(store)
+    (tmp_path / "notes.txt").write_text("kept", encoding="utf-8")
+    target = tmp_path / "notes.txt" / "g.dot"
+    result = _run("graph", "-o", str(target), "--database-url", store_url)
+    assert result.exit_code == 2, result.output
+    line = _one_plain_line(result)
+    assert line == f"Error: cannot write {target}: {tmp_path / 'notes.txt'} is not a directory"
+    assert (tmp_path / "notes.txt").read_text(encoding="utf-8") == "kept"
+
+
+def test_graph_output_that_fails_while_writing_exits_1_in_plain_words(
+    store_url: str, store: Mnestoma
+) -> None:
+    """A place that can be written but fails the write (here a full device) is not bad input."""
+    _fixture_graph(store)
+    result = _run("graph", "-o", "/dev/full", "--database-url", store_url)
+    assert result.exit_code == 1, result.output
+    assert _one_plain_line(result) == "Error: cannot write /dev/full: no space left on device"
+
+
 @pytest.mark.parametrize(
     "args",
     [

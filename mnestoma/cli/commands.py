@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any, NoReturn
 
 import click
@@ -37,6 +36,7 @@ from .options import (
 )
 from .progress import progress_bar, spinner
 from .render import (
+    check_output_path,
     echo_json,
     render_ager,
     render_copy,
@@ -48,6 +48,7 @@ from .render import (
     render_suggestions,
     render_top_queries,
     render_walk,
+    write_output,
 )
 
 __all__ = ["cli", "main"]
@@ -303,7 +304,10 @@ def suggest(src: str, k: int, as_json: bool, database_url: str | None) -> None:
     type=click.Path(dir_okay=False),
     default=None,
     metavar="FILE",
-    help="Write to FILE instead of standard output.",
+    help=(
+        "Write to FILE instead of standard output; its directory must exist and be "
+        "writable (else exit 2, nothing read or written)."
+    ),
 )
 @click.option("--at", "at", metavar="TIME", help="Weights at this ISO-8601 instant [now].")
 @json_option
@@ -332,6 +336,7 @@ def graph_cmd(
     executor, version = (None, None)
     if src is not None:
         executor, version = parse_endpoint(src, "SRC", version_required=False)
+    target = None if output is None else check_output_path(output)
     with _store(database_url, clock=lambda: now) as store:
         picture = store.graph(
             executor,
@@ -340,10 +345,10 @@ def graph_cmd(
             states=chosen or list(PICTURE_STATES),
         )
     text = render(picture, "json" if as_json else fmt or "dot")
-    if output is None:
+    if target is None:
         click.echo(text, nl=False)
     else:
-        Path(output).write_text(text, encoding="utf-8")
+        write_output(target, text)
 
 
 @cli.command()

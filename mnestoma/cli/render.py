@@ -3,25 +3,32 @@ by column name, times in ISO-8601 UTC; see :mod:`mnestoma.records`)."""
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 from collections.abc import Sequence
+from contextlib import suppress
 from dataclasses import asdict, fields
 from datetime import datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from ..clock import utc_now
+from ..errors import InvalidInput
 from ..models import CanonicalQuery, Event, Mnest
 from ..records import mnest_record, row_record
 from ..repository import QueryFrequency
 from ..rules import AgerReport, activation
 from ..timefmt import iso_utc, short_utc
+from .errors import CliFailure
 
 if TYPE_CHECKING:
     from ..copying import CopyReport
 
 __all__ = [
+    "check_output_path",
     "echo_json",
     "endpoint",
     "render_ager",
@@ -35,6 +42,7 @@ __all__ = [
     "render_top_queries",
     "render_walk",
     "table",
+    "write_output",
 ]
 
 # Names of the tables a copy fills, as its summary line says them.
@@ -290,3 +298,50 @@ def render_copy(report: CopyReport, as_json: bool) -> None:
             f"({report.turns_counted_once} turns counted once)"
         )
     click.echo("verified: row counts and content checksums match")
+
+
+# --- output files ---------------------------------------------------------------------------
+
+# Why a write failed, in plain words (else the system's own, in lower case).
+_WRITE_FAILURES = {
+    errno.ENOENT: "no such directory",
+    errno.ENOTDIR: "a part of the path is not a directory",
+    errno.EISDIR: "it is a directory",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "permission denied",
+    errno.EROFS: "read-only file system",
+}
+
+
+def check_output_path(path: str) -> Path:
+    """The file that ``-o`` names, if one can be written there; else bad input (exit 2), said
+    in plain words before the store is read, nothing written."""
+    target = Path(path)
+    parent = target.parent
+    nearest = parent
+    while not nearest.exists() and nearest != nearest.parent:
+        nearest = nearest.parent
+    if not nearest.is_dir():
+        raise InvalidInput(f"cannot write {path}: {nearest} is not a directory")
+    if nearest != parent:
+        raise InvalidInput(f"cannot write {path}: no such directory {parent}")
+    if target.is_dir():
+        raise InvalidInput(f"cannot write {path}: it is a directory")
+    writable = os.access(target, os.W_OK) if target.exists() else os.access(parent, os.W_OK)
+    if not writable:
+        raise InvalidInput(f"cannot write {path}: permission denied")
+    return target
+
+
+def write_output(target: Path, text: str) -> None:
+    """Write ``text`` to ``target``; a failure (a full disk, ...) is one line, exit status 1,
+    and leaves no partial file that the write itself created."""
+    existed = target.exists()
+    try:
+        target.write_text(text, encoding="utf-8")
+    except OSError as err:
+        if not existed:
+            with suppress(OSError):
+                target.unlink()
+        why = _WRITE_FAILURES.get(err.errno or 0) or (err.strerror or type(err).__name__).lower()
+        raise CliFailure(f"cannot write {target}: {why}") from None
