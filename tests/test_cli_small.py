@@ -300,6 +300,37 @@ def test_a_quick_age_on_a_terminal_draws_nothing(
 # --- errors name commands, not API methods --------------------------------------------------
 
 
+def test_age_help_says_a_dry_run_waits_for_writers_and_they_for_it() -> None:
+    out = " ".join(run_ok("age", "--help").stdout.split())
+    for phrase in ("rolled back", "waits for writers", "MNESTOMA_LOCK_TIMEOUT", "lock_timeout"):
+        assert phrase in out, phrase
+
+
+def test_a_dry_run_behind_a_writer_waits_for_the_lock_then_exits_1(
+    store_url: str, engine_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the help says: the dry run takes the run's locks, bounded as it says."""
+    with mnestoma.Mnestoma(store_url) as m:
+        m.record_passing("a", "1", "b", "1")
+    monkeypatch.setenv("MNESTOMA_LOCK_TIMEOUT", "0.3")
+    monkeypatch.setenv("PGOPTIONS", "-c lock_timeout=300")
+    writer = make_engine(store_url)
+    try:
+        with writer.connect() as conn:
+            if engine_name == "sqlite":
+                conn.exec_driver_sql("BEGIN IMMEDIATE")  # the write lock
+            else:
+                conn.exec_driver_sql("UPDATE mnests SET uses = uses")  # row locks, held
+            result = run("age", "--dry-run", "--database-url", store_url)
+            conn.rollback()
+    finally:
+        writer.dispose()
+    assert result.exit_code == 1, (result.stdout, result.stderr)
+    [line] = result.stderr.splitlines()
+    assert "lock" in line
+    assert run_ok("age", "--dry-run", "--database-url", store_url).stdout  # writer gone
+
+
 def test_transition_of_a_proto_to_active_names_the_promote_command(store_url: str) -> None:
     with mnestoma.Mnestoma(store_url) as m:
         proto = m.record_passing("a", "1", "b", None, dst_exists=False)

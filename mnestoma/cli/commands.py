@@ -442,13 +442,27 @@ def _command_wording(message: str, mnest_id: str) -> str:
 
 
 @cli.command()
-@click.option("--dry-run", is_flag=True, help="Report what would change, change nothing.")
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help=(
+        "Report what would change, change nothing: the same run in one transaction, rolled "
+        "back, so it waits for writers and they wait for it (see below)."
+    ),
+)
 @json_option
 @database_url_option
 def age(dry_run: bool, as_json: bool, database_url: str | None) -> None:
     """Run the ager now: decay, demote below 0.20, merge, prune protos below 0.05.
 
     On a terminal, a run that takes a while shows a spinner on stderr.
+
+    A dry run is the ager itself, rolled back, so that its report is exactly what a run
+    would do at that instant: it takes the same locks as a run. Behind a writer it waits:
+    on SQLite for the write lock, up to MNESTOMA_LOCK_TIMEOUT seconds (60 by default), then
+    exits 1; on PostgreSQL for the table lock, as long as the writer's transaction lasts
+    (PGOPTIONS='-c lock_timeout=5s' bounds it, then exits 1). Writers wait for it while it
+    runs.
     """
     with _store(database_url) as store:
         now = utc_now()
