@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import PG_ADMIN_URL, create_pg_database, drop_pg_database
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import URL, make_url
 
@@ -27,7 +28,6 @@ from mnestoma.testing.plugin import (
     postgresql_worker_database,
     worker_database_name,
 )
-from tests.conftest import PG_ADMIN_URL, create_pg_database, drop_pg_database
 
 DOWNSTREAM_CONFTEST = 'pytest_plugins = ["mnestoma.testing"]\n'
 
@@ -146,7 +146,8 @@ def pg_run(url: URL | str, statement: str) -> None:
 @pytest.fixture
 def downstream_pg_url() -> Iterator[URL]:
     """A throwaway PostgreSQL database for ``MNESTOMA_TEST_DATABASE_URL``; any worker
-    database left beside it is dropped afterwards too."""
+    database left beside it is dropped afterwards too. The suite's automatic marks do not
+    see through this fixture: its tests carry ``postgresql`` themselves."""
     url = create_pg_database("mnestoma_xdist")
     try:
         yield url
@@ -159,6 +160,7 @@ def downstream_pg_url() -> Iterator[URL]:
 # --- PostgreSQL, end to end -------------------------------------------------------------------
 
 
+@pytest.mark.postgresql
 def test_four_workers_on_postgresql_each_get_a_database_and_every_test_passes(
     tmp_path: Path, downstream_pg_url: URL
 ) -> None:
@@ -172,6 +174,7 @@ def test_four_workers_on_postgresql_each_get_a_database_and_every_test_passes(
     assert pg_databases_like(f"{base}_") == []
 
 
+@pytest.mark.postgresql
 def test_a_worker_database_left_by_an_interrupted_run_is_replaced(
     tmp_path: Path, downstream_pg_url: URL
 ) -> None:
@@ -188,6 +191,7 @@ def test_a_worker_database_left_by_an_interrupted_run_is_replaced(
     assert pg_databases_like(f"{downstream_pg_url.database}_") == []
 
 
+@pytest.mark.postgresql
 def test_without_xdist_the_suite_uses_the_url_database_itself(
     tmp_path: Path, downstream_pg_url: URL
 ) -> None:
@@ -207,6 +211,7 @@ def test_without_xdist_the_suite_uses_the_url_database_itself(
 # --- PostgreSQL, the worker database in this process ------------------------------------------
 
 
+@pytest.mark.postgresql
 def test_worker_database_is_dropped_even_while_a_test_left_a_connection_open(
     downstream_pg_url: URL,
 ) -> None:
@@ -218,6 +223,7 @@ def test_worker_database_is_dropped_even_while_a_test_left_a_connection_open(
     assert pg_databases_like(f"{downstream_pg_url.database}_") == []
 
 
+@pytest.mark.postgresql
 def test_a_role_without_createdb_is_told_so_and_no_secret_is_shown(
     downstream_pg_url: URL,
 ) -> None:
@@ -244,6 +250,7 @@ def test_a_role_without_createdb_is_told_so_and_no_secret_is_shown(
     assert caught.value.__cause__ is None and caught.value.__suppress_context__
 
 
+@pytest.mark.postgresql
 def test_a_worker_database_another_run_still_uses_is_left_alone_and_said_so(
     downstream_pg_url: URL,
 ) -> None:
