@@ -6,6 +6,7 @@ import math
 import os
 import re
 import sqlite3
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from .locking import (
 __all__ = [
     "READ_ONLY_OPTION",
     "WRITE_OPTION",
+    "carries_secret",
     "default_sqlite_path",
     "is_secret_key",
     "make_engine",
@@ -38,6 +40,8 @@ __all__ = [
     "redact_text",
     "redact_url",
     "resolve_database_url",
+    "scrub_exception",
+    "secrets_of",
     "split_url_secrets",
 ]
 
@@ -118,24 +122,114 @@ _KEY_VALUE = re.compile(
 )
 
 
+# A secret shorter than this is hidden only after its key (``password=...``): hiding it
+# wherever it appears would garble every message that happens to contain its letters.
+MIN_BARE_SECRET_CHARS = 4
+# The psycopg drivers read the URL's database as libpq's ``dbname``.
+_DBNAME_DRIVERS = frozenset({"psycopg", "psycopg2", "psycopg_async"})
+
+
 def is_secret_key(key: str) -> bool:
     """True for a URL query key whose value is a secret (``password``, ``sslpassword``...)."""
     low = key.lower()
     return any(word in low for word in _SECRET_WORDS)
 
 
+def carries_secret(value: str) -> bool:
+    """True for a value with a secret written inside it: a libpq connection string with
+    ``password=...`` (libpq reads one from ``dbname``), a URL with ``user:password@``."""
+    return redact_text(value) != value
+
+
 def split_url_secrets(url: URL) -> tuple[URL, dict[str, Any]]:
-    """The URL without its secret query keys, and those keys (for ``connect_args``)."""
-    secrets = {k: v for k, v in url.query.items() if is_secret_key(k)}
-    if not secrets:
-        return url, {}
-    return url.difference_update_query(list(secrets)), secrets
+    """The URL without its secrets, and those secrets (for ``connect_args``, which override
+    what the URL says).
+
+    A secret query key is dropped from the URL. On PostgreSQL, a query value or a database
+    name holding a connection string with a password stays in the URL with the password
+    hidden (a copy of the URL reaches no other database), its real value in the secrets.
+    """
+    secrets: dict[str, Any] = {k: v for k, v in url.query.items() if is_secret_key(k)}
+    shown = url.difference_update_query(list(secrets)) if secrets else url
+    if url.get_backend_name() == "sqlite":  # a file name is not a connection string
+        return shown, secrets
+    hidden = {k: v for k, v in shown.query.items() if _value_carries_secret(v)}
+    if hidden:
+        secrets.update(hidden)
+        shown = shown.update_query_dict({k: _redact_query_value(v) for k, v in hidden.items()})
+    database = url.database
+    if database and url.get_driver_name() in _DBNAME_DRIVERS and carries_secret(database):
+        secrets.setdefault("dbname", database)
+        shown = shown.set(database=redact_text(database))
+    return shown, secrets
+
+
+def _value_carries_secret(value: str | tuple[str, ...]) -> bool:
+    values = (value,) if isinstance(value, str) else value
+    return any(carries_secret(v) for v in values)
+
+
+def secrets_of(url: URL, connect_args: dict[str, Any] | None = None) -> list[str]:
+    """Every secret value a connection made from ``url`` and ``connect_args`` knows: the
+    password, the values of secret keys, and the secrets inside connection strings."""
+    found = [url.password] if url.password else []
+    values: list[tuple[str, Any]] = [*url.query.items(), *(connect_args or {}).items()]
+    if url.database:
+        values.append(("dbname", url.database))
+    for key, value in values:
+        for text in (value,) if isinstance(value, str) else value or ():
+            if not isinstance(text, str):
+                continue
+            if is_secret_key(key):
+                found.append(text)
+            else:
+                found.extend(_secret_value(m) for m in _KEY_VALUE.finditer(text))
+    return [str(s) for s in found if str(s)]
+
+
+def _secret_value(match: re.Match[str]) -> str:
+    """The secret of a ``key=value`` match, without the quotes around it."""
+    value = match.group(3)
+    return value[1:-1] if value[:1] in "'\"" and len(value) > 1 else value
+
+
+def scrub_exception(err: BaseException, secrets: Iterable[str] = ()) -> None:
+    """Hide, in place, every secret in the messages of ``err`` and of what it chains (its
+    cause, its context, the driver error SQLAlchemy wraps): whoever shows or logs the whole
+    traceback (``mnestoma --debug``, a service's logger) sees none. ``secrets`` are values
+    known to be secret, hidden even where no key names them."""
+    known = sorted({s for s in secrets if len(s) >= MIN_BARE_SECRET_CHARS}, key=len, reverse=True)
+    seen: set[int] = set()
+    stack: list[BaseException | None] = [err]
+    while stack:
+        exc = stack.pop()
+        if exc is None or id(exc) in seen:
+            continue
+        seen.add(id(exc))
+        args = tuple(_scrub_text(a, known) if isinstance(a, str) else a for a in exc.args)
+        if args != exc.args:
+            exc.args = args
+        notes = getattr(exc, "__notes__", None)
+        if isinstance(notes, list):
+            notes[:] = [_scrub_text(n, known) if isinstance(n, str) else n for n in notes]
+        orig = getattr(exc, "orig", None)
+        stack.extend(
+            (exc.__cause__, exc.__context__, orig if isinstance(orig, BaseException) else None)
+        )
+
+
+def _scrub_text(text: str, known: list[str]) -> str:
+    text = redact_text(text)
+    for secret in known:
+        text = text.replace(secret, REDACTED)
+    return text
 
 
 def redact_url(url: str | URL) -> str:
     """The URL as text with every secret it can carry hidden: the password of
-    ``user:password@`` and the value of every secret query key (``?password=``,
-    ``sslpassword``, any key named like a password, secret or token)."""
+    ``user:password@``, the value of every secret query key (``?password=``,
+    ``sslpassword``, any key named like a password, secret or token), and a password
+    written inside a connection string held by a query value or the database name."""
     try:
         parsed = make_url(url) if isinstance(url, str) else url
     except (ArgumentError, ValueError):
@@ -145,7 +239,8 @@ def redact_url(url: str | URL) -> str:
     query = {
         k: REDACTED if is_secret_key(k) else _redact_query_value(v) for k, v in parsed.query.items()
     }
-    shown = parsed.set(query=query).render_as_string(hide_password=True)
+    database = redact_text(parsed.database) if parsed.database else parsed.database
+    shown = parsed.set(query=query, database=database).render_as_string(hide_password=True)
     return redact_text(shown.replace("%2A%2A%2A", REDACTED))
 
 
@@ -193,7 +288,27 @@ def make_engine(url: str | URL | None = None, **kwargs: Any) -> Engine:
     if secrets:
         kwargs["connect_args"] = {**secrets, **dict(kwargs.get("connect_args") or {})}
     kwargs.setdefault("pool_pre_ping", True)
-    return _create_engine(resolved, **kwargs)
+    engine = _create_engine(resolved, **kwargs)
+    _scrub_connect_errors(engine, secrets_of(resolved, kwargs.get("connect_args")))
+    return engine
+
+
+def _scrub_connect_errors(engine: Engine, secrets: list[str]) -> None:
+    """Scrub the driver's error of a failed connection before anything shows it: the pool
+    logs it (DEBUG), SQLAlchemy wraps it, and the server may echo a database name that holds
+    a connection string with its password."""
+    dialect = engine.dialect
+    connect = dialect.connect
+
+    def connect_scrubbed(*cargs: Any, **cparams: Any) -> Any:
+        try:
+            return connect(*cargs, **cparams)
+        except Exception as err:
+            scrub_exception(err, secrets)
+            raise
+
+    # after the do_connect listeners (a service's token provider), which the pool calls first
+    setattr(dialect, "connect", connect_scrubbed)  # noqa: B010 - mypy refuses a method assignment
 
 
 def _create_engine(url: URL, **kwargs: Any) -> Engine:

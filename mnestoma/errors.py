@@ -92,15 +92,22 @@ class CopyVerificationError(MnestomaError):
 
 
 def _message(err: sa_exc.DBAPIError) -> str:
-    """The driver's first line, without SQL text or parameters (they may carry secrets)."""
+    """The driver's first line, without SQL text or parameters (they may carry secrets), and
+    with any secret the server echoed (a database name holding a password) hidden."""
+    from .config import redact_text  # config builds on this module: imported when needed
+
     orig = err.orig if err.orig is not None else err
     text = str(orig).strip().splitlines()
-    return text[0] if text else type(orig).__name__
+    return redact_text(text[0]) if text else type(orig).__name__
 
 
 @contextlib.contextmanager
 def translate_errors() -> Iterator[None]:
-    """Turn SQLAlchemy/driver exceptions raised inside the block into this package's errors."""
+    """Turn SQLAlchemy/driver exceptions raised inside the block into this package's errors.
+
+    The package error chains the original (for its type, SQLSTATE and traceback), scrubbed
+    of secrets first, so that a traceback shown in full repeats none.
+    """
     try:
         yield
     except MnestomaError:
@@ -109,9 +116,17 @@ def translate_errors() -> Iterator[None]:
         if isinstance(err.orig, MnestomaError):
             # raised by one of our column types while binding a parameter
             raise err.orig from None
+        _scrub(err)
         raise translate(err) from err
     except sa_exc.SQLAlchemyError as err:
+        _scrub(err)
         raise translate(err) from err
+
+
+def _scrub(err: BaseException) -> None:
+    from .config import scrub_exception  # config builds on this module: imported when needed
+
+    scrub_exception(err)
 
 
 def translate(err: sa_exc.SQLAlchemyError) -> MnestomaError:

@@ -9,7 +9,9 @@ query. Each test looks for the secret in everything a user could see: stdout, st
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import shutil
 import traceback
 from collections.abc import Iterator
@@ -18,11 +20,12 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
-from conftest import create_pg_database, drop_pg_database
+from conftest import create_pg_database, drop_pg_database, require_postgresql
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
 
 import mnestoma
-from mnestoma import MnestomaError, SchemaError
+from mnestoma import DatabaseUnavailable, MnestomaError, SchemaError
 from mnestoma.cli import cli, scrub
 from mnestoma.config import is_secret_key, make_engine, redact_text, redact_url
 
@@ -62,6 +65,7 @@ SECRET_URLS = {
     "both": f"postgresql://root:{SECRET}@db.example/store?password={SECRET}x",
     "repeated-key": f"postgresql://root@db.example/store?password={SECRET}&password={SECRET}2",
     "conninfo-in-dbname": f"postgresql:///?dbname=host%3Ddb.example+password%3D{SECRET}",
+    "conninfo-as-database": f"postgresql://root@db.example/dbname=x%20password={SECRET}",
     "sqlite-query": f"sqlite:////tmp/store.sqlite?password={SECRET}",
 }
 
@@ -295,3 +299,116 @@ def test_copy_reports_hide_the_query_password_of_both_ends(
     again = run("copy", "--from", f"sqlite:///{source}", "--to", url)
     assert again.exit_code == 2 and "not empty" in again.stderr
     assert SECRET not in shown(again)
+
+
+# --- a connection string inside a query value: the server echoes it ------------------------
+
+# libpq's dbname holding a whole connection string with a password; the server answers that
+# no database has that name, repeating it.
+CONNINFO_IN_DBNAME = f"postgresql+psycopg://root@127.0.0.1/?dbname=dbname%3Dx%20password%3D{SECRET}"
+
+
+def every_exception(err: BaseException) -> list[BaseException]:
+    """``err`` and everything it chains: causes, contexts (shown or not), wrapped originals."""
+    found: list[BaseException] = []
+    stack: list[object] = [err]
+    while stack:
+        exc = stack.pop()
+        if not isinstance(exc, BaseException) or any(exc is f for f in found):
+            continue
+        found.append(exc)
+        stack.extend((exc.__cause__, exc.__context__, getattr(exc, "orig", None)))
+    return found
+
+
+def test_a_password_in_a_conninfo_dbname_is_not_in_the_database_unavailable_message() -> None:
+    require_postgresql()
+    with pytest.raises(DatabaseUnavailable) as info:
+        mnestoma.Mnestoma(CONNINFO_IN_DBNAME)
+    assert SECRET not in str(info.value)
+    assert "does not exist" in str(info.value)  # the server's answer, still readable
+
+
+def test_a_password_in_a_conninfo_dbname_is_in_no_exception_the_error_chains() -> None:
+    require_postgresql()
+    with pytest.raises(DatabaseUnavailable) as info:
+        mnestoma.Mnestoma(CONNINFO_IN_DBNAME)
+    chained = every_exception(info.value)
+    assert len(chained) >= 3  # the package's error, SQLAlchemy's, the driver's
+    for exc in chained:
+        assert SECRET not in str(exc), type(exc)
+    assert SECRET not in chain_text(info.value)
+
+
+def test_an_async_store_hides_a_password_in_a_conninfo_dbname_too() -> None:
+    require_postgresql()
+    from mnestoma.aio import AsyncMnestoma
+
+    async def main() -> None:
+        async with AsyncMnestoma(CONNINFO_IN_DBNAME) as am:
+            await am.edges()
+
+    with pytest.raises(DatabaseUnavailable) as info:
+        asyncio.run(main())
+    for exc in every_exception(info.value):
+        assert SECRET not in str(exc), type(exc)
+
+
+def test_debug_output_hides_a_password_in_a_conninfo_dbname() -> None:
+    require_postgresql()
+    for args in (["edges"], ["status"], ["record", "a@1", "b@1"], ["db", "current"]):
+        result = run("--debug", *args, "--database-url", CONNINFO_IN_DBNAME)
+        assert result.exit_code != 0, args
+        assert result.exception is not None
+        assert SECRET not in shown(result), args
+        for exc in every_exception(result.exception):
+            assert SECRET not in str(exc), (args, type(exc))
+
+
+def test_an_engines_repr_hides_a_password_in_a_conninfo_dbname() -> None:
+    engine = make_engine(CONNINFO_IN_DBNAME)
+    try:
+        for text in (repr(engine), str(engine.url), engine.url.render_as_string(False)):
+            assert SECRET not in text
+        assert "dbname" in str(engine.url)  # what is not secret stays
+    finally:
+        engine.dispose()
+
+
+def test_an_engines_repr_hides_a_password_in_a_conninfo_database_name() -> None:
+    engine = make_engine(f"postgresql+psycopg://root@127.0.0.1/dbname=x%20password={SECRET}")
+    try:
+        assert SECRET not in repr(engine) + engine.url.render_as_string(False)
+    finally:
+        engine.dispose()
+
+
+def test_a_conninfo_value_hidden_from_the_engines_url_still_reaches_the_server(
+    pg_store_url: str,
+) -> None:
+    name = f"app password={SECRET}"
+    url = make_url(pg_store_url).update_query_dict({"application_name": name})
+    engine = make_engine(url.render_as_string(hide_password=False))
+    try:
+        assert SECRET not in repr(engine)
+        with engine.connect() as conn:
+            assert conn.exec_driver_sql("SHOW application_name").scalar() == name
+    finally:
+        engine.dispose()
+
+
+def test_the_pools_debug_log_hides_a_password_in_a_conninfo_dbname(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    require_postgresql()
+    engine = make_engine(CONNINFO_IN_DBNAME)
+    try:
+        with caplog.at_level(logging.DEBUG, logger="sqlalchemy"), pytest.raises(OperationalError):
+            engine.connect()
+        assert "Error on connect" in caplog.text  # the pool did log the failure
+        assert SECRET not in caplog.text
+        for record in caplog.records:
+            if record.exc_info and record.exc_info[1] is not None:
+                assert SECRET not in chain_text(record.exc_info[1])
+    finally:
+        engine.dispose()
