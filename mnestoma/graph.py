@@ -1,7 +1,8 @@
 """A picture of the graph (contract §9): the store's edges as DOT, Mermaid, GraphML or JSON.
 
 A node is an executor at a version (``"executor@version"``), or the bare name of an
-executor that a proto-mnest wishes for (it has no version yet). Effective weight is drawn
+executor that a proto-mnest wishes for (it has no version yet; " (wished)" is added where
+that name is already an ``executor@version`` node). Effective weight is drawn
 as pen width and written on the edge; protos are dashed toward a "wished" node, decaying
 edges are greyed, superseded ones are left out unless asked for. ``networkx`` (extra
 ``mnestoma[graph]``) is imported only by GraphML and :func:`to_networkx`.
@@ -99,6 +100,16 @@ def node_id(executor: str, version: str | None) -> str:
     return executor if version is None else f"{executor}@{version}"
 
 
+def wished_node_id(executor: str, taken: set[str]) -> str:
+    """A wished executor's node: its bare name, unless an executor at a version already has
+    that id (a wish for "a@1" beside a@1): then " (wished)" is added, so that a proto never
+    points into an executor that exists."""
+    ident = executor
+    while ident in taken:
+        ident += " (wished)"
+    return ident
+
+
 def build_graph(
     repo: MnestRepository,
     src_executor: str | None = None,
@@ -158,13 +169,21 @@ def build_graph(
 
 
 def _graph(rows: Iterable[Mnest], at: datetime, src: str | None) -> MnestGraph:
+    rows = list(rows)
+    real = {node_id(m.src_executor, m.src_version) for m in rows} | {
+        node_id(m.dst_executor, m.dst_version) for m in rows if m.dst_version is not None
+    }
     nodes: dict[str, GraphNode] = {}
     edges: list[GraphEdge] = []
     for m in rows:
         source = node_id(m.src_executor, m.src_version)
-        target = node_id(m.dst_executor, m.dst_version)
         nodes.setdefault(source, GraphNode(source, m.src_executor, m.src_version, False))
         wished = m.dst_version is None
+        target = (
+            wished_node_id(m.dst_executor, real)
+            if wished
+            else node_id(m.dst_executor, m.dst_version)
+        )
         nodes.setdefault(target, GraphNode(target, m.dst_executor, m.dst_version, wished))
         edges.append(GraphEdge(source, target, m, m.effective_weight(at)))
     edges.sort(key=lambda e: (e.source, e.target, e.mnest.state, e.mnest.id))

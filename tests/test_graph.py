@@ -305,6 +305,26 @@ def test_dot_and_mermaid_mark_the_same_source_never_a_wished_node_named_like_it(
     assert dot_marked == mermaid_marked == {"a@1"}
 
 
+def test_a_wish_named_like_a_versioned_source_gets_a_node_of_its_own(store: Mnestoma) -> None:
+    """A proto x@1 -> "a@1" wishes for an executor named "a@1": it must not point into the
+    source a@1 that exists (nor make it look wished), in any format."""
+    store.record_passing("a", "1", "x", "1")
+    store.record_passing("x", "1", "a@1", dst_exists=False)
+    graph = store.graph("a", depth=2)
+    nodes = {n.id: (n.executor, n.version, n.wished) for n in graph.nodes}
+    assert nodes == {
+        "a@1": ("a", "1", False),
+        "x@1": ("x", "1", False),
+        "a@1 (wished)": ("a@1", None, True),
+    }
+    assert _edges(graph) == {("a@1", "x@1", "active"), ("x@1", "a@1 (wished)", "proto")}
+    assert [n.id for n in graph.nodes if graph.is_source(n)] == ["a@1"]
+    parsed = parse_mermaid(to_mermaid(graph))
+    marked = {parsed["nodes"][i][1] for i, c in parsed["classes"].items() if c == "source"}
+    assert marked == {"a@1"} and len(parsed["nodes"]) == 3
+    assert '"x@1" -> "a@1 (wished)"' in to_dot(graph)
+
+
 # --- networkx and GraphML -------------------------------------------------------------------
 
 
