@@ -7,6 +7,7 @@ Alembic revisions are the source of schema truth; these models describe the head
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -19,12 +20,16 @@ from sqlalchemy import (
     Integer,
     MetaData,
     String,
+    Table,
     Text,
     event,
     select,
     text,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, ORMExecuteState, Session, mapped_column
+from sqlalchemy.engine import Connection
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.orm import DeclarativeBase, Mapped, Mapper, mapped_column
+from sqlalchemy.sql.compiler import SQLCompiler
 
 from .errors import ReadOnlyError
 from .rules import (
@@ -293,7 +298,38 @@ create_view = CreateView(
     VIEW_NAME,
     metadata=Base.metadata,
 )
+
+
+class _ReadOnlyView(Table):
+    """The view's Table. PostgreSQL would let an UPDATE or DELETE through a simple view;
+    this one refuses to be compiled as the target of either, whoever executes it (the ORM's
+    bulk statements, a service's session, a plain Connection): no listener needed."""
+
+    inherit_cache = True
+
+
+def _is_the_write_target(compiler: SQLCompiler) -> bool:
+    """True while the compiler renders the target of an UPDATE or DELETE that is the view
+    or an alias of it (a SELECT inside the statement has a stack entry of its own)."""
+    if not compiler.stack:
+        return False
+    statement = compiler.stack[-1]["selectable"]
+    target = getattr(statement, "table", None) if getattr(statement, "is_dml", False) else None
+    while target is not None and not isinstance(target, _ReadOnlyView):
+        target = getattr(target, "element", None)
+    return target is not None
+
+
+@compiles(_ReadOnlyView)
+def _compile_view(view: _ReadOnlyView, compiler: SQLCompiler, **kw: Any) -> str:
+    if _is_the_write_target(compiler):
+        raise ReadOnlyError(f"{VIEW_NAME} is read-only; write through Mnest instead")
+    visit_table: Callable[..., str] = compiler.visit_table  # how any Table is compiled
+    return visit_table(view, **kw)
+
+
 view_table = create_view.table
+view_table.__class__ = _ReadOnlyView  # CreateView builds a plain Table; the same object refuses
 
 
 class MnestomaView(Base):
@@ -307,30 +343,12 @@ class MnestomaView(Base):
         return Mnest.effective_weight(self, at)  # type: ignore[arg-type]
 
 
-@event.listens_for(Session, "before_flush")
-def _refuse_view_writes(session: Session, flush_context: Any, instances: Any) -> None:
-    """PostgreSQL would let a write through a simple view; the session refuses it."""
-    for obj in (*session.new, *session.dirty, *session.deleted):
-        if isinstance(obj, MnestomaView):
-            raise ReadOnlyError(f"{VIEW_NAME} is read-only; write through Mnest instead")
+def _refuse_view_flush(mapper: Mapper[Any], connection: Connection, target: Any) -> None:
+    """A flush that would insert, update or delete a ``MnestomaView`` is refused before its
+    statement runs, in whatever session holds the object: a mapper event of the view's own
+    class, so that no listener sits on SQLAlchemy's ``Session``."""
+    raise ReadOnlyError(f"{VIEW_NAME} is read-only; write through Mnest instead")
 
 
-def _is_view(target: Any) -> bool:
-    """True when a DML statement's target is ``v_mnestoma`` (a mapped, Core or lightweight
-    table of that name, or an alias of one)."""
-    while target is not None:
-        if getattr(target, "name", None) == VIEW_NAME and not hasattr(target, "element"):
-            return True
-        target = getattr(target, "element", None)
-    return False
-
-
-@event.listens_for(Session, "do_orm_execute")
-def _refuse_view_bulk_writes(state: ORMExecuteState) -> None:
-    """``session.execute(insert/update/delete(...))`` on the view would change ``mnests``
-    through it on PostgreSQL, with no event: refused like a flush, whether the target is the
-    mapped class or its Core table."""
-    if not (state.is_insert or state.is_update or state.is_delete):
-        return
-    if _is_view(getattr(state.statement, "table", None)):
-        raise ReadOnlyError(f"{VIEW_NAME} is read-only; write through Mnest instead")
+for _flush_event in ("before_insert", "before_update", "before_delete"):
+    event.listen(MnestomaView, _flush_event, _refuse_view_flush)
