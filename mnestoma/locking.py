@@ -38,6 +38,7 @@ __all__ = [
     "lock_timeout_seconds",
     "rest_busy_timeout",
     "take_write_lock",
+    "write_lock_timeout",
 ]
 
 ENV_LOCK_TIMEOUT = "MNESTOMA_LOCK_TIMEOUT"
@@ -163,11 +164,7 @@ def _begin_immediate(dbapi: Any, info: dict[Any, Any], timeout: float) -> None:
                     raise
             left = deadline - time.monotonic()
             if left <= 0:
-                raise WriteLockTimeout(
-                    f"another writer held the SQLite write lock for more than {timeout:g} s; "
-                    f"try again, or wait longer ({ENV_LOCK_TIMEOUT} or the "
-                    f"{LOCK_TIMEOUT_OPTION!r} execution option)"
-                ) from None
+                raise write_lock_timeout(timeout) from None
             # SQLite gave up before its busy timeout ran out (it does not call its busy
             # handler in every case): wait a little here, then try with what is left.
             _pause(dbapi, min(pause, left))
@@ -176,6 +173,15 @@ def _begin_immediate(dbapi: Any, info: dict[Any, Any], timeout: float) -> None:
     finally:
         with contextlib.suppress(sqlite3.Error):  # never hide the error that ended the wait
             _set_busy_timeout(dbapi, info, info[_BUSY_REST_INFO])
+
+
+def write_lock_timeout(timeout: float) -> WriteLockTimeout:
+    """The error of a write that waited ``timeout`` seconds for the write lock in vain."""
+    return WriteLockTimeout(
+        f"another writer held the SQLite write lock for more than {timeout:g} s; "
+        f"try again, or wait longer ({ENV_LOCK_TIMEOUT} or the "
+        f"{LOCK_TIMEOUT_OPTION!r} execution option)"
+    )
 
 
 def _set_busy_timeout(dbapi: Any, info: dict[Any, Any], ms: int) -> None:
