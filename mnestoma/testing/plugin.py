@@ -84,7 +84,8 @@ def postgresql_worker_database(url: URL, worker: str) -> Iterator[URL]:
     """The URL of a new empty database for ``worker`` beside ``url``'s, dropped on exit.
 
     A leftover of the same name (an interrupted run) is dropped first. It is created through
-    a connection to ``url``'s own database, so the role needs CREATEDB.
+    a connection to ``url``'s own database (named ``mnestoma_test_<worker>`` when the URL
+    names none), so the role needs CREATEDB.
     """
     name = worker_database_name(url.database or "mnestoma_test", worker)
     admin = make_engine(url, isolation_level="AUTOCOMMIT", poolclass=NullPool)
@@ -152,7 +153,7 @@ def sqlite_worker_file(url: URL, worker: str) -> Iterator[URL]:
     """The URL of ``<stem>_<worker><suffix>`` beside ``url``'s SQLite file, removed (with
     its journal files) before and after; an in-memory database is already the process's own."""
     database = url.database or ""
-    if not database or database == ":memory:" or "mode=memory" in database:
+    if not database or ":memory:" in database or "mode=memory" in database:
         yield url
         return
     prefix = "file:" if database.startswith("file:") else ""
