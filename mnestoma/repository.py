@@ -290,8 +290,8 @@ class MnestRepository:
                 ex.many(rec.INSERT_MNEST_LOCKED, [values], MNEST_COLUMNS)  # under the write lock
                 ex.many(rec.INSERT_EVENT, [ev], rec.EVENT_ROW)
                 return snap.mnest(values)
-            (params,) = as_mappings(MNEST_COLUMNS, [values])
-            if ex.first(rec.insert_mnest(ex.dialect), params) is not None:
+            (new_row,) = as_mappings(MNEST_COLUMNS, [values])
+            if ex.first(rec.insert_mnest(ex.dialect), new_row) is not None:
                 ex.many(rec.INSERT_EVENT, [ev], rec.EVENT_ROW)
                 return snap.mnest(values)
             # Another transaction created the row first: lock it and reinforce instead.
