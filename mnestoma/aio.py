@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import weakref
 from collections.abc import Callable, Coroutine, Iterable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, Self, TypeVar
@@ -22,6 +23,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.orm import Session
+from sqlalchemy.util import greenlet_spawn
 
 from .config import (
     is_memory_sqlite,
@@ -168,7 +170,7 @@ class _OnAsyncSession(_AsyncDoor[R]):
 
     async def _call(self, op: Callable[[R], T], *, write: bool) -> T:
         with translate_errors():
-            return await self._session.run_sync(self._apply, op)
+            return await _on_session(self._session, self._session.run_sync(self._apply, op))
 
     def _apply(self, sync: Session | Connection, op: Callable[[R], T]) -> T:
         repo = self._sync
@@ -243,6 +245,54 @@ class AsyncCanonicalQueryRepository(_OnAsyncSession[CanonicalQueryRepository]):
 
 # --- units of work ------------------------------------------------------------------------
 
+# Work that went on after its caller was cancelled, kept referenced until it ends.
+_ENDING: set[asyncio.Future[Any]] = set()
+
+
+async def _to_the_end(work: Coroutine[Any, Any, T] | asyncio.Future[T]) -> T:
+    """Await ``work``; when the caller is cancelled meanwhile, it stops waiting and the work
+    still runs to its end.
+
+    A unit's end (a rollback, a connection given back to the pool) interrupted by a
+    cancellation can leave the connection outside the pool, still in its transaction: on
+    SQLite, holding the write lock for every process until the garbage collector finds it.
+    """
+    task = asyncio.ensure_future(work)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        _ENDING.add(task)
+        task.add_done_callback(_ended)
+        raise
+
+
+def _ended(task: asyncio.Future[Any]) -> None:
+    """Work whose caller was cancelled has ended: its outcome is nobody's to raise."""
+    _ENDING.discard(task)
+    if not task.cancelled():
+        task.exception()
+
+
+# The latest operation run on each async session (or connection) by a unit or repository.
+_LATEST: weakref.WeakKeyDictionary[Any, asyncio.Future[Any]] = weakref.WeakKeyDictionary()
+
+
+async def _on_session(session: Any, work: Coroutine[Any, Any, T]) -> T:
+    """Run ``work`` on ``session`` to its end (:func:`_to_the_end`): a cancellation never
+    lands inside a driver call, where SQLite's driver goes on in its thread while SQLAlchemy
+    discards the connection as broken, possibly still holding the write lock."""
+    task = asyncio.ensure_future(work)
+    _LATEST[session] = task
+    return await _to_the_end(task)
+
+
+async def _settled(session: Any) -> None:
+    """Wait until the operation a cancelled caller left running on ``session`` has ended,
+    so that ending the unit never runs beside it."""
+    task = _LATEST.pop(session, None)
+    if task is not None and not task.done():
+        await asyncio.wait([task])
+
 
 class AsyncUnitOfWork:
     """Opens an ``AsyncSession`` on enter; commits only when asked; rolls back otherwise;
@@ -296,7 +346,11 @@ class AsyncUnitOfWork:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        await _to_the_end(self._end())
+
+    async def _end(self) -> None:
         try:
+            await _settled(self.session)
             await self.session.rollback()
         finally:
             await self.session.close()
@@ -304,7 +358,7 @@ class AsyncUnitOfWork:
     async def commit(self) -> None:
         """Commit the work done so far; a later operation starts a new transaction."""
         with translate_errors():
-            await self.session.commit()
+            await _on_session(self.session, self.session.commit())
 
     async def rollback(self) -> None:
         """Throw away the work done since the last commit."""
@@ -361,15 +415,17 @@ class AsyncJoinedUnitOfWork:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await self.rollback()
+        await _to_the_end(self.rollback())
 
     async def commit(self) -> None:
         """Release the savepoint into the caller's transaction (nothing to do after reads)."""
-        await self.session.run_sync(lambda _sync: self._joined.commit())
+        await _settled(self.session)
+        await _on_session(self.session, self.session.run_sync(lambda _s: self._joined.commit()))
 
     async def rollback(self) -> None:
         """Roll back to the savepoint taken before the first write."""
-        await self.session.run_sync(lambda _sync: self._joined.rollback())
+        await _settled(self.session)
+        await _on_session(self.session, self.session.run_sync(lambda _s: self._joined.rollback()))
 
 
 # --- the facade -------------------------------------------------------------------------
@@ -417,6 +473,7 @@ class AsyncMnestoma(_AsyncDoor[MnestRepository]):
             self.engine = make_async_engine(url)
             self._owns_engine = True
         self._at_head = False
+        self._checking: asyncio.Task[None] | None = None
         # SQLite has one writer at a time: this facade's writes queue here, each woken as
         # soon as the previous one commits, instead of polling SQLite's busy handler.
         self._one_writer = asyncio.Lock() if is_sqlite(url) else None
@@ -424,26 +481,33 @@ class AsyncMnestoma(_AsyncDoor[MnestRepository]):
     # --- transactions -----------------------------------------------------------------------
 
     async def _ready(self) -> None:
-        """Check (or, for an empty SQLite store, migrate) the schema once."""
+        """Check (or, for an empty SQLite store, migrate) the schema once.
+
+        Concurrent first callers share one check, which no caller's cancellation interrupts:
+        a burst of them holds no connection while it waits (each holding one while the check
+        asked the pool for another exhausted it).
+        """
         if self._at_head:
             return
+        check = self._checking
+        if check is None or (check.done() and check.exception() is not None):
+            check = self._checking = asyncio.ensure_future(self._check_schema())
+        await asyncio.shield(check)
+
+    async def _check_schema(self) -> None:
         with translate_errors():
-            async with self.engine.connect() as conn:
-                await conn.run_sync(lambda sync: ensure_schema(sync.engine))
+            await greenlet_spawn(ensure_schema, self.engine.sync_engine)
         self._at_head = True
 
     async def _call(self, op: Callable[[MnestRepository], T], *, write: bool) -> T:
         """Run ``op`` in its own transaction: a read, or a write retried when transient."""
         await self._ready()
         if not write:
-            return await self._once(self.engine, op, commit=False)
+            return await self._unit(op, commit=False)
         attempt = 0
         while True:
             try:
-                if self._one_writer is None:
-                    return await self._once(self.engine, op, commit=True)
-                async with self._one_writer:
-                    return await self._once(self.engine, op, commit=True)
+                return await self._unit(op, commit=True)
             except MnestomaError as err:
                 pause = retry_pause(attempt, err)
                 if pause is None:
@@ -451,19 +515,54 @@ class AsyncMnestoma(_AsyncDoor[MnestRepository]):
                 await asyncio.sleep(pause)
                 attempt += 1
 
+    async def _unit(self, op: Callable[[MnestRepository], T], *, commit: bool) -> T:
+        """One unit of work in a task of its own, which the caller's cancellation does not
+        interrupt halfway.
+
+        A cancellation (a request's timeout, a client gone) can land at any await: inside a
+        driver call, SQLite's ``BEGIN IMMEDIATE`` may still complete in the driver's thread,
+        and a connection interrupted while it returns to the pool can leave it, holding the
+        write lock for every process until the garbage collector finds it. So the caller
+        stops waiting at once, and the unit goes on to its end: it skips what it has not
+        begun, rolls back rather than commits, and gives its connection back.
+        """
+        cancelled = _Flag()
+        try:
+            return await _to_the_end(self._guarded(op, commit, cancelled))
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    async def _guarded(
+        self, op: Callable[[MnestRepository], T], commit: bool, cancelled: _Flag
+    ) -> T:
+        if not commit or self._one_writer is None:
+            return await self._once(self.engine, op, commit=commit, cancelled=cancelled)
+        async with self._one_writer:
+            return await self._once(self.engine, op, commit=commit, cancelled=cancelled)
+
     async def _once(
-        self, engine: AsyncEngine, op: Callable[[MnestRepository], T], *, commit: bool
+        self,
+        engine: AsyncEngine,
+        op: Callable[[MnestRepository], T],
+        *,
+        commit: bool,
+        cancelled: _Flag,
     ) -> T:
         """One connection, one transaction; rolled back unless committed."""
+        if cancelled:  # the caller gave up while this unit waited for the writers' lock
+            raise asyncio.CancelledError
         with translate_errors():
             async with engine.connect() as conn:
-                return await conn.run_sync(self._in_unit, op, commit)
+                return await conn.run_sync(self._in_unit, op, commit, cancelled)
 
-    def _in_unit(self, conn: Connection, op: Callable[[MnestRepository], T], commit: bool) -> T:
+    def _in_unit(
+        self, conn: Connection, op: Callable[[MnestRepository], T], commit: bool, cancelled: _Flag
+    ) -> T:
         """The sync side of one call: a connection unit of work, as the sync facade's."""
         with ConnectionUnitOfWork(conn, clock=self.clock, recorder=self.recorder) as unit:
             result = op(unit.mnests)
-            if commit:
+            if commit and not cancelled:
                 unit.commit()
             return result
 
@@ -508,7 +607,7 @@ class AsyncMnestoma(_AsyncDoor[MnestRepository]):
         """Run the ager at the clock's now; ``dry_run`` reports and rolls everything back."""
         if check_dry_run(dry_run):
             await self._ready()
-            return await self._once(self.engine, lambda r: r.apply_ager(), commit=False)
+            return await self._unit(lambda r: r.apply_ager(), commit=False)
         return await self._call(lambda r: r.apply_ager(), write=True)
 
     async def graph(
@@ -564,7 +663,11 @@ class AsyncMnestoma(_AsyncDoor[MnestRepository]):
         )
 
     async def close(self) -> None:
-        """Release the connections (the engine too, when this facade created it)."""
+        """Release the connections (the engine too, when this facade created it), once the
+        units of cancelled callers have ended."""
+        ending = [f for f in _ENDING if f.get_loop() is asyncio.get_running_loop()]
+        if ending:
+            await asyncio.wait(ending)
         if self._owns_engine:
             await self.engine.dispose()
 
@@ -581,6 +684,21 @@ class AsyncMnestoma(_AsyncDoor[MnestRepository]):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+class _Flag:
+    """Set once, read from the unit's sync side: its caller was cancelled."""
+
+    __slots__ = ("_set",)
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def set(self) -> None:
+        self._set = True
+
+    def __bool__(self) -> bool:
+        return self._set
 
 
 def _queries(repo: MnestRepository) -> CanonicalQueryRepository:
