@@ -33,10 +33,12 @@ def test_a_facades_unit_of_work_keeps_its_recorder(store_url: str) -> None:
 
 def test_an_async_facades_unit_of_work_keeps_its_recorder(store_url: str) -> None:
     async def main() -> None:
-        async with AsyncMnestoma(store_url, recorder="otel") as am:
-            async with am.unit_of_work() as uow:
-                await uow.mnests.record_passing(*EDGE)
-                await uow.commit()
+        async with (
+            AsyncMnestoma(store_url, recorder="otel") as am,
+            am.unit_of_work() as uow,
+        ):
+            await uow.mnests.record_passing(*EDGE)
+            await uow.commit()
 
     asyncio.run(main())
     assert recorders(store_url) == ["otel"]
@@ -49,10 +51,13 @@ def test_units_and_joined_units_take_a_recorder(store_url: str) -> None:
         with UnitOfWork(sessions, recorder="cli") as uow:
             uow.mnests.record_passing(*EDGE)
             uow.commit()
-        with sessions() as session, session.begin():
-            with UnitOfWork.joining(session, recorder="tracer") as joined:
-                joined.mnests.record_passing(*EDGE)
-                joined.commit()
+        with (
+            sessions() as session,
+            session.begin(),
+            UnitOfWork.joining(session, recorder="tracer") as joined,
+        ):
+            joined.mnests.record_passing(*EDGE)
+            joined.commit()
     finally:
         engine.dispose()
     assert recorders(store_url) == ["cli", "tracer"]
@@ -66,10 +71,13 @@ def test_async_units_and_joined_units_take_a_recorder(store_url: str) -> None:
             async with AsyncUnitOfWork(sessions, recorder="cli") as uow:
                 await uow.mnests.record_passing(*EDGE)
                 await uow.commit()
-            async with sessions() as session, session.begin():
-                async with AsyncUnitOfWork.joining(session, recorder="otel") as joined:
-                    await joined.mnests.record_passing(*EDGE)
-                    await joined.commit()
+            async with (
+                sessions() as session,
+                session.begin(),
+                AsyncUnitOfWork.joining(session, recorder="otel") as joined,
+            ):
+                await joined.mnests.record_passing(*EDGE)
+                await joined.commit()
         finally:
             await engine.dispose()
 
