@@ -419,6 +419,11 @@ def _safe_exp(x: float | None) -> float | None:
 
 
 def make_session_factory(engine: Engine, **kwargs: Any) -> sessionmaker[Session]:
-    """A ``sessionmaker`` bound to ``engine``; objects stay readable after commit."""
+    """A ``sessionmaker`` bound to ``engine``; objects stay readable after commit, and its
+    sessions refuse a bulk INSERT into the read-only view."""
+    from .models import refuse_view_inserts
+
     kwargs.setdefault("expire_on_commit", False)
-    return sessionmaker(bind=engine, **kwargs)
+    factory = sessionmaker(bind=engine, **kwargs)
+    event.listen(factory, "do_orm_execute", refuse_view_inserts)
+    return factory

@@ -28,7 +28,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.compiler import compiles
-from sqlalchemy.orm import DeclarativeBase, Mapped, Mapper, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, Mapper, ORMExecuteState, mapped_column
 from sqlalchemy.sql.compiler import SQLCompiler
 
 from .errors import ReadOnlyError
@@ -352,3 +352,17 @@ def _refuse_view_flush(mapper: Mapper[Any], connection: Connection, target: Any)
 
 for _flush_event in ("before_insert", "before_update", "before_delete"):
     event.listen(MnestomaView, _flush_event, _refuse_view_flush)
+
+
+def refuse_view_inserts(state: ORMExecuteState) -> None:
+    """``session.execute(insert(MnestomaView)...)`` would add a row to ``mnests`` through the
+    view on PostgreSQL: refused in the sessions of the package's factories (registered on
+    each by :func:`mnestoma.make_session_factory`, never on SQLAlchemy's ``Session``). An
+    UPDATE or DELETE of the view is refused wherever it is compiled (``_ReadOnlyView``)."""
+    if not state.is_insert:
+        return
+    target = getattr(state.statement, "table", None)
+    while target is not None and not isinstance(target, _ReadOnlyView):
+        target = getattr(target, "element", None)
+    if target is not None:
+        raise ReadOnlyError(f"{VIEW_NAME} is read-only; write through Mnest instead")

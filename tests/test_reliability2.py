@@ -148,9 +148,9 @@ def test_cli_walk_limit_prints_that_many_paths(store_url: str) -> None:
 
 
 def _view_session(store: Mnestoma):  # type: ignore[no-untyped-def]
-    from sqlalchemy.orm import Session
+    from mnestoma import make_session_factory
 
-    return Session(store.engine)
+    return make_session_factory(store.engine)()
 
 
 @pytest.mark.parametrize(
