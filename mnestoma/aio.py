@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 import weakref
 from collections.abc import Callable, Coroutine, Iterable
 from types import TracebackType
@@ -34,6 +35,7 @@ from .config import (
 )
 from .errors import InvalidInput, MissingExtra, MnestomaError, SchemaError, translate_errors
 from .facade import check_dry_run, ensure_schema, read_candidates, read_passings
+from .locking import LOCK_TIMEOUT_OPTION, lock_timeout_seconds, write_lock_timeout
 from .migration import sqlite_store_missing
 from .models import CanonicalQuery, Mnest
 from .ranking import Ranked
@@ -538,8 +540,19 @@ class AsyncMnestoma(_AsyncDoor[MnestRepository]):
     ) -> T:
         if not commit or self._one_writer is None:
             return await self._once(self.engine, op, commit=commit, cancelled=cancelled)
-        async with self._one_writer:
-            return await self._once(self.engine, op, commit=commit, cancelled=cancelled)
+        # One lock timeout in all: the wait for this facade's queue of writers counts in it.
+        timeout = lock_timeout_seconds(self.engine.get_execution_options().get(LOCK_TIMEOUT_OPTION))
+        deadline = time.monotonic() + timeout
+        try:
+            await asyncio.wait_for(self._one_writer.acquire(), timeout)
+        except TimeoutError:
+            raise write_lock_timeout(timeout) from None
+        try:
+            left = max(0.0, deadline - time.monotonic())
+            engine = self.engine.execution_options(**{LOCK_TIMEOUT_OPTION: left})
+            return await self._once(engine, op, commit=commit, cancelled=cancelled)
+        finally:
+            self._one_writer.release()
 
     async def _once(
         self,

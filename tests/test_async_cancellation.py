@@ -13,7 +13,9 @@ import contextlib
 import gc
 import random
 import sqlite3
+import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -134,3 +136,32 @@ def test_cancelled_async_writes_leave_no_transaction_open(store_url: str, door: 
             ).scalar_one()
         assert uses == counted >= 1
         m.record_passing(*EDGES[0])  # and the store takes writes at once
+
+
+def test_async_writes_queued_behind_each_other_give_up_within_one_lock_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Writes queued in one SQLite facade share the lock timeout, not one each (SQLite's
+    write lock only: PostgreSQL writers wait on rows, under the server's own timeouts)."""
+    store_url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    mnestoma.upgrade(store_url)
+    monkeypatch.setenv("MNESTOMA_LOCK_TIMEOUT", "1")
+    holder = sqlite3.connect(tmp_path / "store.sqlite", isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+
+    async def timed(store: AsyncMnestoma, edge: tuple[str, str, str, str]) -> float:
+        start = time.monotonic()
+        with pytest.raises(mnestoma.WriteLockTimeout):
+            await store.record_passing(*edge)
+        return time.monotonic() - start
+
+    async def main() -> list[float]:
+        async with AsyncMnestoma(store_url) as store:
+            return await asyncio.gather(*(timed(store, edge) for edge in EDGES[:3]))
+
+    try:
+        waits = asyncio.run(main())
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert max(waits) < 1.9, waits
