@@ -354,7 +354,7 @@ def test_factories_write_through_the_kit(n, mnestoma_uow):
 
 
 @pytest.mark.slow
-def test_the_testing_kit_under_pytest_xdist_migrates_one_fresh_database_once(
+def test_the_testing_kit_under_pytest_xdist_passes_a_downstream_suite(
     engine_name: str, tmp_path: Path
 ) -> None:
     (tmp_path / "conftest.py").write_text('pytest_plugins = ["mnestoma.testing"]\n')
