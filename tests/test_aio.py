@@ -146,6 +146,7 @@ from mnestoma.aio import (
 )
 from mnestoma.config import make_engine
 from mnestoma.errors import MissingExtra
+from mnestoma.locking import busy_timeout_ms, lock_timeout_seconds
 from mnestoma.testing.clock import MovableClock
 from mnestoma.tracing import executor, turn
 
@@ -302,7 +303,9 @@ def test_the_async_sqlite_engine_is_configured_as_the_sync_one(tmp_path: Path) -
     sync = make_engine(f"sqlite:///{path}")
     try:
         with sync.connect() as conn:
-            assert got == _pragmas(conn) == (30_000, 1, 1)
+            # SQLite's busy timeout is the lock timeout (MNESTOMA_LOCK_TIMEOUT, 60 s)
+            expected = (busy_timeout_ms(lock_timeout_seconds()), 1, 1)
+            assert got == _pragmas(conn) == expected
     finally:
         sync.dispose()
 

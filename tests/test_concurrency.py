@@ -294,19 +294,19 @@ def wait_for_lock_waiters(url: str, n: int, timeout: float = 10.0) -> None:
 
 
 def sqlite_lock_waits(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
-    """An event set once a write in this process found SQLite's write lock taken.
+    """An event set once a write in this process asks for SQLite's write lock from now on.
 
-    The package's lock loop pauses only after SQLite refused a ``BEGIN IMMEDIATE``; on an
-    engine whose busy timeout is 0 SQLite refuses at once instead of waiting inside itself.
+    Called while another connection holds the lock, the write that sets it waits: inside
+    SQLite's busy handler, which gets what is left of the lock timeout at each attempt.
     """
     waiting = threading.Event()
-    pause = locking._pause
+    begin = locking._begin_immediate
 
-    def observed_pause(dbapi: Any, seconds: float) -> None:
+    def observed_begin(dbapi: Any, info: dict[Any, Any], timeout: float) -> None:
         waiting.set()
-        pause(dbapi, seconds)
+        begin(dbapi, info, timeout)
 
-    monkeypatch.setattr(locking, "_pause", observed_pause)
+    monkeypatch.setattr(locking, "_begin_immediate", observed_begin)
     return waiting
 
 
@@ -331,14 +331,14 @@ def test_the_ager_waits_for_a_writer_holding_a_row_instead_of_deadlocking(
         plain.record_passing(*HOT_EDGE)
     before = deadlocks(store_url)
     on_sqlite = make_url(store_url).get_backend_name() == "sqlite"
-    sqlite_waits = sqlite_lock_waits(monkeypatch)
     gate = GateClock()
     writer = mnestoma.Mnestoma(store_url, clock=gate)
-    ager_engine = make_engine(store_url, **({"connect_args": {"timeout": 0}} if on_sqlite else {}))
+    ager_engine = make_engine(store_url)
     ager = mnestoma.Mnestoma(ager_engine, clock=lambda: datetime.now(UTC) + timedelta(days=60))
     try:
         w_thread, w_box = in_thread(writer.record_passing, *HOT_EDGE)
         assert gate.reached.wait(10), "the writer never reached its locked section"
+        sqlite_waits = sqlite_lock_waits(monkeypatch)  # the writer holds the lock by now
         a_thread, a_box = in_thread(ager.apply_ager)
         # the ager now waits for the writer: for its row, or for SQLite's write lock
         if on_sqlite:
