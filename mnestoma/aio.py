@@ -17,6 +17,7 @@ import functools
 import time
 import weakref
 from collections.abc import Callable, Coroutine, Iterable
+from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, Self, TypeVar
 
@@ -40,7 +41,7 @@ from .migration import sqlite_store_missing
 from .models import CanonicalQuery, Mnest
 from .ranking import Ranked
 from .repository import CanonicalQueryRepository, MnestRepository, QueryFrequency
-from .rules import AgerReport, Recorder
+from .rules import AgerReport, Recorder, event_batches
 from .uow import ConnectionUnitOfWork, JoinedUnitOfWork, retry_pause
 from .validation import Clock, Passing, check_recorder
 
@@ -222,6 +223,9 @@ class AsyncMnestRepository(_OnAsyncSession[MnestRepository]):
     transition_state = _awaited(MnestRepository.transition_state, write=True)
     promote_proto_to_active = _awaited(MnestRepository.promote_proto_to_active, write=True)
     apply_ager = _awaited(MnestRepository.apply_ager, write=True)
+    prune_events = _awaited(MnestRepository.prune_events, write=True)
+    prunable_event_ids = _awaited(MnestRepository.prunable_event_ids)
+    prune_event_batch = _awaited(MnestRepository.prune_event_batch, write=True)
     log_canonical_query = _awaited(MnestRepository.log_canonical_query, write=True)
 
 
@@ -622,6 +626,21 @@ class AsyncMnestoma(_AsyncDoor[MnestRepository]):
             await self._ready()
             return await self._unit(lambda r: r.apply_ager(), commit=False)
         return await self._call(lambda r: r.apply_ager(), write=True)
+
+    async def prune_events(self, before: datetime, *, dry_run: bool = False) -> int:
+        """Delete the events older than ``before`` in batches, each its own transaction (see
+        :meth:`mnestoma.Mnestoma.prune_events`); ``dry_run`` counts them, in one read."""
+        if check_dry_run(dry_run):
+            return await self._call(lambda r: r.prune_events(before, dry_run=True), write=False)
+        found = await self._call(lambda r: r.prunable_event_ids(before), write=False)
+        deleted = 0
+        for first, last in event_batches(found):
+            deleted += await self._prune_batch(before, first, last)
+        return deleted
+
+    async def _prune_batch(self, before: datetime, first: int, last: int) -> int:
+        """One batch of a prune (the events with ids in [first, last]), one transaction."""
+        return await self._call(lambda r: r.prune_event_batch(before, first, last), write=True)
 
     async def graph(
         self,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import Engine
@@ -24,7 +25,14 @@ from .ranking import Ranked
 if TYPE_CHECKING:
     from .graph import MnestGraph
 from .repository import WALK_LIMIT, QueryFrequency
-from .rules import RECURRING_MIN_USES, RECURRING_MIN_WEIGHT, AgerReport, MnestState, Recorder
+from .rules import (
+    RECURRING_MIN_USES,
+    RECURRING_MIN_WEIGHT,
+    AgerReport,
+    MnestState,
+    Recorder,
+    event_batches,
+)
 from .uow import ConnectionUnitOfWork, UnitOfWork, with_retries
 from .validation import Clock, Passing, check_recorder
 
@@ -305,6 +313,26 @@ class Mnestoma:
             with self._unit() as unit:
                 return unit.mnests.apply_ager()  # left without commit: rolled back
         return self._write(lambda u: u.mnests.apply_ager())
+
+    def prune_events(self, before: datetime, *, dry_run: bool = False) -> int:
+        """Delete the events older than ``before`` (each row still in ``mnests`` keeps its
+        ``created`` event); how many were, or with ``dry_run`` would be, deleted.
+
+        Online: the events present when it starts go in batches of ids, each its own short
+        write transaction committed before the next, so a writer waits for one batch at
+        most. A dry run counts them in one read transaction, which takes no lock.
+        """
+        if check_dry_run(dry_run):
+            return self._read(lambda u: u.mnests.prune_events(before, dry_run=True))
+        found = self._read(lambda u: u.mnests.prunable_event_ids(before))
+        deleted = 0
+        for first, last in event_batches(found):
+            deleted += self._prune_batch(before, first, last)
+        return deleted
+
+    def _prune_batch(self, before: datetime, first: int, last: int) -> int:
+        """One batch of a prune (the events with ids in [first, last]), one transaction."""
+        return self._write(lambda u: u.mnests.prune_event_batch(before, first, last))
 
     def log_canonical_query(
         self, raw_query: str, canonical_query: str, *, turn_id: str | None = None

@@ -47,7 +47,9 @@ from .rules import (
 )
 from .sql import read as rd
 from .sql import record as rec
+from .sql import retention as ret
 from .sql.tables import MNEST_COLUMNS, Key
+from .types import ensure_instant
 from .validation import (
     Clock,
     Passing,
@@ -731,6 +733,35 @@ class MnestRepository:
         """Decay, demote, merge, prune and count archive candidates, in set-based SQL."""
         return run_ager(self._write_ex().conn, self._now())
 
+    # --- retention --------------------------------------------------------------------
+
+    def prune_events(self, before: datetime, *, dry_run: bool = False) -> int:
+        """Delete the events older than ``before``, except the ``created`` event of each row
+        still in ``mnests``; how many were (with ``dry_run``: would be, nothing deleted).
+
+        All in this unit's transaction; the facades delete in batches instead, each its own
+        transaction (:meth:`prunable_event_ids`, :meth:`prune_event_batch`).
+        """
+        params = {"before": _cutoff(before)}
+        if _check_dry_run(dry_run):
+            row = self._ex().first(ret.COUNT_PRUNABLE, params)
+            return 0 if row is None else int(row[0])
+        return int(self._write_ex().execute(ret.DELETE_PRUNABLE, params).rowcount)
+
+    def prunable_event_ids(self, before: datetime) -> tuple[int, int] | None:
+        """The lowest and highest id of the events a prune at ``before`` would delete now,
+        or None when there is none: the range the batches of a prune cover."""
+        row = self._ex().first(ret.PRUNABLE_ID_RANGE, {"before": _cutoff(before)})
+        if row is None or row[0] is None or row[1] is None:
+            return None
+        return int(row[0]), int(row[1])
+
+    def prune_event_batch(self, before: datetime, first: int, last: int) -> int:
+        """Delete the events :meth:`prune_events` would, among those whose ids lie in
+        ``[first, last]``: one batch of a prune; how many were deleted."""
+        params = {"before": _cutoff(before), "first": int(first), "last": int(last)}
+        return int(self._write_ex().execute(ret.DELETE_PRUNABLE_BATCH, params).rowcount)
+
     # --- query log --------------------------------------------------------------------
 
     def log_canonical_query(
@@ -740,6 +771,17 @@ class MnestRepository:
         return CanonicalQueryRepository(
             self._session, clock=self._clock, before_write=self._before_write
         ).log(raw_query, canonical_query, turn_id=turn_id)
+
+
+def _cutoff(before: Any) -> datetime:
+    """A prune's cutoff: an aware instant the store can hold, else InvalidInput."""
+    return ensure_instant(before, "before")
+
+
+def _check_dry_run(dry_run: Any) -> bool:
+    if not isinstance(dry_run, bool):
+        raise InvalidInput("dry_run must be True or False")
+    return dry_run
 
 
 def _reinforced(row: Row, values: Row) -> Row:

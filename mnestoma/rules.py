@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import secrets
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, fields, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -15,6 +15,7 @@ __all__ = [
     "ARCHIVE_BELOW",
     "DECAYING_BELOW",
     "DEFAULT_DECAY_LAMBDA",
+    "EVENT_PRUNE_BATCH",
     "INITIAL_WEIGHT",
     "MIN_EVIDENCE_CHARS",
     "PROTO_PRUNE_BELOW",
@@ -32,6 +33,7 @@ __all__ = [
     "clamp_weight",
     "days_between",
     "decayed_weight",
+    "event_batches",
     "is_below",
     "new_mnest_id",
     "reinforce",
@@ -49,6 +51,10 @@ ARCHIVE_AFTER_DAYS = 90
 RECURRING_MIN_USES = 3
 RECURRING_MIN_WEIGHT = 0.30
 SECONDS_PER_DAY = 86400.0
+# prune_events: the event ids one batch covers, each batch its own short transaction. A
+# range this wide is deleted in a few tens of milliseconds (SQLite and PostgreSQL, every
+# event prunable), so a writer waits for one batch at most.
+EVENT_PRUNE_BATCH = 5000
 # The ager's thresholds (0.20, 0.05) are crossed only by more than this: SQLite (julianday,
 # milliseconds), PostgreSQL (epoch arithmetic) and Python compute an effective weight a few
 # units in the 13th digit apart, so a weight that is exactly at a threshold must not fall on
@@ -135,6 +141,20 @@ def new_mnest_id() -> str:
 def clamp_weight(w: float) -> float:
     """Clamp a weight into [0, 1]."""
     return 0.0 if w < 0.0 else 1.0 if w > 1.0 else w
+
+
+def event_batches(
+    id_range: tuple[int, int] | None, size: int | None = None
+) -> Iterator[tuple[int, int]]:
+    """The id ranges ``[first, last]`` that cover ``id_range`` (the lowest and highest id of
+    the events to prune; None: no event), ``size`` ids each (the batch size
+    :data:`EVENT_PRUNE_BATCH` unless given), in id order."""
+    if id_range is None:
+        return
+    step = max(1, EVENT_PRUNE_BATCH if size is None else size)
+    low, high = id_range
+    for first in range(low, high + 1, step):
+        yield first, min(first + step - 1, high)
 
 
 def days_between(earlier: datetime, later: datetime) -> float:

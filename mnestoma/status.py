@@ -106,6 +106,9 @@ class StoreStatus:
     ``behind`` (an older revision), ``unknown`` (a revision this release does not know).
     ``passings_by_recorder`` is None where the store has no ``events.recorder`` column
     (before revision 0003), ``ager_runs`` None where it has no ``ager_runs`` table.
+    ``events_kept_from``: every event since this instant is kept (the oldest event other
+    than a ``created`` one: ``prune_events`` deletes those before its cutoff and keeps the
+    created event of each live row); ``oldest_event``: the oldest of all.
     """
 
     database: str
@@ -121,6 +124,8 @@ class StoreStatus:
     passings_with_turn: int = 0
     last_passing: datetime | None = None
     last_turn_passing: datetime | None = None
+    events_kept_from: datetime | None = None
+    oldest_event: datetime | None = None
     query_log: int = 0
     recurring_protos: list[Mnest] = field(default_factory=list)
     passings_by_recorder: dict[str, RecorderFacts] | None = None
@@ -238,6 +243,8 @@ class StoreStatus:
             "mnests_by_state": dict(self.mnests_by_state),
             "events": self.events,
             "events_by_kind": dict(self.events_by_kind),
+            "events_kept_from": iso_utc(self.events_kept_from),
+            "oldest_event": iso_utc(self.oldest_event),
             "passings": self.passings,
             "passings_with_turn": self.passings_with_turn,
             "last_passing": iso_utc(self.last_passing),
@@ -333,6 +340,8 @@ def _count(conn: Connection, tables: set[str], status: StoreStatus, *, by_record
             by_kind[kind] = int(n)
         status.events_by_kind = by_kind
         status.events = sum(by_kind.values())
+        kept_from, oldest = conn.execute(sql.EVENTS_KEPT_FROM).one()
+        status.events_kept_from, status.oldest_event = _as_utc(kept_from), _as_utc(oldest)
         if by_recorder:
             _count_passings_by_recorder(conn, status)
         else:
@@ -385,6 +394,19 @@ def _as_utc(value: Any) -> datetime | None:
 
 def _fmt_time(value: datetime | None) -> str:
     return short_utc(value, "never")
+
+
+def _render_retention(status: StoreStatus) -> str | None:
+    """The ``kept`` line: from when every event is kept (see ``StoreStatus``)."""
+    oldest, since = status.oldest_event, status.events_kept_from
+    if oldest is None:
+        return None
+    if since is None:
+        return f"kept       only created events, the oldest at {_fmt_time(oldest)}"
+    line = f"kept       every event since {_fmt_time(since)}"
+    if oldest < since:
+        line += f"; before it only created events, from {_fmt_time(oldest)}"
+    return line
 
 
 def _render_recorders(status: StoreStatus) -> str | None:
@@ -441,6 +463,9 @@ def render_status(status: StoreStatus) -> str:
             lines.append(f"mnests     {status.mnests} ({states})")
             kinds = ", ".join(f"{k} {v}" for k, v in status.events_by_kind.items() if v)
             lines.append(f"events     {status.events}" + (f" ({kinds})" if kinds else ""))
+            retention = _render_retention(status)
+            if retention:
+                lines.append(retention)
             lines.append(
                 f"passings   {status.passings} (created/reinforced events), "
                 f"{status.passings_with_turn} with a turn_id"

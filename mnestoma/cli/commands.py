@@ -29,6 +29,7 @@ from .options import (
     database_url_option,
     json_option,
     limit_option,
+    parse_cutoff,
     parse_endpoint,
     parse_instant,
     parse_tags,
@@ -44,6 +45,7 @@ from .render import (
     render_events,
     render_one,
     render_protos,
+    render_prune,
     render_recent_queries,
     render_suggestions,
     render_top_queries,
@@ -469,6 +471,47 @@ def age(dry_run: bool, as_json: bool, database_url: str | None) -> None:
         with spinner("ageing: decay, demote, merge, prune in one transaction"):
             report = store.apply_ager(dry_run=dry_run)
         render_ager(report, now, dry_run, as_json)
+
+
+# --- retention ----------------------------------------------------------------------------
+
+
+@cli.command("prune-events")
+@click.option(
+    "--before",
+    "before",
+    metavar="DATE",
+    help="Delete the events before this ISO-8601 date or time (UTC when it names no zone).",
+)
+@click.option(
+    "--older-than",
+    "older_than",
+    type=float,
+    metavar="DAYS",
+    help="Delete the events older than DAYS days (a positive number) from now.",
+)
+@click.option("--dry-run", is_flag=True, help="Count the events it would delete, delete none.")
+@json_option
+@database_url_option
+def prune_events(
+    before: str | None,
+    older_than: float | None,
+    dry_run: bool,
+    as_json: bool,
+    database_url: str | None,
+) -> None:
+    """Delete old events, online: give exactly one of --before and --older-than.
+
+    Each mnest still in the store keeps its created event; the events of pruned or
+    merged-away rows go too. The events go in batches of ids, each its own short
+    transaction, so writers wait for one batch at most. A turn whose events are gone
+    counts again if it is replayed.
+    """
+    cutoff = parse_cutoff(before, older_than, utc_now())
+    with _store(database_url) as store:
+        with spinner("pruning events in batches"):
+            n = store.prune_events(cutoff, dry_run=dry_run)
+        render_prune(n, cutoff, dry_run, as_json)
 
 
 # --- copy ---------------------------------------------------------------------------------

@@ -6,8 +6,9 @@ A parser raises ``InvalidInput`` (exit status 2) with one line that names the ar
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import click
@@ -20,6 +21,7 @@ __all__ = [
     "database_url_option",
     "json_option",
     "limit_option",
+    "parse_cutoff",
     "parse_endpoint",
     "parse_instant",
     "parse_tags",
@@ -108,3 +110,24 @@ def parse_instant(value: str, what: str) -> datetime:
     if when.tzinfo is None:
         raise InvalidInput(f"{what} needs a time zone, e.g. 2026-04-02T03:00:00Z")
     return when.astimezone(UTC)
+
+
+def parse_cutoff(before: str | None, older_than: float | None, now: datetime) -> datetime:
+    """The cutoff of ``--before DATE`` (an ISO-8601 date or time, UTC when it names no zone)
+    or ``--older-than DAYS`` (a positive number of days before ``now``): exactly one."""
+    if before is not None and older_than is None:
+        try:
+            when = datetime.fromisoformat(before.strip())
+        except ValueError:
+            raise InvalidInput(
+                f"--before must be an ISO-8601 date or time, got {before!r}"
+            ) from None
+        return when.replace(tzinfo=UTC) if when.tzinfo is None else when
+    if before is not None or older_than is None:
+        raise InvalidInput("give exactly one of --before DATE and --older-than DAYS")
+    if not (math.isfinite(older_than) and older_than > 0):
+        raise InvalidInput(f"--older-than must be a positive number of days, got {older_than:g}")
+    try:
+        return now - timedelta(days=older_than)
+    except OverflowError:
+        raise InvalidInput(f"--older-than {older_than:g} reaches before year 1") from None

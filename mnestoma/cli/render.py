@@ -37,6 +37,7 @@ __all__ = [
     "render_events",
     "render_one",
     "render_protos",
+    "render_prune",
     "render_recent_queries",
     "render_suggestions",
     "render_top_queries",
@@ -249,6 +250,20 @@ def render_ager(report: AgerReport, at: datetime, dry_run: bool, as_json: bool) 
     click.echo(f"{head} at {short_utc(at)}")
     for key in (f.name for f in fields(AgerReport)):
         click.echo(f"  {key:<19}{data[key]}")
+
+
+def render_prune(events: int, before: datetime, dry_run: bool, as_json: bool) -> None:
+    """Print how many events a prune deleted, or would delete."""
+    if as_json:
+        echo_json({"events": events, "before": iso_utc(before), "dry_run": dry_run})
+        return
+    noun = "event" if events == 1 else "events"
+    if dry_run:
+        click.echo(
+            f"would delete {events} {noun} before {short_utc(before)} (dry run: nothing deleted)"
+        )
+    else:
+        click.echo(f"deleted {events} {noun} before {short_utc(before)}")
 
 
 def render_top_queries(rows: Sequence[QueryFrequency], as_json: bool) -> None:

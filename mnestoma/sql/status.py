@@ -13,7 +13,7 @@ from typing import Any, Final
 
 from sqlalchemy import Select, bindparam, func, select
 
-from ..rules import PASSING
+from ..rules import PASSING, EventKind
 from .tables import AGER_RUNS as R
 from .tables import EVENTS as E
 from .tables import MNESTS as M
@@ -22,6 +22,7 @@ from .tables import QUERIES as Q
 __all__ = [
     "AGER_RUN_COUNTS",
     "EVENTS_BY_KIND",
+    "EVENTS_KEPT_FROM",
     "LAST_AGER_RUN",
     "MNESTS_BY_STATE",
     "PASSINGS",
@@ -46,6 +47,13 @@ _passings = (
 PASSINGS: Final[Select[int, datetime | None, int, datetime | None]] = (
     select(*_passings).select_from(E).where(_passing)
 )
+
+# From when events are kept: the oldest event other than a ``created`` one (a prune deletes
+# every such event before its cutoff, and keeps the created event of each live row), and
+# the oldest event of all.
+EVENTS_KEPT_FROM: Final[Select[datetime | None, datetime | None]] = select(
+    func.min(E.c.ts).filter(E.c.kind != EventKind.CREATED.value), func.min(E.c.ts)
+).select_from(E)
 
 QUERY_LOG_COUNT: Final[Select[int]] = select(func.count()).select_from(Q)
 
