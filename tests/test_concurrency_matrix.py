@@ -324,14 +324,24 @@ def run_threads(workers: list[Callable[[], None]]) -> None:
     assert not any(t.is_alive() for t in threads), "a caller is still running: a hang"
 
 
-def sync_calls(door: Door, race: Race, plan: list[list[str]], barrier: Any = None) -> None:
-    """One thread per plan entry, each calling its edges in order (in step when a barrier)."""
+# Waits for the ager to have run more times than the count it is given; returns the count.
+Pace = Callable[[int], int]
+
+
+def sync_calls(
+    door: Door, race: Race, plan: list[list[str]], barrier: Any = None, pace: Pace | None = None
+) -> None:
+    """One thread per plan entry, each calling its edges in order (in step when a barrier;
+    each call after ``pace`` returns, when given)."""
 
     def worker(edges: list[str], first: int) -> Callable[[], None]:
         def run() -> None:
+            seen = 0
             for n, edge in enumerate(edges):
                 if barrier is not None:
                     barrier.wait(DEADLINE)
+                if pace is not None:
+                    seen = pace(seen)
                 try:
                     race.done(door.write(edge, first + n))
                 except Exception as err:
@@ -342,16 +352,21 @@ def sync_calls(door: Door, race: Race, plan: list[list[str]], barrier: Any = Non
     run_threads([worker(edges, 1000 * i) for i, edges in enumerate(plan)])
 
 
-def async_calls(door: Door, race: Race, plan: list[list[str]], in_step: bool) -> None:
+def async_calls(
+    door: Door, race: Race, plan: list[list[str]], in_step: bool, pace: Pace | None = None
+) -> None:
     """One task per plan entry in one event loop, each calling its edges in order."""
 
     async def main() -> None:
         barrier = asyncio.Barrier(len(plan)) if in_step else None
 
         async def task(edges: list[str], first: int) -> None:
+            seen = 0
             for n, edge in enumerate(edges):
                 if barrier is not None:
                     await barrier.wait()
+                if pace is not None:
+                    seen = await asyncio.to_thread(pace, seen)
                 try:
                     race.done(await door.awrite(edge, first + n))
                 except Exception as err:
@@ -364,11 +379,13 @@ def async_calls(door: Door, race: Race, plan: list[list[str]], in_step: bool) ->
     asyncio.run(main())
 
 
-def run_calls(door: Door, race: Race, plan: list[list[str]], *, in_step: bool) -> None:
+def run_calls(
+    door: Door, race: Race, plan: list[list[str]], *, in_step: bool, pace: Pace | None = None
+) -> None:
     if door.is_async:
-        async_calls(door, race, plan, in_step)
+        async_calls(door, race, plan, in_step, pace)
     else:
-        sync_calls(door, race, plan, threading.Barrier(len(plan)) if in_step else None)
+        sync_calls(door, race, plan, threading.Barrier(len(plan)) if in_step else None, pace)
 
 
 def first_callers(door: Door, race: Race, ager: Callable[[], None]) -> None:
@@ -386,9 +403,16 @@ def hot_edge(door: Door, race: Race, ager: Callable[[], None]) -> None:
 
 
 def with_ager(door: Door, race: Race, ager: Callable[[], None]) -> None:
-    """Writers on a hot edge and on new ones while the ager runs, the clock jumping ahead."""
+    """Writers on a hot edge and on new ones while the ager runs, the clock jumping ahead.
+
+    Each call waits for one more run of the ager than its writer's previous call saw, so
+    that an edge a writer created is aged (and demoted) before that writer comes back to it,
+    whatever the machine's speed: the ager demotes, and merges, among the writers.
+    """
     stop = threading.Event()
     ager_errors: list[BaseException] = []
+    runs = threading.Condition()
+    done = [0]
 
     def keep_ageing() -> None:
         while not stop.is_set():
@@ -397,6 +421,15 @@ def with_ager(door: Door, race: Race, ager: Callable[[], None]) -> None:
             except Exception as err:
                 ager_errors.append(err)
                 return
+            finally:
+                with runs:
+                    done[0] += 1
+                    runs.notify_all()
+
+    def pace(seen: int) -> int:
+        with runs:
+            runs.wait_for(lambda: done[0] > seen or bool(ager_errors), DEADLINE)
+            return done[0]
 
     thread = threading.Thread(target=keep_ageing, daemon=True)
     thread.start()
@@ -404,7 +437,7 @@ def with_ager(door: Door, race: Race, ager: Callable[[], None]) -> None:
         plan = [
             [("hot" if n % 2 else f"w{w}") for n in range(AGER_CALLS)] for w in range(AGER_WRITERS)
         ]
-        run_calls(door, race, plan, in_step=False)
+        run_calls(door, race, plan, in_step=False, pace=pace)
     finally:
         stop.set()
         thread.join(DEADLINE)
