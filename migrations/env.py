@@ -4,6 +4,12 @@ The connection comes from ``config.attributes["connection"]`` (an Engine or a Co
 handed over by ``mnestoma.upgrade`` or a test), else ``-x database_url=URL``, else the
 package's own resolution (MNESTOMA_DATABASE_URL, MNESTOMA_DB_PATH, the default workspace);
 an async driver's URL is migrated through the sync driver of the same database.
+
+On PostgreSQL, when this file opens the connection (from an Engine or a URL), each revision
+commits in its own transaction under a ``lock_timeout`` (``config.attributes["lock_timeout"]``,
+else ``-x lock_timeout=SECONDS``, else MNESTOMA_MIGRATION_LOCK_TIMEOUT, else 3 s), and one
+that times out is tried again; the offline script opens each revision with ``SET
+lock_timeout``. SQLite, and a Connection handed over, migrate in one transaction.
 """
 
 from __future__ import annotations
@@ -15,7 +21,15 @@ from alembic import context
 from sqlalchemy import Connection, Engine
 
 from mnestoma.config import make_engine
-from mnestoma.migration import VERSION_TABLE, prepare_for_migration, sync_database_url
+from mnestoma.migration import (
+    VERSION_TABLE,
+    lock_timeout_sql,
+    migration_lock_timeout,
+    prepare_for_migration,
+    retry_lock_timeouts,
+    revision_session,
+    sync_database_url,
+)
 from mnestoma.models import VIEW_NAME, Base
 
 config = context.config
@@ -32,7 +46,7 @@ def include_object(
     return not (type_ == "table" and name == VIEW_NAME)
 
 
-def _configure(connection: Connection) -> None:
+def _configure(connection: Connection, *, per_revision: bool = False) -> None:
     context.configure(
         connection=connection,
         target_metadata=target_metadata,
@@ -40,12 +54,21 @@ def _configure(connection: Connection) -> None:
         compare_type=True,
         compare_server_default=False,
         render_as_batch=connection.dialect.name == "sqlite",
-        # One transaction for the whole upgrade, on SQLite too (its DDL is transactional,
-        # although Alembic assumes otherwise): the migration lock is held to the end.
+        # SQLite: one transaction for the whole upgrade (its DDL is transactional, although
+        # Alembic assumes otherwise), holding the write lock to the end. PostgreSQL, per
+        # revision: each commits on its own, under the session's migration lock.
         transactional_ddl=True,
-        transaction_per_migration=False,
+        transaction_per_migration=per_revision,
         version_table=VERSION_TABLE,
     )
+
+
+def _lock_timeout() -> float:
+    """The seconds a PostgreSQL revision waits for a lock per attempt."""
+    given = config.attributes.get("lock_timeout")
+    if given is None:
+        given = context.get_x_argument(as_dictionary=True).get("lock_timeout")
+    return migration_lock_timeout(given)
 
 
 def run_migrations_offline() -> None:
@@ -53,17 +76,35 @@ def run_migrations_offline() -> None:
     url = context.get_x_argument(as_dictionary=True).get("database_url") or config.get_main_option(
         "sqlalchemy.url"
     )
+    sync_url = sync_database_url(url)
+    postgresql = sync_url.get_backend_name() == "postgresql"
     context.configure(
-        url=str(sync_database_url(url)),
+        url=str(sync_url),
         target_metadata=target_metadata,
         include_object=include_object,
         literal_binds=True,
         dialect_opts={"paramstyle": "named"},
         render_as_batch=False,
+        transaction_per_migration=postgresql,
         version_table=VERSION_TABLE,
     )
+    if postgresql:
+        _set_lock_timeout_after_begin(lock_timeout_sql(_lock_timeout()))
     with context.begin_transaction():
         context.run_migrations()
+
+
+def _set_lock_timeout_after_begin(timeout: str) -> None:
+    """Offline PostgreSQL: each revision's transaction starts ``BEGIN; SET lock_timeout``,
+    as the online upgrade runs it."""
+    impl = context.get_context().impl
+    emit_begin = impl.emit_begin
+
+    def begin() -> None:
+        emit_begin()
+        impl.static_output(f"SET lock_timeout = '{timeout}'{impl.command_terminator}")
+
+    impl.emit_begin = begin  # type: ignore[method-assign]
 
 
 def _moves_the_revision() -> bool:
@@ -73,6 +114,29 @@ def _moves_the_revision() -> bool:
     except KeyError:
         return False
     return True
+
+
+def _run_per_revision(connection: Connection) -> None:
+    """PostgreSQL, on a connection this file opened: every revision in its own transaction,
+    the migration lock held across all of them, a revision whose lock times out retried.
+
+    The first revision's transaction also holds what :func:`prepare_for_migration` did (a
+    seed store's repair commits with 0002); a retry rolls both back and starts again from
+    the revision the store is at.
+    """
+    timeout = _lock_timeout()
+    with revision_session(connection, timeout):
+        _configure(connection, per_revision=True)
+        migration = context.get_context()
+        callbacks = migration.on_version_apply_callbacks
+
+        def attempt() -> None:
+            migration.on_version_apply_callbacks = callbacks  # a failed try's are dropped
+            prepare_for_migration(connection)
+            context.run_migrations()
+            connection.commit()  # an upgrade with nothing to do leaves prepare's reads
+
+        retry_lock_timeouts(connection, attempt, lock_timeout=timeout)
 
 
 def _run(connection: Connection) -> None:
@@ -94,17 +158,24 @@ def run_migrations_online() -> None:
         return
     if isinstance(handed, Engine):
         with handed.connect() as connection:
-            _run(connection)
-            connection.commit()
+            _run_owned(connection)
         return
     url = context.get_x_argument(as_dictionary=True).get("database_url")
     engine = make_engine(sync_database_url(url))
     try:
         with engine.connect() as connection:
-            _run(connection)
-            connection.commit()
+            _run_owned(connection)
     finally:
         engine.dispose()
+
+
+def _run_owned(connection: Connection) -> None:
+    """Migrate on a connection this file opened, and commit."""
+    if connection.dialect.name == "postgresql" and _moves_the_revision():
+        _run_per_revision(connection)
+    else:
+        _run(connection)
+        connection.commit()
 
 
 if context.is_offline_mode():

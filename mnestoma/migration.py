@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
@@ -14,6 +17,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util import CommandError
 from sqlalchemy import Connection, Engine, inspect, text
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL
 
 from .config import (
@@ -23,14 +27,17 @@ from .config import (
     redact_url,
     resolve_database_url,
 )
-from .errors import InvalidInput, SchemaError, translate_errors
-from .locking import lock_for_migration
+from .errors import ConflictError, InvalidInput, SchemaError, translate_errors
+from .locking import MIGRATION_LOCK_KEY, lock_for_migration
 from .models import VIEW_NAME, Base
 from .seed_repair import repair_before_upgrade
 from .validation import check_name
 
 __all__ = [
+    "DEFAULT_MIGRATION_LOCK_TIMEOUT_S",
+    "ENV_MIGRATION_LOCK_TIMEOUT",
     "LEGACY_VERSION_TABLE",
+    "MIGRATION_LOCK_RETRIES",
     "STORE_NAMES",
     "VERSION_TABLE",
     "adopt_legacy_version",
@@ -41,11 +48,16 @@ __all__ = [
     "head_revision",
     "include_name",
     "include_object",
+    "is_lock_not_available",
+    "lock_timeout_sql",
+    "migration_lock_timeout",
     "migrations_path",
     "missing_sqlite_file",
     "offline_sql",
     "prepare_for_migration",
     "read_revision",
+    "retry_lock_timeouts",
+    "revision_session",
     "sqlite_store_missing",
     "sync_database_url",
     "upgrade",
@@ -54,6 +66,19 @@ __all__ = [
 # The package's own Alembic version table: a service's alembic_version is not ours.
 VERSION_TABLE = "mnestoma_alembic_version"
 LEGACY_VERSION_TABLE = "alembic_version"
+
+# PostgreSQL: how long one revision's statement waits for a table lock before its transaction
+# gives up (and is tried again); writers queued behind that lock wait at most as long.
+ENV_MIGRATION_LOCK_TIMEOUT = "MNESTOMA_MIGRATION_LOCK_TIMEOUT"
+DEFAULT_MIGRATION_LOCK_TIMEOUT_S = 3.0
+# A revision whose lock times out is tried again this many times, pausing between attempts
+# from the first pause, doubling, up to the longest.
+MIGRATION_LOCK_RETRIES = 10
+FIRST_RETRY_PAUSE_S = 0.1
+LONGEST_RETRY_PAUSE_S = 3.0
+LOCK_NOT_AVAILABLE = "55P03"
+
+logger = logging.getLogger(__name__)
 
 # Every name the store owns in a database: its tables (from the models, so that a table
 # added there is covered), its view and its version table.
@@ -246,6 +271,117 @@ def _create_search_path_schema(conn: Connection) -> None:
         conn.execute(text(f"CREATE SCHEMA IF NOT EXISTS {quoted}"))
 
 
+def migration_lock_timeout(value: float | str | None = None) -> float:
+    """Seconds a PostgreSQL revision waits for a lock per attempt: ``value``, else
+    ``MNESTOMA_MIGRATION_LOCK_TIMEOUT``, else 3; 0 lets it wait as long as it takes."""
+    what = "lock_timeout" if value is not None else ENV_MIGRATION_LOCK_TIMEOUT
+    if value is None:
+        value = os.environ.get(ENV_MIGRATION_LOCK_TIMEOUT, "").strip() or None
+    if value is None:
+        return DEFAULT_MIGRATION_LOCK_TIMEOUT_S
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise InvalidInput(f"{what} must be a number of seconds") from None
+    if not 0 <= seconds < 2**31 / 1000:
+        raise InvalidInput(f"{what} must be a number of seconds ≥ 0 (0: no timeout)")
+    return seconds
+
+
+def lock_timeout_sql(seconds: float) -> str:
+    """PostgreSQL's text for a ``lock_timeout`` of ``seconds`` ('3s', '250ms', '0')."""
+    if seconds == 0:
+        return "0"
+    ms = max(1, round(seconds * 1000))
+    return f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms"
+
+
+@contextmanager
+def revision_session(conn: Connection, lock_timeout: float) -> Iterator[None]:
+    """PostgreSQL, revisions committed one by one: hold the migration lock for the whole
+    session (``pg_advisory_lock``; a second migrator waits here, without a timeout, then
+    finds the revisions done) and give every revision's statements ``lock_timeout``. At the
+    end the lock is released and the session's own ``lock_timeout`` put back; a connection
+    that cannot be cleaned so is invalidated (its session, and the lock, end with it)."""
+    key = {"key": MIGRATION_LOCK_KEY}
+    old: str | None = None
+    try:
+        conn.execute(text("SELECT pg_advisory_lock(:key)"), key)
+        old = str(conn.execute(text("SELECT current_setting('lock_timeout')")).scalar_one())
+        conn.execute(
+            text("SELECT set_config('lock_timeout', :t, false)"),
+            {"t": lock_timeout_sql(lock_timeout)},
+        )
+        conn.commit()  # a SET in a transaction rolled back would be undone with it
+        yield
+    finally:
+        try:
+            if conn.in_transaction():
+                conn.rollback()
+            if old is not None:
+                conn.execute(text("SELECT set_config('lock_timeout', :t, false)"), {"t": old})
+            conn.execute(text("SELECT pg_advisory_unlock(:key)"), key)
+            conn.commit()
+        except sa_exc.SQLAlchemyError:
+            logger.warning("could not release the migration lock: closing its connection")
+            conn.invalidate()
+
+
+def is_lock_not_available(err: BaseException) -> bool:
+    """True for PostgreSQL's ``lock_not_available`` (55P03): a ``lock_timeout`` ran out."""
+    orig = getattr(err, "orig", None)
+    return isinstance(err, sa_exc.DBAPIError) and getattr(orig, "sqlstate", None) == (
+        LOCK_NOT_AVAILABLE
+    )
+
+
+def retry_lock_timeouts(
+    conn: Connection,
+    attempt: Callable[[], None],
+    *,
+    lock_timeout: float,
+    retries: int | None = None,
+) -> None:
+    """Run ``attempt`` (the revisions still to apply, each committing on its own) again
+    while one of them times out waiting for a lock: the failed revision's transaction is
+    rolled back, and after a pause (doubling each time) it starts again in a new one, from
+    the revision the store is now at. After ``retries`` (default
+    :data:`MIGRATION_LOCK_RETRIES`) such retries, ConflictError; the revisions committed
+    before stay applied and stamped."""
+    retries = MIGRATION_LOCK_RETRIES if retries is None else retries
+    pause = FIRST_RETRY_PAUSE_S
+    for tried in range(retries + 1):
+        try:
+            attempt()
+            return
+        except sa_exc.DBAPIError as err:
+            if not is_lock_not_available(err):
+                raise
+            if conn.in_transaction():
+                conn.rollback()
+            at = read_revision(conn) or "empty"
+            conn.rollback()
+            if tried == retries:
+                raise ConflictError(
+                    f"the revision after {at} waited {lock_timeout:g} s for its locks "
+                    f"{retries + 1} times in vain: other transactions hold locks on its "
+                    f"tables. The database stays at revision {at} (earlier revisions are "
+                    f"applied); run the upgrade again, or give it a longer lock timeout "
+                    f"({ENV_MIGRATION_LOCK_TIMEOUT})"
+                ) from err
+            logger.warning(
+                "the revision after %s waited %g s for a lock (attempt %d of %d): trying "
+                "it again in %g s",
+                at,
+                lock_timeout,
+                tried + 1,
+                retries + 1,
+                pause,
+            )
+            time.sleep(pause)
+            pause = min(pause * 2, LONGEST_RETRY_PAUSE_S)
+
+
 def sqlite_store_missing(url: URL) -> bool:
     """True for a SQLite file URL whose file does not exist (reading must not create it)."""
     if not is_sqlite(url) or is_memory_sqlite(url) or not url.database:
@@ -285,16 +421,25 @@ def _revision_errors() -> Iterator[None]:
 
 
 def upgrade(
-    url_or_engine: str | URL | Engine | Connection | None = None, revision: str = "head"
+    url_or_engine: str | URL | Engine | Connection | None = None,
+    revision: str = "head",
+    *,
+    lock_timeout: float | None = None,
 ) -> None:
     """Migrate the database up to ``revision`` with the packaged Alembic scripts.
 
-    A Connection with an open transaction is migrated inside it (the caller commits or
-    rolls back); without one, Alembic begins and commits its own. Concurrent migrations of
-    one database are serialised: each ends at ``revision``. The package's revision lives in
-    ``mnestoma_alembic_version``; a service's own ``alembic_version`` is left alone.
+    PostgreSQL, from a URL or Engine: each revision commits in its own transaction, its
+    statements waiting at most ``lock_timeout`` seconds for a lock (default
+    ``MNESTOMA_MIGRATION_LOCK_TIMEOUT``, else 3; 0: no limit); a revision that times out is
+    rolled back and tried again a bounded number of times with growing pauses, so live
+    writers see a short wait, never a deadlock. SQLite: one transaction for the whole
+    upgrade, holding the write lock. A Connection is migrated in one transaction that the
+    caller ends (commit or roll back). Concurrent migrations of one database are serialised:
+    each ends at ``revision``. The package's revision lives in ``mnestoma_alembic_version``;
+    a service's own ``alembic_version`` is left alone.
     """
     check_name(revision, "revision")
+    seconds = migration_lock_timeout(lock_timeout)
     if isinstance(url_or_engine, Connection):
         with translate_errors(), _revision_errors():
             _refuse_unknown_stamp(url_or_engine)
@@ -307,7 +452,9 @@ def upgrade(
             _refuse_unknown_stamp(conn)
             before = read_revision(conn)
         _use_wal(engine)
-        command.upgrade(alembic_config(engine), revision)
+        cfg = alembic_config(engine)
+        cfg.attributes["lock_timeout"] = seconds
+        command.upgrade(cfg, revision)
         with engine.begin() as conn:
             _analyze_if_migrated(conn, before)
 
@@ -354,25 +501,36 @@ def _use_wal(engine: Engine) -> None:
             conn.exec_driver_sql("PRAGMA journal_mode = WAL")
 
 
-def downgrade(url_or_engine: str | URL | Engine | None, revision: str) -> None:
-    """Migrate the database down to ``revision``."""
+def downgrade(
+    url_or_engine: str | URL | Engine | None, revision: str, *, lock_timeout: float | None = None
+) -> None:
+    """Migrate the database down to ``revision`` (on PostgreSQL one revision a transaction,
+    under ``lock_timeout`` and retried as :func:`upgrade` does)."""
     check_name(revision, "revision")
+    seconds = migration_lock_timeout(lock_timeout)
     with _engine_for(url_or_engine) as engine, translate_errors(), _revision_errors():
         with engine.connect() as conn:
             _refuse_unknown_stamp(conn)
-        command.downgrade(alembic_config(engine), revision)
+        cfg = alembic_config(engine)
+        cfg.attributes["lock_timeout"] = seconds
+        command.downgrade(cfg, revision)
 
 
-def offline_sql(dialect_url: str, revision_range: str = "head") -> str:
+def offline_sql(
+    dialect_url: str, revision_range: str = "head", *, lock_timeout: float | None = None
+) -> str:
     """The SQL script a DBA reviews before applying it (Alembic's offline mode).
 
     A range ``START:END`` whose END is below START (``0002:0001``, ``head:base``) is a
-    downgrade, and the script is the downgrade's; anything else is an upgrade script.
+    downgrade, and the script is the downgrade's; anything else is an upgrade script. On
+    PostgreSQL each revision is its own transaction, opened by ``SET lock_timeout`` (the
+    seconds of ``lock_timeout``, default as :func:`upgrade`'s), as ``upgrade`` runs it.
     """
     buf = io.StringIO()
     cfg = Config(output_buffer=buf)
     cfg.set_main_option("script_location", str(migrations_path()))
     cfg.attributes["skip_logging"] = True
+    cfg.attributes["lock_timeout"] = migration_lock_timeout(lock_timeout)
     cfg.set_main_option("sqlalchemy.url", dialect_url)
     with _revision_errors():
         if _is_downgrade_range(ScriptDirectory.from_config(cfg), revision_range):

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import click
 from alembic.script import ScriptDirectory
 
 from ..config import redact_url, resolve_database_url
 from ..errors import InvalidInput
 from ..migration import (
+    DEFAULT_MIGRATION_LOCK_TIMEOUT_S,
+    ENV_MIGRATION_LOCK_TIMEOUT,
     alembic_config,
     current_revision,
     downgrade,
@@ -23,6 +28,22 @@ from .options import command_url, database_url_option
 __all__ = ["db"]
 
 
+def lock_timeout_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    """``--lock-timeout SECONDS``: how long a PostgreSQL revision waits for a lock per try."""
+    return click.option(
+        "--lock-timeout",
+        "lock_timeout",
+        type=click.FloatRange(min=0),
+        default=None,
+        metavar="SECONDS",
+        help=(
+            "PostgreSQL: seconds each revision waits for a table lock before it is rolled "
+            f"back and tried again (default: {ENV_MIGRATION_LOCK_TIMEOUT}, else "
+            f"{DEFAULT_MIGRATION_LOCK_TIMEOUT_S:g}; 0: no limit)."
+        ),
+    )(f)
+
+
 def _head_mark(revision: str | None) -> str:
     return " (head)" if revision is not None and revision == head_revision() else ""
 
@@ -35,11 +56,16 @@ def db() -> None:
 @db.command("upgrade")
 @click.argument("revision", default="head")
 @database_url_option
-def db_upgrade(revision: str, database_url: str | None) -> None:
-    """Migrate the database up to REVISION (default: head)."""
+@lock_timeout_option
+def db_upgrade(revision: str, database_url: str | None, lock_timeout: float | None) -> None:
+    """Migrate the database up to REVISION (default: head).
+
+    PostgreSQL: each revision commits on its own; one that waits longer than the lock
+    timeout for a table lock is rolled back and tried again, so live writers wait briefly.
+    """
     url = resolve_database_url(command_url(database_url))
     before = current_revision(url)
-    upgrade(url, revision)
+    upgrade(url, revision, lock_timeout=lock_timeout)
     after = current_revision(url)
     where = redact_url(url)
     if before == after:
@@ -51,14 +77,15 @@ def db_upgrade(revision: str, database_url: str | None) -> None:
 @db.command("downgrade")
 @click.argument("revision")
 @database_url_option
-def db_downgrade(revision: str, database_url: str | None) -> None:
+@lock_timeout_option
+def db_downgrade(revision: str, database_url: str | None, lock_timeout: float | None) -> None:
     """Migrate the database down to REVISION ("base" removes the schema)."""
     url = resolve_database_url(command_url(database_url))
     missing = missing_sqlite_file(url)
     if missing is not None:
         raise InvalidInput(f"no database at {missing}")
     before = current_revision(url)
-    downgrade(url, revision)
+    downgrade(url, revision, lock_timeout=lock_timeout)
     after = current_revision(url)
     click.echo(f"{redact_url(url)}: downgraded from {before} to {after or 'base (no schema)'}")
 
@@ -114,14 +141,18 @@ def db_history(indicate_current: bool, database_url: str | None) -> None:
 )
 @click.argument("revision_range", metavar="[RANGE]", default="head")
 @database_url_option
-def db_sql(dialect: str | None, revision_range: str, database_url: str | None) -> None:
+@lock_timeout_option
+def db_sql(
+    dialect: str | None, revision_range: str, database_url: str | None, lock_timeout: float | None
+) -> None:
     """Print the SQL a DBA reviews before migrating; nothing is run, nothing connected.
 
     RANGE is a target ("head", the default: the whole script from an empty database) or
     START:END. START:END with END below START ("0002:0001", "head:base", "head:-1") prints
-    the downgrade script.
+    the downgrade script. PostgreSQL: one transaction a revision, each opened by
+    ``SET lock_timeout``.
     """
     if dialect is None:
         dialect = resolve_database_url(command_url(database_url)).get_backend_name()
-    script = offline_sql(f"{dialect}://", revision_range)
+    script = offline_sql(f"{dialect}://", revision_range, lock_timeout=lock_timeout)
     click.echo(script, nl=False)
