@@ -41,7 +41,7 @@ from .migration import sqlite_store_missing
 from .models import CanonicalQuery, Mnest
 from .ranking import Ranked
 from .repository import CanonicalQueryRepository, MnestRepository, QueryFrequency
-from .rules import AgerReport, Recorder, event_batches
+from .rules import AgerReport, Recorder, event_batches, event_prune_pause
 from .uow import ConnectionUnitOfWork, JoinedUnitOfWork, retry_pause
 from .validation import Clock, Passing, check_recorder
 
@@ -634,7 +634,9 @@ class AsyncMnestoma(_AsyncDoor[MnestRepository]):
             return await self._call(lambda r: r.prune_events(before, dry_run=True), write=False)
         found = await self._call(lambda r: r.prunable_event_ids(before), write=False)
         deleted = 0
-        for first, last in event_batches(found):
+        for i, (first, last) in enumerate(event_batches(found)):
+            if i:
+                await asyncio.sleep(event_prune_pause(self.engine.dialect.name))
             deleted += await self._prune_batch(before, first, last)
         return deleted
 

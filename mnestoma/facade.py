@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -32,6 +33,7 @@ from .rules import (
     MnestState,
     Recorder,
     event_batches,
+    event_prune_pause,
 )
 from .uow import ConnectionUnitOfWork, UnitOfWork, with_retries
 from .validation import Clock, Passing, check_recorder
@@ -319,14 +321,17 @@ class Mnestoma:
         ``created`` event); how many were, or with ``dry_run`` would be, deleted.
 
         Online: the events present when it starts go in batches of ids, each its own short
-        write transaction committed before the next, so a writer waits for one batch at
-        most. A dry run counts them in one read transaction, which takes no lock.
+        write transaction committed before the next (on SQLite with a pause between them in
+        which waiting writers take the lock), so a writer waits for one batch at most. A dry
+        run counts them in one read transaction, which takes no lock.
         """
         if check_dry_run(dry_run):
             return self._read(lambda u: u.mnests.prune_events(before, dry_run=True))
         found = self._read(lambda u: u.mnests.prunable_event_ids(before))
         deleted = 0
-        for first, last in event_batches(found):
+        for i, (first, last) in enumerate(event_batches(found)):
+            if i:
+                time.sleep(event_prune_pause(self.engine.dialect.name))
             deleted += self._prune_batch(before, first, last)
         return deleted
 

@@ -16,6 +16,7 @@ __all__ = [
     "DECAYING_BELOW",
     "DEFAULT_DECAY_LAMBDA",
     "EVENT_PRUNE_BATCH",
+    "EVENT_PRUNE_PAUSE_S",
     "INITIAL_WEIGHT",
     "MIN_EVIDENCE_CHARS",
     "PROTO_PRUNE_BELOW",
@@ -34,6 +35,7 @@ __all__ = [
     "days_between",
     "decayed_weight",
     "event_batches",
+    "event_prune_pause",
     "is_below",
     "new_mnest_id",
     "reinforce",
@@ -55,6 +57,10 @@ SECONDS_PER_DAY = 86400.0
 # range this wide is deleted in a few tens of milliseconds (SQLite and PostgreSQL, every
 # event prunable), so a writer waits for one batch at most.
 EVENT_PRUNE_BATCH = 5000
+# prune_events on SQLite: seconds between two batches, in which writers waiting for the
+# write lock take it. SQLite's busy handler sleeps up to 100 ms between its tries, so a
+# shorter pause lets the next batch take the lock again before they wake.
+EVENT_PRUNE_PAUSE_S = 0.11
 # The ager's thresholds (0.20, 0.05) are crossed only by more than this: SQLite (julianday,
 # milliseconds), PostgreSQL (epoch arithmetic) and Python compute an effective weight a few
 # units in the 13th digit apart, so a weight that is exactly at a threshold must not fall on
@@ -155,6 +161,12 @@ def event_batches(
     low, high = id_range
     for first in range(low, high + 1, step):
         yield first, min(first + step - 1, high)
+
+
+def event_prune_pause(dialect: str) -> float:
+    """Seconds a prune waits between two batches: :data:`EVENT_PRUNE_PAUSE_S` on SQLite
+    (one writer at a time), none on PostgreSQL (a writer's rows never wait for a batch's)."""
+    return EVENT_PRUNE_PAUSE_S if dialect == "sqlite" else 0.0
 
 
 def days_between(earlier: datetime, later: datetime) -> float:
