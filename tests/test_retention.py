@@ -385,6 +385,28 @@ def test_the_async_door_prunes_in_batches_and_dry_runs(
     assert len(store.events()) == len(before) - 4
 
 
+def test_the_async_repository_prunes_in_its_units_transaction(
+    store: Mnestoma, clock: MovableClock, store_url: str
+) -> None:
+    t0 = history(store, clock)
+    before = rows(store)
+
+    async def main() -> tuple[int, int, int]:
+        async with AsyncMnestoma(store_url, clock=clock) as am:
+            async with am.unit_of_work() as uow:
+                counted = await uow.mnests.prune_events(t0 + 60 * DAY, dry_run=True)
+                dropped = await uow.mnests.prune_events(t0 + 60 * DAY)  # not committed
+            async with am.unit_of_work() as uow:
+                span = await uow.mnests.prunable_event_ids(t0 + 60 * DAY)
+                assert span is not None
+                done = await uow.mnests.prune_event_batch(t0 + 60 * DAY, *span)
+                await uow.commit()
+            return counted, dropped, done
+
+    assert asyncio.run(main()) == (4, 4, 4)
+    assert len(rows(store)) == len(before) - 4
+
+
 def test_the_async_door_refuses_a_naive_cutoff(store_url: str, clock: MovableClock) -> None:
     async def main() -> None:
         async with AsyncMnestoma(store_url, clock=clock) as am:

@@ -504,8 +504,9 @@ def prune_events(
 
     Each mnest still in the store keeps its created event; the events of pruned or
     merged-away rows go too. The events go in batches of ids, each its own short
-    transaction, so writers wait for one batch at most. A turn whose events are gone
-    counts again if it is replayed.
+    transaction (on SQLite with a pause between batches), so writers wait for one batch at
+    most. A turn is counted once per edge through its events: replayed after its events
+    are gone, it counts again on each edge whose event of that turn was deleted.
     """
     cutoff = parse_cutoff(before, older_than, utc_now())
     with _store(database_url) as store:
