@@ -7,6 +7,8 @@ lock timeout is rolled back (freeing the writers queued behind it) and tried aga
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -130,6 +132,46 @@ def test_a_revision_whose_lock_is_held_waits_the_lock_timeout_retries_and_comple
     # each attempt waited about the lock timeout, never for the holder
     assert retry_log.at[0] - started < TIMEOUT + 1.0
     assert retry_log.at[1] - retry_log.at[0] < TIMEOUT + migration.FIRST_RETRY_PAUSE_S + 1.0
+
+
+SECOND_MIGRATOR = """
+import logging, sys
+import mnestoma
+logging.basicConfig(level=logging.WARNING)
+mnestoma.upgrade(sys.argv[1], lock_timeout=float(sys.argv[2]))
+"""
+
+
+def test_a_second_upgrade_waits_for_the_first_across_its_revisions_and_both_end_at_head(
+    engine: Engine, pg_empty_db_url: str, retry_log: RetryLog
+) -> None:
+    mnestoma.upgrade(engine, "0004")
+    errors: list[BaseException] = []
+
+    def migrate() -> None:
+        try:
+            mnestoma.upgrade(engine, lock_timeout=TIMEOUT)
+        except BaseException as err:  # every failure counts, whatever its kind
+            errors.append(err)
+
+    with holding(engine, "events") as holder:
+        first = threading.Thread(target=migrate)
+        first.start()
+        # the first has committed nothing past 0004 yet and is between two tries of 0005
+        assert retry_log.second.wait(15)
+        second = subprocess.Popen(
+            [sys.executable, "-c", SECOND_MIGRATOR, pg_empty_db_url, str(TIMEOUT)],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(1.5)  # the second process starts and asks for the migration lock
+        holder.commit()
+        first.join(30)
+        _, stderr = second.communicate(timeout=60)
+    assert errors == []
+    assert second.returncode == 0, stderr
+    assert "trying it again" not in stderr  # it waited for the migration lock, then found head
+    assert current_revision(engine) == head_revision()
 
 
 def _seed_at_0002(engine: Engine, rows: int) -> list[str]:
