@@ -5,7 +5,8 @@ that another writer committed in between, and then fails at once ("database is l
 whatever the busy timeout. So every write through this package starts its transaction
 with ``BEGIN IMMEDIATE`` and waits for the lock; reads take no lock at all (in WAL mode they
 never wait for a writer). PostgreSQL needs nothing here: its row locks do the same job,
-and migrations take a transaction-scoped advisory lock.
+and migrations take an advisory lock (held for the whole session by an upgrade whose
+revisions commit one by one, see :func:`mnestoma.migration.revision_session`).
 """
 
 from __future__ import annotations
@@ -213,7 +214,9 @@ def _pause(dbapi: Any, seconds: float) -> None:
 
 def lock_for_migration(conn: Connection) -> None:
     """Serialise migrations of one database: the first migrates, the others wait and find
-    it done. SQLite: the write lock; PostgreSQL: a transaction-scoped advisory lock."""
+    it done. SQLite: the write lock; PostgreSQL: a transaction-scoped advisory lock (the
+    same key as the session lock of :func:`mnestoma.migration.revision_session`, so either
+    waits for the other)."""
     if conn.dialect.name == "postgresql":
         conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
     else:

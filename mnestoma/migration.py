@@ -365,9 +365,9 @@ def retry_lock_timeouts(
                 raise ConflictError(
                     f"the revision after {at} waited {lock_timeout:g} s for its locks "
                     f"{retries + 1} times in vain: other transactions hold locks on its "
-                    f"tables. The database stays at revision {at} (earlier revisions are "
-                    f"applied); run the upgrade again, or give it a longer lock timeout "
-                    f"({ENV_MIGRATION_LOCK_TIMEOUT})"
+                    f"tables. The database stays at revision {at}, each revision up to it "
+                    f"applied; run the upgrade again, or give it a longer lock timeout "
+                    f"(--lock-timeout, lock_timeout= or {ENV_MIGRATION_LOCK_TIMEOUT})"
                 ) from err
             logger.warning(
                 "the revision after %s waited %g s for a lock (attempt %d of %d): trying "

@@ -326,6 +326,24 @@ def test_the_migrating_connection_goes_back_to_the_pool_without_lock_or_lock_tim
         eng.dispose()
 
 
+def test_db_upgrade_lock_timeout_option_bounds_each_try_and_says_where_the_store_stays(
+    pg_empty_db_url: str, engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mnestoma.upgrade(engine, "0004")
+    monkeypatch.setattr(migration, "MIGRATION_LOCK_RETRIES", 1)
+    with holding(engine, "events"):
+        started = time.monotonic()
+        result = CliRunner().invoke(
+            cli,
+            ["db", "upgrade", "--database-url", pg_empty_db_url, "--lock-timeout", str(TIMEOUT)],
+        )
+        took = time.monotonic() - started
+    assert result.exit_code != 0
+    assert "stays at revision 0004" in result.output + (result.stderr or "")
+    assert took < 5
+    assert current_revision(engine) == "0004"
+
+
 def test_db_sql_for_postgresql_opens_each_revision_with_set_lock_timeout() -> None:
     result = CliRunner().invoke(cli, ["db", "sql", "--dialect", "postgresql", "0005:0006"])
     assert result.exit_code == 0, result.output
