@@ -432,7 +432,8 @@ def upgrade(
     statements waiting at most ``lock_timeout`` seconds for a lock (default
     ``MNESTOMA_MIGRATION_LOCK_TIMEOUT``, else 3; 0: no limit); a revision that times out is
     rolled back and tried again a bounded number of times with growing pauses, so live
-    writers see a short wait, never a deadlock. SQLite: one transaction for the whole
+    writers wait for one revision's lock for at most about ``lock_timeout``, not for (nor
+    in a deadlock with) the whole upgrade. SQLite: one transaction for the whole
     upgrade, holding the write lock. A Connection is migrated in one transaction that the
     caller ends (commit or roll back). Concurrent migrations of one database are serialised:
     each ends at ``revision``. The package's revision lives in ``mnestoma_alembic_version``;
