@@ -33,6 +33,8 @@ STATUS_KEYS = [
     "mnests_by_state",
     "events",
     "events_by_kind",
+    "events_kept_from",
+    "oldest_event",
     "passings",
     "passings_with_turn",
     "last_passing",

@@ -150,7 +150,7 @@ def db_sql(
     RANGE is a target ("head", the default: the whole script from an empty database) or
     START:END. START:END with END below START ("0002:0001", "head:base", "head:-1") prints
     the downgrade script. PostgreSQL: one transaction a revision, each opened by
-    ``SET lock_timeout``.
+    SET lock_timeout.
     """
     if dialect is None:
         dialect = resolve_database_url(command_url(database_url)).get_backend_name()
