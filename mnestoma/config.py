@@ -6,6 +6,7 @@ import math
 import os
 import re
 import sqlite3
+import weakref
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -284,13 +285,32 @@ def make_engine(url: str | URL | None = None, **kwargs: Any) -> Engine:
     # longer carries them. SQLAlchemy hides only the password of ``user:password@``.
     resolved, secrets = split_url_secrets(resolve_database_url(url))
     if is_sqlite(resolved):  # pysqlite ignores them (SQLite has no passwords)
-        return _make_sqlite_engine(resolved, **kwargs)
-    if secrets:
-        kwargs["connect_args"] = {**secrets, **dict(kwargs.get("connect_args") or {})}
-    kwargs.setdefault("pool_pre_ping", True)
-    engine = _create_engine(resolved, **kwargs)
-    _scrub_connect_errors(engine, secrets_of(resolved, kwargs.get("connect_args")))
+        engine = _make_sqlite_engine(resolved, **kwargs)
+    else:
+        if secrets:
+            kwargs["connect_args"] = {**secrets, **dict(kwargs.get("connect_args") or {})}
+        kwargs.setdefault("pool_pre_ping", True)
+        engine = _create_engine(resolved, **kwargs)
+        _scrub_connect_errors(engine, secrets_of(resolved, kwargs.get("connect_args")))
+    _ENGINES.add(engine)
     return engine
+
+
+# Every engine make_engine built and still in use: a forked child gives each a pool of its own.
+_ENGINES: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+
+def _own_pools_after_fork() -> None:
+    """In a forked child (``gunicorn --preload``, multiprocessing's "fork"), the inherited
+    pools hold the parent's connections, which two processes must never use: SQLAlchemy's
+    recipe, ``dispose(close=False)``, gives each engine a new pool and leaves the parent's
+    connections to the parent."""
+    for engine in list(_ENGINES):
+        engine.dispose(close=False)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_own_pools_after_fork)
 
 
 def _scrub_connect_errors(engine: Engine, secrets: list[str]) -> None:

@@ -338,3 +338,22 @@ def test_a_forked_worker_s_span_processor_records_over_connections_of_its_own(
     assert (recorded, reused) == (1, False)
     (row,) = store.edges()
     assert (row.src_executor, row.dst_executor, row.uses) == ("search", "read", 1)
+
+
+def test_a_forked_child_s_store_does_not_reuse_the_parent_s_pooled_connection(
+    store: mnestoma.Mnestoma,
+) -> None:
+    """A store built before the fork (a preloaded app) gets connections of its own in the
+    child, and both processes keep writing."""
+    store.record_passing("search", "1", "read", "1")
+    with store.engine.connect() as conn:  # back in the pool after the block
+        parent = conn.connection.dbapi_connection
+
+    def child() -> bool:
+        store.record_passing("search", "1", "read", "1")
+        with store.engine.connect() as conn:
+            return conn.connection.dbapi_connection is parent
+
+    assert not in_forked_child(child)
+    row = store.record_passing("search", "1", "read", "1")
+    assert row.uses == 3
