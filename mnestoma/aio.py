@@ -368,6 +368,7 @@ class AsyncUnitOfWork:
 
     async def rollback(self) -> None:
         """Throw away the work done since the last commit."""
+        await _settled(self.session)
         await self.session.rollback()
 
     @classmethod
@@ -496,7 +497,11 @@ class AsyncMnestoma(_AsyncDoor[MnestRepository]):
         if self._at_head:
             return
         check = self._checking
-        if check is None or (check.done() and check.exception() is not None):
+        if (
+            check is None
+            or check.get_loop() is not asyncio.get_running_loop()  # a loop since ended
+            or (check.done() and (check.cancelled() or check.exception() is not None))
+        ):
             check = self._checking = asyncio.ensure_future(self._check_schema())
         await asyncio.shield(check)
 

@@ -165,3 +165,17 @@ def test_async_writes_queued_behind_each_other_give_up_within_one_lock_timeout(
         holder.execute("ROLLBACK")
         holder.close()
     assert max(waits) < 1.9, waits
+
+
+def test_an_async_store_serves_one_event_loop_after_another(store_url: str) -> None:
+    """A store whose schema check ran in an event loop since ended checks nothing again and
+    keeps working in the next loop (a test runner's loop per test, a worker's restart)."""
+    store = AsyncMnestoma(store_url)
+
+    async def once() -> int:
+        return (await store.record_passing(*EDGES[0])).uses
+
+    try:
+        assert [asyncio.run(once()) for _ in range(3)] == [1, 2, 3]
+    finally:
+        asyncio.run(store.close())
