@@ -35,7 +35,7 @@ from .config import (
     resolve_database_url,
 )
 from .errors import InvalidInput, MissingExtra, MnestomaError, SchemaError, translate_errors
-from .facade import check_dry_run, ensure_schema, read_candidates, read_passings
+from .facade import ensure_schema, read_candidates, read_passings
 from .locking import LOCK_TIMEOUT_OPTION, lock_timeout_seconds, write_lock_timeout
 from .migration import sqlite_store_missing
 from .models import CanonicalQuery, Mnest
@@ -43,7 +43,7 @@ from .ranking import Ranked
 from .repository import CanonicalQueryRepository, MnestRepository, QueryFrequency
 from .rules import AgerReport, Recorder, event_batches, event_prune_pause
 from .uow import ConnectionUnitOfWork, JoinedUnitOfWork, retry_pause
-from .validation import Clock, Passing, check_recorder
+from .validation import Clock, Passing, check_dry_run, check_recorder
 
 try:
     from sqlalchemy.ext.asyncio import (

@@ -36,7 +36,7 @@ from .rules import (
     event_prune_pause,
 )
 from .uow import ConnectionUnitOfWork, UnitOfWork, with_retries
-from .validation import Clock, Passing, check_recorder
+from .validation import Clock, Passing, check_dry_run, check_recorder
 
 __all__ = ["Mnestoma"]
 
@@ -393,13 +393,6 @@ def read_candidates(candidates: Iterable[Any]) -> Any:
     if isinstance(candidates, Iterable) and not isinstance(candidates, str | bytes):
         return list(candidates)
     return candidates
-
-
-def check_dry_run(dry_run: object) -> bool:
-    """``dry_run`` must be a bool."""
-    if not isinstance(dry_run, bool):
-        raise InvalidInput("dry_run must be True or False")
-    return dry_run
 
 
 def _is_empty(engine: Engine) -> bool:

@@ -53,6 +53,7 @@ from .types import ensure_instant
 from .validation import (
     Clock,
     Passing,
+    check_dry_run,
     check_mnest_id,
     check_name,
     check_optional_name,
@@ -743,7 +744,7 @@ class MnestRepository:
         transaction (:meth:`prunable_event_ids`, :meth:`prune_event_batch`).
         """
         params = {"before": _cutoff(before)}
-        if _check_dry_run(dry_run):
+        if check_dry_run(dry_run):
             row = self._ex().first(ret.COUNT_PRUNABLE, params)
             return 0 if row is None else int(row[0])
         return int(self._write_ex().execute(ret.DELETE_PRUNABLE, params).rowcount)
@@ -776,12 +777,6 @@ class MnestRepository:
 def _cutoff(before: Any) -> datetime:
     """A prune's cutoff: an aware instant the store can hold, else InvalidInput."""
     return ensure_instant(before, "before")
-
-
-def _check_dry_run(dry_run: Any) -> bool:
-    if not isinstance(dry_run, bool):
-        raise InvalidInput("dry_run must be True or False")
-    return dry_run
 
 
 def _reinforced(row: Row, values: Row) -> Row:

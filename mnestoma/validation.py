@@ -18,6 +18,7 @@ from .types import ensure_json, ensure_unicode_text
 __all__ = [
     "Clock",
     "Passing",
+    "check_dry_run",
     "check_mnest_id",
     "check_name",
     "check_optional_name",
@@ -98,6 +99,13 @@ def shorten(value: str, limit: int = SHOWN_CHARS) -> str:
 def check_optional_name(value: Any, what: str) -> str | None:
     """Like :func:`check_name`, but None is allowed."""
     return None if value is None else check_name(value, what)
+
+
+def check_dry_run(dry_run: object) -> bool:
+    """``dry_run`` must be a bool."""
+    if not isinstance(dry_run, bool):
+        raise InvalidInput("dry_run must be True or False")
+    return dry_run
 
 
 def check_recorder(value: Any) -> Recorder:
