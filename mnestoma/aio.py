@@ -31,6 +31,7 @@ from .config import (
     is_memory_sqlite,
     is_sqlite,
     make_engine,
+    own_pool_after_fork,
     redact_url,
     resolve_database_url,
 )
@@ -476,6 +477,7 @@ class AsyncMnestoma(_AsyncDoor[MnestRepository]):
         if isinstance(url_or_engine, AsyncEngine):
             self.engine = url_or_engine
             self._owns_engine = False
+            own_pool_after_fork(self.engine.sync_engine)
         else:
             self.engine = make_async_engine(url)
             self._owns_engine = True

@@ -292,12 +292,18 @@ def make_engine(url: str | URL | None = None, **kwargs: Any) -> Engine:
         kwargs.setdefault("pool_pre_ping", True)
         engine = _create_engine(resolved, **kwargs)
         _scrub_connect_errors(engine, secrets_of(resolved, kwargs.get("connect_args")))
-    _ENGINES.add(engine)
+    own_pool_after_fork(engine)
     return engine
 
 
-# Every engine make_engine built and still in use: a forked child gives each a pool of its own.
+# Every engine of the package's in use (built by make_engine, or given to a store): a forked
+# child gives each a pool of its own.
 _ENGINES: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+
+def own_pool_after_fork(engine: Engine) -> None:
+    """Have a forked child give ``engine`` a connection pool of its own (see below)."""
+    _ENGINES.add(engine)
 
 
 def _own_pools_after_fork() -> None:

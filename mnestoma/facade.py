@@ -15,6 +15,7 @@ from .config import (
     is_sqlite,
     make_engine,
     make_session_factory,
+    own_pool_after_fork,
     redact_url,
     resolve_database_url,
 )
@@ -63,6 +64,7 @@ class Mnestoma:
         if isinstance(url_or_engine, Engine):
             self.engine = url_or_engine
             self._owns_engine = False
+            own_pool_after_fork(self.engine)  # a caller's own create_engine engine too
         else:
             url = resolve_database_url(url_or_engine)
             if not create and sqlite_store_missing(url):

@@ -29,7 +29,7 @@ from typing import Any, NamedTuple, Protocol
 
 from . import rules
 from .errors import InvalidInput, MissingExtra
-from .tracing import _is_async_callable, _own_connections
+from .tracing import _is_async_callable
 
 try:
     from opentelemetry.context import Context
@@ -321,13 +321,12 @@ class MnestomaSpanProcessor(SpanProcessor):
         return writer
 
     def _after_fork(self) -> None:
-        """In a forked child the writer thread is gone: start over with empty state, and a
-        connection pool of the store's own."""
+        """In a forked child the writer thread is gone: start over with empty state (the
+        store's engine gets a pool of its own: :func:`mnestoma.config.own_pool_after_fork`)."""
         self._queue = queue.SimpleQueue()
         self._counters_lock = threading.Lock()
         self._traces.clear()
         self._recorded.clear()
-        _own_connections(self._store)
         if not self._closed:
             self._writer = self._start_writer()
 

@@ -50,8 +50,6 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, ParamSpec, Protocol, TypeVar, cast
 
-from sqlalchemy import Engine
-
 from . import rules
 from .errors import InvalidInput, MnestomaError, StoreError
 from .types import ensure_json
@@ -287,15 +285,6 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def _own_connections(store: object) -> None:
-    """In a forked child, give ``store`` a connection pool of its own: the inherited one
-    holds the parent's connections, which two processes must never use (SQLAlchemy's recipe
-    for fork: ``dispose(close=False)`` leaves the parent's connections untouched)."""
-    engine = getattr(store, "engine", None)
-    if isinstance(engine, Engine):
-        engine.dispose(close=False)
 
 
 class Turn:
@@ -780,13 +769,13 @@ class BackgroundWriter:
 
     def _after_fork(self) -> None:
         """In a forked child: a new lock and an empty queue (the parent's turns are the
-        parent's), no thread until the child queues a turn, a pool of the store's own."""
+            parent's), no thread until the child queues a turn (the store's engine gets a pool of
+        its own: :func:`mnestoma.config.own_pool_after_fork`)."""
         self._cond = threading.Condition()
         self._queue = deque()
         self._busy = False
         self._thread = None
         self.submitted = self.written = self.failures = self.dropped = 0
-        _own_connections(self.store)
 
     def __repr__(self) -> str:
         return (

@@ -357,3 +357,28 @@ def test_a_forked_child_s_store_does_not_reuse_the_parent_s_pooled_connection(
     assert not in_forked_child(child)
     row = store.record_passing("search", "1", "read", "1")
     assert row.uses == 3
+
+
+def test_a_store_on_the_caller_s_own_engine_gets_its_own_pool_in_a_forked_child(
+    store_url: str,
+) -> None:
+    """An engine a service built with plain create_engine and handed to the store is given
+    a pool of its own in the child, as the package's engines are."""
+    from sqlalchemy import create_engine
+
+    engine = create_engine(store_url)
+    try:
+        with mnestoma.Mnestoma(engine) as own:
+            own.record_passing("search", "1", "read", "1")
+            with engine.connect() as conn:
+                parent = conn.connection.dbapi_connection
+
+            def child() -> bool:
+                own.record_passing("search", "1", "read", "1")
+                with engine.connect() as conn:
+                    return conn.connection.dbapi_connection is parent
+
+            assert not in_forked_child(child)
+            assert own.record_passing("search", "1", "read", "1").uses == 3
+    finally:
+        engine.dispose()
