@@ -28,12 +28,12 @@ from sqlalchemy.orm import Session
 from sqlalchemy.util import greenlet_spawn
 
 from .config import (
+    async_database_url,
     is_memory_sqlite,
     is_sqlite,
     make_engine,
     own_pool_after_fork,
     redact_url,
-    resolve_database_url,
 )
 from .errors import InvalidInput, MissingExtra, MnestomaError, SchemaError, translate_errors
 from .facade import ensure_schema, read_candidates, read_passings
@@ -74,21 +74,8 @@ T = TypeVar("T")
 R = TypeVar("R")
 P = ParamSpec("P")
 
-# The async driver a plain (or sync) URL gets: aiosqlite, and psycopg 3 in its async mode
-# (SQLAlchemy picks psycopg's async dialect for ``postgresql+psycopg`` on an async engine).
-ASYNC_DRIVERS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+psycopg"}
-
 
 # --- engines ----------------------------------------------------------------------------------
-
-
-def async_database_url(url: str | URL | None = None) -> URL:
-    """The URL the async door opens: resolved as contract §3 says; an explicit async driver
-    is kept, a plain or sync one (``sqlite://``, ``postgresql://``) becomes the async one."""
-    resolved = resolve_database_url(url)
-    if resolved.get_dialect().is_async:
-        return resolved
-    return resolved.set(drivername=ASYNC_DRIVERS[resolved.get_backend_name()])
 
 
 def make_async_engine(url: str | URL | None = None, **kwargs: Any) -> AsyncEngine:

@@ -84,6 +84,31 @@ def resolve_database_url(url: str | URL | None = None) -> URL:
     return URL.create("sqlite+pysqlite", database=str(path.absolute()))
 
 
+# The driver each side opens a database with. Async: aiosqlite, and psycopg 3 in its async
+# mode (SQLAlchemy picks psycopg's async dialect for ``postgresql+psycopg`` on an async
+# engine). Sync (Alembic migrates synchronously, whatever the URL's driver): pysqlite, psycopg.
+ASYNC_DRIVERS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+psycopg"}
+SYNC_DRIVERS = {"sqlite": "sqlite+pysqlite", "postgresql": "postgresql+psycopg"}
+
+
+def async_database_url(url: str | URL | None = None) -> URL:
+    """The URL the async door opens: resolved as contract §3 says; an explicit async driver
+    is kept, a plain or sync one (``sqlite://``, ``postgresql://``) becomes the async one."""
+    resolved = resolve_database_url(url)
+    if resolved.get_dialect().is_async:
+        return resolved
+    return resolved.set(drivername=ASYNC_DRIVERS[resolved.get_backend_name()])
+
+
+def sync_database_url(url: str | URL | None = None) -> URL:
+    """The URL the migration door opens: resolved as contract §3 says, an async driver that
+    the async door accepts (aiosqlite, psycopg_async, asyncpg) swapped for the sync one."""
+    resolved = resolve_database_url(url)
+    if not resolved.get_dialect().is_async:
+        return resolved
+    return resolved.set(drivername=SYNC_DRIVERS[resolved.get_backend_name()])
+
+
 def _parse(url: str | URL) -> URL:
     """A URL this package can open (sqlite or postgresql, a driver SQLAlchemy knows)."""
     if not isinstance(url, str | URL):

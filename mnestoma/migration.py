@@ -25,7 +25,7 @@ from .config import (
     is_sqlite,
     make_engine,
     redact_url,
-    resolve_database_url,
+    sync_database_url,
 )
 from .errors import ConflictError, InvalidInput, SchemaError, translate_errors
 from .locking import MIGRATION_LOCK_KEY, lock_for_migration
@@ -142,19 +142,6 @@ def known_revisions() -> set[str]:
     """Every revision this package's scripts know."""
     script = ScriptDirectory.from_config(alembic_config())
     return {rev.revision for rev in script.walk_revisions()}
-
-
-# The sync driver of each database: Alembic migrates synchronously, whatever the URL's driver.
-SYNC_DRIVERS = {"sqlite": "sqlite+pysqlite", "postgresql": "postgresql+psycopg"}
-
-
-def sync_database_url(url: str | URL | None = None) -> URL:
-    """The URL the migration door opens: resolved as contract §3 says, an async driver that
-    the async door accepts (aiosqlite, psycopg_async, asyncpg) swapped for the sync one."""
-    resolved = resolve_database_url(url)
-    if not resolved.get_dialect().is_async:
-        return resolved
-    return resolved.set(drivername=SYNC_DRIVERS[resolved.get_backend_name()])
 
 
 @contextmanager
