@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -296,6 +297,7 @@ def test_a_writer_in_another_thread_loses_nothing_while_a_prune_runs(
     pruned = Counter(e.mnest_id for e in before if e.id in doomed and e.kind in PASSING)
     monkeypatch.setattr(rules, "EVENT_PRUNE_BATCH", 3)
     done = threading.Event()
+    writing = threading.Event()
     recorded: list[str] = []
     failures: list[BaseException] = []
 
@@ -309,6 +311,7 @@ def test_a_writer_in_another_thread_loses_nothing_while_a_prune_runs(
                     failures.append(err)
                     return
                 recorded.append(f"w{i}")
+                writing.set()
                 i += 1
 
     at_batches: list[int] = []
@@ -316,11 +319,15 @@ def test_a_writer_in_another_thread_loses_nothing_while_a_prune_runs(
     def batch_starts(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
         if statement.lstrip().upper().startswith("DELETE FROM EVENTS"):
             at_batches.append(len(recorded))
+            # a PostgreSQL batch takes a few ms on a quiet machine: on a busy one the whole
+            # prune could end before the writer's next call, whatever the code does
+            time.sleep(0.005)
 
     event.listen(store.engine, "before_cursor_execute", batch_starts)
     thread = threading.Thread(target=write)
     thread.start()
     try:
+        assert writing.wait(30), "the writer never recorded"
         deleted = store.prune_events(cutoff)
     finally:
         done.set()
