@@ -175,15 +175,16 @@ class SqliteFiles:
         """The SQLAlchemy URL of a file."""
         return f"sqlite:///{Path(path).absolute()}"
 
-    def template(self, name: str, rows: RowFactory | None = None) -> Path:
-        """A migrated database (built once), loaded with ``rows()`` when given."""
+    def template(self, name: str, rows: RowFactory | None = None, revision: str = "head") -> Path:
+        """A database migrated to ``revision`` (built once), loaded with ``rows()`` when
+        given."""
         if name in self._templates:
             return self._templates[name]
         import mnestoma
 
         path = self.folder / f"template-{name}.sqlite"
         _remove_sqlite(path)
-        mnestoma.upgrade(self.url(path))
+        mnestoma.upgrade(self.url(path), revision)
         if rows is not None:
             load_sqlite(str(path), rows())
         self._templates[name] = path
@@ -249,14 +250,15 @@ class PostgresServer:
         self._databases.append(name)
         return name
 
-    def template(self, name: str, rows: RowFactory | None = None) -> str:
-        """A migrated database (built once), loaded with ``rows()`` by COPY when given."""
+    def template(self, name: str, rows: RowFactory | None = None, revision: str = "head") -> str:
+        """A database migrated to ``revision`` (built once), loaded with ``rows()`` by COPY
+        when given."""
         if name in self._templates:
             return self._templates[name]
         import mnestoma
 
         db = self._create(f"{self._prefix}_tpl_{name}")
-        mnestoma.upgrade(self.url(db))
+        mnestoma.upgrade(self.url(db), revision)
         if rows is not None:
             load_postgresql(self.url(db), rows())
         self._templates[name] = db
