@@ -503,7 +503,7 @@ def pick_edges(url: str, count: int) -> list[tuple[str, str, str, str, str]]:
             ).all()
     finally:
         engine.dispose()
-    return [tuple(r) for r in rows]  # type: ignore[misc]
+    return [tuple(r) for r in rows]
 
 
 def _per_writer(items: Sequence[Any], writers: int) -> list[list[Any]]:
