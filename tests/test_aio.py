@@ -721,19 +721,19 @@ def test_the_async_door_benchmark_runs_quick_and_loses_nothing(tmp_path: Path) -
     assert set(sqlite_figures["record_passing_us"]) == {"sync", "async", "to_thread"}
 
 
-# --- the README -------------------------------------------------------------------------------
+# --- the services guide ------------------------------------------------------------------------
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+SERVICES_GUIDE = Path(__file__).resolve().parent.parent / "docs" / "services.md"
 
 
 @pytest.mark.parametrize(
     ("marker", "printed"),
     [("make_async_session_factory(engine)", ["10", "1.0", "2", "0.45"]), ("FastAPI()", ["20"])],
 )
-def test_the_readme_async_examples_print_what_their_comments_say(
+def test_the_guide_async_examples_print_what_their_comments_say(
     marker: str, printed: list[str], tmp_path: Path
 ) -> None:
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
+    blocks = re.findall(r"```python\n(.*?)```", SERVICES_GUIDE.read_text(encoding="utf-8"), re.S)
     [block] = [b for b in blocks if "mnestoma.aio" in b and marker in b]
     done = subprocess.run(
         [sys.executable, "-c", block],

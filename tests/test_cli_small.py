@@ -355,7 +355,7 @@ def test_the_api_keeps_naming_the_method(store_url: str) -> None:
 
 
 def _refusals(url: str) -> dict[str, tuple[list[str], int]]:
-    """One command per kind of error, with the exit status the README promises."""
+    """One command per kind of error, with the exit status the command-line guide promises."""
     with mnestoma.Mnestoma(url) as m:
         m.record_passing("a", "1", "b", "2")
         proto = m.record_passing("a", "1", "b", None, dst_exists=False)
@@ -383,17 +383,20 @@ def test_exit_status_is_2_for_bad_input_and_1_for_refusals(store_url: str, kind:
         assert isinstance(debug.exception, getattr(mnestoma, kind))
 
 
-def test_the_readme_states_one_exit_status_per_error() -> None:
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+def test_the_guide_states_one_exit_status_per_error() -> None:
+    root = Path(__file__).resolve().parent.parent
+    guide = (root / "docs" / "cli.md").read_text(encoding="utf-8")
     rows = {
         line.split("|")[1].strip(): line
-        for line in readme.splitlines()
+        for line in guide.splitlines()
         if line.startswith("| 0 |") or line.startswith("| 1 |") or line.startswith("| 2 |")
     }
     for name in ("NotFound", "InvalidTransition", "ConflictError"):
         assert name in rows["1"] and name not in rows["2"]
     assert "InvalidInput" in rows["2"] and "InvalidInput" not in rows["1"]
-    assert "exits 2 with one line" not in readme  # the old, contradicting sentence
+    for page in (root / "README.md", *(root / "docs").glob("*.md")):
+        text = page.read_text(encoding="utf-8")
+        assert "exits 2 with one line" not in text  # the old, contradicting sentence
 
 
 def test_help_states_the_exit_statuses() -> None:

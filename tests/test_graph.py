@@ -30,7 +30,7 @@ from mnestoma.graph import (
     to_networkx,
 )
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+GRAPH_GUIDE = Path(__file__).resolve().parent.parent / "docs" / "graph.md"
 TRICKY = ['we"ird\\name', "uni·cødé", "a#b|c;d", "<b>&amp;</b>", "`tick`", "end\\"]
 
 
@@ -507,10 +507,10 @@ def test_graph_weights_at_a_given_instant(store_url: str, clock) -> None:
     assert rows[0]["effective_weight"] == pytest.approx(0.30 * 0.0014, rel=0.05)
 
 
-def test_the_readme_picture_is_what_the_command_draws_of_the_demo(tmp_path: Path) -> None:
+def test_the_guide_picture_is_what_the_command_draws_of_the_demo(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'demo.sqlite'}"
     _ok("demo", "--database-url", url)
-    section = README.read_text(encoding="utf-8").split("## A picture of the graph", 1)[1]
+    section = GRAPH_GUIDE.read_text(encoding="utf-8").split("## A picture of the graph", 1)[1]
     command = re.search(r"mnestoma (graph [^\n]*--format mermaid[^\n]*)", section)
     assert command is not None
     args = command.group(1).replace("sqlite:///demo.sqlite", url).split()

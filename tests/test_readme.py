@@ -1,4 +1,5 @@
-"""The README's Python examples run as written."""
+"""The Python examples of the README and of the guides under docs/ run as written; the
+guides hang together (every link resolves, the synopsis names every command)."""
 
 from __future__ import annotations
 
@@ -10,20 +11,53 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parent.parent / "README.md"
-BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
+from mnestoma.cli import cli
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+PAGES = [README, *sorted(DOCS.glob("*.md"))]
+GUIDES = (
+    "services", "recording", "operations", "testing", "reliability", "performance", "maintainers"
+)  # fmt: skip
+FENCE = re.compile(r"^```.*?^```", re.M | re.S)
+
+
+def _text(page: Path) -> str:
+    return page.read_text(encoding="utf-8")
+
+
+def _name(page: Path) -> str:
+    return page.relative_to(ROOT).as_posix()
+
+
+def _python_blocks(page: Path) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", _text(page), re.S)
+
+
+# (page, number of the block in the page from 1, block): the id names both, e.g.
+# test_a_readme_example_runs[docs/services.md-3]
+EXAMPLES = [
+    (_name(page), number, block)
+    for page in PAGES
+    for number, block in enumerate(_python_blocks(page), 1)
+]
 
 
 def test_the_readme_has_python_examples() -> None:
-    assert len(BLOCKS) >= 2
+    assert len(_python_blocks(README)) >= 2
+    assert {f"{guide}.md" for guide in GUIDES} <= {page.name for page in PAGES}
+    assert len(EXAMPLES) >= 18  # the guides' examples are collected too
 
 
-@pytest.mark.parametrize("index", range(len(BLOCKS)))
-def test_a_readme_example_runs(index: int, tmp_path: Path) -> None:
-    if "def test_" in BLOCKS[index]:
+@pytest.mark.parametrize(
+    ("page", "number", "block"), EXAMPLES, ids=[f"{page}-{number}" for page, number, _ in EXAMPLES]
+)
+def test_a_readme_example_runs(page: str, number: int, block: str, tmp_path: Path) -> None:
+    if "def test_" in block:
         # an example test: run it as a downstream suite with the one-line set-up
         (tmp_path / "conftest.py").write_text('pytest_plugins = ["mnestoma.testing"]\n')
-        (tmp_path / "test_example.py").write_text(BLOCKS[index])
+        (tmp_path / "test_example.py").write_text(block)
         env = {k: v for k, v in os.environ.items() if not k.startswith("MNESTOMA_")}
         done = subprocess.run(
             [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
@@ -33,13 +67,70 @@ def test_a_readme_example_runs(index: int, tmp_path: Path) -> None:
         assert "1 passed" in done.stdout
         return
     done = subprocess.run(
-        [sys.executable, "-c", BLOCKS[index]],
+        [sys.executable, "-c", block],
         cwd=tmp_path,
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
     )
-    assert done.returncode == 0, done.stderr
-    if "print(edge.uses" in BLOCKS[index]:
+    assert done.returncode == 0, f"{page}, python block {number}:\n{done.stderr}"
+    if "print(edge.uses" in block:
         assert done.stdout.split() == ["2", "0.4446"]
+
+
+# --- the guides hang together --------------------------------------------------------------
+
+
+def _slug(heading: str) -> str:
+    """The anchor GitHub gives a heading: lower case, punctuation dropped, spaces as '-'."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(page: Path) -> set[str]:
+    prose = FENCE.sub("", _text(page))
+    return {_slug(h) for h in re.findall(r"^#{1,6} (.+)$", prose, re.M)}
+
+
+def test_the_slug_is_githubs() -> None:
+    assert _slug("A planner's door: `rank`") == "a-planners-door-rank"
+    assert _slug("Moving to PostgreSQL, merging stores: `copy`") == (
+        "moving-to-postgresql-merging-stores-copy"
+    )
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_name)
+def test_every_link_between_the_guides_resolves(page: Path) -> None:
+    prose = FENCE.sub("", _text(page))
+    links = re.findall(r"\]\(([^)\s]+)\)", prose)
+    for link in links:
+        if re.match(r"[a-z]+:", link):
+            continue  # http:, https:, mailto:
+        path, _, anchor = link.partition("#")
+        target = (page.parent / path).resolve() if path else page
+        assert target.is_file(), f"{_name(page)}: {link} names no file"
+        if anchor:
+            assert anchor in _anchors(target), f"{_name(page)}: {link} names no heading"
+
+
+def test_the_readme_maps_every_guide() -> None:
+    readme = _text(README)
+    for guide in DOCS.glob("*.md"):
+        assert f"](docs/{guide.name})" in readme, guide.name
+
+
+def test_the_synopsis_names_every_command() -> None:
+    guide = _text(DOCS / "cli.md").split("## Every command", 1)[1]
+    synopsis = re.search(r"```\n(.*?)```", guide, re.S)
+    assert synopsis is not None
+    lines = synopsis.group(1).splitlines()
+    for name, command in cli.commands.items():
+        assert any(re.match(rf"mnestoma {name}( |$)", line) for line in lines), name
+        for sub in getattr(command, "commands", {}):
+            assert any(re.match(rf"mnestoma {name} {sub}( |$)", line) for line in lines), sub
+
+
+def test_the_graph_guide_says_the_dot_pipe_needs_graphviz() -> None:
+    guide = " ".join(_text(DOCS / "graph.md").split())
+    assert "| dot -Tsvg" in guide
+    assert "needs Graphviz's `dot` program" in guide

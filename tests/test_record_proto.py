@@ -104,9 +104,10 @@ def test_the_repository_has_the_same_door(store_url: str, clock: MovableClock) -
     assert (m.state, m.dst_version, m.desired_sig) == ("proto", None, SIG)
 
 
-def test_the_readme_example_prints_what_its_comments_say(tmp_path: Path) -> None:
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
-    [block] = [b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "record_proto(" in b]
+def test_the_services_guide_example_prints_what_its_comments_say(tmp_path: Path) -> None:
+    guide = Path(__file__).resolve().parent.parent / "docs" / "services.md"
+    blocks = re.findall(r"```python\n(.*?)```", guide.read_text(encoding="utf-8"), re.S)
+    [block] = [b for b in blocks if "record_proto(" in b]
     done = subprocess.run(
         [sys.executable, "-c", block], cwd=tmp_path, capture_output=True, text=True, timeout=120
     )
