@@ -1,11 +1,25 @@
-"""The ager: decay, demote, merge, prune and count archive candidates in one transaction."""
+"""The ager: decay, demote, merge, prune and count archive candidates.
+
+:func:`run_ager` does a whole run in the caller's transaction (a unit of work's, a dry run's).
+The facades run it in batches instead (:func:`begin_batched_run`, :func:`age_batch`,
+:func:`end_batched_run`): each batch covers a range of the table's own order (SQLite rowids,
+PostgreSQL pages) and is its own transaction, so a writer waits for one batch, not the run.
+
+Why batches add up to the one-transaction run: every step is decided row by row at the
+run's ``now`` and none undoes another. A decayed row has ``ts_weight = now`` and is not
+decayed again; a demoted, merged or pruned row has left the states the ager changes; a merge
+pairs an active row with the one decaying row of its key, which exists or not whatever
+batch the two are in. So a batch applied twice (a rerun after a kill, a row visited again
+after an update moved it) changes nothing the second time, and a run stopped anywhere is
+completed by the next run at the same ``now``.
+"""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
@@ -13,11 +27,26 @@ from sqlalchemy import Connection
 from sqlalchemy.sql import Executable
 
 from .executor import Executor
-from .rules import AgerReport, archive_cutoff
-from .sql.ager import ager_statements, cache_size_pragma
+from .rules import AgerReport, ager_batches, archive_cutoff
+from .sql.ager import (
+    PROGRESS_BEGIN,
+    PROGRESS_DONE,
+    PROGRESS_MOVE,
+    ager_statements,
+    cache_size_pragma,
+)
 from .sql.tables import AGER_RUNS
 
-__all__ = ["AGER_CACHE_KIB", "run_ager"]
+__all__ = [
+    "AGER_CACHE_KIB",
+    "BatchedRun",
+    "age_batch",
+    "ager_page_cache",
+    "archive_candidates",
+    "begin_batched_run",
+    "end_batched_run",
+    "run_ager",
+]
 
 _INSERT_AGER_RUN = AGER_RUNS.insert()
 
@@ -48,20 +77,98 @@ def run_ager(conn: Connection, now: datetime) -> AgerReport:
     return report
 
 
-def _run_postgresql(conn: Connection, p: dict[str, Any]) -> AgerReport:
-    s = ager_statements("postgresql")
+@dataclass(frozen=True, slots=True)
+class BatchedRun:
+    """A run of the ager in batches: its id in ``ager_progress``, its ``now``, and the
+    positions its batches cover (``[first, end)`` in steps of ``step``)."""
+
+    run_id: int
+    now: datetime
+    first: int
+    end: int
+    step: int
+
+    def batches(self) -> list[tuple[int, int]]:
+        """The ``[lo, hi)`` ranges of the run's batches, in order."""
+        return list(ager_batches(self.first, self.end, self.step))
+
+
+def begin_batched_run(
+    conn: Connection, now: datetime, batch_rows: int, started: datetime
+) -> BatchedRun:
+    """Plan a run at ``now`` in batches of about ``batch_rows`` rows over the rows the table
+    holds now (rows added later are newer than ``now``), and note it in ``ager_progress``."""
+    dialect = conn.dialect.name
+    first, end, rows = _run(conn, ager_statements(dialect, True)["bounds"]).one()
+    first, end, rows = int(first or 0), int(end or 0), int(rows or 0)
+    span = max(0, end - first)
+    step = max(1, -(-batch_rows * span // max(rows, 1)))  # positions holding batch_rows rows
+    run_id = _run(
+        conn,
+        PROGRESS_BEGIN,
+        {
+            "ts": now,
+            "started": started,
+            "updated": started,
+            "batches": 0,
+            "position": first,
+            "end_position": end,
+        },
+    ).scalar_one()
+    return BatchedRun(int(run_id), now, first, end, step)
+
+
+def age_batch(
+    conn: Connection, run: BatchedRun, lo: int, hi: int, number: int, at: datetime
+) -> AgerReport:
+    """Age the rows of one batch (positions ``[lo, hi)``) at the run's ``now``, in the
+    caller's transaction, and move the run's progress row to it (batch ``number``, at
+    wall-clock ``at``). The report's ``archive_candidates`` is 0: it is counted once, at the
+    end (:func:`archive_candidates`)."""
+    p = {"now": run.now, "lo": lo, "hi": hi}
+    if conn.dialect.name == "postgresql":
+        report = _run_postgresql(conn, p, ager_statements("postgresql", True))
+    else:
+        report = _run_sqlite(conn, p, ager_statements("sqlite", True))
+    move = {"run_id": run.run_id, "batches": number, "position": hi, "updated": at}
+    _run(conn, PROGRESS_MOVE, move)
+    return report
+
+
+def archive_candidates(conn: Connection, now: datetime) -> int:
+    """The decaying rows the ager counts as archive candidates at ``now`` (a read)."""
+    s = ager_statements(conn.dialect.name, True)
+    p = {"now": now, "cutoff": archive_cutoff(now)}
+    return int(_run(conn, s["archive_count"], p).scalar_one())
+
+
+def end_batched_run(
+    conn: Connection, run: BatchedRun, report: AgerReport, duration_s: float
+) -> None:
+    """Write the run's ``ager_runs`` row and clear its progress row (with those of the
+    interrupted runs before it, which it completed), in the caller's transaction."""
+    _run(conn, _INSERT_AGER_RUN, {"ts": run.now, "duration_s": duration_s, **asdict(report)})
+    _run(conn, PROGRESS_DONE, {"run_id": run.run_id})
+
+
+def _run_postgresql(
+    conn: Connection, p: dict[str, Any], s: dict[str, Any] | None = None
+) -> AgerReport:
+    batched = s is not None
+    s = s or ager_statements("postgresql")
     # One lock order with writers: they wait for the ager instead of deadlocking.
     _run(conn, s["lock"])
     merged = _run(conn, s["merge"], p).rowcount
     pruned = _run(conn, s["prune"], p).rowcount
     decayed = _run(conn, s["decay"], p).rowcount
     demoted = _run(conn, s["demote"], p).rowcount
-    archive = _run(conn, s["archive_count"], p).scalar_one()
+    archive = 0 if batched else _run(conn, s["archive_count"], p).scalar_one()
     return _report(merged, pruned, demoted, decayed, archive)
 
 
-def _run_sqlite(conn: Connection, p: dict[str, Any]) -> AgerReport:
-    s = ager_statements("sqlite")
+def _run_sqlite(conn: Connection, p: dict[str, Any], s: dict[str, Any] | None = None) -> AgerReport:
+    batched = s is not None
+    s = s or ager_statements("sqlite")
     _run(conn, s["pairs_create"])
     try:
         merged = 0
@@ -73,7 +180,7 @@ def _run_sqlite(conn: Connection, p: dict[str, Any]) -> AgerReport:
         pruned = _run(conn, s["prune"], p).rowcount
         demoted = _run(conn, s["demote"], p).rowcount
         decayed = _run(conn, s["decay"], p).rowcount
-        archive = _run(conn, s["archive_count"], p).scalar_one()
+        archive = 0 if batched else _run(conn, s["archive_count"], p).scalar_one()
     except BaseException:
         _cleanup(conn, s["pairs_drop"])
         raise
@@ -96,6 +203,17 @@ def _cleanup(conn: Connection, stmt: Executable) -> None:
     hide the first, which is the one the caller needs to see."""
     with suppress(Exception):
         conn.execute(stmt)
+
+
+@contextmanager
+def ager_page_cache(conn: Connection) -> Iterator[None]:
+    """SQLite: the ager's page cache (:data:`AGER_CACHE_KIB`) on ``conn`` for a whole run in
+    batches, set back afterwards; nothing on PostgreSQL."""
+    if conn.dialect.name != "sqlite":
+        yield
+        return
+    with _page_cache(conn, AGER_CACHE_KIB):
+        yield
 
 
 @contextmanager

@@ -36,7 +36,13 @@ from .config import (
     redact_url,
 )
 from .errors import InvalidInput, MissingExtra, MnestomaError, SchemaError, translate_errors
-from .facade import ensure_schema, read_candidates, read_passings
+from .facade import (
+    BatchProgress,
+    age_in_batches,
+    ensure_schema,
+    read_candidates,
+    read_passings,
+)
 from .locking import LOCK_TIMEOUT_OPTION, lock_timeout_seconds, write_lock_timeout
 from .migration import sqlite_store_missing
 from .models import CanonicalQuery, Mnest
@@ -44,7 +50,7 @@ from .ranking import Ranked
 from .repository import CanonicalQueryRepository, MnestRepository, QueryFrequency
 from .rules import AgerReport, Recorder, event_batches, event_prune_pause
 from .uow import ConnectionUnitOfWork, JoinedUnitOfWork, retry_pause
-from .validation import Clock, Passing, check_dry_run, check_recorder
+from .validation import Clock, Passing, check_batch_rows, check_dry_run, check_recorder
 
 try:
     from sqlalchemy.ext.asyncio import (
@@ -211,6 +217,10 @@ class AsyncMnestRepository(_OnAsyncSession[MnestRepository]):
     transition_state = _awaited(MnestRepository.transition_state, write=True)
     promote_proto_to_active = _awaited(MnestRepository.promote_proto_to_active, write=True)
     apply_ager = _awaited(MnestRepository.apply_ager, write=True)
+    begin_ager_run = _awaited(MnestRepository.begin_ager_run, write=True)
+    age_batch = _awaited(MnestRepository.age_batch, write=True)
+    archive_candidates = _awaited(MnestRepository.archive_candidates)
+    end_ager_run = _awaited(MnestRepository.end_ager_run, write=True)
     prune_events = _awaited(MnestRepository.prune_events, write=True)
     prunable_event_ids = _awaited(MnestRepository.prunable_event_ids)
     prune_event_batch = _awaited(MnestRepository.prune_event_batch, write=True)
@@ -614,12 +624,31 @@ class AsyncMnestoma(_AsyncDoor[MnestRepository]):
             lambda r: r.rank(src_executor, items, src_version=src_version), write=False
         )
 
-    async def apply_ager(self, *, dry_run: bool = False) -> AgerReport:
-        """Run the ager at the clock's now; ``dry_run`` reports and rolls everything back."""
+    async def apply_ager(
+        self,
+        *,
+        dry_run: bool = False,
+        batch_rows: int | None = None,
+        progress: BatchProgress | None = None,
+    ) -> AgerReport:
+        """Run the ager at the clock's now in batches, each its own transaction (see
+        :meth:`mnestoma.Mnestoma.apply_ager`); ``dry_run`` reports and rolls everything back.
+
+        The run holds one connection throughout. A cancelled run stops between two batches
+        or rolls back the batch it was in: it is an interrupted run, which the next
+        completes."""
+        rows = check_batch_rows(batch_rows)
         if check_dry_run(dry_run):
             await self._ready()
             return await self._unit(lambda r: r.apply_ager(), commit=False)
-        return await self._call(lambda r: r.apply_ager(), write=True)
+        await self._ready()
+        with translate_errors():
+            async with self.engine.connect() as conn:
+                return await conn.run_sync(
+                    lambda sync: age_in_batches(
+                        sync, clock=self.clock, batch_rows=rows, progress=progress
+                    )
+                )
 
     async def prune_events(self, before: datetime, *, dry_run: bool = False) -> int:
         """Delete the events older than ``before`` in batches, each its own transaction (see

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import URL
 
+from .ager import BatchedRun, ager_page_cache
 from .config import (
     is_memory_sqlite,
     is_sqlite,
@@ -20,24 +23,26 @@ from .config import (
     resolve_database_url,
 )
 from .errors import InvalidInput, SchemaError, translate_errors
+from .locking import ager_run_lock, pause_on
 from .migration import ensure_at_head, sqlite_store_missing
 from .models import CanonicalQuery, Event, Mnest
 from .ranking import Ranked
 
 if TYPE_CHECKING:
     from .graph import MnestGraph
-from .repository import WALK_LIMIT, QueryFrequency
+from .repository import WALK_LIMIT, MnestRepository, QueryFrequency
 from .rules import (
     RECURRING_MIN_USES,
     RECURRING_MIN_WEIGHT,
     AgerReport,
     MnestState,
     Recorder,
+    ager_batch_pause,
     event_batches,
     event_prune_pause,
 )
 from .uow import ConnectionUnitOfWork, UnitOfWork, with_retries
-from .validation import Clock, Passing, check_dry_run, check_recorder
+from .validation import Clock, Passing, check_batch_rows, check_dry_run, check_recorder
 
 __all__ = ["Mnestoma"]
 
@@ -311,12 +316,26 @@ class Mnestoma:
         """The wished-for executor now exists at ``dst_version``: the proto becomes active."""
         return self._write(lambda u: u.mnests.promote_proto_to_active(mnest_id, dst_version))
 
-    def apply_ager(self, *, dry_run: bool = False) -> AgerReport:
-        """Run the ager at the clock's now; ``dry_run`` reports and rolls everything back."""
+    def apply_ager(
+        self,
+        *,
+        dry_run: bool = False,
+        batch_rows: int | None = None,
+        progress: BatchProgress | None = None,
+    ) -> AgerReport:
+        """Run the ager at the clock's now; ``dry_run`` reports and rolls everything back.
+
+        Online: the run commits in batches of about ``batch_rows`` rows (default
+        :data:`~mnestoma.rules.AGER_BATCH_ROWS`), each its own short transaction, so a writer
+        waits for one batch, not the run; ``progress(done, total)`` is called after each.
+        A second run at once waits for the first. A dry run is one transaction, rolled back.
+        """
+        batch_rows = check_batch_rows(batch_rows)
         if check_dry_run(dry_run):
             with self._unit() as unit:
                 return unit.mnests.apply_ager()  # left without commit: rolled back
-        return self._write(lambda u: u.mnests.apply_ager())
+        with translate_errors(), self.engine.connect() as conn:
+            return age_in_batches(conn, clock=self.clock, batch_rows=batch_rows, progress=progress)
 
     def prune_events(self, before: datetime, *, dry_run: bool = False) -> int:
         """Delete the events older than ``before`` (each row still in ``mnests`` keeps its
@@ -375,6 +394,58 @@ class Mnestoma:
 
 
 # --- shared with the async door (mnestoma.aio) ----------------------------------------------
+
+
+# Called after each batch of a run of the ager: (batches done, batches in the run).
+BatchProgress = Callable[[int, int], object]
+
+
+def age_in_batches(
+    conn: Connection,
+    *,
+    clock: Clock | None,
+    batch_rows: int,
+    progress: BatchProgress | None = None,
+) -> AgerReport:
+    """One run of the ager on ``conn``, each batch a unit of work of its own (retried when
+    transient), under the database's ager lock; the report of the whole run.
+
+    On SQLite each batch after the first waits :func:`~mnestoma.rules.ager_batch_pause`
+    first, so that writers waiting for the lock take it in between.
+    """
+    started = time.perf_counter()
+
+    def write(work: Callable[[MnestRepository], T]) -> T:
+        def once() -> T:
+            with ConnectionUnitOfWork(conn, clock=clock) as unit:
+                result = work(unit.mnests)
+                unit.commit()
+                return result
+
+        return with_retries(once)
+
+    pause = ager_batch_pause(conn.dialect.name)
+    with ager_run_lock(conn), ager_page_cache(conn):
+        run = write(lambda r: r.begin_ager_run(batch_rows))
+        batches = run.batches()
+        report = AgerReport()
+        for number, (lo, hi) in enumerate(batches, 1):
+            if number > 1 and pause:
+                pause_on(conn, pause)
+            report += write(functools.partial(_age_batch, run=run, lo=lo, hi=hi, number=number))
+            if progress is not None:
+                progress(number, len(batches))
+        with ConnectionUnitOfWork(conn, clock=clock) as unit:
+            archive = unit.mnests.archive_candidates(run.now)
+        report = replace(report, archive_candidates=archive)
+        write(lambda r: r.end_ager_run(run, report, time.perf_counter() - started))
+    return report
+
+
+def _age_batch(
+    repo: MnestRepository, *, run: BatchedRun, lo: int, hi: int, number: int
+) -> AgerReport:
+    return repo.age_batch(run, lo, hi, number)
 
 
 def ensure_schema(engine: Engine) -> None:

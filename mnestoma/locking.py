@@ -16,7 +16,9 @@ import contextlib
 import math
 import os
 import sqlite3
+import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from sqlalchemy import Connection, text
@@ -30,6 +32,9 @@ __all__ = [
     "LOCK_TIMEOUT_OPTION",
     "MAX_BUSY_TIMEOUT_MS",
     "SNAPSHOT_INFO",
+    "WRITE_LOCK_POLL_S",
+    "ager_run_lock",
+    "ager_running",
     "busy_timeout_ms",
     "driver_in_transaction",
     "is_transaction_control",
@@ -37,6 +42,7 @@ __all__ = [
     "lock_for_migration",
     "lock_timeout",
     "lock_timeout_seconds",
+    "pause_on",
     "rest_busy_timeout",
     "take_write_lock",
     "write_lock_timeout",
@@ -54,6 +60,14 @@ _BUSY_REST_INFO = "mnestoma_busy_timeout_ms"
 _BUSY_NOW_INFO = "mnestoma_busy_timeout_now_ms"
 # Any 64-bit number is fine as long as it is this package's alone: "mnestoma" in ASCII.
 MIGRATION_LOCK_KEY = 0x6D6E6573746F6D61
+# The ager's run lock (PostgreSQL advisory lock): the next number.
+AGER_LOCK_KEY = MIGRATION_LOCK_KEY + 1
+# A write waiting for SQLite's lock tries again at least this often (seconds). SQLite's own
+# busy handler sleeps up to 100 ms between its tries once it has waited a while: a writer
+# behind the ager would miss the short pause between two batches and wait for the run.
+WRITE_LOCK_POLL_S = 0.005
+# How often a second run of the ager looks whether the first has ended (SQLite).
+AGER_LOCK_POLL_S = 0.05
 
 # Connection info key: the driver-level transaction is a read snapshot this package began.
 SNAPSHOT_INFO = "mnestoma_snapshot_only"
@@ -152,10 +166,12 @@ def _begin_immediate(dbapi: Any, info: dict[Any, Any], timeout: float) -> None:
         rest_busy_timeout(info, _read_busy_timeout(dbapi))
     deadline = time.monotonic() + timeout
     left = timeout
-    pause = 0.001
     try:
         while True:
-            _set_busy_timeout(dbapi, info, busy_timeout_ms(left))
+            # Each try waits in SQLite's busy handler for WRITE_LOCK_POLL_S at most (it then
+            # polls every few ms), and the next try follows at once.
+            _set_busy_timeout(dbapi, info, busy_timeout_ms(min(left, WRITE_LOCK_POLL_S)))
+            tried = time.monotonic()
             try:
                 dbapi.execute("BEGIN IMMEDIATE")
                 return
@@ -163,14 +179,15 @@ def _begin_immediate(dbapi: Any, info: dict[Any, Any], timeout: float) -> None:
                 text_ = str(err).lower()
                 if "locked" not in text_ and "busy" not in text_:
                     raise
-            left = deadline - time.monotonic()
+            now = time.monotonic()
+            left = deadline - now
             if left <= 0:
                 raise write_lock_timeout(timeout) from None
-            # SQLite gave up before its busy timeout ran out (it does not call its busy
-            # handler in every case): wait a little here, then try with what is left.
-            _pause(dbapi, min(pause, left))
-            pause = min(pause * 2, 0.05)
-            left = max(0.0, deadline - time.monotonic())
+            if now - tried < WRITE_LOCK_POLL_S / 2:
+                # SQLite gave up before its busy timeout ran out (it does not call its busy
+                # handler in every case): wait a little here before the next try.
+                _pause(dbapi, min(0.001, left))
+                left = max(0.0, deadline - time.monotonic())
     finally:
         with contextlib.suppress(sqlite3.Error):  # never hide the error that ended the wait
             _set_busy_timeout(dbapi, info, info[_BUSY_REST_INFO])
@@ -203,6 +220,12 @@ def _read_busy_timeout(dbapi: Any) -> int:
     return int(row[0])
 
 
+def pause_on(conn: Connection, seconds: float) -> None:
+    """Wait ``seconds`` between two transactions of ``conn`` (behind the asyncio adapter,
+    the event loop runs other tasks meanwhile)."""
+    _pause(conn.connection.dbapi_connection, seconds)
+
+
 def _pause(dbapi: Any, seconds: float) -> None:
     """Wait before trying the lock again; behind the asyncio adapter the event loop keeps
     running other tasks meanwhile."""
@@ -210,6 +233,112 @@ def _pause(dbapi: Any, seconds: float) -> None:
         dbapi.run_async(lambda _driver: asyncio.sleep(seconds))
     else:
         time.sleep(seconds)
+
+
+@contextlib.contextmanager
+def ager_run_lock(conn: Connection) -> Iterator[None]:
+    """Hold the database's ager lock for the block: a second run waits for the first.
+
+    PostgreSQL: a session advisory lock on ``conn`` (the run's own connection, committed
+    so that it outlives each batch's transaction); it goes with the session when the run's
+    process dies or its connection drops. SQLite: an exclusive ``flock`` on a file beside
+    the database (``<file>-ager.lock``), released by the system when the process dies;
+    an in-memory database, whose runs share one process, a lock of this process.
+    """
+    if conn.dialect.name == "postgresql":
+        conn.execute(text("SELECT pg_advisory_lock(:key)"), {"key": AGER_LOCK_KEY})
+        conn.commit()
+        try:
+            yield
+        finally:
+            _release_advisory(conn)
+        return
+    path = _ager_lock_path(conn)
+    if path is None:
+        with _memory_ager_lock(conn):
+            yield
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        while not _try_flock(fd, exclusive=True):
+            pause_on(conn, AGER_LOCK_POLL_S)
+        yield
+    finally:
+        os.close(fd)  # releases the flock
+
+
+def ager_running(conn: Connection) -> bool:
+    """True while some process holds this database's ager lock (a run is under way)."""
+    if conn.dialect.name == "postgresql":
+        held = conn.execute(
+            text(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
+                " AND database = (SELECT oid FROM pg_database"
+                " WHERE datname = current_database())"
+                " AND classid::bigint = :hi AND objid::bigint = :lo AND objsubid = 1"
+            ),
+            {"hi": AGER_LOCK_KEY >> 32, "lo": AGER_LOCK_KEY & 0xFFFFFFFF},
+        ).scalar_one()
+        return bool(held)
+    path = _ager_lock_path(conn)
+    if path is None:
+        lock = _MEMORY_AGER_LOCKS.get(_memory_key(conn))
+        return lock is not None and lock.locked()
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False  # no run ever took the lock here
+    try:
+        return not _try_flock(fd, exclusive=False)
+    finally:
+        os.close(fd)
+
+
+def _release_advisory(conn: Connection) -> None:
+    """End the run's transaction and release its advisory lock; a connection that cannot
+    say it released it is thrown away (the lock goes with its session), never pooled."""
+    try:
+        if conn.in_transaction():
+            conn.rollback()
+        conn.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": AGER_LOCK_KEY})
+        conn.commit()
+    except Exception:
+        conn.invalidate()
+
+
+def _ager_lock_path(conn: Connection) -> str | None:
+    """The ager lock file of a SQLite file database, None for an in-memory one."""
+    database = conn.engine.url.database
+    if not database or database == ":memory:" or database.startswith("file::memory:"):
+        return None
+    if database.startswith("file:"):
+        database = database[5:].split("?", 1)[0]
+    return os.path.abspath(database) + "-ager.lock"
+
+
+_MEMORY_AGER_LOCKS: dict[int, threading.Lock] = {}
+
+
+def _memory_key(conn: Connection) -> int:
+    return id(conn.engine.pool)
+
+
+@contextlib.contextmanager
+def _memory_ager_lock(conn: Connection) -> Iterator[None]:
+    lock = _MEMORY_AGER_LOCKS.setdefault(_memory_key(conn), threading.Lock())
+    with lock:
+        yield
+
+
+def _try_flock(fd: int, *, exclusive: bool) -> bool:
+    """Take ``flock`` on ``fd`` without waiting; False when another holds it."""
+    import fcntl
+
+    try:
+        fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
 
 
 def lock_for_migration(conn: Connection) -> None:

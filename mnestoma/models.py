@@ -16,6 +16,7 @@ from sqlalchemy import (
     CheckConstraint,
     CreateView,
     Float,
+    Identity,
     Index,
     Integer,
     MetaData,
@@ -288,6 +289,24 @@ class AgerRun(Base):
         CheckConstraint("duration_s >= 0", name="duration_nonneg"),
         Index("ix_ager_runs_ts", "ts"),
     )
+
+
+class AgerProgress(Base):
+    """A run of the ager that has begun and not completed: its now, when it began, how far
+    its committed batches reached. Deleted with the run's last transaction; a row left
+    behind by a run that holds no lock any more is an interrupted run."""
+
+    __tablename__ = "ager_progress"
+
+    id: Mapped[int] = mapped_column(EventId, Identity(), primary_key=True)
+    ts: Mapped[datetime]
+    started: Mapped[datetime]
+    updated: Mapped[datetime]
+    batches: Mapped[int] = mapped_column(BigInteger)
+    position: Mapped[int] = mapped_column(BigInteger)
+    end_position: Mapped[int] = mapped_column(BigInteger)
+
+    __table_args__ = (CheckConstraint("batches >= 0", name="batches_nonneg"),)
 
 
 VIEW_NAME = "v_mnestoma"

@@ -18,7 +18,14 @@ from sqlalchemy.orm import Session, scoped_session
 
 from . import ranking
 from . import snapshots as snap
-from .ager import run_ager
+from .ager import (
+    BatchedRun,
+    age_batch,
+    archive_candidates,
+    begin_batched_run,
+    end_batched_run,
+    run_ager,
+)
 from .errors import (
     ConflictError,
     InvalidInput,
@@ -731,8 +738,27 @@ class MnestRepository:
     # --- ageing -----------------------------------------------------------------------
 
     def apply_ager(self) -> AgerReport:
-        """Decay, demote, merge, prune and count archive candidates, in set-based SQL."""
+        """Decay, demote, merge, prune and count archive candidates, in set-based SQL, all
+        in this unit's transaction; the facades run it in batches instead, each its own
+        transaction (:meth:`begin_ager_run`, :meth:`age_batch`, :meth:`end_ager_run`)."""
         return run_ager(self._write_ex().conn, self._now())
+
+    def begin_ager_run(self, batch_rows: int) -> BatchedRun:
+        """Begin a run of the ager in batches at the clock's now (read once, here): plan its
+        batches of about ``batch_rows`` rows and note it in ``ager_progress``."""
+        return begin_batched_run(self._write_ex().conn, self._now(), batch_rows, utc_now())
+
+    def age_batch(self, run: BatchedRun, lo: int, hi: int, number: int) -> AgerReport:
+        """Age one batch of ``run`` (positions ``[lo, hi)``, batch ``number`` from 1)."""
+        return age_batch(self._write_ex().conn, run, lo, hi, number, utc_now())
+
+    def archive_candidates(self, now: datetime) -> int:
+        """How many decaying rows the ager counts as archive candidates at ``now``."""
+        return archive_candidates(self._ex().conn, now)
+
+    def end_ager_run(self, run: BatchedRun, report: AgerReport, duration_s: float) -> None:
+        """Complete ``run``: its ``ager_runs`` row, its progress row cleared."""
+        end_batched_run(self._write_ex().conn, run, report, duration_s)
 
     # --- retention --------------------------------------------------------------------
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 import math
 import secrets
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import astuple, dataclass, fields, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
 __all__ = [
+    "AGER_BATCH_PAUSE_S",
+    "AGER_BATCH_ROWS",
     "ARCHIVE_AFTER_DAYS",
     "ARCHIVE_BELOW",
     "DECAYING_BELOW",
@@ -61,6 +63,14 @@ EVENT_PRUNE_BATCH = 5000
 # write lock take it. SQLite's busy handler sleeps up to 100 ms between its tries, so a
 # shorter pause lets the next batch take the lock again before they wake.
 EVENT_PRUNE_PAUSE_S = 0.11
+# apply_ager: about how many rows one batch covers, each batch its own transaction. Sized
+# so that a batch holds its locks for tens of milliseconds (about 50 ms on a 2-core
+# machine, on both engines), so a writer behind the ager waits for one batch at most.
+AGER_BATCH_ROWS = 4000
+# apply_ager on SQLite: seconds between two batches, in which writers waiting for the
+# write lock take it (they try again every few milliseconds, see mnestoma.locking). Small
+# beside a batch, so that a run takes little longer than one transaction would.
+AGER_BATCH_PAUSE_S = 0.005
 # The ager's thresholds (0.20, 0.05) are crossed only by more than this: SQLite (julianday,
 # milliseconds), PostgreSQL (epoch arithmetic) and Python compute an effective weight a few
 # units in the 13th digit apart, so a weight that is exactly at a threshold must not fall on
@@ -138,6 +148,10 @@ class AgerReport:
     protos_pruned: int = 0
     archive_candidates: int = 0
 
+    def __add__(self, other: AgerReport) -> AgerReport:
+        """Two parts of one run counted together (a run's batches add up to its report)."""
+        return AgerReport(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
+
 
 def new_mnest_id() -> str:
     """A fresh mnest id: ``mn_`` followed by 16 url-safe random characters."""
@@ -167,6 +181,20 @@ def event_prune_pause(dialect: str) -> float:
     """Seconds a prune waits between two batches: :data:`EVENT_PRUNE_PAUSE_S` on SQLite
     (one writer at a time), none on PostgreSQL (a writer's rows never wait for a batch's)."""
     return EVENT_PRUNE_PAUSE_S if dialect == "sqlite" else 0.0
+
+
+def ager_batch_pause(dialect: str) -> float:
+    """Seconds the ager waits between two batches: :data:`AGER_BATCH_PAUSE_S` on SQLite
+    (one writer at a time), none on PostgreSQL (waiting writers are queued for the table
+    lock ahead of the ager's next batch)."""
+    return AGER_BATCH_PAUSE_S if dialect == "sqlite" else 0.0
+
+
+def ager_batches(first: int, end: int, step: int) -> Iterator[tuple[int, int]]:
+    """The ranges ``[lo, hi)`` of ``step`` positions (SQLite rowids, PostgreSQL pages) that
+    cover ``[first, end)``, in order: the batches of one run of the ager."""
+    for lo in range(first, end, max(1, step)):
+        yield lo, min(lo + max(1, step), end)
 
 
 def days_between(earlier: datetime, later: datetime) -> float:

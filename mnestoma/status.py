@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 from .clock import Clock, read_clock, utc_now
 from .config import make_engine, redact_url, resolve_database_url
 from .errors import translate_errors
+from .locking import ager_running
 from .migration import head_revision, known_revisions, read_revision, sqlite_store_missing
 from .models import Mnest
 from .repository import MnestRepository
@@ -32,7 +33,7 @@ from .rules import (
     Recorder,
 )
 from .sql import status as sql
-from .sql.tables import AGER_RUNS, EVENTS, MNESTS, QUERIES
+from .sql.tables import AGER_PROGRESS, AGER_RUNS, EVENTS, MNESTS, QUERIES
 from .timefmt import ago, iso_utc, short_utc
 from .types import parse_sqlite_timestamp
 
@@ -98,6 +99,29 @@ class AgerRunFacts:
         return {name: int(getattr(self, name)) for name in AGER_COUNTERS}
 
 
+@dataclass(frozen=True)
+class AgerProgressFacts:
+    """A run of the ager that began and has not completed (a row of ``ager_progress``): its
+    now, when it began and last committed a batch (wall clock), how many batches it did,
+    and whether it is still running (it holds the ager lock) or was interrupted."""
+
+    ts: datetime
+    started: datetime
+    updated: datetime
+    batches: int
+    running: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready (times as ISO-8601 UTC)."""
+        return {
+            "ts": iso_utc(self.ts),
+            "started": iso_utc(self.started),
+            "updated": iso_utc(self.updated),
+            "batches": self.batches,
+            "running": self.running,
+        }
+
+
 @dataclass
 class StoreStatus:
     """The facts ``mnestoma status`` reports.
@@ -106,6 +130,8 @@ class StoreStatus:
     ``behind`` (an older revision), ``unknown`` (a revision this release does not know).
     ``passings_by_recorder`` is None where the store has no ``events.recorder`` column
     (before revision 0003), ``ager_runs`` None where it has no ``ager_runs`` table.
+    ``ager_unfinished``: the runs of the ager begun and not completed, oldest first (one
+    running, or interrupted ones that the next run completes; None before revision 0007).
     ``events_kept_from``: every event since this instant is kept (the oldest event other
     than a ``created`` one: ``prune_events`` deletes those before its cutoff and keeps the
     created event of each live row); ``oldest_event``: the oldest of all.
@@ -132,6 +158,12 @@ class StoreStatus:
     ager_runs: int | None = None
     ager_runs_recent: int = 0
     last_ager_run: AgerRunFacts | None = None
+    ager_unfinished: list[AgerProgressFacts] | None = None
+
+    @property
+    def ager_interrupted(self) -> list[AgerProgressFacts]:
+        """The runs of the ager that were interrupted and not yet completed by another."""
+        return [r for r in self.ager_unfinished or [] if not r.running]
 
     @property
     def mnests(self) -> int:
@@ -228,6 +260,9 @@ class StoreStatus:
                 "last": None
                 if last is None
                 else {"ts": iso_utc(last.ts), "duration_s": last.duration_s, **last.counters()},
+                "unfinished": None
+                if self.ager_unfinished is None
+                else [r.as_dict() for r in self.ager_unfinished],
             }
         return {
             "database": self.database,
@@ -316,6 +351,8 @@ def _collect(engine: Engine, head: str, now: datetime, clock: Clock | None) -> S
         _count(conn, tables, status, by_recorder=by_recorder)
         if AGER_RUNS.name in tables:
             _count_ager_runs(conn, status)
+        if AGER_PROGRESS.name in tables:
+            _unfinished_ager_runs(conn, status)
         if status.schema == "head":
             with Session(bind=conn) as session:
                 repo = MnestRepository(session, clock=clock or (lambda: now))
@@ -387,6 +424,22 @@ def _count_ager_runs(conn: Connection, status: StoreStatus) -> None:
         )
 
 
+def _unfinished_ager_runs(conn: Connection, status: StoreStatus) -> None:
+    """The rows of ``ager_progress``: the newest is running while a run holds the lock."""
+    rows = conn.execute(sql.AGER_PROGRESS_ROWS).all()
+    running = bool(rows) and ager_running(conn)
+    status.ager_unfinished = [
+        AgerProgressFacts(
+            ts=parse_sqlite_timestamp(r.ts),
+            started=parse_sqlite_timestamp(r.started),
+            updated=parse_sqlite_timestamp(r.updated),
+            batches=int(r.batches),
+            running=running and i == len(rows) - 1,
+        )
+        for i, r in enumerate(rows)
+    ]
+
+
 def _as_utc(value: Any) -> datetime | None:
     """An aggregate's timestamp as an aware UTC datetime, whatever the driver returned."""
     return None if value is None else parse_sqlite_timestamp(value)
@@ -428,8 +481,19 @@ def _render_ager(status: StoreStatus) -> list[str]:
     if status.ager_runs is None:
         return []
     last = status.last_ager_run
+    unfinished = [
+        f"           {'running' if r.running else 'INTERRUPTED'}: the run at "
+        f"{_fmt_time(r.ts)}, begun {_fmt_time(r.started)}, "
+        + (
+            f"{r.batches} batch{'es' if r.batches != 1 else ''} so far"
+            if r.running
+            else f"stopped after {r.batches} batch{'es' if r.batches != 1 else ''} "
+            f"(last at {_fmt_time(r.updated)}); the next run completes it"
+        )
+        for r in status.ager_unfinished or []
+    ]
     if not status.ager_runs or last is None:
-        return ["ager       the ager has never run here (no row in ager_runs)"]
+        return ["ager       the ager has never run here (no row in ager_runs)", *unfinished]
     n = status.ager_runs
     counters = ", ".join(f"{k} {v}" for k, v in last.counters().items())
     return [
@@ -437,6 +501,7 @@ def _render_ager(status: StoreStatus) -> list[str]:
         f"{AGER_WINDOW.days} days; last at {_fmt_time(last.ts)} ({ago(last.ts, status.at)}), "
         f"took {last.duration_s:.3f} s",
         f"           last run: {counters}",
+        *unfinished,
     ]
 
 

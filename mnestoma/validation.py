@@ -12,12 +12,13 @@ from typing import Any, NamedTuple
 
 from .clock import Clock, read_clock, utc_now
 from .errors import InvalidInput
-from .rules import MAX_NAME_LENGTH, MnestState, Recorder
+from .rules import AGER_BATCH_ROWS, MAX_NAME_LENGTH, MnestState, Recorder
 from .types import ensure_json, ensure_unicode_text
 
 __all__ = [
     "Clock",
     "Passing",
+    "check_batch_rows",
     "check_dry_run",
     "check_mnest_id",
     "check_name",
@@ -106,6 +107,11 @@ def check_dry_run(dry_run: object) -> bool:
     if not isinstance(dry_run, bool):
         raise InvalidInput("dry_run must be True or False")
     return dry_run
+
+
+def check_batch_rows(value: object) -> int:
+    """The ager's batch size: None (:data:`~mnestoma.rules.AGER_BATCH_ROWS`) or an int ≥ 1."""
+    return AGER_BATCH_ROWS if value is None else check_positive_int(value, "batch_rows")
 
 
 def check_recorder(value: Any) -> Recorder:

@@ -215,7 +215,8 @@ def test_vanishing_weights_and_steep_decay_never_underflow(store: Mnestoma, cloc
 def test_the_ager_runs_the_same_few_statements_whatever_the_row_count(
     store: Mnestoma, clock
 ) -> None:
-    """Set-based: the number of statements does not grow with the number of rows."""
+    """Set-based: within a batch, the number of statements does not grow with the number of
+    rows (both runs here fit in one batch; a run's statements grow with its batches only)."""
     from sqlalchemy import event
 
     def statements_for_one_run() -> int:
@@ -238,4 +239,4 @@ def test_the_ager_runs_the_same_few_statements_whatever_the_row_count(
     store.record_turn("w", [(f"p{i}", "1", "wish", None, False) for i in range(100)])
     clock.advance(days=60)
     many = statements_for_one_run()
-    assert many == few <= 14
+    assert many == few <= 18

@@ -187,7 +187,12 @@ def test_the_ager_has_never_run_here_when_ager_runs_is_empty(
     st = collect_status(store_url, clock=clock)
     assert (st.ager_runs, st.ager_runs_recent, st.last_ager_run) == (0, 0, None)
     assert "the ager has never run here" in render_status(st)
-    assert status_json(store_url)["ager_runs"] == {"total": 0, "last_30_days": 0, "last": None}
+    assert status_json(store_url)["ager_runs"] == {
+        "total": 0,
+        "last_30_days": 0,
+        "last": None,
+        "unfinished": [],
+    }
 
 
 def test_ager_runs_are_counted_in_the_last_30_days_as_the_clock_moves(
@@ -271,7 +276,8 @@ def test_status_json_carries_the_same_facts_under_documented_keys(
     data = status_json(store_url)
     assert list(data)[-len(NEW_KEYS) :] == NEW_KEYS
     assert list(data["passings_by_recorder"]) == RECORDERS
-    assert list(data["ager_runs"]) == ["total", "last_30_days", "last"]
+    assert list(data["ager_runs"]) == ["total", "last_30_days", "last", "unfinished"]
+    assert data["ager_runs"]["unfinished"] == []
     assert list(data["ager_runs"]["last"]) == [
         "ts",
         "duration_s",
@@ -302,7 +308,8 @@ def test_status_changes_no_byte_of_a_sqlite_store_and_creates_no_file(tmp_path: 
         m.record_passing("a", "1", "b", "2")
         m.apply_ager()
     before = _snapshot(tmp_path)
-    assert list(before) == ["store.sqlite"]
+    # the ager's run lock stays beside the store (empty: only its flock matters)
+    assert list(before) == ["store.sqlite", "store.sqlite-ager.lock"]
     run_ok("status", "--database-url", url)
     run_ok("status", "--json", "--database-url", url)
     collect_status(url, clock=clock)

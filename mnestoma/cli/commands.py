@@ -18,7 +18,13 @@ from ..clock import Clock, utc_now
 from ..errors import InvalidInput, InvalidTransition
 from ..facade import Mnestoma
 from ..repository import WALK_LIMIT
-from ..rules import PROMOTE_HINT, RECURRING_MIN_USES, RECURRING_MIN_WEIGHT, Recorder
+from ..rules import (
+    AGER_BATCH_ROWS,
+    PROMOTE_HINT,
+    RECURRING_MIN_USES,
+    RECURRING_MIN_WEIGHT,
+    Recorder,
+)
 from ..status import collect_status, render_status
 from ..validation import check_positive_int
 from .db import db
@@ -35,7 +41,7 @@ from .options import (
     parse_tags,
     url_option_callback,
 )
-from .progress import progress_bar, spinner
+from .progress import batch_progress, progress_bar, spinner
 from .render import (
     check_output_path,
     echo_json,
@@ -452,24 +458,39 @@ def _command_wording(message: str, mnest_id: str) -> str:
         "back, so it waits for writers and they wait for it (see below)."
     ),
 )
+@click.option(
+    "--batch-rows",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help=f"About how many rows one batch covers (default {AGER_BATCH_ROWS}).",
+)
 @json_option
 @database_url_option
-def age(dry_run: bool, as_json: bool, database_url: str | None) -> None:
+def age(dry_run: bool, batch_rows: int | None, as_json: bool, database_url: str | None) -> None:
     """Run the ager now: decay, demote below 0.20, merge, prune protos below 0.05.
 
-    On a terminal, a run that takes a while shows a spinner on stderr.
+    Online: the run commits in batches, each its own short transaction, so a service's
+    writers wait for one batch at most, never for the run. On a terminal it shows its
+    progress by batch on stderr. A second run started meanwhile waits for the first. A run
+    stopped midway (killed, its connection dropped) is completed by the next run; `mnestoma
+    status` says when one was interrupted.
 
-    A dry run is the ager itself, rolled back, so that its report is exactly what a run
-    would do at that instant: it takes the same locks as a run. Behind a writer it waits:
-    on SQLite for the write lock, up to MNESTOMA_LOCK_TIMEOUT seconds (60 by default), then
-    exits 1; on PostgreSQL for the table lock, as long as the writer's transaction lasts
-    (PGOPTIONS='-c lock_timeout=5s' bounds it, then exits 1). Writers wait for it while it
-    runs.
+    A dry run is the ager itself in one transaction, rolled back, so that its report is
+    exactly what a run would do at that instant: it takes the same locks as a one-batch run
+    for its whole length. Behind a writer it waits: on SQLite for the write lock, up to
+    MNESTOMA_LOCK_TIMEOUT seconds (60 by default), then exits 1; on PostgreSQL for the table
+    lock, as long as the writer's transaction lasts (PGOPTIONS='-c lock_timeout=5s' bounds
+    it, then exits 1). Writers wait for it while it runs.
     """
     with _store(database_url) as store:
         now = utc_now()
-        with spinner("ageing: decay, demote, merge, prune in one transaction"):
-            report = store.apply_ager(dry_run=dry_run)
+        if dry_run:
+            with spinner("ageing (dry run): decay, demote, merge, prune in one transaction"):
+                report = store.apply_ager(dry_run=True, batch_rows=batch_rows)
+        else:
+            with batch_progress("ageing") as progress:
+                report = store.apply_ager(batch_rows=batch_rows, progress=progress)
         render_ager(report, now, dry_run, as_json)
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-__all__ = ["PROGRESS_THRESHOLD", "SPINNER_DELAY_S", "progress_bar", "spinner"]
+__all__ = ["PROGRESS_THRESHOLD", "SPINNER_DELAY_S", "batch_progress", "progress_bar", "spinner"]
 
 PROGRESS_THRESHOLD = 10_000  # rows: a smaller copy shows no bar
 SPINNER_DELAY_S = 0.5  # a quick run shows nothing; a long one (a big store) a spinner
@@ -77,3 +77,27 @@ def progress_bar(total: int) -> Iterator[Callable[[int], Any]]:
         return
     with click.progressbar(length=total, label="copying rows", file=sys.stderr) as bar:
         yield bar.update
+
+
+@contextlib.contextmanager
+def batch_progress(label: str) -> Iterator[Callable[[int, int], None]]:
+    """A line ``label: batch 12/250 (4.8 s)`` on stderr, redrawn after each batch, on a
+    terminal only; the callable it yields takes (batches done, batches in all). The line
+    is cleared at the end."""
+    if not _stderr_is_terminal():
+        yield lambda done, total: None
+        return
+    start = time.monotonic()
+    width = 0
+
+    def draw(done: int, total: int) -> None:
+        nonlocal width
+        line = f"{label}: batch {done}/{total} ({time.monotonic() - start:.1f} s)"
+        click.echo(f"\r{line}", nl=False, err=True)
+        width = max(width, len(line))
+
+    try:
+        yield draw
+    finally:
+        if width:
+            click.echo("\r" + " " * width + "\r", nl=False, err=True)

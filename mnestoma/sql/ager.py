@@ -14,6 +14,7 @@ import functools
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     Column,
     ColumnElement,
     Float,
@@ -24,6 +25,7 @@ from sqlalchemy import (
     and_,
     bindparam,
     case,
+    cast,
     delete,
     func,
     insert,
@@ -37,6 +39,7 @@ from sqlalchemy import (
 from sqlalchemy.schema import CreateTable, DropTable
 from sqlalchemy.sql.elements import ColumnClause, TextClause, UnaryExpression
 from sqlalchemy.sql.operators import custom_op
+from sqlalchemy.types import UserDefinedType
 
 from ..rules import (
     ARCHIVE_BELOW,
@@ -48,10 +51,33 @@ from ..rules import (
 )
 from ..sqlrules import advanced, below, decayed, greatest, least, now_param
 from ..types import UTCDateTime
+from .tables import AGER_PROGRESS as P
 from .tables import EVENTS as E
 from .tables import MNESTS as M
 
-__all__ = ["PAIRS", "ager_statements", "cache_size_pragma"]
+__all__ = [
+    "PAIRS",
+    "PROGRESS_BEGIN",
+    "PROGRESS_DONE",
+    "PROGRESS_MOVE",
+    "ager_statements",
+    "cache_size_pragma",
+]
+
+# A run's row in ager_progress: inserted when it begins (its id returned), moved on by each
+# batch in the batch's transaction, deleted with the rows of the runs before it (which the
+# run completed, as it holds the run lock) in the transaction that writes its ager_runs row.
+PROGRESS_BEGIN = insert(P).returning(P.c.id)
+PROGRESS_MOVE = (
+    update(P)
+    .where(P.c.id == bindparam("run_id"))
+    .values(
+        batches=bindparam("batches"),
+        position=bindparam("position"),
+        updated=bindparam("updated"),
+    )
+)
+PROGRESS_DONE = delete(P).where(P.c.id <= bindparam("run_id"))
 
 ACTIVE = MnestState.ACTIVE.value
 PROTO = MnestState.PROTO.value
@@ -220,13 +246,71 @@ def _merge_values(dialect: str, now: Any, pairs: Any) -> dict[str, Any]:
     }
 
 
-def _sqlite(now: Any) -> dict[str, Any]:
+def _in_batch(dialect: str, table: Any) -> ColumnElement[bool]:
+    """The rows of one batch of a run: SQLite rowids in ``[:lo, :hi)``, PostgreSQL pages
+    (``ctid`` blocks) in ``[:lo, :hi)``. Either is a range of the table's own order, read
+    by a range scan (SQLite's rowid, PostgreSQL's TID range scan), never through an index."""
+    if dialect == "sqlite":
+        rowid = _rowid(table)
+        return and_(rowid >= bindparam("lo", type_=Integer), rowid < bindparam("hi", type_=Integer))
+    ctid = ColumnClause("ctid", TID(), _selectable=table)
+    return and_(ctid >= _tid(bindparam("lo")), ctid < _tid(bindparam("hi")))
+
+
+class TID(UserDefinedType[str]):
+    """PostgreSQL's ``tid``: a row's (page, item) address."""
+
+    cache_ok = True
+
+    def get_col_spec(self, **kw: Any) -> str:
+        return "tid"
+
+
+def _tid(page: Any) -> Any:
+    """The address of item 0 of page ``page`` (an integer), as a ``tid``."""
+    return cast(func.concat("(", cast(page, BigInteger), ",0)"), TID())
+
+
+def _sqlite_batch_pairs(now: Any) -> Any:
+    """The merge pairs whose active row is in the batch: the batch's actives below 0.20
+    (a rowid range), each decaying twin looked up by the whole edge key (the edge-key index,
+    its state a literal). Linear in the batch whatever the store holds."""
+    a, d = M.alias("a"), M.alias("d")
+    eff_a = decayed("sqlite", a.c.weight, a.c.decay_lambda, a.c.ts_weight, now)
+    eff_d = decayed("sqlite", d.c.weight, d.c.decay_lambda, d.c.ts_weight, now)
+    key = ("src_executor", "src_version", "dst_executor", "dst_version")
+    twin = and_(*(d.c[k] == a.c[k] for k in key), d.c.state == DECAYING)
+    return (
+        select(
+            _rowid(d).label("d_rowid"),
+            _rowid(a).label("a_rowid"),
+            a.c.id.label("a_id"),
+            d.c.id.label("d_id"),
+            eff_a.label("a_eff"),
+            eff_d.label("d_eff"),
+            a.c.uses.label("a_uses"),
+            a.c.ts_first.label("a_first"),
+            a.c.ts_last.label("a_last"),
+        )
+        .select_from(a.join(d, twin))
+        .where(
+            _in_batch("sqlite", a),
+            _unindexed(a.c.state) == ACTIVE,
+            a.c.dst_version.is_not(None),
+            below(eff_a, DECAYING_BELOW),
+        )
+    )
+
+
+def _sqlite(now: Any, batched: bool) -> dict[str, Any]:
     eff = decayed("sqlite", M.c.weight, M.c.decay_lambda, M.c.ts_weight, now)
     state = _unindexed(M.c.state)
+    in_batch = (_in_batch("sqlite", M),) if batched else ()
     p = PAIRS
+    pairs = _sqlite_batch_pairs(now) if batched else _pairs_select("sqlite", now)
     stmts: dict[str, Any] = {
         "pairs_create": CreateTable(p),
-        "pairs": insert(p).from_select([c.name for c in p.columns], _pairs_select("sqlite", now)),
+        "pairs": insert(p).from_select([c.name for c in p.columns], pairs),
     }
     absorbed, target = _merge_events("sqlite", now, p)
     stmts["merge_events"] = insert(E).from_select(EVENT_COLUMNS, union_all(absorbed, target))
@@ -244,7 +328,7 @@ def _sqlite(now: Any) -> dict[str, Any]:
     # the subquery into each place that uses it).
     moving = (
         select(M.c.id, M.c.state, eff.label("e"))
-        .where(state.in_([ACTIVE, PROTO]))
+        .where(state.in_([ACTIVE, PROTO]), *in_batch)
         .limit(-1)
         .subquery("moving")
     )
@@ -273,21 +357,23 @@ def _sqlite(now: Any) -> dict[str, Any]:
             )
         ),
     )
-    stmts["prune"] = delete(M).where(state == PROTO, below(eff, PROTO_PRUNE_BELOW))
+    stmts["prune"] = delete(M).where(state == PROTO, below(eff, PROTO_PRUNE_BELOW), *in_batch)
     # Demoted and decayed rows are written by two statements: a statement that sets
     # ``state`` rewrites the entries of every index holding it, for each row it touches.
     stmts["demote"] = (
         update(M)
-        .where(state == ACTIVE, below(eff, DECAYING_BELOW))
+        .where(state == ACTIVE, below(eff, DECAYING_BELOW), *in_batch)
         .values(state=DECAYING, weight=eff, ts_weight=advanced(M.c.ts_weight, now))
     )
     stmts["decay"] = (
         update(M)
-        .where(state.in_([ACTIVE, PROTO]), M.c.ts_weight < now)
+        .where(state.in_([ACTIVE, PROTO]), M.c.ts_weight < now, *in_batch)
         .values(weight=eff, ts_weight=now)
     )
     stmts["archive_count"] = _archive_count("sqlite", now, state)
     stmts["pairs_drop"] = DropTable(p, if_exists=True)
+    # The run's rowids (those the table has when it begins) and its rows.
+    stmts["bounds"] = select(func.min(_rowid(M)), func.max(_rowid(M)) + 1, func.count())
     stmts["cache_size"] = text("PRAGMA cache_size")
     stmts["page_size"] = text("PRAGMA page_size")
     return stmts
@@ -302,13 +388,52 @@ def _archive_count(dialect: str, now: Any, state: Any) -> Any:
     )
 
 
-def _postgresql(now: Any) -> dict[str, Any]:
+def _postgresql_batch_pairs(now: Any) -> Any:
+    """The merge pairs whose active row is in the batch: the batch's actives below 0.20
+    (a page range), each decaying twin looked up by the whole edge key (a lateral lookup,
+    one probe of the edge-key index per candidate, whatever the statistics say)."""
+    pg = "postgresql"
+    a, d = M.alias("a"), M.alias("d")
+    eff_a = decayed(pg, a.c.weight, a.c.decay_lambda, a.c.ts_weight, now)
+    eff_d = decayed(pg, d.c.weight, d.c.decay_lambda, d.c.ts_weight, now)
+    key = ("src_executor", "src_version", "dst_executor", "dst_version")
+    twin = (
+        select(d.c.id.label("d_id"), eff_d.label("d_eff"))
+        .where(
+            *(d.c[k] == a.c[k] for k in key), d.c.state == DECAYING, d.c.dst_version.is_not(None)
+        )
+        .limit(1)
+        .lateral("twin")
+    )
+    return (
+        select(
+            a.c.id.label("a_id"),
+            twin.c.d_id,
+            eff_a.label("a_eff"),
+            twin.c.d_eff,
+            a.c.uses.label("a_uses"),
+            a.c.ts_first.label("a_first"),
+            a.c.ts_last.label("a_last"),
+        )
+        .select_from(a.join(twin, literal(True)))
+        .where(
+            _in_batch(pg, a),
+            a.c.state == ACTIVE,
+            a.c.dst_version.is_not(None),
+            below(eff_a, DECAYING_BELOW),
+        )
+    )
+
+
+def _postgresql(now: Any, batched: bool) -> dict[str, Any]:
     pg = "postgresql"
     eff = decayed(pg, M.c.weight, M.c.decay_lambda, M.c.ts_weight, now)
+    in_batch = (_in_batch(pg, M),) if batched else ()
 
     # The merges, one statement: the pairs once, their events, the decaying rows updated,
     # the active rows deleted (its row count).
-    pairs = _pairs_select(pg, now).cte("pairs").prefix_with("MATERIALIZED")
+    found = _postgresql_batch_pairs(now) if batched else _pairs_select(pg, now)
+    pairs = found.cte("pairs").prefix_with("MATERIALIZED")
     absorbed, target = _merge_events(pg, now, pairs)
     merge_absorbed = insert(E).from_select(EVENT_COLUMNS, absorbed).cte("merge_absorbed")
     merge_target = insert(E).from_select(EVENT_COLUMNS, target).cte("merge_target")
@@ -328,7 +453,7 @@ def _postgresql(now: Any) -> dict[str, Any]:
     # effective weight is computed by the statement that changes the row, and only there.
     gone = (
         delete(M)
-        .where(M.c.state == PROTO, below(eff, PROTO_PRUNE_BELOW))
+        .where(M.c.state == PROTO, below(eff, PROTO_PRUNE_BELOW), *in_batch)
         .returning(M.c.id, eff.label("e"))
         .cte("gone")
     )
@@ -338,7 +463,7 @@ def _postgresql(now: Any) -> dict[str, Any]:
     prune = prune.execution_options(preserve_rowcount=True)
     moved = (
         update(M)
-        .where(M.c.state == ACTIVE, below(eff, DECAYING_BELOW))
+        .where(M.c.state == ACTIVE, below(eff, DECAYING_BELOW), *in_batch)
         .values(state=DECAYING, weight=eff, ts_weight=advanced(M.c.ts_weight, now))
         .returning(M.c.id, M.c.weight)
         .cte("moved")
@@ -358,7 +483,7 @@ def _postgresql(now: Any) -> dict[str, Any]:
     )
     decay = (
         update(M)
-        .where(M.c.state.in_([ACTIVE, PROTO]), M.c.ts_weight < now, stays)
+        .where(M.c.state.in_([ACTIVE, PROTO]), M.c.ts_weight < now, stays, *in_batch)
         .values(weight=eff, ts_weight=now)
     )
     return {
@@ -370,6 +495,14 @@ def _postgresql(now: Any) -> dict[str, Any]:
         "decay": decay,
         "demote": demote,
         "archive_count": _archive_count(pg, now, M.c.state),
+        # The run's pages (those the table has when it begins) and its rows, for the batch
+        # size in pages.
+        "bounds": select(
+            literal(0, BigInteger),
+            func.pg_relation_size(text("'mnests'::regclass"))
+            / func.current_setting("block_size").cast(BigInteger),
+            select(func.count()).select_from(M).scalar_subquery(),
+        ),
     }
 
 
@@ -379,7 +512,8 @@ def cache_size_pragma(value: int) -> TextClause:
 
 
 @functools.cache
-def ager_statements(dialect: str) -> dict[str, Any]:
-    """The ager's statements for ``dialect`` (``sqlite`` or ``postgresql``), by name."""
+def ager_statements(dialect: str, batched: bool = False) -> dict[str, Any]:
+    """The ager's statements for ``dialect`` (``sqlite`` or ``postgresql``), by name; with
+    ``batched``, those that change rows take one batch's range (``:lo``, ``:hi``)."""
     now = now_param()
-    return _postgresql(now) if dialect == "postgresql" else _sqlite(now)
+    return _postgresql(now, batched) if dialect == "postgresql" else _sqlite(now, batched)

@@ -14,12 +14,14 @@ from typing import Any, Final
 from sqlalchemy import Select, bindparam, func, select
 
 from ..rules import PASSING, EventKind
+from .tables import AGER_PROGRESS as P
 from .tables import AGER_RUNS as R
 from .tables import EVENTS as E
 from .tables import MNESTS as M
 from .tables import QUERIES as Q
 
 __all__ = [
+    "AGER_PROGRESS_ROWS",
     "AGER_RUN_COUNTS",
     "EVENTS_BY_KIND",
     "EVENTS_KEPT_FROM",
@@ -72,3 +74,5 @@ AGER_RUN_COUNTS: Final[Select[int, int]] = select(
 ).select_from(R)
 
 LAST_AGER_RUN: Final[Select[Any]] = select(R).order_by(R.c.ts.desc(), R.c.id.desc()).limit(1)
+# The runs of the ager begun and not completed (revision 0007 on), oldest first.
+AGER_PROGRESS_ROWS: Final[Select[Any]] = select(P).order_by(P.c.id)

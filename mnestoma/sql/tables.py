@@ -7,10 +7,11 @@ from typing import cast
 from sqlalchemy import ColumnElement, String, Table, and_, bindparam, literal_column
 from sqlalchemy.sql.expression import FromClause
 
-from ..models import AgerRun, CanonicalQuery, Event, Mnest
+from ..models import AgerProgress, AgerRun, CanonicalQuery, Event, Mnest
 from ..rules import EventKind, MnestState, sql_literal
 
 __all__ = [
+    "AGER_PROGRESS",
     "AGER_RUNS",
     "EVENTS",
     "EVENT_COLUMNS",
@@ -29,6 +30,7 @@ MNESTS = cast(Table, Mnest.__table__)
 EVENTS = cast(Table, Event.__table__)
 QUERIES = cast(Table, CanonicalQuery.__table__)
 AGER_RUNS = cast(Table, AgerRun.__table__)
+AGER_PROGRESS = cast(Table, AgerProgress.__table__)
 
 MNEST_COLUMNS: tuple[str, ...] = tuple(c.key for c in MNESTS.columns)
 EVENT_COLUMNS: tuple[str, ...] = tuple(c.key for c in EVENTS.columns)
