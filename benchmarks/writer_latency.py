@@ -44,6 +44,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta
 from multiprocessing import get_context
@@ -73,6 +74,7 @@ __all__ = [
     "run",
     "run_engine",
     "summarize",
+    "timeline",
     "writer_loop",
 ]
 
@@ -238,6 +240,8 @@ class Window:
     p99_ms: float | None
     max_ms: float | None
     errors: dict[str, int]
+    lo: float | None = None  # the window, on the writers' clock (None: unbounded)
+    hi: float | None = None
 
     @property
     def error_count(self) -> int:
@@ -256,7 +260,26 @@ def summarize(calls: Sequence[Call], lo: float = -math.inf, hi: float = math.inf
         percentile(lat, 0.99),
         lat[-1] if lat else None,
         dict(sorted(errors.items())),
+        lo if math.isfinite(lo) else None,
+        hi if math.isfinite(hi) else None,
     )
+
+
+TIMELINE_STEP_S = 0.25
+
+
+def timeline(
+    calls: Sequence[Call], origin: float, step: float = TIMELINE_STEP_S
+) -> list[tuple[float, int, float]]:
+    """Per ``step`` of due times from ``origin`` (negative: before it): the step's start
+    (s), the calls due in it, their longest latency (ms). Shows when in a run writers
+    waited."""
+    buckets: dict[int, list[float]] = {}
+    for c in calls:
+        buckets.setdefault(math.floor((c.due - origin) / step), []).append(c.latency)
+    return [
+        (round(b * step, 3), len(v), round(max(v) * 1e3, 2)) for b, v in sorted(buckets.items())
+    ]
 
 
 # --- maintenance, in a process of its own or in this thread ---------------------------------
@@ -463,9 +486,11 @@ def _events_sql(per_row: int, dialect: str) -> list[str]:
 
 def add_events(url: str, per_row: int) -> int:
     """Load ``per_row`` events per row of ``mnests`` (see :func:`_events_sql`); how many
-    events the store then holds. PostgreSQL: then VACUUM ANALYZE, as autovacuum would
-    (so that it does not start in the middle of a measurement)."""
+    events the store then holds. PostgreSQL: then VACUUM ANALYZE, as autovacuum would (so
+    that it does not start in the middle of a measurement), and a CHECKPOINT; on both, the
+    dirty pages of the load are flushed before the writers start."""
     from sqlalchemy import create_engine, text
+    from sqlalchemy.exc import DBAPIError
 
     engine = create_engine(url)
     try:
@@ -480,8 +505,12 @@ def add_events(url: str, per_row: int) -> int:
             if dialect == "postgresql":
                 conn = conn.execution_options(isolation_level="AUTOCOMMIT")
                 conn.execute(text("VACUUM ANALYZE mnests, events"))
+                with suppress(DBAPIError):  # needs a superuser or pg_checkpoint
+                    conn.execute(text("CHECKPOINT"))
             else:
                 conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+        if hasattr(os, "sync"):
+            os.sync()  # the load's dirty pages are written now, not during a measurement
         return count
     finally:
         engine.dispose()
@@ -585,6 +614,8 @@ def _result(
         detail["result"] = outcome.result
         if outcome.error:
             detail["maintenance_error"] = outcome.error
+    if window.lo is not None:
+        detail["timeline"] = timeline(calls, window.lo)
     return PhaseResult(
         engine,
         n,

@@ -94,6 +94,10 @@ def test_a_call_due_during_a_stall_counts_the_stall_from_its_due_time() -> None:
     assert window.p50_ms == pytest.approx(1)  # 27 of 50 on time
     # a closed-loop count (latency from each call's start) would have seen one slow call
     assert sum(x >= 0.1 for x in lat) == 12
+    # the timeline shows when the writer waited: per 100 ms of due times, the longest wait
+    steps = wl.timeline(calls, -0.005, step=0.1)
+    assert [(t, n) for t, n, _ in steps] == [(0.0, 10), (0.1, 10), (0.2, 10), (0.3, 10), (0.4, 10)]
+    assert [m for _, _, m in steps] == pytest.approx([200, 137, 47, 1, 1])
 
 
 def test_a_late_writer_runs_at_once_and_an_early_one_sleeps_until_due() -> None:
@@ -226,6 +230,9 @@ def test_every_phase_runs_on_a_tiny_store(engine_name: str, tmp_path: Path) -> N
             w = r.window
             assert w.max_ms is not None and w.p99_ms is not None and w.p50_ms is not None
             assert w.max_ms >= w.p99_ms >= w.p50_ms > 0
+        # the timeline covers every call, from the lead to the tail
+        assert sum(n for _, n, _ in r.detail["timeline"]) == r.all_calls
+        assert r.detail["timeline"][0][0] < 0  # the lead, before the window
     assert by["idle"].maintenance_s is None
     assert by["idle"].window.calls >= 30  # 2 writers × 0.2 s / 10 ms
     assert by["idle"].detail["events"] == rows * TINY.events_per_row
