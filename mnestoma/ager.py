@@ -27,7 +27,7 @@ from sqlalchemy import Connection
 from sqlalchemy.sql import Executable
 
 from .executor import Executor
-from .rules import AgerReport, ager_batches, archive_cutoff
+from .rules import AgerReport, archive_cutoff
 from .sql.ager import (
     PROGRESS_BEGIN,
     PROGRESS_DONE,
@@ -79,18 +79,14 @@ def run_ager(conn: Connection, now: datetime) -> AgerReport:
 
 @dataclass(frozen=True, slots=True)
 class BatchedRun:
-    """A run of the ager in batches: its id in ``ager_progress``, its ``now``, and the
-    positions its batches cover (``[first, end)`` in steps of ``step``)."""
+    """A run of the ager in batches: its id in ``ager_progress``, its ``now``, the positions
+    its batches cover (``[first, end)``) and how many the first batch takes (``step``)."""
 
     run_id: int
     now: datetime
     first: int
     end: int
     step: int
-
-    def batches(self) -> list[tuple[int, int]]:
-        """The ``[lo, hi)`` ranges of the run's batches, in order."""
-        return list(ager_batches(self.first, self.end, self.step))
 
 
 def begin_batched_run(
@@ -158,6 +154,8 @@ def _run_postgresql(
     s = s or ager_statements("postgresql")
     # One lock order with writers: they wait for the ager instead of deadlocking.
     _run(conn, s["lock"])
+    if batched:
+        _run(conn, s["async_commit"])
     merged = _run(conn, s["merge"], p).rowcount
     pruned = _run(conn, s["prune"], p).rowcount
     decayed = _run(conn, s["decay"], p).rowcount

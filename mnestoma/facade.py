@@ -32,12 +32,14 @@ if TYPE_CHECKING:
     from .graph import MnestGraph
 from .repository import WALK_LIMIT, MnestRepository, QueryFrequency
 from .rules import (
+    AGER_BATCH_ROWS,
     RECURRING_MIN_USES,
     RECURRING_MIN_WEIGHT,
     AgerReport,
     MnestState,
     Recorder,
     ager_batch_pause,
+    ager_next_step,
     event_batches,
     event_prune_pause,
 )
@@ -325,10 +327,12 @@ class Mnestoma:
     ) -> AgerReport:
         """Run the ager at the clock's now; ``dry_run`` reports and rolls everything back.
 
-        Online: the run commits in batches of about ``batch_rows`` rows (default
-        :data:`~mnestoma.rules.AGER_BATCH_ROWS`), each its own short transaction, so a writer
-        waits for one batch, not the run; ``progress(done, total)`` is called after each.
-        A second run at once waits for the first. A dry run is one transaction, rolled back.
+        Online: the run commits in batches, each its own short transaction, so a writer
+        waits for one batch, not the run. By default each batch is sized to hold its locks
+        about :data:`~mnestoma.rules.AGER_BATCH_TARGET_S` (50 ms); ``batch_rows`` fixes
+        about how many rows each covers instead. ``progress(done, total)`` is called after
+        each batch. A second run at once waits for the first. A dry run is one
+        transaction, rolled back.
         """
         batch_rows = check_batch_rows(batch_rows)
         if check_dry_run(dry_run):
@@ -404,11 +408,14 @@ def age_in_batches(
     conn: Connection,
     *,
     clock: Clock | None,
-    batch_rows: int,
+    batch_rows: int | None,
     progress: BatchProgress | None = None,
 ) -> AgerReport:
     """One run of the ager on ``conn``, each batch a unit of work of its own (retried when
-    transient), under the database's ager lock; the report of the whole run.
+    transient), under the database's ager lock; the report of the whole run. Batches of
+    ``batch_rows`` rows, or (None) sized as the run goes to take about
+    :data:`~mnestoma.rules.AGER_BATCH_TARGET_S` each. ``progress(done, total)`` after each
+    batch (the total an estimate while the batches are being sized).
 
     On SQLite each batch after the first waits :func:`~mnestoma.rules.ager_batch_pause`
     first, so that writers waiting for the lock take it in between.
@@ -426,15 +433,21 @@ def age_in_batches(
 
     pause = ager_batch_pause(conn.dialect.name)
     with ager_run_lock(conn), ager_page_cache(conn):
-        run = write(lambda r: r.begin_ager_run(batch_rows))
-        batches = run.batches()
+        run = write(lambda r: r.begin_ager_run(batch_rows or AGER_BATCH_ROWS))
         report = AgerReport()
-        for number, (lo, hi) in enumerate(batches, 1):
-            if number > 1 and pause:
+        lo, step, number = run.first, run.step, 0
+        while lo < run.end:
+            hi = min(lo + step, run.end)
+            if number and pause:
                 pause_on(conn, pause)
+            took = time.perf_counter()
+            number += 1
             report += write(functools.partial(_age_batch, run=run, lo=lo, hi=hi, number=number))
+            if batch_rows is None:
+                step = ager_next_step(step, time.perf_counter() - took)
+            lo = hi
             if progress is not None:
-                progress(number, len(batches))
+                progress(number, number + -(-(run.end - lo) // step))
         with ConnectionUnitOfWork(conn, clock=clock) as unit:
             archive = unit.mnests.archive_candidates(run.now)
         report = replace(report, archive_candidates=archive)

@@ -13,6 +13,7 @@ from typing import Any
 __all__ = [
     "AGER_BATCH_PAUSE_S",
     "AGER_BATCH_ROWS",
+    "AGER_BATCH_TARGET_S",
     "ARCHIVE_AFTER_DAYS",
     "ARCHIVE_BELOW",
     "DECAYING_BELOW",
@@ -63,14 +64,16 @@ EVENT_PRUNE_BATCH = 5000
 # write lock take it. SQLite's busy handler sleeps up to 100 ms between its tries, so a
 # shorter pause lets the next batch take the lock again before they wake.
 EVENT_PRUNE_PAUSE_S = 0.11
-# apply_ager: about how many rows one batch covers, each batch its own transaction. Sized
-# so that a batch holds its locks for tens of milliseconds (about 50 ms on a 2-core
-# machine, on both engines), so a writer behind the ager waits for one batch at most.
+# apply_ager: how long one batch holds its locks (seconds), each batch its own transaction,
+# so a writer behind the ager waits for one batch at most. The run sizes its batches to it
+# as it goes (from the time the last batch took), starting at AGER_BATCH_ROWS rows, unless
+# the caller fixes a number of rows per batch.
+AGER_BATCH_TARGET_S = 0.05
 AGER_BATCH_ROWS = 4000
 # apply_ager on SQLite: seconds between two batches, in which writers waiting for the
-# write lock take it (they try again every few milliseconds, see mnestoma.locking). Small
+# write lock take it (they try again every 2 ms at most, see mnestoma.locking). Small
 # beside a batch, so that a run takes little longer than one transaction would.
-AGER_BATCH_PAUSE_S = 0.005
+AGER_BATCH_PAUSE_S = 0.003
 # The ager's thresholds (0.20, 0.05) are crossed only by more than this: SQLite (julianday,
 # milliseconds), PostgreSQL (epoch arithmetic) and Python compute an effective weight a few
 # units in the 13th digit apart, so a weight that is exactly at a threshold must not fall on
@@ -190,11 +193,11 @@ def ager_batch_pause(dialect: str) -> float:
     return AGER_BATCH_PAUSE_S if dialect == "sqlite" else 0.0
 
 
-def ager_batches(first: int, end: int, step: int) -> Iterator[tuple[int, int]]:
-    """The ranges ``[lo, hi)`` of ``step`` positions (SQLite rowids, PostgreSQL pages) that
-    cover ``[first, end)``, in order: the batches of one run of the ager."""
-    for lo in range(first, end, max(1, step)):
-        yield lo, min(lo + max(1, step), end)
+def ager_next_step(step: int, took_s: float) -> int:
+    """The positions the next batch of the ager covers, given that ``step`` of them took
+    ``took_s`` seconds: scaled towards :data:`AGER_BATCH_TARGET_S`, by half to twice."""
+    scale = AGER_BATCH_TARGET_S / took_s if took_s > 0 else 2.0
+    return max(1, round(step * min(2.0, max(0.5, scale))))
 
 
 def days_between(earlier: datetime, later: datetime) -> float:

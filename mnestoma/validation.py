@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 from .clock import Clock, read_clock, utc_now
 from .errors import InvalidInput
-from .rules import AGER_BATCH_ROWS, MAX_NAME_LENGTH, MnestState, Recorder
+from .rules import MAX_NAME_LENGTH, MnestState, Recorder
 from .types import ensure_json, ensure_unicode_text
 
 __all__ = [
@@ -109,9 +109,9 @@ def check_dry_run(dry_run: object) -> bool:
     return dry_run
 
 
-def check_batch_rows(value: object) -> int:
-    """The ager's batch size: None (:data:`~mnestoma.rules.AGER_BATCH_ROWS`) or an int ≥ 1."""
-    return AGER_BATCH_ROWS if value is None else check_positive_int(value, "batch_rows")
+def check_batch_rows(value: object) -> int | None:
+    """The ager's rows per batch: None (batches sized by time) or an int ≥ 1."""
+    return None if value is None else check_positive_int(value, "batch_rows")
 
 
 def check_recorder(value: Any) -> Recorder:

@@ -19,7 +19,7 @@ from ..errors import InvalidInput, InvalidTransition
 from ..facade import Mnestoma
 from ..repository import WALK_LIMIT
 from ..rules import (
-    AGER_BATCH_ROWS,
+    AGER_BATCH_TARGET_S,
     PROMOTE_HINT,
     RECURRING_MIN_USES,
     RECURRING_MIN_WEIGHT,
@@ -463,7 +463,10 @@ def _command_wording(message: str, mnest_id: str) -> str:
     type=click.IntRange(min=1),
     default=None,
     metavar="N",
-    help=f"About how many rows one batch covers (default {AGER_BATCH_ROWS}).",
+    help=(
+        "About how many rows one batch covers (default: sized as the run goes, so that "
+        f"each batch takes about {AGER_BATCH_TARGET_S * 1000:g} ms)."
+    ),
 )
 @json_option
 @database_url_option

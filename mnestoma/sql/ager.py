@@ -490,6 +490,10 @@ def _postgresql(now: Any, batched: bool) -> dict[str, Any]:
         # EXCLUSIVE also conflicts with the ROW SHARE lock of a writer's SELECT ... FOR
         # UPDATE: the ager waits for writers that hold row locks, never the reverse.
         "lock": text("LOCK TABLE mnests IN EXCLUSIVE MODE"),
+        # A batch's commit does not wait for its WAL to reach the disk: a crash may lose the
+        # last batches, which (like a killed run's) the next run redoes; the run's last
+        # transaction (its ager_runs row) is durable, and with it every batch before.
+        "async_commit": text("SET LOCAL synchronous_commit TO OFF"),
         "merge": merge,
         "prune": prune,
         "decay": decay,
