@@ -164,7 +164,7 @@ def _digest(text: str) -> bytes:
 
 
 def _leaf_text(value: Any) -> str | None:
-    """The text a leaf is compared by, or None when the leaf is trivial (see the README)."""
+    """The text a leaf is compared by, or None when the leaf is trivial (see docs/recording.md)."""
     if value is None or isinstance(value, bool):
         return None
     if isinstance(value, int | float):

@@ -1,7 +1,7 @@
 """Where things live: the command line's modules, one clock, one way to write a time, the
 statements of status and copy in ``mnestoma.sql`` (the state and event words are checked
 for the whole package by ``test_structure.py``). A newcomer can trust these to stay where
-the README says."""
+the maintainers' guide says."""
 
 from __future__ import annotations
 

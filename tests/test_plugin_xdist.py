@@ -32,7 +32,7 @@ from mnestoma.testing.plugin import (
 DOWNSTREAM_CONFTEST = 'pytest_plugins = ["mnestoma.testing"]\n'
 
 # Every test writes rows, commits them into its transaction, waits a little while holding
-# its locks, then runs the ager (which locks the same tables): the README's example test.
+# its locks, then runs the ager (which locks the same tables): the testing guide's example test.
 DOWNSTREAM_TESTS = textwrap.dedent(
     """
     import os

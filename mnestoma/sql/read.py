@@ -54,8 +54,8 @@ def find_statement(proto: bool, state: MnestState) -> Select[Any]:
 
 @functools.cache
 def edges_statement(by_src: bool, by_dst: bool, by_states: bool, limited: bool) -> Select[Any]:
-    """Rows filtered by ``:src``, ``:dst``, ``:states`` (expanding), oldest first, at most
-    ``:limit``: one statement per combination of the filters given."""
+    """Rows filtered by ``:src``, ``:dst``, ``:states`` (expanding), oldest first (then by
+    edge key), at most ``:limit``: one statement per combination of the filters given."""
     stmt = select(M)
     if by_src:
         stmt = stmt.where(M.c.src_executor == bindparam("src"))
@@ -63,7 +63,10 @@ def edges_statement(by_src: bool, by_dst: bool, by_states: bool, limited: bool) 
         stmt = stmt.where(M.c.dst_executor == bindparam("dst"))
     if by_states:
         stmt = stmt.where(M.c.state.in_(bindparam("states", expanding=True)))
-    stmt = stmt.order_by(M.c.ts_first, M.c.id)
+    # ties (the edges of one turn share their first instant) in edge-key order, so that a
+    # listing is the same from one store to its copy, whatever the ids drawn
+    key = (M.c.src_executor, M.c.src_version, M.c.dst_executor, M.c.dst_version, M.c.state)
+    stmt = stmt.order_by(M.c.ts_first, *key, M.c.id)
     return stmt.limit(bindparam("limit")) if limited else stmt
 
 
