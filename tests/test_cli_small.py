@@ -275,17 +275,21 @@ def test_age_shows_no_progress_when_stderr_is_not_a_terminal(
     assert result.stdout.startswith("ager at ")
 
 
-def test_age_shows_a_spinner_on_a_terminal_and_clears_it(
+def test_age_shows_its_progress_by_batch_on_a_terminal_and_clears_it(
     store_url: str, clock: MovableClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _chain_store(store_url, 3, clock)
     monkeypatch.setattr(progress, "_stderr_is_terminal", lambda: True)
-    monkeypatch.setattr(progress, "SPINNER_DELAY_S", 0.0)
-    result = run_ok("age", "--json", "--database-url", store_url)
-    assert result.stderr.startswith("\r") and "ageing" in result.stderr
+    result = run_ok("age", "--json", "--batch-rows", "1", "--database-url", store_url)
+    assert result.stderr.startswith("\r") and "ageing: batch 1/" in result.stderr
     last = result.stderr.rsplit("\r", 2)[-2]
     assert last.strip() == "" and len(last) >= len("ageing")  # blanked before the report
     assert json.loads(result.stdout)["dry_run"] is False  # stdout stays machine-readable
+
+
+def test_age_refuses_a_batch_of_no_rows(store_url: str) -> None:
+    result = run("age", "--batch-rows", "0", "--database-url", store_url)
+    assert result.exit_code == 2 and "--batch-rows" in result.stderr
 
 
 def test_a_quick_age_on_a_terminal_draws_nothing(

@@ -1,0 +1,347 @@
+"""The ager in batches, each its own transaction: it adds up to the one-transaction run,
+survives being killed anywhere, lets writers in between batches, and runs one at a time."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections import Counter
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, event, text
+from test_ager_run import T0, StoppedClock, demoting_store, load
+
+import mnestoma
+from mnestoma import AgerReport, Mnestoma
+from mnestoma.errors import InvalidInput, MnestomaError
+from mnestoma.status import collect_status
+
+ROWS = demoting_store(600, seed=11, twins=40)  # the twins come last: merges across batches
+STORE_TABLES = ("events", "ager_runs", "ager_progress", "mnests")
+
+
+def reset(url: str) -> None:
+    """The store as ``ROWS`` and nothing else."""
+    engine = mnestoma.make_engine(url)
+    try:
+        with engine.begin() as conn:
+            if conn.dialect.name == "postgresql":  # the rows from page 0 on, as on SQLite
+                conn.execute(text(f"TRUNCATE {', '.join(STORE_TABLES)}"))
+            for name in STORE_TABLES:
+                conn.execute(text(f"DELETE FROM {name}"))
+        load(engine, ROWS)
+    finally:
+        engine.dispose()
+
+
+def snapshot(engine: Engine) -> tuple[dict[str, tuple[Any, ...]], Counter[tuple[Any, ...]]]:
+    """The rows by id (weights to 12 digits) and the events as a multiset (ids aside)."""
+    with engine.connect() as conn:
+        rows = {
+            r.id: (r.state, r.uses, str(r.ts_first), str(r.ts_last), str(r.ts_weight),
+                   float(f"{r.weight:.12g}"))
+            for r in conn.execute(text("SELECT * FROM mnests"))
+        }  # fmt: skip
+        events = Counter(
+            (e.mnest_id, e.kind, str(e.ts), e.state_before, e.state_after, e.related_id,
+             None if e.weight_before is None else float(f"{e.weight_before:.12g}"),
+             None if e.weight_after is None else float(f"{e.weight_after:.12g}"))
+            for e in conn.execute(text("SELECT * FROM events"))
+        )  # fmt: skip
+    return rows, events
+
+
+def one_transaction(url: str) -> tuple[AgerReport, Any]:
+    """The reference: the same run in one transaction (a unit of work's), and what it left."""
+    reset(url)
+    with Mnestoma(url, clock=StoppedClock()) as store:
+        with store.unit_of_work() as unit:
+            report = unit.mnests.apply_ager()
+            unit.commit()
+        return report, snapshot(store.engine)
+
+
+def count(engine: Engine, table: str) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(text(f"SELECT count(*) FROM {table}")).scalar_one())
+
+
+@pytest.mark.parametrize("batch_rows", [1, 37, None])
+def test_a_run_in_batches_equals_the_run_in_one_transaction(
+    store_url: str, batch_rows: int | None
+) -> None:
+    expected, left = one_transaction(store_url)
+    reset(store_url)
+    seen: list[tuple[int, int]] = []
+    with Mnestoma(store_url, clock=StoppedClock()) as store:
+        report = store.apply_ager(batch_rows=batch_rows, progress=lambda d, t: seen.append((d, t)))
+        assert report == expected
+        assert expected.merged == 40 and expected.to_decaying > 400 and expected.protos_pruned
+        assert snapshot(store.engine) == left
+        assert count(store.engine, "ager_runs") == 1
+        assert count(store.engine, "ager_progress") == 0
+    if batch_rows is not None:
+        assert len(seen) > 10  # many batches (PostgreSQL's are whole pages)
+        assert seen[-1][0] == seen[-1][1] == len(seen)
+    assert [d for d, _ in seen] == list(range(1, len(seen) + 1))
+
+
+def test_a_run_again_at_the_same_instant_changes_nothing(store_url: str) -> None:
+    reset(store_url)
+    with Mnestoma(store_url, clock=StoppedClock()) as store:
+        first = store.apply_ager(batch_rows=50)
+        after = snapshot(store.engine)
+        again = store.apply_ager(batch_rows=50)
+        assert again == AgerReport(archive_candidates=first.archive_candidates)
+        assert snapshot(store.engine) == after
+        assert count(store.engine, "ager_runs") == 2
+
+
+def test_a_dry_run_is_one_transaction_rolled_back(store_url: str) -> None:
+    expected, _ = one_transaction(store_url)
+    reset(store_url)
+    with Mnestoma(store_url, clock=StoppedClock()) as store:
+        before = snapshot(store.engine)
+        commits: list[str] = []
+        event.listen(store.engine, "commit", lambda conn: commits.append("commit"))
+        assert store.apply_ager(dry_run=True, batch_rows=10) == expected
+        assert commits == []
+        assert snapshot(store.engine) == before
+        assert count(store.engine, "ager_progress") == count(store.engine, "ager_runs") == 0
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, "100", True])
+def test_a_batch_size_that_is_not_a_positive_int_is_refused(store_url: str, bad: Any) -> None:
+    reset(store_url)
+    with Mnestoma(store_url, clock=StoppedClock()) as store:
+        before = snapshot(store.engine)
+        with pytest.raises(InvalidInput, match="batch_rows"):
+            store.apply_ager(batch_rows=bad)
+        assert snapshot(store.engine) == before
+
+
+def test_passings_recorded_mid_run_are_kept_and_aged_once(store_url: str) -> None:
+    """A writer (one day ahead of the ager's now) reinforces a row the run has aged and
+    one it has not reached: both keep their passing; the second is not aged by the run
+    (its anchor is after the run's now and stays there)."""
+    reset(store_url)
+    later = T0 + timedelta(days=1)
+
+    def effective(r: dict[str, Any]) -> float:
+        days = (T0 - r["ts_weight"]).total_seconds() / 86400
+        return float(r["weight"] * math.exp(-0.018 * days))
+
+    strong = [r for r in ROWS[:560] if r["state"] == "active" and r["ts_weight"] < T0]
+    strong = [r for r in strong if effective(r) > 0.25]  # stays active at the run's now
+    early, late = strong[0], strong[-1]
+    assert ROWS.index(early) < 40 and ROWS.index(late) > 400
+    with (
+        Mnestoma(store_url, clock=StoppedClock()) as store,
+        Mnestoma(store_url, clock=lambda: later) as writer,
+    ):
+
+        def progress(done: int, total: int) -> None:
+            if done == 2:
+                for r in (early, late):
+                    writer.record_passing(
+                        r["src_executor"], r["src_version"], r["dst_executor"], r["dst_version"]
+                    )
+
+        store.apply_ager(batch_rows=20, progress=progress)
+        for r in (early, late):
+            got = store.get(r["id"])
+            days = (later - r["ts_weight"]).total_seconds() / 86400
+            assert got.uses == r["uses"] + 1
+            assert got.ts_weight == later
+            assert got.weight == pytest.approx(
+                min(1.0, r["weight"] * math.exp(-0.018 * days) + 0.15), rel=1e-9
+            )
+
+
+def test_a_writer_behind_a_batch_gets_in_before_the_run_ends(store_url: str) -> None:
+    """The writer starts while a batch holds the lock, and finishes while the run still
+    has many batches to go: it waited for a batch, not for the run."""
+    reset(store_url)
+    done = threading.Event()
+    finished_at: list[int] = []
+    batches: list[int] = []
+    with Mnestoma(store_url, clock=StoppedClock()) as store:
+        started = threading.Event()
+
+        def write() -> None:
+            store.record_passing("mid", "1", "run", "1")
+            done.set()
+
+        def in_batch(conn: Any, cursor: Any, statement: str, *rest: Any) -> None:
+            if len(batches) == 3 and not started.is_set() and statement.startswith("UPDATE mnests"):
+                started.set()
+                threading.Thread(target=write).start()
+
+        def progress(number: int, total: int) -> None:
+            batches.append(number)
+            if done.is_set() and not finished_at:
+                finished_at.append(number)
+
+        store.record_passing("mid", "1", "run", "1")  # a pooled connection, ready
+        event.listen(store.engine, "before_cursor_execute", in_batch)
+        store.apply_ager(batch_rows=5, progress=progress)
+        done.wait(30)
+        assert started.is_set() and done.is_set()
+        # started in batch 4; a run in one transaction would let it in after its end
+        assert finished_at and finished_at[0] < len(batches) - 3, (finished_at, len(batches))
+
+
+def test_two_runs_at_once_apply_once(store_url: str) -> None:
+    expected, left = one_transaction(store_url)
+    reset(store_url)
+    reports: list[AgerReport] = []
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(2)
+    with (
+        Mnestoma(store_url, clock=StoppedClock()) as a,
+        Mnestoma(store_url, clock=StoppedClock()) as b,
+    ):
+
+        def run(store: Mnestoma) -> None:
+            try:
+                barrier.wait()
+                reports.append(store.apply_ager(batch_rows=25))
+            except BaseException as err:
+                errors.append(err)
+
+        threads = [threading.Thread(target=run, args=(s,)) for s in (a, b)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert errors == []
+        # one waited for the other, then found nothing left to do at the same instant
+        assert sorted(reports, key=lambda r: r.to_decaying) == [
+            AgerReport(archive_candidates=expected.archive_candidates),
+            expected,
+        ]
+        assert snapshot(a.engine) == left
+        assert count(a.engine, "ager_runs") == 2
+
+
+# --- killed runs ------------------------------------------------------------------------------
+
+CHILD = """
+import sys, time
+from datetime import datetime
+from sqlalchemy import event
+from mnestoma import Mnestoma
+url, mode, k = sys.argv[1], sys.argv[2], int(sys.argv[3])
+now = datetime.fromisoformat(sys.argv[4])
+store = Mnestoma(url, clock=lambda: now)
+progress = None
+if mode == "between":
+    def progress(done, total):
+        if done == k:
+            print("here", flush=True)
+            time.sleep(120)
+else:
+    seen = [0]
+    @event.listens_for(store.engine, "after_cursor_execute")
+    def spy(conn, cursor, statement, *rest):
+        if statement.lstrip().upper().startswith(("UPDATE MNESTS", "DELETE FROM MNESTS")):
+            seen[0] += 1
+            if seen[0] == k:
+                print("here", flush=True)
+                time.sleep(120)
+store.apply_ager(batch_rows=40, progress=progress)
+print("done", flush=True)
+"""
+
+
+def kill_ager(url: str, mode: str, k: int) -> None:
+    """Run the ager in a child process and SIGKILL it at the ``k``-th batch boundary
+    (``between``) or in the middle of a batch, after its ``k``-th row-changing statement
+    (``inside``)."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, url, mode, str(k), T0.isoformat()],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "here"
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(30)
+
+
+@pytest.mark.parametrize(("mode", "k"), [("between", 3), ("inside", 9), ("inside", 1)])
+def test_a_killed_run_is_completed_by_the_next_to_the_same_result(
+    store_url: str, mode: str, k: int
+) -> None:
+    expected, left = one_transaction(store_url)
+    reset(store_url)
+    kill_ager(store_url, mode, k)
+    status = collect_status(store_url)
+    assert status.ager_runs == 0
+    [interrupted] = status.ager_interrupted
+    assert (interrupted.ts, interrupted.running) == (T0, False)
+    if mode == "between":
+        assert interrupted.batches == k
+    else:  # the batch it was in is rolled back, not counted
+        assert interrupted.batches < k
+    assert "INTERRUPTED" in mnestoma.status.render_status(status)
+    with Mnestoma(store_url, clock=StoppedClock()) as store:
+        report = store.apply_ager()
+        assert snapshot(store.engine) == left
+        assert report.archive_candidates == expected.archive_candidates
+        if interrupted.batches:
+            assert report.to_decaying < expected.to_decaying  # the killed run did a part
+        else:
+            assert report == expected
+    status = collect_status(store_url)
+    assert (status.ager_runs, status.ager_unfinished) == (1, [])
+
+
+def test_a_run_whose_connection_drops_is_completed_by_the_next(pg_store_url: str) -> None:
+    url = pg_store_url
+    _, left = one_transaction(url)
+    reset(url)
+    killer = mnestoma.make_engine(url)
+    seen = [0]
+    with Mnestoma(url, clock=StoppedClock()) as store:
+
+        def drop(conn: Any, cursor: Any, statement: str, *rest: Any) -> None:
+            if statement.startswith("UPDATE mnests"):
+                seen[0] += 1
+                if seen[0] == 7:
+                    pid = conn.connection.dbapi_connection.info.backend_pid
+                    with killer.connect() as other:
+                        other.execute(text("SELECT pg_terminate_backend(:p)"), {"p": pid})
+
+        event.listen(store.engine, "before_cursor_execute", drop)
+        with pytest.raises(MnestomaError):
+            store.apply_ager(batch_rows=40)
+        event.remove(store.engine, "before_cursor_execute", drop)
+        [interrupted] = collect_status(url).ager_interrupted
+        assert interrupted.batches >= 1
+        store.apply_ager()
+        assert snapshot(store.engine) == left
+    killer.dispose()
+    assert collect_status(url).ager_unfinished == []
+
+
+def test_status_says_a_run_is_running_while_it_holds_the_lock(store_url: str) -> None:
+    reset(store_url)
+    seen: list[list[Any]] = []
+    with Mnestoma(store_url, clock=StoppedClock()) as store:
+
+        def progress(done: int, total: int) -> None:
+            if done == 2:
+                st = collect_status(store_url)
+                seen.append([(r.running, r.batches) for r in st.ager_unfinished or []])
+
+        store.apply_ager(batch_rows=50, progress=progress)
+    assert seen == [[(True, 2)]]
