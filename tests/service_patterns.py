@@ -1,4 +1,5 @@
-"""How a service embeds the store with its own plain ``create_engine`` engine (the services guide's patterns).
+"""How a service embeds the store with its own plain ``create_engine`` engine (the patterns
+of the services guide).
 
 Each pattern is one request: the service writes a row of its own, then records a turn of
 passings through the package, in the service's session and transaction. Used by threads and
