@@ -27,7 +27,8 @@ from sqlalchemy import Connection
 from sqlalchemy.sql import Executable
 
 from .executor import Executor
-from .rules import AgerReport, archive_cutoff
+from .locking import pause_on
+from .rules import AGER_WRITERS_PATIENCE_S, AgerReport, archive_cutoff
 from .sql.ager import (
     PROGRESS_BEGIN,
     PROGRESS_DONE,
@@ -152,6 +153,8 @@ def _run_postgresql(
 ) -> AgerReport:
     batched = s is not None
     s = s or ager_statements("postgresql")
+    if batched:
+        _let_writers_finish(conn, s["writers_in"])
     # One lock order with writers: they wait for the ager instead of deadlocking.
     _run(conn, s["lock"])
     if batched:
@@ -162,6 +165,15 @@ def _run_postgresql(
     demoted = _run(conn, s["demote"], p).rowcount
     archive = 0 if batched else _run(conn, s["archive_count"], p).scalar_one()
     return _report(merged, pruned, demoted, decayed, archive)
+
+
+def _let_writers_finish(conn: Connection, writers_in: Executable) -> None:
+    """Wait (up to :data:`~mnestoma.rules.AGER_WRITERS_PATIENCE_S`) until no writer is in
+    a transaction on ``mnests``: the batch's table lock, once requested, would queue every
+    writer's next call behind it."""
+    deadline = time.monotonic() + AGER_WRITERS_PATIENCE_S
+    while _run(conn, writers_in).scalar_one() and time.monotonic() < deadline:
+        pause_on(conn, 0.001)
 
 
 def _run_sqlite(conn: Connection, p: dict[str, Any], s: dict[str, Any] | None = None) -> AgerReport:

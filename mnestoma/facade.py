@@ -329,7 +329,7 @@ class Mnestoma:
 
         Online: the run commits in batches, each its own short transaction, so a writer
         waits for one batch, not the run. By default each batch is sized to hold its locks
-        about :data:`~mnestoma.rules.AGER_BATCH_TARGET_S` (50 ms); ``batch_rows`` fixes
+        about :data:`~mnestoma.rules.AGER_BATCH_TARGET_S` (25 ms); ``batch_rows`` fixes
         about how many rows each covers instead. ``progress(done, total)`` is called after
         each batch. A second run at once waits for the first. A dry run is one
         transaction, rolled back.

@@ -494,6 +494,11 @@ def _postgresql(now: Any, batched: bool) -> dict[str, Any]:
         # last batches, which (like a killed run's) the next run redoes; the run's last
         # transaction (its ager_runs row) is durable, and with it every batch before.
         "async_commit": text("SET LOCAL synchronous_commit TO OFF"),
+        # Other sessions holding a lock on mnests now (writers in a transaction).
+        "writers_in": text(
+            "SELECT count(*) FROM pg_locks"
+            " WHERE relation = 'mnests'::regclass AND pid <> pg_backend_pid()"
+        ),
         "merge": merge,
         "prune": prune,
         "decay": decay,
