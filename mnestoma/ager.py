@@ -68,14 +68,18 @@ def run_ager(conn: Connection, now: datetime) -> AgerReport:
     started = time.perf_counter()
     p = {"now": now, "cutoff": archive_cutoff(now)}
     if conn.dialect.name == "postgresql":
-        report = _run_postgresql(conn, p)
+        report = _run_postgresql(conn, p, batched=False)
     else:
         with _page_cache(conn, AGER_CACHE_KIB):
-            report = _run_sqlite(conn, p)
+            report = _run_sqlite(conn, p, batched=False)
     # One row per run, in the run's transaction: it exists exactly when the run commits.
-    run = {"ts": now, "duration_s": time.perf_counter() - started, **asdict(report)}
-    _run(conn, _INSERT_AGER_RUN, run)
+    _record_run(conn, now, time.perf_counter() - started, report)
     return report
+
+
+def _record_run(conn: Connection, now: datetime, duration_s: float, report: AgerReport) -> None:
+    """The ``ager_runs`` row of a completed run."""
+    _run(conn, _INSERT_AGER_RUN, {"ts": now, "duration_s": duration_s, **asdict(report)})
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,9 +128,9 @@ def age_batch(
     end (:func:`archive_candidates`)."""
     p = {"now": run.now, "lo": lo, "hi": hi}
     if conn.dialect.name == "postgresql":
-        report = _run_postgresql(conn, p, ager_statements("postgresql", True))
+        report = _run_postgresql(conn, p, batched=True)
     else:
-        report = _run_sqlite(conn, p, ager_statements("sqlite", True))
+        report = _run_sqlite(conn, p, batched=True)
     move = {"run_id": run.run_id, "batches": number, "position": hi, "updated": at}
     _run(conn, PROGRESS_MOVE, move)
     return report
@@ -144,15 +148,14 @@ def end_batched_run(
 ) -> None:
     """Write the run's ``ager_runs`` row and clear its progress row (with those of the
     interrupted runs before it, which it completed), in the caller's transaction."""
-    _run(conn, _INSERT_AGER_RUN, {"ts": run.now, "duration_s": duration_s, **asdict(report)})
+    _record_run(conn, run.now, duration_s, report)
     _run(conn, PROGRESS_DONE, {"run_id": run.run_id})
 
 
-def _run_postgresql(
-    conn: Connection, p: dict[str, Any], s: dict[str, Any] | None = None
-) -> AgerReport:
-    batched = s is not None
-    s = s or ager_statements("postgresql")
+def _run_postgresql(conn: Connection, p: dict[str, Any], *, batched: bool) -> AgerReport:
+    """A whole run, or with ``batched`` one batch (no archive count), in the caller's
+    transaction."""
+    s = ager_statements("postgresql", batched)
     if batched:
         _let_writers_finish(conn, s["writers_in"])
     # One lock order with writers: they wait for the ager instead of deadlocking.
@@ -176,9 +179,10 @@ def _let_writers_finish(conn: Connection, writers_in: Executable) -> None:
         pause_on(conn, 0.001)
 
 
-def _run_sqlite(conn: Connection, p: dict[str, Any], s: dict[str, Any] | None = None) -> AgerReport:
-    batched = s is not None
-    s = s or ager_statements("sqlite")
+def _run_sqlite(conn: Connection, p: dict[str, Any], *, batched: bool) -> AgerReport:
+    """A whole run, or with ``batched`` one batch (no archive count), in the caller's
+    transaction."""
+    s = ager_statements("sqlite", batched)
     _run(conn, s["pairs_create"])
     try:
         merged = 0

@@ -638,10 +638,10 @@ class AsyncMnestoma(_AsyncDoor[MnestRepository]):
         or rolls back the batch it was in: it is an interrupted run, which the next
         completes."""
         rows = check_batch_rows(batch_rows)
-        if check_dry_run(dry_run):
-            await self._ready()
-            return await self._unit(lambda r: r.apply_ager(), commit=False)
+        dry = check_dry_run(dry_run)
         await self._ready()
+        if dry:
+            return await self._unit(lambda r: r.apply_ager(), commit=False)
         with translate_errors():
             async with self.engine.connect() as conn:
                 return await conn.run_sync(

@@ -30,7 +30,7 @@ from .ranking import Ranked
 
 if TYPE_CHECKING:
     from .graph import MnestGraph
-from .repository import WALK_LIMIT, MnestRepository, QueryFrequency
+from .repository import WALK_LIMIT, QueryFrequency
 from .rules import (
     AGER_BATCH_ROWS,
     RECURRING_MIN_USES,
@@ -43,7 +43,7 @@ from .rules import (
     event_batches,
     event_prune_pause,
 )
-from .uow import ConnectionUnitOfWork, UnitOfWork, with_retries
+from .uow import ConnectionUnitOfWork, UnitOfWork, written
 from .validation import Clock, Passing, check_batch_rows, check_dry_run, check_recorder
 
 __all__ = ["Mnestoma"]
@@ -98,14 +98,7 @@ class Mnestoma:
 
     def _write(self, work: Callable[[ConnectionUnitOfWork], T]) -> T:
         """Run ``work`` in one write transaction; retry transient conflicts, bounded."""
-
-        def once() -> T:
-            with self._unit() as unit:
-                result = work(unit)
-                unit.commit()
-                return result
-
-        return with_retries(once)
+        return written(self.engine, work, clock=self.clock, recorder=self.recorder)
 
     def _read(self, work: Callable[[ConnectionUnitOfWork], T]) -> T:
         """Run ``work`` in a read transaction (SQLite: a plain BEGIN, no write lock)."""
@@ -421,19 +414,10 @@ def age_in_batches(
     first, so that writers waiting for the lock take it in between.
     """
     started = time.perf_counter()
-
-    def write(work: Callable[[MnestRepository], T]) -> T:
-        def once() -> T:
-            with ConnectionUnitOfWork(conn, clock=clock) as unit:
-                result = work(unit.mnests)
-                unit.commit()
-                return result
-
-        return with_retries(once)
-
+    write = functools.partial(written, conn, clock=clock)
     pause = ager_batch_pause(conn.dialect.name)
     with ager_run_lock(conn), ager_page_cache(conn):
-        run = write(lambda r: r.begin_ager_run(batch_rows or AGER_BATCH_ROWS))
+        run = write(lambda u: u.mnests.begin_ager_run(batch_rows or AGER_BATCH_ROWS))
         report = AgerReport()
         lo, step, number = run.first, run.step, 0
         while lo < run.end:
@@ -451,14 +435,14 @@ def age_in_batches(
         with ConnectionUnitOfWork(conn, clock=clock) as unit:
             archive = unit.mnests.archive_candidates(run.now)
         report = replace(report, archive_candidates=archive)
-        write(lambda r: r.end_ager_run(run, report, time.perf_counter() - started))
+        write(lambda u: u.mnests.end_ager_run(run, report, time.perf_counter() - started))
     return report
 
 
 def _age_batch(
-    repo: MnestRepository, *, run: BatchedRun, lo: int, hi: int, number: int
+    unit: ConnectionUnitOfWork, *, run: BatchedRun, lo: int, hi: int, number: int
 ) -> AgerReport:
-    return repo.age_batch(run, lo, hi, number)
+    return unit.mnests.age_batch(run, lo, hi, number)
 
 
 def ensure_schema(engine: Engine) -> None:

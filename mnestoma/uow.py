@@ -34,6 +34,7 @@ __all__ = [
     "UnitOfWork",
     "retry_pause",
     "with_retries",
+    "written",
 ]
 
 T = TypeVar("T")
@@ -258,3 +259,22 @@ def with_retries(attempt_once: Callable[[], T]) -> T:
                 raise
             time.sleep(pause)
             attempt += 1
+
+
+def written(
+    bind: Engine | Connection,
+    work: Callable[[ConnectionUnitOfWork], T],
+    *,
+    clock: Clock | None = None,
+    recorder: str = Recorder.CALL.value,
+) -> T:
+    """Run ``work`` in a connection unit of work of its own on ``bind`` and commit it, as
+    one write transaction; transient failures retried (:func:`with_retries`)."""
+
+    def once() -> T:
+        with ConnectionUnitOfWork(bind, clock=clock, recorder=recorder) as unit:
+            result = work(unit)
+            unit.commit()
+            return result
+
+    return with_retries(once)

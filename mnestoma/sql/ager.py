@@ -147,26 +147,36 @@ def _event(dialect: str, now: Any, *values: Any) -> list[Any]:
     ]
 
 
-def _pairs_select(dialect: str, now: Any) -> Any:
+def _pairs_select(dialect: str, now: Any, batched: bool = False) -> Any:
     """Actives below 0.20 whose key has a decaying row: one row per pair, with what the
     merge needs of each. No plan may reach one side through an index on part of the key
     (the (state, src) or the dst_executor index), nor scan one side for each row of the
     other: for a hub, each of its rows would read all the hub's edges, quadratic in its
     degree. SQLite's plan (no statistics) is fixed by the query; PostgreSQL's depends on
     statistics it may not have (after a bulk load), so there the pairs come without a
-    join."""
-    return _sqlite_pairs(now) if dialect == "sqlite" else _postgresql_pairs(now)
+    join. With ``batched``, the pairs whose active row is in the batch (``:lo``, ``:hi``)."""
+    if dialect == "sqlite":
+        return _sqlite_pairs(now, batched)
+    return _postgresql_batch_pairs(now) if batched else _postgresql_pairs(now)
 
 
-def _sqlite_pairs(now: Any) -> Any:
+def _sqlite_pairs(now: Any, batched: bool) -> Any:
     """From the decaying rows, each active twin looked up by the whole edge key (its state
-    compared unindexed, so that the edge-key index is the only one that matches)."""
+    compared unindexed, so that the edge-key index is the only one that matches). With
+    ``batched``, from the batch's actives (a rowid range) instead, each decaying twin looked
+    up by the whole key (its state a literal of that index): linear in the batch."""
     a, d = M.alias("a"), M.alias("d")
     eff_a = decayed("sqlite", a.c.weight, a.c.decay_lambda, a.c.ts_weight, now)
     eff_d = decayed("sqlite", d.c.weight, d.c.decay_lambda, d.c.ts_weight, now)
     key = ("src_executor", "src_version", "dst_executor", "dst_version")
     same_key = and_(*(a.c[k] == d.c[k] for k in key))
-    twin = and_(same_key, _unindexed(a.c.state) == ACTIVE)
+    active = _unindexed(a.c.state) == ACTIVE
+    if batched:
+        joined = a.join(d, and_(same_key, d.c.state == DECAYING))
+        where = [_in_batch("sqlite", a), active, a.c.dst_version.is_not(None)]
+    else:
+        joined = d.join(a, and_(same_key, active))
+        where = [d.c.state == DECAYING, d.c.dst_version.is_not(None)]
     return (
         select(
             _rowid(d).label("d_rowid"),
@@ -179,8 +189,8 @@ def _sqlite_pairs(now: Any) -> Any:
             a.c.ts_first.label("a_first"),
             a.c.ts_last.label("a_last"),
         )
-        .select_from(d.join(a, twin))
-        .where(d.c.state == DECAYING, d.c.dst_version.is_not(None), below(eff_a, DECAYING_BELOW))
+        .select_from(joined)
+        .where(*where, below(eff_a, DECAYING_BELOW))
     )
 
 
@@ -215,6 +225,43 @@ def _postgresql_pairs(now: Any) -> Any:
         )
         .group_by(M.c.src_executor, M.c.src_version, M.c.dst_executor, M.c.dst_version)
         .having(and_(of(active, M.c.id).is_not(None), of(decaying, M.c.id).is_not(None)))
+    )
+
+
+def _postgresql_batch_pairs(now: Any) -> Any:
+    """The merge pairs whose active row is in the batch: the batch's actives below 0.20
+    (a page range), each decaying twin looked up by the whole edge key (a lateral lookup,
+    one probe of the edge-key index per candidate, whatever the statistics say)."""
+    pg = "postgresql"
+    a, d = M.alias("a"), M.alias("d")
+    eff_a = decayed(pg, a.c.weight, a.c.decay_lambda, a.c.ts_weight, now)
+    eff_d = decayed(pg, d.c.weight, d.c.decay_lambda, d.c.ts_weight, now)
+    key = ("src_executor", "src_version", "dst_executor", "dst_version")
+    twin = (
+        select(d.c.id.label("d_id"), eff_d.label("d_eff"))
+        .where(
+            *(d.c[k] == a.c[k] for k in key), d.c.state == DECAYING, d.c.dst_version.is_not(None)
+        )
+        .limit(1)
+        .lateral("twin")
+    )
+    return (
+        select(
+            a.c.id.label("a_id"),
+            twin.c.d_id,
+            eff_a.label("a_eff"),
+            twin.c.d_eff,
+            a.c.uses.label("a_uses"),
+            a.c.ts_first.label("a_first"),
+            a.c.ts_last.label("a_last"),
+        )
+        .select_from(a.join(twin, literal(True)))
+        .where(
+            _in_batch(pg, a),
+            a.c.state == ACTIVE,
+            a.c.dst_version.is_not(None),
+            below(eff_a, DECAYING_BELOW),
+        )
     )
 
 
@@ -271,43 +318,12 @@ def _tid(page: Any) -> Any:
     return cast(func.concat("(", cast(page, BigInteger), ",0)"), TID())
 
 
-def _sqlite_batch_pairs(now: Any) -> Any:
-    """The merge pairs whose active row is in the batch: the batch's actives below 0.20
-    (a rowid range), each decaying twin looked up by the whole edge key (the edge-key index,
-    its state a literal). Linear in the batch whatever the store holds."""
-    a, d = M.alias("a"), M.alias("d")
-    eff_a = decayed("sqlite", a.c.weight, a.c.decay_lambda, a.c.ts_weight, now)
-    eff_d = decayed("sqlite", d.c.weight, d.c.decay_lambda, d.c.ts_weight, now)
-    key = ("src_executor", "src_version", "dst_executor", "dst_version")
-    twin = and_(*(d.c[k] == a.c[k] for k in key), d.c.state == DECAYING)
-    return (
-        select(
-            _rowid(d).label("d_rowid"),
-            _rowid(a).label("a_rowid"),
-            a.c.id.label("a_id"),
-            d.c.id.label("d_id"),
-            eff_a.label("a_eff"),
-            eff_d.label("d_eff"),
-            a.c.uses.label("a_uses"),
-            a.c.ts_first.label("a_first"),
-            a.c.ts_last.label("a_last"),
-        )
-        .select_from(a.join(d, twin))
-        .where(
-            _in_batch("sqlite", a),
-            _unindexed(a.c.state) == ACTIVE,
-            a.c.dst_version.is_not(None),
-            below(eff_a, DECAYING_BELOW),
-        )
-    )
-
-
 def _sqlite(now: Any, batched: bool) -> dict[str, Any]:
     eff = decayed("sqlite", M.c.weight, M.c.decay_lambda, M.c.ts_weight, now)
     state = _unindexed(M.c.state)
     in_batch = (_in_batch("sqlite", M),) if batched else ()
     p = PAIRS
-    pairs = _sqlite_batch_pairs(now) if batched else _pairs_select("sqlite", now)
+    pairs = _pairs_select("sqlite", now, batched)
     stmts: dict[str, Any] = {
         "pairs_create": CreateTable(p),
         "pairs": insert(p).from_select([c.name for c in p.columns], pairs),
@@ -388,43 +404,6 @@ def _archive_count(dialect: str, now: Any, state: Any) -> Any:
     )
 
 
-def _postgresql_batch_pairs(now: Any) -> Any:
-    """The merge pairs whose active row is in the batch: the batch's actives below 0.20
-    (a page range), each decaying twin looked up by the whole edge key (a lateral lookup,
-    one probe of the edge-key index per candidate, whatever the statistics say)."""
-    pg = "postgresql"
-    a, d = M.alias("a"), M.alias("d")
-    eff_a = decayed(pg, a.c.weight, a.c.decay_lambda, a.c.ts_weight, now)
-    eff_d = decayed(pg, d.c.weight, d.c.decay_lambda, d.c.ts_weight, now)
-    key = ("src_executor", "src_version", "dst_executor", "dst_version")
-    twin = (
-        select(d.c.id.label("d_id"), eff_d.label("d_eff"))
-        .where(
-            *(d.c[k] == a.c[k] for k in key), d.c.state == DECAYING, d.c.dst_version.is_not(None)
-        )
-        .limit(1)
-        .lateral("twin")
-    )
-    return (
-        select(
-            a.c.id.label("a_id"),
-            twin.c.d_id,
-            eff_a.label("a_eff"),
-            twin.c.d_eff,
-            a.c.uses.label("a_uses"),
-            a.c.ts_first.label("a_first"),
-            a.c.ts_last.label("a_last"),
-        )
-        .select_from(a.join(twin, literal(True)))
-        .where(
-            _in_batch(pg, a),
-            a.c.state == ACTIVE,
-            a.c.dst_version.is_not(None),
-            below(eff_a, DECAYING_BELOW),
-        )
-    )
-
-
 def _postgresql(now: Any, batched: bool) -> dict[str, Any]:
     pg = "postgresql"
     eff = decayed(pg, M.c.weight, M.c.decay_lambda, M.c.ts_weight, now)
@@ -432,8 +411,7 @@ def _postgresql(now: Any, batched: bool) -> dict[str, Any]:
 
     # The merges, one statement: the pairs once, their events, the decaying rows updated,
     # the active rows deleted (its row count).
-    found = _postgresql_batch_pairs(now) if batched else _pairs_select(pg, now)
-    pairs = found.cte("pairs").prefix_with("MATERIALIZED")
+    pairs = _pairs_select(pg, now, batched).cte("pairs").prefix_with("MATERIALIZED")
     absorbed, target = _merge_events(pg, now, pairs)
     merge_absorbed = insert(E).from_select(EVENT_COLUMNS, absorbed).cte("merge_absorbed")
     merge_target = insert(E).from_select(EVENT_COLUMNS, target).cte("merge_target")
@@ -520,9 +498,14 @@ def cache_size_pragma(value: int) -> TextClause:
     return text(f"PRAGMA cache_size = {int(value)}")
 
 
-@functools.cache
 def ager_statements(dialect: str, batched: bool = False) -> dict[str, Any]:
     """The ager's statements for ``dialect`` (``sqlite`` or ``postgresql``), by name; with
-    ``batched``, those that change rows take one batch's range (``:lo``, ``:hi``)."""
+    ``batched``, those that change rows take one batch's range (``:lo``, ``:hi``). Built
+    once per (dialect, batched), however the arguments are spelled."""
+    return _statements(dialect, bool(batched))
+
+
+@functools.cache
+def _statements(dialect: str, batched: bool) -> dict[str, Any]:
     now = now_param()
     return _postgresql(now, batched) if dialect == "postgresql" else _sqlite(now, batched)
