@@ -48,7 +48,7 @@ from .migration import sqlite_store_missing
 from .models import CanonicalQuery, Mnest
 from .ranking import Ranked
 from .repository import CanonicalQueryRepository, MnestRepository, QueryFrequency
-from .rules import AgerReport, Recorder, event_batches, event_prune_pause
+from .rules import AgerReport, Recorder, batch_pause, event_batches
 from .uow import ConnectionUnitOfWork, JoinedUnitOfWork, retry_pause
 from .validation import Clock, Passing, check_batch_rows, check_dry_run, check_recorder
 
@@ -659,7 +659,7 @@ class AsyncMnestoma(_AsyncDoor[MnestRepository]):
         deleted = 0
         for i, (first, last) in enumerate(event_batches(found)):
             if i:
-                await asyncio.sleep(event_prune_pause(self.engine.dialect.name))
+                await asyncio.sleep(batch_pause(self.engine.dialect.name))
             deleted += await self._prune_batch(before, first, last)
         return deleted
 

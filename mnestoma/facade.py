@@ -38,10 +38,9 @@ from .rules import (
     AgerReport,
     MnestState,
     Recorder,
-    ager_batch_pause,
     ager_next_step,
+    batch_pause,
     event_batches,
-    event_prune_pause,
 )
 from .uow import ConnectionUnitOfWork, UnitOfWork, written
 from .validation import Clock, Passing, check_batch_rows, check_dry_run, check_recorder
@@ -349,7 +348,7 @@ class Mnestoma:
         deleted = 0
         for i, (first, last) in enumerate(event_batches(found)):
             if i:
-                time.sleep(event_prune_pause(self.engine.dialect.name))
+                time.sleep(batch_pause(self.engine.dialect.name))
             deleted += self._prune_batch(before, first, last)
         return deleted
 
@@ -410,12 +409,12 @@ def age_in_batches(
     :data:`~mnestoma.rules.AGER_BATCH_TARGET_S` each. ``progress(done, total)`` after each
     batch (the total an estimate while the batches are being sized).
 
-    On SQLite each batch after the first waits :func:`~mnestoma.rules.ager_batch_pause`
+    On SQLite each batch after the first waits :func:`~mnestoma.rules.batch_pause`
     first, so that writers waiting for the lock take it in between.
     """
     started = time.perf_counter()
     write = functools.partial(written, conn, clock=clock)
-    pause = ager_batch_pause(conn.dialect.name)
+    pause = batch_pause(conn.dialect.name)
     with ager_run_lock(conn), ager_page_cache(conn):
         run = write(lambda u: u.mnests.begin_ager_run(batch_rows or AGER_BATCH_ROWS))
         report = AgerReport()

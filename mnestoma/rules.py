@@ -11,16 +11,15 @@ from enum import StrEnum
 from typing import Any
 
 __all__ = [
-    "AGER_BATCH_PAUSE_S",
     "AGER_BATCH_ROWS",
     "AGER_BATCH_TARGET_S",
     "AGER_WRITERS_PATIENCE_S",
     "ARCHIVE_AFTER_DAYS",
     "ARCHIVE_BELOW",
+    "BATCH_PAUSE_S",
     "DECAYING_BELOW",
     "DEFAULT_DECAY_LAMBDA",
     "EVENT_PRUNE_BATCH",
-    "EVENT_PRUNE_PAUSE_S",
     "INITIAL_WEIGHT",
     "MIN_EVIDENCE_CHARS",
     "PROTO_PRUNE_BELOW",
@@ -34,12 +33,12 @@ __all__ = [
     "EventKind",
     "MnestState",
     "Recorder",
+    "batch_pause",
     "check_transition",
     "clamp_weight",
     "days_between",
     "decayed_weight",
     "event_batches",
-    "event_prune_pause",
     "is_below",
     "new_mnest_id",
     "reinforce",
@@ -61,10 +60,6 @@ SECONDS_PER_DAY = 86400.0
 # range this wide is deleted in a few tens of milliseconds (SQLite and PostgreSQL, every
 # event prunable), so a writer waits for one batch at most.
 EVENT_PRUNE_BATCH = 5000
-# prune_events on SQLite: seconds between two batches, in which writers waiting for the
-# write lock take it. SQLite's busy handler sleeps up to 100 ms between its tries, so a
-# shorter pause lets the next batch take the lock again before they wake.
-EVENT_PRUNE_PAUSE_S = 0.11
 # apply_ager: how long one batch holds its locks (seconds; 25 ms keeps writers' p99 under
 # 50 ms while the ager runs, on a 2-core machine), each batch its own transaction,
 # so a writer behind the ager waits for one batch at most. The run sizes its batches to it
@@ -72,10 +67,11 @@ EVENT_PRUNE_PAUSE_S = 0.11
 # the caller fixes a number of rows per batch.
 AGER_BATCH_TARGET_S = 0.025
 AGER_BATCH_ROWS = 4000
-# apply_ager on SQLite: seconds between two batches, in which writers waiting for the
-# write lock take it (they try again every 2 ms at most, see mnestoma.locking). Small
-# beside a batch, so that a run takes little longer than one transaction would.
-AGER_BATCH_PAUSE_S = 0.003
+# The ager and prune_events on SQLite: seconds between two batches, in which writers
+# waiting for the write lock take it (they try again every 2 ms at most, see
+# mnestoma.locking). Small beside a batch, so that a run takes little longer than one
+# transaction would.
+BATCH_PAUSE_S = 0.003
 # apply_ager on PostgreSQL: before a batch takes its table lock, it waits up to this long
 # (seconds) for the writers in a transaction on mnests to end. Writers queued behind a batch
 # catch up on the calls it delayed instead of getting one call in between two batches.
@@ -186,17 +182,12 @@ def event_batches(
         yield first, min(first + step - 1, high)
 
 
-def event_prune_pause(dialect: str) -> float:
-    """Seconds a prune waits between two batches: :data:`EVENT_PRUNE_PAUSE_S` on SQLite
-    (one writer at a time), none on PostgreSQL (a writer's rows never wait for a batch's)."""
-    return EVENT_PRUNE_PAUSE_S if dialect == "sqlite" else 0.0
-
-
-def ager_batch_pause(dialect: str) -> float:
-    """Seconds the ager waits between two batches: :data:`AGER_BATCH_PAUSE_S` on SQLite
-    (one writer at a time), none on PostgreSQL (waiting writers are queued for the table
-    lock ahead of the ager's next batch)."""
-    return AGER_BATCH_PAUSE_S if dialect == "sqlite" else 0.0
+def batch_pause(dialect: str) -> float:
+    """Seconds the ager and ``prune_events`` wait between two batches: :data:`BATCH_PAUSE_S`
+    on SQLite (one writer at a time), none on PostgreSQL (a writer's rows never wait for a
+    prune's batch, and writers wait for the ager's next batch, see
+    :data:`AGER_WRITERS_PATIENCE_S`)."""
+    return BATCH_PAUSE_S if dialect == "sqlite" else 0.0
 
 
 def ager_next_step(step: int, took_s: float) -> int:

@@ -260,7 +260,7 @@ def test_passings_recorded_between_batches_are_all_kept(
     doomed = prunable(before, live_ids(store), cutoff)
     pruned = Counter(e.mnest_id for e in before if e.id in doomed and e.kind in PASSING)
     monkeypatch.setattr(rules, "EVENT_PRUNE_BATCH", 4)
-    monkeypatch.setattr(rules, "EVENT_PRUNE_PAUSE_S", 0.0)
+    monkeypatch.setattr(rules, "BATCH_PAUSE_S", 0.0)
     writer = Mnestoma(store_url, clock=clock)
     batch = store._prune_batch
     written: list[int] = []
