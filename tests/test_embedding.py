@@ -12,14 +12,12 @@ import os
 import sqlite3
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 from pathlib import Path
 
 import pytest
 from alembic import command
-from alembic.config import Config
 from click.testing import CliRunner
 from conftest import create_pg_database, drop_pg_database
 from service_patterns import (
@@ -32,6 +30,7 @@ from service_patterns import (
 from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import sessionmaker
+from test_service_alembic import service_project
 
 import mnestoma
 from mnestoma.cli import cli
@@ -192,52 +191,6 @@ def test_four_processes_migrating_one_fresh_database_all_end_at_head(empty_db_ur
     assert results == [("ok", mnestoma.head_revision())] * 4
 
 
-SERVICE_ENV = """
-from alembic import context
-from sqlalchemy import create_engine
-
-url = context.config.get_main_option("sqlalchemy.url")
-engine = create_engine(url)
-with engine.connect() as connection:
-    context.configure(connection=connection, target_metadata=None)
-    with context.begin_transaction():
-        context.run_migrations()
-    connection.commit()
-engine.dispose()
-"""
-
-# The service's first revision is "0001" too: only the version table keeps them apart.
-SERVICE_REVISION = """
-from alembic import op
-import sqlalchemy as sa
-
-revision = "0001"
-down_revision = None
-branch_labels = None
-depends_on = None
-
-
-def upgrade():
-    op.create_table("orders", sa.Column("id", sa.Integer, primary_key=True))
-
-
-def downgrade():
-    op.drop_table("orders")
-"""
-
-
-def _service_alembic(tmp_path: Path, url: str) -> Config:
-    scripts = tmp_path / "service_migrations"
-    (scripts / "versions").mkdir(parents=True)
-    (scripts / "env.py").write_text(textwrap.dedent(SERVICE_ENV))
-    (scripts / "script.py.mako").write_text("")
-    (scripts / "versions" / "0001_orders.py").write_text(textwrap.dedent(SERVICE_REVISION))
-    cfg = Config()
-    cfg.set_main_option("script_location", str(scripts))
-    cfg.set_main_option("sqlalchemy.url", url.replace("postgresql://", "postgresql+psycopg://"))
-    return cfg
-
-
 def _versions(url: str) -> dict[str, list[str]]:
     engine = service_engine(url)
     out: dict[str, list[str]] = {}
@@ -255,7 +208,7 @@ def _versions(url: str) -> dict[str, list[str]]:
 def test_a_services_alembic_history_and_the_store_share_one_database(
     empty_db_url: str, tmp_path: Path, service_first: bool
 ) -> None:
-    service = _service_alembic(tmp_path, empty_db_url)
+    service = service_project(tmp_path, empty_db_url)
     if service_first:
         command.upgrade(service, "head")
         # the service's revision is not the store's: no wrong advice, nothing to adopt
@@ -317,7 +270,7 @@ def test_a_postgresql_store_can_live_in_a_schema_of_its_own(tmp_path: Path) -> N
     base = create_pg_database("mnestoma_schema")
     try:
         plain = base.render_as_string(hide_password=False)
-        service = _service_alembic(tmp_path, plain)
+        service = service_project(tmp_path, plain)
         command.upgrade(service, "head")  # the service's history, in public
         url = base.update_query_dict({"options": "-csearch_path=mnestoma_store"})
         store_url = url.render_as_string(hide_password=False)

@@ -90,7 +90,7 @@ def downgrade():
 """
 
 
-def _service_project(tmp_path: Path, url: str) -> Config:
+def service_project(tmp_path: Path, url: str) -> Config:
     """A service's Alembic project in ``tmp_path`` whose database is ``url``."""
     scripts = tmp_path / "service_migrations"
     (scripts / "versions").mkdir(parents=True)
@@ -107,7 +107,7 @@ def _service_project(tmp_path: Path, url: str) -> Config:
 def service(empty_db_url: str, tmp_path: Path) -> Config:
     """A database holding the store at head and the service's table at its own head."""
     mnestoma.upgrade(empty_db_url)
-    cfg = _service_project(tmp_path, empty_db_url)
+    cfg = service_project(tmp_path, empty_db_url)
     command.upgrade(cfg, "head")
     return cfg
 
