@@ -194,16 +194,38 @@ def test_turns_the_parent_queued_are_not_written_by_the_child() -> None:
     assert store.turns == ["parent-0", "parent-1", "parent-2"]
 
 
+class ReportingStore:
+    """A store whose ``record_turn`` sends the turn's id down a pipe (from a forked child)."""
+
+    def __init__(self, send: Any) -> None:
+        self.send = send
+
+    def record_turn(self, turn_id: str, passings: Any, *, recorder: str) -> list[Any]:
+        self.send.send(turn_id)
+        return []
+
+
+def run_child(ctx: Any, child: Any, receive: Any, send: Any) -> tuple[int | None, list[str]]:
+    """Run ``child`` in a process of ``ctx``; its exit code and what it sent down the pipe
+    (``receive``, ``send``), in order."""
+    proc = ctx.Process(target=child, daemon=True)
+    proc.start()
+    proc.join(CHILD_TIMEOUT)
+    if proc.is_alive():
+        proc.kill()
+        pytest.fail("the forked child did not end")
+    send.close()
+    written = []
+    with contextlib.suppress(EOFError):  # the end of what the child wrote
+        while receive.poll(CHILD_TIMEOUT):
+            written.append(receive.recv())
+    return proc.exitcode, written
+
+
 def test_a_child_writes_what_it_queued_when_it_ends_without_flushing() -> None:
     ctx = multiprocessing.get_context("fork")
     receive, send = ctx.Pipe(duplex=False)
-
-    class Reporting:
-        def record_turn(self, turn_id: str, passings: Any, *, recorder: str) -> list[Any]:
-            send.send(turn_id)
-            return []
-
-    writer = BackgroundWriter(Reporting())
+    writer = BackgroundWriter(ReportingStore(send))
     try:
 
         def child() -> None:
@@ -212,20 +234,10 @@ def test_a_child_writes_what_it_queued_when_it_ends_without_flushing() -> None:
                     read(search(f"q{k}")[0])
             # no flush, no close: the child's end must write them
 
-        proc = ctx.Process(target=child, daemon=True)
-        proc.start()
-        proc.join(CHILD_TIMEOUT)
-        if proc.is_alive():
-            proc.kill()
-            pytest.fail("the forked child did not end")
-        send.close()
-        written = []
-        with contextlib.suppress(EOFError):  # the end of what the child wrote
-            while receive.poll(CHILD_TIMEOUT):
-                written.append(receive.recv())
+        exitcode, written = run_child(ctx, child, receive, send)
     finally:
         writer.close(timeout=CHILD_TIMEOUT)
-    assert proc.exitcode == 0
+    assert exitcode == 0
     assert written == ["child-0", "child-1", "child-2"]
 
 
@@ -233,28 +245,13 @@ def test_a_writer_built_in_a_multiprocessing_child_is_flushed_at_the_child_s_end
     ctx = multiprocessing.get_context("fork")
     receive, send = ctx.Pipe(duplex=False)
 
-    class Reporting:
-        def record_turn(self, turn_id: str, passings: Any, *, recorder: str) -> list[Any]:
-            send.send(turn_id)
-            return []
-
     def child() -> None:
-        writer = BackgroundWriter(Reporting())  # the child's own, never closed by the child
+        writer = BackgroundWriter(ReportingStore(send))  # the child's own, never closed by it
         for k in range(3):
             writer.submit(f"child-{k}", [Passing(*SEARCH_TO_READ)])
 
-    proc = ctx.Process(target=child, daemon=True)
-    proc.start()
-    proc.join(CHILD_TIMEOUT)
-    if proc.is_alive():
-        proc.kill()
-        pytest.fail("the child did not end")
-    send.close()
-    written = []
-    with contextlib.suppress(EOFError):
-        while receive.poll(CHILD_TIMEOUT):
-            written.append(receive.recv())
-    assert proc.exitcode == 0
+    exitcode, written = run_child(ctx, child, receive, send)
+    assert exitcode == 0
     assert written == ["child-0", "child-1", "child-2"]
 
 
