@@ -250,15 +250,24 @@ def old_passings(store: Mnestoma, clock: MovableClock, edges: int, rounds: int) 
         clock.advance(hours=1)
 
 
-def test_passings_recorded_between_batches_are_all_kept(
-    store: Mnestoma, clock: MovableClock, store_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    old_passings(store, clock, edges=6, rounds=5)
+def old_store_to_prune(
+    store: Mnestoma, clock: MovableClock, *, edges: int, rounds: int
+) -> tuple[datetime, list[Event], set[int], Counter[str]]:
+    """Old passings on ``edges`` edges, then 5 days: the cutoff (now), the events, the ids
+    a prune at the cutoff deletes, and how many passings it deletes per mnest."""
+    old_passings(store, clock, edges=edges, rounds=rounds)
     clock.advance(days=5)
     cutoff = clock()
     before = store.events()
     doomed = prunable(before, live_ids(store), cutoff)
     pruned = Counter(e.mnest_id for e in before if e.id in doomed and e.kind in PASSING)
+    return cutoff, before, doomed, pruned
+
+
+def test_passings_recorded_between_batches_are_all_kept(
+    store: Mnestoma, clock: MovableClock, store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cutoff, before, doomed, pruned = old_store_to_prune(store, clock, edges=6, rounds=5)
     monkeypatch.setattr(rules, "EVENT_PRUNE_BATCH", 4)
     monkeypatch.setattr(rules, "BATCH_PAUSE_S", 0.0)
     writer = Mnestoma(store_url, clock=clock)
@@ -289,12 +298,7 @@ def test_passings_recorded_between_batches_are_all_kept(
 def test_a_writer_in_another_thread_loses_nothing_while_a_prune_runs(
     store: Mnestoma, clock: MovableClock, store_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    old_passings(store, clock, edges=20, rounds=6)
-    clock.advance(days=5)
-    cutoff = clock()
-    before = store.events()
-    doomed = prunable(before, live_ids(store), cutoff)
-    pruned = Counter(e.mnest_id for e in before if e.id in doomed and e.kind in PASSING)
+    cutoff, before, doomed, pruned = old_store_to_prune(store, clock, edges=20, rounds=6)
     monkeypatch.setattr(rules, "EVENT_PRUNE_BATCH", 3)
     done = threading.Event()
     writing = threading.Event()
