@@ -135,6 +135,17 @@ def test_a_flush_writing_the_view_is_refused_in_the_packages_own_unit(store_url:
     assert _weights(store_url) == before
 
 
+def _write_the_view(session: Session, row: MnestomaView, write: str, new_id: str) -> None:
+    """Change ``row`` of the view in ``session`` (``update``: its weight and uses), add a
+    copy of it under ``new_id`` (``insert``), or delete it; the flush is the caller's."""
+    if write == "update":
+        row.weight, row.uses = 0.9, 99
+    elif write == "insert":
+        session.add(_view_copy(row, id=new_id, src_executor="x"))
+    else:
+        session.delete(row)
+
+
 @pytest.mark.parametrize("write", ["update", "insert", "delete"])
 def test_a_flush_writing_the_view_is_refused_in_a_service_session_the_package_joined(
     service: sessionmaker[Session], store_url: str, write: str
@@ -144,12 +155,7 @@ def test_a_flush_writing_the_view_is_refused_in_a_service_session_the_package_jo
         with UnitOfWork.joining(session) as uow:
             assert len(uow.mnests.edges()) == 1
         row = session.scalars(select(MnestomaView)).one()
-        if write == "update":
-            row.uses = 99
-        elif write == "insert":
-            session.add(_view_copy(row, id="mn_viewwrite00001", src_executor="x"))
-        else:
-            session.delete(row)
+        _write_the_view(session, row, write, "mn_viewwrite00001")
         with pytest.raises(ReadOnlyError, match="read-only"):
             session.flush()
     assert _weights(store_url) == before
@@ -163,12 +169,7 @@ def test_a_flush_writing_the_view_is_refused_in_a_plain_service_session_that_loa
     with service() as session:
         row = session.get(MnestomaView, session.scalars(select(MnestomaView.id)).one())
         assert row is not None
-        if write == "update":
-            row.weight = 0.9
-        elif write == "insert":
-            session.add(_view_copy(row, id="mn_viewwrite00002", src_executor="x"))
-        else:
-            session.delete(row)
+        _write_the_view(session, row, write, "mn_viewwrite00002")
         with pytest.raises(ReadOnlyError, match="read-only"):
             session.commit()
     assert _weights(store_url) == before
