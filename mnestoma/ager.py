@@ -28,7 +28,7 @@ from sqlalchemy.sql import Executable
 
 from .executor import Executor
 from .locking import pause_on
-from .rules import AGER_WRITERS_PATIENCE_S, AgerReport, archive_cutoff
+from .rules import AGER_WRITERS_PATIENCE_S, AGER_WRITERS_POLL_S, AgerReport, archive_cutoff
 from .sql.ager import (
     PROGRESS_BEGIN,
     PROGRESS_DONE,
@@ -176,7 +176,7 @@ def _let_writers_finish(conn: Connection, writers_in: Executable) -> None:
     writer's next call behind it."""
     deadline = time.monotonic() + AGER_WRITERS_PATIENCE_S
     while _run(conn, writers_in).scalar_one() and time.monotonic() < deadline:
-        pause_on(conn, 0.001)
+        pause_on(conn, AGER_WRITERS_POLL_S)
 
 
 def _run_sqlite(conn: Connection, p: dict[str, Any], *, batched: bool) -> AgerReport:

@@ -14,6 +14,7 @@ __all__ = [
     "AGER_BATCH_ROWS",
     "AGER_BATCH_TARGET_S",
     "AGER_WRITERS_PATIENCE_S",
+    "AGER_WRITERS_POLL_S",
     "ARCHIVE_AFTER_DAYS",
     "ARCHIVE_BELOW",
     "BATCH_PAUSE_S",
@@ -76,6 +77,8 @@ BATCH_PAUSE_S = 0.003
 # (seconds) for the writers in a transaction on mnests to end. Writers queued behind a batch
 # catch up on the calls it delayed instead of getting one call in between two batches.
 AGER_WRITERS_PATIENCE_S = 0.05
+# ... looking again this often (seconds) while writers are in.
+AGER_WRITERS_POLL_S = 0.001
 # The ager's thresholds (0.20, 0.05) are crossed only by more than this: SQLite (julianday,
 # milliseconds), PostgreSQL (epoch arithmetic) and Python compute an effective weight a few
 # units in the 13th digit apart, so a weight that is exactly at a threshold must not fall on
