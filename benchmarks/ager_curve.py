@@ -1,11 +1,13 @@
 """The package's ager from 10,000 to 1,000,000 rows, on both data shapes.
 
 ``python -m benchmarks.ager_curve [--sizes N,N,...] [--shapes mixed,demoting] [--rounds N]
-[--postgresql URL] [--baseline] [--workdir DIR] [--json FILE]``
+[--postgresql URL] [--baseline] [--one-transaction] [--workdir DIR] [--json FILE]``
 
 Each run ages a fresh copy of a loaded store in a process of its own (so that its peak-RSS
 growth is its own); the figures are medians over ``--rounds`` runs, the implementations of
 one size interleaved. ``--baseline`` adds the hand-written ``sqlite3`` ager beside it.
+The package's ager runs as its facade runs it, in batches; ``--one-transaction`` runs it in
+one transaction instead (a unit of work's): the two runs' times give the cost of batches.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ def curve(
     rounds: int = 3,
     postgresql: str | None = None,
     baseline: bool = False,
+    one_transaction: bool = False,
     workdir: str | None = None,
     echo: Any = None,
 ) -> list[dict[str, Any]]:
@@ -66,7 +69,9 @@ def curve(
                 for n in sizes:
                     if echo:
                         echo(f"ager {shape} {n:,} rows...")
-                    got = run_ager_rounds(bench, shape, n, impls, pool, rounds)
+                    got = run_ager_rounds(
+                        bench, shape, n, impls, pool, rounds, one_transaction=one_transaction
+                    )
                     seconds = {i: _median(v) for i, v in got["seconds"].items()}
                     lines.append(
                         {
@@ -118,6 +123,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--postgresql", metavar="URL")
     parser.add_argument("--baseline", action="store_true", help="also the sqlite3 ager")
+    parser.add_argument(
+        "--one-transaction",
+        action="store_true",
+        help="the package's ager in one transaction (a unit of work), not in batches",
+    )
     parser.add_argument("--workdir")
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args(argv)
@@ -132,6 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rounds=args.rounds,
         postgresql=args.postgresql,
         baseline=args.baseline,
+        one_transaction=args.one_transaction,
         workdir=args.workdir,
         echo=lambda m: print(m, file=sys.stderr, flush=True),
     )

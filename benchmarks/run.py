@@ -338,8 +338,8 @@ def _record_turn_into_big_store(b: Bench, report: Report) -> None:
     _compare(report, "record_turn into a big store", sums, _same_summary)
 
 
-def _ager_job(impl: str, where: str) -> dict[str, Any]:
-    return w.ager_once(impl, where)
+def _ager_job(impl: str, where: str, one_transaction: bool = False) -> dict[str, Any]:
+    return w.ager_once(impl, where, one_transaction=one_transaction)
 
 
 def _same_summary(a: dict[str, Any], b: dict[str, Any]) -> bool:
@@ -408,10 +408,18 @@ def ager_rows_of(shape: str, n: int) -> Callable[[], Any]:
 
 
 def run_ager_rounds(
-    b: Bench, shape: str, n: int, impls: Sequence[str], pool: Any, rounds: int
+    b: Bench,
+    shape: str,
+    n: int,
+    impls: Sequence[str],
+    pool: Any,
+    rounds: int,
+    *,
+    one_transaction: bool = False,
 ) -> dict[str, Any]:
     """``rounds`` interleaved runs of the ager per implementation on fresh copies of one
-    template: times, memory, and the first round's reports and end states."""
+    template: times, memory, and the first round's reports and end states (the package's
+    ager in one transaction with ``one_transaction``, else in batches)."""
     name = f"ager-{shape}-{n}"
     rows = ager_rows_of(shape, n)
     out: dict[str, Any] = {
@@ -427,9 +435,9 @@ def run_ager_rounds(
             # last run's writes): it would slow down whichever run comes next.
             _sync()
             if pool is not None:
-                got = pool.submit(_ager_job, impl, where).result()
+                got = pool.submit(_ager_job, impl, where, one_transaction).result()
             else:
-                got = w.ager_once(impl, where)
+                got = w.ager_once(impl, where, one_transaction=one_transaction)
             for k in ("seconds", "rss_growth_mb", "rss_peak_mb"):
                 out[k][impl].append(got[k])
             if r == 0:

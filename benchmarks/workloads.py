@@ -225,8 +225,12 @@ class PeakMemory:
         self.growth = max(0.0, self.peak - self.before)
 
 
-def ager_once(impl: str, where: str, now: datetime = NOW) -> dict[str, Any]:
-    """Open a store, run the ager once; seconds, peak-RSS growth (MB) and its report.
+def ager_once(
+    impl: str, where: str, now: datetime = NOW, *, one_transaction: bool = False
+) -> dict[str, Any]:
+    """Open a store, run the ager once; seconds, peak-RSS growth (MB) and its report. The
+    package's facade runs it in batches; with ``one_transaction``, a unit of work runs it
+    whole, as before batches (the baseline always runs one transaction).
 
     Run it in a fresh process to read the memory figure: ``ru_maxrss`` is a high-water mark.
     """
@@ -235,7 +239,12 @@ def ager_once(impl: str, where: str, now: datetime = NOW) -> dict[str, Any]:
         store.suggest_next("warm-up")  # connections, pragmas and imports before the baseline
         with PeakMemory() as mem:
             start = time.perf_counter()
-            report = store.apply_ager()
+            if one_transaction and hasattr(store, "unit_of_work"):
+                with store.unit_of_work() as unit:
+                    report = unit.mnests.apply_ager()
+                    unit.commit()
+            else:
+                report = store.apply_ager()
             seconds = time.perf_counter() - start
     finally:
         store.close()

@@ -132,6 +132,26 @@ def test_baseline_and_package_age_a_store_alike(files: SqliteFiles) -> None:
     assert outcome["package"][0]["to_decaying"] == 2  # 0.45 and 0.30, decayed 60 days
 
 
+def test_the_package_ager_in_batches_or_in_one_transaction_ends_alike(
+    files: SqliteFiles, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``ager_once`` times the facade's batched run, or with ``one_transaction`` the run in
+    a unit of work (``ager_curve --one-transaction``): the same report and end state."""
+    import mnestoma
+    from benchmarks.data import ager_rows, load_sqlite
+
+    outcome = []
+    for one_transaction in (False, True):
+        where = str(files.clone("empty"))
+        load_sqlite(where, ager_rows(3_000))
+        if one_transaction:  # the facade's batched run is not the one timed
+            monkeypatch.setattr(mnestoma.Mnestoma, "apply_ager", None)
+        got = w.ager_once("package", where, one_transaction=one_transaction)
+        outcome.append((got["report"], w.ager_summary("package", where)))
+    assert outcome[0] == outcome[1]
+    assert outcome[0][0]["to_decaying"] > 0 and outcome[0][0]["merged"] > 0
+
+
 def test_command_line_quick_subset_exits_zero(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks", "--quick", "--only", "record_passing,walk",
