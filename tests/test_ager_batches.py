@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import math
 import os
+import random
 import signal
 import subprocess
 import sys
 import threading
+import time
 from collections import Counter
 from datetime import timedelta
 from typing import Any
@@ -246,6 +248,8 @@ if mode == "between":
         if done == k:
             print("here", flush=True)
             time.sleep(120)
+elif mode == "random":
+    print("here", flush=True)  # the parent kills the run k ms from now
 else:
     seen = [0]
     @event.listens_for(store.engine, "after_cursor_execute")
@@ -255,15 +259,16 @@ else:
             if seen[0] == k:
                 print("here", flush=True)
                 time.sleep(120)
-store.apply_ager(batch_rows=40, progress=progress)
+store.apply_ager(batch_rows=5 if mode == "random" else 40, progress=progress)
 print("done", flush=True)
 """
 
 
 def kill_ager(url: str, mode: str, k: int) -> None:
     """Run the ager in a child process and SIGKILL it at the ``k``-th batch boundary
-    (``between``) or in the middle of a batch, after its ``k``-th row-changing statement
-    (``inside``)."""
+    (``between``), in the middle of a batch, after its ``k``-th row-changing statement
+    (``inside``), or ``k`` ms after it began (``random``: wherever the run then is, maybe
+    done)."""
     child = subprocess.Popen(
         [sys.executable, "-c", CHILD, url, mode, str(k), T0.isoformat()],
         stdout=subprocess.PIPE,
@@ -272,6 +277,8 @@ def kill_ager(url: str, mode: str, k: int) -> None:
     try:
         assert child.stdout is not None
         assert child.stdout.readline().strip() == "here"
+        if mode == "random":
+            time.sleep(k / 1000)
     finally:
         os.kill(child.pid, signal.SIGKILL)
         child.wait(30)
@@ -303,6 +310,23 @@ def test_a_killed_run_is_completed_by_the_next_to_the_same_result(
             assert report == expected
     status = collect_status(store_url)
     assert (status.ager_runs, status.ager_unfinished) == (1, [])
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_run_killed_at_a_random_moment_is_completed_by_the_next(
+    store_url: str, seed: int
+) -> None:
+    _, left = one_transaction(store_url)
+    reset(store_url)
+    kill_ager(store_url, "random", random.Random(seed).randrange(0, 400))
+    status = collect_status(store_url)
+    # stopped midway, done, or killed before its first transaction: never running
+    assert len(status.ager_interrupted) + (status.ager_runs or 0) <= 1
+    assert [r for r in status.ager_unfinished or [] if r.running] == []
+    with Mnestoma(store_url, clock=StoppedClock()) as store:
+        store.apply_ager()
+        assert snapshot(store.engine) == left
+    assert collect_status(store_url).ager_unfinished == []
 
 
 def test_a_run_whose_connection_drops_is_completed_by_the_next(pg_store_url: str) -> None:
