@@ -18,9 +18,10 @@ from .facade import Mnestoma
 from .migration import current_revision, downgrade, head_revision, upgrade
 from .models import CanonicalQuery, Event, Mnest, MnestomaView, ReadOnlyError
 from .repository import CanonicalQueryRepository, MnestRepository, QueryFrequency
-from .rules import AgerReport, EventKind, MnestState
+from .rules import AgerReport, EventKind, MnestState, Outcome
 from .uow import JoinedUnitOfWork, UnitOfWork
 from .validation import Passing
+from .vetting import LinkVerdict, Verdict
 
 __version__ = "0.1.0"
 
@@ -35,6 +36,7 @@ __all__ = [
     "InvalidInput",
     "InvalidTransition",
     "JoinedUnitOfWork",
+    "LinkVerdict",
     "Mnest",
     "MnestRepository",
     "MnestState",
@@ -42,12 +44,14 @@ __all__ = [
     "MnestomaError",
     "MnestomaView",
     "NotFound",
+    "Outcome",
     "Passing",
     "QueryFrequency",
     "ReadOnlyError",
     "SchemaError",
     "StoreError",
     "UnitOfWork",
+    "Verdict",
     "WriteLockTimeout",
     "__version__",
     "current_revision",

@@ -51,6 +51,7 @@ from .repository import CanonicalQueryRepository, MnestRepository, QueryFrequenc
 from .rules import AgerReport, Recorder, batch_pause, event_batches
 from .uow import ConnectionUnitOfWork, JoinedUnitOfWork, retry_pause
 from .validation import Clock, Passing, check_batch_rows, check_dry_run, check_recorder
+from .vetting import Verdict, normalise_steps
 
 try:
     from sqlalchemy.ext.asyncio import (
@@ -213,6 +214,7 @@ class AsyncMnestRepository(_OnAsyncSession[MnestRepository]):
     walk = _awaited(MnestRepository.walk)
     suggest_next = _awaited(MnestRepository.suggest_next)
     rank = _awaited(MnestRepository.rank)
+    vet = _awaited(MnestRepository.vet)
     recurring_protos = _awaited(MnestRepository.recurring_protos)
     transition_state = _awaited(MnestRepository.transition_state, write=True)
     promote_proto_to_active = _awaited(MnestRepository.promote_proto_to_active, write=True)
@@ -616,13 +618,25 @@ class AsyncMnestoma(_AsyncDoor[MnestRepository]):
         )
 
     async def rank(
-        self, src_executor: str, candidates: Iterable[Any], *, src_version: str | None = None
+        self,
+        src_executor: str,
+        candidates: Iterable[Any],
+        *,
+        src_version: str | None = None,
+        order_by: str = "weight",
     ) -> list[Ranked]:
         """The candidates in the order a planner should try them after ``src_executor``."""
         items = read_candidates(candidates)
         return await self._call(
-            lambda r: r.rank(src_executor, items, src_version=src_version), write=False
+            lambda r: r.rank(src_executor, items, src_version=src_version, order_by=order_by),
+            write=False,
         )
+
+    async def vet(self, steps: Iterable[Any]) -> Verdict:
+        """The sieve's verdict on a proposed chain of executors (see
+        :meth:`mnestoma.Mnestoma.vet`)."""
+        chain = normalise_steps(steps)
+        return await self._call(lambda r: r.vet(chain), write=False)
 
     async def apply_ager(
         self,

@@ -74,7 +74,9 @@ from .migration import (
 from .rules import (
     MAX_JSON_DEPTH,
     PASSING,
+    SUMMED_ON_MERGE,
     EventKind,
+    Outcome,
     Recorder,
     advance,
     clamp_weight,
@@ -408,6 +410,8 @@ class _Job:
     offsets: dict[str, int] = field(default_factory=dict)
     pairs: dict[str, str] = field(default_factory=dict)  # source mnest id -> target mnest id
     counted_once: Counter[str] = field(default_factory=Counter)  # target mnest id -> turns
+    # (target mnest id, outcome) -> those turns' passings on the source side with that outcome
+    outcomes_counted_once: Counter[tuple[str, str]] = field(default_factory=Counter)
     now: datetime = field(init=False)  # read once the target's write lock is held
     next_event_id: int = field(init=False)  # the merge events' ids, after the copied ones
     advance: Callable[[int], Any] = field(init=False)
@@ -562,6 +566,8 @@ class _Job:
                 continue
             if row["kind"] in PASSING and (row["turn_id"], target_id) in taken:
                 self.counted_once[target_id] += 1
+                if row.get("outcome") is not None:
+                    self.outcomes_counted_once[(target_id, row["outcome"])] += 1
                 continue
             row["mnest_id"] = target_id
 
@@ -594,11 +600,17 @@ class _Job:
         now = self.now
         eff_dst = decayed_weight(dst["weight"], dst["decay_lambda"], dst["ts_weight"], now)
         eff_src = decayed_weight(src["weight"], src["decay_lambda"], src["ts_weight"], now)
-        uses = dst["uses"] + src["uses"] - self.counted_once[dst["id"]]
+        # Summed (rules.SUMMED_ON_MERGE), but for the passings of turns both stores counted:
+        # those count once, with the target's outcome.
+        once = {
+            "uses": self.counted_once[dst["id"]],
+            "ok_count": self.outcomes_counted_once[(dst["id"], Outcome.OK.value)],
+            "error_count": self.outcomes_counted_once[(dst["id"], Outcome.ERROR.value)],
+        }
         sig = dst["desired_sig"] if dst["desired_sig"] is not None else src["desired_sig"]
         merged = dict(dst)
+        merged.update({c: max(dst[c] + src[c] - once[c], dst[c], src[c]) for c in SUMMED_ON_MERGE})
         merged.update(
-            uses=max(uses, dst["uses"], src["uses"]),
             ts_first=min(dst["ts_first"], src["ts_first"]),
             ts_last=max(dst["ts_last"], src["ts_last"]),
             weight=clamp_weight(max(eff_dst, eff_src)),
@@ -634,6 +646,7 @@ class _Job:
             "reason": reason,
             "related_id": related_id,
             "recorder": self.recorder,
+            "outcome": None,
         }
 
     # --- end ---------------------------------------------------------------------------

@@ -44,6 +44,7 @@ from .rules import (
 )
 from .uow import ConnectionUnitOfWork, UnitOfWork, written
 from .validation import Clock, Passing, check_batch_rows, check_dry_run, check_recorder
+from .vetting import Verdict, normalise_steps
 
 __all__ = ["Mnestoma"]
 
@@ -118,10 +119,12 @@ class Mnestoma:
         tags: Any = None,
         desired_sig: Any = None,
         recorder: str | None = None,
+        outcome: str | None = None,
     ) -> Mnest:
         """Record one passing (create at 0.30 or reinforce by 0.15) in its own transaction.
 
-        ``recorder`` says who recorded it (default: this facade's, ``call`` unless set).
+        ``recorder`` says who recorded it (default: this facade's, ``call`` unless set);
+        ``outcome`` what followed ("ok", "error", or None: unknown), counted, never weighed.
         """
         return self._write(
             lambda u: u.mnests.record_passing(
@@ -134,6 +137,7 @@ class Mnestoma:
                 tags=tags,
                 desired_sig=desired_sig,
                 recorder=recorder,
+                outcome=outcome,
             )
         )
 
@@ -147,6 +151,7 @@ class Mnestoma:
         tags: Any = None,
         desired_sig: Any = None,
         recorder: str | None = None,
+        outcome: str | None = None,
     ) -> Mnest:
         """Record that ``src`` wished for ``dst_executor``, which does not exist yet (a proto).
 
@@ -161,6 +166,7 @@ class Mnestoma:
                 tags=tags,
                 desired_sig=desired_sig,
                 recorder=recorder,
+                outcome=outcome,
             )
         )
 
@@ -243,15 +249,29 @@ class Mnestoma:
         return self._read(lambda u: u.mnests.suggest_next(src_executor, src_version, k=k))
 
     def rank(
-        self, src_executor: str, candidates: Iterable[Any], *, src_version: str | None = None
+        self,
+        src_executor: str,
+        candidates: Iterable[Any],
+        *,
+        src_version: str | None = None,
+        order_by: str = "weight",
     ) -> list[Ranked]:
         """The candidates in the order a planner should try them after ``src_executor``.
 
         Highest effective weight of ``src → candidate`` first, ties broken by activation;
         candidates without an active edge follow in the order given (contract §9).
+        ``order_by="success"`` puts the most successful edges first instead.
         """
         items = read_candidates(candidates)
-        return self._read(lambda u: u.mnests.rank(src_executor, items, src_version=src_version))
+        return self._read(
+            lambda u: u.mnests.rank(src_executor, items, src_version=src_version, order_by=order_by)
+        )
+
+    def vet(self, steps: Iterable[Any]) -> Verdict:
+        """The sieve's verdict on a proposed chain of executors, read in one transaction
+        (see :meth:`MnestRepository.vet`)."""
+        chain = normalise_steps(steps)
+        return self._read(lambda u: u.mnests.vet(chain))
 
     def graph(
         self,

@@ -41,6 +41,7 @@ from .rules import (
     VERSIONED_STATES,
     EventKind,
     MnestState,
+    Outcome,
     Recorder,
     decayed_weight,
     sql_list,
@@ -71,6 +72,7 @@ NAMING_CONVENTION = {
 STATES_SQL = sql_list(MnestState)
 EVENT_KINDS_SQL = sql_list(EventKind)
 RECORDERS_SQL = sql_list(Recorder)
+OUTCOMES_SQL = sql_list(Outcome)
 # The rows looked up by source (the walk, suggest_next, ranking): ix_mnests_active_src.
 ACTIVE_WHERE = f"state = {sql_literal(MnestState.ACTIVE)}"
 # PostgreSQL: mnests pages are filled to 70 %, leaving room for updates that stay on their
@@ -115,6 +117,10 @@ class Mnest(Base):
     state: Mapped[str] = mapped_column(String(16))
     tags: Mapped[Any | None] = mapped_column(JSONDocument())
     desired_sig: Mapped[Any | None] = mapped_column(JSONDocument())
+    # How many passings were followed by success or failure of the destination (those
+    # without a known outcome count in neither); never part of the weight.
+    ok_count: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    error_count: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
 
     __table_args__ = (
         CheckConstraint("substr(id, 1, 3) = 'mn_' AND length(id) >= 15", name="id_format"),
@@ -131,6 +137,7 @@ class Mnest(Base):
         # finite too: a bare ">= 0" let +inf in on both engines and NaN on PostgreSQL
         CheckConstraint("decay_lambda >= 0 AND decay_lambda <= 1e300", name="decay_lambda_nonneg"),
         CheckConstraint(f"state IN ({STATES_SQL})", name="state_known"),
+        CheckConstraint("ok_count >= 0 AND error_count >= 0", name="outcome_counts_nonneg"),
         CheckConstraint(
             f"(state = {sql_literal(MnestState.PROTO)} AND dst_version IS NULL)"
             f" OR (state IN ({sql_list(VERSIONED_STATES)}) AND dst_version IS NOT NULL)"
@@ -217,9 +224,13 @@ class Event(Base):
     recorder: Mapped[str] = mapped_column(
         String(16), default=Recorder.CALL.value, server_default=text("'call'")
     )
+    # What followed the passing an event records: 'ok', 'error', or NULL (unknown, and every
+    # event that is not a passing).
+    outcome: Mapped[str | None] = mapped_column(Text)
 
     __table_args__ = (
         CheckConstraint(f"kind IN ({EVENT_KINDS_SQL})", name="kind_known"),
+        CheckConstraint(f"outcome IN ({OUTCOMES_SQL})", name="outcome_known"),
         CheckConstraint(f"recorder IN ({RECORDERS_SQL})", name="recorder_known"),
         Index("ix_events_mnest_id", "mnest_id"),
         # Only events with a turn: lookups by turn imply it, and the ager's events have none.

@@ -50,6 +50,7 @@ from .rules import (
     check_transition,
     decayed_weight,
     new_mnest_id,
+    outcome_counts,
     reinforce,
 )
 from .sql import read as rd
@@ -75,6 +76,7 @@ from .validation import (
     shorten,
     utc_now,
 )
+from .vetting import Verdict, normalise_steps, vet_chain
 
 __all__ = ["CanonicalQueryRepository", "MnestRepository", "QueryFrequency"]
 
@@ -107,6 +109,7 @@ _WEIGHT, _LAMBDA, _TS_WEIGHT, _TS_LAST = (
     _COL["ts_last"],
 )
 _TAGS, _SIG = _COL["tags"], _COL["desired_sig"]
+_OK, _ERROR = _COL["ok_count"], _COL["error_count"]
 Row = tuple[Any, ...]
 # Where PostgreSQL's one-statement reinforcement finds its event values in an event tuple.
 _PG_REINFORCE_EVENT_AT = tuple(rec.EVENT_ROW.index(n) for n in rec.PG_REINFORCE_EVENT_PARAMS)
@@ -150,6 +153,7 @@ def _event(
     reason: str | None = None,
     related_id: str | None = None,
     recorder: str,
+    outcome: str | None = None,
 ) -> Row:
     """An event's values in :data:`~mnestoma.sql.record.EVENT_ROW` order."""
     return (
@@ -164,6 +168,7 @@ def _event(
         reason,
         related_id,
         recorder,
+        outcome,
     )
 
 
@@ -217,11 +222,20 @@ class MnestRepository:
         tags: Any = None,
         desired_sig: Any = None,
         recorder: str | None = None,
+        outcome: str | None = None,
     ) -> Mnest:
-        """Create or reinforce the edge of one passing (see contract §4)."""
+        """Create or reinforce the edge of one passing (see contract §4); ``outcome`` ("ok",
+        "error" or None: unknown) is counted beside ``uses`` and never changes the weight."""
         passing = normalise_passing(
             Passing(
-                src_executor, src_version, dst_executor, dst_version, dst_exists, tags, desired_sig
+                src_executor,
+                src_version,
+                dst_executor,
+                dst_version,
+                dst_exists,
+                tags,
+                desired_sig,
+                outcome,
             )
         )
         turn = check_optional_name(turn_id, "turn_id")
@@ -238,6 +252,7 @@ class MnestRepository:
         tags: Any = None,
         desired_sig: Any = None,
         recorder: str | None = None,
+        outcome: str | None = None,
     ) -> Mnest:
         """Record a passing to an executor that does not exist yet: the proto row of
         (src, src_version, dst), created at 0.30 or reinforced. The same as
@@ -252,6 +267,7 @@ class MnestRepository:
             tags=tags,
             desired_sig=desired_sig,
             recorder=recorder,
+            outcome=outcome,
         )
 
     def record_turn(
@@ -261,7 +277,8 @@ class MnestRepository:
         *,
         recorder: str | None = None,
     ) -> list[Mnest]:
-        """Record every passing of one turn; each edge counts once per turn."""
+        """Record every passing of one turn; each edge counts once per turn (its outcome too:
+        the last one given for the edge in the turn)."""
         turn = check_name(turn_id, "turn_id")
         who = self._recorder if recorder is None else check_recorder(recorder).value
         if isinstance(passings, str | bytes) or not isinstance(passings, Iterable):
@@ -311,8 +328,13 @@ class MnestRepository:
         ex = self._write_ex()
         unique: dict[tuple[bool, Key], Passing] = {}
         for p in items:
-            # The last tags / desired_sig given for an edge in the turn win.
-            unique[(p.dst_exists, _key(p))] = p
+            # The last tags / desired_sig given for an edge in the turn win, and its last
+            # known outcome.
+            ident = (p.dst_exists, _key(p))
+            earlier = unique.get(ident)
+            if p.outcome is None and earlier is not None and earlier.outcome is not None:
+                p = p._replace(outcome=earlier.outcome)
+            unique[ident] = p
         if ex.dialect == "sqlite":
             # BEGIN IMMEDIATE: no other writer can create one of our keys meanwhile
             result = self._record_many_once(ex, unique, turn_id, recorder)
@@ -426,6 +448,7 @@ class MnestRepository:
             ts_weight,
             p.tags if p.tags is not None else row[_TAGS],
             p.desired_sig if p.desired_sig is not None else row[_SIG],
+            *outcome_counts(p.outcome),
         )
         ev = _event(
             row[_ID],
@@ -437,6 +460,7 @@ class MnestRepository:
             state_before=row[_STATE],
             state_after=row[_STATE],
             recorder=recorder,
+            outcome=p.outcome,
         )
         return values, ev
 
@@ -462,6 +486,7 @@ class MnestRepository:
             state.value,
             p.tags,
             p.desired_sig,
+            *outcome_counts(p.outcome),
         )
         ev = _event(
             mnest_id,
@@ -473,6 +498,7 @@ class MnestRepository:
             state_before=None,
             state_after=state.value,
             recorder=recorder,
+            outcome=p.outcome,
         )
         return values, ev
 
@@ -615,12 +641,19 @@ class MnestRepository:
         return ranking.order_edges(edges, now)[:limit]
 
     def rank(
-        self, src_executor: str, candidates: Iterable[Any], *, src_version: str | None = None
+        self,
+        src_executor: str,
+        candidates: Iterable[Any],
+        *,
+        src_version: str | None = None,
+        order_by: str = "weight",
     ) -> list[ranking.Ranked]:
         """The candidates (names, or (name, version) pairs) in the order a planner should
-        try them after ``src_executor``, each with its score and why (contract §9)."""
+        try them after ``src_executor``, each with its score and why (contract §9); with
+        ``order_by="success"``, the most successful edges first (contract §11)."""
         src = check_name(src_executor, "src_executor")
         version = check_optional_name(src_version, "src_version")
+        by = ranking.check_order_by(order_by)
         wanted = ranking.normalise_candidates(candidates)
         if not wanted:
             return []
@@ -638,7 +671,16 @@ class MnestRepository:
             if version is not None:
                 params["sv"] = version
             edges.extend((snap.mnest(r), float(r[-1])) for r in ex.rows(stmt, params))
-        return ranking.rank_candidates(src, wanted, edges, now)
+        return ranking.rank_candidates(src, wanted, edges, now, order_by=by)
+
+    def vet(self, steps: Iterable[Any]) -> Verdict:
+        """The sieve's verdict on a proposed chain of executors (each a name or a
+        ``(name, version)`` pair): per link whether an active edge was seen, how strong and
+        how successful, and for the chain its score, weakest and unknown links, read in one
+        statement (see :mod:`mnestoma.vetting`). Evidence, never proof: a link never seen
+        is unknown, not wrong."""
+        chain = normalise_steps(steps)
+        return vet_chain(self._ex(), chain, self._now())
 
     def recurring_protos(
         self, *, min_uses: int = RECURRING_MIN_USES, min_weight: float = RECURRING_MIN_WEIGHT
@@ -808,7 +850,7 @@ def _cutoff(before: Any) -> datetime:
 def _reinforced(row: Row, values: Row) -> Row:
     """The row as :data:`~mnestoma.sql.record.UPDATE_REINFORCE` leaves it, given that
     statement's values (:data:`~mnestoma.sql.record.REINFORCE_ROW` order)."""
-    _, weight, ts_last, ts_weight, tags, sig = values
+    _, weight, ts_last, ts_weight, tags, sig, ok, error = values
     return _with(
         row,
         {
@@ -818,6 +860,8 @@ def _reinforced(row: Row, values: Row) -> Row:
             _TAGS: tags,
             _SIG: sig,
             _USES: row[_USES] + 1,
+            _OK: row[_OK] + ok,
+            _ERROR: row[_ERROR] + error,
         },
     )
 

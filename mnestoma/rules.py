@@ -33,6 +33,7 @@ __all__ = [
     "AgerReport",
     "EventKind",
     "MnestState",
+    "Outcome",
     "Recorder",
     "batch_pause",
     "check_transition",
@@ -42,8 +43,10 @@ __all__ = [
     "event_batches",
     "is_below",
     "new_mnest_id",
+    "outcome_counts",
     "reinforce",
     "reinforced_weight",
+    "success_rate",
     "threshold_cut",
 ]
 
@@ -121,6 +124,27 @@ class Recorder(StrEnum):
     OTEL = "otel"  # the OpenTelemetry span processor (mnestoma.otel)
     AGER = "ager"
     CLI = "cli"
+
+
+class Outcome(StrEnum):
+    """What followed a passing A→B (``events.outcome``): B returned, or B failed. A passing
+    without one is unknown (NULL). Outcomes are counted beside ``uses`` and never change a
+    weight: the rules of reinforcement and decay ignore them."""
+
+    OK = "ok"
+    ERROR = "error"
+
+
+def outcome_counts(outcome: str | None) -> tuple[int, int]:
+    """What one passing adds to ``(ok_count, error_count)``."""
+    return (1 if outcome == Outcome.OK else 0, 1 if outcome == Outcome.ERROR else 0)
+
+
+def success_rate(ok: int, error: int) -> float:
+    """``(ok + 1) / (ok + error + 2)``: the chance that a passing along an edge is followed
+    by success, with one success and one failure assumed before any evidence (Laplace's
+    rule), so that an edge never seen to fail is not certain and one never seen is 0.5."""
+    return (ok + 1) / (ok + error + 2)
 
 
 # The states the ager decays (and prunes or demotes), and that the view v_mnestoma shows.
@@ -437,6 +461,8 @@ class AgerRow:
     ts_last: datetime
     ts_weight: datetime
     decay_lambda: float = DEFAULT_DECAY_LAMBDA
+    ok_count: int = 0
+    error_count: int = 0
 
     @classmethod
     def of(cls, row: AgerRow | Mapping[str, Any]) -> AgerRow:
@@ -464,13 +490,20 @@ class AgerRow:
         return decayed_weight(self.weight, self.decay_lambda, self.ts_weight, at)
 
 
+# The counters two rows of one edge add up when they merge (the ager's demotion merges,
+# ``copy --append``, the seed repair): every passing either row counted stays counted.
+SUMMED_ON_MERGE: tuple[str, ...] = ("uses", "ok_count", "error_count")
+
+
 def merge_demoted(active: AgerRow, decaying: AgerRow, now: datetime) -> AgerRow:
     """The decaying row after an active row of the same key, demoted at ``now``, merged into
-    it: uses summed, ts_first the earlier, ts_last the later, weight the larger of the two
-    effective weights, ts_weight moved to now (never backwards). The active row is deleted."""
+    it: uses and outcome counts summed, ts_first the earlier, ts_last the later, weight the
+    larger of the two effective weights, ts_weight moved to now (never backwards). The
+    active row is deleted."""
+    summed = {c: getattr(decaying, c) + getattr(active, c) for c in SUMMED_ON_MERGE}
     return replace(
         decaying,
-        uses=decaying.uses + active.uses,
+        **summed,
         ts_first=min(decaying.ts_first, active.ts_first),
         ts_last=max(decaying.ts_last, active.ts_last),
         weight=max(active.effective_weight(now), decaying.effective_weight(now)),

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 from .clock import Clock, read_clock, utc_now
 from .errors import InvalidInput
-from .rules import MAX_NAME_LENGTH, MnestState, Recorder
+from .rules import MAX_NAME_LENGTH, MnestState, Outcome, Recorder
 from .types import ensure_json, ensure_unicode_text
 
 __all__ = [
@@ -23,6 +23,7 @@ __all__ = [
     "check_mnest_id",
     "check_name",
     "check_optional_name",
+    "check_outcome",
     "check_positive_int",
     "check_recorder",
     "check_state",
@@ -51,6 +52,7 @@ class Passing(NamedTuple):
     dst_exists: bool = True
     tags: Any = None
     desired_sig: Any = None
+    outcome: str | None = None  # what followed: "ok", "error", or None (unknown)
 
 
 # control characters (C0, DEL, C1) and lone surrogates, which no database text can hold
@@ -197,7 +199,7 @@ def normalise_passing(p: Passing | tuple[Any, ...] | Any) -> Passing:
     if isinstance(p, Passing):
         passing = p
     elif isinstance(p, tuple | list):
-        if not 3 <= len(p) <= 7:
+        if not 3 <= len(p) <= len(Passing._fields):
             raise InvalidInput("a passing is (src_executor, src_version, dst_executor, ...)")
         passing = Passing(*p)
     else:
@@ -218,5 +220,28 @@ def normalise_passing(p: Passing | tuple[Any, ...] | Any) -> Passing:
             raise InvalidInput("a proto (dst_exists=False) has no dst_version")
     ensure_json(passing.tags, "tags")
     ensure_json(passing.desired_sig, "desired_sig")
+    if passing.outcome is not None:
+        if not passing.dst_exists:
+            raise InvalidInput(
+                "a proto (dst_exists=False) has no outcome: its destination does not exist yet"
+            )
+        outcome = check_outcome(passing.outcome)
+        if type(passing.outcome) is not str:  # an Outcome member stands as its plain value
+            return passing._replace(outcome=outcome)
     # every field is checked and none was changed: the passing stands as it is
     return passing
+
+
+def check_outcome(value: Any) -> str | None:
+    """A passing's outcome: None (unknown), ``"ok"`` or ``"error"`` (or an
+    :class:`~mnestoma.rules.Outcome`), returned as the plain string stored; else InvalidInput."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        for member in Outcome:
+            if value == member.value:
+                return member.value
+    raise InvalidInput(
+        f"outcome must be None, {Outcome.OK.value!r} or {Outcome.ERROR.value!r},"
+        f" got {shorten(repr(value))}"
+    )

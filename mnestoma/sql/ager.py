@@ -45,6 +45,7 @@ from ..rules import (
     ARCHIVE_BELOW,
     DECAYING_BELOW,
     PROTO_PRUNE_BELOW,
+    SUMMED_ON_MERGE,
     EventKind,
     MnestState,
     Recorder,
@@ -107,7 +108,7 @@ PAIRS = Table(
     Column("d_id", String(64), nullable=False),
     Column("a_eff", Float, nullable=False),
     Column("d_eff", Float, nullable=False),
-    Column("a_uses", Integer, nullable=False),
+    *(Column(f"a_{c}", Integer, nullable=False) for c in SUMMED_ON_MERGE),
     Column("a_first", UTCDateTime, nullable=False),
     Column("a_last", UTCDateTime, nullable=False),
     schema="temp",
@@ -185,7 +186,7 @@ def _sqlite_pairs(now: Any, batched: bool) -> Any:
             d.c.id.label("d_id"),
             eff_a.label("a_eff"),
             eff_d.label("d_eff"),
-            a.c.uses.label("a_uses"),
+            *(a.c[c].label(f"a_{c}") for c in SUMMED_ON_MERGE),
             a.c.ts_first.label("a_first"),
             a.c.ts_last.label("a_last"),
         )
@@ -214,7 +215,7 @@ def _postgresql_pairs(now: Any) -> Any:
             of(decaying, M.c.id).label("d_id"),
             of(active, eff).label("a_eff"),
             of(decaying, eff).label("d_eff"),
-            of(active, M.c.uses).label("a_uses"),
+            *(of(active, M.c[c]).label(f"a_{c}") for c in SUMMED_ON_MERGE),
             of(active, M.c.ts_first).label("a_first"),
             of(active, M.c.ts_last).label("a_last"),
         )
@@ -251,7 +252,7 @@ def _postgresql_batch_pairs(now: Any) -> Any:
             twin.c.d_id,
             eff_a.label("a_eff"),
             twin.c.d_eff,
-            a.c.uses.label("a_uses"),
+            *(a.c[c].label(f"a_{c}") for c in SUMMED_ON_MERGE),
             a.c.ts_first.label("a_first"),
             a.c.ts_last.label("a_last"),
         )
@@ -285,7 +286,7 @@ def _merge_events(dialect: str, now: Any, pairs: Any) -> tuple[Any, Any]:
 def _merge_values(dialect: str, now: Any, pairs: Any) -> dict[str, Any]:
     """What a merge writes into the decaying row."""
     return {
-        "uses": M.c.uses + pairs.c.a_uses,
+        **{c: M.c[c] + pairs.c[f"a_{c}"] for c in SUMMED_ON_MERGE},
         "ts_first": least(dialect, M.c.ts_first, pairs.c.a_first),
         "ts_last": greatest(dialect, M.c.ts_last, pairs.c.a_last),
         "weight": _merged_weight(dialect, pairs),

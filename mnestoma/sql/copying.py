@@ -33,7 +33,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql.base import PGDialect
 
-from ..rules import PASSING
+from ..rules import PASSING, SUMMED_ON_MERGE
 from .tables import AGER_RUNS, EVENTS, MNESTS, QUERIES
 
 __all__ = [
@@ -64,7 +64,7 @@ KEY: Final = ("src_executor", "src_version", "dst_executor", "dst_version", "sta
 PROTO_KEY: Final = ("src_executor", "src_version", "dst_executor", "state")  # dst_version NULL
 # What a merge changes in the target's row.
 MERGED_COLUMNS: Final = (
-    "uses",
+    *SUMMED_ON_MERGE,
     "ts_first",
     "ts_last",
     "weight",

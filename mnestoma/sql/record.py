@@ -10,6 +10,7 @@ from typing import Any
 
 from sqlalchemy import (
     Insert,
+    Integer,
     Select,
     TextClause,
     Update,
@@ -110,7 +111,16 @@ TURN_COUNTED_ONE = select(E.c.mnest_id).where(
 )
 
 # The parameters of UPDATE_REINFORCE, in the order of the tuples the repository builds.
-REINFORCE_ROW = ("b_id", "b_weight", "b_ts_last", "b_ts_weight", "b_tags", "b_desired_sig")
+REINFORCE_ROW = (
+    "b_id",
+    "b_weight",
+    "b_ts_last",
+    "b_ts_weight",
+    "b_tags",
+    "b_desired_sig",
+    "b_ok",
+    "b_error",
+)
 UPDATE_REINFORCE = (
     update(M)
     .where(M.c.id == bindparam("b_id"))
@@ -121,6 +131,8 @@ UPDATE_REINFORCE = (
         ts_weight=bindparam("b_ts_weight"),
         tags=bindparam("b_tags"),
         desired_sig=bindparam("b_desired_sig"),
+        ok_count=M.c.ok_count + bindparam("b_ok", type_=Integer),
+        error_count=M.c.error_count + bindparam("b_error", type_=Integer),
     )
 )
 _INSERT_MNEST = {
@@ -152,6 +164,7 @@ EVENT_ROW: tuple[str, ...] = (
     "reason",
     "related_id",
     "recorder",
+    "outcome",
 )
 # SQLite, under the write lock the package takes before any write: no other writer can
 # create a key meanwhile, so creations need neither ON CONFLICT nor RETURNING.
