@@ -609,7 +609,9 @@ class _Job:
         }
         sig = dst["desired_sig"] if dst["desired_sig"] is not None else src["desired_sig"]
         merged = dict(dst)
-        merged.update({c: max(dst[c] + src[c] - once[c], dst[c], src[c]) for c in SUMMED_ON_MERGE})
+        merged.update({c: dst[c] + src[c] - once[c] for c in SUMMED_ON_MERGE})
+        # a passing is never counted less often than either store counted it
+        merged["uses"] = max(merged["uses"], dst["uses"], src["uses"])
         merged.update(
             ts_first=min(dst["ts_first"], src["ts_first"]),
             ts_last=max(dst["ts_last"], src["ts_last"]),
