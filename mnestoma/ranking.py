@@ -5,6 +5,10 @@ and sort them here with :func:`mnestoma.rules.ranking_key`: the higher effective
 first, ties broken by the activation of :func:`mnestoma.rules.activation`, then by name so
 that the order never depends on random ids. The SQL cannot finish the job itself because
 SQLite may lack ``ln``; Python does it, once, here.
+
+Each ranked candidate also carries ``success`` (contract §11), the
+:func:`mnestoma.rules.success_rate` of its edge's outcomes; ``rank`` orders by it only
+when asked (``order_by="success"``).
 """
 
 from __future__ import annotations
@@ -16,12 +20,14 @@ from typing import Any
 
 from .errors import InvalidInput
 from .models import Mnest
-from .rules import activation, ranking_key
+from .rules import activation, ranking_key, success_rate
 from .validation import check_name
 
 __all__ = [
+    "ORDER_BY",
     "Candidate",
     "Ranked",
+    "check_order_by",
     "edge_key",
     "normalise_candidates",
     "order_edges",
@@ -29,6 +35,10 @@ __all__ = [
 ]
 
 Candidate = str | tuple[str, str]
+
+# What ``rank`` may order by: the effective weight (the default, contract §9), or the
+# success of what followed the edge (contract §11), then the weight's order.
+ORDER_BY = ("weight", "success")
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +48,9 @@ class Ranked:
     ``score`` is what ranks first: the effective weight of ``src → candidate`` now (0.0 when
     there is no active edge, ``weight`` likewise); ``activation`` breaks ties of score (None
     without an edge); ``mnest`` is the edge that gave the score (the best one over the
-    versions when the candidate names no version), or None.
+    versions when the candidate names no version), or None. ``success`` is
+    :func:`~mnestoma.rules.success_rate` of that edge's ``ok_count`` and ``error_count``
+    (``success_rate(0, 0)`` without an edge): evidence of what followed, not of weight.
     """
 
     candidate: Candidate
@@ -47,6 +59,7 @@ class Ranked:
     score: float
     weight: float
     activation: float | None
+    success: float
     mnest: Mnest | None
     reason: str
 
@@ -66,6 +79,7 @@ class Ranked:
             "score": self.score,
             "weight": self.weight,
             "activation": self.activation,
+            "success": self.success,
             "mnest_id": self.mnest_id,
             "reason": self.reason,
         }
@@ -129,17 +143,29 @@ def normalise_candidates(candidates: Any) -> list[tuple[Candidate, str, str | No
     return out
 
 
+def check_order_by(value: object) -> str:
+    """One of :data:`ORDER_BY`, else InvalidInput."""
+    if isinstance(value, str) and value in ORDER_BY:
+        return value
+    raise InvalidInput(f"unknown order {value!r}; expected one of {', '.join(ORDER_BY)}")
+
+
 def rank_candidates(
     src_executor: str,
     candidates: Sequence[tuple[Candidate, str, str | None]],
     edges: Iterable[tuple[Mnest, float]],
     now: datetime,
+    order_by: str = "weight",
 ) -> list[Ranked]:
     """Rank ``candidates`` from the active edges of the source to them (see :class:`Ranked`).
 
     A candidate without a version is scored by its best edge over every version; those
-    without any edge follow the others in the order given.
+    without any edge follow the others in the order given. With ``order_by="success"``,
+    the same list is sorted again by ``success``, highest first, keeping that order among
+    equals: a candidate without an edge (success 0.5) then goes before an edge whose
+    errors outnumber its successes, and after one whose successes outnumber its errors.
     """
+    order = check_order_by(order_by)
     best: dict[tuple[str, str | None], tuple[tuple[Any, ...], Mnest, float]] = {}
     for m, eff in edges:
         key = edge_key(m, eff, now)
@@ -153,7 +179,9 @@ def rank_candidates(
         found = best.get((executor, version))
         if found is None:
             why = f"no active edge {src_executor} -> {_label(executor, version)}"
-            missing.append(Ranked(given, executor, version, 0.0, 0.0, None, None, why))
+            missing.append(
+                Ranked(given, executor, version, 0.0, 0.0, None, success_rate(0, 0), None, why)
+            )
             continue
         key, m, eff = found
         act = -key[1]
@@ -162,10 +190,16 @@ def rank_candidates(
             f"effective weight {eff:.4f}, activation {act:.3f} "
             f"({m.uses} use{'' if m.uses == 1 else 's'}, last {_age(m.ts_last, now)} ago)"
         )
-        ranked = Ranked(given, executor, m.dst_version, eff, eff, act, m, why)
+        success = success_rate(m.ok_count, m.error_count)
+        if m.ok_count or m.error_count:
+            why += f"; {m.ok_count} ok, {m.error_count} error: success {success:.3f}"
+        ranked = Ranked(given, executor, m.dst_version, eff, eff, act, success, m, why)
         scored.append((key, ranked))
     scored.sort(key=lambda s: s[0])
-    return [r for _, r in scored] + missing
+    ranked_list = [r for _, r in scored] + missing
+    if order == "success":
+        ranked_list.sort(key=lambda r: -r.success)  # stable: the weight's order among equals
+    return ranked_list
 
 
 def _label(executor: str, version: str | None) -> str:

@@ -21,8 +21,16 @@ from sqlalchemy import text
 from mnestoma import InvalidInput, Mnestoma, Passing, UnitOfWork, make_session_factory
 from mnestoma.cli import cli
 from mnestoma.models import Mnest
-from mnestoma.ranking import Ranked, edge_key, order_edges
-from mnestoma.rules import ACTIVATION_DECAY, ACTIVATION_MIN_AGE_DAYS, activation
+from mnestoma.ranking import (
+    ORDER_BY,
+    Ranked,
+    check_order_by,
+    edge_key,
+    normalise_candidates,
+    order_edges,
+    rank_candidates,
+)
+from mnestoma.rules import ACTIVATION_DECAY, ACTIVATION_MIN_AGE_DAYS, activation, success_rate
 
 NOW = datetime(2026, 4, 1, 12, 0, tzinfo=UTC)
 PURE = settings(max_examples=300, deadline=None, derandomize=True)
@@ -321,6 +329,99 @@ def test_rank_reads_a_whole_catalog_in_chunks(store: Mnestoma) -> None:
     assert [r.candidate for r in got[:3]] == ["tool600", "tool1100", "tool17"]
     top = {"tool600", "tool1100", "tool17"}
     assert [r.candidate for r in got[3:]] == [c for c in catalog if c not in top]
+
+
+# --- success: the outcomes of what followed (contract §11) ----------------------------------
+
+
+def _passings(store: Mnestoma, dst: str, *outcomes: str | None) -> None:
+    for outcome in outcomes:
+        store.record_passing("a", "1", dst, "1", outcome=outcome)
+
+
+def test_ranked_carries_the_success_of_its_edges_outcomes(store: Mnestoma) -> None:
+    _passings(store, "b", "ok", "ok", "error", "ok", None)
+    [hit, miss] = store.rank("a", ["b", "c"])
+    assert (hit.mnest.ok_count, hit.mnest.error_count) == (3, 1)  # type: ignore[union-attr]
+    assert hit.success == success_rate(3, 1) == pytest.approx(4 / 6)
+    assert "3 ok, 1 error: success 0.667" in hit.reason
+    assert miss.success == success_rate(0, 0) == 0.5
+    data = json.loads(json.dumps(hit.as_dict()))
+    assert data["success"] == hit.success
+    assert list(data) == [
+        "candidate",
+        "executor",
+        "version",
+        "score",
+        "weight",
+        "activation",
+        "success",
+        "mnest_id",
+        "reason",
+    ]
+
+
+def test_an_edge_without_outcomes_has_an_even_success_and_no_word_of_them(
+    store: Mnestoma,
+) -> None:
+    _passings(store, "b", None, None)
+    [hit] = store.rank("a", ["b"])
+    assert hit.success == 0.5 and " ok" not in hit.reason
+
+
+def test_outcomes_change_neither_the_weight_nor_the_default_order(store: Mnestoma) -> None:
+    _passings(store, "failing", "error", "error", "error")  # 0.60, success 0.2
+    _passings(store, "fine", "ok", "ok")  # 0.45, success 0.75
+    _passings(store, "plain", None, None)  # 0.45, success 0.5
+    got = store.rank("a", ["fine", "plain", "failing"])
+    assert [r.candidate for r in got] == ["failing", "fine", "plain"]
+    assert [r.weight for r in got] == pytest.approx([0.60, 0.45, 0.45])
+    again = store.rank("a", ["fine", "plain", "failing"], order_by="weight")
+    assert [r.as_dict() for r in again] == [r.as_dict() for r in got]
+
+
+def test_rank_by_success_puts_the_likeliest_to_succeed_first_then_the_weights_order(
+    store: Mnestoma,
+) -> None:
+    _passings(store, "failing", "error", "error", "error")  # 0.60, success 0.2
+    _passings(store, "fine", "ok", "ok")  # 0.45, success 0.75
+    _passings(store, "plain", None, None, None)  # 0.60, success 0.5
+    _passings(store, "once", "ok")  # 0.30, success 0.667
+    catalog = ["new", "failing", "plain", "once", "fine"]
+    by_weight = [r.candidate for r in store.rank("a", catalog)]
+    assert by_weight == ["failing", "plain", "fine", "once", "new"]
+    got = store.rank("a", catalog, order_by="success")
+    # a candidate never seen (success 0.5) ties with "plain" and keeps its place after it
+    assert [r.candidate for r in got] == ["fine", "once", "plain", "new", "failing"]
+    assert [r.success for r in got] == pytest.approx([0.75, 2 / 3, 0.5, 0.5, 0.2])
+
+
+def test_rank_candidates_orders_by_success_on_request_only() -> None:
+    def edge(dst: str, ok: int, error: int, weight: float) -> tuple[Mnest, float]:
+        m = _edge(dst, uses=ok + error, first=1, last=1)
+        m.ok_count, m.error_count = ok, error
+        return m, weight
+
+    edges = [edge("b", 0, 4, 0.9), edge("c", 4, 0, 0.5), edge("d", 1, 1, 0.7)]
+    wanted = normalise_candidates(["b", "c", "d"])
+    by_weight = rank_candidates("a", wanted, edges, NOW)
+    assert [r.candidate for r in by_weight] == ["b", "d", "c"]
+    assert rank_candidates("a", wanted, edges, NOW, order_by="weight") == by_weight
+    by_success = rank_candidates("a", wanted, edges, NOW, order_by="success")
+    assert [r.candidate for r in by_success] == ["c", "d", "b"]
+
+
+def test_check_order_by_takes_weight_or_success_only() -> None:
+    assert [check_order_by(v) for v in ORDER_BY] == ["weight", "success"]
+    for bad in ("Weight", "uses", "", None, 1, ("weight",)):
+        with pytest.raises(InvalidInput):
+            check_order_by(bad)
+
+
+def test_rank_refuses_an_unknown_order(store: Mnestoma) -> None:
+    store.record_passing("a", "1", "b", "1")
+    with pytest.raises(InvalidInput, match="unknown order"):
+        store.rank("a", ["b"], order_by="uses")
 
 
 @pytest.mark.parametrize(
