@@ -4,7 +4,9 @@
 OpenInference), links a tool call B to an earlier call A of the same trace when B's arguments
 contain a value that A returned (compared by digest; the content itself is dropped at once),
 and when the trace's local root span ends, records the links with
-``store.record_turn(trace_id_hex, passings, recorder="otel")``.
+``store.record_turn(trace_id_hex, passings, recorder="otel")``. Each link carries B's
+outcome from B's span status: ERROR is ``"error"``; OK or UNSET, on the ended span, is
+``"ok"`` (instrumentations leave a successful span UNSET). A sequence-only link has none.
 
 Everything but a few dictionary look-ups happens on one writer thread, off the thread that
 ends the span; a failing store is logged and counted, never raised into the traced program.
@@ -34,6 +36,7 @@ from .tracing import _is_async_callable
 try:
     from opentelemetry.context import Context
     from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
+    from opentelemetry.trace import StatusCode
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise MissingExtra(
         "mnestoma.otel needs the OpenTelemetry SDK: pip install 'mnestoma[otel]'"
@@ -70,6 +73,9 @@ REDACTED_VALUES = frozenset({"__REDACTED__"})
 MAX_DEPTH = 8
 
 _SEQUENCE_TAGS = {"basis": "sequence"}
+# a passing's outcome, read from the destination span's status
+_OK = rules.Outcome.OK.value
+_ERROR = rules.Outcome.ERROR.value
 
 # GenAI semantic conventions (execute_tool spans)
 _GENAI_OPERATION = "gen_ai.operation.name"
@@ -122,6 +128,7 @@ class _ToolCall:
     end: int
     arguments: frozenset[bytes] | None  # None: the span carried no arguments
     result: frozenset[bytes] | None  # None: the span carried no result
+    outcome: str | None = None  # "ok" or "error" from the span's status; None: unknown
 
 
 @dataclass
@@ -141,6 +148,7 @@ class _ToolEnded(NamedTuple):
     end: int
     arguments: Any
     result: Any
+    outcome: str | None
 
 
 class _RootStarted(NamedTuple):
@@ -234,6 +242,14 @@ def value_digests(value: Any, *, max_leaves: int = 256) -> tuple[frozenset[bytes
             break
         found.add(_digest(text))
     return frozenset(found), truncated
+
+
+def _outcome(span: ReadableSpan) -> str | None:
+    """What the tool call did, from its ended span's status: ERROR is an error; OK, and UNSET
+    (how instrumentations leave a call that succeeded), are ok; a span not ended is unknown."""
+    if span.end_time is None:
+        return None
+    return _ERROR if span.status.status_code is StatusCode.ERROR else _OK
 
 
 def _first(attributes: Mapping[str, Any], *keys: str) -> Any:
@@ -365,6 +381,7 @@ class MnestomaSpanProcessor(SpanProcessor):
                     span.end_time or 0,
                     arguments,
                     result,
+                    _outcome(span),
                 )
             )
         parent = span.parent
@@ -499,6 +516,7 @@ class MnestomaSpanProcessor(SpanProcessor):
             item.end,
             self._digests(item.arguments),
             self._digests(item.result),
+            item.outcome,
         )
         if call.arguments is None and call.result is None:
             self._without_content(item.name)
@@ -577,11 +595,13 @@ class MnestomaSpanProcessor(SpanProcessor):
         """The passings of one trace's tool calls: lineage by content, then sequence if asked.
 
         B is linked to A when A ended before B started and a digest of A's result is among
-        B's argument digests; each of B's digests goes to the latest such A only.
+        B's argument digests; each of B's digests goes to the latest such A only. An edge's
+        outcome is that of the call of B which ended last (the store's rule: the last given).
         """
         ordered = sorted(calls, key=lambda c: (c.start, c.end))
         by_end = sorted(ordered, key=lambda c: c.end, reverse=True)
         edges: dict[tuple[str, str, str, str], Passing] = {}
+        decided_at: dict[tuple[str, str, str, str], int] = {}  # end of the call that decided
         for consumer in ordered:
             if not consumer.arguments:
                 continue
@@ -593,7 +613,9 @@ class MnestomaSpanProcessor(SpanProcessor):
                     continue
                 remaining -= producer.result
                 key = (producer.name, producer.version, consumer.name, consumer.version)
-                edges.setdefault(key, Passing(*key))
+                if key not in edges or consumer.end >= decided_at[key]:
+                    edges[key] = Passing(*key, outcome=consumer.outcome)  # first place kept
+                    decided_at[key] = consumer.end
                 if not remaining:
                     break
         if self._sequence_edges:
@@ -603,5 +625,6 @@ class MnestomaSpanProcessor(SpanProcessor):
                 if producer.result is not None and consumer.arguments is not None:
                     continue  # the content was there and decides
                 key = (producer.name, producer.version, consumer.name, consumer.version)
+                # no content: nothing says this call fed that one, so nor its outcome
                 edges.setdefault(key, Passing(*key, tags=dict(_SEQUENCE_TAGS)))
         return list(edges.values())

@@ -22,6 +22,13 @@ Lineage rule, exactly:
   the one whose content key it shares.
 * Trivial values never link: ``None``, booleans, numbers from -1024 to 1024, non-finite
   floats, ``str``/``bytes`` shorter than 4 characters, and empty containers.
+
+Outcomes (contract §11): each edge ``A → B`` carries what the call of B that received A's
+output did: ``"ok"`` when it returned, ``"error"`` when it raised an ``Exception``. When B
+received A's output in several calls of a turn, the call that finished last decides, as the
+store keeps the last outcome given for an edge in a turn. Cancellation, ``KeyboardInterrupt``
+and ``SystemExit`` come from outside B and say nothing of it: they leave the outcome as it
+was (None, unknown, when no other call finished). A proto from :func:`wish` has no outcome.
 """
 
 from __future__ import annotations
@@ -83,6 +90,8 @@ MIN_TEXT = rules.MIN_EVIDENCE_CHARS  # str / bytes shorter than this never link
 MAX_PASSINGS = 10_000  # distinct edges per turn; past it new edges are counted, not kept
 
 RECORDER = "tracer"
+_OK = rules.Outcome.OK.value  # the call of the destination returned
+_ERROR = rules.Outcome.ERROR.value  # the call of the destination raised
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -336,7 +345,8 @@ class Turn:
 
     @property
     def passings(self) -> list[Passing]:
-        """The passings recorded so far, each edge once, in the order first seen."""
+        """The passings recorded so far, each edge once, in the order first seen; an edge's
+        ``outcome`` is None until a call of its destination that received it has finished."""
         with self._lock:
             return list(self._edges.values())
 
@@ -385,20 +395,26 @@ class Turn:
             level = below
         return found
 
-    def _received(self, dst: Executor, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        """A call of ``dst`` starts: record a passing from each producer of its arguments."""
+    def _received(
+        self, dst: Executor, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[EdgeKey, ...]:
+        """A call of ``dst`` starts: record a passing from each producer of its arguments.
+
+        Returns the edges the call received along, for :meth:`_finished` to give them the
+        call's outcome."""
         if self._state != "open" or not self._by_id:
-            return
+            return ()
         try:
             sources = self._producers(args + tuple(kwargs.values()) if kwargs else args)
         except Exception:
             self._tracer_error("an argument")
-            return
+            return ()
         if not sources:
-            return
+            return ()
+        keys: list[EdgeKey] = []
         with self._lock:
             if self._state != "open":
-                return
+                return ()
             edges = self._edges
             for src in sources:
                 key = (src[0], src[1], dst[0], dst[1], True)
@@ -407,6 +423,20 @@ class Turn:
                         self.unrecorded += 1
                         continue
                     edges[key] = Passing(src[0], src[1], dst[0], dst[1])
+                keys.append(key)
+        return tuple(keys)
+
+    def _finished(self, keys: tuple[EdgeKey, ...], outcome: str) -> None:
+        """A call that received along ``keys`` returned (OK) or raised (ERROR): the edges
+        take its outcome, the latest finished call's winning (the store's rule too)."""
+        with self._lock:
+            if self._state != "open":
+                return  # the turn ended while the call ran: its passings are gone
+            edges = self._edges
+            for key in keys:
+                p = edges.get(key)
+                if p is not None and p.outcome != outcome:
+                    edges[key] = p._replace(outcome=outcome)
 
     def _returned(self, producer: Executor, value: Any) -> None:
         """A call of ``producer`` returned ``value``: remember it, forgetting the oldest."""
@@ -620,8 +650,9 @@ def _is_async_callable(fn: Any) -> bool:
 def executor(name: str, version: str) -> Callable[[F], F]:
     """Mark a callable as the executor ``name@version`` (sync or async, function or method).
 
-    Inside a turn each call records a passing from every executor whose output it received;
-    its return value is remembered for later calls. Outside a turn it is a plain call.
+    Inside a turn each call records a passing from every executor whose output it received,
+    with the call's outcome ("ok" if it returned, "error" if it raised); its return value is
+    remembered for later calls. Outside a turn it is a plain call.
     """
     ident: Executor = (check_name(name, "executor name"), check_name(version, "executor version"))
 
@@ -639,8 +670,15 @@ def executor(name: str, version: str) -> Callable[[F], F]:
                 t = _CURRENT.get()
                 if t is None:
                     return await fn(*args, **kwargs)
-                t._received(ident, args, kwargs)
-                result = await fn(*args, **kwargs)
+                keys = t._received(ident, args, kwargs)
+                try:
+                    result = await fn(*args, **kwargs)
+                except Exception:  # cancellation and interrupts leave the outcome unknown
+                    if keys:
+                        t._finished(keys, _ERROR)
+                    raise
+                if keys:
+                    t._finished(keys, _OK)
                 t._returned(ident, result)
                 return result
 
@@ -651,8 +689,15 @@ def executor(name: str, version: str) -> Callable[[F], F]:
                 t = _CURRENT.get()
                 if t is None:
                     return fn(*args, **kwargs)
-                t._received(ident, args, kwargs)
-                result = fn(*args, **kwargs)
+                keys = t._received(ident, args, kwargs)
+                try:
+                    result = fn(*args, **kwargs)
+                except Exception:  # interrupts leave the outcome unknown
+                    if keys:
+                        t._finished(keys, _ERROR)
+                    raise
+                if keys:
+                    t._finished(keys, _OK)
                 t._returned(ident, result)
                 return result
 
@@ -667,8 +712,9 @@ def executor(name: str, version: str) -> Callable[[F], F]:
 def wish(name: str, consumed: Any, *, desired_sig: Any = None) -> list[Passing]:
     """Record that a missing executor ``name`` was looked for to process ``consumed``.
 
-    A proto passing (``dst_exists=False``) goes from each executor that produced
-    ``consumed`` to ``name``; ``desired_sig`` says what the missing executor should do.
+    A proto passing (``dst_exists=False``, no outcome: nothing ran) goes from each executor
+    that produced ``consumed`` to ``name``; ``desired_sig`` says what the missing executor
+    should do.
     Outside a turn, or when no traced call produced ``consumed``, nothing is recorded.
     Returns the passings recorded.
     """

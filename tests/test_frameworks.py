@@ -3,7 +3,9 @@
 A LangGraph agent traced by OpenInference's LangChain instrumentation, and an OpenAI
 Agents SDK run traced by OpenTelemetry's GenAI instrumentation, each driven by a scripted
 model that copies a tool's result into the next tool call's arguments, as a model does.
-The exact edges are asserted; with content capture off nothing is recorded.
+The exact edges are asserted; with content capture off nothing is recorded. A run where one
+tool raises (the framework hands its error to the model) records that edge's outcome as
+"error" and the others' as "ok" (contract §11).
 """
 
 from __future__ import annotations
@@ -39,7 +41,13 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, set_s
 import mnestoma
 from mnestoma.otel import MnestomaSpanProcessor
 
-VERSIONS = {"search_files": "1.0", "read_file": "2.0", "count_words": "1.1", "today": "0.3"}
+VERSIONS = {
+    "search_files": "1.0",
+    "read_file": "2.0",
+    "count_words": "1.1",
+    "today": "0.3",
+    "convert_pdf": "0.5",
+}
 EXPECTED = {
     ("search_files", "1.0", "read_file", "2.0"),
     ("read_file", "2.0", "count_words", "1.1"),
@@ -66,6 +74,59 @@ def count_words(text: str) -> int:
 def today() -> str:
     """Today's date (its output is never consumed)."""
     return "2026-01-01"
+
+
+def convert_pdf(path: str) -> str:
+    """Convert a PDF to text (this one always fails: the file is encrypted)."""
+    raise ValueError(f"cannot convert {path}: the file is encrypted")
+
+
+# The run with a failing tool: search_files, then convert_pdf (raises) and read_file (returns)
+# on the file found, then count_words on the text read.
+FAILING_RUN = {
+    ("search_files", "1.0", "read_file", "2.0"): "ok",
+    ("search_files", "1.0", "convert_pdf", "0.5"): "error",
+    ("read_file", "2.0", "count_words", "1.1"): "ok",
+}
+
+
+def failing_run_calls(results: dict[Any, Any]) -> list[tuple[str, dict[str, Any]]] | None:
+    """The next tool calls of the run with a failing tool, given the results so far (None:
+    answer now)."""
+    if "search_files" not in results:
+        return [("search_files", {"pattern": "*.pdf"})]
+    if "read_file" not in results:
+        path = first_item(results["search_files"])
+        return [("convert_pdf", {"path": path}), ("read_file", {"path": path})]
+    if "count_words" not in results:
+        return [("count_words", {"text": results["read_file"]})]
+    return None
+
+
+def outcomes(store: mnestoma.Mnestoma) -> dict[tuple[str, str, str, str | None], str | None]:
+    """Each edge and the outcome its passing event recorded (one event per edge here)."""
+    rows = {e.id: e for e in store.edges()}
+    found: dict[tuple[str, str, str, str | None], str | None] = {}
+    for event in store.events():
+        m = rows[event.mnest_id]
+        key = (m.src_executor, m.src_version, m.dst_executor, m.dst_version)
+        assert key not in found, "one passing event per edge"
+        found[key] = event.outcome
+    return found
+
+
+def counts(store: mnestoma.Mnestoma) -> dict[tuple[str, str], tuple[int, int, int]]:
+    """Each edge (by tool names) and its row's (uses, ok_count, error_count)."""
+    return {
+        (e.src_executor, e.dst_executor): (e.uses, e.ok_count, e.error_count) for e in store.edges()
+    }
+
+
+FAILING_COUNTS = {
+    ("search_files", "read_file"): (1, 1, 0),
+    ("search_files", "convert_pdf"): (1, 0, 1),
+    ("read_file", "count_words"): (1, 1, 0),
+}
 
 
 def first_item(listing: Any) -> str:
@@ -133,6 +194,22 @@ def _chat(message: AIMessage) -> ChatResult:
     return ChatResult(generations=[ChatGeneration(message=message)])
 
 
+class FailingToolChatModel(ScriptedChatModel):
+    """The scripted chat model of the run with a failing tool (see failing_run_calls)."""
+
+    def _generate(self, messages: list[BaseMessage], *args: Any, **kwargs: Any) -> ChatResult:
+        results = {m.name: m.content for m in messages if isinstance(m, ToolMessage)}
+        calls = failing_run_calls(results)
+        if calls is None:
+            return _chat(AIMessage(content=f"{results['count_words']} words"))
+        step = len(results)
+        tool_calls = [
+            {"name": name, "args": args, "id": f"call_{step}_{i}", "type": "tool_call"}
+            for i, (name, args) in enumerate(calls)
+        ]
+        return _chat(AIMessage(content="", tool_calls=tool_calls))
+
+
 def langgraph_agent(tools: list[Any]) -> Any:
     """``create_react_agent`` (LangGraph's prebuilt ReAct agent) with the scripted model."""
     from langgraph.prebuilt import create_react_agent
@@ -167,6 +244,22 @@ def run_langgraph(tools: list[Any] = LANGCHAIN_TOOLS) -> str:
     return str(result["messages"][-1].content)
 
 
+def run_langgraph_with_a_failing_tool(tools: list[Any]) -> list[BaseMessage]:
+    """Run the agent with a failing tool and return its messages; the tool node hands a
+    tool's error to the model as a message (``handle_tool_errors=True``), so the run goes on."""
+    from langgraph.prebuilt import ToolNode, create_react_agent
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        agent = create_react_agent(FailingToolChatModel(), ToolNode(tools, handle_tool_errors=True))
+    result = agent.invoke({"messages": [("user", "How long is the pdf?")]})
+    messages: list[BaseMessage] = result["messages"]
+    assert messages[-1].content == "9 words"
+    [failed] = [m for m in messages if isinstance(m, ToolMessage) and m.status == "error"]
+    assert failed.name == "convert_pdf"  # the tool did raise, and the run went on
+    return messages
+
+
 def test_langgraph_agent_records_exactly_the_passings_of_its_tools(
     langchain_traced: Any, store: mnestoma.Mnestoma
 ) -> None:
@@ -179,6 +272,18 @@ def test_langgraph_agent_records_exactly_the_passings_of_its_tools(
     assert len(events) == 2
     assert {e.recorder for e in events} == {"otel"}
     assert len({e.turn_id for e in events}) == 1  # one trace, one turn
+
+
+def test_langgraph_records_a_failing_tool_s_edge_as_an_error(
+    langchain_traced: Any, store: mnestoma.Mnestoma
+) -> None:
+    processor = langchain_traced()
+    run_langgraph_with_a_failing_tool(
+        [tool(f) for f in (search_files, read_file, convert_pdf, count_words)]
+    )
+    assert processor.force_flush(10_000)
+    assert outcomes(store) == FAILING_RUN  # OpenInference marks the tool span ERROR
+    assert counts(store) == FAILING_COUNTS
 
 
 def test_langgraph_retried_turn_counts_once(
@@ -223,6 +328,22 @@ def test_the_in_process_tracer_records_the_same_edges_from_the_same_tools(
     assert {tuple(p[:4]) for p in t.passings} == EXPECTED
     assert edges(store) == EXPECTED
     assert {e.recorder for e in store.events()} == {"tracer"}
+
+
+def test_the_in_process_tracer_records_a_failing_tool_s_edge_as_an_error(
+    store: mnestoma.Mnestoma,
+) -> None:
+    from mnestoma.tracing import executor, turn
+
+    traced_tools = [
+        tool(executor(f.__name__, VERSIONS[f.__name__])(f))
+        for f in (search_files, read_file, convert_pdf, count_words)
+    ]
+    with turn(store, "turn-tracer") as t:
+        run_langgraph_with_a_failing_tool(traced_tools)
+    assert {tuple(p[:4]): p.outcome for p in t.passings} == FAILING_RUN
+    assert outcomes(store) == FAILING_RUN
+    assert counts(store) == FAILING_COUNTS
 
 
 # -- OpenAI Agents SDK + OpenTelemetry GenAI instrumentation ----------------------------------
@@ -281,6 +402,43 @@ class ScriptedModel(Model):
 AGENT_TOOLS: list[Any] = [function_tool(f) for f in (search_files, read_file, count_words, today)]
 
 
+class FailingToolModel(ScriptedModel):
+    """The scripted model of the run with a failing tool (see failing_run_calls)."""
+
+    async def get_response(
+        self, system_instructions: Any, input: Any, *args: Any, **kwargs: Any
+    ) -> ModelResponse:
+        items = [item for item in input if isinstance(item, dict)]
+        calls = {i["call_id"]: i["name"] for i in items if i.get("type") == "function_call"}
+        results = {
+            calls[i["call_id"]]: i["output"]
+            for i in items
+            if i.get("type") == "function_call_output"
+        }
+        todo = failing_run_calls(results)
+        if todo is None:
+            text = ResponseOutputText(
+                type="output_text", text=f"{results['count_words']} words", annotations=[]
+            )
+            message = ResponseOutputMessage(
+                id="msg_1", type="message", role="assistant", status="completed", content=[text]
+            )
+            return ModelResponse(output=[message], usage=Usage(), response_id=None)
+        step = len(results)
+        output: list[Any] = [
+            ResponseFunctionToolCall(
+                type="function_call",
+                name=name,
+                arguments=json.dumps(args),
+                call_id=f"call_{step}_{i}",
+                id=f"fc_{step}_{i}",
+                status="completed",
+            )
+            for i, (name, args) in enumerate(todo)
+        ]
+        return ModelResponse(output=output, usage=Usage(), response_id=None)
+
+
 @pytest.fixture
 def agents_traced(
     provider: tuple[TracerProvider, MnestomaSpanProcessor],
@@ -318,6 +476,20 @@ def test_agents_sdk_run_records_exactly_the_passings_of_its_tools(
     assert processor.stats.tool_spans == 4
     events = store.events()
     assert len(events) == 2 and {e.recorder for e in events} == {"otel"}
+
+
+def test_agents_sdk_records_a_failing_tool_s_edge_as_an_error(
+    agents_traced: Any, store: mnestoma.Mnestoma
+) -> None:
+    processor = agents_traced(capture_content=True)
+    tools = [function_tool(f) for f in (search_files, read_file, convert_pdf, count_words)]
+    agent = Agent(name="analyst", instructions="Answer.", tools=tools, model=FailingToolModel())
+    # the SDK hands the tool's error to the model as its output, and goes on
+    assert asyncio.run(Runner.run(agent, "How long is the pdf?")).final_output == "9 words"
+    assert processor.force_flush(10_000)
+    # the GenAI instrumentation sets ERROR on the failed tool's span, leaves the others UNSET
+    assert outcomes(store) == FAILING_RUN
+    assert counts(store) == FAILING_COUNTS
 
 
 def test_agents_sdk_retried_turn_counts_once(agents_traced: Any, store: mnestoma.Mnestoma) -> None:

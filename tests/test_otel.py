@@ -125,6 +125,7 @@ def test_genai_tool_spans_link_when_b_receives_what_a_returned(setup: Setup) -> 
     assert turn_id == format(root.get_span_context().trace_id, "032x")
     assert recorder == "otel"
     assert passings[0].tags is None
+    assert passings[0].outcome == "ok"  # fs.read's span ended UNSET: it returned
     assert processor.stats.traces_recorded == 1
     assert processor.stats.passings_recorded == 1
 

@@ -77,9 +77,10 @@ def fake() -> FakeStore:
     return FakeStore()
 
 
-def edge(src: str, dst: str) -> Passing:
-    """The active passing ``src@1 → dst@1`` (every test executor is at version 1)."""
-    return Passing(src, "1", dst, "1")
+def edge(src: str, dst: str, outcome: str | None = "ok") -> Passing:
+    """The active passing ``src@1 → dst@1`` (every test executor is at version 1), with the
+    outcome of the destination's call: "ok" unless it raised."""
+    return Passing(src, "1", dst, "1", outcome=outcome)
 
 
 @executor("search", "1")
@@ -404,8 +405,8 @@ def test_an_exception_propagates_unchanged_and_the_passings_so_far_are_recorded(
     with pytest.raises(RuntimeError) as caught, turn(fake, "t") as t:
         explode(search("q"))  # explode received search's output before it raised
     assert caught.value is boom
-    assert t.passings == [edge("search", "explode")]
-    assert fake.calls == [("t", [edge("search", "explode")], "tracer")]
+    assert t.passings == [edge("search", "explode", "error")]  # with the outcome of the raise
+    assert fake.calls == [("t", [edge("search", "explode", "error")], "tracer")]
 
 
 def test_a_store_failure_is_logged_and_counted_not_raised(
@@ -589,8 +590,8 @@ def test_methods_static_and_class_methods_are_executors(fake: FakeStore) -> None
         handle = Tools.open_(tools.find("notes"))
         tools.close(handle)
     assert t.passings == [
-        Passing("tools.find", "1", "tools.open", "1"),
-        Passing("tools.open", "1", "tools.close", "1"),
+        Passing("tools.find", "1", "tools.open", "1", outcome="ok"),
+        Passing("tools.open", "1", "tools.close", "1", outcome="ok"),
     ]
 
 
@@ -610,9 +611,9 @@ def test_wrapping_an_existing_callable_makes_it_an_executor(fake: FakeStore) -> 
         loud = traced_upper(body)
         traced_len(loud)
     assert t.passings == [
-        Passing("search", "1", "fs.read", "2.0"),
-        Passing("fs.read", "2.0", "text.upper", "1.0"),
-        Passing("text.upper", "1.0", "builtin.len", "3.11"),
+        Passing("search", "1", "fs.read", "2.0", outcome="ok"),
+        Passing("fs.read", "2.0", "text.upper", "1.0", outcome="ok"),
+        Passing("text.upper", "1.0", "builtin.len", "3.11", outcome="ok"),
     ]
 
 
@@ -646,7 +647,7 @@ def test_async_methods_are_executors(fake: FakeStore) -> None:
             await client.get(page["body"])
         return t
 
-    assert asyncio.run(main()).passings == [Passing("client.get", "1", "client.get", "1")]
+    assert asyncio.run(main()).passings == [edge("client.get", "client.get")]
 
 
 def test_outside_a_turn_an_async_executor_is_a_plain_call() -> None:
@@ -665,7 +666,7 @@ def test_an_async_callable_object_is_awaited(fake: FakeStore) -> None:
             await tool(read("/a/b.pdf"))
         return t
 
-    assert asyncio.run(main()).passings == [Passing("read", "1", "async.tool", "1")]
+    assert asyncio.run(main()).passings == [edge("read", "async.tool")]
 
 
 def test_asyncio_tasks_see_the_turn(fake: FakeStore) -> None:
@@ -764,7 +765,7 @@ def test_many_threads_in_one_turn_keep_its_state_whole(fake: FakeStore) -> None:
     with turn(fake, "t", max_outputs=8 * 200) as t, ThreadPoolExecutor(8) as pool:
         for f in [pool.submit(propagate(chain), i) for i in range(8)]:
             f.result()
-    expected = {Passing(names[i], "1", names[(i + 1) % 8], "1") for i in range(8)}
+    expected = {edge(names[i], names[(i + 1) % 8]) for i in range(8)}
     assert set(t.passings) == expected
     assert len(t.passings) == len(expected)  # each edge once despite the races
 
