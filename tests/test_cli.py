@@ -34,6 +34,8 @@ MNEST_KEYS = [
     "state",
     "tags",
     "desired_sig",
+    "ok_count",
+    "error_count",
     "effective_weight",
 ]
 EVENT_KEYS = [
@@ -49,6 +51,7 @@ EVENT_KEYS = [
     "reason",
     "related_id",
     "recorder",
+    "outcome",
 ]
 
 
@@ -145,6 +148,7 @@ def test_help_lists_every_subcommand() -> None:
         "events",
         "walk",
         "suggest",
+        "vet",
         "protos",
         "promote",
         "transition",
@@ -169,6 +173,7 @@ def test_every_subcommand_accepts_database_url() -> None:
         ["events"],
         ["walk"],
         ["suggest"],
+        ["vet"],
         ["protos"],
         ["promote"],
         ["transition"],
@@ -353,9 +358,29 @@ def test_edges_json_is_an_array_keyed_by_column_with_utc_times(seeded: dict[str,
 
 def test_edges_table_has_a_header_and_one_line_per_row(seeded: dict[str, Any]) -> None:
     lines = run_ok("edges", "--database-url", seeded["url"]).stdout.splitlines()
-    assert lines[0].split() == ["ID", "SOURCE", "DESTINATION", "STATE", "WEIGHT", "USES", "LAST"]
+    assert lines[0].split() == [
+        "ID", "SOURCE", "DESTINATION", "STATE", "WEIGHT", "USES", "OK", "ERROR", "LAST",
+    ]  # fmt: skip
     assert len(lines) == 6
     assert any("fetch@2" in line and "pdf.to_text" in line and "proto" in line for line in lines)
+
+
+def test_edges_show_each_rows_ok_and_error_counts(store_url: str) -> None:
+    with mnestoma.Mnestoma(store_url) as m:
+        for outcome in ("ok", "error", "error", None):
+            m.record_passing("search", "1", "fetch", "2", outcome=outcome)
+        m.record_passing("fetch", "2", "summarise", "1")
+    [failing, plain] = run_json("edges", "--database-url", store_url)
+    assert (failing["uses"], failing["ok_count"], failing["error_count"]) == (4, 1, 2)
+    assert (plain["uses"], plain["ok_count"], plain["error_count"]) == (1, 0, 0)
+    lines = run_ok("edges", "--database-url", store_url).stdout.splitlines()
+    header = lines[0].split()
+    by_column = [dict(zip(header, line.split(), strict=False)) for line in lines[1:]]
+    # the LAST column's date and time are two words: compare the counts only
+    assert [(r["USES"], r["OK"], r["ERROR"]) for r in by_column] == [
+        ("4", "1", "2"),
+        ("1", "0", "0"),
+    ]
 
 
 def test_edges_filter_by_source_destination_and_states(seeded: dict[str, Any]) -> None:

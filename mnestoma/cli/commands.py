@@ -27,6 +27,7 @@ from ..rules import (
 )
 from ..status import collect_status, render_status
 from ..validation import check_positive_int
+from ..vetting import normalise_steps
 from .db import db
 from .demo import demo
 from .errors import MnestomaGroup
@@ -55,6 +56,7 @@ from .render import (
     render_recent_queries,
     render_suggestions,
     render_top_queries,
+    render_verdict,
     render_walk,
     write_output,
 )
@@ -282,6 +284,28 @@ def suggest(src: str, k: int, as_json: bool, database_url: str | None) -> None:
         render_suggestions(store.suggest_next(executor, version, k=k), now, as_json)
 
 
+@cli.command()
+@click.argument("steps", nargs=-1, required=True, metavar="STEP STEP [STEP ...]")
+@click.option("--at", "at", metavar="TIME", help="Weights at this ISO-8601 instant [now].")
+@json_option
+@database_url_option
+def vet(steps: tuple[str, ...], at: str | None, as_json: bool, database_url: str | None) -> None:
+    """What the store knows of a proposed chain of executors, link by link: each STEP is
+    EXECUTOR or EXECUTOR@VERSION (any version where none is given); 2 to 64 steps.
+
+    A link is known when an active edge matches; its weight (effective now), uses, ok and
+    error counts and success ((ok + 1) / (ok + error + 2)) are those of its best matching
+    row in any state. The chain's score is the product of the links' weights, 0 when a
+    link is unknown. Evidence, never proof: an unknown link was never seen, not seen wrong.
+    """
+    chain = normalise_steps(
+        [parse_endpoint(s, f"STEP {i + 1}", version_required=False) for i, s in enumerate(steps)]
+    )  # checked before the store is opened: bad input reads nothing
+    now = utc_now() if at is None else parse_instant(at, "--at")
+    with _store(database_url, clock=lambda: now) as store:
+        render_verdict(store.vet(chain), as_json)
+
+
 @cli.command("graph")
 @click.argument("src", required=False, metavar="[SRC[@VERSION]]")
 @click.option(
@@ -332,7 +356,8 @@ def graph_cmd(
 ) -> None:
     """Print the graph (or what SRC reaches) as DOT, Mermaid, GraphML or JSON: weight as pen
     width and label, protos dashed toward a wished node, decaying greyed, superseded hidden
-    unless asked (--states superseded)."""
+    unless asked (--states superseded); ok and error counts on the label once recorded, an
+    edge with more errors than successes drawn red (marked "failing" in GraphML and JSON)."""
     from ..graph import DEFAULT_DEPTH, PICTURE_STATES, render
 
     if as_json and fmt not in (None, "json"):

@@ -26,6 +26,7 @@ from .errors import CliFailure
 
 if TYPE_CHECKING:
     from ..copying import CopyReport
+    from ..vetting import Verdict
 
 __all__ = [
     "check_output_path",
@@ -41,6 +42,7 @@ __all__ = [
     "render_recent_queries",
     "render_suggestions",
     "render_top_queries",
+    "render_verdict",
     "render_walk",
     "table",
     "write_output",
@@ -110,12 +112,14 @@ def render_edges(edges: Sequence[Mnest], at: datetime, as_json: bool, empty: str
             m.state,
             _fmt_weight(m.effective_weight(at)),
             m.uses,
+            m.ok_count,
+            m.error_count,
             short_utc(m.ts_last),
         )
         for m in edges
     ]
-    headers = ("ID", "SOURCE", "DESTINATION", "STATE", "WEIGHT", "USES", "LAST")
-    click.echo(table(headers, rows, {"WEIGHT", "USES"}))
+    headers = ("ID", "SOURCE", "DESTINATION", "STATE", "WEIGHT", "USES", "OK", "ERROR", "LAST")
+    click.echo(table(headers, rows, {"WEIGHT", "USES", "OK", "ERROR"}))
 
 
 def render_one(m: Mnest, as_json: bool) -> None:
@@ -191,6 +195,50 @@ def render_suggestions(
     ]
     headers = ("RANK", "NEXT", "SCORE", "ACTIVATION", "USES", "LAST", "ID")
     click.echo(table(headers, rows, {"RANK", "SCORE", "ACTIVATION", "USES"}))
+
+
+def render_verdict(verdict: Verdict, as_json: bool) -> None:
+    """Print what the store knows of a proposed chain: one row per link, then the chain's
+    score, weakest link and unknown links (unknown: never seen active, not wrong)."""
+    if as_json:
+        echo_json(verdict.as_dict())
+        return
+    rows = [
+        (
+            link.index,
+            endpoint(link.src_executor, link.src_version),
+            endpoint(link.dst_executor, link.dst_version),
+            "yes" if link.known else "no",
+            _fmt_weight(link.weight),
+            link.uses,
+            link.ok_count,
+            link.error_count,
+            f"{link.success:.3f}",
+            short_utc(link.last_seen),
+            link.state,
+        )
+        for link in verdict.links
+    ]
+    headers = (
+        "LINK", "SOURCE", "DESTINATION", "KNOWN", "WEIGHT", "USES", "OK", "ERROR", "SUCCESS",
+        "LAST SEEN", "STATE",
+    )  # fmt: skip
+    click.echo(table(headers, rows, {"LINK", "WEIGHT", "USES", "OK", "ERROR", "SUCCESS"}))
+    click.echo("")
+    click.echo(f"score    {verdict.score:.3f} (the product of the links' weights)")
+    if verdict.weakest is not None:
+        link = verdict.links[verdict.weakest]
+        src = endpoint(link.src_executor, link.src_version)
+        dst = endpoint(link.dst_executor, link.dst_version)
+        click.echo(f"weakest  link {link.index}: {src} -> {dst}")
+    if verdict.unknown:
+        n = len(verdict.unknown)
+        click.echo(
+            f"unknown  link{'s' if n != 1 else ''} {', '.join(map(str, verdict.unknown))}: "
+            "no active edge seen, which is not evidence against " + ("them" if n != 1 else "it")
+        )
+    else:
+        click.echo("unknown  none: every link has an active edge")
 
 
 def render_protos(protos: Sequence[Mnest], at: datetime, as_json: bool) -> None:
