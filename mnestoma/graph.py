@@ -4,8 +4,12 @@ A node is an executor at a version (``"executor@version"``), or the bare name of
 executor that a proto-mnest wishes for (it has no version yet; " (wished)" is added where
 that name is already an ``executor@version`` node). Effective weight is drawn
 as pen width and written on the edge; protos are dashed toward a "wished" node, decaying
-edges are greyed, superseded ones are left out unless asked for. ``networkx`` (extra
-``mnestoma[graph]``) is imported only by GraphML and :func:`to_networkx`.
+edges are greyed, superseded ones are left out unless asked for. Each edge carries its
+outcome counts (``ok_count``, ``error_count``, contract §11): written on the label once any
+outcome is recorded, and an edge whose errors outnumber its successes is *failing*: drawn
+red and dashed (DOT) or dotted (Mermaid), and marked ``failing`` in GraphML, JSON and
+networkx. ``networkx`` (extra ``mnestoma[graph]``) is imported only by GraphML and
+:func:`to_networkx`.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ PEN_SPAN = 4.0
 WISHED_COLOUR = "#b35c00"
 FADED_COLOUR = "#9e9e9e"
 SUPERSEDED_COLOUR = "#c8c8c8"
+FAILING_COLOUR = "#c62828"
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +82,11 @@ class GraphEdge:
     target: str
     mnest: Mnest
     effective_weight: float
+
+    @property
+    def failing(self) -> bool:
+        """More errors than successes recorded after passings along this edge."""
+        return self.mnest.error_count > self.mnest.ok_count
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,7 +209,9 @@ def _pen(weight: float) -> float:
 
 def _edge_label(e: GraphEdge) -> str:
     uses = e.mnest.uses
-    text = f"{e.effective_weight:.2f} ({uses} use{'' if uses == 1 else 's'})"
+    ok, error = e.mnest.ok_count, e.mnest.error_count
+    outcomes = f": {ok} ok, {error} error" if ok or error else ""
+    text = f"{e.effective_weight:.2f} ({uses} use{'' if uses == 1 else 's'}{outcomes})"
     state = e.mnest.state
     if state == MnestState.PROTO.value:
         return text + " wished"
@@ -279,6 +291,9 @@ def to_dot(graph: MnestGraph) -> str:
             attrs.update(color=FADED_COLOUR, fontcolor=FADED_COLOUR)
         elif state == MnestState.SUPERSEDED.value:
             attrs.update(style="dotted", color=SUPERSEDED_COLOUR, fontcolor=SUPERSEDED_COLOUR)
+        if e.failing:
+            attrs.setdefault("style", "dashed")
+            attrs.update(color=FAILING_COLOUR, fontcolor=FAILING_COLOUR)
         out.append(f"  {_dot_quote(e.source)} -> {_dot_quote(e.target)} {_dot_attrs(attrs)};")
     out.append("}")
     return "\n".join(out) + "\n"
@@ -316,7 +331,8 @@ def to_mermaid(graph: MnestGraph) -> str:
     styles: list[str] = []
     for i, e in enumerate(graph.edges):
         state = e.mnest.state
-        arrow = "-->" if state in (MnestState.ACTIVE.value, MnestState.DECAYING.value) else "-.->"
+        solid = state in (MnestState.ACTIVE.value, MnestState.DECAYING.value) and not e.failing
+        arrow = "-->" if solid else "-.->"
         label = mermaid_text(_edge_label(e))
         out.append(f'    {ids[e.source]} {arrow}|"{label}"| {ids[e.target]}')
         style = f"stroke-width:{_pen(e.effective_weight)}px"
@@ -326,6 +342,8 @@ def to_mermaid(graph: MnestGraph) -> str:
             style += f",stroke:{FADED_COLOUR},color:{FADED_COLOUR}"
         elif state == MnestState.SUPERSEDED.value:
             style += f",stroke:{SUPERSEDED_COLOUR},color:{SUPERSEDED_COLOUR}"
+        if e.failing:
+            style += f",stroke:{FAILING_COLOUR},color:{FAILING_COLOUR}"
         styles.append(f"    linkStyle {i} {style};")
     out.append(
         f"    classDef wished stroke-dasharray:5 5,stroke:{WISHED_COLOUR},"
@@ -348,12 +366,14 @@ def to_mermaid(graph: MnestGraph) -> str:
 
 def edge_records(graph: MnestGraph) -> list[dict[str, Any]]:
     """One object per edge, keyed like the command line's other listings (every column,
-    ISO-8601 UTC times, ``effective_weight``), plus its ``source`` and ``target`` nodes."""
+    ``ok_count`` and ``error_count`` among them, ISO-8601 UTC times, ``effective_weight``),
+    plus its ``source`` and ``target`` nodes and ``failing``."""
     return [
         {
             **mnest_record(e.mnest, graph.at, effective=e.effective_weight),
             "source": e.source,
             "target": e.target,
+            "failing": e.failing,
         }
         for e in graph.edges
     ]
@@ -380,7 +400,8 @@ def _networkx() -> Any:
 def to_networkx(graph: MnestGraph) -> Any:
     """A ``networkx.MultiDiGraph``: node ``"executor@version"`` (a wished executor: its bare
     name) with ``executor``, ``version``, ``wished``; one edge per mnest, keyed by its id,
-    with every column of the mnest and ``effective_weight``."""
+    with every column of the mnest (``ok_count`` and ``error_count`` among them),
+    ``effective_weight`` and ``failing``."""
     nx = _networkx()
     g = nx.MultiDiGraph(at=graph.at, src=graph.src)
     for n in graph.nodes:
@@ -392,6 +413,7 @@ def to_networkx(graph: MnestGraph) -> Any:
             key=e.mnest.id,
             **e.mnest.as_dict(),
             effective_weight=e.effective_weight,
+            failing=e.failing,
         )
     return g
 
@@ -406,7 +428,8 @@ def _graphml_value(value: Any) -> Any:
 
 
 def to_graphml(graph: MnestGraph) -> str:
-    """GraphML through networkx (absent values are left out, as GraphML does)."""
+    """GraphML through networkx (absent values are left out, as GraphML does); each edge
+    with its columns, ``effective_weight`` and ``failing``."""
     nx = _networkx()
     g = nx.MultiDiGraph()
     g.graph["at"] = iso_utc(graph.at)
@@ -421,7 +444,12 @@ def to_graphml(graph: MnestGraph) -> str:
         values = {k: _graphml_value(v) for k, v in e.mnest.as_dict().items() if v is not None}
         values.pop("id")
         g.add_edge(
-            e.source, e.target, key=e.mnest.id, effective_weight=e.effective_weight, **values
+            e.source,
+            e.target,
+            key=e.mnest.id,
+            effective_weight=e.effective_weight,
+            failing=e.failing,
+            **values,
         )
     buf = io.BytesIO()
     nx.write_graphml(g, buf, encoding="utf-8")

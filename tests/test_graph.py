@@ -360,12 +360,89 @@ def test_to_networkx_gives_analysts_every_column_and_the_effective_weight(
     [(key, data)] = [
         (k, d) for _, v, k, d in g.out_edges("a@1", keys=True, data=True) if v == "b@1"
     ]
-    assert set(data) == set(MNEST_KEYS)
+    assert set(data) == {*MNEST_KEYS, "failing"}
     assert data["id"] == key and data["uses"] == 4
     assert data["effective_weight"] == pytest.approx(data["weight"] * 0.835270211411272)
     assert data["ts_first"].tzinfo is not None
     assert nx.has_path(g, "a@1", "d@1")
     assert to_networkx(store.graph("a", depth=1)).number_of_edges() == 3  # superseded too
+
+
+# --- outcomes (contract §11) ----------------------------------------------------------------
+
+
+def _outcome_graph(store: Mnestoma) -> MnestGraph:
+    """a→b failing (1 ok, 2 error), a→c fine (2 ok), a→d without outcomes, a wish failing."""
+    for outcome in ("ok", "error", "error"):
+        store.record_passing("a", "1", "b", "1", outcome=outcome)
+    for _ in range(2):
+        store.record_passing("a", "1", "c", "1", outcome="ok")
+    store.record_passing("a", "1", "d", "1")
+    store.record_passing("a", "1", "pdf", dst_exists=False)
+    return store.graph()
+
+
+def test_dot_writes_outcome_counts_and_draws_a_failing_edge_red_and_dashed(
+    store: Mnestoma,
+) -> None:
+    lines = to_dot(_outcome_graph(store)).splitlines()
+
+    def edge_line(dst: str) -> str:
+        [line] = [x for x in lines if x.strip().startswith(f'"a@1" -> "{dst}"')]
+        return line
+
+    failing, fine, plain, wish = (edge_line(d) for d in ("b@1", "c@1", "d@1", "pdf"))
+    assert "(3 uses: 1 ok, 2 error)" in failing
+    assert 'style="dashed"' in failing and 'color="#c62828"' in failing
+    assert "(2 uses: 2 ok, 0 error)" in fine and "#c62828" not in fine
+    assert 'style="dashed"' not in fine
+    assert " ok" not in plain and "#c62828" not in plain
+    assert "(1 use) wished" in wish and 'style="dashed"' in wish and "#c62828" not in wish
+
+
+def test_mermaid_draws_a_failing_edge_dotted_and_red(store: Mnestoma) -> None:
+    graph = _outcome_graph(store)
+    parsed = parse_mermaid(to_mermaid(graph))
+    for i, ((_, arrow, label, _), e) in enumerate(zip(parsed["links"], graph.edges, strict=True)):
+        target = e.target
+        red = "stroke:#c62828" in parsed["styles"][i]
+        if target == "b@1":
+            assert (arrow, red) == ("-.->", True) and "(3 uses: 1 ok, 2 error)" in label
+        elif target == "c@1":
+            assert (arrow, red) == ("-->", False) and "(2 uses: 2 ok, 0 error)" in label
+        elif target == "d@1":
+            assert (arrow, red) == ("-->", False) and "ok" not in label
+        else:
+            assert (arrow, red) == ("-.->", False)
+
+
+def test_json_graphml_and_networkx_carry_the_counts_and_say_which_edges_fail(
+    store: Mnestoma,
+) -> None:
+    import networkx as nx
+
+    graph = _outcome_graph(store)
+    expected = {"b@1": (1, 2, True), "c@1": (2, 0, False), "d@1": (0, 0, False)}
+    expected["pdf"] = (0, 0, False)
+    records = json.loads(render(graph, "json"))
+    assert {r["target"]: (r["ok_count"], r["error_count"], r["failing"]) for r in records} == (
+        expected
+    )
+    back = nx.read_graphml(io.BytesIO(to_graphml(graph).encode("utf-8")), force_multigraph=True)
+    assert {
+        v: (d["ok_count"], d["error_count"], d["failing"]) for _, v, d in back.edges(data=True)
+    } == expected
+    g = to_networkx(graph)
+    assert {
+        v: (d["ok_count"], d["error_count"], d["failing"]) for _, v, d in g.edges(data=True)
+    } == expected
+
+
+def test_as_many_errors_as_successes_is_not_failing(store: Mnestoma) -> None:
+    store.record_passing("a", "1", "b", "1", outcome="ok")
+    store.record_passing("a", "1", "b", "1", outcome="error")
+    [edge] = store.graph().edges
+    assert not edge.failing and "#c62828" not in to_dot(store.graph())
 
 
 def test_without_networkx_the_error_names_the_extra(
@@ -397,7 +474,7 @@ def test_graph_json_is_keyed_like_the_other_listings(store_url: str, store: Mnes
     _fixture_graph(store)
     at = ("--at", "2026-02-01T00:00:00Z")
     rows = json.loads(_ok("graph", "--json", *at, "--database-url", store_url))
-    assert [list(r) for r in rows] == [[*MNEST_KEYS, "source", "target"]] * 8
+    assert [list(r) for r in rows] == [[*MNEST_KEYS, "source", "target", "failing"]] * 8
     assert json.loads(_ok("graph", "--format", "json", *at, "--database-url", store_url)) == rows
     assert {r["state"] for r in rows} == set(PICTURE_STATES)
     assert rows[0]["ts_first"].endswith("Z")
