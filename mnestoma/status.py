@@ -76,10 +76,19 @@ RECORDER_NAMES = {
 
 @dataclass(frozen=True)
 class RecorderFacts:
-    """How many passings (created/reinforced events) one recorder wrote, and the last one."""
+    """How many passings (created/reinforced events) one recorder wrote, and the last one;
+    how many of them carry the outcome ``ok`` or ``error`` (None where the store has no
+    ``events.outcome``, before revision 0008: not known, not zero)."""
 
     passings: int = 0
     last: datetime | None = None
+    ok: int | None = None
+    error: int | None = None
+
+    @property
+    def with_outcome(self) -> int:
+        """The passings that carry an outcome (0 where outcomes are not known)."""
+        return (self.ok or 0) + (self.error or 0)
 
 
 @dataclass(frozen=True)
@@ -130,6 +139,8 @@ class StoreStatus:
     ``behind`` (an older revision), ``unknown`` (a revision this release does not know).
     ``passings_by_recorder`` is None where the store has no ``events.recorder`` column
     (before revision 0003), ``ager_runs`` None where it has no ``ager_runs`` table.
+    ``outcomes_recorded``: the store has ``events.outcome`` (revision 0008 on), so that
+    each recorder's passings with an outcome are counted.
     ``ager_unfinished``: the runs of the ager begun and not completed, oldest first (one
     running, or interrupted ones that the next run completes; None before revision 0007).
     ``events_kept_from``: every event since this instant is kept (the oldest event other
@@ -159,6 +170,7 @@ class StoreStatus:
     ager_runs_recent: int = 0
     last_ager_run: AgerRunFacts | None = None
     ager_unfinished: list[AgerProgressFacts] | None = None
+    outcomes_recorded: bool = False
 
     @property
     def ager_interrupted(self) -> list[AgerProgressFacts]:
@@ -190,6 +202,41 @@ class StoreStatus:
         if self.passings_by_recorder is None and self.passings:
             return None
         return bool(self.automatic)
+
+    @property
+    def reporting_outcomes(self) -> dict[str, RecorderFacts]:
+        """The recorders that wrote at least one passing with an outcome (ok or error)."""
+        by = self.passings_by_recorder or {}
+        return {name: f for name, f in by.items() if f.with_outcome}
+
+    @property
+    def outcomes_reported(self) -> bool | None:
+        """True when some recorder wrote a passing with an outcome here; None when the rows
+        cannot tell (passings exist but the store has no ``events.outcome``)."""
+        if not self.outcomes_recorded or self.passings_by_recorder is None:
+            return None if self.passings else False
+        return bool(self.reporting_outcomes)
+
+    def outcomes(self) -> str | None:
+        """The sentence about outcomes, chosen by the facts; None when there is no passing."""
+        if not self.passings:
+            return None
+        reported = self.outcomes_reported
+        if reported is None:
+            return (
+                f"not known: revision {self.revision} has no events.outcome, so no passing "
+                "here can say whether what followed it succeeded"
+            )
+        if not reported:
+            return (
+                "none reported: no passing here says whether what followed it succeeded "
+                "(ok) or failed (error)"
+            )
+        return "reported by " + "; ".join(
+            f"{RECORDER_NAMES[name]}: {f.with_outcome} of {f.passings} "
+            f"passing{'s' if f.passings != 1 else ''} ({f.ok} ok, {f.error} error)"
+            for name, f in self.reporting_outcomes.items()
+        )
 
     def feeding(self) -> str:
         """The sentence about automatic recording, chosen by the facts."""
@@ -248,7 +295,12 @@ class StoreStatus:
         by_recorder = None
         if self.passings_by_recorder is not None:
             by_recorder = {
-                name: {"passings": f.passings, "last": iso_utc(f.last)}
+                name: {
+                    "passings": f.passings,
+                    "last": iso_utc(f.last),
+                    "ok": f.ok,
+                    "error": f.error,
+                }
                 for name, f in self.passings_by_recorder.items()
             }
         ager = None
@@ -302,6 +354,8 @@ class StoreStatus:
             "ager_runs": ager,
             "feeding": self.feeding(),
             "reading": READING_STATEMENT,
+            "outcomes_reported": self.outcomes_reported,
+            "outcomes": self.outcomes(),
         }
 
 
@@ -345,10 +399,13 @@ def _collect(engine: Engine, head: str, now: datetime, clock: Clock | None) -> S
             status.schema = "behind"
         else:
             status.schema = "unknown"
-        by_recorder = EVENTS.name in tables and "recorder" in {
-            c["name"] for c in inspector.get_columns(EVENTS.name)
-        }
-        _count(conn, tables, status, by_recorder=by_recorder)
+        event_columns = (
+            {c["name"] for c in inspector.get_columns(EVENTS.name)}
+            if EVENTS.name in tables
+            else set()
+        )
+        status.outcomes_recorded = "outcome" in event_columns
+        _count(conn, tables, status, by_recorder="recorder" in event_columns)
         if AGER_RUNS.name in tables:
             _count_ager_runs(conn, status)
         if AGER_PROGRESS.name in tables:
@@ -391,13 +448,18 @@ def _count(conn: Connection, tables: set[str], status: StoreStatus, *, by_record
 
 
 def _count_passings_by_recorder(conn: Connection, status: StoreStatus) -> None:
-    """Passings (created/reinforced events) per ``events.recorder`` with the last instant,
-    and their totals, from one scan of the passing events."""
-    found = {r.value: _NONE for r in Recorder}
+    """Passings (created/reinforced events) per ``events.recorder`` with the last instant
+    and, where the store has ``events.outcome``, how many carry each outcome; and their
+    totals, from one scan of the passing events."""
+    outcomes = status.outcomes_recorded
+    found = {r.value: RecorderFacts(ok=0, error=0) if outcomes else _NONE for r in Recorder}
     lasts: list[datetime] = []
     turn_lasts: list[datetime] = []
-    for recorder, n, last, with_turn, last_with_turn in conn.execute(sql.PASSINGS_BY_RECORDER):
-        facts = RecorderFacts(int(n), _as_utc(last))
+    stmt = sql.PASSINGS_BY_RECORDER_WITH_OUTCOMES if outcomes else sql.PASSINGS_BY_RECORDER
+    for row in conn.execute(stmt):
+        recorder, n, last, with_turn, last_with_turn = row[:5]
+        ok, error = (int(row[5]), int(row[6])) if outcomes else (None, None)
+        facts = RecorderFacts(int(n), _as_utc(last), ok, error)
         found[str(recorder)] = facts
         status.passings += facts.passings
         status.passings_with_turn += int(with_turn)
@@ -548,6 +610,9 @@ def render_status(status: StoreStatus) -> str:
             recorders = _render_recorders(status)
             if recorders:
                 lines.append(recorders)
+            outcomes = status.outcomes()
+            if outcomes:
+                lines.append(f"outcomes   {outcomes}")
             lines.append(f"query log  {status.query_log} entries")
         lines.extend(_render_ager(status))
         if status.schema == "head":

@@ -22,7 +22,15 @@ from mnestoma.testing.clock import MovableClock
 from mnestoma.tracing import executor, turn, wish
 
 RECORDERS = ["call", "tracer", "otel", "ager", "cli"]
-NEW_KEYS = ["passings_by_recorder", "fed_automatically", "ager_runs", "feeding", "reading"]
+NEW_KEYS = [
+    "passings_by_recorder",
+    "fed_automatically",
+    "ager_runs",
+    "feeding",
+    "reading",
+    "outcomes_reported",
+    "outcomes",
+]
 
 
 def run(*args: Any) -> Result:
@@ -82,7 +90,10 @@ def test_an_empty_store_is_not_fed_and_says_no_more(store_url: str) -> None:
     data = status_json(store_url)
     assert data["fed_automatically"] is False
     assert data["feeding"] == FEEDING_STATEMENT
-    assert data["passings_by_recorder"] == {r: {"passings": 0, "last": None} for r in RECORDERS}
+    assert data["passings_by_recorder"] == {
+        r: {"passings": 0, "last": None, "ok": 0, "error": 0} for r in RECORDERS
+    }
+    assert (data["outcomes_reported"], data["outcomes"]) == (False, None)
 
 
 def test_tracer_passings_say_fed_by_the_tracer_with_the_count_and_last_instant(
@@ -104,10 +115,16 @@ def test_tracer_passings_say_fed_by_the_tracer_with_the_count_and_last_instant(
     )
     data = status_json(store_url)
     assert data["fed_automatically"] is True
+    # fs.read returned after fs.search each time; the wish for pdf.to_text has no outcome
     assert data["passings_by_recorder"]["tracer"] == {
         "passings": 4,
         "last": "2026-01-01T14:00:00Z",
+        "ok": 2,
+        "error": 0,
     }
+    assert data["outcomes"] == (
+        "reported by the in-process tracer (mnestoma.tracing): 2 of 4 passings (2 ok, 0 error)"
+    )
     assert data["passings_by_recorder"]["call"]["passings"] == 0
     assert "fed automatically: 4 passings by the in-process tracer" in render_status(st)
 
@@ -174,6 +191,98 @@ def test_the_passings_are_read_in_one_scan_and_totalled_across_recorders(
     assert st.passings_by_recorder is not None
     assert st.passings_by_recorder["call"].passings == 2
     assert st.passings_by_recorder["tracer"].passings == 1
+
+
+# --- outcomes (contract §11) ----------------------------------------------------------------
+
+
+def test_status_counts_the_outcomes_each_recorder_reported(
+    store: mnestoma.Mnestoma, store_url: str, clock: MovableClock
+) -> None:
+    store.record_passing("a", "1", "b", "2", outcome="ok")
+    store.record_passing("a", "1", "b", "2", outcome="error")
+    store.record_passing("a", "1", "c", "2")
+    store.record_turn("t1", [("a", "1", "b", "2")], recorder="cli")
+    st = collect_status(store_url, clock=clock)
+    assert st.passings_by_recorder is not None
+    call = st.passings_by_recorder["call"]
+    assert (call.passings, call.ok, call.error, call.with_outcome) == (3, 1, 1, 2)
+    assert (st.passings_by_recorder["cli"].ok, st.passings_by_recorder["cli"].error) == (0, 0)
+    assert st.outcomes_reported is True and set(st.reporting_outcomes) == {"call"}
+    assert st.outcomes() == "reported by calls of the API: 2 of 3 passings (1 ok, 1 error)"
+    text = run_ok("status", "--database-url", store_url).stdout
+    assert "outcomes   reported by calls of the API: 2 of 3 passings (1 ok, 1 error)" in text
+    data = status_json(store_url)
+    assert data["passings_by_recorder"]["call"] == {
+        "passings": 3,
+        "last": "2026-01-01T12:00:00Z",
+        "ok": 1,
+        "error": 1,
+    }
+    assert data["outcomes_reported"] is True and data["outcomes"] == st.outcomes()
+
+
+def test_passings_without_outcomes_say_none_was_reported(
+    store: mnestoma.Mnestoma, store_url: str, clock: MovableClock
+) -> None:
+    store.record_passing("a", "1", "b", "2")
+    store.record_turn("t1", [("a", "1", "b", "2"), ("b", "2", "c", "1")], recorder="otel")
+    st = collect_status(store_url, clock=clock)
+    assert st.outcomes_reported is False and st.reporting_outcomes == {}
+    text = run_ok("status", "--database-url", store_url).stdout
+    assert "outcomes   none reported: no passing here says whether" in text
+    assert "reported by" not in text
+    data = status_json(store_url)
+    assert data["outcomes_reported"] is False
+    assert data["outcomes"].startswith("none reported")
+    assert {v["ok"] + v["error"] for v in data["passings_by_recorder"].values()} == {0}
+
+
+def test_the_outcomes_are_counted_in_the_same_one_scan_of_the_passings(
+    store: mnestoma.Mnestoma, store_url: str, clock: MovableClock
+) -> None:
+    store.record_passing("a", "1", "b", "2", outcome="error")
+    engine = mnestoma.make_engine(store_url)
+    scans: list[str] = []
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def seen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if re.search(r"\bkind IN \(", statement, re.IGNORECASE):
+            scans.append(statement)
+
+    try:
+        st = collect_status(engine, clock=clock)
+    finally:
+        engine.dispose()
+    assert len(scans) == 1 and "outcome" in scans[0], scans
+    assert st.passings_by_recorder is not None
+    assert st.passings_by_recorder["call"].error == 1
+
+
+def test_a_store_before_outcomes_claims_none_and_says_they_are_not_known(
+    empty_db_url: str,
+) -> None:
+    mnestoma.upgrade(empty_db_url)
+    with mnestoma.Mnestoma(empty_db_url, clock=MovableClock()) as m:
+        m.record_passing("a", "1", "b", "2")
+    mnestoma.downgrade(empty_db_url, "0007")  # no events.outcome
+    st = collect_status(empty_db_url)
+    assert st.outcomes_recorded is False and st.outcomes_reported is None
+    assert st.passings_by_recorder is not None
+    assert (st.passings_by_recorder["call"].ok, st.passings_by_recorder["call"].error) == (
+        None,
+        None,
+    )
+    data = status_json(empty_db_url)
+    assert data["outcomes_reported"] is None
+    assert data["passings_by_recorder"]["call"] == {
+        "passings": 1,
+        "last": "2026-01-01T12:00:00Z",
+        "ok": None,
+        "error": None,
+    }
+    text = run_ok("status", "--database-url", empty_db_url).stdout
+    assert "outcomes   not known: revision 0007 has no events.outcome" in text
 
 
 # --- the ager's runs ------------------------------------------------------------------------

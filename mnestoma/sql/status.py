@@ -1,8 +1,9 @@
 """The statements ``mnestoma status`` runs, built once: counts per state and kind, the
 passings (with and without a turn) in one scan, the recorders, and the ager's runs.
 
-Except :data:`PASSINGS_BY_RECORDER` (revision 0003 on) and the ager's statements (once
-``ager_runs`` exists), they read only columns that every known revision has, so that a
+Except :data:`PASSINGS_BY_RECORDER` (revision 0003 on),
+:data:`PASSINGS_BY_RECORDER_WITH_OUTCOMES` (revision 0008 on) and the ager's statements
+(once ``ager_runs`` exists), they read only columns that every known revision has, so that a
 store behind head is described too.
 """
 
@@ -13,7 +14,7 @@ from typing import Any, Final
 
 from sqlalchemy import Select, bindparam, func, select
 
-from ..rules import PASSING, EventKind
+from ..rules import PASSING, EventKind, Outcome
 from .tables import AGER_PROGRESS as P
 from .tables import AGER_RUNS as R
 from .tables import EVENTS as E
@@ -29,6 +30,7 @@ __all__ = [
     "MNESTS_BY_STATE",
     "PASSINGS",
     "PASSINGS_BY_RECORDER",
+    "PASSINGS_BY_RECORDER_WITH_OUTCOMES",
     "QUERY_LOG_COUNT",
 ]
 
@@ -62,6 +64,21 @@ QUERY_LOG_COUNT: Final[Select[int]] = select(func.count()).select_from(Q)
 # The same per ``events.recorder`` (revision 0003 on), which the totals are the sums of.
 PASSINGS_BY_RECORDER: Final[Select[str, int, datetime | None, int, datetime | None]] = (
     select(E.c.recorder, *_passings).where(_passing).group_by(E.c.recorder)
+)
+
+# The same with how many of each recorder's passings carry each outcome (revision 0008 on):
+# a passing without one (NULL) is counted in neither.
+PASSINGS_BY_RECORDER_WITH_OUTCOMES: Final[
+    Select[str, int, datetime | None, int, datetime | None, int, int]
+] = (
+    select(
+        E.c.recorder,
+        *_passings,
+        func.count().filter(E.c.outcome == Outcome.OK.value),
+        func.count().filter(E.c.outcome == Outcome.ERROR.value),
+    )
+    .where(_passing)
+    .group_by(E.c.recorder)
 )
 
 # Runs of the ager in all, and those between ``:since`` and ``:at``.
