@@ -139,6 +139,9 @@ def _check_rows(mnests: Any, problems: list[str]) -> None:
             problems.append(f"{rid}: decay_lambda {lam!r} negative")
         if r["uses"] is None or r["uses"] < 1:
             problems.append(f"{rid}: uses {r['uses']!r} < 1")
+        ok, error = r.get("ok_count", 0), r.get("error_count", 0)
+        if ok < 0 or error < 0 or (r["uses"] is not None and ok + error > r["uses"]):
+            problems.append(f"{rid}: ok_count {ok} + error_count {error} outside [0, uses]")
         first, last, wts = _utc(r["ts_first"]), _utc(r["ts_last"]), _utc(r["ts_weight"])
         if first is None or last is None or wts is None:
             problems.append(f"{rid}: a timestamp is NULL")
@@ -175,7 +178,8 @@ def _check_keys(mnests: Any, problems: list[str]) -> None:
 
 def _check_events(rows: dict[str, Any], events: Any, problems: list[str]) -> None:
     """Each row's history against the row: one created event, uses = its passings plus those
-    of the rows merged into it, the state its last event ends in; nothing merged away stays.
+    of the rows merged into it (ok_count and error_count alike, from the passings' outcomes),
+    the state its last event ends in; nothing merged away stays.
 
     A ``merged`` event is written on both rows of a merge: the absorbing row's keeps its state
     (state_before = state_after), the absorbed row's does not (the ager's demotion merge:
@@ -184,6 +188,8 @@ def _check_events(rows: dict[str, Any], events: Any, problems: list[str]) -> Non
     absorbing row already counted, which stay behind and count once.
     """
     counted: Counter[str] = Counter()
+    outcomes: Counter[tuple[str, str]] = Counter()  # (mnest id, outcome) of its passings
+    turn_outcomes: defaultdict[str, dict[str, str | None]] = defaultdict(dict)
     created: Counter[str] = Counter()
     turns: defaultdict[str, set[str]] = defaultdict(set)
     gone: set[str] = set()
@@ -206,7 +212,11 @@ def _check_events(rows: dict[str, Any], events: Any, problems: list[str]) -> Non
                 problems.append(f"event {eid}: {col} {e[col]!r} unknown")
         if kind in COUNTED:
             counted[mid] += 1
+            outcome = e.get("outcome")
+            if outcome is not None:
+                outcomes[(mid, outcome)] += 1
             if e["turn_id"] is not None:
+                turn_outcomes[mid][e["turn_id"]] = outcome
                 turn_edges[(e["turn_id"], mid)] += 1
                 turns[mid].add(e["turn_id"])
         if kind == "created":
@@ -237,23 +247,26 @@ def _check_events(rows: dict[str, Any], events: Any, problems: list[str]) -> Non
         if mid in rows:
             problems.append(f"{mid}: pruned or merged away, yet still present")
 
-    memo: dict[str, int] = {}
+    memo: dict[tuple[str, str | None], int] = {}
     open_: set[str] = set()  # rows whose uses are being summed: met again, a merge cycle
 
-    def expected_uses(mid: str) -> int:
-        if mid in memo:
-            return memo[mid]
+    def expected_uses(mid: str, outcome: str | None = None) -> int:
+        """The passings counted on ``mid`` (with ``outcome`` when given: ok_count or
+        error_count) and on the rows merged into it."""
+        if (mid, outcome) in memo:
+            return memo[(mid, outcome)]
         if mid in open_:
             problems.append(f"merge cycle through {mid}")
             return 0
         open_.add(mid)
-        total = counted[mid]
+        total = counted[mid] if outcome is None else outcomes[(mid, outcome)]
         for absorbed in merged_in[mid]:
-            total += expected_uses(absorbed)
-            if absorbed in copied_in:  # a turn both rows counted counts once
-                total -= len(turns[absorbed] & turns[mid])
+            total += expected_uses(absorbed, outcome)
+            if absorbed in copied_in:  # a turn both rows counted counts once, as mid's
+                shared = turns[absorbed] & turns[mid]
+                total -= sum(1 for t in shared if outcome in (None, turn_outcomes[absorbed].get(t)))
         open_.discard(mid)
-        memo[mid] = total
+        memo[(mid, outcome)] = total
         return total
 
     for mid in copied_in:
@@ -270,6 +283,12 @@ def _check_events(rows: dict[str, Any], events: Any, problems: list[str]) -> Non
                 f"{mid}: uses {r['uses']} but {counted[mid]} created/reinforced events"
                 f" + merged-in uses = {want}"
             )
+        for outcome, column in (("ok", "ok_count"), ("error", "error_count")):
+            if column in r and r[column] != expected_uses(mid, outcome):
+                problems.append(
+                    f"{mid}: {column} {r[column]} but its passings and merged-in rows"
+                    f" say {expected_uses(mid, outcome)}"
+                )
         if last_state.get(mid) != r["state"]:
             problems.append(
                 f"{mid}: state {r['state']!r} but its last event ends in {last_state.get(mid)!r}"

@@ -13,9 +13,12 @@ SQLAlchemy's Core instead of the driver), under:
 - ``ager``: writers on new and existing edges while the ager runs again and again, the
   clock jumping ahead so that it demotes and merges what they write.
 
-Each asserts: no call failed; the ``uses`` of every key (summed over its rows, whatever
-their state) equal the calls made on it; one ``created`` or ``reinforced`` event per
-counted passing; every pooled connection back in its pool.
+Every other call of a door carries an outcome of "error" (the tracer's destination raises,
+the OpenTelemetry destination span ends with status ERROR), the others "ok"; the second
+edge of a two-passing turn carries none. Each asserts: no call failed; the ``uses`` of every
+key (summed over its rows, whatever their state) equal the calls made on it, and its
+``ok_count`` and ``error_count`` the calls that carried each outcome; one ``created`` or
+``reinforced`` event per counted passing; every pooled connection back in its pool.
 
 The default sizes keep the suite fast; ``MNESTOMA_SOAK=1`` makes every race longer.
 """
@@ -23,6 +26,7 @@ The default sizes keep the suite fast; ``MNESTOMA_SOAK=1`` makes every race long
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
 import uuid
@@ -32,11 +36,12 @@ from typing import Any
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace import Status, StatusCode
 from sqlalchemy import event, func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import mnestoma
-from mnestoma import UnitOfWork, make_engine, make_session_factory
+from mnestoma import Passing, UnitOfWork, make_engine, make_session_factory
 from mnestoma.aio import (
     AsyncMnestoma,
     AsyncUnitOfWork,
@@ -63,6 +68,7 @@ DEADLINE = 120.0
 
 SRC = ("mx.src", "1")
 Key = tuple[str, str, str, str]
+Counted = tuple[Key, str | None]  # a passing a call counted, and its outcome
 
 
 def key(edge: str) -> Key:
@@ -72,13 +78,18 @@ def key(edge: str) -> Key:
 COMMON = key("common")  # the second edge of a two-passing turn
 
 
+def outcome_of(call: int) -> str:
+    """The outcome a call's passing carries: every other call fails."""
+    return "error" if call % 2 else "ok"
+
+
 def _noop_listener(*_args: Any) -> None:
     """A listener that does nothing: its presence alone changes the statement path."""
 
 
 class Door:
     """One way into the store; ``write(edge, call)`` records one call and returns the keys
-    it counted a passing on."""
+    it counted a passing on, each with its outcome."""
 
     is_async = False
 
@@ -90,10 +101,10 @@ class Door:
     def open(self) -> None:
         raise NotImplementedError
 
-    def write(self, edge: str, call: int) -> list[Key]:
+    def write(self, edge: str, call: int) -> list[Counted]:
         raise NotImplementedError
 
-    async def awrite(self, edge: str, call: int) -> list[Key]:
+    async def awrite(self, edge: str, call: int) -> list[Counted]:
         raise NotImplementedError
 
     def close(self) -> None:
@@ -131,72 +142,83 @@ class SyncDoor(Door):
 
 
 class FacadeDoor(SyncDoor):
-    def write(self, edge: str, call: int) -> list[Key]:
-        self.store.record_passing(*key(edge))
-        return [key(edge)]
+    def write(self, edge: str, call: int) -> list[Counted]:
+        self.store.record_passing(*key(edge), outcome=outcome_of(call))
+        return [(key(edge), outcome_of(call))]
 
 
 class UnitDoor(SyncDoor):
-    def write(self, edge: str, call: int) -> list[Key]:
+    def write(self, edge: str, call: int) -> list[Counted]:
         with UnitOfWork(self.sessions, clock=self.clock) as uow:
-            uow.mnests.record_passing(*key(edge))
+            uow.mnests.record_passing(*key(edge), outcome=outcome_of(call))
             uow.commit()
-        return [key(edge)]
+        return [(key(edge), outcome_of(call))]
 
 
 class JoinedUnitDoor(SyncDoor):
-    def write(self, edge: str, call: int) -> list[Key]:
+    def write(self, edge: str, call: int) -> list[Counted]:
         with (
             self.sessions() as session,
             session.begin(),
             UnitOfWork.joining(session, clock=self.clock) as uow,
         ):
-            uow.mnests.record_passing(*key(edge))
+            uow.mnests.record_passing(*key(edge), outcome=outcome_of(call))
             uow.commit()
-        return [key(edge)]
+        return [(key(edge), outcome_of(call))]
 
 
 class JoinedTurnDoor(SyncDoor):
     """A one-passing turn in a service's own transaction (the repository's one-row path)."""
 
-    def write(self, edge: str, call: int) -> list[Key]:
+    def write(self, edge: str, call: int) -> list[Counted]:
         with (
             self.sessions() as session,
             session.begin(),
             UnitOfWork.joining(session, clock=self.clock) as uow,
         ):
-            uow.mnests.record_turn(f"turn-{uuid.uuid4().hex}", [key(edge)])
+            passing = Passing(*key(edge), outcome=outcome_of(call))
+            uow.mnests.record_turn(f"turn-{uuid.uuid4().hex}", [passing])
             uow.commit()
-        return [key(edge)]
+        return [(key(edge), outcome_of(call))]
 
 
 class FacadeTurnDoor(SyncDoor):
     """A two-passing turn through the facade (the repository's many-row path)."""
 
-    def write(self, edge: str, call: int) -> list[Key]:
-        self.store.record_turn(f"turn-{uuid.uuid4().hex}", [key(edge), COMMON])
-        return [key(edge), COMMON]
+    def write(self, edge: str, call: int) -> list[Counted]:
+        passing = Passing(*key(edge), outcome=outcome_of(call))
+        self.store.record_turn(f"turn-{uuid.uuid4().hex}", [passing, COMMON])
+        return [(key(edge), outcome_of(call)), (COMMON, None)]
 
 
 class TracerDoor(SyncDoor):
-    """A traced turn in which the destination receives what the source returned."""
+    """A traced turn in which the destination receives what the source returned (and
+    raises, on the calls whose outcome is an error)."""
 
     def setup(self) -> None:
         self.source = executor(*SRC)(lambda call: f"output of call {call}")
-        self.destinations: dict[str, Callable[[str], str]] = {}
+        self.destinations: dict[str, Callable[[str, bool], str]] = {}
         self.lock = threading.Lock()
 
-    def destination(self, edge: str) -> Callable[[str], str]:
+    def destination(self, edge: str) -> Callable[[str, bool], str]:
+        def run(value: str, fail: bool) -> str:
+            if fail:
+                raise LookupError(value)
+            return value.upper()
+
         with self.lock:
             if edge not in self.destinations:
-                self.destinations[edge] = executor(f"mx.{edge}", "1")(lambda v: v.upper())
+                self.destinations[edge] = executor(f"mx.{edge}", "1")(run)
             return self.destinations[edge]
 
-    def write(self, edge: str, call: int) -> list[Key]:
+    def write(self, edge: str, call: int) -> list[Counted]:
         dst = self.destination(edge)
-        with turn(self.store, f"turn-{uuid.uuid4().hex}", strict=True):
-            dst(self.source(call))
-        return [key(edge)]
+        with (
+            turn(self.store, f"turn-{uuid.uuid4().hex}", strict=True),
+            contextlib.suppress(LookupError),  # the traced code's own failure, inside the turn
+        ):
+            dst(self.source(call), outcome_of(call) == "error")
+        return [(key(edge), outcome_of(call))]
 
 
 class OtelDoor(SyncDoor):
@@ -208,24 +230,27 @@ class OtelDoor(SyncDoor):
         self.provider.add_span_processor(self.processor)
         self.tracer = self.provider.get_tracer("matrix")
 
-    def tool(self, name: str, arguments: str, result: str) -> None:
+    def tool(self, name: str, arguments: str, result: str, failed: bool = False) -> None:
         attributes = {
             "gen_ai.operation.name": "execute_tool",
             "gen_ai.tool.name": name,
             "gen_ai.tool.call.arguments": arguments,
             "gen_ai.tool.call.result": result,
         }
-        with self.tracer.start_as_current_span(f"execute_tool {name}", attributes=attributes):
-            pass
+        with self.tracer.start_as_current_span(
+            f"execute_tool {name}", attributes=attributes
+        ) as span:
+            if failed:
+                span.set_status(Status(StatusCode.ERROR, "the tool failed"))
 
-    def write(self, edge: str, call: int) -> list[Key]:
+    def write(self, edge: str, call: int) -> list[Counted]:
         output = f"output of call {call} {uuid.uuid4().hex}"
         with self.tracer.start_as_current_span("turn"):
             self.tool(SRC[0], f"question {call}", output)
-            self.tool(f"mx.{edge}", output, "done")
+            self.tool(f"mx.{edge}", output, "done", failed=outcome_of(call) == "error")
         # the processor writes on its own thread: wait for it, so that the call is the write
         assert self.processor.force_flush(60_000)
-        return [key(edge)]
+        return [(key(edge), outcome_of(call))]
 
     def teardown(self) -> None:
         assert self.processor.force_flush(60_000)
@@ -258,29 +283,29 @@ class AsyncDoor(Door):
 
 
 class AsyncFacadeDoor(AsyncDoor):
-    async def awrite(self, edge: str, call: int) -> list[Key]:
-        await self.store.record_passing(*key(edge))
-        return [key(edge)]
+    async def awrite(self, edge: str, call: int) -> list[Counted]:
+        await self.store.record_passing(*key(edge), outcome=outcome_of(call))
+        return [(key(edge), outcome_of(call))]
 
 
 class AsyncUnitDoor(AsyncDoor):
-    async def awrite(self, edge: str, call: int) -> list[Key]:
+    async def awrite(self, edge: str, call: int) -> list[Counted]:
         async with AsyncUnitOfWork(self.sessions, clock=self.clock) as uow:
-            await uow.mnests.record_passing(*key(edge))
+            await uow.mnests.record_passing(*key(edge), outcome=outcome_of(call))
             await uow.commit()
-        return [key(edge)]
+        return [(key(edge), outcome_of(call))]
 
 
 class AsyncJoinedUnitDoor(AsyncDoor):
-    async def awrite(self, edge: str, call: int) -> list[Key]:
+    async def awrite(self, edge: str, call: int) -> list[Counted]:
         async with (
             self.sessions() as session,
             session.begin(),
             AsyncUnitOfWork.joining(session, clock=self.clock) as uow,
         ):
-            await uow.mnests.record_passing(*key(edge))
+            await uow.mnests.record_passing(*key(edge), outcome=outcome_of(call))
             await uow.commit()
-        return [key(edge)]
+        return [(key(edge), outcome_of(call))]
 
 
 DOORS: dict[str, type[Door]] = {
@@ -298,16 +323,19 @@ DOORS: dict[str, type[Door]] = {
 
 
 class Race:
-    """What one race's callers did: the passings counted per key, and every failure."""
+    """What one race's callers did: the passings counted per key (and per key and outcome),
+    and every failure."""
 
     def __init__(self) -> None:
         self.counted: Counter[Key] = Counter()
+        self.outcomes: Counter[tuple[Key, str]] = Counter()
         self.errors: list[BaseException] = []
         self.lock = threading.Lock()
 
-    def done(self, keys: list[Key]) -> None:
+    def done(self, passings: list[Counted]) -> None:
         with self.lock:
-            self.counted.update(keys)
+            self.counted.update(k for k, _ in passings)
+            self.outcomes.update((k, o) for k, o in passings if o is not None)
 
     def failed(self, err: BaseException) -> None:
         with self.lock:
@@ -451,16 +479,23 @@ RACES: dict[str, Callable[[Door, Race, Callable[[], None]], None]] = {
 }
 
 
-def stored_counts(store: mnestoma.Mnestoma) -> tuple[Counter[Key], int]:
-    """Uses per key, summed over every row of the key, and the events that count a passing."""
+def stored_counts(
+    store: mnestoma.Mnestoma,
+) -> tuple[Counter[Key], Counter[tuple[Key, str]], int]:
+    """Uses per key and outcome counts per key and outcome, summed over every row of the
+    key, and the events that count a passing."""
     uses: Counter[Key] = Counter()
+    outcomes: Counter[tuple[Key, str]] = Counter()
     for m in store.edges():
-        uses[(m.src_executor, m.src_version, m.dst_executor, m.dst_version or "")] += m.uses
+        k = (m.src_executor, m.src_version, m.dst_executor, m.dst_version or "")
+        uses[k] += m.uses
+        outcomes[(k, "ok")] += m.ok_count
+        outcomes[(k, "error")] += m.error_count
     with store.engine.connect() as conn:
         counted = conn.execute(
             select(func.count()).select_from(Event).where(Event.kind.in_(["created", "reinforced"]))
         ).scalar_one()
-    return uses, int(counted)
+    return uses, +outcomes, int(counted)
 
 
 @pytest.fixture
@@ -496,8 +531,9 @@ def test_every_door_counts_every_call_under_races(
         door.close()
     assert not race.errors, f"{len(race.errors)} calls failed: {race.errors[:3]!r}"
     assert door.checked_out() == 0
-    uses, events = stored_counts(checker)
+    uses, outcomes, events = stored_counts(checker)
     assert uses == race.counted
+    assert outcomes == race.outcomes
     assert events == sum(race.counted.values())
     if race_name == "ager":
         assert checker.edges(states=["decaying"]), "the ager demoted nothing: no race with it"

@@ -122,7 +122,7 @@ def test_a_child_forked_while_another_thread_holds_the_counter_lock_runs_traced_
     with held_by_another_thread(stats._lock):
         turns, passings = in_forked_child(lambda: traced_turns(store))
     assert turns == ["child-0", "child-1", "child-2"]
-    assert passings == [[Passing(*SEARCH_TO_READ)]] * 3
+    assert passings == [[Passing(*SEARCH_TO_READ, outcome="ok")]] * 3
 
 
 def test_a_child_forked_inside_a_turn_whose_lock_another_thread_holds_can_go_on() -> None:
@@ -136,7 +136,7 @@ def test_a_child_forked_inside_a_turn_whose_lock_another_thread_holds_can_go_on(
                 return t.passings
 
             passings = in_forked_child(go_on)
-    assert passings == [Passing(*SEARCH_TO_READ)]
+    assert passings == [Passing(*SEARCH_TO_READ, outcome="ok")]
 
 
 # ---------------------------------------------------------------------------- background writer

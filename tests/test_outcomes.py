@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from invariants import check_invariants
 from sqlalchemy import exc as sa_exc
 from sqlalchemy import select, text
 
@@ -146,6 +147,7 @@ def test_the_agers_merge_sums_the_outcome_counts(
     (row,) = store.edges()
     assert row.id == first.id and row.state == "decaying"
     assert (row.uses, row.ok_count, row.error_count) == (4, 2, 1)
+    check_invariants(store.engine.url)
 
 
 def test_the_one_transaction_ager_merges_alike(store_url: str, clock: MovableClock) -> None:
@@ -200,6 +202,7 @@ def test_copy_append_sums_the_counts_and_counts_a_shared_turn_once(
         # turn "shared" counts once, with the target's outcome (ok); the source's two errors
         # of its own turns are added
         assert counts(m, A) == (5, 3, 2)
+        check_invariants(empty_db_url)
 
 
 def test_the_database_refuses_negative_counts_and_unknown_event_outcomes(
