@@ -161,7 +161,7 @@ def normalise_steps(steps: object) -> list[Step]:
 def vet_chain(ex: Executor, steps: list[Step], now: datetime) -> Verdict:
     """The verdict on ``steps`` (as :func:`normalise_steps` returns them) at ``now``, read in
     one statement whatever the chain's length."""
-    stmt = sql.vet_statement(ex.dialect, tuple(v is not None for _, v in steps))
+    stmt = sql.vet_statement(ex.dialect, len(steps))
     params = sql.step_params(steps)
     params["now"] = now
     found = {int(r[0]): r for r in ex.rows(stmt, params)}

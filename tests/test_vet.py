@@ -7,6 +7,7 @@ link never seen is unknown, not wrong.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import re
@@ -20,12 +21,14 @@ import pytest
 from click.testing import CliRunner, Result
 from sqlalchemy import event, insert
 
-from mnestoma import InvalidInput, Mnestoma
+from mnestoma import InvalidInput, Mnestoma, UnitOfWork, make_session_factory
+from mnestoma.aio import AsyncMnestoma
 from mnestoma.cli import cli
 from mnestoma.executor import executor_for
 from mnestoma.rules import DEFAULT_DECAY_LAMBDA, new_mnest_id, success_rate
 from mnestoma.sql.tables import MNESTS
 from mnestoma.testing.clock import MovableClock
+from mnestoma.tracing import executor, turn
 from mnestoma.vetting import (
     MAX_VET_STEPS,
     MIN_VET_STEPS,
@@ -237,6 +240,60 @@ def test_a_link_that_mostly_failed_is_still_known(store: Mnestoma) -> None:
         store.record_passing("a", "1", "b", "1", outcome="error")
     link = store.vet(["a", "b"]).links[0]
     assert link.known and link.success == pytest.approx(1 / 5)
+
+
+@executor("web.search", "2.1")
+def _search(query: str) -> list[str]:
+    return [f"https://example.org/{query}.pdf"]
+
+
+@executor("pdf.extract", "0.4")
+def _extract(urls: list[str]) -> str:
+    raise RuntimeError("encrypted PDF")
+
+
+def test_a_tool_that_failed_in_a_traced_turn_shows_in_the_verdict(store: Mnestoma) -> None:
+    with turn(store, "turn-1"), pytest.raises(RuntimeError):
+        _extract(_search("q3"))
+    v = store.vet(["web.search", "pdf.extract", "text.summarise"])
+    first = v.links[0]
+    assert (first.known, first.ok_count, first.error_count) == (True, 0, 1)
+    assert first.success == pytest.approx(1 / 3)
+    assert v.unknown == (1,) and v.score == 0.0
+
+
+# --- every door -----------------------------------------------------------------------------
+
+
+def test_the_async_door_gives_the_same_verdict(
+    store: Mnestoma, store_url: str, clock: MovableClock
+) -> None:
+    store.record_passing("a", "1", "b", "1", outcome="ok")
+    store.record_passing("b", "1", "c", "1", outcome="error")
+    steps: list[Any] = ["a", ("b", "1"), "c", "d"]
+
+    async def main() -> Verdict:
+        async with AsyncMnestoma(store_url, clock=clock) as am:
+            return await am.vet(steps)
+
+    assert asyncio.run(main()) == store.vet(steps)
+
+    async def bad() -> None:
+        async with AsyncMnestoma(store_url, clock=clock) as am:
+            await am.vet(["a"])
+
+    with pytest.raises(InvalidInput):
+        asyncio.run(bad())
+
+
+def test_the_repository_vets_inside_a_unit_of_work_and_sees_its_own_writes(
+    store: Mnestoma, clock: MovableClock
+) -> None:
+    with UnitOfWork(make_session_factory(store.engine), clock=clock) as uow:
+        uow.mnests.record_passing("a", "1", "b", "1", outcome="ok")
+        v = uow.mnests.vet(normalise_steps(["a", "b"]))
+        assert v.links[0].known and v.links[0].ok_count == 1
+    assert store.vet(["a", "b"]).unknown == (0,)  # never committed
 
 
 # --- one statement --------------------------------------------------------------------------

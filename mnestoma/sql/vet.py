@@ -1,9 +1,12 @@
 """The sieve's statement (contract §11): every link of a proposed chain in one query.
 
-One branch per link a→b reads the rows of ``a → b`` (at the versions the steps give, any
-version where a step gives none) in every state, with their effective weight now; a window
-keeps the best row of each link. Built once per shape (dialect, and which steps give a
-version) and bound per call, so that vetting a chain is one statement whatever its length.
+The links are a small table of bound values (link index, source executor and version,
+destination executor and version, a version NULL where the step gives none). For each link
+a correlated subquery picks the id of its best row among the rows of ``a → b`` in every
+state, through the edge indexes; the row is then read by its primary key, with its
+effective weight now by the decay expression every reader uses. One statement per chain
+length, built once and bound per call: vetting a chain is one statement whatever its length
+or versions, and its text stays short enough for the drivers' statement caches.
 """
 
 from __future__ import annotations
@@ -12,15 +15,14 @@ import functools
 from typing import Any
 
 from sqlalchemy import (
-    ColumnElement,
     Integer,
     Select,
     String,
     bindparam,
     case,
     func,
-    literal,
     literal_column,
+    or_,
     select,
     union_all,
 )
@@ -42,89 +44,82 @@ VET_COLUMNS: tuple[str, ...] = (
     "error_count",
     "ts_last",
 )
-# How many statement shapes are kept built: a shape is a chain's length and which of its
-# steps give a version; the few a service asks for stay, the rarest are built again.
-VET_SHAPES = 256
-
-
-def _executor(i: int) -> Any:
-    return bindparam(f"e{i}", type_=String)
-
-
-def _version(i: int) -> Any:
-    return bindparam(f"v{i}", type_=String)
+# How many statements are kept built: one per chain length and dialect, so that every
+# length the sieve may ask (2 to 64 steps) on both engines stays built.
+VET_SHAPES = 128
 
 
 def step_params(steps: list[tuple[str, str | None]]) -> dict[str, Any]:
     """The parameters that :func:`vet_statement` binds for ``steps`` (``:now`` aside): the
-    executor of step i as ``:e<i>``, its version, where given, as ``:v<i>``."""
+    executor of step i as ``:e<i>`` and its version, or None (any version), as ``:v<i>``."""
     params: dict[str, Any] = {}
     for i, (executor, version) in enumerate(steps):
         params[f"e{i}"] = executor
-        if version is not None:
-            params[f"v{i}"] = version
+        params[f"v{i}"] = version
     return params
 
 
-def _branch(dialect: str, i: int, versions: tuple[bool, ...]) -> Select[Any]:
-    """The rows of link i (step i → step i+1), in every state, with their effective weight
-    and their standing (0 active, 1 any other state)."""
-    eff = decayed(dialect, M.c.weight, M.c.decay_lambda, M.c.ts_weight, now_param())
-    standing = case(
-        (is_active(M), literal_column("0", Integer)), else_=literal_column("1", Integer)
-    )
-    terms: list[ColumnElement[bool]] = [
-        M.c.src_executor == _executor(i),
-        M.c.dst_executor == _executor(i + 1),
-    ]
-    if versions[i]:
-        terms.append(M.c.src_version == _version(i))
-    if versions[i + 1]:
-        terms.append(M.c.dst_version == _version(i + 1))
-    return select(
-        literal_column(str(i), Integer).label("idx"),
-        M.c.id,
-        M.c.state,
-        eff.label("effective"),
-        M.c.uses,
-        M.c.ok_count,
-        M.c.error_count,
-        M.c.ts_last,
-        M.c.src_version,
-        func.coalesce(M.c.dst_version, literal("", String)).label("dst_version"),
-        standing.label("standing"),
-    ).where(*terms)
+def _step(name: str, label: str) -> Any:
+    return bindparam(name, type_=String).label(label)
 
 
 @functools.lru_cache(maxsize=VET_SHAPES)
-def vet_statement(dialect: str, versions: tuple[bool, ...]) -> Select[Any]:
-    """The best row of each link of a chain of ``len(versions)`` steps (``versions[i]``:
-    step i gives a version), one row per link that has any, by link index.
+def vet_statement(dialect: str, steps: int) -> Select[Any]:
+    """The best row of each link of a chain of ``steps`` steps, one row per link that has
+    any, by link index (a link without any row has no row here).
 
     The best row: an active one before any other state, then the highest effective weight
     at ``:now``, then more uses, then the latest use; versions and id make the choice total.
-    A link without any row has no row here.
     """
-    if len(versions) < 2:
+    if steps < 2:
         raise ValueError("a chain has at least two steps")
-    branches = [_branch(dialect, i, versions) for i in range(len(versions) - 1)]
-    rows = (branches[0] if len(branches) == 1 else union_all(*branches)).subquery("matches")
-    c = rows.c
-    order = (
-        c.standing,
-        c.effective.desc(),
-        c.uses.desc(),
-        c.ts_last.desc(),
-        c.src_version,
-        c.dst_version,
-        c.id,
+    rows = [
+        select(
+            literal_column(str(i), Integer).label("idx"),
+            _step(f"e{i}", "s"),
+            _step(f"v{i}", "sv"),
+            _step(f"e{i + 1}", "d"),
+            _step(f"v{i + 1}", "dv"),
+        )
+        for i in range(steps - 1)
+    ]
+    links = (rows[0] if len(rows) == 1 else union_all(*rows)).cte("links")
+    lk = links.c
+    x = M.alias("x")
+    best_id = (
+        select(x.c.id)
+        .where(
+            x.c.src_executor == lk.s,
+            x.c.dst_executor == lk.d,
+            or_(lk.sv.is_(None), x.c.src_version == lk.sv),
+            or_(lk.dv.is_(None), x.c.dst_version == lk.dv),
+        )
+        .order_by(
+            case((is_active(x), literal_column("0", Integer)), else_=literal_column("1", Integer)),
+            decayed(dialect, x.c.weight, x.c.decay_lambda, x.c.ts_weight, now_param()).desc(),
+            x.c.uses.desc(),
+            x.c.ts_last.desc(),
+            x.c.src_version,
+            func.coalesce(x.c.dst_version, literal_column("''", String)),
+            x.c.id,
+        )
+        .limit(1)
+        .correlate(links)
+        .scalar_subquery()
     )
-    best = select(
-        *(c[name] for name in VET_COLUMNS),
-        func.row_number().over(partition_by=c.idx, order_by=order).label("place"),
-    ).subquery("best")
+    eff = decayed(dialect, M.c.weight, M.c.decay_lambda, M.c.ts_weight, now_param())
     return (
-        select(*(best.c[name] for name in VET_COLUMNS))
-        .where(best.c.place == 1)
-        .order_by(best.c.idx)
+        select(
+            lk.idx,
+            M.c.id,
+            M.c.state,
+            eff.label("effective"),
+            M.c.uses,
+            M.c.ok_count,
+            M.c.error_count,
+            M.c.ts_last,
+        )
+        .select_from(links)
+        .join(M, M.c.id == best_id)
+        .order_by(lk.idx)
     )
