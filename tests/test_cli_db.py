@@ -46,6 +46,8 @@ STATUS_KEYS = [
     "ager_runs",
     "feeding",
     "reading",
+    "outcomes_reported",
+    "outcomes",
 ]
 
 
