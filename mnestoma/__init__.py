@@ -19,6 +19,7 @@ from .migration import current_revision, downgrade, head_revision, upgrade
 from .models import CanonicalQuery, Event, Mnest, MnestomaView, ReadOnlyError
 from .repository import CanonicalQueryRepository, MnestRepository, QueryFrequency
 from .rules import AgerReport, EventKind, MnestState, Outcome
+from .settings import Settings
 from .uow import JoinedUnitOfWork, UnitOfWork
 from .validation import Passing
 from .vetting import LinkVerdict, Verdict
@@ -49,6 +50,7 @@ __all__ = [
     "QueryFrequency",
     "ReadOnlyError",
     "SchemaError",
+    "Settings",
     "StoreError",
     "UnitOfWork",
     "Verdict",

@@ -48,9 +48,10 @@ from .migration import sqlite_store_missing
 from .models import CanonicalQuery, Mnest
 from .ranking import Ranked
 from .repository import CanonicalQueryRepository, MnestRepository, QueryFrequency
-from .rules import AgerReport, Recorder, batch_pause, event_batches
+from .rules import AgerReport, batch_pause, event_batches
+from .settings import Settings, settings_of
 from .uow import ConnectionUnitOfWork, JoinedUnitOfWork, retry_pause
-from .validation import Clock, Passing, check_batch_rows, check_dry_run, check_recorder
+from .validation import Clock, Passing, check_batch_rows, check_dry_run
 from .vetting import Verdict, normalise_steps
 
 try:
@@ -194,15 +195,15 @@ class AsyncMnestRepository(_OnAsyncSession[MnestRepository]):
         self,
         session: AsyncSession | AsyncConnection,
         *,
+        settings: Settings | None = None,
         clock: Clock | None = None,
-        recorder: str = Recorder.CALL.value,
+        recorder: str | None = None,
     ) -> None:
         super().__init__(session)
-        self._clock = clock
-        self._recorder = check_recorder(recorder).value
+        self.settings = settings_of(settings, clock=clock, recorder=recorder)
 
     def _build(self, sync: Session | Connection) -> MnestRepository:
-        return MnestRepository(sync, clock=self._clock, recorder=self._recorder)
+        return MnestRepository(sync, settings=self.settings)
 
     record_passing = _awaited(MnestRepository.record_passing, write=True)
     record_proto = _awaited(MnestRepository.record_proto, write=True)
@@ -233,13 +234,17 @@ class AsyncCanonicalQueryRepository(_OnAsyncSession[CanonicalQueryRepository]):
     """The query log of :class:`~mnestoma.CanonicalQueryRepository` on an async session."""
 
     def __init__(
-        self, session: AsyncSession | AsyncConnection, *, clock: Clock | None = None
+        self,
+        session: AsyncSession | AsyncConnection,
+        *,
+        settings: Settings | None = None,
+        clock: Clock | None = None,
     ) -> None:
         super().__init__(session)
-        self._clock = clock
+        self.settings = settings_of(settings, clock=clock)
 
     def _build(self, sync: Session | Connection) -> CanonicalQueryRepository:
-        return CanonicalQueryRepository(sync, clock=self._clock)
+        return CanonicalQueryRepository(sync, settings=self.settings)
 
     def _sync_session_of(self, repo: CanonicalQueryRepository) -> Any:
         return repo._session
@@ -317,8 +322,9 @@ class AsyncUnitOfWork:
         self,
         async_session_factory: async_sessionmaker[AsyncSession] | Callable[[], AsyncSession],
         *,
+        settings: Settings | None = None,
         clock: Clock | None = None,
-        recorder: str = Recorder.CALL.value,
+        recorder: str | None = None,
     ) -> None:
         if isinstance(
             async_session_factory, AsyncEngine | AsyncConnection | AsyncSession | Engine | Session
@@ -331,8 +337,7 @@ class AsyncUnitOfWork:
                 f"(make_async_session_factory(engine)), got {given}"
             )
         self._factory = async_session_factory
-        self._clock = clock
-        self._recorder = check_recorder(recorder).value
+        self.settings = settings_of(settings, clock=clock, recorder=recorder)
 
     async def __aenter__(self) -> Self:
         session = self._factory()
@@ -342,8 +347,8 @@ class AsyncUnitOfWork:
                 "not an AsyncSession"
             )
         self.session = session
-        self.mnests = AsyncMnestRepository(session, clock=self._clock, recorder=self._recorder)
-        self.queries = AsyncCanonicalQueryRepository(session, clock=self._clock)
+        self.mnests = AsyncMnestRepository(session, settings=self.settings)
+        self.queries = AsyncCanonicalQueryRepository(session, settings=self.settings)
         return self
 
     async def __aexit__(
@@ -376,11 +381,14 @@ class AsyncUnitOfWork:
         cls,
         session: AsyncSession,
         *,
+        settings: Settings | None = None,
         clock: Clock | None = None,
-        recorder: str = Recorder.CALL.value,
+        recorder: str | None = None,
     ) -> AsyncJoinedUnitOfWork:
         """A unit of work inside an ``AsyncSession`` (and transaction) that the caller owns."""
-        return AsyncJoinedUnitOfWork(session, clock=clock, recorder=recorder)
+        return AsyncJoinedUnitOfWork(
+            session, settings=settings_of(settings, clock=clock, recorder=recorder)
+        )
 
 
 class AsyncJoinedUnitOfWork:
@@ -398,8 +406,9 @@ class AsyncJoinedUnitOfWork:
         self,
         session: AsyncSession,
         *,
+        settings: Settings | None = None,
         clock: Clock | None = None,
-        recorder: str = Recorder.CALL.value,
+        recorder: str | None = None,
     ) -> None:
         if not isinstance(session, AsyncSession):
             hint = "; UnitOfWork.joining takes a sync one" if isinstance(session, Session) else ""
@@ -408,7 +417,8 @@ class AsyncJoinedUnitOfWork:
                 f"got {type(session).__name__}{hint}"
             )
         self.session = session
-        self._joined = JoinedUnitOfWork(session.sync_session, clock=clock, recorder=recorder)
+        self.settings = settings_of(settings, clock=clock, recorder=recorder)
+        self._joined = JoinedUnitOfWork(session.sync_session, settings=self.settings)
 
     async def __aenter__(self) -> Self:
         joined = self._joined.__enter__()
@@ -452,14 +462,12 @@ class AsyncMnestoma(_AsyncDoor[MnestRepository]):
         self,
         url_or_engine: str | URL | AsyncEngine | None = None,
         *,
+        settings: Settings | None = None,
         clock: Clock | None = None,
-        recorder: str = Recorder.CALL.value,
+        recorder: str | None = None,
         create: bool = True,
     ) -> None:
-        if clock is not None and not callable(clock):
-            raise InvalidInput("clock must be a zero-argument callable")
-        self.clock = clock
-        self.recorder = check_recorder(recorder).value
+        self.settings = settings_of(settings, clock=clock, recorder=recorder)
         if isinstance(url_or_engine, Engine):
             raise InvalidInput(
                 "AsyncMnestoma needs an AsyncEngine (make_async_engine) or a URL; "
@@ -480,11 +488,26 @@ class AsyncMnestoma(_AsyncDoor[MnestRepository]):
         else:
             self.engine = make_async_engine(url)
             self._owns_engine = True
+        self._bind = self.engine
+        if self.settings.lock_timeout is not None:
+            self._bind = self.engine.execution_options(
+                **{LOCK_TIMEOUT_OPTION: self.settings.lock_timeout}
+            )
         self._at_head = False
         self._checking: asyncio.Task[None] | None = None
         # SQLite has one writer at a time: this facade's writes queue here, each woken as
         # soon as the previous one commits, instead of polling SQLite's busy handler.
         self._one_writer = asyncio.Lock() if is_sqlite(url) else None
+
+    @property
+    def clock(self) -> Clock:
+        """The clock of this store's settings: its only source of "now"."""
+        return self.settings.clock
+
+    @property
+    def recorder(self) -> str:
+        """Who this store's events say recorded them, unless a call says otherwise."""
+        return self.settings.recorder
 
     # --- transactions -----------------------------------------------------------------------
 
@@ -549,9 +572,9 @@ class AsyncMnestoma(_AsyncDoor[MnestRepository]):
         self, op: Callable[[MnestRepository], T], commit: bool, cancelled: _Flag
     ) -> T:
         if not commit or self._one_writer is None:
-            return await self._once(self.engine, op, commit=commit, cancelled=cancelled)
+            return await self._once(self._bind, op, commit=commit, cancelled=cancelled)
         # One lock timeout in all: the wait for this facade's queue of writers counts in it.
-        timeout = lock_timeout_seconds(self.engine.get_execution_options().get(LOCK_TIMEOUT_OPTION))
+        timeout = lock_timeout_seconds(self._bind.get_execution_options().get(LOCK_TIMEOUT_OPTION))
         deadline = time.monotonic() + timeout
         try:
             await asyncio.wait_for(self._one_writer.acquire(), timeout)
@@ -583,7 +606,7 @@ class AsyncMnestoma(_AsyncDoor[MnestRepository]):
         self, conn: Connection, op: Callable[[MnestRepository], T], commit: bool, cancelled: _Flag
     ) -> T:
         """The sync side of one call: a connection unit of work, as the sync facade's."""
-        with ConnectionUnitOfWork(conn, clock=self.clock, recorder=self.recorder) as unit:
+        with ConnectionUnitOfWork(conn, settings=self.settings) as unit:
             result = op(unit.mnests)
             if commit and not cancelled:
                 unit.commit()
@@ -657,10 +680,10 @@ class AsyncMnestoma(_AsyncDoor[MnestRepository]):
         if dry:
             return await self._unit(lambda r: r.apply_ager(), commit=False)
         with translate_errors():
-            async with self.engine.connect() as conn:
+            async with self._bind.connect() as conn:
                 return await conn.run_sync(
                     lambda sync: age_in_batches(
-                        sync, clock=self.clock, batch_rows=rows, progress=progress
+                        sync, settings=self.settings, batch_rows=rows, progress=progress
                     )
                 )
 
@@ -729,9 +752,7 @@ class AsyncMnestoma(_AsyncDoor[MnestRepository]):
 
     def unit_of_work(self) -> AsyncUnitOfWork:
         """An async unit of work on this store's engine, clock and recorder."""
-        return AsyncUnitOfWork(
-            make_async_session_factory(self.engine), clock=self.clock, recorder=self.recorder
-        )
+        return AsyncUnitOfWork(make_async_session_factory(self._bind), settings=self.settings)
 
     async def close(self) -> None:
         """Release the connections (the engine too, when this facade created it), once the
@@ -773,4 +794,4 @@ class _Flag:
 
 
 def _queries(repo: MnestRepository) -> CanonicalQueryRepository:
-    return CanonicalQueryRepository(repo.session, clock=repo._clock)
+    return CanonicalQueryRepository(repo.session, settings=repo.settings)

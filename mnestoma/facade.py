@@ -23,7 +23,7 @@ from .config import (
     resolve_database_url,
 )
 from .errors import InvalidInput, SchemaError, translate_errors
-from .locking import ager_run_lock, pause_on
+from .locking import LOCK_TIMEOUT_OPTION, ager_run_lock, pause_on
 from .migration import ensure_at_head, sqlite_store_missing
 from .models import CanonicalQuery, Event, Mnest
 from .ranking import Ranked
@@ -37,13 +37,13 @@ from .rules import (
     RECURRING_MIN_WEIGHT,
     AgerReport,
     MnestState,
-    Recorder,
     ager_next_step,
     batch_pause,
     event_batches,
 )
+from .settings import Settings, settings_of
 from .uow import ConnectionUnitOfWork, UnitOfWork, written
-from .validation import Clock, Passing, check_batch_rows, check_dry_run, check_recorder
+from .validation import Clock, Passing, check_batch_rows, check_dry_run
 from .vetting import Verdict, normalise_steps
 
 __all__ = ["Mnestoma"]
@@ -64,10 +64,13 @@ class Mnestoma:
         self,
         url_or_engine: str | URL | Engine | None = None,
         *,
+        settings: Settings | None = None,
         clock: Clock | None = None,
-        recorder: str = Recorder.CALL.value,
+        recorder: str | None = None,
         create: bool = True,
     ):
+        # checked before anything is opened: bad settings open no engine
+        self.settings = settings_of(settings, clock=clock, recorder=recorder)
         if isinstance(url_or_engine, Engine):
             self.engine = url_or_engine
             self._owns_engine = False
@@ -80,25 +83,32 @@ class Mnestoma:
             self._owns_engine = True
         if is_memory_sqlite(self.engine.url):
             raise InvalidInput("an in-memory SQLite database cannot be shared: use a file")
-        if clock is not None and not callable(clock):
-            raise InvalidInput("clock must be a zero-argument callable")
-        self.clock = clock
-        self.recorder = check_recorder(recorder).value
+        self._bind = with_lock_timeout(self.engine, self.settings.lock_timeout)
         try:
             ensure_schema(self.engine)
         except BaseException:
             self.close()
             raise
-        self._writes = make_session_factory(self.engine)
+        self._writes = make_session_factory(self._bind)
+
+    @property
+    def clock(self) -> Clock:
+        """The clock of this store's settings: its only source of "now"."""
+        return self.settings.clock
+
+    @property
+    def recorder(self) -> str:
+        """Who this store's events say recorded them, unless a call says otherwise."""
+        return self.settings.recorder
 
     # --- transaction helpers --------------------------------------------------------------
 
     def _unit(self) -> ConnectionUnitOfWork:
-        return ConnectionUnitOfWork(self.engine, clock=self.clock, recorder=self.recorder)
+        return ConnectionUnitOfWork(self._bind, settings=self.settings)
 
     def _write(self, work: Callable[[ConnectionUnitOfWork], T]) -> T:
         """Run ``work`` in one write transaction; retry transient conflicts, bounded."""
-        return written(self.engine, work, clock=self.clock, recorder=self.recorder)
+        return written(self._bind, work, settings=self.settings)
 
     def _read(self, work: Callable[[ConnectionUnitOfWork], T]) -> T:
         """Run ``work`` in a read transaction (SQLite: a plain BEGIN, no write lock)."""
@@ -346,12 +356,12 @@ class Mnestoma:
         each batch. A second run at once waits for the first. A dry run is one
         transaction, rolled back.
         """
-        batch_rows = check_batch_rows(batch_rows)
+        rows = check_batch_rows(batch_rows)
         if check_dry_run(dry_run):
             with self._unit() as unit:
                 return unit.mnests.apply_ager()  # left without commit: rolled back
-        with translate_errors(), self.engine.connect() as conn:
-            return age_in_batches(conn, clock=self.clock, batch_rows=batch_rows, progress=progress)
+        with translate_errors(), self._bind.connect() as conn:
+            return age_in_batches(conn, settings=self.settings, batch_rows=rows, progress=progress)
 
     def prune_events(self, before: datetime, *, dry_run: bool = False) -> int:
         """Delete the events older than ``before`` (each row still in ``mnests`` keeps its
@@ -391,8 +401,8 @@ class Mnestoma:
         return self._read(lambda u: u.queries.recent(limit=limit))
 
     def unit_of_work(self) -> UnitOfWork:
-        """A unit of work on this store's engine, clock and recorder, for several operations."""
-        return UnitOfWork(self._writes, clock=self.clock, recorder=self.recorder)
+        """A unit of work on this store's engine and settings, for several operations."""
+        return UnitOfWork(self._writes, settings=self.settings)
 
     def close(self) -> None:
         """Release the connections (the engine too, when this facade created it)."""
@@ -419,13 +429,14 @@ BatchProgress = Callable[[int, int], object]
 def age_in_batches(
     conn: Connection,
     *,
-    clock: Clock | None,
-    batch_rows: int | None,
+    settings: Settings,
+    batch_rows: int | None = None,
     progress: BatchProgress | None = None,
 ) -> AgerReport:
     """One run of the ager on ``conn``, each batch a unit of work of its own (retried when
     transient), under the database's ager lock; the report of the whole run. Batches of
-    ``batch_rows`` rows, or (None) sized as the run goes to take about
+    ``batch_rows`` rows (None: the settings' ``ager_batch_rows``; None there too: batches
+    sized as the run goes to take about
     :data:`~mnestoma.rules.AGER_BATCH_TARGET_S` each. ``progress(done, total)`` after each
     batch (the total an estimate while the batches are being sized).
 
@@ -433,7 +444,9 @@ def age_in_batches(
     first, so that writers waiting for the lock take it in between.
     """
     started = time.perf_counter()
-    write = functools.partial(written, conn, clock=clock)
+    if batch_rows is None:
+        batch_rows = settings.ager_batch_rows
+    write = functools.partial(written, conn, settings=settings)
     pause = batch_pause(conn.dialect.name)
     with ager_run_lock(conn), ager_page_cache(conn):
         run = write(lambda u: u.mnests.begin_ager_run(batch_rows or AGER_BATCH_ROWS))
@@ -451,7 +464,7 @@ def age_in_batches(
             lo = hi
             if progress is not None:
                 progress(number, number + -(-(run.end - lo) // step))
-        with ConnectionUnitOfWork(conn, clock=clock) as unit:
+        with ConnectionUnitOfWork(conn, settings=settings) as unit:
             archive = unit.mnests.archive_candidates(run.now)
         report = replace(report, archive_candidates=archive)
         write(lambda u: u.mnests.end_ager_run(run, report, time.perf_counter() - started))
@@ -462,6 +475,14 @@ def _age_batch(
     unit: ConnectionUnitOfWork, *, run: BatchedRun, lo: int, hi: int, number: int
 ) -> AgerReport:
     return unit.mnests.age_batch(run, lo, hi, number)
+
+
+def with_lock_timeout(engine: Engine, seconds: float | None) -> Engine:
+    """``engine``, or (a lock timeout given) a view of it whose connections wait that long
+    for a lock: the same pool, its own execution option (see :mod:`mnestoma.locking`)."""
+    if seconds is None:
+        return engine
+    return engine.execution_options(**{LOCK_TIMEOUT_OPTION: seconds})
 
 
 def ensure_schema(engine: Engine) -> None:

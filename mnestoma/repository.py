@@ -45,7 +45,6 @@ from .rules import (
     AgerReport,
     EventKind,
     MnestState,
-    Recorder,
     advance,
     check_transition,
     decayed_weight,
@@ -53,6 +52,7 @@ from .rules import (
     outcome_counts,
     reinforce,
 )
+from .settings import Settings, settings_of
 from .sql import read as rd
 from .sql import record as rec
 from .sql import retention as ret
@@ -72,7 +72,6 @@ from .validation import (
     check_text,
     check_weight_threshold,
     normalise_passing,
-    read_clock,
     shorten,
     utc_now,
 )
@@ -183,13 +182,14 @@ class MnestRepository:
         self,
         session: Session | Connection,
         *,
+        settings: Settings | None = None,
         clock: Clock | None = None,
-        recorder: str = Recorder.CALL.value,
+        recorder: str | None = None,
         before_write: Callable[[], None] | None = None,
     ) -> None:
         self._session = _check_session(session, type(self).__name__)
-        self._clock: Clock = clock or utc_now
-        self._recorder = check_recorder(recorder).value
+        self.settings = settings_of(settings, clock=clock, recorder=recorder)
+        self._recorder = self.settings.recorder
         self._before_write = before_write
 
     # --- plumbing ---------------------------------------------------------------------
@@ -206,7 +206,7 @@ class MnestRepository:
         return executor_for(_write_connection(self._session, self._before_write))
 
     def _now(self) -> datetime:
-        return read_clock(self._clock)
+        return self.settings.now()
 
     # --- recording --------------------------------------------------------------------
 
@@ -838,7 +838,7 @@ class MnestRepository:
     ) -> CanonicalQuery:
         """Append to the canonical query log (touches no mnest)."""
         return CanonicalQueryRepository(
-            self._session, clock=self._clock, before_write=self._before_write
+            self._session, settings=self.settings, before_write=self._before_write
         ).log(raw_query, canonical_query, turn_id=turn_id)
 
 
@@ -922,11 +922,12 @@ class CanonicalQueryRepository:
         self,
         session: Session | Connection,
         *,
+        settings: Settings | None = None,
         clock: Clock | None = None,
         before_write: Callable[[], None] | None = None,
     ) -> None:
         self._session = _check_session(session, type(self).__name__)
-        self._clock: Clock = clock or utc_now
+        self.settings = settings_of(settings, clock=clock)
         self._before_write = before_write
 
     def log(
@@ -936,7 +937,7 @@ class CanonicalQueryRepository:
         raw = check_text(raw_query, "raw_query")
         canonical = check_text(canonical_query, "canonical_query")
         turn = check_optional_name(turn_id, "turn_id")
-        ts = read_clock(self._clock)
+        ts = self.settings.now()
         digest = hashlib.sha256(canonical.encode("utf-8")).hexdigest()
         values = {
             "ts": ts,

@@ -24,8 +24,8 @@ from sqlalchemy.orm import Session, SessionTransaction, sessionmaker
 from .errors import InvalidInput, MnestomaError, is_retryable, translate_errors
 from .locking import take_write_lock
 from .repository import CanonicalQueryRepository, MnestRepository
-from .rules import Recorder
-from .validation import Clock, check_recorder
+from .settings import Settings, settings_of
+from .validation import Clock
 
 __all__ = [
     "MAX_ATTEMPTS",
@@ -59,8 +59,9 @@ class UnitOfWork:
         self,
         session_factory: sessionmaker[Session] | Callable[[], Session],
         *,
+        settings: Settings | None = None,
         clock: Clock | None = None,
-        recorder: str = Recorder.CALL.value,
+        recorder: str | None = None,
     ):
         if isinstance(session_factory, Engine | Connection | Session) or not callable(
             session_factory
@@ -72,8 +73,7 @@ class UnitOfWork:
                 f"UnitOfWork needs a session factory (make_session_factory(engine)), got {given}"
             )
         self._factory = session_factory
-        self._clock = clock
-        self._recorder = check_recorder(recorder).value
+        self.settings = settings_of(settings, clock=clock, recorder=recorder)
 
     def __enter__(self) -> Self:
         session = self._factory()
@@ -83,8 +83,8 @@ class UnitOfWork:
                 "not a Session"
             )
         self.session = session
-        self.mnests = MnestRepository(self.session, clock=self._clock, recorder=self._recorder)
-        self.queries = CanonicalQueryRepository(self.session, clock=self._clock)
+        self.mnests = MnestRepository(self.session, settings=self.settings)
+        self.queries = CanonicalQueryRepository(self.session, settings=self.settings)
         return self
 
     def __exit__(
@@ -109,10 +109,17 @@ class UnitOfWork:
 
     @classmethod
     def joining(
-        cls, session: Session, *, clock: Clock | None = None, recorder: str = Recorder.CALL.value
+        cls,
+        session: Session,
+        *,
+        settings: Settings | None = None,
+        clock: Clock | None = None,
+        recorder: str | None = None,
     ) -> JoinedUnitOfWork:
         """A unit of work inside a session (and transaction) that the caller owns."""
-        return JoinedUnitOfWork(session, clock=clock, recorder=recorder)
+        return JoinedUnitOfWork(
+            session, settings=settings_of(settings, clock=clock, recorder=recorder)
+        )
 
 
 class JoinedUnitOfWork:
@@ -129,26 +136,27 @@ class JoinedUnitOfWork:
     queries: CanonicalQueryRepository
 
     def __init__(
-        self, session: Session, *, clock: Clock | None = None, recorder: str = Recorder.CALL.value
+        self,
+        session: Session,
+        *,
+        settings: Settings | None = None,
+        clock: Clock | None = None,
+        recorder: str | None = None,
     ):
         if not isinstance(session, Session):
             raise InvalidInput(
                 f"UnitOfWork.joining needs a SQLAlchemy Session, got {type(session).__name__}"
             )
         self.session = session
-        self._clock = clock
-        self._recorder = check_recorder(recorder).value
+        self.settings = settings_of(settings, clock=clock, recorder=recorder)
         self._savepoint: SessionTransaction | None = None
 
     def __enter__(self) -> Self:
         self.mnests = MnestRepository(
-            self.session,
-            clock=self._clock,
-            recorder=self._recorder,
-            before_write=self._open_savepoint,
+            self.session, settings=self.settings, before_write=self._open_savepoint
         )
         self.queries = CanonicalQueryRepository(
-            self.session, clock=self._clock, before_write=self._open_savepoint
+            self.session, settings=self.settings, before_write=self._open_savepoint
         )
         return self
 
@@ -197,12 +205,12 @@ class ConnectionUnitOfWork:
         self,
         bind: Engine | Connection,
         *,
+        settings: Settings | None = None,
         clock: Clock | None = None,
-        recorder: str = Recorder.CALL.value,
+        recorder: str | None = None,
     ) -> None:
         self._bind = bind
-        self._clock = clock
-        self._recorder = recorder
+        self.settings = settings_of(settings, clock=clock, recorder=recorder)
 
     def __enter__(self) -> Self:
         if isinstance(self._bind, Engine):
@@ -210,8 +218,8 @@ class ConnectionUnitOfWork:
                 self.connection = self._bind.connect()
         else:
             self.connection = self._bind
-        self.mnests = MnestRepository(self.connection, clock=self._clock, recorder=self._recorder)
-        self.queries = CanonicalQueryRepository(self.connection, clock=self._clock)
+        self.mnests = MnestRepository(self.connection, settings=self.settings)
+        self.queries = CanonicalQueryRepository(self.connection, settings=self.settings)
         return self
 
     def commit(self) -> None:
@@ -265,14 +273,13 @@ def written(
     bind: Engine | Connection,
     work: Callable[[ConnectionUnitOfWork], T],
     *,
-    clock: Clock | None = None,
-    recorder: str = Recorder.CALL.value,
+    settings: Settings | None = None,
 ) -> T:
     """Run ``work`` in a connection unit of work of its own on ``bind`` and commit it, as
     one write transaction; transient failures retried (:func:`with_retries`)."""
 
     def once() -> T:
-        with ConnectionUnitOfWork(bind, clock=clock, recorder=recorder) as unit:
+        with ConnectionUnitOfWork(bind, settings=settings) as unit:
             result = work(unit)
             unit.commit()
             return result

@@ -32,6 +32,7 @@ from ..config import make_engine, redact_text, redact_url, resolve_database_url
 from ..errors import StoreError
 from ..migration import upgrade
 from ..repository import MnestRepository
+from ..settings import Settings
 from ..uow import UnitOfWork
 from .clock import MovableClock
 from .factories import bind_factories
@@ -266,14 +267,14 @@ def mnestoma_uow(mnestoma_session: Session, mnestoma_clock: MovableClock) -> Ite
     ``uow.mnests`` and ``uow.queries`` see what the factories flushed.
     """
     factory = cast("sessionmaker[Session]", lambda: mnestoma_session)
-    with UnitOfWork(factory, clock=mnestoma_clock) as uow:
+    with UnitOfWork(factory, settings=Settings(clock=mnestoma_clock)) as uow:
         yield uow
 
 
 @pytest.fixture
 def mnestoma_repository(mnestoma_session: Session, mnestoma_clock: MovableClock) -> MnestRepository:
     """A :class:`~mnestoma.MnestRepository` on ``mnestoma_session`` with ``mnestoma_clock``."""
-    return MnestRepository(mnestoma_session, clock=mnestoma_clock)
+    return MnestRepository(mnestoma_session, settings=Settings(clock=mnestoma_clock))
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,90 @@
+"""The settings a store's doors share, in one frozen object carried whole.
+
+Every unit of work, repository, facade and async door receives a :class:`Settings` and hands
+the same object on: a new setting is one field here, and no layer can drop one on the way
+(the keywords ``clock=`` and ``recorder=`` that the public constructors keep are folded into
+a ``Settings`` at the door, by :func:`settings_of`, and never passed further).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any
+
+from .clock import Clock, read_clock, utc_now
+from .errors import InvalidInput
+from .rules import Recorder
+from .validation import check_batch_rows, check_recorder
+
+__all__ = ["DEFAULT_SETTINGS", "Settings", "settings_of"]
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """What a store's operations read besides their arguments.
+
+    - ``clock``: the only source of "now", a zero-argument callable returning an aware
+      datetime (tests move time with :class:`~mnestoma.clock.MovableClock`);
+    - ``recorder``: who the events say recorded them (``call``, ``tracer``, ``otel``,
+      ``ager``, ``cli``);
+    - ``ager_batch_rows``: rows per batch of an online ager run; None sizes each batch to
+      take about :data:`~mnestoma.rules.AGER_BATCH_TARGET_S`;
+    - ``lock_timeout``: seconds a write waits for a lock before ``WriteLockTimeout``;
+      None takes ``MNESTOMA_LOCK_TIMEOUT``, else 60.
+
+    Checked when built: a bad value is :class:`~mnestoma.InvalidInput` at once, never at
+    the first call that reads it.
+    """
+
+    clock: Clock = utc_now
+    recorder: str = Recorder.CALL.value
+    ager_batch_rows: int | None = None
+    lock_timeout: float | None = None
+
+    def __post_init__(self) -> None:
+        if not callable(self.clock):
+            raise InvalidInput("clock must be a zero-argument callable")
+        object.__setattr__(self, "recorder", check_recorder(self.recorder).value)
+        check_batch_rows(self.ager_batch_rows)
+        if self.lock_timeout is not None:
+            seconds = self.lock_timeout
+            if (
+                isinstance(seconds, bool)
+                or not isinstance(seconds, int | float)
+                or not math.isfinite(seconds)
+                or seconds < 0
+            ):
+                raise InvalidInput("lock_timeout must be a finite number of seconds ≥ 0")
+            object.__setattr__(self, "lock_timeout", float(seconds))
+
+    def now(self) -> datetime:
+        """The clock's now, checked (aware, an instant the store can work at), in UTC."""
+        return read_clock(self.clock)
+
+    def but(self, **changes: Any) -> Settings:
+        """These settings with some fields changed (checked again)."""
+        return replace(self, **changes)
+
+
+DEFAULT_SETTINGS = Settings()
+
+
+def settings_of(
+    settings: Settings | None = None,
+    *,
+    clock: Clock | None = None,
+    recorder: str | None = None,
+) -> Settings:
+    """The settings a public constructor was given: ``settings`` (else the defaults), with
+    its ``clock=`` and ``recorder=`` keywords, when given, laid over them."""
+    if settings is not None and not isinstance(settings, Settings):
+        raise InvalidInput(f"settings must be a mnestoma.Settings, got {type(settings).__name__}")
+    base = DEFAULT_SETTINGS if settings is None else settings
+    changes: dict[str, Any] = {}
+    if clock is not None:
+        changes["clock"] = clock
+    if recorder is not None:
+        changes["recorder"] = recorder
+    return base.but(**changes) if changes else base
