@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import URL
@@ -25,18 +25,15 @@ from .config import (
 from .errors import InvalidInput, SchemaError, translate_errors
 from .locking import LOCK_TIMEOUT_OPTION, ager_run_lock, pause_on
 from .migration import ensure_at_head, sqlite_store_missing
-from .models import CanonicalQuery, Event, Mnest
+from .models import CanonicalQuery, Mnest
 from .ranking import Ranked
 
 if TYPE_CHECKING:
     from .graph import MnestGraph
-from .repository import WALK_LIMIT, QueryFrequency
+from .repository import MnestRepository, QueryFrequency
 from .rules import (
     AGER_BATCH_ROWS,
-    RECURRING_MIN_USES,
-    RECURRING_MIN_WEIGHT,
     AgerReport,
-    MnestState,
     ager_next_step,
     batch_pause,
     event_batches,
@@ -49,6 +46,23 @@ from .vetting import Verdict, normalise_steps
 __all__ = ["Mnestoma"]
 
 T = TypeVar("T")
+P = ParamSpec("P")
+
+
+def _in_one_transaction(
+    op: Callable[Concatenate[MnestRepository, P], T], *, write: bool = False
+) -> Callable[Concatenate[Mnestoma, P], T]:
+    """The repository's operation ``op`` as a method of the facade: the same signature,
+    checks, errors and result (it is the same code), run in a transaction of its own: a
+    write retried when it failed transiently, a read in a read transaction."""
+
+    def method(self: Mnestoma, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        run = self._write if write else self._read
+        return run(lambda unit: op(unit.mnests, *args, **kwargs))
+
+    functools.update_wrapper(method, op, assigned=("__name__", "__doc__"))
+    method.__qualname__ = f"Mnestoma.{op.__name__}"
+    return method
 
 
 class Mnestoma:
@@ -115,70 +129,24 @@ class Mnestoma:
         with self._unit() as unit:
             return work(unit)
 
-    # --- the contract's operations ----------------------------------------------------------
+    # --- the contract's operations, each the repository's in one transaction -------------
 
-    def record_passing(
-        self,
-        src_executor: str,
-        src_version: str,
-        dst_executor: str,
-        dst_version: str | None = None,
-        *,
-        dst_exists: bool = True,
-        turn_id: str | None = None,
-        tags: Any = None,
-        desired_sig: Any = None,
-        recorder: str | None = None,
-        outcome: str | None = None,
-    ) -> Mnest:
-        """Record one passing (create at 0.30 or reinforce by 0.15) in its own transaction.
+    record_passing = _in_one_transaction(MnestRepository.record_passing, write=True)
+    record_proto = _in_one_transaction(MnestRepository.record_proto, write=True)
+    get = _in_one_transaction(MnestRepository.get)
+    find = _in_one_transaction(MnestRepository.find)
+    edges = _in_one_transaction(MnestRepository.edges)
+    events = _in_one_transaction(MnestRepository.events)
+    walk = _in_one_transaction(MnestRepository.walk)
+    suggest_next = _in_one_transaction(MnestRepository.suggest_next)
+    transition_state = _in_one_transaction(MnestRepository.transition_state, write=True)
+    recurring_protos = _in_one_transaction(MnestRepository.recurring_protos)
+    promote_proto_to_active = _in_one_transaction(
+        MnestRepository.promote_proto_to_active, write=True
+    )
 
-        ``recorder`` says who recorded it (default: this facade's, ``call`` unless set);
-        ``outcome`` what followed ("ok", "error", or None: unknown), counted, never weighed.
-        """
-        return self._write(
-            lambda u: u.mnests.record_passing(
-                src_executor,
-                src_version,
-                dst_executor,
-                dst_version,
-                dst_exists=dst_exists,
-                turn_id=turn_id,
-                tags=tags,
-                desired_sig=desired_sig,
-                recorder=recorder,
-                outcome=outcome,
-            )
-        )
-
-    def record_proto(
-        self,
-        src_executor: str,
-        src_version: str,
-        dst_executor: str,
-        *,
-        turn_id: str | None = None,
-        tags: Any = None,
-        desired_sig: Any = None,
-        recorder: str | None = None,
-        outcome: str | None = None,
-    ) -> Mnest:
-        """Record that ``src`` wished for ``dst_executor``, which does not exist yet (a proto).
-
-        The same as ``record_passing(src, v, dst, None, dst_exists=False, ...)``.
-        """
-        return self._write(
-            lambda u: u.mnests.record_proto(
-                src_executor,
-                src_version,
-                dst_executor,
-                turn_id=turn_id,
-                tags=tags,
-                desired_sig=desired_sig,
-                recorder=recorder,
-                outcome=outcome,
-            )
-        )
+    # Operations whose arguments are read once before the transaction (a generator is not
+    # replayed by a retry), or that are more than one repository call.
 
     def record_turn(
         self,
@@ -190,73 +158,6 @@ class Mnestoma:
         """Record every passing of a turn in one transaction: all or nothing."""
         items = read_passings(passings)
         return self._write(lambda u: u.mnests.record_turn(turn_id, items, recorder=recorder))
-
-    def get(self, mnest_id: str) -> Mnest | None:
-        """The mnest with this id, or None."""
-        return self._read(lambda u: u.mnests.get(mnest_id))
-
-    def find(
-        self,
-        src_executor: str,
-        src_version: str,
-        dst_executor: str,
-        dst_version: str | None,
-        state: str = MnestState.ACTIVE,
-    ) -> Mnest | None:
-        """The row with this key and state, or None."""
-        return self._read(
-            lambda u: u.mnests.find(src_executor, src_version, dst_executor, dst_version, state)
-        )
-
-    def edges(
-        self,
-        *,
-        src_executor: str | None = None,
-        dst_executor: str | None = None,
-        states: Iterable[str] | str | None = None,
-        limit: int | None = None,
-    ) -> list[Mnest]:
-        """Rows filtered by source, destination and states (None: every state), oldest
-        first; at most ``limit`` of them."""
-        return self._read(
-            lambda u: u.mnests.edges(
-                src_executor=src_executor, dst_executor=dst_executor, states=states, limit=limit
-            )
-        )
-
-    def events(
-        self,
-        *,
-        mnest_id: str | None = None,
-        turn_id: str | None = None,
-        limit: int | None = None,
-    ) -> list[Event]:
-        """Events, oldest first; at most ``limit`` of them."""
-        return self._read(
-            lambda u: u.mnests.events(mnest_id=mnest_id, turn_id=turn_id, limit=limit)
-        )
-
-    def walk(
-        self,
-        src_executor: str,
-        *,
-        max_depth: int = 3,
-        min_weight: float = 0.0,
-        limit: int = WALK_LIMIT,
-    ) -> list[list[Mnest]]:
-        """The simple paths of active edges from ``src_executor``, best score first: at most
-        ``limit`` of them (1000 by default), and only those are computed."""
-        return self._read(
-            lambda u: u.mnests.walk(
-                src_executor, max_depth=max_depth, min_weight=min_weight, limit=limit
-            )
-        )
-
-    def suggest_next(
-        self, src_executor: str, src_version: str | None = None, *, k: int = 5
-    ) -> list[tuple[Mnest, float]]:
-        """The k strongest active edges out of the source, with their effective weights."""
-        return self._read(lambda u: u.mnests.suggest_next(src_executor, src_version, k=k))
 
     def rank(
         self,
@@ -321,24 +222,6 @@ class Mnestoma:
 
         graph = self.graph(src_executor, src_version=src_version, depth=depth, states=states)
         return to_networkx(graph)
-
-    def transition_state(
-        self, mnest_id: str, new_state: str, *, reason: str | None = None
-    ) -> Mnest:
-        """Move a row to another state (see the transition rules)."""
-        return self._write(lambda u: u.mnests.transition_state(mnest_id, new_state, reason=reason))
-
-    def recurring_protos(
-        self, *, min_uses: int = RECURRING_MIN_USES, min_weight: float = RECURRING_MIN_WEIGHT
-    ) -> list[Mnest]:
-        """Protos wished for at least ``min_uses`` times with weight ≥ ``min_weight``."""
-        return self._read(
-            lambda u: u.mnests.recurring_protos(min_uses=min_uses, min_weight=min_weight)
-        )
-
-    def promote_proto_to_active(self, mnest_id: str, dst_version: str) -> Mnest:
-        """The wished-for executor now exists at ``dst_version``: the proto becomes active."""
-        return self._write(lambda u: u.mnests.promote_proto_to_active(mnest_id, dst_version))
 
     def apply_ager(
         self,
