@@ -35,6 +35,8 @@ from .sql.ager import (
     PROGRESS_MOVE,
     ager_statements,
     cache_size_pragma,
+    postgresql_ager_statements,
+    sqlite_ager_statements,
 )
 from .sql.tables import AGER_RUNS
 
@@ -100,7 +102,7 @@ def begin_batched_run(
     """Plan a run at ``now`` in batches of about ``batch_rows`` rows over the rows the table
     holds now (rows added later are newer than ``now``), and note it in ``ager_progress``."""
     dialect = conn.dialect.name
-    first, end, rows = _run(conn, ager_statements(dialect, True)["bounds"]).one()
+    first, end, rows = _run(conn, ager_statements(dialect, True).bounds).one()
     first, end, rows = int(first or 0), int(end or 0), int(rows or 0)
     span = max(0, end - first)
     step = max(1, -(-batch_rows * span // max(rows, 1)))  # positions holding batch_rows rows
@@ -138,9 +140,9 @@ def age_batch(
 
 def archive_candidates(conn: Connection, now: datetime) -> int:
     """The decaying rows the ager counts as archive candidates at ``now`` (a read)."""
-    s = ager_statements(conn.dialect.name, True)
+    count = ager_statements(conn.dialect.name, True).archive_count
     p = {"now": now, "cutoff": archive_cutoff(now)}
-    return int(_run(conn, s["archive_count"], p).scalar_one())
+    return int(_run(conn, count, p).scalar_one())
 
 
 def end_batched_run(
@@ -155,18 +157,18 @@ def end_batched_run(
 def _run_postgresql(conn: Connection, p: dict[str, Any], *, batched: bool) -> AgerReport:
     """A whole run, or with ``batched`` one batch (no archive count), in the caller's
     transaction."""
-    s = ager_statements("postgresql", batched)
+    s = postgresql_ager_statements(batched)
     if batched:
-        _let_writers_finish(conn, s["writers_in"])
+        _let_writers_finish(conn, s.writers_in)
     # One lock order with writers: they wait for the ager instead of deadlocking.
-    _run(conn, s["lock"])
+    _run(conn, s.lock)
     if batched:
-        _run(conn, s["async_commit"])
-    merged = _run(conn, s["merge"], p).rowcount
-    pruned = _run(conn, s["prune"], p).rowcount
-    decayed = _run(conn, s["decay"], p).rowcount
-    demoted = _run(conn, s["demote"], p).rowcount
-    archive = 0 if batched else _run(conn, s["archive_count"], p).scalar_one()
+        _run(conn, s.async_commit)
+    merged = _run(conn, s.merge, p).rowcount
+    pruned = _run(conn, s.prune, p).rowcount
+    decayed = _run(conn, s.decay, p).rowcount
+    demoted = _run(conn, s.demote, p).rowcount
+    archive = 0 if batched else _run(conn, s.archive_count, p).scalar_one()
     return _report(merged, pruned, demoted, decayed, archive)
 
 
@@ -182,23 +184,23 @@ def _let_writers_finish(conn: Connection, writers_in: Executable) -> None:
 def _run_sqlite(conn: Connection, p: dict[str, Any], *, batched: bool) -> AgerReport:
     """A whole run, or with ``batched`` one batch (no archive count), in the caller's
     transaction."""
-    s = ager_statements("sqlite", batched)
-    _run(conn, s["pairs_create"])
+    s = sqlite_ager_statements(batched)
+    _run(conn, s.pairs_create)
     try:
         merged = 0
-        if _run(conn, s["pairs"], p).rowcount:
-            _run(conn, s["merge_events"], p)
-            _run(conn, s["merge_update"], p)
-            merged = _run(conn, s["merge_delete"], p).rowcount
-        _run(conn, s["moves_events"], p)
-        pruned = _run(conn, s["prune"], p).rowcount
-        demoted = _run(conn, s["demote"], p).rowcount
-        decayed = _run(conn, s["decay"], p).rowcount
-        archive = 0 if batched else _run(conn, s["archive_count"], p).scalar_one()
+        if _run(conn, s.pairs, p).rowcount:
+            _run(conn, s.merge_events, p)
+            _run(conn, s.merge_update, p)
+            merged = _run(conn, s.merge_delete, p).rowcount
+        _run(conn, s.moves_events, p)
+        pruned = _run(conn, s.prune, p).rowcount
+        demoted = _run(conn, s.demote, p).rowcount
+        decayed = _run(conn, s.decay, p).rowcount
+        archive = 0 if batched else _run(conn, s.archive_count, p).scalar_one()
     except BaseException:
-        _cleanup(conn, s["pairs_drop"])
+        _cleanup(conn, s.pairs_drop)
         raise
-    _run(conn, s["pairs_drop"])
+    _run(conn, s.pairs_drop)
     return _report(merged, pruned, demoted, decayed, archive)
 
 
@@ -234,10 +236,10 @@ def ager_page_cache(conn: Connection) -> Iterator[None]:
 def _page_cache(conn: Connection, at_least_kib: int) -> Iterator[None]:
     """SQLite's page cache at ``at_least_kib`` or more for the block, set back afterwards,
     also on error (``PRAGMA cache_size`` belongs to the connection, not the transaction)."""
-    s = ager_statements("sqlite")
-    before = int(_run(conn, s["cache_size"]).scalar_one())
+    s = sqlite_ager_statements()
+    before = int(_run(conn, s.cache_size).scalar_one())
     # negative: KiB; positive: pages
-    kib = -before if before < 0 else before * int(_run(conn, s["page_size"]).scalar_one()) // 1024
+    kib = -before if before < 0 else before * int(_run(conn, s.page_size).scalar_one()) // 1024
     if kib >= at_least_kib:
         yield
         return

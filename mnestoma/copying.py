@@ -96,7 +96,7 @@ from .sql.copying import (
     TABLES,
     statements,
 )
-from .sql.tables import EVENTS, MNESTS
+from .sql.tables import EVENTS, MNESTS, EventRow
 from .types import JSONDocument
 from .validation import check_recorder
 
@@ -635,21 +635,19 @@ class _Job:
             if absorbed
             else f"copy: absorbed the source's row {related_id} (same edge key)"
         )
-        return {
-            "id": event_id,
-            "mnest_id": mnest_id,
-            "kind": EventKind.MERGED.value,
-            "ts": self.now,
-            "turn_id": None,
-            "weight_before": before,
-            "weight_after": after,
-            "state_before": None if absorbed else row["state"],
-            "state_after": row["state"],
-            "reason": reason,
-            "related_id": related_id,
-            "recorder": self.recorder,
-            "outcome": None,
-        }
+        event = EventRow(
+            mnest_id=mnest_id,
+            kind=EventKind.MERGED.value,
+            ts=self.now,
+            weight_before=before,
+            weight_after=after,
+            state_before=None if absorbed else row["state"],
+            state_after=row["state"],
+            reason=reason,
+            related_id=related_id,
+            recorder=self.recorder,
+        )
+        return {"id": event_id, **event.as_dict()}
 
     # --- end ---------------------------------------------------------------------------
 

@@ -54,6 +54,7 @@ from sqlalchemy import (
 )
 
 from .rules import PASSING, EventKind, decayed_weight
+from .sql.tables import EventRow
 from .types import UTCDateTime
 from .validation import utc_now
 
@@ -65,7 +66,11 @@ SEED_REVISION = "0001"
 # Duplicate groups handled per round trip: memory stays bounded whatever the store holds.
 GROUPS_PER_BATCH = 500
 
-# The two tables as revision 0001 has them (only the columns the repair reads or writes).
+# The two tables as revision 0001 has them (only the columns the repair reads or writes):
+# the repair runs before any later revision, on a store whose ``events`` lacks the columns
+# added since (``reason``, ``related_id``, ``recorder``, ``outcome``), so the models' tables,
+# which name them, cannot be used here. Its events are built as every writer's are
+# (:class:`~mnestoma.sql.tables.EventRow`) and written in the columns 0001 has.
 _md = MetaData()
 _mnests = Table(
     "mnests",
@@ -96,6 +101,7 @@ _events = Table(
     Column("state_after", String(16)),
 )
 _M, _E = _mnests.c, _events.c
+_SEED_EVENT_COLUMNS = frozenset(_E.keys())
 _KEY = (_M.src_executor, _M.src_version, _M.dst_executor, _M.state)
 
 
@@ -245,25 +251,26 @@ def _merge_group(conn: Connection, rows: list[Any], at: datetime, report: SeedRe
         conn.execute(update(_events).where(_E.mnest_id == r["id"]).values(mnest_id=kept["id"]))
         conn.execute(delete(_mnests).where(_M.id == r["id"]))
         for own, other, w_before in ((r, kept, weight_at_end(r)), (kept, r, before)):
-            event_id = conn.execute(
-                insert(_events).returning(_E.id),
-                {
-                    "mnest_id": own["id"],
-                    "kind": EventKind.MERGED.value,
-                    "ts": at,
-                    "turn_id": None,
-                    "weight_before": w_before,
-                    "weight_after": weight,
-                    "state_before": own["state"],
-                    "state_after": kept["state"],
-                },
-            ).scalar_one()
             why = (
                 f"merged into {kept['id']} when the store left revision 0001, which let two "
                 "rows share this key"
                 if own is r
                 else f"{r['id']} merged into this row when the store left revision 0001"
             )
+            event = EventRow(
+                mnest_id=own["id"],
+                kind=EventKind.MERGED.value,
+                ts=at,
+                weight_before=w_before,
+                weight_after=weight,
+                state_before=own["state"],
+                state_after=kept["state"],
+                reason=why,
+                related_id=other["id"],
+            )
+            # the columns 0001 has now; the others once 0002 has added them (write_notes)
+            seed_row = {k: v for k, v in event.as_dict().items() if k in _SEED_EVENT_COLUMNS}
+            event_id = conn.execute(insert(_events).returning(_E.id), seed_row).scalar_one()
             report.notes.append((event_id, other["id"], why))
         report.rows_merged += 1
     values: dict[str, Any] = {

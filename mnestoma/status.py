@@ -8,7 +8,7 @@ sentence about recording is chosen by the rows: the status never claims a feed t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -93,19 +93,16 @@ class RecorderFacts:
 
 @dataclass(frozen=True)
 class AgerRunFacts:
-    """One row of ``ager_runs``: when the ager ran (the clock's instant), how long, what it did."""
+    """One row of ``ager_runs``: when the ager ran (the clock's instant), how long, and what
+    it did (its counters, one column each, read back as the run's :class:`AgerReport`)."""
 
     ts: datetime
     duration_s: float
-    decayed: int
-    to_decaying: int
-    merged: int
-    protos_pruned: int
-    archive_candidates: int
+    report: AgerReport
 
     def counters(self) -> dict[str, int]:
         """The run's ``AgerReport`` counters, by name, in the report's order."""
-        return {name: int(getattr(self, name)) for name in AGER_COUNTERS}
+        return asdict(self.report)
 
 
 @dataclass(frozen=True)
@@ -482,7 +479,7 @@ def _count_ager_runs(conn: Connection, status: StoreStatus) -> None:
         status.last_ager_run = AgerRunFacts(
             ts=parse_sqlite_timestamp(last.ts),
             duration_s=float(last.duration_s),
-            **{name: int(getattr(last, name)) for name in AGER_COUNTERS},
+            report=AgerReport(**{name: int(getattr(last, name)) for name in AGER_COUNTERS}),
         )
 
 

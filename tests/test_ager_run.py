@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -13,12 +14,13 @@ import pytest
 from sqlalchemy import Connection, Engine, event, insert, select, text
 
 import mnestoma
+import mnestoma.ager as ager_module
 from mnestoma import AgerReport, Mnestoma, UnitOfWork, make_engine, make_session_factory
 from mnestoma.ager import AGER_CACHE_KIB
 from mnestoma.errors import MnestomaError
 from mnestoma.models import Mnest
 from mnestoma.rules import AgerRow, age, new_mnest_id
-from mnestoma.sql.ager import ager_statements
+from mnestoma.sql.ager import sqlite_ager_statements
 from mnestoma.uow import ConnectionUnitOfWork
 
 T0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
@@ -163,7 +165,8 @@ def test_a_failed_run_sets_the_cache_back_drops_its_table_and_changes_nothing(
     load(sqlite_engine, demoting_store(200, twins=10))
     before = table(sqlite_engine)
     # the run fails after its merges and events, at the demotions
-    monkeypatch.setitem(ager_statements("sqlite"), "demote", text("SELECT no_such_function()"))
+    failing = replace(sqlite_ager_statements(), demote=text("SELECT no_such_function()"))
+    monkeypatch.setattr(ager_module, "sqlite_ager_statements", lambda batched=False: failing)
     with sqlite_engine.connect() as conn:
         default = cache_size(conn)
         conn.commit()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -17,6 +17,8 @@ from sqlalchemy.engine import make_url
 
 import mnestoma
 from mnestoma.cli import cli
+from mnestoma.rules import AgerReport
+from mnestoma.sql.tables import AGER_RUNS
 from mnestoma.status import FEEDING_STATEMENT, READING_STATEMENT, collect_status, render_status
 from mnestoma.testing.clock import MovableClock
 from mnestoma.tracing import executor, turn, wish
@@ -304,6 +306,13 @@ def test_the_ager_has_never_run_here_when_ager_runs_is_empty(
     }
 
 
+def test_each_counter_of_the_ager_report_is_a_column_of_ager_runs() -> None:
+    """A run's row, the status and its JSON take the counters from ``AgerReport``'s fields:
+    a new counter is a field there and its column here, nothing else."""
+    counters = {f.name for f in fields(AgerReport)}
+    assert set(AGER_RUNS.c.keys()) - counters == {"id", "ts", "duration_s"}
+
+
 def test_ager_runs_are_counted_in_the_last_30_days_as_the_clock_moves(
     store: mnestoma.Mnestoma, store_url: str, clock: MovableClock
 ) -> None:
@@ -319,6 +328,7 @@ def test_ager_runs_are_counted_in_the_last_30_days_as_the_clock_moves(
     st = collect_status(store_url, clock=clock)
     assert (st.ager_runs, st.ager_runs_recent) == (3, 1)
     assert st.last_ager_run is not None and st.last_ager_run.ts == last_run
+    assert st.last_ager_run.report == report  # read back as the run's AgerReport
     assert st.last_ager_run.counters() == asdict(report)
     assert report.to_decaying == 1
     assert st.last_ager_run.duration_s >= 0

@@ -11,7 +11,8 @@ the statement that changes the rows (``WITH ... RETURNING``).
 from __future__ import annotations
 
 import functools
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
     BigInteger,
@@ -30,15 +31,16 @@ from sqlalchemy import (
     func,
     insert,
     literal,
+    literal_column,
     or_,
     select,
     text,
     union_all,
     update,
 )
+from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.schema import CreateTable, DropTable
-from sqlalchemy.sql.elements import ColumnClause, TextClause, UnaryExpression
-from sqlalchemy.sql.operators import custom_op
+from sqlalchemy.sql.expression import FunctionElement
 from sqlalchemy.types import UserDefinedType
 
 from ..rules import (
@@ -53,16 +55,26 @@ from ..rules import (
 from ..sqlrules import advanced, below, decayed, greatest, least, now_param
 from ..types import UTCDateTime
 from .tables import AGER_PROGRESS as P
+from .tables import EVENT_ROW, EventRow
 from .tables import EVENTS as E
 from .tables import MNESTS as M
+
+if TYPE_CHECKING:
+    from sqlalchemy import Delete, Insert, Select, TextClause, Update
+    from sqlalchemy.sql.compiler import SQLCompiler
+    from sqlalchemy.sql.selectable import NamedFromClause
 
 __all__ = [
     "PAIRS",
     "PROGRESS_BEGIN",
     "PROGRESS_DONE",
     "PROGRESS_MOVE",
+    "PostgreSQLAgerStatements",
+    "SQLiteAgerStatements",
     "ager_statements",
     "cache_size_pragma",
+    "postgresql_ager_statements",
+    "sqlite_ager_statements",
 ]
 
 # A run's row in ager_progress: inserted when it begins (its id returned), moved on by each
@@ -84,18 +96,6 @@ ACTIVE = MnestState.ACTIVE.value
 PROTO = MnestState.PROTO.value
 DECAYING = MnestState.DECAYING.value
 
-EVENT_COLUMNS = [
-    "mnest_id",
-    "kind",
-    "ts",
-    "weight_before",
-    "weight_after",
-    "state_before",
-    "state_after",
-    "related_id",
-    "recorder",
-]
-
 # SQLite: the run's merge pairs, keyed by the decaying row's rowid (a key has at most one
 # active and one decaying row, so either rowid identifies a pair). Created and dropped by
 # each run, inside its transaction.
@@ -115,37 +115,64 @@ PAIRS = Table(
 )
 
 
-def _unindexed(column: Any) -> ColumnElement[Any]:
-    """SQLite's ``+column``: an expression no index can serve, so that the planner scans
-    the table in its order instead of visiting rows in index order."""
-    return UnaryExpression(column, operator=custom_op("+"), type_=column.type)
+class _Unindexed(FunctionElement[str]):
+    """SQLite's ``+state``: the state as an expression no index can serve, so that the
+    planner scans the table in its order instead of visiting rows in index order."""
+
+    name = "unindexed"
+    type = String()
+    inherit_cache = True
 
 
-def _rowid(table: Any) -> ColumnClause[int]:
-    """SQLite's ``rowid`` of ``table`` (a table or an alias)."""
-    return ColumnClause("rowid", Integer(), _selectable=table)
+@compiles(_Unindexed)
+def _compile_unindexed(element: _Unindexed, compiler: SQLCompiler, **kw: Any) -> str:
+    return "(+ " + compiler.process(element.clauses, **kw) + ")"
 
 
-def _event(dialect: str, now: Any, *values: Any) -> list[Any]:
-    """One event's select list, in :data:`EVENT_COLUMNS` order, recorded by the ager:
-    ``mnest_id, kind, weight_before, weight_after, state_before, state_after, related_id``."""
-    mnest_id, kind, before, after, state_before, state_after, related = values
-    ts = now.cast(UTCDateTime()) if dialect == "postgresql" else now
+def _unindexed(column: ColumnElement[str]) -> ColumnElement[str]:
+    """``+column`` (see :class:`_Unindexed`)."""
+    return _Unindexed(column)
 
-    def lit(value: Any) -> Any:
-        return literal(value) if value is None or isinstance(value, str) else value
 
-    return [
-        mnest_id,
-        literal(kind),
-        ts,
-        before,
-        lit(after),
-        lit(state_before),
-        lit(state_after),
-        lit(related),
-        literal(Recorder.AGER.value),
-    ]
+def _rowid(table: NamedFromClause) -> ColumnElement[int]:
+    """SQLite's ``rowid`` of ``table`` (a table or an alias, by its name): not a column the
+    table declares, so written as a column of that name."""
+    return literal_column(f"{table.name}.rowid", Integer)
+
+
+def _ctid(table: NamedFromClause) -> ColumnElement[str]:
+    """PostgreSQL's ``ctid`` of ``table`` (a table or an alias, by its name)."""
+    return literal_column(f"{table.name}.ctid", TID())
+
+
+def _event(
+    dialect: str,
+    now: Any,
+    kind: EventKind,
+    mnest_id: Any,
+    weights: tuple[Any, Any],
+    states: tuple[str, str | None],
+    related: Any,
+) -> Select[Any]:
+    """One event recorded by the ager at ``now``, as a select of :data:`EVENT_ROW`: the row's
+    weights and states before and after, and the row on the other side of a merge."""
+    row = EventRow(
+        mnest_id=mnest_id,
+        kind=kind.value,
+        ts=now.cast(UTCDateTime()) if dialect == "postgresql" else now,
+        weight_before=weights[0],
+        weight_after=weights[1],
+        state_before=states[0],
+        state_after=states[1],
+        related_id=related,
+        recorder=Recorder.AGER.value,
+    )
+    return select(*row.select_list())
+
+
+def _insert_events(rows: Any) -> Insert:
+    """``INSERT INTO events (EVENT_ROW) <rows>``."""
+    return insert(E).from_select(EVENT_ROW, rows)
 
 
 def _pairs_select(dialect: str, now: Any, batched: bool = False) -> Any:
@@ -270,17 +297,14 @@ def _merged_weight(dialect: str, pairs: Any) -> Any:
     return greatest(dialect, pairs.c.a_eff, pairs.c.d_eff)
 
 
-def _merge_events(dialect: str, now: Any, pairs: Any) -> tuple[Any, Any]:
+def _merge_events(dialect: str, now: Any, pairs: Any) -> tuple[Select[Any], Select[Any]]:
     """The two events of each merge: the absorbed active row's and its decaying twin's."""
     weight = _merged_weight(dialect, pairs)
-    merged = EventKind.MERGED.value
-    absorbed = _event(
-        dialect, now, pairs.c.a_id, merged, pairs.c.a_eff, weight, ACTIVE, DECAYING, pairs.c.d_id
-    )
-    target = _event(
-        dialect, now, pairs.c.d_id, merged, pairs.c.d_eff, weight, DECAYING, DECAYING, pairs.c.a_id
-    )
-    return select(*absorbed), select(*target)
+    merged = EventKind.MERGED
+    a, d = pairs.c.a_id, pairs.c.d_id
+    absorbed = _event(dialect, now, merged, a, (pairs.c.a_eff, weight), (ACTIVE, DECAYING), d)
+    target = _event(dialect, now, merged, d, (pairs.c.d_eff, weight), (DECAYING, DECAYING), a)
+    return absorbed, target
 
 
 def _merge_values(dialect: str, now: Any, pairs: Any) -> dict[str, Any]:
@@ -294,14 +318,14 @@ def _merge_values(dialect: str, now: Any, pairs: Any) -> dict[str, Any]:
     }
 
 
-def _in_batch(dialect: str, table: Any) -> ColumnElement[bool]:
+def _in_batch(dialect: str, table: NamedFromClause) -> ColumnElement[bool]:
     """The rows of one batch of a run: SQLite rowids in ``[:lo, :hi)``, PostgreSQL pages
     (``ctid`` blocks) in ``[:lo, :hi)``. Either is a range of the table's own order, read
     by a range scan (SQLite's rowid, PostgreSQL's TID range scan), never through an index."""
     if dialect == "sqlite":
         rowid = _rowid(table)
         return and_(rowid >= bindparam("lo", type_=Integer), rowid < bindparam("hi", type_=Integer))
-    ctid = ColumnClause("ctid", TID(), _selectable=table)
+    ctid = _ctid(table)
     return and_(ctid >= _tid(bindparam("lo")), ctid < _tid(bindparam("hi")))
 
 
@@ -319,26 +343,57 @@ def _tid(page: Any) -> Any:
     return cast(func.concat("(", cast(page, BigInteger), ",0)"), TID())
 
 
-def _sqlite(now: Any, batched: bool) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class SQLiteAgerStatements:
+    """The ager's statements on SQLite, in the order a run executes them (the merges through
+    the temporary :data:`PAIRS`, the events of prunes and demotions in one scan before the
+    rows change), and what plans a run: its rowids and rows, the page cache's size."""
+
+    pairs_create: CreateTable
+    pairs: Insert
+    merge_events: Insert
+    merge_update: Update
+    merge_delete: Delete
+    moves_events: Insert
+    prune: Delete
+    demote: Update
+    decay: Update
+    archive_count: Select[int]
+    pairs_drop: DropTable
+    bounds: Select[int, int, int]  # (first rowid, last rowid + 1, rows)
+    cache_size: TextClause
+    page_size: TextClause
+
+
+@dataclass(frozen=True, slots=True)
+class PostgreSQLAgerStatements:
+    """The ager's statements on PostgreSQL, in the order a run executes them (the merges in
+    one statement, prunes and demotions with their events), and what plans a run: its pages
+    and rows."""
+
+    lock: TextClause
+    async_commit: TextClause
+    writers_in: TextClause
+    merge: Delete
+    prune: Insert
+    decay: Update
+    demote: Insert
+    archive_count: Select[int]
+    bounds: Select[int, int, int]  # (first page, last page + 1, rows)
+
+
+def _sqlite(now: Any, batched: bool) -> SQLiteAgerStatements:
     eff = decayed("sqlite", M.c.weight, M.c.decay_lambda, M.c.ts_weight, now)
     state = _unindexed(M.c.state)
     in_batch = (_in_batch("sqlite", M),) if batched else ()
     p = PAIRS
-    pairs = _pairs_select("sqlite", now, batched)
-    stmts: dict[str, Any] = {
-        "pairs_create": CreateTable(p),
-        "pairs": insert(p).from_select([c.name for c in p.columns], pairs),
-    }
     absorbed, target = _merge_events("sqlite", now, p)
-    stmts["merge_events"] = insert(E).from_select(EVENT_COLUMNS, union_all(absorbed, target))
     # Reached by rowid from the pairs (an UPDATE ... FROM would scan mnests for them).
     pair = p.alias("pair")
     merge_values = {
         name: select(value).where(pair.c.d_rowid == _rowid(M)).scalar_subquery()
         for name, value in _merge_values("sqlite", now, pair).items()
     }
-    stmts["merge_update"] = update(M).where(_rowid(M).in_(select(p.c.d_rowid))).values(merge_values)
-    stmts["merge_delete"] = delete(M).where(_rowid(M).in_(select(p.c.a_rowid)))
 
     # One scan writes the events of every proto pruned and every active demoted below,
     # each weight computed once (the LIMIT keeps SQLite from copying the expression out of
@@ -354,49 +409,50 @@ def _sqlite(now: Any, batched: bool) -> dict[str, Any]:
     def when_proto(then: Any, otherwise: Any) -> Any:
         return case((is_proto, then), else_=otherwise)
 
-    moves = [
-        moving.c.id,
-        when_proto(literal(EventKind.PRUNED.value), literal(EventKind.TRANSITION.value)),
-        now,
-        moving.c.e,
-        when_proto(literal(None), moving.c.e),
-        moving.c.state,
-        when_proto(literal(None), literal(DECAYING)),
-        literal(None),
-        literal(Recorder.AGER.value),
-    ]
-    stmts["moves_events"] = insert(E).from_select(
-        EVENT_COLUMNS,
-        select(*moves).where(
-            or_(
-                and_(is_proto, below(moving.c.e, PROTO_PRUNE_BELOW)),
-                and_(~is_proto, below(moving.c.e, DECAYING_BELOW)),
-            )
+    moves = EventRow(
+        mnest_id=moving.c.id,
+        kind=when_proto(literal(EventKind.PRUNED.value), literal(EventKind.TRANSITION.value)),
+        ts=now,
+        weight_before=moving.c.e,
+        weight_after=when_proto(literal(None), moving.c.e),
+        state_before=moving.c.state,
+        state_after=when_proto(literal(None), literal(DECAYING)),
+        recorder=Recorder.AGER.value,
+    )
+    moves_events = select(*moves.select_list()).where(
+        or_(
+            and_(is_proto, below(moving.c.e, PROTO_PRUNE_BELOW)),
+            and_(~is_proto, below(moving.c.e, DECAYING_BELOW)),
+        )
+    )
+    return SQLiteAgerStatements(
+        pairs_create=CreateTable(p),
+        pairs=insert(p).from_select(
+            [c.name for c in p.columns], _pairs_select("sqlite", now, batched)
         ),
-    )
-    stmts["prune"] = delete(M).where(state == PROTO, below(eff, PROTO_PRUNE_BELOW), *in_batch)
-    # Demoted and decayed rows are written by two statements: a statement that sets
-    # ``state`` rewrites the entries of every index holding it, for each row it touches.
-    stmts["demote"] = (
-        update(M)
+        merge_events=_insert_events(union_all(absorbed, target)),
+        merge_update=update(M).where(_rowid(M).in_(select(p.c.d_rowid))).values(merge_values),
+        merge_delete=delete(M).where(_rowid(M).in_(select(p.c.a_rowid))),
+        moves_events=_insert_events(moves_events),
+        prune=delete(M).where(state == PROTO, below(eff, PROTO_PRUNE_BELOW), *in_batch),
+        # Demoted and decayed rows are written by two statements: a statement that sets
+        # ``state`` rewrites the entries of every index holding it, for each row it touches.
+        demote=update(M)
         .where(state == ACTIVE, below(eff, DECAYING_BELOW), *in_batch)
-        .values(state=DECAYING, weight=eff, ts_weight=advanced(M.c.ts_weight, now))
-    )
-    stmts["decay"] = (
-        update(M)
+        .values(state=DECAYING, weight=eff, ts_weight=advanced(M.c.ts_weight, now)),
+        decay=update(M)
         .where(state.in_([ACTIVE, PROTO]), M.c.ts_weight < now, *in_batch)
-        .values(weight=eff, ts_weight=now)
+        .values(weight=eff, ts_weight=now),
+        archive_count=_archive_count("sqlite", now, state),
+        pairs_drop=DropTable(p, if_exists=True),
+        # The run's rowids (those the table has when it begins) and its rows.
+        bounds=select(func.min(_rowid(M)), func.max(_rowid(M)) + 1, func.count()).select_from(M),
+        cache_size=text("PRAGMA cache_size"),
+        page_size=text("PRAGMA page_size"),
     )
-    stmts["archive_count"] = _archive_count("sqlite", now, state)
-    stmts["pairs_drop"] = DropTable(p, if_exists=True)
-    # The run's rowids (those the table has when it begins) and its rows.
-    stmts["bounds"] = select(func.min(_rowid(M)), func.max(_rowid(M)) + 1, func.count())
-    stmts["cache_size"] = text("PRAGMA cache_size")
-    stmts["page_size"] = text("PRAGMA page_size")
-    return stmts
 
 
-def _archive_count(dialect: str, now: Any, state: Any) -> Any:
+def _archive_count(dialect: str, now: Any, state: Any) -> Select[int]:
     eff = decayed(dialect, M.c.weight, M.c.decay_lambda, M.c.ts_weight, now)
     return select(func.count()).where(
         state == DECAYING,
@@ -405,7 +461,7 @@ def _archive_count(dialect: str, now: Any, state: Any) -> Any:
     )
 
 
-def _postgresql(now: Any, batched: bool) -> dict[str, Any]:
+def _postgresql(now: Any, batched: bool) -> PostgreSQLAgerStatements:
     pg = "postgresql"
     eff = decayed(pg, M.c.weight, M.c.decay_lambda, M.c.ts_weight, now)
     in_batch = (_in_batch(pg, M),) if batched else ()
@@ -414,8 +470,8 @@ def _postgresql(now: Any, batched: bool) -> dict[str, Any]:
     # the active rows deleted (its row count).
     pairs = _pairs_select(pg, now, batched).cte("pairs").prefix_with("MATERIALIZED")
     absorbed, target = _merge_events(pg, now, pairs)
-    merge_absorbed = insert(E).from_select(EVENT_COLUMNS, absorbed).cte("merge_absorbed")
-    merge_target = insert(E).from_select(EVENT_COLUMNS, target).cte("merge_target")
+    merge_absorbed = _insert_events(absorbed).cte("merge_absorbed")
+    merge_target = _insert_events(target).cte("merge_target")
     merge_update = (
         update(M)
         .where(M.c.id == pairs.c.d_id)
@@ -436,10 +492,9 @@ def _postgresql(now: Any, batched: bool) -> dict[str, Any]:
         .returning(M.c.id, eff.label("e"))
         .cte("gone")
     )
-    pruned = _event(pg, now, gone.c.id, EventKind.PRUNED.value, gone.c.e, None, PROTO, None, None)
+    pruned = _event(pg, now, EventKind.PRUNED, gone.c.id, (gone.c.e, None), (PROTO, None), None)
     # (an INSERT's row count is read after the statement only when asked to keep it)
-    prune = insert(E).from_select(EVENT_COLUMNS, select(*pruned))
-    prune = prune.execution_options(preserve_rowcount=True)
+    prune = _insert_events(pruned).execution_options(preserve_rowcount=True)
     moved = (
         update(M)
         .where(M.c.state == ACTIVE, below(eff, DECAYING_BELOW), *in_batch)
@@ -447,12 +502,9 @@ def _postgresql(now: Any, batched: bool) -> dict[str, Any]:
         .returning(M.c.id, M.c.weight)
         .cte("moved")
     )
-    transition = EventKind.TRANSITION.value
-    demoted = _event(
-        pg, now, moved.c.id, transition, moved.c.weight, moved.c.weight, ACTIVE, DECAYING, None
-    )
-    demote = insert(E).from_select(EVENT_COLUMNS, select(*demoted))
-    demote = demote.execution_options(preserve_rowcount=True)
+    weights = (moved.c.weight, moved.c.weight)
+    demoted = _event(pg, now, EventKind.TRANSITION, moved.c.id, weights, (ACTIVE, DECAYING), None)
+    demote = _insert_events(demoted).execution_options(preserve_rowcount=True)
     # The rows that stay are decayed before the others are demoted: an update that changes
     # no indexed column can stay on its page (HOT, no index entry written) where the page
     # has room, and the demotions (which change ``state``) would take that room first.
@@ -465,33 +517,33 @@ def _postgresql(now: Any, batched: bool) -> dict[str, Any]:
         .where(M.c.state.in_([ACTIVE, PROTO]), M.c.ts_weight < now, stays, *in_batch)
         .values(weight=eff, ts_weight=now)
     )
-    return {
+    return PostgreSQLAgerStatements(
         # EXCLUSIVE also conflicts with the ROW SHARE lock of a writer's SELECT ... FOR
         # UPDATE: the ager waits for writers that hold row locks, never the reverse.
-        "lock": text("LOCK TABLE mnests IN EXCLUSIVE MODE"),
+        lock=text("LOCK TABLE mnests IN EXCLUSIVE MODE"),
         # A batch's commit does not wait for its WAL to reach the disk: a crash may lose the
         # last batches, which (like a killed run's) the next run redoes; the run's last
         # transaction (its ager_runs row) is durable, and with it every batch before.
-        "async_commit": text("SET LOCAL synchronous_commit TO OFF"),
+        async_commit=text("SET LOCAL synchronous_commit TO OFF"),
         # Other sessions holding a lock on mnests now (writers in a transaction).
-        "writers_in": text(
+        writers_in=text(
             "SELECT count(*) FROM pg_locks"
             " WHERE relation = 'mnests'::regclass AND pid <> pg_backend_pid()"
         ),
-        "merge": merge,
-        "prune": prune,
-        "decay": decay,
-        "demote": demote,
-        "archive_count": _archive_count(pg, now, M.c.state),
+        merge=merge,
+        prune=prune,
+        decay=decay,
+        demote=demote,
+        archive_count=_archive_count(pg, now, M.c.state),
         # The run's pages (those the table has when it begins) and its rows, for the batch
         # size in pages.
-        "bounds": select(
+        bounds=select(
             literal(0, BigInteger),
             func.pg_relation_size(text("'mnests'::regclass"))
             / func.current_setting("block_size").cast(BigInteger),
             select(func.count()).select_from(M).scalar_subquery(),
         ),
-    }
+    )
 
 
 def cache_size_pragma(value: int) -> TextClause:
@@ -499,14 +551,36 @@ def cache_size_pragma(value: int) -> TextClause:
     return text(f"PRAGMA cache_size = {int(value)}")
 
 
-def ager_statements(dialect: str, batched: bool = False) -> dict[str, Any]:
-    """The ager's statements for ``dialect`` (``sqlite`` or ``postgresql``), by name; with
-    ``batched``, those that change rows take one batch's range (``:lo``, ``:hi``). Built
-    once per (dialect, batched), however the arguments are spelled."""
-    return _statements(dialect, bool(batched))
+def sqlite_ager_statements(batched: bool = False) -> SQLiteAgerStatements:
+    """The ager's statements on SQLite; with ``batched``, those that change rows take one
+    batch's rowid range (``:lo``, ``:hi``). Built once per value of ``batched``, however it
+    is spelled."""
+    return _sqlite_statements(bool(batched))
+
+
+def postgresql_ager_statements(batched: bool = False) -> PostgreSQLAgerStatements:
+    """The ager's statements on PostgreSQL; with ``batched``, those that change rows take one
+    batch's page range (``:lo``, ``:hi``). Built once per value of ``batched``, however it
+    is spelled."""
+    return _postgresql_statements(bool(batched))
+
+
+def ager_statements(
+    dialect: str, batched: bool = False
+) -> SQLiteAgerStatements | PostgreSQLAgerStatements:
+    """The ager's statements for ``dialect`` (``postgresql``, else SQLite's), for the callers
+    that need only what both have (``bounds``, ``archive_count``, ``prune``, ``decay``,
+    ``demote``)."""
+    if dialect == "postgresql":
+        return postgresql_ager_statements(batched)
+    return sqlite_ager_statements(batched)
 
 
 @functools.cache
-def _statements(dialect: str, batched: bool) -> dict[str, Any]:
-    now = now_param()
-    return _postgresql(now, batched) if dialect == "postgresql" else _sqlite(now, batched)
+def _sqlite_statements(batched: bool) -> SQLiteAgerStatements:
+    return _sqlite(now_param(), batched)
+
+
+@functools.cache
+def _postgresql_statements(batched: bool) -> PostgreSQLAgerStatements:
+    return _postgresql(now_param(), batched)

@@ -25,6 +25,7 @@ from sqlalchemy.dialects import postgresql as pg_dialect
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 
 from ..rules import PASSING_KINDS, MnestState
+from . import tables
 from .tables import EVENTS as E
 from .tables import MNESTS as M
 from .tables import QUERIES as Q
@@ -148,24 +149,11 @@ def insert_mnest(dialect: str) -> Insert:
 
 
 INSERT_EVENT = insert(E)
-# An event's values in the order the repository builds them (the id is generated). Named
-# here rather than taken from the table, so that the tuples never depend on the table's
-# column order. A column added to ``events`` is added here on purpose (a test compares the
-# two); a row that leaves a column out gets its default, or an error if it has none.
-EVENT_ROW: tuple[str, ...] = (
-    "mnest_id",
-    "kind",
-    "ts",
-    "turn_id",
-    "weight_before",
-    "weight_after",
-    "state_before",
-    "state_after",
-    "reason",
-    "related_id",
-    "recorder",
-    "outcome",
-)
+# An event's values in the order the repository builds them (the id is generated): the
+# columns of the one event-row shape, :class:`~mnestoma.sql.tables.EventRow`. A column added
+# to ``events`` is added there on purpose (a test compares the two); a row that leaves a
+# column out gets its default, or an error if it has none.
+EVENT_ROW: tuple[str, ...] = tables.EVENT_ROW
 # SQLite, under the write lock the package takes before any write: no other writer can
 # create a key meanwhile, so creations need neither ON CONFLICT nor RETURNING.
 INSERT_MNEST_LOCKED = insert(M)

@@ -1,24 +1,29 @@
-"""The tables as Core ``Table`` objects (typed), their column orders and the edge key."""
+"""The tables as Core ``Table`` objects (typed), their column orders, the edge key and the
+one shape of an event row (:class:`EventRow`), which every writer of ``events`` builds."""
 
 from __future__ import annotations
 
-from typing import cast
+from dataclasses import dataclass, fields
+from datetime import datetime
+from typing import Any, TypeAlias, cast
 
-from sqlalchemy import ColumnElement, String, Table, and_, bindparam, literal_column
+from sqlalchemy import ColumnElement, String, Table, and_, bindparam, literal, literal_column
 from sqlalchemy.sql.expression import FromClause
 
 from ..models import AgerProgress, AgerRun, CanonicalQuery, Event, Mnest
-from ..rules import EventKind, MnestState, sql_literal
+from ..rules import EventKind, MnestState, Recorder, sql_literal
 
 __all__ = [
     "AGER_PROGRESS",
     "AGER_RUNS",
     "EVENTS",
     "EVENT_COLUMNS",
+    "EVENT_ROW",
     "MNESTS",
     "MNEST_COLUMNS",
     "QUERIES",
     "QUERY_COLUMNS",
+    "EventRow",
     "Key",
     "is_active",
     "key_is",
@@ -35,6 +40,49 @@ AGER_PROGRESS = cast(Table, AgerProgress.__table__)
 MNEST_COLUMNS: tuple[str, ...] = tuple(c.key for c in MNESTS.columns)
 EVENT_COLUMNS: tuple[str, ...] = tuple(c.key for c in EVENTS.columns)
 QUERY_COLUMNS: tuple[str, ...] = tuple(c.key for c in QUERIES.columns)
+
+SQL: TypeAlias = ColumnElement[Any]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EventRow:
+    """One row of ``events`` (its generated id aside), the one shape every writer builds: the
+    repository (tuples in :data:`EVENT_ROW` order), the ager (``INSERT ... SELECT`` lists,
+    each value an SQL expression or a Python value), a copy's merges and the seed repair.
+    A column a writer has nothing for takes its default here, so that a column added to the
+    table is added here once and every writer writes it (a test compares the two)."""
+
+    mnest_id: str | SQL
+    kind: str | SQL
+    ts: datetime | SQL
+    turn_id: str | SQL | None = None
+    weight_before: float | SQL | None = None
+    weight_after: float | SQL | None = None
+    state_before: str | SQL | None = None
+    state_after: str | SQL | None = None
+    reason: str | SQL | None = None
+    related_id: str | SQL | None = None
+    # the table's own default: an event that does not say who recorded it reads as a call's
+    recorder: str | SQL = Recorder.CALL.value
+    outcome: str | SQL | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The row's values by column name, in :data:`EVENT_ROW` order."""
+        return {name: getattr(self, name) for name in EVENT_ROW}
+
+    def select_list(self) -> list[SQL]:
+        """The row as the select list of an ``INSERT ... SELECT`` into :data:`EVENT_ROW`:
+        SQL expressions as they are, Python values bound with their column's type."""
+        return [
+            v if isinstance(v, ColumnElement) else literal(v, EVENTS.c[name].type)
+            for name, v in self.as_dict().items()
+        ]
+
+
+# An event's columns in the order of :class:`EventRow` (the repository's tuples, the ager's
+# inserts): named by the shape rather than taken from the table, so that no writer depends
+# on the table's column order.
+EVENT_ROW: tuple[str, ...] = tuple(f.name for f in fields(EventRow))
 
 # An edge's key: (src_executor, src_version, dst_executor, dst_version or None for a proto).
 Key = tuple[str, str, str, str | None]
