@@ -8,21 +8,18 @@ and when the trace's local root span ends, records the links with
 outcome from B's span status: ERROR is ``"error"``; OK or UNSET, on the ended span, is
 ``"ok"`` (instrumentations leave a successful span UNSET). A sequence-only link has none.
 
-Everything but a few dictionary look-ups happens on one writer thread, off the thread that
+Everything but a few dictionary look-ups happens on one writer thread (a
+:class:`mnestoma.writer.Writer`, the tracer's background writer too), off the thread that
 ends the span; a failing store is logged and counted, never raised into the traced program.
 """
 
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 import logging
 import math
-import os
-import queue
 import threading
-import weakref
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,7 +28,6 @@ from typing import Any, NamedTuple, Protocol
 
 from . import rules
 from .errors import InvalidInput, MissingExtra
-from .tracing import _is_async_callable
 
 try:
     from opentelemetry.context import Context
@@ -43,6 +39,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
     ) from exc
 
 from .validation import Passing, check_name
+from .writer import Writer
 
 __all__ = [
     "DEFAULT_VERSION",
@@ -159,12 +156,14 @@ class _RootEnded(NamedTuple):
     trace_id: int
 
 
-class _Marker(NamedTuple):
-    done: threading.Event
-    stop: bool = False
+_Item = _ToolEnded | _RootStarted | _RootEnded
 
 
-_Item = _ToolEnded | _RootStarted | _RootEnded | _Marker
+def _describe(item: _Item) -> str:
+    """An item of the writer's queue, for log lines."""
+    if isinstance(item, _ToolEnded):
+        return f"tool span {item.name!r} of trace {item.trace_id:032x}"
+    return f"trace {item.trace_id:032x}"
 
 
 def _digest(text: str) -> bytes:
@@ -276,7 +275,10 @@ class MnestomaSpanProcessor(SpanProcessor):
     Bounds: at most ``max_traces`` open traces (the oldest is forgotten first, counted in
     ``stats.traces_evicted``), ``max_spans_per_trace`` tool calls per trace (oldest first),
     ``max_leaves_per_value`` digests per argument or result, ``max_queue`` spans waiting
-    for the writer thread (more are dropped and counted).
+    for the writer thread (more are dropped and counted). The writer is the tracer's (a
+    :class:`mnestoma.writer.Writer`): it records what is queued at :meth:`shutdown`, and at
+    interpreter exit or the end of a multiprocessing child waits at most ``exit_timeout``
+    seconds for it.
     """
 
     def __init__(
@@ -290,6 +292,7 @@ class MnestomaSpanProcessor(SpanProcessor):
         max_spans_per_trace: int = 256,
         max_leaves_per_value: int = 256,
         max_queue: int = 10_000,
+        exit_timeout: float = 10.0,
     ) -> None:
         for name, bound in (
             ("max_traces", max_traces),
@@ -303,11 +306,6 @@ class MnestomaSpanProcessor(SpanProcessor):
             raise InvalidInput("version_of must be a mapping or a callable")
         if default_version is not None:
             check_name(default_version, "default_version")
-        if _is_async_callable(getattr(store, "record_turn", None)):
-            raise InvalidInput(
-                "the OpenTelemetry processor needs a blocking store (Mnestoma): it records "
-                "from its own thread, where an async store's record_turn is never awaited"
-            )
         self._store = store
         self._version_of = version_of
         self._default_version = default_version
@@ -315,48 +313,44 @@ class MnestomaSpanProcessor(SpanProcessor):
         self._max_traces = max_traces
         self._max_spans = max_spans_per_trace
         self._max_leaves = max_leaves_per_value
-        # SimpleQueue: a put costs a fraction of queue.Queue's; the bound is checked by size
-        # (racing threads may pass it by one item each)
-        self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
-        self._max_queue = max_queue
         self._counters = dict.fromkeys(ProcessorStats.__dataclass_fields__, 0)
         self._counters_lock = threading.Lock()
-        self._closed = False
         self._warned_no_content = False  # the missing-content warning is given once
         # writer-thread state: open traces, and recently recorded ones (to spot late spans)
         self._traces: OrderedDict[int, _Trace] = OrderedDict()
         self._recorded: OrderedDict[int, None] = OrderedDict()
-        self._writer = self._start_writer()
-        if hasattr(os, "register_at_fork"):  # a forked worker gets a writer of its own
-            ref = weakref.WeakMethod(self._after_fork)
-            os.register_at_fork(after_in_child=lambda: (method := ref()) and method())
-
-    def _start_writer(self) -> threading.Thread:
-        writer = threading.Thread(target=self._run, name="mnestoma-otel-writer", daemon=True)
-        writer.start()
-        return writer
+        self._writer: Writer[_Item] = Writer(
+            store,
+            self._handle,
+            log=logger,
+            maxsize=max_queue,
+            exit_timeout=exit_timeout,
+            describe=_describe,
+            on_drop=lambda: self._count("queue_overflow"),
+            on_failure=self._failed,
+            on_stop=self._forget_open_traces,
+            after_fork=self._after_fork,
+        )
 
     def _after_fork(self) -> None:
-        """In a forked child the writer thread is gone: start over with empty state (the
-        store's engine gets a pool of its own: :func:`mnestoma.config.own_pool_after_fork`)."""
-        self._queue = queue.SimpleQueue()
+        """In a forked child, once the writer has started over empty: a new counters lock and
+        no traces (the parent's are the parent's; the store's engine gets a pool of its own:
+        :func:`mnestoma.config.own_pool_after_fork`)."""
         self._counters_lock = threading.Lock()
         self._traces.clear()
         self._recorded.clear()
-        if not self._closed:
-            self._writer = self._start_writer()
 
     # -- the instrumented program's threads: look, enqueue, return -------------------------
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         """Note a local root's start, so that a trace with two local roots waits for both."""
         parent = span.parent
-        if not self._closed and (parent is None or parent.is_remote):
-            self._offer(_RootStarted(span.context.trace_id))
+        if not self._writer.closed and (parent is None or parent.is_remote):
+            self._writer.put(_RootStarted(span.context.trace_id))
 
     def on_end(self, span: ReadableSpan) -> None:
         """Hand a tool span, or the end of a local root, to the writer thread."""
-        if self._closed:
+        if self._writer.closed:
             return
         context = span.context
         if context is None:
@@ -373,7 +367,7 @@ class MnestomaSpanProcessor(SpanProcessor):
         else:
             name = None
         if isinstance(name, str) and name.strip():
-            self._offer(
+            self._writer.put(
                 _ToolEnded(
                     context.trace_id,
                     name,
@@ -386,33 +380,18 @@ class MnestomaSpanProcessor(SpanProcessor):
             )
         parent = span.parent
         if parent is None or parent.is_remote:
-            self._offer(_RootEnded(context.trace_id))
-
-    def _offer(self, item: _Item) -> None:
-        if self._queue.qsize() >= self._max_queue:
-            self._count("queue_overflow")
-        else:
-            self._queue.put(item)
+            self._writer.put(_RootEnded(context.trace_id))
 
     # -- lifecycle --------------------------------------------------------------------------
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         """Wait until every span handed over so far has been processed (and recorded)."""
-        if not self._writer.is_alive():
-            return self._queue.empty()
-        done = threading.Event()
-        self._queue.put(_Marker(done))  # a marker is never refused: it holds nothing
-        return done.wait(timeout_millis / 1000)
+        return self._writer.flush(timeout_millis / 1000)
 
     def shutdown(self) -> None:
         """Process what is queued, forget traces whose root never ended, stop the writer."""
-        if self._closed:
-            return
-        self._closed = True
-        self._queue.put(_Marker(threading.Event(), stop=True))
-        self._writer.join(timeout=30)
-        if self._writer.is_alive():  # pragma: no cover - a store that hangs for 30 s
-            logger.warning("mnestoma otel processor: the writer did not finish within 30 s")
+        if not self._writer.closed:
+            self._writer.stop(30.0, "at shutdown")
 
     @property
     def stats(self) -> ProcessorStats:
@@ -420,28 +399,26 @@ class MnestomaSpanProcessor(SpanProcessor):
         with self._counters_lock:
             return ProcessorStats(**self._counters)
 
-    # -- the writer thread ------------------------------------------------------------------
+    @property
+    def writer(self) -> Writer[Any]:
+        """The background writer the spans are handed to (its ``pending``, ``flush``)."""
+        return self._writer
 
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            if isinstance(item, _Marker):
-                if item.stop:
-                    self._count("traces_evicted", len(self._traces))
-                    self._traces.clear()
-                    item.done.set()
-                    return
-                item.done.set()
-                continue
-            try:
-                self._handle(item)
-            except Exception:
-                logger.exception("mnestoma otel processor: could not process a span")
-                self._count("errors")
+    # -- the writer thread ------------------------------------------------------------------
 
     def _count(self, name: str, n: int = 1) -> None:
         with self._counters_lock:
             self._counters[name] += n
+
+    def _failed(self, item: _Item) -> None:
+        """Count what the writer could not do: record a trace whose root ended (the store's
+        failure), or read a tool span."""
+        self._count("store_failures" if isinstance(item, _RootEnded) else "errors")
+
+    def _forget_open_traces(self) -> None:
+        """At the writer's stop: traces whose root never ended are forgotten, and counted."""
+        self._count("traces_evicted", len(self._traces))
+        self._traces.clear()
 
     def _trace(self, trace_id: int) -> _Trace:
         trace = self._traces.get(trace_id)
@@ -452,7 +429,7 @@ class MnestomaSpanProcessor(SpanProcessor):
             trace = self._traces[trace_id] = _Trace()
         return trace
 
-    def _handle(self, item: _ToolEnded | _RootStarted | _RootEnded) -> None:
+    def _handle(self, item: _Item) -> None:
         if isinstance(item, _RootStarted):
             self._recorded.pop(item.trace_id, None)
             self._trace(item.trace_id).open_roots += 1
@@ -550,22 +527,8 @@ class MnestomaSpanProcessor(SpanProcessor):
         if not passings:
             return
         turn_id = format(trace_id, "032x")
-        try:
-            counted = self._counted_before(turn_id)
-            rows = self._store.record_turn(turn_id, passings, recorder="otel")
-            if inspect.isawaitable(rows):
-                if inspect.iscoroutine(rows):
-                    rows.close()  # never run: no "never awaited" warning on top
-                raise InvalidInput("record_turn returned an awaitable: a blocking store is needed")
-        except Exception:
-            logger.warning(
-                "mnestoma otel processor: the store refused trace %032x (%d passings)",
-                trace_id,
-                len(passings),
-                exc_info=True,
-            )
-            self._count("store_failures")
-            return
+        counted = self._counted_before(turn_id)
+        rows = self._writer.record(turn_id, passings, recorder="otel")  # a failure: counted
         kept = self._kept(rows, counted, len(passings))
         self._count("traces_recorded")
         self._count("passings_recorded", kept)

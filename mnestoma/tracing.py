@@ -34,33 +34,28 @@ was (None, unknown, when no other call finished). A proto from :func:`wish` has 
 from __future__ import annotations
 
 import asyncio
-import atexit
 import contextlib
 import contextvars
 import dataclasses
 import functools
-import inspect
 import itertools
 import json
 import logging
 import math
-import numbers
 import os
 import sys
 import threading
-import time
-import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from contextvars import ContextVar
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Any, ParamSpec, Protocol, TypeVar, cast
+from typing import Any, ParamSpec, TypeVar, cast
 
 from . import rules
 from .errors import InvalidInput, MnestomaError, StoreError
 from .types import ensure_json
 from .validation import Passing, check_name
+from .writer import TurnStore, Writer, is_async_callable
 
 __all__ = [
     "DEFAULT_MAX_OUTPUTS",
@@ -98,12 +93,6 @@ R = TypeVar("R")
 F = TypeVar("F", bound=Callable[..., Any])
 Executor = tuple[str, str]  # (name, version)
 EdgeKey = tuple[str, str, str, str | None, bool]
-
-
-class TurnStore(Protocol):
-    """What a turn writes to: a :class:`mnestoma.Mnestoma` (or an async facade)."""
-
-    def record_turn(self, turn_id: str, passings: list[Passing], *, recorder: str) -> Any: ...
 
 
 # ---------------------------------------------------------------------------- statistics
@@ -299,7 +288,12 @@ if hasattr(os, "register_at_fork"):
 class Turn:
     """One traced turn: its lineage memory while it runs, its passings when it ends.
 
-    Made by :func:`turn`; use it once, as ``with`` or ``async with``.
+    Made by ``turn(store, turn_id)`` (``turn`` is this class); use it once, as
+    ``with turn(store, id) as t:`` or ``async with``. At its end (normal or by an
+    exception, which propagates unchanged) its passings go to
+    ``store.record_turn(turn_id, passings, recorder="tracer")`` once, or to ``writer``.
+    A store failure is logged on ``mnestoma.tracing`` and counted, and raised only with
+    ``strict=True`` when the traced code itself did not raise.
     """
 
     def __init__(
@@ -429,6 +423,8 @@ class Turn:
     def _finished(self, keys: tuple[EdgeKey, ...], outcome: str) -> None:
         """A call that received along ``keys`` returned (OK) or raised (ERROR): the edges
         take its outcome, the latest finished call's winning (the store's rule too)."""
+        if not keys:
+            return
         with self._lock:
             if self._state != "open":
                 return  # the turn ended while the call ran: its passings are gone
@@ -438,24 +434,28 @@ class Turn:
                 if p is not None and p.outcome != outcome:
                     edges[key] = p._replace(outcome=outcome)
 
-    def _returned(self, producer: Executor, value: Any) -> None:
-        """A call of ``producer`` returned ``value``: remember it, forgetting the oldest."""
+    def _returned(self, producer: Executor, received: tuple[EdgeKey, ...], value: Any) -> Any:
+        """A call of ``producer`` that received along ``received`` returned ``value``: those
+        edges take OK, and ``value`` is remembered, forgetting the oldest output; returns
+        ``value``, for the traced call to return."""
+        if received:
+            self._finished(received, _OK)
         if self._state != "open":
-            return
+            return value
         try:
             objs, keys = _index(value)
         except Exception:
             self._tracer_error("a returned value")
-            return
+            return value
         if not objs:
-            return
+            return value
         out: _Output = (producer, objs, keys)
         by_id = self._by_id
         by_key = self._by_key
         outputs = self._outputs
         with self._lock:
             if self._state != "open":
-                return
+                return value
             outputs.append(out)
             for o in objs:
                 by_id[id(o)] = out
@@ -470,6 +470,7 @@ class Turn:
                     if by_key.get(k) is old:
                         del by_key[k]
                 self.forgotten += 1
+        return value
 
     def _wished(self, name: str, consumed: Any, desired_sig: Any) -> list[Passing]:
         """Record a proto from each producer of ``consumed`` to the missing ``name``."""
@@ -538,49 +539,35 @@ class Turn:
         return passings
 
     def __enter__(self) -> Turn:
-        if self.writer is None and _is_async_callable(getattr(self.store, "record_turn", None)):
+        if self.writer is None and is_async_callable(getattr(self.store, "record_turn", None)):
             raise InvalidInput("this store is asynchronous: use `async with turn(...)`")
         self._open()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        passings = self._close()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        body_failed = exc_type is not None
+        passings = self._end(body_failed)
         if not passings:
-            return
-        if self.writer is not None:
-            self._to_writer(passings, exc_type is not None)
             return
         assert self.store is not None
         try:
             self.mnests = list(self.store.record_turn(self.turn_id, passings, recorder=RECORDER))
         except Exception as err:
-            self._store_failed(err, exc_type is not None)
+            self._store_failed(err, body_failed)
 
     async def __aenter__(self) -> Turn:
         self._open()
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        passings = self._close()
+    async def __aexit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        body_failed = exc_type is not None
+        passings = self._end(body_failed)
         if not passings:
-            return
-        if self.writer is not None:
-            self._to_writer(passings, exc_type is not None)
             return
         assert self.store is not None
         record = self.store.record_turn
         try:
-            if _is_async_callable(record):
+            if is_async_callable(record):
                 result = await cast(Callable[..., Awaitable[Any]], record)(
                     self.turn_id, passings, recorder=RECORDER
                 )
@@ -588,7 +575,16 @@ class Turn:
                 result = await asyncio.to_thread(record, self.turn_id, passings, recorder=RECORDER)
             self.mnests = list(result)
         except Exception as err:
-            self._store_failed(err, exc_type is not None)
+            self._store_failed(err, body_failed)
+
+    def _end(self, body_failed: bool) -> list[Passing]:
+        """End the turn and hand its passings to the writer, if it has one; what is left
+        for the caller to record to the store now (nothing with a writer)."""
+        passings = self._close()
+        if passings and self.writer is not None:
+            self._to_writer(passings, body_failed)
+            return []
+        return passings
 
     def _to_writer(self, passings: list[Passing], body_failed: bool) -> None:
         assert self.writer is not None
@@ -617,34 +613,10 @@ class Turn:
             raise StoreError(f"recording turn {self.turn_id!r} failed: {err}") from err
 
 
-def turn(
-    store: TurnStore | None,
-    turn_id: str,
-    *,
-    strict: bool = False,
-    max_outputs: int = DEFAULT_MAX_OUTPUTS,
-    writer: BackgroundWriter | None = None,
-) -> Turn:
-    """A turn to use as ``with turn(store, id) as t:`` or ``async with``.
-
-    At its end (normal or by an exception, which propagates unchanged) its passings go to
-    ``store.record_turn(turn_id, passings, recorder="tracer")`` once, or to ``writer``.
-    A store failure is logged on ``mnestoma.tracing`` and counted, and raised only with
-    ``strict=True`` when the traced code itself did not raise.
-    """
-    return Turn(store, turn_id, strict=strict, max_outputs=max_outputs, writer=writer)
+turn = Turn  # the name a turn is opened by: ``with turn(store, turn_id) as t:``
 
 
 # ---------------------------------------------------------------------------- executors
-
-
-def _is_async_callable(fn: Any) -> bool:
-    if fn is None:
-        return False
-    if inspect.iscoroutinefunction(fn):
-        return True
-    call = getattr(type(fn), "__call__", None)  # noqa: B004 - a callable object's method
-    return call is not None and not inspect.isroutine(fn) and inspect.iscoroutinefunction(call)
 
 
 def executor(name: str, version: str) -> Callable[[F], F]:
@@ -664,7 +636,7 @@ def executor(name: str, version: str) -> Callable[[F], F]:
         if not callable(fn):
             raise InvalidInput(f"executor {name!r} must wrap a callable")
         wrapper: Callable[..., Any]
-        if _is_async_callable(fn):
+        if is_async_callable(fn):
 
             async def traced_async(*args: Any, **kwargs: Any) -> Any:
                 t = _CURRENT.get()
@@ -674,13 +646,9 @@ def executor(name: str, version: str) -> Callable[[F], F]:
                 try:
                     result = await fn(*args, **kwargs)
                 except Exception:  # cancellation and interrupts leave the outcome unknown
-                    if keys:
-                        t._finished(keys, _ERROR)
+                    t._finished(keys, _ERROR)
                     raise
-                if keys:
-                    t._finished(keys, _OK)
-                t._returned(ident, result)
-                return result
+                return t._returned(ident, keys, result)
 
             wrapper = traced_async
         else:
@@ -693,13 +661,9 @@ def executor(name: str, version: str) -> Callable[[F], F]:
                 try:
                     result = fn(*args, **kwargs)
                 except Exception:  # interrupts leave the outcome unknown
-                    if keys:
-                        t._finished(keys, _ERROR)
+                    t._finished(keys, _ERROR)
                     raise
-                if keys:
-                    t._finished(keys, _OK)
-                t._returned(ident, result)
-                return result
+                return t._returned(ident, keys, result)
 
             wrapper = traced
         functools.update_wrapper(wrapper, fn, updated=())
@@ -746,16 +710,10 @@ def propagate(fn: Callable[P, R]) -> Callable[P, R]:
 
 # ---------------------------------------------------------------------------- background
 
-
-def _is_seconds(value: object) -> bool:
-    """A real number from 0 to the longest wait threading accepts (NaN, inf and bools not):
-    a bad timeout would only fail at interpreter exit, losing the queued turns."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        return False
-    return 0 <= float(value) <= threading.TIMEOUT_MAX
+_Queued = tuple[str, list[Passing]]  # a turn waiting for the background writer
 
 
-class BackgroundWriter:
+class BackgroundWriter(Writer[_Queued]):
     """Writes ended turns to ``store`` from one thread, off the traced code's latency.
 
     The queue holds at most ``maxsize`` turns; a turn that does not fit is dropped and
@@ -768,161 +726,28 @@ class BackgroundWriter:
     writer starts empty, with a new lock, new counters and a thread of its own started when
     the child queues its first turn; turns the parent had queued stay the parent's to write.
     The store gets a connection pool of its own in the child.
+
+    The thread, queue and counters are :class:`mnestoma.writer.Writer`'s, which the
+    OpenTelemetry span processor uses too; this class adds turns and the tracer's counters.
     """
 
     def __init__(
         self, store: TurnStore, *, maxsize: int = 1000, exit_timeout: float = 10.0
     ) -> None:
-        if isinstance(maxsize, bool) or not isinstance(maxsize, int) or maxsize < 1:
-            raise InvalidInput("maxsize must be a positive integer")
-        if not _is_seconds(exit_timeout):
-            raise InvalidInput(
-                f"exit_timeout must be a finite number of seconds, 0 or more; got {exit_timeout!r}"
-            )
-        if _is_async_callable(getattr(store, "record_turn", None)):
-            raise InvalidInput("the background writer needs a blocking store (Mnestoma)")
-        self.store = store
-        self.maxsize = maxsize
-        self.exit_timeout = float(exit_timeout)
-        self.submitted = 0  # turns accepted
-        self.written = 0  # turns the store recorded
-        self.failures = 0  # turns the store refused or failed on
-        self.dropped = 0  # turns refused because the queue was full (or closed)
-        self._queue: deque[tuple[str, list[Passing]]] = deque()
-        self._cond = threading.Condition()
-        self._busy = False
-        self._closed = False
-        self._thread: threading.Thread | None = None
-        with self._cond:
-            self._start()
-        atexit.register(self._at_exit)
-        if hasattr(os, "register_at_fork"):
-            ref = weakref.WeakMethod(self._after_fork)
-            os.register_at_fork(after_in_child=lambda: (method := ref()) and method())
-
-    def _start(self) -> None:
-        """Start the writer thread (under ``_cond``), and have a multiprocessing child, which
-        ends without running ``atexit``, close this writer at its end too."""
-        self._thread = threading.Thread(
-            target=self._run, name="mnestoma-tracing-writer", daemon=True
+        super().__init__(
+            store,
+            self._write,
+            log=logger,
+            maxsize=maxsize,
+            exit_timeout=exit_timeout,
+            describe=lambda queued: f"turn {queued[0]!r}",
+            on_drop=lambda: stats.add(dropped=1),
+            on_failure=lambda _queued: stats.add(store_failures=1),
         )
-        self._thread.start()
-        mp = sys.modules.get("multiprocessing")
-        if mp is not None and mp.parent_process() is not None:
-            from multiprocessing import util
-
-            util.Finalize(self, self._at_exit, exitpriority=0)
-
-    def _after_fork(self) -> None:
-        """In a forked child: a new lock and an empty queue (the parent's turns are the
-            parent's), no thread until the child queues a turn (the store's engine gets a pool of
-        its own: :func:`mnestoma.config.own_pool_after_fork`)."""
-        self._cond = threading.Condition()
-        self._queue = deque()
-        self._busy = False
-        self._thread = None
-        self.submitted = self.written = self.failures = self.dropped = 0
-
-    def __repr__(self) -> str:
-        return (
-            f"BackgroundWriter(queued={len(self._queue)}, written={self.written}, "
-            f"failures={self.failures}, dropped={self.dropped})"
-        )
-
-    def __enter__(self) -> BackgroundWriter:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    @property
-    def pending(self) -> int:
-        """Turns accepted and not written yet."""
-        with self._cond:
-            return len(self._queue) + (1 if self._busy else 0)
 
     def submit(self, turn_id: str, passings: Iterable[Passing]) -> bool:
         """Queue a turn's passings; False (and counted) when the queue is full or closed."""
-        item = (turn_id, list(passings))
-        with self._cond:
-            if not self._closed and len(self._queue) < self.maxsize:
-                if self._thread is None:  # the first turn of a forked child
-                    self._start()
-                self._queue.append(item)
-                self.submitted += 1
-                self._cond.notify_all()
-                return True
-            self.dropped += 1
-            first = self.dropped == 1
-            closed = self._closed
-        stats.add(dropped=1)
-        if first:  # one line, not one per dropped turn under sustained overload
-            logger.warning(
-                "mnestoma.tracing: background writer %s; turn %r dropped (further drops "
-                "are only counted)",
-                "closed" if closed else f"queue full ({self.maxsize})",
-                turn_id,
-            )
-        return False
+        return self.put((turn_id, list(passings)))
 
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._queue and not self._closed:
-                    self._cond.wait()
-                if not self._queue:
-                    return  # closed and drained
-                turn_id, passings = self._queue.popleft()
-                self._busy = True
-            try:
-                self.store.record_turn(turn_id, passings, recorder=RECORDER)
-                ok = True
-            except Exception as err:
-                ok = False
-                stats.add(store_failures=1)
-                logger.warning(
-                    "mnestoma.tracing: background write of turn %r failed: %s: %s",
-                    turn_id,
-                    type(err).__name__,
-                    err,
-                )
-            with self._cond:
-                if ok:
-                    self.written += 1
-                else:
-                    self.failures += 1
-                self._busy = False
-                self._cond.notify_all()
-
-    def flush(self, timeout: float | None = None) -> bool:
-        """Wait until every accepted turn is written (or failed); False on timeout."""
-        end = None if timeout is None else time.monotonic() + timeout
-        with self._cond:
-            while self._queue or self._busy:
-                if self._thread is None or not self._thread.is_alive():
-                    return False
-                remaining = None if end is None else end - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    return False
-                self._cond.wait(remaining)
-            return True
-
-    def close(self, timeout: float | None = None) -> bool:
-        """Flush, stop the writer thread and refuse further turns; True when all was written."""
-        done = self.flush(timeout)
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-            thread = self._thread
-        if thread is not None:
-            thread.join(timeout)
-        atexit.unregister(self._at_exit)
-        return done
-
-    def _at_exit(self) -> None:
-        if not self.close(self.exit_timeout):
-            logger.warning(
-                "mnestoma.tracing: %d turn(s) not written at exit (timeout %.1fs)",
-                self.pending,
-                self.exit_timeout,
-            )
+    def _write(self, queued: _Queued) -> None:
+        self.record(*queued, recorder=RECORDER)
