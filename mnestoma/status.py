@@ -32,6 +32,7 @@ from .rules import (
     MnestState,
     Recorder,
 )
+from .settings import Settings
 from .sql import status as sql
 from .sql.tables import AGER_PROGRESS, AGER_RUNS, EVENTS, MNESTS, QUERIES
 from .timefmt import ago, iso_utc, short_utc
@@ -409,7 +410,7 @@ def _collect(engine: Engine, head: str, now: datetime, clock: Clock | None) -> S
             _unfinished_ager_runs(conn, status)
         if status.schema == "head":
             with Session(bind=conn) as session:
-                repo = MnestRepository(session, clock=clock or (lambda: now))
+                repo = MnestRepository(session, settings=Settings(clock=clock or (lambda: now)))
                 status.recurring_protos = repo.recurring_protos(
                     min_uses=RECURRING_MIN_USES, min_weight=RECURRING_MIN_WEIGHT
                 )

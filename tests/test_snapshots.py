@@ -28,6 +28,8 @@ MNEST = {
     "state": "active",
     "tags": {"k": [1, 2]},
     "desired_sig": None,
+    "ok_count": 1,
+    "error_count": 0,
 }
 
 
