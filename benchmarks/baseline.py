@@ -18,6 +18,19 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+# The rules' numbers are the package's own (a change to a rule is a change to its rules
+# module, which the baseline follows); everything else here is plain sqlite3.
+from mnestoma.rules import (
+    ARCHIVE_AFTER_DAYS,
+    ARCHIVE_BELOW,
+    DECAYING_BELOW,
+    DEFAULT_DECAY_LAMBDA,
+    INITIAL_WEIGHT,
+    PROTO_PRUNE_BELOW,
+    REINFORCEMENT,
+    SECONDS_PER_DAY,
+)
+
 __all__ = ["COLUMNS", "Baseline", "format_ts", "parse_ts", "reinforce"]
 
 COLUMNS = (
@@ -42,14 +55,6 @@ _EVENT_COLS = (
     " reason, related_id"
 )
 
-INITIAL_WEIGHT = 0.30
-REINFORCEMENT = 0.15
-DEFAULT_DECAY_LAMBDA = 0.018
-DECAYING_BELOW = 0.20
-PROTO_PRUNE_BELOW = 0.05
-ARCHIVE_BELOW = 0.05
-ARCHIVE_AFTER_DAYS = 90
-SECONDS_PER_DAY = 86400.0
 
 Row = tuple[Any, ...]
 # Passing's optional fields: dst_version, dst_exists, tags, desired_sig.

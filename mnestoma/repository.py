@@ -252,7 +252,6 @@ class MnestRepository:
         tags: Any = None,
         desired_sig: Any = None,
         recorder: str | None = None,
-        outcome: str | None = None,
     ) -> Mnest:
         """Record a passing to an executor that does not exist yet: the proto row of
         (src, src_version, dst), created at 0.30 or reinforced. The same as
@@ -267,7 +266,6 @@ class MnestRepository:
             tags=tags,
             desired_sig=desired_sig,
             recorder=recorder,
-            outcome=outcome,
         )
 
     def record_turn(
