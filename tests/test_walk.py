@@ -262,3 +262,33 @@ def test_walk_builds_paths_when_scores_tie(store: Mnestoma) -> None:
     assert _names(paths) == [["a", "b"], ["a", "b", "c"], ["a", "b", "c", "d"]]
     assert all(m.weight == 1.0 for p in paths for m in p)
     assert paths[1][0] is paths[0][0]  # one snapshot per edge, shared by the paths
+
+
+def test_sqlite_walk_orders_and_limits_inside_its_recursive_cte() -> None:
+    """SQLite pops the best path first and stops after ``:limit`` (work bounded by the limit,
+    not by the number of paths): the ORDER BY and LIMIT stand inside the CTE's compound."""
+    from sqlalchemy.dialects import sqlite
+
+    sql = str(read.walk_statement("sqlite", with_floor=False).compile(dialect=sqlite.dialect()))
+    cte, outer = sql.split("\n SELECT paths.path", 1)
+    assert cte.startswith("WITH RECURSIVE paths(loc, dst_executor, dst_version, depth, score")
+    assert " UNION ALL SELECT " in cte and "FROM mnests AS nxt, paths" in cte
+    assert cte.rstrip().endswith(" ORDER BY score DESC, depth, path\n LIMIT ? OFFSET ?)")
+    assert "JOIN mnests ON mnests.rowid = paths.loc" in outer
+
+
+def test_the_read_statements_use_only_public_sqlalchemy() -> None:
+    """No private attribute (``_construct``, ``_restates``, ...) is reached for in sql/read.py."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(read))
+    private = [
+        f"line {node.lineno}: {name}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute | ast.keyword)
+        and (name := node.attr if isinstance(node, ast.Attribute) else node.arg)
+        and name.startswith("_")
+        and not name.startswith("__")
+    ]
+    assert private == []

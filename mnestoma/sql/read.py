@@ -15,12 +15,14 @@ from sqlalchemy import (
     Select,
     Text,
     bindparam,
+    column,
     func,
     literal,
     literal_column,
     select,
+    table,
 )
-from sqlalchemy.sql.selectable import CTE, NamedFromClause
+from sqlalchemy.sql.selectable import NamedFromClause
 
 from ..rules import MnestState
 from ..sqlrules import decayed, now_param, safe_product
@@ -112,11 +114,11 @@ QUERY_TOP = (
 # --- the walk, suggestions and ranking: built once per dialect ------------------------------
 
 
-def _row_locator(dialect: str, table: NamedFromClause) -> ColumnElement[Any]:
+def _row_locator(dialect: str, source: NamedFromClause) -> ColumnElement[Any]:
     """What finds a row again fastest: SQLite's rowid (one b-tree lookup, not two), else id."""
     if dialect == "sqlite":
-        return literal_column(f"{table.name}.rowid", Integer)
-    return table.c.id
+        return literal_column(f"{source.name}.rowid", Integer)
+    return source.c.id
 
 
 @functools.cache
@@ -154,16 +156,15 @@ def walk_statement(dialect: str, *, with_floor: bool) -> Select[Any]:
         first_columns.append(
             func.row_number().over(order_by=(eff.desc(), first_path)).label("rank")
         )
-    start = (
-        select(*first_columns)
-        .where(
-            is_active(M),
-            M.c.src_executor == bindparam("src"),
-            M.c.dst_executor != M.c.src_executor,
-            *([eff >= bindparam("min_weight")] if with_floor else []),
-        )
-        .cte("paths", recursive=True)
+    first = select(*first_columns).where(
+        is_active(M),
+        M.c.src_executor == bindparam("src"),
+        M.c.dst_executor != M.c.src_executor,
+        *([eff >= bindparam("min_weight")] if with_floor else []),
     )
+    # The recursive term reads the CTE by its name: a table of the first term's columns,
+    # so that the compound can take ORDER BY and LIMIT before it becomes the CTE.
+    start = table("paths", *(column(k, c.type) for k, c in first.selected_columns.items()))
     nxt = M.alias("nxt")
     eff_n = decayed(dialect, nxt.c.weight, nxt.c.decay_lambda, nxt.c.ts_weight, now)
     # PostgreSQL raises on float underflow, hence its guard (0 below 1e-150, far under any
@@ -190,23 +191,12 @@ def walk_statement(dialect: str, *, with_floor: bool) -> Select[Any]:
         *([eff_n >= bindparam("min_weight")] if with_floor else []),
         *([start.c.rank <= bindparam("limit")] if pg else []),
     )
-    if pg:
-        paths = start.union_all(step)
-    else:
-        best_first: list[Any] = [
-            literal_column("score").desc(),
-            literal_column("depth"),
-            literal_column("path"),
-        ]
-        first: Any = start.element
-        # SQLAlchemy has no public spelling of ORDER BY / LIMIT on a recursive CTE's
-        # compound: build it as CTE.union_all does, with both added.
-        paths = CTE._construct(
-            first.union_all(step).order_by(*best_first).limit(bindparam("limit")),
-            name=start.name,
-            recursive=True,
-            _restates=start,
-        )
+    compound = first.union_all(step)
+    if not pg:
+        best = compound.selected_columns
+        compound = compound.order_by(best.score.desc(), best.depth, best.path)
+        compound = compound.limit(bindparam("limit"))
+    paths = compound.cte("paths", recursive=True)
     stmt = (
         select(paths.c.path, *M.c)
         .join_from(paths, M, _row_locator(dialect, M) == paths.c.loc)
