@@ -16,12 +16,22 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from .clock import Clock, read_clock, utc_now
+from .display import (
+    FADED_COLOUR,
+    FAILING_ARROW,
+    FAILING_COLOUR,
+    FAILING_DOT_STYLE,
+    PICTURE_STATES,
+    STATE_STYLES,
+    WISHED_COLOUR,
+    style_of,
+)
 from .errors import InvalidInput, MissingExtra
 from .models import Mnest
 from .records import mnest_record
@@ -50,18 +60,12 @@ __all__ = [
 ]
 
 GRAPH_FORMATS = ("dot", "mermaid", "graphml", "json")
-# What a picture shows unless told otherwise: superseded edges are history, hidden.
-PICTURE_STATES = (MnestState.ACTIVE.value, MnestState.PROTO.value, MnestState.DECAYING.value)
 DEFAULT_DEPTH = 3
 MAX_DEPTH = 16
 
 # Pen width grows linearly with the effective weight: 1 (weight 0) to 5 (weight 1).
 PEN_MIN = 1.0
 PEN_SPAN = 4.0
-WISHED_COLOUR = "#b35c00"
-FADED_COLOUR = "#9e9e9e"
-SUPERSEDED_COLOUR = "#c8c8c8"
-FAILING_COLOUR = "#c62828"
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,17 +216,13 @@ def _edge_label(e: GraphEdge) -> str:
     ok, error = e.mnest.ok_count, e.mnest.error_count
     outcomes = f": {ok} ok, {error} error" if ok or error else ""
     text = f"{e.effective_weight:.2f} ({uses} use{'' if uses == 1 else 's'}{outcomes})"
-    state = e.mnest.state
-    if state == MnestState.PROTO.value:
-        return text + " wished"
-    if state != MnestState.ACTIVE.value:
-        return f"{text} {state}"
-    return text
+    suffix = style_of(e.mnest.state).label
+    return f"{text} {suffix}" if suffix else text
 
 
 def _faded_nodes(graph: MnestGraph) -> set[str]:
-    """Nodes that only decaying or superseded edges touch: drawn grey like them."""
-    alive = {MnestState.ACTIVE.value, MnestState.PROTO.value}
+    """Nodes that only edges of unlit states (decaying, superseded) touch: drawn grey."""
+    alive = {s.value for s, style in STATE_STYLES.items() if style.lit}
     lit = {n for e in graph.edges if e.mnest.state in alive for n in (e.source, e.target)}
     return {n.id for n in graph.nodes if n.id not in lit}
 
@@ -284,15 +284,13 @@ def to_dot(graph: MnestGraph) -> str:
         out.append(f"  {_dot_quote(n.id)} {_dot_attrs(attrs)};")
     for e in graph.edges:
         attrs = {"label": _dot_label(_edge_label(e)), "penwidth": _pen(e.effective_weight)}
-        state = e.mnest.state
-        if state == MnestState.PROTO.value:
-            attrs.update(style="dashed", color=WISHED_COLOUR, fontcolor=WISHED_COLOUR)
-        elif state == MnestState.DECAYING.value:
-            attrs.update(color=FADED_COLOUR, fontcolor=FADED_COLOUR)
-        elif state == MnestState.SUPERSEDED.value:
-            attrs.update(style="dotted", color=SUPERSEDED_COLOUR, fontcolor=SUPERSEDED_COLOUR)
-        if e.failing:
-            attrs.setdefault("style", "dashed")
+        look = style_of(e.mnest.state)
+        if look.dot_style is not None:
+            attrs["style"] = look.dot_style
+        if look.colour is not None:
+            attrs.update(color=look.colour, fontcolor=look.colour)
+        if e.failing:  # over the state's look: red, and dashed unless it has a style
+            attrs.setdefault("style", FAILING_DOT_STYLE)
             attrs.update(color=FAILING_COLOUR, fontcolor=FAILING_COLOUR)
         out.append(f"  {_dot_quote(e.source)} -> {_dot_quote(e.target)} {_dot_attrs(attrs)};")
     out.append("}")
@@ -330,20 +328,15 @@ def to_mermaid(graph: MnestGraph) -> str:
             out.append(f'    {ids[n.id]}["{mermaid_text(n.id)}"]')
     styles: list[str] = []
     for i, e in enumerate(graph.edges):
-        state = e.mnest.state
-        solid = state in (MnestState.ACTIVE.value, MnestState.DECAYING.value) and not e.failing
-        arrow = "-->" if solid else "-.->"
+        look = style_of(e.mnest.state)
+        arrow = FAILING_ARROW if e.failing else look.mermaid_arrow
         label = mermaid_text(_edge_label(e))
         out.append(f'    {ids[e.source]} {arrow}|"{label}"| {ids[e.target]}')
         style = f"stroke-width:{_pen(e.effective_weight)}px"
-        if state == MnestState.PROTO.value:
-            style += f",stroke:{WISHED_COLOUR},color:{WISHED_COLOUR}"
-        elif state == MnestState.DECAYING.value:
-            style += f",stroke:{FADED_COLOUR},color:{FADED_COLOUR}"
-        elif state == MnestState.SUPERSEDED.value:
-            style += f",stroke:{SUPERSEDED_COLOUR},color:{SUPERSEDED_COLOUR}"
-        if e.failing:
-            style += f",stroke:{FAILING_COLOUR},color:{FAILING_COLOUR}"
+        # the state's colour, then (over it, the last one winning) a failing edge's red
+        for colour in (look.colour, FAILING_COLOUR if e.failing else None):
+            if colour is not None:
+                style += f",stroke:{colour},color:{colour}"
         styles.append(f"    linkStyle {i} {style};")
     out.append(
         f"    classDef wished stroke-dasharray:5 5,stroke:{WISHED_COLOUR},"
@@ -397,25 +390,39 @@ def _networkx() -> Any:
     return networkx
 
 
+def _multidigraph(
+    graph: MnestGraph,
+    attrs: dict[str, Any],
+    node_attrs: Callable[[GraphNode], dict[str, Any]],
+    edge_attrs: Callable[[GraphEdge], dict[str, Any]],
+) -> Any:
+    """A ``networkx.MultiDiGraph`` of ``graph``: one node per node, one edge per mnest keyed
+    by its id, with the attributes each caller gives them."""
+    nx = _networkx()
+    g = nx.MultiDiGraph(**attrs)
+    for n in graph.nodes:
+        g.add_node(n.id, **node_attrs(n))
+    for e in graph.edges:
+        g.add_edge(e.source, e.target, key=e.mnest.id, **edge_attrs(e))
+    return g
+
+
+def _derived(e: GraphEdge) -> dict[str, Any]:
+    """What an edge carries beside the mnest's columns."""
+    return {"effective_weight": e.effective_weight, "failing": e.failing}
+
+
 def to_networkx(graph: MnestGraph) -> Any:
     """A ``networkx.MultiDiGraph``: node ``"executor@version"`` (a wished executor: its bare
     name) with ``executor``, ``version``, ``wished``; one edge per mnest, keyed by its id,
     with every column of the mnest (``ok_count`` and ``error_count`` among them),
     ``effective_weight`` and ``failing``."""
-    nx = _networkx()
-    g = nx.MultiDiGraph(at=graph.at, src=graph.src)
-    for n in graph.nodes:
-        g.add_node(n.id, executor=n.executor, version=n.version, wished=n.wished)
-    for e in graph.edges:
-        g.add_edge(
-            e.source,
-            e.target,
-            key=e.mnest.id,
-            **e.mnest.as_dict(),
-            effective_weight=e.effective_weight,
-            failing=e.failing,
-        )
-    return g
+    return _multidigraph(
+        graph,
+        {"at": graph.at, "src": graph.src},
+        lambda n: {"executor": n.executor, "version": n.version, "wished": n.wished},
+        lambda e: {**e.mnest.as_dict(), **_derived(e)},
+    )
 
 
 def _graphml_value(value: Any) -> Any:
@@ -427,32 +434,23 @@ def _graphml_value(value: Any) -> Any:
     return value
 
 
+def _present(values: dict[str, Any]) -> dict[str, Any]:
+    """The values that are not None, as GraphML holds them (it has no null)."""
+    return {k: _graphml_value(v) for k, v in values.items() if v is not None}
+
+
 def to_graphml(graph: MnestGraph) -> str:
     """GraphML through networkx (absent values are left out, as GraphML does); each edge
     with its columns, ``effective_weight`` and ``failing``."""
-    nx = _networkx()
-    g = nx.MultiDiGraph()
-    g.graph["at"] = iso_utc(graph.at)
-    if graph.src is not None:
-        g.graph["src"] = graph.src
-    for n in graph.nodes:
-        attrs = {"executor": n.executor, "wished": n.wished}
-        if n.version is not None:
-            attrs["version"] = n.version
-        g.add_node(n.id, **attrs)
-    for e in graph.edges:
-        values = {k: _graphml_value(v) for k, v in e.mnest.as_dict().items() if v is not None}
-        values.pop("id")
-        g.add_edge(
-            e.source,
-            e.target,
-            key=e.mnest.id,
-            effective_weight=e.effective_weight,
-            failing=e.failing,
-            **values,
-        )
+    g = _multidigraph(
+        graph,
+        _present({"at": graph.at, "src": graph.src}),
+        lambda n: _present({"executor": n.executor, "wished": n.wished, "version": n.version}),
+        # the id is the edge's key already: left out of its data
+        lambda e: {**_derived(e), **_present({**e.mnest.as_dict(), "id": None})},
+    )
     buf = io.BytesIO()
-    nx.write_graphml(g, buf, encoding="utf-8")
+    _networkx().write_graphml(g, buf, encoding="utf-8")
     return buf.getvalue().decode("utf-8")
 
 

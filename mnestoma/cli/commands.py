@@ -15,15 +15,21 @@ from typing import Any, NoReturn
 import click
 
 from ..clock import Clock, utc_now
+from ..display import PICTURE_STATES, STATE_STYLES
 from ..errors import InvalidInput, InvalidTransition
 from ..facade import Mnestoma
+from ..locking import DEFAULT_LOCK_TIMEOUT_S, ENV_LOCK_TIMEOUT
 from ..repository import WALK_LIMIT
 from ..rules import (
     AGER_BATCH_TARGET_S,
+    DECAYING_BELOW,
     PROMOTE_HINT,
+    PROTO_PRUNE_BELOW,
     RECURRING_MIN_USES,
     RECURRING_MIN_WEIGHT,
+    MnestState,
     Recorder,
+    check_transition,
 )
 from ..status import collect_status, render_status
 from ..validation import check_positive_int
@@ -36,6 +42,7 @@ from .options import (
     database_url_option,
     json_option,
     limit_option,
+    number_option,
     parse_cutoff,
     parse_endpoint,
     parse_instant,
@@ -306,7 +313,17 @@ def vet(steps: tuple[str, ...], at: str | None, as_json: bool, database_url: str
         render_verdict(store.vet(chain), as_json)
 
 
-@cli.command("graph")
+def _graph_help() -> str:
+    """The graph command's help; how each state is drawn comes from the table of looks."""
+    looks = ", ".join(style.summary for style in STATE_STYLES.values() if style.summary)
+    return (
+        "Print the graph (or what SRC reaches) as DOT, Mermaid, GraphML or JSON: weight as "
+        f"pen width and label, {looks}; ok and error counts on the label once recorded, an "
+        'edge with more errors than successes drawn red (marked "failing" in GraphML and JSON).'
+    )
+
+
+@cli.command("graph", help=_graph_help())
 @click.argument("src", required=False, metavar="[SRC[@VERSION]]")
 @click.option(
     "--depth",
@@ -320,7 +337,7 @@ def vet(steps: tuple[str, ...], at: str | None, as_json: bool, database_url: str
     "states",
     multiple=True,
     metavar="STATE[,STATE]",
-    help="Only these states (repeat or comma-separate) [active,proto,decaying].",
+    help=f"Only these states (repeat or comma-separate) [{','.join(PICTURE_STATES)}].",
 )
 @click.option(
     "--format",
@@ -354,11 +371,8 @@ def graph_cmd(
     as_json: bool,
     database_url: str | None,
 ) -> None:
-    """Print the graph (or what SRC reaches) as DOT, Mermaid, GraphML or JSON: weight as pen
-    width and label, protos dashed toward a wished node, decaying greyed, superseded hidden
-    unless asked (--states superseded); ok and error counts on the label once recorded, an
-    edge with more errors than successes drawn red (marked "failing" in GraphML and JSON)."""
-    from ..graph import DEFAULT_DEPTH, PICTURE_STATES, render
+    """``mnestoma graph``; its help, built above, says how each state is drawn."""
+    from ..graph import DEFAULT_DEPTH, render
 
     if as_json and fmt not in (None, "json"):
         raise InvalidInput(f"--json and --format {fmt} disagree: give one of them")
@@ -445,7 +459,24 @@ def promote(mnest_id: str, version: str, as_json: bool, database_url: str | None
         render_one(m, as_json)
 
 
-@cli.command()
+def _transition_targets() -> list[MnestState]:
+    """The states some row may be moved to by ``transition``, as the rules allow."""
+    return [
+        target
+        for target in MnestState
+        if any(
+            check_transition(s, target, has_version=True) is None for s in MnestState if s != target
+        )
+    ]
+
+
+@cli.command(
+    help=(
+        f"Move a mnest to STATE ({', '.join(_transition_targets())}).\n\n"
+        f"A {MnestState.PROTO.value} becomes {MnestState.ACTIVE.value} only through "
+        '"mnestoma promote ID VERSION".'
+    )
+)
 @click.argument("mnest_id", metavar="ID")
 @click.argument("state")
 @click.option("--reason", help="Why (kept in the event).")
@@ -454,10 +485,7 @@ def promote(mnest_id: str, version: str, as_json: bool, database_url: str | None
 def transition(
     mnest_id: str, state: str, reason: str | None, as_json: bool, database_url: str | None
 ) -> None:
-    """Move a mnest to STATE (active, decaying, superseded).
-
-    A proto becomes active only through "mnestoma promote ID VERSION".
-    """
+    """``mnestoma transition``; its help, built above, names the states the rules allow."""
     with _store(database_url, recorder=Recorder.CLI.value, write=True) as store:
         try:
             m = store.transition_state(mnest_id, state, reason=reason)
@@ -474,7 +502,26 @@ def _command_wording(message: str, mnest_id: str) -> str:
     )
 
 
-@cli.command()
+# The help of ``mnestoma age``, its thresholds and lock timeout taken where they are set.
+_AGE_HELP = f"""Run the ager now: decay, demote below {DECAYING_BELOW:.2f}, merge, prune protos
+below {PROTO_PRUNE_BELOW:.2f}.
+
+Online: the run commits in batches, each its own short transaction, so a service's
+writers wait for one batch at most, never for the run. On a terminal it shows its
+progress by batch on stderr. A second run started meanwhile waits for the first. A run
+stopped midway (killed, its connection dropped) is completed by the next run; `mnestoma
+status` says when one was interrupted.
+
+A dry run is the ager itself in one transaction, rolled back, so that its report is
+exactly what a run would do at that instant: it takes the same locks as a one-batch run
+for its whole length. Behind a writer it waits: on SQLite for the write lock, up to
+{ENV_LOCK_TIMEOUT} seconds ({DEFAULT_LOCK_TIMEOUT_S:g} by default), then exits 1; on PostgreSQL for
+the table lock, as long as the writer's transaction lasts (PGOPTIONS='-c lock_timeout=5s' bounds
+it, then exits 1). Writers wait for it while it runs.
+"""
+
+
+@cli.command(help=_AGE_HELP)
 @click.option(
     "--dry-run",
     is_flag=True,
@@ -483,34 +530,18 @@ def _command_wording(message: str, mnest_id: str) -> str:
         "back, so it waits for writers and they wait for it (see below)."
     ),
 )
-@click.option(
+@number_option(
     "--batch-rows",
-    type=click.IntRange(min=1),
-    default=None,
-    metavar="N",
-    help=(
-        "About how many rows one batch covers (default: sized as the run goes, so that "
-        f"each batch takes about {AGER_BATCH_TARGET_S * 1000:g} ms)."
-    ),
+    int,
+    1,
+    "N",
+    "About how many rows one batch covers (default: sized as the run goes, so that each "
+    f"batch takes about {AGER_BATCH_TARGET_S * 1000:g} ms).",
 )
 @json_option
 @database_url_option
 def age(dry_run: bool, batch_rows: int | None, as_json: bool, database_url: str | None) -> None:
-    """Run the ager now: decay, demote below 0.20, merge, prune protos below 0.05.
-
-    Online: the run commits in batches, each its own short transaction, so a service's
-    writers wait for one batch at most, never for the run. On a terminal it shows its
-    progress by batch on stderr. A second run started meanwhile waits for the first. A run
-    stopped midway (killed, its connection dropped) is completed by the next run; `mnestoma
-    status` says when one was interrupted.
-
-    A dry run is the ager itself in one transaction, rolled back, so that its report is
-    exactly what a run would do at that instant: it takes the same locks as a one-batch run
-    for its whole length. Behind a writer it waits: on SQLite for the write lock, up to
-    MNESTOMA_LOCK_TIMEOUT seconds (60 by default), then exits 1; on PostgreSQL for the table
-    lock, as long as the writer's transaction lasts (PGOPTIONS='-c lock_timeout=5s' bounds
-    it, then exits 1). Writers wait for it while it runs.
-    """
+    """``mnestoma age``; its help is ``_AGE_HELP``, its thresholds those of the rules."""
     with _store(database_url) as store:
         now = utc_now()
         if dry_run:

@@ -23,24 +23,21 @@ from ..migration import (
     upgrade,
 )
 from .errors import MnestomaGroup
-from .options import command_url, database_url_option
+from .options import command_url, database_url_option, number_option
 
 __all__ = ["db"]
 
 
 def lock_timeout_option(f: Callable[..., Any]) -> Callable[..., Any]:
     """``--lock-timeout SECONDS``: how long a PostgreSQL revision waits for a lock per try."""
-    return click.option(
+    return number_option(
         "--lock-timeout",
-        "lock_timeout",
-        type=click.FloatRange(min=0),
-        default=None,
-        metavar="SECONDS",
-        help=(
-            "PostgreSQL: seconds each revision waits for a table lock before it is rolled "
-            f"back and tried again (default: {ENV_MIGRATION_LOCK_TIMEOUT}, else "
-            f"{DEFAULT_MIGRATION_LOCK_TIMEOUT_S:g}; 0: no limit)."
-        ),
+        float,
+        0,
+        "SECONDS",
+        "PostgreSQL: seconds each revision waits for a table lock before it is rolled back and "
+        f"tried again (default: {ENV_MIGRATION_LOCK_TIMEOUT}, else "
+        f"{DEFAULT_MIGRATION_LOCK_TIMEOUT_S:g}; 0: no limit).",
     )(f)
 
 

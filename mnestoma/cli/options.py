@@ -1,5 +1,6 @@
 """What the commands share to read their arguments: the ``--database-url``, ``--json`` and
-``--limit`` options, and the parsers of endpoints, tags and instants.
+``--limit`` options, optional numbers with a floor, and the parsers of endpoints, tags and
+instants.
 
 A parser raises ``InvalidInput`` (exit status 2) with one line that names the argument.
 """
@@ -21,6 +22,7 @@ __all__ = [
     "database_url_option",
     "json_option",
     "limit_option",
+    "number_option",
     "parse_cutoff",
     "parse_endpoint",
     "parse_instant",
@@ -62,6 +64,16 @@ def limit_option(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]
         metavar="N",
         help=f"Print at most N {what} (default: all).",
     )
+
+
+def number_option(
+    flag: str, kind: type[int] | type[float], minimum: float, metavar: str, help: str
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``flag`` followed by a number of ``kind`` (int or float) at least ``minimum``, None
+    when the option is left out (the command then takes its own default)."""
+    bounded = click.IntRange(min=int(minimum)) if kind is int else click.FloatRange(min=minimum)
+    dest = flag.lstrip("-").replace("-", "_")
+    return click.option(flag, dest, type=bounded, default=None, metavar=metavar, help=help)
 
 
 def json_option(f: Callable[..., Any]) -> Callable[..., Any]:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from ..clock import utc_now
+from ..display import state_word
 from ..errors import InvalidInput
 from ..models import CanonicalQuery, Event, Mnest
 from ..records import mnest_record, row_record
@@ -109,7 +110,7 @@ def render_edges(edges: Sequence[Mnest], at: datetime, as_json: bool, empty: str
             m.id,
             endpoint(m.src_executor, m.src_version),
             endpoint(m.dst_executor, m.dst_version),
-            m.state,
+            state_word(m.state),
             _fmt_weight(m.effective_weight(at)),
             m.uses,
             m.ok_count,
@@ -215,7 +216,7 @@ def render_verdict(verdict: Verdict, as_json: bool) -> None:
             link.error_count,
             f"{link.success:.3f}",
             short_utc(link.last_seen),
-            link.state,
+            state_word(link.state),
         )
         for link in verdict.links
     ]
@@ -280,7 +281,7 @@ def render_events(events: Sequence[Event], as_json: bool) -> None:
             e.mnest_id,
             e.turn_id,
             f"{_fmt_weight(e.weight_before)} -> {_fmt_weight(e.weight_after)}",
-            f"{e.state_before or '-'} -> {e.state_after or '-'}",
+            f"{state_word(e.state_before) or '-'} -> {state_word(e.state_after) or '-'}",
         )
         for e in events
     ]

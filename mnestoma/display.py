@@ -1,0 +1,102 @@
+"""How each state of a mnest is shown, in one table keyed by :class:`~mnestoma.rules.MnestState`.
+
+The graph's renderers (DOT, Mermaid) and the command line (its STATE columns, the help of
+``graph``) read their per-state looks here, so that a new state is given its look once, and
+``tests/test_display.py`` fails until it is. A *failing* edge (more errors than successes,
+contract §11) is drawn over its state's look, whatever the state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from .rules import MnestState
+
+__all__ = [
+    "DOTTED_ARROW",
+    "FADED_COLOUR",
+    "FAILING_ARROW",
+    "FAILING_COLOUR",
+    "FAILING_DOT_STYLE",
+    "PICTURE_STATES",
+    "SOLID_ARROW",
+    "STATE_STYLES",
+    "SUPERSEDED_COLOUR",
+    "WISHED_COLOUR",
+    "StateStyle",
+    "state_word",
+    "style_of",
+]
+
+WISHED_COLOUR = "#b35c00"
+FADED_COLOUR = "#9e9e9e"
+SUPERSEDED_COLOUR = "#c8c8c8"
+FAILING_COLOUR = "#c62828"
+SOLID_ARROW = "-->"
+DOTTED_ARROW = "-.->"
+# A failing edge: red, and not solid (dashed in DOT unless its state already gives a style).
+FAILING_DOT_STYLE = "dashed"
+FAILING_ARROW = DOTTED_ARROW
+
+
+@dataclass(frozen=True, slots=True)
+class StateStyle:
+    """How the edges in one state are shown, in pictures and in the command line's tables;
+    what a state does not set is the plain look (an active edge's)."""
+
+    word: str  # the text of a STATE column in the command line's tables
+    label: str = ""  # added after a graph edge's weight and uses ("": nothing added)
+    colour: str | None = None  # DOT color and fontcolor, Mermaid stroke and color
+    dot_style: str | None = None  # DOT's edge style, "dashed" or "dotted" (None: solid)
+    mermaid_arrow: str = SOLID_ARROW  # Mermaid's link, SOLID_ARROW or DOTTED_ARROW
+    lit: bool = True  # its edges keep their nodes out of the grey of nodes only faded edges touch
+    pictured: bool = True  # drawn by a picture unless its states are given
+    summary: str = ""  # how the help of ``mnestoma graph`` says it is drawn ("": nothing to say)
+
+
+_PROTO = MnestState.PROTO.value
+_DECAYING = MnestState.DECAYING.value
+_SUPERSEDED = MnestState.SUPERSEDED.value
+
+STATE_STYLES: Mapping[MnestState, StateStyle] = {
+    MnestState.ACTIVE: StateStyle(word=MnestState.ACTIVE.value),
+    MnestState.PROTO: StateStyle(
+        word=_PROTO,
+        label="wished",
+        colour=WISHED_COLOUR,
+        dot_style="dashed",
+        mermaid_arrow=DOTTED_ARROW,
+        summary=f"{_PROTO}s dashed toward a wished node",
+    ),
+    MnestState.DECAYING: StateStyle(
+        word=_DECAYING,
+        label=_DECAYING,
+        colour=FADED_COLOUR,
+        lit=False,
+        summary=f"{_DECAYING} greyed",
+    ),
+    MnestState.SUPERSEDED: StateStyle(
+        word=_SUPERSEDED,
+        label=_SUPERSEDED,
+        colour=SUPERSEDED_COLOUR,
+        dot_style="dotted",
+        mermaid_arrow=DOTTED_ARROW,
+        lit=False,
+        pictured=False,
+        summary=f"{_SUPERSEDED} hidden unless asked (--states {_SUPERSEDED})",
+    ),
+}
+
+# What a picture shows unless told otherwise (superseded edges are history, hidden).
+PICTURE_STATES: tuple[str, ...] = tuple(s.value for s in MnestState if STATE_STYLES[s].pictured)
+
+
+def style_of(state: str) -> StateStyle:
+    """The look of a stored state (a member of :class:`MnestState` or its value)."""
+    return STATE_STYLES[MnestState(state)]
+
+
+def state_word(state: str | None) -> str | None:
+    """The command line's word for a stored state; None (no state) stays None."""
+    return None if state is None else style_of(state).word
