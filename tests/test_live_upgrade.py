@@ -280,33 +280,62 @@ def test_writers_of_a_previous_release_wait_briefly_and_never_fail_while_0002_go
     assert writers.longest < 1.5
 
 
-def test_writers_through_the_package_see_no_error_nor_deadlock_while_the_store_goes_to_head(
+def test_writers_see_no_error_nor_deadlock_while_the_store_goes_to_head_then_the_package_writes(
     engine: Engine,
 ) -> None:
-    mnestoma.upgrade(engine)
+    """A release writes the columns its revisions add (0008: the outcome counts), so a
+    service upgrades the schema before it deploys the release that needs it: while the
+    store goes from 0004 to head, the writers are the previous release's, locking the row
+    first as the package did (SELECT ... FOR UPDATE, UPDATE, INSERT of its event). 0005
+    rebuilds an index of events, 0006 one of mnests, 0008 adds columns and constraints to
+    both; then the package's own writers go on."""
+    mnestoma.upgrade(engine, "0004")
+    ids = _seed_at_0002(engine, 4)
     failures: list[str] = []
 
     @event.listens_for(engine, "handle_error")
     def note(ctx: Any) -> None:
         failures.append(str(getattr(ctx.original_exception, "sqlstate", None)))
 
-    with mnestoma.Mnestoma(engine) as m:
-        m.record_passing("src", "1", "dst", "1")
-        # the store goes back to 0004; 0005 rebuilds an index of events, 0006 one of mnests
-        mnestoma.downgrade(engine, "0004")
+    def previous_release_write(i: int) -> None:
+        with engine.begin() as conn:
+            now = datetime.now(UTC)
+            conn.execute(text("SELECT id FROM mnests WHERE id = :id FOR UPDATE"), {"id": ids[i]})
+            conn.execute(
+                text(
+                    "UPDATE mnests SET uses = uses + 1, ts_last = :now, ts_weight = :now "
+                    "WHERE id = :id"
+                ),
+                {"id": ids[i], "now": now},
+            )
+            conn.execute(
+                text(
+                    "INSERT INTO events (mnest_id, kind, ts, turn_id, weight_before, "
+                    "weight_after, state_before, state_after, recorder) VALUES (:id, "
+                    "'reinforced', :now, :turn, 0.3, 0.3, 'active', 'active', 'call')"
+                ),
+                {"id": ids[i], "now": now, "turn": f"t{time.monotonic_ns()}"},
+            )
 
-        def record(i: int) -> None:
-            m.record_passing(f"src{i}", "1", "dst", "1", turn_id=f"t{time.monotonic_ns()}")
-
-        with Writers(record, 4) as writers:
-            reader = _hold_for(engine, "mnests", 1.5)
-            mnestoma.upgrade(engine, lock_timeout=TIMEOUT)
-            reader.join()
+    with Writers(previous_release_write, 4) as writers:
+        reader = _hold_for(engine, "mnests", 1.5)
+        mnestoma.upgrade(engine, lock_timeout=TIMEOUT)
+        reader.join()
     assert current_revision(engine) == head_revision()
     assert writers.errors == []
     assert writers.writes > 0
-    assert "40P01" not in failures  # DeadlockDetected, even one the facade would retry
     assert writers.longest < 1.5
+
+    with mnestoma.Mnestoma(engine) as m:
+
+        def record(i: int) -> None:
+            m.record_passing(f"src{i}", "1", "dst", "1", outcome="ok")
+
+        with Writers(record, 4) as package_writers:
+            time.sleep(0.3)
+        assert package_writers.errors == [] and package_writers.writes > 0
+        assert m.find("src0", "1", "dst", "1").ok_count > 0  # type: ignore[union-attr]
+    assert "40P01" not in failures  # DeadlockDetected, even one the facade would retry
 
 
 def test_the_migrating_connection_goes_back_to_the_pool_without_lock_or_lock_timeout(

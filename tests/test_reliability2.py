@@ -11,7 +11,7 @@ import tracemalloc
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from sqlalchemy import insert, text
+from sqlalchemy import column, insert, table, text
 
 import mnestoma
 from mnestoma import Mnestoma
@@ -467,10 +467,10 @@ def test_upgrading_to_0004_mends_non_finite_decay_speeds(empty_db_url: str) -> N
             bad["mn_notanumberspeed"] = math.nan
         with engine.begin() as conn:
             for i, (mid, speed) in enumerate(bad.items()):
-                conn.execute(
-                    insert(Mnest.__table__),
-                    [_raw_row(id=mid, dst_executor=f"b{i}", decay_lambda=speed)],
-                )
+                row = _raw_row(id=mid, dst_executor=f"b{i}", decay_lambda=speed)
+                # the columns 0003 has, without the model's defaults for later ones
+                at_0003 = table("mnests", *(column(k) for k in row))
+                conn.execute(insert(at_0003), [row])
     finally:
         engine.dispose()
     mnestoma.upgrade(empty_db_url)
