@@ -26,9 +26,9 @@ from typing import Any
 from sqlalchemy import Connection
 from sqlalchemy.sql import Executable
 
-from .executor import Executor
 from .locking import pause_on
 from .rules import AGER_WRITERS_PATIENCE_S, AGER_WRITERS_POLL_S, AgerReport, archive_cutoff
+from .runner import StatementRunner
 from .sql.ager import (
     PROGRESS_BEGIN,
     PROGRESS_DONE,
@@ -61,7 +61,7 @@ AGER_CACHE_KIB = 64 * 1024
 
 def _run(conn: Connection, stmt: Executable, params: Any = None) -> Any:
     """Execute on ``conn`` through the package's executor (driver errors translated)."""
-    return Executor(conn).execute(stmt, params)
+    return StatementRunner(conn).execute(stmt, params)
 
 
 def run_ager(conn: Connection, now: datetime) -> AgerReport:

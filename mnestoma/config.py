@@ -17,7 +17,6 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 from sqlalchemy.orm import Session, sessionmaker
 
 from .errors import InvalidInput, MissingExtra
-from .executor import own_listener
 from .locking import (
     ENV_LOCK_TIMEOUT,
     SNAPSHOT_INFO,
@@ -29,6 +28,7 @@ from .locking import (
     rest_busy_timeout,
     take_write_lock,
 )
+from .runner import own_listener
 
 __all__ = [
     "READ_ONLY_OPTION",
@@ -436,8 +436,8 @@ def _configure_sqlite(engine: Engine, *, busy_timeout_ms: int) -> None:
         _begin_for(conn, statement)
         return statement, parameters
 
-    # retval=True keeps the function itself in the listener list, where the executor
-    # recognises it as the package's own (see executor.unobserved)
+    # retval=True keeps the function itself in the listener list, where the statement runner
+    # recognises it as the package's own (see runner.unobserved)
     event.listen(engine, "before_cursor_execute", _before_execute, retval=True)
 
 

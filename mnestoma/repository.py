@@ -34,7 +34,6 @@ from .errors import (
     RaceLost,
     translate_errors,
 )
-from .executor import Executor, as_mappings, executor_for
 from .locking import take_write_lock
 from .models import CanonicalQuery, Event, Mnest
 from .rules import (
@@ -52,6 +51,7 @@ from .rules import (
     outcome_counts,
     reinforce,
 )
+from .runner import StatementRunner, as_mappings, runner_for
 from .settings import Settings, settings_of
 from .sql import read as rd
 from .sql import record as rec
@@ -199,11 +199,11 @@ class MnestRepository:
         """The session (or connection) this repository works in."""
         return self._session
 
-    def _ex(self) -> Executor:
-        return executor_for(_connection_of(self._session))
+    def _ex(self) -> StatementRunner:
+        return runner_for(_connection_of(self._session))
 
-    def _write_ex(self) -> Executor:
-        return executor_for(_write_connection(self._session, self._before_write))
+    def _write_ex(self) -> StatementRunner:
+        return runner_for(_write_connection(self._session, self._before_write))
 
     def _now(self) -> datetime:
         return self.settings.now()
@@ -369,7 +369,7 @@ class MnestRepository:
 
     def _record_many_once(
         self,
-        ex: Executor,
+        ex: StatementRunner,
         pending: dict[tuple[bool, Key], Passing],
         turn_id: str,
         recorder: str,
@@ -418,7 +418,7 @@ class MnestRepository:
         ex.many(rec.INSERT_EVENT, events, rec.EVENT_ROW)
         return result
 
-    def _lock_keys(self, ex: Executor, idents: list[tuple[bool, Key]]) -> list[Row]:
+    def _lock_keys(self, ex: StatementRunner, idents: list[tuple[bool, Key]]) -> list[Row]:
         """Lock and read the rows of these keys, every chunk in id order."""
         idents = sorted(idents, key=_sort_key)
         rows: list[Row] = []
@@ -693,7 +693,7 @@ class MnestRepository:
 
     # --- changing state ---------------------------------------------------------------
 
-    def _locked(self, ex: Executor, mnest_id: Any) -> Row:
+    def _locked(self, ex: StatementRunner, mnest_id: Any) -> Row:
         if not check_mnest_id(mnest_id):
             raise InvalidInput("mnest_id must be a non-empty string")
         row = ex.first(rec.SELECT_BY_ID_LOCKED, {"id": mnest_id})
@@ -702,7 +702,7 @@ class MnestRepository:
         return row
 
     def _key_taken(
-        self, ex: Executor, row: Row, state: MnestState, dst_version: str | None
+        self, ex: StatementRunner, row: Row, state: MnestState, dst_version: str | None
     ) -> bool:
         """Does another row hold this row's key (with ``dst_version``) in ``state``?"""
         key = (row[_SRC], row[_SRC_V], row[_DST], dst_version)
@@ -752,7 +752,7 @@ class MnestRepository:
 
     def _record_change(
         self,
-        ex: Executor,
+        ex: StatementRunner,
         row: Row,
         target: MnestState,
         kind: EventKind,
@@ -944,18 +944,18 @@ class CanonicalQueryRepository:
             "canonical_query": canonical,
             "canonical_hash": digest,
         }
-        ex = executor_for(_write_connection(self._session, self._before_write))
+        ex = runner_for(_write_connection(self._session, self._before_write))
         new_id = ex.execute(rec.INSERT_QUERY, values).scalar_one()
         return snap.query_from({"id": new_id, **values})
 
     def recent(self, *, limit: int = 20) -> list[CanonicalQuery]:
         """The latest entries, newest first."""
         n = check_positive_int(limit, "limit", maximum=100_000)
-        rows = executor_for(_connection_of(self._session)).rows(rd.QUERY_RECENT, {"limit": n})
+        rows = runner_for(_connection_of(self._session)).rows(rd.QUERY_RECENT, {"limit": n})
         return [snap.query(r) for r in rows]
 
     def top(self, *, limit: int = 10) -> list[QueryFrequency]:
         """The most frequent canonical forms, most frequent first."""
         n = check_positive_int(limit, "limit", maximum=100_000)
-        rows = executor_for(_connection_of(self._session)).rows(rd.QUERY_TOP, {"limit": n})
+        rows = runner_for(_connection_of(self._session)).rows(rd.QUERY_TOP, {"limit": n})
         return [QueryFrequency(r[0], r[1], int(r[2]), r[3]) for r in rows]

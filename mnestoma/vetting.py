@@ -25,8 +25,8 @@ from datetime import datetime
 from typing import Any
 
 from .errors import InvalidInput
-from .executor import Executor
 from .rules import MnestState, success_rate
+from .runner import StatementRunner
 from .sql import vet as sql
 from .timefmt import iso_utc
 from .validation import check_name, check_optional_name
@@ -158,7 +158,7 @@ def normalise_steps(steps: object) -> list[Step]:
     return out
 
 
-def vet_chain(ex: Executor, steps: list[Step], now: datetime) -> Verdict:
+def vet_chain(ex: StatementRunner, steps: list[Step], now: datetime) -> Verdict:
     """The verdict on ``steps`` (as :func:`normalise_steps` returns them) at ``now``, read in
     one statement whatever the chain's length."""
     stmt = sql.vet_statement(ex.dialect, len(steps))

@@ -15,7 +15,7 @@ from sqlalchemy import Connection, create_engine, event, text
 from sqlalchemy import exc as sa_exc
 
 import mnestoma
-from mnestoma import executor
+from mnestoma import runner
 from mnestoma.errors import ConflictError, DatabaseUnavailable, StoreError
 from mnestoma.rules import EventKind, MnestState, Recorder
 from mnestoma.sql import record, tables
@@ -114,8 +114,8 @@ def test_a_driver_error_at_the_driver_is_the_packages_error_and_changes_nothing(
         conn.begin()
         if conn.dialect.name == "sqlite":
             conn.exec_driver_sql("SELECT 1")  # the package's listener begins the transaction
-        ex = executor.executor_for(conn)
-        assert isinstance(ex, executor.DriverExecutor)
+        ex = runner.runner_for(conn)
+        assert isinstance(ex, runner.DriverRunner)
         assert ex._driver() is not None  # this statement does run at the driver
         ex.many(record.INSERT_EVENT, [_event(first.id)])  # a write that the error undoes
         with pytest.raises(ConflictError) as caught:
@@ -149,7 +149,7 @@ def test_a_lost_postgresql_connection_at_the_driver_is_invalidated(pg_store_url:
             pid = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
             with admin.connect() as a:
                 a.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
-            ex = executor.executor_for(conn)
+            ex = runner.runner_for(conn)
             with pytest.raises(DatabaseUnavailable):
                 ex.rows(record.SELECT_BY_ID_LOCKED, {"id": "mn_any"})
             assert conn.invalidated
@@ -288,7 +288,7 @@ def test_rows_given_as_tuples_in_any_column_order_write_what_mappings_write(
         event.listen(store.engine, "before_cursor_execute", listener)
     try:
         with store.engine.begin() as conn:
-            ex = executor.executor_for(conn)
+            ex = runner.runner_for(conn)
             ex.many(record.INSERT_EVENT, [mapping])
             ex.many(record.INSERT_EVENT, [tuple(mapping[c] for c in columns)] * 2, columns)
     finally:
@@ -306,7 +306,7 @@ def test_a_parameter_missing_from_tuple_rows_keeps_its_compiled_value(
     m = store.record_passing(*EDGE)
     stmt = record.SET_STATE.values(state=MnestState.DECAYING.value)  # state as a literal bind
     with store.engine.begin() as conn:
-        ex = executor.executor_for(conn)
+        ex = runner.runner_for(conn)
         ex.many(stmt, [(m.id,)], ("b_id",))
     assert store.get(m.id).state == MnestState.DECAYING.value
 
@@ -366,7 +366,7 @@ def test_a_misspelt_column_of_tuple_rows_is_refused_and_writes_nothing(
     columns = tuple("b_tag" if c == "b_tags" else c for c in record.REINFORCE_ROW)
     row = (m.id, 0.9, m.ts_last, m.ts_weight, None, None)
     with _observed_if(store, observed), pytest.raises(StoreError), store.engine.begin() as conn:
-        executor.executor_for(conn).many(record.UPDATE_REINFORCE, [row], columns)
+        runner.runner_for(conn).many(record.UPDATE_REINFORCE, [row], columns)
     after = store.get(m.id)
     assert (after.weight, after.tags, after.uses) == (m.weight, {"keep": 1}, 1)
 
@@ -378,7 +378,7 @@ def test_a_key_the_statement_lacks_is_refused_at_the_driver_and_writes_nothing(
     # meant for PROMOTE: SET_STATE would change the state and drop the version silently
     misspelt = {"b_id": m.id, "b_state": MnestState.DECAYING.value, "b_dst_version": "3"}
     with pytest.raises(StoreError), store.engine.begin() as conn:
-        executor.executor_for(conn).many(record.SET_STATE, [misspelt])
+        runner.runner_for(conn).many(record.SET_STATE, [misspelt])
     assert store.get(m.id).state == MnestState.ACTIVE.value
 
 
@@ -389,7 +389,7 @@ def test_a_tuple_row_of_the_wrong_length_is_the_packages_error(
     m = store.record_passing(*EDGE)
     short = (m.id, 0.9, m.ts_last, m.ts_weight, None)
     with _observed_if(store, observed), pytest.raises(StoreError), store.engine.begin() as conn:
-        executor.executor_for(conn).many(record.UPDATE_REINFORCE, [short], record.REINFORCE_ROW)
+        runner.runner_for(conn).many(record.UPDATE_REINFORCE, [short], record.REINFORCE_ROW)
     assert store.get(m.id).weight == m.weight
 
 
@@ -402,7 +402,7 @@ def test_a_column_left_out_of_tuple_rows_gets_its_constant_default(
     del mapping["recorder"]  # the model's default: "call"
     columns = tuple(mapping)
     with _observed_if(store, observed), store.engine.begin() as conn:
-        executor.executor_for(conn).many(record.INSERT_EVENT, [tuple(mapping.values())], columns)
+        runner.runner_for(conn).many(record.INSERT_EVENT, [tuple(mapping.values())], columns)
     written = [e for e in store.events(mnest_id=m.id) if e.kind == EventKind.REINFORCED.value]
     assert [e.recorder for e in written] == [Recorder.CALL.value]
 

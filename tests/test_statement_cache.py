@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import literal, select
 
 import mnestoma
-from mnestoma import executor
+from mnestoma import runner
 from mnestoma.sql import record
 
 
@@ -21,7 +21,7 @@ def test_a_freed_statement_never_lends_its_cached_sql_to_a_new_one(tmp_path: Pat
         with engine.connect() as conn:
             for i in range(40):
                 stmt = select(literal(i).label("n"))  # freed at the end of each round
-                assert executor.DriverExecutor(conn).rows(stmt) == [(i,)]
+                assert runner.DriverRunner(conn).rows(stmt) == [(i,)]
                 del stmt
                 gc.collect()
     finally:
@@ -32,10 +32,10 @@ def test_the_compiled_statement_cache_is_bounded(tmp_path: Path) -> None:
     engine = mnestoma.make_engine(f"sqlite:///{tmp_path / 'cache.sqlite'}")
     try:
         with engine.connect() as conn:
-            kept = [select(literal(i).label("n")) for i in range(executor.MAX_PREPARED + 50)]
+            kept = [select(literal(i).label("n")) for i in range(runner.MAX_PREPARED + 50)]
             for stmt in kept:
-                executor.DriverExecutor(conn).rows(stmt)
-        assert len(executor._PREPARED) <= executor.MAX_PREPARED
+                runner.DriverRunner(conn).rows(stmt)
+        assert len(runner._PREPARED) <= runner.MAX_PREPARED
     finally:
         engine.dispose()
 
@@ -44,7 +44,7 @@ def test_turns_of_more_shapes_than_the_caches_hold_all_succeed(
     store: mnestoma.Mnestoma, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Small caches, so that statements are evicted and freed while the turns go on.
-    monkeypatch.setattr(executor, "MAX_PREPARED", 4)
+    monkeypatch.setattr(runner, "MAX_PREPARED", 4)
     small = functools.lru_cache(maxsize=3)(record.select_keys.__wrapped__)
     monkeypatch.setattr(record, "select_keys", small)
     shapes = [(a, p) for a in range(7) for p in range(7) if a + p >= 2]
@@ -71,7 +71,7 @@ def test_one_statement_runs_with_its_own_sql_on_sqlite_and_on_postgresql(
         for _ in range(2):  # each compiled once, then both taken from the cache
             for engine in engines:
                 with engine.connect() as conn:
-                    ex = executor.executor_for(conn)
+                    ex = runner.runner_for(conn)
                     assert ex.rows(record.SELECT_BY_ID_LOCKED, {"id": "mn_none"}) == []
     finally:
         for engine in engines:

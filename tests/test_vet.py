@@ -24,8 +24,8 @@ from sqlalchemy import event, insert
 from mnestoma import InvalidInput, Mnestoma, UnitOfWork, make_session_factory
 from mnestoma.aio import AsyncMnestoma
 from mnestoma.cli import cli
-from mnestoma.executor import executor_for
 from mnestoma.rules import DEFAULT_DECAY_LAMBDA, new_mnest_id, success_rate
+from mnestoma.runner import runner_for
 from mnestoma.sql.tables import MNESTS
 from mnestoma.testing.clock import MovableClock
 from mnestoma.tracing import executor, turn
@@ -319,7 +319,7 @@ def test_vet_chain_runs_exactly_one_statement_on_its_connection(
     seen: list[str] = []
     with store.engine.connect() as conn:
         event.listen(conn, "before_cursor_execute", lambda *a: seen.append(a[2]))
-        v = vet_chain(executor_for(conn), normalise_steps(["a", "b", "c", "d"]), clock())
+        v = vet_chain(runner_for(conn), normalise_steps(["a", "b", "c", "d"]), clock())
     assert len(seen) == 1, seen
     assert v.unknown == (1, 2)
 

@@ -1,7 +1,7 @@
 """One way to run the package's statements: ``rows``, ``first``, ``scalars``, ``many``.
 
-:func:`executor_for` chooses the implementation once per connection. :class:`Executor`
-lets SQLAlchemy Core run and convert everything. :class:`DriverExecutor` (SQLite, and
+:func:`runner_for` chooses the implementation once per connection. :class:`StatementRunner`
+lets SQLAlchemy Core run and convert everything. :class:`DriverRunner` (SQLite, and
 PostgreSQL on psycopg) runs the same prebuilt statements at the driver: each is compiled
 once (an LRU keyed by the statement object itself, so two statements can never share an
 entry), and values are converted by the processors of their own column types
@@ -42,11 +42,11 @@ from .errors import StoreError, translate, translate_errors
 
 __all__ = [
     "MAX_PREPARED",
-    "DriverExecutor",
-    "Executor",
+    "DriverRunner",
+    "StatementRunner",
     "as_mappings",
-    "executor_for",
     "own_listener",
+    "runner_for",
     "unobserved",
 ]
 
@@ -54,7 +54,7 @@ Processor = Callable[[Any], Any]
 Params = Mapping[str, Any]
 
 
-class Executor:
+class StatementRunner:
     """Runs statements through SQLAlchemy Core on one connection; driver errors become the
     package's (:func:`~mnestoma.errors.translate_errors`)."""
 
@@ -341,7 +341,7 @@ def unobserved(conn: Connection) -> bool:
     return not conn.engine.logger.isEnabledFor(logging.INFO)
 
 
-class DriverExecutor(Executor):
+class DriverRunner(StatementRunner):
     """The same statements, compiled once and run at the driver, because on the hot paths
     (a passing, a turn's batched writes, the rows a turn or a walk reads) SQLAlchemy's
     per-statement and per-row processing costs more than the database's own work."""
@@ -352,7 +352,7 @@ class DriverExecutor(Executor):
         super().__init__(conn)
         # Observed PostgreSQL statements go through Core: exec_driver_sql saves nothing there.
         self._core_fallback = self.dialect != "sqlite"
-        # Asked once per executor, that is once per repository operation: SQLAlchemy's
+        # Asked once per runner, that is once per repository operation: SQLAlchemy's
         # listener collections are slow to inspect, and an operation's statements are
         # either all observed or none.
         self._unobserved: bool | None = None
@@ -465,13 +465,13 @@ def dbapi_errors(conn: Connection) -> type[Exception]:
     return cast(type[Exception], conn.dialect.loaded_dbapi.Error)
 
 
-def executor_for(conn: Connection) -> Executor:
-    """The executor for this connection's dialect and driver. A connection that renames
+def runner_for(conn: Connection) -> StatementRunner:
+    """The statement runner for this connection's dialect and driver. A connection that renames
     schemas at execution (``schema_translate_map``) gets Core: the driver path runs the SQL
     as compiled once, without the renaming."""
     dialect = conn.dialect
     if conn.get_execution_options().get("schema_translate_map"):
-        return Executor(conn)
+        return StatementRunner(conn)
     if dialect.name == "sqlite" or (dialect.driver == "psycopg" and not dialect.is_async):
-        return DriverExecutor(conn)
-    return Executor(conn)
+        return DriverRunner(conn)
+    return StatementRunner(conn)
