@@ -186,7 +186,25 @@ class _OnAsyncSession(_AsyncDoor[R]):
         return door
 
 
-class AsyncMnestRepository(_OnAsyncSession[MnestRepository]):
+class _MnestOperations(_AsyncDoor[MnestRepository]):
+    """The operations that the async repository and the async facade both await as the sync
+    repository's, each one call (the facade in a transaction of its own)."""
+
+    record_passing = _awaited(MnestRepository.record_passing, write=True)
+    record_proto = _awaited(MnestRepository.record_proto, write=True)
+    get = _awaited(MnestRepository.get)
+    find = _awaited(MnestRepository.find)
+    edges = _awaited(MnestRepository.edges)
+    events = _awaited(MnestRepository.events)
+    walk = _awaited(MnestRepository.walk)
+    suggest_next = _awaited(MnestRepository.suggest_next)
+    transition_state = _awaited(MnestRepository.transition_state, write=True)
+    recurring_protos = _awaited(MnestRepository.recurring_protos)
+    promote_proto_to_active = _awaited(MnestRepository.promote_proto_to_active, write=True)
+    log_canonical_query = _awaited(MnestRepository.log_canonical_query, write=True)
+
+
+class AsyncMnestRepository(_OnAsyncSession[MnestRepository], _MnestOperations):
     """Every operation of :class:`~mnestoma.MnestRepository` on an ``AsyncSession`` (or
     ``AsyncConnection``), awaited: ``await repo.record_passing(...)``. Flushes, never commits.
     """
@@ -205,20 +223,10 @@ class AsyncMnestRepository(_OnAsyncSession[MnestRepository]):
     def _build(self, sync: Session | Connection) -> MnestRepository:
         return MnestRepository(sync, settings=self.settings)
 
-    record_passing = _awaited(MnestRepository.record_passing, write=True)
-    record_proto = _awaited(MnestRepository.record_proto, write=True)
+    # the shared table (_MnestOperations), and the repository's own:
     record_turn = _awaited(MnestRepository.record_turn, write=True)
-    get = _awaited(MnestRepository.get)
-    find = _awaited(MnestRepository.find)
-    edges = _awaited(MnestRepository.edges)
-    events = _awaited(MnestRepository.events)
-    walk = _awaited(MnestRepository.walk)
-    suggest_next = _awaited(MnestRepository.suggest_next)
     rank = _awaited(MnestRepository.rank)
     vet = _awaited(MnestRepository.vet)
-    recurring_protos = _awaited(MnestRepository.recurring_protos)
-    transition_state = _awaited(MnestRepository.transition_state, write=True)
-    promote_proto_to_active = _awaited(MnestRepository.promote_proto_to_active, write=True)
     apply_ager = _awaited(MnestRepository.apply_ager, write=True)
     begin_ager_run = _awaited(MnestRepository.begin_ager_run, write=True)
     age_batch = _awaited(MnestRepository.age_batch, write=True)
@@ -227,7 +235,6 @@ class AsyncMnestRepository(_OnAsyncSession[MnestRepository]):
     prune_events = _awaited(MnestRepository.prune_events, write=True)
     prunable_event_ids = _awaited(MnestRepository.prunable_event_ids)
     prune_event_batch = _awaited(MnestRepository.prune_event_batch, write=True)
-    log_canonical_query = _awaited(MnestRepository.log_canonical_query, write=True)
 
 
 class AsyncCanonicalQueryRepository(_OnAsyncSession[CanonicalQueryRepository]):
@@ -448,7 +455,7 @@ class AsyncJoinedUnitOfWork:
 # --- the facade -------------------------------------------------------------------------
 
 
-class AsyncMnestoma(_AsyncDoor[MnestRepository]):
+class AsyncMnestoma(_MnestOperations):
     """The store for async services: every operation of :class:`~mnestoma.Mnestoma`, awaited,
     one transaction per call, with the same retry of transient conflicts.
 
@@ -612,20 +619,7 @@ class AsyncMnestoma(_AsyncDoor[MnestRepository]):
                 unit.commit()
             return result
 
-    # --- the contract's operations, each the sync repository's ------------------------------
-
-    record_passing = _awaited(MnestRepository.record_passing, write=True)
-    record_proto = _awaited(MnestRepository.record_proto, write=True)
-    get = _awaited(MnestRepository.get)
-    find = _awaited(MnestRepository.find)
-    edges = _awaited(MnestRepository.edges)
-    events = _awaited(MnestRepository.events)
-    walk = _awaited(MnestRepository.walk)
-    suggest_next = _awaited(MnestRepository.suggest_next)
-    transition_state = _awaited(MnestRepository.transition_state, write=True)
-    recurring_protos = _awaited(MnestRepository.recurring_protos)
-    promote_proto_to_active = _awaited(MnestRepository.promote_proto_to_active, write=True)
-    log_canonical_query = _awaited(MnestRepository.log_canonical_query, write=True)
+    # --- the contract's operations: the shared table (_MnestOperations), and these ----------
 
     async def record_turn(
         self,

@@ -8,7 +8,8 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable
-from typing import Any, NamedTuple
+from enum import StrEnum
+from typing import Any, NamedTuple, TypeVar
 
 from .clock import Clock, read_clock, utc_now
 from .errors import InvalidInput
@@ -116,28 +117,28 @@ def check_batch_rows(value: object) -> int | None:
     return None if value is None else check_positive_int(value, "batch_rows")
 
 
-def check_recorder(value: Any) -> Recorder:
-    """One of the known recorders (``events.recorder``), else InvalidInput."""
+E = TypeVar("E", bound=StrEnum)
+
+
+def _member(kind: type[E], value: Any, what: str) -> E:
+    """The member of ``kind`` that ``value`` is or names, else InvalidInput listing them."""
     if isinstance(value, str):
         try:
-            return Recorder(value)
+            return kind(value)
         except ValueError:
             pass
-    allowed = ", ".join(r.value for r in Recorder)
-    raise InvalidInput(f"unknown recorder {value!r}; expected one of {allowed}")
+    allowed = ", ".join(m.value for m in kind)
+    raise InvalidInput(f"unknown {what} {shorten(repr(value))}; expected one of {allowed}")
+
+
+def check_recorder(value: Any) -> Recorder:
+    """One of the known recorders (``events.recorder``), else InvalidInput."""
+    return _member(Recorder, value, "recorder")
 
 
 def check_state(value: Any) -> MnestState:
     """One of the four states, else InvalidInput."""
-    if isinstance(value, MnestState):
-        return value
-    if isinstance(value, str):
-        try:
-            return MnestState(value)
-        except ValueError:
-            pass
-    allowed = ", ".join(s.value for s in MnestState)
-    raise InvalidInput(f"unknown state {value!r}; expected one of {allowed}")
+    return _member(MnestState, value, "state")
 
 
 def check_states(values: Iterable[Any] | None) -> list[MnestState] | None:
@@ -235,13 +236,4 @@ def normalise_passing(p: Passing | tuple[Any, ...] | Any) -> Passing:
 def check_outcome(value: Any) -> str | None:
     """A passing's outcome: None (unknown), ``"ok"`` or ``"error"`` (or an
     :class:`~mnestoma.rules.Outcome`), returned as the plain string stored; else InvalidInput."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        for member in Outcome:
-            if value == member.value:
-                return member.value
-    raise InvalidInput(
-        f"outcome must be None, {Outcome.OK.value!r} or {Outcome.ERROR.value!r},"
-        f" got {shorten(repr(value))}"
-    )
+    return None if value is None else _member(Outcome, value, "outcome").value
