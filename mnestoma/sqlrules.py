@@ -66,12 +66,18 @@ def below(effective: Any, threshold: float) -> ColumnElement[bool]:
 # exponents are capped and vanishing weights are 0. Below 1e-87 nothing is observable.
 MAX_EXPONENT = 200.0
 VANISHING = 1e-100
+# A decay speed this small decays nothing observable (exp(-x) is 1 for x below 1e-16), and
+# its product with a short time could underflow: its exponent is 0.
+NEGLIGIBLE_RATE = 1e-150
 
 
 def decayed(dialect: str, weight: Any, decay_lambda: Any, since: Any, now: Any) -> Any:
     """``weight × exp(−decay_lambda × max(0, days(now − since)))`` in SQL."""
     days = greatest(dialect, literal(0.0, Float), days_since(dialect, since, now))
-    exponent = least(dialect, decay_lambda * days, literal(MAX_EXPONENT, Float))
+    exponent = case(
+        (decay_lambda < literal(NEGLIGIBLE_RATE, Float), literal(0.0, Float)),
+        else_=least(dialect, decay_lambda * days, literal(MAX_EXPONENT, Float)),
+    )
     return case(
         (weight < literal(VANISHING, Float), literal(0.0, Float)),
         else_=weight * func.exp(-exponent),
