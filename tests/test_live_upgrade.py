@@ -348,7 +348,11 @@ def test_the_migrating_connection_goes_back_to_the_pool_without_lock_or_lock_tim
         with eng.connect() as conn:
             assert conn.execute(text("SHOW lock_timeout")).scalar_one() == "0"
             advisory = conn.execute(
-                text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")
+                text(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+                    " AND database = (SELECT oid FROM pg_database"
+                    " WHERE datname = current_database())"
+                )
             ).scalar_one()
         assert advisory == 0
     finally:
