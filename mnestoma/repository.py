@@ -189,7 +189,6 @@ class MnestRepository:
     ) -> None:
         self._session = _check_session(session, type(self).__name__)
         self.settings = settings_of(settings, clock=clock, recorder=recorder)
-        self._recorder = self.settings.recorder
         self._before_write = before_write
 
     # --- plumbing ---------------------------------------------------------------------
@@ -207,6 +206,10 @@ class MnestRepository:
 
     def _now(self) -> datetime:
         return self.settings.now()
+
+    def _who(self, recorder: str | None) -> str:
+        """Who a call's events say recorded them: the call's ``recorder``, else the settings'."""
+        return self.settings.recorder if recorder is None else check_recorder(recorder).value
 
     # --- recording --------------------------------------------------------------------
 
@@ -239,7 +242,7 @@ class MnestRepository:
             )
         )
         turn = check_optional_name(turn_id, "turn_id")
-        who = self._recorder if recorder is None else check_recorder(recorder).value
+        who = self._who(recorder)
         return self._record_one(passing, turn, who)
 
     def record_proto(
@@ -278,7 +281,7 @@ class MnestRepository:
         """Record every passing of one turn; each edge counts once per turn (its outcome too:
         the last one given for the edge in the turn)."""
         turn = check_name(turn_id, "turn_id")
-        who = self._recorder if recorder is None else check_recorder(recorder).value
+        who = self._who(recorder)
         if isinstance(passings, str | bytes) or not isinstance(passings, Iterable):
             raise InvalidInput("passings must be an iterable of Passing or tuples")
         items = [normalise_passing(p) for p in passings]
@@ -771,7 +774,7 @@ class MnestRepository:
             state_before=row[_STATE],
             state_after=target.value,
             reason=reason,
-            recorder=self._recorder,
+            recorder=self.settings.recorder,
         )
         ex.many(rec.INSERT_EVENT, [event_row], rec.EVENT_ROW)
 
