@@ -76,11 +76,11 @@ from .rules import (
     PASSING,
     SUMMED_ON_MERGE,
     EventKind,
-    Outcome,
     Recorder,
     advance,
     clamp_weight,
     decayed_weight,
+    outcome_counts,
 )
 from .sql.copying import (
     KEY,
@@ -409,9 +409,9 @@ class _Job:
     expected: dict[str, _Digest] = field(default_factory=dict)
     offsets: dict[str, int] = field(default_factory=dict)
     pairs: dict[str, str] = field(default_factory=dict)  # source mnest id -> target mnest id
-    counted_once: Counter[str] = field(default_factory=Counter)  # target mnest id -> turns
-    # (target mnest id, outcome) -> those turns' passings on the source side with that outcome
-    outcomes_counted_once: Counter[tuple[str, str]] = field(default_factory=Counter)
+    # (target mnest id, counter of SUMMED_ON_MERGE) -> what the source's passings of turns
+    # the target already counted added to that counter: those passings count once
+    counted_once: Counter[tuple[str, str]] = field(default_factory=Counter)
     now: datetime = field(init=False)  # read once the target's write lock is held
     next_event_id: int = field(init=False)  # the merge events' ids, after the copied ones
     advance: Callable[[int], Any] = field(init=False)
@@ -465,7 +465,7 @@ class _Job:
             appended=self.append,
             id_offsets={k: v for k, v in self.offsets.items() if v},
             merged=len(self.pairs),
-            turns_counted_once=sum(self.counted_once.values()),
+            turns_counted_once=sum(n for (_, c), n in self.counted_once.items() if c == "uses"),
         )
 
     # --- streaming ---------------------------------------------------------------------
@@ -565,9 +565,9 @@ class _Job:
             if target_id is None:
                 continue
             if row["kind"] in PASSING and (row["turn_id"], target_id) in taken:
-                self.counted_once[target_id] += 1
-                if row.get("outcome") is not None:
-                    self.outcomes_counted_once[(target_id, row["outcome"])] += 1
+                # one use, and the outcome it carried (SUMMED_ON_MERGE: uses, ok_count, error_count)
+                added = zip(SUMMED_ON_MERGE, (1, *outcome_counts(row["outcome"])), strict=True)
+                self.counted_once.update({(target_id, c): n for c, n in added})
                 continue
             row["mnest_id"] = target_id
 
@@ -602,14 +602,10 @@ class _Job:
         eff_src = decayed_weight(src["weight"], src["decay_lambda"], src["ts_weight"], now)
         # Summed (rules.SUMMED_ON_MERGE), but for the passings of turns both stores counted:
         # those count once, with the target's outcome.
-        once = {
-            "uses": self.counted_once[dst["id"]],
-            "ok_count": self.outcomes_counted_once[(dst["id"], Outcome.OK.value)],
-            "error_count": self.outcomes_counted_once[(dst["id"], Outcome.ERROR.value)],
-        }
+        once = self.counted_once
         sig = dst["desired_sig"] if dst["desired_sig"] is not None else src["desired_sig"]
         merged = dict(dst)
-        merged.update({c: dst[c] + src[c] - once[c] for c in SUMMED_ON_MERGE})
+        merged.update({c: dst[c] + src[c] - once[(dst["id"], c)] for c in SUMMED_ON_MERGE})
         # a passing is never counted less often than either store counted it
         merged["uses"] = max(merged["uses"], dst["uses"], src["uses"])
         merged.update(
