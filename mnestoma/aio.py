@@ -16,7 +16,7 @@ import asyncio
 import functools
 import time
 import weakref
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine
 from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, Self, TypeVar
@@ -36,23 +36,15 @@ from .config import (
     redact_url,
 )
 from .errors import InvalidInput, MissingExtra, MnestomaError, SchemaError, translate_errors
-from .facade import (
-    BatchProgress,
-    age_in_batches,
-    ensure_schema,
-    read_candidates,
-    read_passings,
-)
+from .facade import BatchProgress, age_in_batches, ensure_schema
 from .locking import LOCK_TIMEOUT_OPTION, lock_timeout_seconds, write_lock_timeout
 from .migration import sqlite_store_missing
-from .models import CanonicalQuery, Mnest
-from .ranking import Ranked
+from .models import CanonicalQuery
 from .repository import CanonicalQueryRepository, MnestRepository, QueryFrequency
 from .rules import AgerReport, batch_pause, event_batches
 from .settings import Settings, settings_of
-from .uow import ConnectionUnitOfWork, JoinedUnitOfWork, retry_pause
-from .validation import Clock, Passing, check_batch_rows, check_dry_run
-from .vetting import Verdict, normalise_steps
+from .uow import ConnectionUnitOfWork, JoinedUnitOfWork, read_once, retry_pause
+from .validation import Clock, check_batch_rows, check_dry_run
 
 try:
     from sqlalchemy.ext.asyncio import (
@@ -65,7 +57,7 @@ except ImportError as err:  # SQLAlchemy's asyncio extension needs greenlet
     raise MissingExtra(f'the async door needs: pip install "mnestoma[async]" ({err})') from err
 
 if TYPE_CHECKING:
-    from .graph import MnestGraph
+    pass
 
 __all__ = [
     "AsyncCanonicalQueryRepository",
@@ -130,7 +122,11 @@ def _awaited(
     result, because it is the same code, run through the door's ``_call``."""
 
     async def method(self: _AsyncDoor[R], /, *args: P.args, **kwargs: P.kwargs) -> T:
-        return await self._call(lambda sync: op(sync, *args, **kwargs), write=write)
+        if not write:
+            return await self._call(lambda sync: op(sync, *args, **kwargs), write=False)
+        again, again_kw = read_once(args, kwargs)  # a retry replays what the first read
+        call: Callable[..., T] = op
+        return await self._call(lambda sync: call(sync, *again, **again_kw), write=True)
 
     functools.update_wrapper(method, op, assigned=("__name__", "__doc__"))
     method.__qualname__ = op.__name__
@@ -192,12 +188,17 @@ class _MnestOperations(_AsyncDoor[MnestRepository]):
 
     record_passing = _awaited(MnestRepository.record_passing, write=True)
     record_proto = _awaited(MnestRepository.record_proto, write=True)
+    record_turn = _awaited(MnestRepository.record_turn, write=True)
     get = _awaited(MnestRepository.get)
     find = _awaited(MnestRepository.find)
     edges = _awaited(MnestRepository.edges)
     events = _awaited(MnestRepository.events)
     walk = _awaited(MnestRepository.walk)
     suggest_next = _awaited(MnestRepository.suggest_next)
+    rank = _awaited(MnestRepository.rank)
+    vet = _awaited(MnestRepository.vet)
+    graph = _awaited(MnestRepository.graph)
+    to_networkx = _awaited(MnestRepository.to_networkx)
     transition_state = _awaited(MnestRepository.transition_state, write=True)
     recurring_protos = _awaited(MnestRepository.recurring_protos)
     promote_proto_to_active = _awaited(MnestRepository.promote_proto_to_active, write=True)
@@ -224,9 +225,6 @@ class AsyncMnestRepository(_OnAsyncSession[MnestRepository], _MnestOperations):
         return MnestRepository(sync, settings=self.settings)
 
     # the shared table (_MnestOperations), and the repository's own:
-    record_turn = _awaited(MnestRepository.record_turn, write=True)
-    rank = _awaited(MnestRepository.rank)
-    vet = _awaited(MnestRepository.vet)
     apply_ager = _awaited(MnestRepository.apply_ager, write=True)
     begin_ager_run = _awaited(MnestRepository.begin_ager_run, write=True)
     age_batch = _awaited(MnestRepository.age_batch, write=True)
@@ -621,40 +619,6 @@ class AsyncMnestoma(_MnestOperations):
 
     # --- the contract's operations: the shared table (_MnestOperations), and these ----------
 
-    async def record_turn(
-        self,
-        turn_id: str,
-        passings: Iterable[Passing | tuple[Any, ...]],
-        *,
-        recorder: str | None = None,
-    ) -> list[Mnest]:
-        """Record every passing of a turn in one transaction: all or nothing."""
-        items = read_passings(passings)
-        return await self._call(
-            lambda r: r.record_turn(turn_id, items, recorder=recorder), write=True
-        )
-
-    async def rank(
-        self,
-        src_executor: str,
-        candidates: Iterable[Any],
-        *,
-        src_version: str | None = None,
-        order_by: str = "weight",
-    ) -> list[Ranked]:
-        """The candidates in the order a planner should try them after ``src_executor``."""
-        items = read_candidates(candidates)
-        return await self._call(
-            lambda r: r.rank(src_executor, items, src_version=src_version, order_by=order_by),
-            write=False,
-        )
-
-    async def vet(self, steps: Iterable[Any]) -> Verdict:
-        """The sieve's verdict on a proposed chain of executors (see
-        :meth:`mnestoma.Mnestoma.vet`)."""
-        chain = normalise_steps(steps)
-        return await self._call(lambda r: r.vet(chain), write=False)
-
     async def apply_ager(
         self,
         *,
@@ -697,44 +661,6 @@ class AsyncMnestoma(_MnestOperations):
     async def _prune_batch(self, before: datetime, first: int, last: int) -> int:
         """One batch of a prune (the events with ids in [first, last]), one transaction."""
         return await self._call(lambda r: r.prune_event_batch(before, first, last), write=True)
-
-    async def graph(
-        self,
-        src_executor: str | None = None,
-        *,
-        src_version: str | None = None,
-        depth: int = 3,
-        states: Iterable[str] | str | None = None,
-    ) -> MnestGraph:
-        """The graph of the store, or what ``src_executor`` reaches within ``depth`` edges
-        (see :meth:`mnestoma.Mnestoma.graph`)."""
-        from .graph import build_graph
-
-        return await self._call(
-            lambda r: build_graph(
-                r,
-                src_executor,
-                src_version=src_version,
-                depth=depth,
-                states=states,
-                clock=self.clock,
-            ),
-            write=False,
-        )
-
-    async def to_networkx(
-        self,
-        src_executor: str | None = None,
-        *,
-        src_version: str | None = None,
-        depth: int = 3,
-        states: Iterable[str] | str | None = None,
-    ) -> Any:
-        """The graph as a ``networkx.MultiDiGraph`` (extra ``mnestoma[graph]``)."""
-        from .graph import to_networkx
-
-        graph = await self.graph(src_executor, src_version=src_version, depth=depth, states=states)
-        return to_networkx(graph)
 
     async def top_queries(self, *, limit: int = 10) -> list[QueryFrequency]:
         """The most frequent canonical forms."""

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Concatenate, ParamSpec, TypeVar
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import URL
@@ -25,11 +25,10 @@ from .config import (
 from .errors import InvalidInput, SchemaError, translate_errors
 from .locking import LOCK_TIMEOUT_OPTION, ager_run_lock, pause_on
 from .migration import ensure_at_head, sqlite_store_missing
-from .models import CanonicalQuery, Mnest
-from .ranking import Ranked
+from .models import CanonicalQuery
 
 if TYPE_CHECKING:
-    from .graph import MnestGraph
+    pass
 from .repository import MnestRepository, QueryFrequency
 from .rules import (
     AGER_BATCH_ROWS,
@@ -39,9 +38,8 @@ from .rules import (
     event_batches,
 )
 from .settings import Settings, settings_of
-from .uow import ConnectionUnitOfWork, UnitOfWork, written
-from .validation import Clock, Passing, check_batch_rows, check_dry_run
-from .vetting import Verdict, normalise_steps
+from .uow import ConnectionUnitOfWork, UnitOfWork, read_once, written
+from .validation import Clock, check_batch_rows, check_dry_run
 
 __all__ = ["Mnestoma"]
 
@@ -54,11 +52,15 @@ def _in_one_transaction(
 ) -> Callable[Concatenate[Mnestoma, P], T]:
     """The repository's operation ``op`` as a method of the facade: the same signature,
     checks, errors and result (it is the same code), run in a transaction of its own: a
-    write retried when it failed transiently, a read in a read transaction."""
+    write retried when it failed transiently (a generator argument read once, before the
+    first attempt), a read in a read transaction."""
 
     def method(self: Mnestoma, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        run = self._write if write else self._read
-        return run(lambda unit: op(unit.mnests, *args, **kwargs))
+        if not write:
+            return self._read(lambda unit: op(unit.mnests, *args, **kwargs))
+        again, again_kw = read_once(args, kwargs)  # a retry replays what the first read
+        call: Callable[..., T] = op
+        return self._write(lambda unit: call(unit.mnests, *again, **again_kw))
 
     functools.update_wrapper(method, op, assigned=("__name__", "__doc__"))
     method.__qualname__ = f"Mnestoma.{op.__name__}"
@@ -133,95 +135,24 @@ class Mnestoma:
 
     record_passing = _in_one_transaction(MnestRepository.record_passing, write=True)
     record_proto = _in_one_transaction(MnestRepository.record_proto, write=True)
+    record_turn = _in_one_transaction(MnestRepository.record_turn, write=True)
     get = _in_one_transaction(MnestRepository.get)
     find = _in_one_transaction(MnestRepository.find)
     edges = _in_one_transaction(MnestRepository.edges)
     events = _in_one_transaction(MnestRepository.events)
     walk = _in_one_transaction(MnestRepository.walk)
     suggest_next = _in_one_transaction(MnestRepository.suggest_next)
+    rank = _in_one_transaction(MnestRepository.rank)
+    vet = _in_one_transaction(MnestRepository.vet)
+    graph = _in_one_transaction(MnestRepository.graph)
+    to_networkx = _in_one_transaction(MnestRepository.to_networkx)
     transition_state = _in_one_transaction(MnestRepository.transition_state, write=True)
     recurring_protos = _in_one_transaction(MnestRepository.recurring_protos)
     promote_proto_to_active = _in_one_transaction(
         MnestRepository.promote_proto_to_active, write=True
     )
 
-    # Operations whose arguments are read once before the transaction (a generator is not
-    # replayed by a retry), or that are more than one repository call.
-
-    def record_turn(
-        self,
-        turn_id: str,
-        passings: Iterable[Passing | tuple[Any, ...]],
-        *,
-        recorder: str | None = None,
-    ) -> list[Mnest]:
-        """Record every passing of a turn in one transaction: all or nothing."""
-        items = read_passings(passings)
-        return self._write(lambda u: u.mnests.record_turn(turn_id, items, recorder=recorder))
-
-    def rank(
-        self,
-        src_executor: str,
-        candidates: Iterable[Any],
-        *,
-        src_version: str | None = None,
-        order_by: str = "weight",
-    ) -> list[Ranked]:
-        """The candidates in the order a planner should try them after ``src_executor``.
-
-        Highest effective weight of ``src → candidate`` first, ties broken by activation;
-        candidates without an active edge follow in the order given (contract §9).
-        ``order_by="success"`` puts the most successful edges first instead.
-        """
-        items = read_candidates(candidates)
-        return self._read(
-            lambda u: u.mnests.rank(src_executor, items, src_version=src_version, order_by=order_by)
-        )
-
-    def vet(self, steps: Iterable[Any]) -> Verdict:
-        """The sieve's verdict on a proposed chain of executors, read in one transaction
-        (see :meth:`MnestRepository.vet`)."""
-        chain = normalise_steps(steps)
-        return self._read(lambda u: u.mnests.vet(chain))
-
-    def graph(
-        self,
-        src_executor: str | None = None,
-        *,
-        src_version: str | None = None,
-        depth: int = 3,
-        states: Iterable[str] | str | None = None,
-    ) -> MnestGraph:
-        """The graph of the store, or what ``src_executor`` reaches within ``depth`` edges,
-        read in one transaction (states None: every state). See :mod:`mnestoma.graph`."""
-        from .graph import build_graph
-
-        return self._read(
-            lambda u: build_graph(
-                u.mnests,
-                src_executor,
-                src_version=src_version,
-                depth=depth,
-                states=states,
-                clock=self.clock,
-            )
-        )
-
-    def to_networkx(
-        self,
-        src_executor: str | None = None,
-        *,
-        src_version: str | None = None,
-        depth: int = 3,
-        states: Iterable[str] | str | None = None,
-    ) -> Any:
-        """The graph as a ``networkx.MultiDiGraph`` (extra ``mnestoma[graph]``): nodes
-        ``"executor@version"``, one edge per mnest keyed by id, with its columns and
-        ``effective_weight``."""
-        from .graph import to_networkx
-
-        graph = self.graph(src_executor, src_version=src_version, depth=depth, states=states)
-        return to_networkx(graph)
+    # Operations that are more than one repository call, each in transactions of its own.
 
     def apply_ager(
         self,
@@ -371,21 +302,6 @@ def with_lock_timeout(engine: Engine, seconds: float | None) -> Engine:
 def ensure_schema(engine: Engine) -> None:
     """A new or empty SQLite store is migrated to head; any other must already be there."""
     ensure_at_head(engine, auto_migrate=is_sqlite(engine) and _is_empty(engine))
-
-
-def read_passings(passings: Iterable[Passing | tuple[Any, ...]]) -> list[Any]:
-    """The passings of a turn as a list: a generator is read once, not replayed by a retry."""
-    if isinstance(passings, str | bytes) or not isinstance(passings, Iterable):
-        raise InvalidInput("passings must be an iterable of Passing or tuples")
-    return list(passings)
-
-
-def read_candidates(candidates: Iterable[Any]) -> Any:
-    """Candidates to rank, read once (a generator is not replayed); anything else is left
-    for the repository to refuse."""
-    if isinstance(candidates, Iterable) and not isinstance(candidates, str | bytes):
-        return list(candidates)
-    return candidates
 
 
 def _is_empty(engine: Engine) -> bool:

@@ -14,14 +14,14 @@ networkx. ``networkx`` (extra ``mnestoma[graph]``) is imported only by GraphML a
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ParamSpec
 
-from .clock import Clock, read_clock, utc_now
 from .display import (
     FADED_COLOUR,
     FAILING_ARROW,
@@ -40,7 +40,7 @@ from .timefmt import iso_utc
 from .validation import check_name, check_optional_name, check_positive_int, check_states
 
 if TYPE_CHECKING:
-    from .repository import MnestRepository
+    from .settings import Settings
 
 __all__ = [
     "DEFAULT_DEPTH",
@@ -48,9 +48,9 @@ __all__ = [
     "PICTURE_STATES",
     "GraphEdge",
     "GraphNode",
+    "GraphReads",
     "MissingExtra",
     "MnestGraph",
-    "build_graph",
     "render",
     "to_dot",
     "to_graphml",
@@ -58,6 +58,8 @@ __all__ = [
     "to_mermaid",
     "to_networkx",
 ]
+
+P = ParamSpec("P")
 
 GRAPH_FORMATS = ("dot", "mermaid", "graphml", "json")
 DEFAULT_DEPTH = 3
@@ -124,62 +126,88 @@ def wished_node_id(executor: str, taken: set[str]) -> str:
     return ident
 
 
-def build_graph(
-    repo: MnestRepository,
-    src_executor: str | None = None,
-    *,
-    src_version: str | None = None,
-    depth: int = DEFAULT_DEPTH,
-    states: Iterable[str] | str | None = None,
-    clock: Clock | None = None,
-) -> MnestGraph:
-    """The graph of the store read through ``repo`` (one transaction), at the clock's now.
+def _as_networkx(read: Callable[P, MnestGraph]) -> Callable[P, Any]:
+    """``read``, with the graph it returns given as :func:`to_networkx` gives it."""
 
-    Without ``src_executor``: every edge in ``states`` (None: every state). With it: the
-    edges in ``states`` out of the nodes that ``src_executor`` (at ``src_version``, else any
-    version) reaches through at most ``depth − 1`` active edges, as ``walk`` follows them,
-    so that ``depth`` = 1 shows the edges out of the source only.
-    """
-    at = read_clock(clock or utc_now)
-    chosen = check_states(states)
-    shown = None if chosen is None else {s.value for s in chosen}
-    if src_executor is None:
-        if src_version is not None:
-            raise InvalidInput("src_version needs src_executor")
-        rows = repo.edges(states=None if shown is None else sorted(shown))
-        return _graph(rows, at, None)
-    src = check_name(src_executor, "src_executor")
-    version = check_optional_name(src_version, "src_version")
-    hops = check_positive_int(depth, "depth", maximum=MAX_DEPTH)
-    # Read the shown states and ``active`` (followed even when not shown).
-    wanted = None if shown is None else sorted(shown | {MnestState.ACTIVE.value})
-    frontier: dict[str, set[str] | None] = {src: None if version is None else {version}}
-    reached: set[tuple[str, str]] = set()
-    found: dict[str, Mnest] = {}
-    # Each executor's edges are read once, whichever versions of it the walk reaches later.
-    read: dict[str, list[Mnest]] = {}
-    for _ in range(hops):
-        following: dict[str, set[str]] = {}
-        for executor in sorted(frontier):
-            versions = frontier[executor]
-            if executor not in read:
-                read[executor] = repo.edges(src_executor=executor, states=wanted)
-            for m in read[executor]:
-                if versions is not None and m.src_version not in versions:
-                    continue
-                reached.add((m.src_executor, m.src_version))
-                if shown is None or m.state in shown:
-                    found[m.id] = m
-                if m.state != MnestState.ACTIVE.value or m.dst_version is None:
-                    continue
-                nxt = (m.dst_executor, m.dst_version)
-                if nxt in reached:
-                    continue
-                following.setdefault(m.dst_executor, set()).add(m.dst_version)
-        frontier = dict(following)
-        if not frontier:
-            break
-    return _graph(found.values(), at, node_id(src, version))
+    def to_networkx_of(*args: P.args, **kwargs: P.kwargs) -> Any:
+        return to_networkx(read(*args, **kwargs))
+
+    functools.update_wrapper(to_networkx_of, read, assigned=())  # read's signature
+    to_networkx_of.__name__ = to_networkx_of.__qualname__ = "to_networkx"
+    to_networkx_of.__doc__ = (
+        "The graph as a ``networkx.MultiDiGraph`` (extra ``mnestoma[graph]``): nodes "
+        '``"executor@version"``, one edge per mnest keyed by its id, with its columns, '
+        "``effective_weight`` and ``failing`` (see :meth:`graph` for the arguments)."
+    )
+    return to_networkx_of
+
+
+class GraphReads:
+    """The graph operations of :class:`~mnestoma.MnestRepository` (a mixin: they read the
+    store through its listings, so the facades get them from their tables as any other)."""
+
+    if TYPE_CHECKING:  # what they read of the repository
+        settings: Settings
+        edges: Callable[..., list[Mnest]]
+
+    def graph(
+        self,
+        src_executor: str | None = None,
+        *,
+        src_version: str | None = None,
+        depth: int = DEFAULT_DEPTH,
+        states: Iterable[str] | str | None = None,
+    ) -> MnestGraph:
+        """The graph of the store, or what ``src_executor`` reaches within ``depth`` edges,
+        at the now of the settings' clock.
+
+        Without ``src_executor``: every edge in ``states`` (None: every state). With it: the
+        edges in ``states`` out of the nodes that ``src_executor`` (at ``src_version``, else
+        any version) reaches through at most ``depth − 1`` active edges, as ``walk`` follows
+        them, so that ``depth`` = 1 shows the edges out of the source only.
+        """
+        at = self.settings.now()
+        chosen = check_states(states)
+        shown = None if chosen is None else {s.value for s in chosen}
+        if src_executor is None:
+            if src_version is not None:
+                raise InvalidInput("src_version needs src_executor")
+            rows = self.edges(states=None if shown is None else sorted(shown))
+            return _graph(rows, at, None)
+        src = check_name(src_executor, "src_executor")
+        version = check_optional_name(src_version, "src_version")
+        hops = check_positive_int(depth, "depth", maximum=MAX_DEPTH)
+        # Read the shown states and ``active`` (followed even when not shown).
+        wanted = None if shown is None else sorted(shown | {MnestState.ACTIVE.value})
+        frontier: dict[str, set[str] | None] = {src: None if version is None else {version}}
+        reached: set[tuple[str, str]] = set()
+        found: dict[str, Mnest] = {}
+        # Each executor's edges are read once, whichever versions of it the walk reaches later.
+        read: dict[str, list[Mnest]] = {}
+        for _ in range(hops):
+            following: dict[str, set[str]] = {}
+            for executor in sorted(frontier):
+                versions = frontier[executor]
+                if executor not in read:
+                    read[executor] = self.edges(src_executor=executor, states=wanted)
+                for m in read[executor]:
+                    if versions is not None and m.src_version not in versions:
+                        continue
+                    reached.add((m.src_executor, m.src_version))
+                    if shown is None or m.state in shown:
+                        found[m.id] = m
+                    if m.state != MnestState.ACTIVE.value or m.dst_version is None:
+                        continue
+                    nxt = (m.dst_executor, m.dst_version)
+                    if nxt in reached:
+                        continue
+                    following.setdefault(m.dst_executor, set()).add(m.dst_version)
+            frontier = dict(following)
+            if not frontier:
+                break
+        return _graph(found.values(), at, node_id(src, version))
+
+    to_networkx = _as_networkx(graph)
 
 
 def _graph(rows: Iterable[Mnest], at: datetime, src: str | None) -> MnestGraph:

@@ -34,6 +34,7 @@ from .errors import (
     RaceLost,
     translate_errors,
 )
+from .graph import GraphReads
 from .locking import take_write_lock
 from .models import CanonicalQuery, Event, Mnest
 from .rules import (
@@ -171,7 +172,7 @@ def _event(
     )
 
 
-class MnestRepository:
+class MnestRepository(GraphReads):
     """Every rule of contract §4 on one session; flushes, never commits.
 
     A bare ``Connection`` is accepted too (the facade's connection units use one: a Session

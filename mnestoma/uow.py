@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import TracebackType
-from typing import Self, TypeVar
+from typing import Any, Self, TypeVar
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session, SessionTransaction, sessionmaker
@@ -252,6 +252,18 @@ def retry_pause(attempt: int, err: BaseException) -> float | None:
     if attempt + 1 < MAX_ATTEMPTS and is_retryable(err):
         return random.uniform(0, 0.002 * 2**attempt)
     return None
+
+
+def read_once(
+    args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """A write's arguments with each one-shot iterator (a generator) read into a list, before
+    the first attempt: a retry then replays the same items, not an exhausted iterator."""
+
+    def once(value: Any) -> Any:
+        return list(value) if isinstance(value, Iterator) else value
+
+    return tuple(once(a) for a in args), {k: once(v) for k, v in kwargs.items()}
 
 
 def with_retries(attempt_once: Callable[[], T]) -> T:

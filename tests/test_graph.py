@@ -20,9 +20,9 @@ from mnestoma import InvalidInput, Mnestoma, MnestomaError, UnitOfWork, make_ses
 from mnestoma.cli import cli
 from mnestoma.graph import (
     PICTURE_STATES,
+    GraphReads,
     MissingExtra,
     MnestGraph,
-    build_graph,
     render,
     to_dot,
     to_graphml,
@@ -115,11 +115,13 @@ def test_the_graph_reads_each_executor_once_whatever_versions_of_it_are_reached(
     with UnitOfWork(make_session_factory(store.engine)) as uow:
 
         class CountingRepository:
+            settings = uow.mnests.settings
+
             def edges(self, **kwargs: Any) -> Any:
                 reads.append(kwargs["src_executor"])
                 return uow.mnests.edges(**kwargs)
 
-        graph = build_graph(CountingRepository(), "a", depth=3)  # type: ignore[arg-type]
+        graph = GraphReads.graph(CountingRepository(), "a", depth=3)  # type: ignore[arg-type]
     assert sorted(reads) == ["a", "b", "c", "e"]
     assert {(e.source, e.target) for e in graph.edges} == {
         ("a@1", "b@1"),
