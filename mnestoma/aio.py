@@ -18,7 +18,6 @@ import time
 import weakref
 from collections.abc import Callable, Coroutine
 from datetime import datetime
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, Self, TypeVar
 
 from sqlalchemy import Connection, Engine
@@ -310,6 +309,55 @@ async def _settled(session: Any) -> None:
         await asyncio.wait([task])
 
 
+class AsyncJoinedUnitOfWork:
+    """Works in a SAVEPOINT of a caller's ``AsyncSession``; never commits or closes it.
+
+    It is :class:`~mnestoma.JoinedUnitOfWork` on the session's sync proxy: the savepoint is
+    taken before the first write (after the write lock on SQLite), ``commit()`` releases it
+    into the caller's transaction, leaving without it rolls back to it.
+    """
+
+    mnests: AsyncMnestRepository
+    queries: AsyncCanonicalQueryRepository
+
+    def __init__(
+        self,
+        session: AsyncSession,
+        *,
+        settings: Settings | None = None,
+        clock: Clock | None = None,
+        recorder: str | None = None,
+    ) -> None:
+        if not isinstance(session, AsyncSession):
+            hint = "; UnitOfWork.joining takes a sync one" if isinstance(session, Session) else ""
+            raise InvalidInput(
+                "AsyncUnitOfWork.joining needs a SQLAlchemy AsyncSession, "
+                f"got {type(session).__name__}{hint}"
+            )
+        self.session = session
+        self.settings = settings_of(settings, clock=clock, recorder=recorder)
+        self._joined = JoinedUnitOfWork(session.sync_session, settings=self.settings)
+
+    async def __aenter__(self) -> Self:
+        joined = self._joined.__enter__()
+        self.mnests = AsyncMnestRepository._over(self.session, joined.mnests)
+        self.queries = AsyncCanonicalQueryRepository._over(self.session, joined.queries)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await _to_the_end(self.rollback())
+
+    async def commit(self) -> None:
+        """Release the savepoint into the caller's transaction (nothing to do after reads)."""
+        await _settled(self.session)
+        await _on_session(self.session, self.session.run_sync(lambda _s: self._joined.commit()))
+
+    async def rollback(self) -> None:
+        """Roll back to the savepoint taken before the first write."""
+        await _settled(self.session)
+        await _on_session(self.session, self.session.run_sync(lambda _s: self._joined.rollback()))
+
+
 class AsyncUnitOfWork:
     """Opens an ``AsyncSession`` on enter; commits only when asked; rolls back otherwise;
     always closes. The async twin of :class:`~mnestoma.UnitOfWork`:
@@ -356,12 +404,7 @@ class AsyncUnitOfWork:
         self.queries = AsyncCanonicalQueryRepository(session, settings=self.settings)
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await _to_the_end(self._end())
 
     async def _end(self) -> None:
@@ -381,73 +424,9 @@ class AsyncUnitOfWork:
         await _settled(self.session)
         await self.session.rollback()
 
-    @classmethod
-    def joining(
-        cls,
-        session: AsyncSession,
-        *,
-        settings: Settings | None = None,
-        clock: Clock | None = None,
-        recorder: str | None = None,
-    ) -> AsyncJoinedUnitOfWork:
-        """A unit of work inside an ``AsyncSession`` (and transaction) that the caller owns."""
-        return AsyncJoinedUnitOfWork(
-            session, settings=settings_of(settings, clock=clock, recorder=recorder)
-        )
-
-
-class AsyncJoinedUnitOfWork:
-    """Works in a SAVEPOINT of a caller's ``AsyncSession``; never commits or closes it.
-
-    It is :class:`~mnestoma.JoinedUnitOfWork` on the session's sync proxy: the savepoint is
-    taken before the first write (after the write lock on SQLite), ``commit()`` releases it
-    into the caller's transaction, leaving without it rolls back to it.
-    """
-
-    mnests: AsyncMnestRepository
-    queries: AsyncCanonicalQueryRepository
-
-    def __init__(
-        self,
-        session: AsyncSession,
-        *,
-        settings: Settings | None = None,
-        clock: Clock | None = None,
-        recorder: str | None = None,
-    ) -> None:
-        if not isinstance(session, AsyncSession):
-            hint = "; UnitOfWork.joining takes a sync one" if isinstance(session, Session) else ""
-            raise InvalidInput(
-                "AsyncUnitOfWork.joining needs a SQLAlchemy AsyncSession, "
-                f"got {type(session).__name__}{hint}"
-            )
-        self.session = session
-        self.settings = settings_of(settings, clock=clock, recorder=recorder)
-        self._joined = JoinedUnitOfWork(session.sync_session, settings=self.settings)
-
-    async def __aenter__(self) -> Self:
-        joined = self._joined.__enter__()
-        self.mnests = AsyncMnestRepository._over(self.session, joined.mnests)
-        self.queries = AsyncCanonicalQueryRepository._over(self.session, joined.queries)
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await _to_the_end(self.rollback())
-
-    async def commit(self) -> None:
-        """Release the savepoint into the caller's transaction (nothing to do after reads)."""
-        await _settled(self.session)
-        await _on_session(self.session, self.session.run_sync(lambda _s: self._joined.commit()))
-
-    async def rollback(self) -> None:
-        """Roll back to the savepoint taken before the first write."""
-        await _settled(self.session)
-        await _on_session(self.session, self.session.run_sync(lambda _s: self._joined.rollback()))
+    # ``AsyncUnitOfWork.joining(session, *, settings=None, clock=None, recorder=None)``: a
+    # unit of work inside an ``AsyncSession`` (and transaction) that the caller owns.
+    joining = AsyncJoinedUnitOfWork
 
 
 # --- the facade -------------------------------------------------------------------------

@@ -96,6 +96,16 @@ def _name_check(column: str) -> str:
     return f"length(trim({column})) > 0 AND length({column}) <= {MAX_NAME_LENGTH}"
 
 
+# The columns every edge key starts with.
+_SRC_DST = ("src_executor", "src_version", "dst_executor")
+
+
+def _partial_index(name: str, *columns: str, where: str, unique: bool = False) -> Index:
+    """An index over the rows that match ``where``, the same predicate on both engines."""
+    predicate = text(where)
+    return Index(name, *columns, unique=unique, sqlite_where=predicate, postgresql_where=predicate)
+
+
 class Mnest(Base):
     """A directed, versioned edge ``src@version → dst@version`` with a weight that decays."""
 
@@ -146,36 +156,20 @@ class Mnest(Base):
         ),
         # The edge key, NULL-safe: one index for versioned rows, one for rows without a
         # destination version. Both can be the target of ON CONFLICT ... WHERE.
-        Index(
+        _partial_index(
             "ux_mnests_edge_key",
-            "src_executor",
-            "src_version",
-            "dst_executor",
+            *_SRC_DST,
             "dst_version",
             "state",
+            where="dst_version IS NOT NULL",
             unique=True,
-            sqlite_where=text("dst_version IS NOT NULL"),
-            postgresql_where=text("dst_version IS NOT NULL"),
         ),
-        Index(
-            "ux_mnests_proto_key",
-            "src_executor",
-            "src_version",
-            "dst_executor",
-            "state",
-            unique=True,
-            sqlite_where=text("dst_version IS NULL"),
-            postgresql_where=text("dst_version IS NULL"),
+        _partial_index(
+            "ux_mnests_proto_key", *_SRC_DST, "state", where="dst_version IS NULL", unique=True
         ),
         # walk() joins edges on (src_executor, src_version) among active rows; the other
         # states are never looked up by source, and a demoted row leaves this index.
-        Index(
-            "ix_mnests_active_src",
-            "src_executor",
-            "src_version",
-            sqlite_where=text(ACTIVE_WHERE),
-            postgresql_where=text(ACTIVE_WHERE),
-        ),
+        _partial_index("ix_mnests_active_src", "src_executor", "src_version", where=ACTIVE_WHERE),
         Index("ix_mnests_dst_executor", "dst_executor"),
         {"postgresql_with": {"fillfactor": MNESTS_FILLFACTOR}},
     )
@@ -234,20 +228,10 @@ class Event(Base):
         CheckConstraint(f"recorder IN ({RECORDERS_SQL})", name="recorder_known"),
         Index("ix_events_mnest_id", "mnest_id"),
         # Only events with a turn: lookups by turn imply it, and the ager's events have none.
-        Index(
-            "ix_events_turn_id",
-            "turn_id",
-            sqlite_where=text("turn_id IS NOT NULL"),
-            postgresql_where=text("turn_id IS NOT NULL"),
-        ),
+        _partial_index("ix_events_turn_id", "turn_id", where="turn_id IS NOT NULL"),
         # A turn reinforces (or creates) a given row at most once: safe retries.
-        Index(
-            "ux_events_turn_edge",
-            "turn_id",
-            "mnest_id",
-            unique=True,
-            sqlite_where=text(_TURN_EDGE_WHERE),
-            postgresql_where=text(_TURN_EDGE_WHERE),
+        _partial_index(
+            "ux_events_turn_edge", "turn_id", "mnest_id", where=_TURN_EDGE_WHERE, unique=True
         ),
     )
 

@@ -401,19 +401,12 @@ def archive_cutoff(now: datetime) -> datetime:
     return now - timedelta(days=ARCHIVE_AFTER_DAYS)
 
 
-def is_archive_candidate(
-    state: str,
-    weight: float,
-    decay_lambda: float,
-    ts_weight: datetime,
-    ts_last: datetime,
-    now: datetime,
-) -> bool:
-    """A decaying row whose effective weight is below 0.05 and whose last passing is at least
-    90 days old: counted, never deleted."""
+def is_archive_candidate(state: str, effective: float, ts_last: datetime, now: datetime) -> bool:
+    """A decaying row whose effective weight at ``now`` is below 0.05 and whose last passing
+    is at least 90 days old: counted, never deleted."""
     return (
         state == MnestState.DECAYING
-        and is_below(decayed_weight(weight, decay_lambda, ts_weight, now), ARCHIVE_BELOW)
+        and is_below(effective, ARCHIVE_BELOW)
         and ts_last <= archive_cutoff(now)
     )
 
@@ -433,15 +426,14 @@ def ager_decision(
         return AgerDecision(AgerAction.PRUNE, effective, current, effective, ts_weight, False)
     if current == MnestState.ACTIVE and is_below(effective, DECAYING_BELOW):
         anchor = advance(ts_weight, now)
-        candidate = is_archive_candidate(
-            MnestState.DECAYING, effective, decay_lambda, anchor, ts_last, now
-        )
+        at_anchor = decayed_weight(effective, decay_lambda, anchor, now)
+        candidate = is_archive_candidate(MnestState.DECAYING, at_anchor, ts_last, now)
         return AgerDecision(
             AgerAction.DEMOTE, effective, MnestState.DECAYING, effective, anchor, candidate
         )
     if current in LIVE_STATES and ts_weight < now:
         return AgerDecision(AgerAction.DECAY, effective, current, effective, now, False)
-    candidate = is_archive_candidate(current, weight, decay_lambda, ts_weight, ts_last, now)
+    candidate = is_archive_candidate(current, effective, ts_last, now)
     return AgerDecision(AgerAction.KEEP, effective, current, weight, ts_weight, candidate)
 
 
@@ -539,7 +531,9 @@ def age(
             decayed += decision.action == AgerAction.DECAY
     left = [r for r in out.values() if r.id not in gone]
     archive = sum(
-        is_archive_candidate(r.state, r.weight, r.decay_lambda, r.ts_weight, r.ts_last, now)
+        is_archive_candidate(
+            r.state, decayed_weight(r.weight, r.decay_lambda, r.ts_weight, now), r.ts_last, now
+        )
         for r in left
     )
     report = AgerReport(

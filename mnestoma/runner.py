@@ -52,6 +52,9 @@ __all__ = [
 
 Processor = Callable[[Any], Any]
 Params = Mapping[str, Any]
+# The parameter sets of an executemany: mappings, or with ``Columns``, tuples in their order.
+ParamRows = Sequence[Params] | Sequence[Sequence[Any]]
+Columns = tuple[str, ...] | None
 
 
 class StatementRunner:
@@ -91,12 +94,7 @@ class StatementRunner:
         """The first column of every row."""
         return [r[0] for r in self.rows(stmt, params)]
 
-    def many(
-        self,
-        stmt: Executable,
-        rows: Sequence[Params] | Sequence[Sequence[Any]],
-        columns: tuple[str, ...] | None = None,
-    ) -> None:
+    def many(self, stmt: Executable, rows: ParamRows, columns: Columns = None) -> None:
         """Run an INSERT or UPDATE once per parameter set (executemany); no result. Each
         set is a mapping, or with ``columns``, a tuple of values in that order."""
         if not rows:
@@ -432,12 +430,7 @@ class DriverRunner(StatementRunner):
             finally:
                 result.close()
 
-    def many(
-        self,
-        stmt: Executable,
-        rows: Sequence[Params] | Sequence[Sequence[Any]],
-        columns: tuple[str, ...] | None = None,
-    ) -> None:
+    def many(self, stmt: Executable, rows: ParamRows, columns: Columns = None) -> None:
         if not rows:
             return
         keys = columns if columns is not None else tuple(cast(Params, rows[0]))

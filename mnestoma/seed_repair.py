@@ -35,23 +35,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import (
-    Column,
-    Connection,
-    Float,
-    Integer,
-    MetaData,
-    String,
-    Table,
-    and_,
-    bindparam,
-    delete,
-    func,
-    insert,
-    select,
-    tuple_,
-    update,
-)
+import sqlalchemy as sa
 
 from .rules import PASSING, EventKind, decayed_weight
 from .sql.tables import EventRow
@@ -71,34 +55,34 @@ GROUPS_PER_BATCH = 500
 # added since (``reason``, ``related_id``, ``recorder``, ``outcome``), so the models' tables,
 # which name them, cannot be used here. Its events are built as every writer's are
 # (:class:`~mnestoma.sql.tables.EventRow`) and written in the columns 0001 has.
-_md = MetaData()
-_mnests = Table(
+_md = sa.MetaData()
+_mnests = sa.Table(
     "mnests",
     _md,
-    Column("id", String(64), primary_key=True),
-    Column("src_executor", String(255)),
-    Column("src_version", String(255)),
-    Column("dst_executor", String(255)),
-    Column("dst_version", String(255)),
-    Column("weight", Float),
-    Column("uses", Integer),
-    Column("ts_first", UTCDateTime()),
-    Column("ts_last", UTCDateTime()),
-    Column("decay_lambda", Float),
-    Column("state", String(16)),
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("src_executor", sa.String(255)),
+    sa.Column("src_version", sa.String(255)),
+    sa.Column("dst_executor", sa.String(255)),
+    sa.Column("dst_version", sa.String(255)),
+    sa.Column("weight", sa.Float),
+    sa.Column("uses", sa.Integer),
+    sa.Column("ts_first", UTCDateTime()),
+    sa.Column("ts_last", UTCDateTime()),
+    sa.Column("decay_lambda", sa.Float),
+    sa.Column("state", sa.String(16)),
 )
-_events = Table(
+_events = sa.Table(
     "events",
     _md,
-    Column("id", Integer, primary_key=True),
-    Column("mnest_id", String(64)),
-    Column("kind", String(16)),
-    Column("ts", UTCDateTime()),
-    Column("turn_id", String(255)),
-    Column("weight_before", Float),
-    Column("weight_after", Float),
-    Column("state_before", String(16)),
-    Column("state_after", String(16)),
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("mnest_id", sa.String(64)),
+    sa.Column("kind", sa.String(16)),
+    sa.Column("ts", UTCDateTime()),
+    sa.Column("turn_id", sa.String(255)),
+    sa.Column("weight_before", sa.Float),
+    sa.Column("weight_after", sa.Float),
+    sa.Column("state_before", sa.String(16)),
+    sa.Column("state_after", sa.String(16)),
 )
 _M, _E = _mnests.c, _events.c
 _SEED_EVENT_COLUMNS = frozenset(_E.keys())
@@ -120,7 +104,7 @@ class SeedRepair:
         return bool(self.rows_merged or self.turn_events_cleared)
 
 
-def repair_before_upgrade(conn: Connection, current: str | None) -> SeedRepair | None:
+def repair_before_upgrade(conn: sa.Connection, current: str | None) -> SeedRepair | None:
     """Called under the migration lock before Alembic runs: on a store at 0001 that is being
     upgraded, repair it, and have the notes written once 0002 has added their columns."""
     if current != SEED_REVISION:
@@ -157,7 +141,7 @@ def _alembic_run() -> tuple[bool, Any] | None:
     return onward, ctx
 
 
-def repair_seed_store(conn: Connection, *, now: datetime | None = None) -> SeedRepair:
+def repair_seed_store(conn: sa.Connection, *, now: datetime | None = None) -> SeedRepair:
     """Merge what revision 0001 allowed and 0002 forbids, on a store at 0001 (see the module
     docstring); ``now`` (default: the current UTC time) stamps the ``merged`` events."""
     at = now or utc_now()
@@ -176,22 +160,22 @@ def repair_seed_store(conn: Connection, *, now: datetime | None = None) -> SeedR
     return report
 
 
-def write_notes(conn: Connection, report: SeedRepair) -> None:
+def write_notes(conn: sa.Connection, report: SeedRepair) -> None:
     """Fill in ``related_id`` and ``reason`` of the repair's events, once revision 0002 has
     added those columns (same transaction)."""
     if not report.notes:
         return
-    events = Table(
+    events = sa.Table(
         "events",
-        MetaData(),
-        Column("id", Integer, primary_key=True),
-        Column("related_id", String(64)),
-        Column("reason", String),
+        sa.MetaData(),
+        sa.Column("id", sa.Integer, primary_key=True),
+        sa.Column("related_id", sa.String(64)),
+        sa.Column("reason", sa.String),
     )
     stmt = (
-        update(events)
-        .where(events.c.id == bindparam("event_id"))
-        .values(related_id=bindparam("related"), reason=bindparam("why"))
+        sa.update(events)
+        .where(events.c.id == sa.bindparam("event_id"))
+        .values(related_id=sa.bindparam("related"), reason=sa.bindparam("why"))
     )
     conn.execute(
         stmt, [{"event_id": e, "related": related, "why": why} for e, related, why in report.notes]
@@ -201,14 +185,14 @@ def write_notes(conn: Connection, report: SeedRepair) -> None:
 # --- rows of one key --------------------------------------------------------------------------
 
 
-def _duplicate_keys(conn: Connection) -> list[tuple[Any, ...]]:
+def _duplicate_keys(conn: sa.Connection) -> list[tuple[Any, ...]]:
     """(src, src_version, dst, state) of every key held by more than one row without a
     destination version."""
     stmt = (
-        select(*_KEY)
+        sa.select(*_KEY)
         .where(_M.dst_version.is_(None))
         .group_by(*_KEY)
-        .having(func.count() > 1)
+        .having(sa.func.count() > 1)
         .order_by(*_KEY)
     )
     return [tuple(r) for r in conn.execute(stmt)]
@@ -220,11 +204,11 @@ def _batches(items: Sequence[tuple[Any, ...]]) -> Iterator[Sequence[tuple[Any, .
 
 
 def _merge_groups(
-    conn: Connection, keys: Sequence[tuple[Any, ...]], at: datetime, report: SeedRepair
+    conn: sa.Connection, keys: Sequence[tuple[Any, ...]], at: datetime, report: SeedRepair
 ) -> None:
     stmt = (
-        select(_mnests)
-        .where(_M.dst_version.is_(None), tuple_(*_KEY).in_(keys))
+        sa.select(_mnests)
+        .where(_M.dst_version.is_(None), sa.tuple_(*_KEY).in_(keys))
         .order_by(*_KEY, _M.ts_first, _M.id)
     )
     rows = conn.execute(stmt).mappings().all()
@@ -235,7 +219,7 @@ def _merge_groups(
         _merge_group(conn, group, at, report)
 
 
-def _merge_group(conn: Connection, rows: list[Any], at: datetime, report: SeedRepair) -> None:
+def _merge_group(conn: sa.Connection, rows: list[Any], at: datetime, report: SeedRepair) -> None:
     """Merge ``rows`` (one key, oldest first) into the first."""
     kept, absorbed = rows[0], rows[1:]
     ts_last = max(r["ts_last"] for r in rows)
@@ -248,8 +232,8 @@ def _merge_group(conn: Connection, rows: list[Any], at: datetime, report: SeedRe
     for r in absorbed:
         before, weight = weight, max(weight, weight_at_end(r))
         # the absorbed row's history becomes the kept row's; a merged event on each id
-        conn.execute(update(_events).where(_E.mnest_id == r["id"]).values(mnest_id=kept["id"]))
-        conn.execute(delete(_mnests).where(_M.id == r["id"]))
+        conn.execute(sa.update(_events).where(_E.mnest_id == r["id"]).values(mnest_id=kept["id"]))
+        conn.execute(sa.delete(_mnests).where(_M.id == r["id"]))
         for own, other, w_before in ((r, kept, weight_at_end(r)), (kept, r, before)):
             why = (
                 f"merged into {kept['id']} when the store left revision 0001, which let two "
@@ -270,7 +254,7 @@ def _merge_group(conn: Connection, rows: list[Any], at: datetime, report: SeedRe
             )
             # the columns 0001 has now; the others once 0002 has added them (write_notes)
             seed_row = {k: v for k, v in event.as_dict().items() if k in _SEED_EVENT_COLUMNS}
-            event_id = conn.execute(insert(_events).returning(_E.id), seed_row).scalar_one()
+            event_id = conn.execute(sa.insert(_events).returning(_E.id), seed_row).scalar_one()
             report.notes.append((event_id, other["id"], why))
         report.rows_merged += 1
     values: dict[str, Any] = {
@@ -279,55 +263,55 @@ def _merge_group(conn: Connection, rows: list[Any], at: datetime, report: SeedRe
         "ts_last": ts_last,
         "weight": min(1.0, weight),
     }
-    conn.execute(update(_mnests).where(_M.id == kept["id"]).values(**values))
+    conn.execute(sa.update(_mnests).where(_M.id == kept["id"]).values(**values))
 
 
-def _copy_json(conn: Connection, rows: list[Any]) -> None:
+def _copy_json(conn: sa.Connection, rows: list[Any]) -> None:
     """Give the first row, for ``tags`` and for ``desired_sig``, the value of the most
     recently used row of the group that has one (in SQL: the values are not read into
     Python, nor re-encoded). Runs before the other rows are deleted."""
-    raw = Table(
+    raw = sa.Table(
         "mnests",
-        MetaData(),
-        Column("id", String(64), primary_key=True),
-        Column("ts_last", UTCDateTime()),
-        Column("tags"),
-        Column("desired_sig"),
+        sa.MetaData(),
+        sa.Column("id", sa.String(64), primary_key=True),
+        sa.Column("ts_last", UTCDateTime()),
+        sa.Column("tags"),
+        sa.Column("desired_sig"),
     )
     src = raw.alias("latest")
     ids = [r["id"] for r in rows]
     values = {
-        name: select(src.c[name])
+        name: sa.select(src.c[name])
         .where(src.c.id.in_(ids), src.c[name].is_not(None))
         .order_by(src.c.ts_last.desc(), src.c.id.desc())
         .limit(1)
         .scalar_subquery()
         for name in ("tags", "desired_sig")
     }
-    conn.execute(update(raw).where(raw.c.id == rows[0]["id"]).values(**values))
+    conn.execute(sa.update(raw).where(raw.c.id == rows[0]["id"]).values(**values))
 
 
 # --- passings of one turn ---------------------------------------------------------------------
 
 
-def _duplicate_turn_edges(conn: Connection) -> list[tuple[Any, ...]]:
+def _duplicate_turn_edges(conn: sa.Connection) -> list[tuple[Any, ...]]:
     """(turn_id, mnest_id) of every pair with more than one created / reinforced event."""
     stmt = (
-        select(_E.turn_id, _E.mnest_id)
+        sa.select(_E.turn_id, _E.mnest_id)
         .where(_E.turn_id.is_not(None), _E.kind.in_(PASSING))
         .group_by(_E.turn_id, _E.mnest_id)
-        .having(func.count() > 1)
+        .having(sa.func.count() > 1)
         .order_by(_E.turn_id, _E.mnest_id)
     )
     return [tuple(r) for r in conn.execute(stmt)]
 
 
-def _clear_turns(conn: Connection, pairs: Sequence[tuple[Any, ...]], report: SeedRepair) -> None:
+def _clear_turns(conn: sa.Connection, pairs: Sequence[tuple[Any, ...]], report: SeedRepair) -> None:
     stmt = (
-        select(_E.id, _E.turn_id, _E.mnest_id)
+        sa.select(_E.id, _E.turn_id, _E.mnest_id)
         .where(
             _E.kind.in_(PASSING),
-            and_(_E.turn_id.is_not(None), tuple_(_E.turn_id, _E.mnest_id).in_(pairs)),
+            sa.and_(_E.turn_id.is_not(None), sa.tuple_(_E.turn_id, _E.mnest_id).in_(pairs)),
         )
         .order_by(_E.turn_id, _E.mnest_id, _E.ts, _E.id)
     )
@@ -344,7 +328,8 @@ def _clear_turns(conn: Connection, pairs: Sequence[tuple[Any, ...]], report: See
         seen.add((turn_id, mnest_id))
     if cleared:
         conn.execute(
-            update(_events).where(_E.id == bindparam("event_id")).values(turn_id=None), cleared
+            sa.update(_events).where(_E.id == sa.bindparam("event_id")).values(turn_id=None),
+            cleared,
         )
     report.turn_events_cleared += len(cleared)
 

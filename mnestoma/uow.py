@@ -15,7 +15,6 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Iterator
-from types import TracebackType
 from typing import Any, Self, TypeVar
 
 from sqlalchemy import Connection, Engine
@@ -41,85 +40,6 @@ T = TypeVar("T")
 # A write that fails transiently (a conflict, a lock timeout, a serialisation failure) is
 # run again, in a new transaction, up to this many times in all.
 MAX_ATTEMPTS = 8
-
-
-class UnitOfWork:
-    """Opens a session on enter; commits only when asked; rolls back otherwise; always closes.
-
-    >>> with UnitOfWork(session_factory) as uow:
-    ...     uow.mnests.record_passing("search", "1", "read", "2")
-    ...     uow.commit()
-    """
-
-    mnests: MnestRepository
-    queries: CanonicalQueryRepository
-    session: Session
-
-    def __init__(
-        self,
-        session_factory: sessionmaker[Session] | Callable[[], Session],
-        *,
-        settings: Settings | None = None,
-        clock: Clock | None = None,
-        recorder: str | None = None,
-    ):
-        if isinstance(session_factory, Engine | Connection | Session) or not callable(
-            session_factory
-        ):
-            given = type(session_factory).__name__
-            if isinstance(session_factory, Session):
-                given += "; UnitOfWork.joining(session) works in a session"
-            raise InvalidInput(
-                f"UnitOfWork needs a session factory (make_session_factory(engine)), got {given}"
-            )
-        self._factory = session_factory
-        self.settings = settings_of(settings, clock=clock, recorder=recorder)
-
-    def __enter__(self) -> Self:
-        session = self._factory()
-        if not isinstance(session, Session):
-            raise InvalidInput(
-                f"the session factory of a UnitOfWork returned {type(session).__name__}, "
-                "not a Session"
-            )
-        self.session = session
-        self.mnests = MnestRepository(self.session, settings=self.settings)
-        self.queries = CanonicalQueryRepository(self.session, settings=self.settings)
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        try:
-            self.session.rollback()
-        finally:
-            self.session.close()
-
-    def commit(self) -> None:
-        """Commit the work done so far; a later operation starts a new transaction."""
-        with translate_errors():
-            self.session.commit()
-
-    def rollback(self) -> None:
-        """Throw away the work done since the last commit."""
-        self.session.rollback()
-
-    @classmethod
-    def joining(
-        cls,
-        session: Session,
-        *,
-        settings: Settings | None = None,
-        clock: Clock | None = None,
-        recorder: str | None = None,
-    ) -> JoinedUnitOfWork:
-        """A unit of work inside a session (and transaction) that the caller owns."""
-        return JoinedUnitOfWork(
-            session, settings=settings_of(settings, clock=clock, recorder=recorder)
-        )
 
 
 class JoinedUnitOfWork:
@@ -168,12 +88,7 @@ class JoinedUnitOfWork:
             take_write_lock(self.session.connection())
             self._savepoint = self.session.begin_nested()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.rollback()
 
     def commit(self) -> None:
@@ -188,6 +103,70 @@ class JoinedUnitOfWork:
         if self._savepoint is not None and self._savepoint.is_active:
             self._savepoint.rollback()
         self._savepoint = None
+
+
+class UnitOfWork:
+    """Opens a session on enter; commits only when asked; rolls back otherwise; always closes.
+
+    >>> with UnitOfWork(session_factory) as uow:
+    ...     uow.mnests.record_passing("search", "1", "read", "2")
+    ...     uow.commit()
+    """
+
+    mnests: MnestRepository
+    queries: CanonicalQueryRepository
+    session: Session
+
+    def __init__(
+        self,
+        session_factory: sessionmaker[Session] | Callable[[], Session],
+        *,
+        settings: Settings | None = None,
+        clock: Clock | None = None,
+        recorder: str | None = None,
+    ):
+        if isinstance(session_factory, Engine | Connection | Session) or not callable(
+            session_factory
+        ):
+            given = type(session_factory).__name__
+            if isinstance(session_factory, Session):
+                given += "; UnitOfWork.joining(session) works in a session"
+            raise InvalidInput(
+                f"UnitOfWork needs a session factory (make_session_factory(engine)), got {given}"
+            )
+        self._factory = session_factory
+        self.settings = settings_of(settings, clock=clock, recorder=recorder)
+
+    def __enter__(self) -> Self:
+        session = self._factory()
+        if not isinstance(session, Session):
+            raise InvalidInput(
+                f"the session factory of a UnitOfWork returned {type(session).__name__}, "
+                "not a Session"
+            )
+        self.session = session
+        self.mnests = MnestRepository(self.session, settings=self.settings)
+        self.queries = CanonicalQueryRepository(self.session, settings=self.settings)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.session.rollback()
+        finally:
+            self.session.close()
+
+    def commit(self) -> None:
+        """Commit the work done so far; a later operation starts a new transaction."""
+        with translate_errors():
+            self.session.commit()
+
+    def rollback(self) -> None:
+        """Throw away the work done since the last commit."""
+        self.session.rollback()
+
+    # ``UnitOfWork.joining(session, *, settings=None, clock=None, recorder=None)``: a unit of
+    # work inside a session (and transaction) that the caller owns.
+    joining = JoinedUnitOfWork
 
 
 class ConnectionUnitOfWork:
@@ -232,12 +211,7 @@ class ConnectionUnitOfWork:
         if self.connection.in_transaction():
             self.connection.rollback()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         try:
             self.rollback()
         finally:
