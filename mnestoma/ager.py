@@ -27,12 +27,19 @@ from sqlalchemy import Connection
 from sqlalchemy.sql import Executable
 
 from .locking import pause_on
-from .rules import AGER_WRITERS_PATIENCE_S, AGER_WRITERS_POLL_S, AgerReport, archive_cutoff
+from .rules import (
+    AGER_WRITERS_PATIENCE_S,
+    AGER_WRITERS_POLL_S,
+    AgerCount,
+    AgerReport,
+    archive_cutoff,
+)
 from .runner import StatementRunner
 from .sql.ager import (
     PROGRESS_BEGIN,
     PROGRESS_DONE,
     PROGRESS_MOVE,
+    AgerChange,
     ager_statements,
     cache_size_pragma,
     postgresql_ager_statements,
@@ -164,12 +171,7 @@ def _run_postgresql(conn: Connection, p: dict[str, Any], *, batched: bool) -> Ag
     _run(conn, s.lock)
     if batched:
         _run(conn, s.async_commit)
-    merged = _run(conn, s.merge, p).rowcount
-    pruned = _run(conn, s.prune, p).rowcount
-    decayed = _run(conn, s.decay, p).rowcount
-    demoted = _run(conn, s.demote, p).rowcount
-    archive = 0 if batched else _run(conn, s.archive_count, p).scalar_one()
-    return _report(merged, pruned, demoted, decayed, archive)
+    return _changed(conn, s.changes, s.archive_count, p, batched=batched)
 
 
 def _let_writers_finish(conn: Connection, writers_in: Executable) -> None:
@@ -187,31 +189,32 @@ def _run_sqlite(conn: Connection, p: dict[str, Any], *, batched: bool) -> AgerRe
     s = sqlite_ager_statements(batched)
     _run(conn, s.pairs_create)
     try:
-        merged = 0
-        if _run(conn, s.pairs, p).rowcount:
-            _run(conn, s.merge_events, p)
-            _run(conn, s.merge_update, p)
-            merged = _run(conn, s.merge_delete, p).rowcount
-        _run(conn, s.moves_events, p)
-        pruned = _run(conn, s.prune, p).rowcount
-        demoted = _run(conn, s.demote, p).rowcount
-        decayed = _run(conn, s.decay, p).rowcount
-        archive = 0 if batched else _run(conn, s.archive_count, p).scalar_one()
+        report = _changed(conn, s.changes, s.archive_count, p, batched=batched)
     except BaseException:
         _cleanup(conn, s.pairs_drop)
         raise
     _run(conn, s.pairs_drop)
-    return _report(merged, pruned, demoted, decayed, archive)
+    return report
 
 
-def _report(merged: int, pruned: int, demoted: int, decayed: int, archive: Any) -> AgerReport:
-    return AgerReport(
-        decayed=decayed,
-        to_decaying=demoted + merged,
-        merged=merged,
-        protos_pruned=pruned,
-        archive_candidates=int(archive),
-    )
+def _changed(
+    conn: Connection,
+    changes: tuple[AgerChange, ...],
+    archive_count: Executable,
+    p: dict[str, Any],
+    *,
+    batched: bool,
+) -> AgerReport:
+    """Run a dialect's changes in their order, each row count added to the report's counts
+    the change names; with ``batched``, no archive count (counted once, at the end)."""
+    counts = dict.fromkeys(AgerCount, 0)
+    for change in changes:
+        changed = _run(conn, change.statement, p).rowcount
+        for name in change.counts:
+            counts[name] += changed
+    if not batched:
+        counts[AgerCount.ARCHIVE_CANDIDATES] += int(_run(conn, archive_count, p).scalar_one())
+    return AgerReport(**{name.value: n for name, n in counts.items()})
 
 
 def _cleanup(conn: Connection, stmt: Executable) -> None:

@@ -1,9 +1,11 @@
 """How each state of a mnest is shown, in one table keyed by :class:`~mnestoma.rules.MnestState`.
 
 The graph's renderers (DOT, Mermaid) and the command line (its STATE columns, the help of
-``graph``) read their per-state looks here, so that a new state is given its look once, and
-``tests/test_display.py`` fails until it is. A *failing* edge (more errors than successes,
-contract §11) is drawn over its state's look, whatever the state.
+``graph``) read their per-state looks here. A state without a look of its own takes the one
+its place in the rules gives it (live: plain; otherwise greyed), so that a new state of the
+rules is shown without a change here; ``tests/test_display.py`` checks every state's. A
+*failing* edge (more errors than successes, contract §11) is drawn over its state's look,
+whatever the state.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .rules import MnestState
+from .rules import LIVE_STATES, MnestState
 
 __all__ = [
     "DOTTED_ARROW",
@@ -56,11 +58,10 @@ class StateStyle:
 
 
 _PROTO = MnestState.PROTO.value
-_DECAYING = MnestState.DECAYING.value
 _SUPERSEDED = MnestState.SUPERSEDED.value
 
-STATE_STYLES: Mapping[MnestState, StateStyle] = {
-    MnestState.ACTIVE: StateStyle(word=MnestState.ACTIVE.value),
+# The states drawn in a look of their own.
+_OWN_LOOKS: Mapping[MnestState, StateStyle] = {
     MnestState.PROTO: StateStyle(
         word=_PROTO,
         label="wished",
@@ -68,13 +69,6 @@ STATE_STYLES: Mapping[MnestState, StateStyle] = {
         dot_style="dashed",
         mermaid_arrow=DOTTED_ARROW,
         summary=f"{_PROTO}s dashed toward a wished node",
-    ),
-    MnestState.DECAYING: StateStyle(
-        word=_DECAYING,
-        label=_DECAYING,
-        colour=FADED_COLOUR,
-        lit=False,
-        summary=f"{_DECAYING} greyed",
     ),
     MnestState.SUPERSEDED: StateStyle(
         word=_SUPERSEDED,
@@ -87,6 +81,26 @@ STATE_STYLES: Mapping[MnestState, StateStyle] = {
         summary=f"{_SUPERSEDED} hidden unless asked (--states {_SUPERSEDED})",
     ),
 }
+
+
+def _look(state: MnestState) -> StateStyle:
+    """A state's look: its own, else the one its place in the rules gives it (a live state
+    plain, any other greyed and named on its edges), so that a new state has a look
+    without an entry here."""
+    if state in _OWN_LOOKS:
+        return _OWN_LOOKS[state]
+    if state in LIVE_STATES:
+        return StateStyle(word=state.value)
+    return StateStyle(
+        word=state.value,
+        label=state.value,
+        colour=FADED_COLOUR,
+        lit=False,
+        summary=f"{state.value} greyed",
+    )
+
+
+STATE_STYLES: Mapping[MnestState, StateStyle] = {state: _look(state) for state in MnestState}
 
 # What a picture shows unless told otherwise (superseded edges are history, hidden).
 PICTURE_STATES: tuple[str, ...] = tuple(s.value for s in MnestState if STATE_STYLES[s].pictured)

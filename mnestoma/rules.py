@@ -30,6 +30,7 @@ __all__ = [
     "SECONDS_PER_DAY",
     "THRESHOLD_TOLERANCE",
     "TRIVIAL_NUMBER",
+    "AgerCount",
     "AgerReport",
     "EventKind",
     "MnestState",
@@ -168,6 +169,17 @@ def sql_literal(value: StrEnum) -> str:
 def sql_list(values: tuple[StrEnum, ...] | type[StrEnum]) -> str:
     """``'a', 'b'``: the values of an enum (or a tuple of members) as an SQL list."""
     return ", ".join(sql_literal(v) for v in values)
+
+
+class AgerCount(StrEnum):
+    """The counts of an :class:`AgerReport`, by field name: the ones a statement of the ager
+    adds its row count to."""
+
+    DECAYED = "decayed"
+    TO_DECAYING = "to_decaying"
+    MERGED = "merged"
+    PROTOS_PRUNED = "protos_pruned"
+    ARCHIVE_CANDIDATES = "archive_candidates"
 
 
 @dataclass(frozen=True, slots=True)

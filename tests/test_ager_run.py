@@ -20,7 +20,7 @@ from mnestoma.ager import AGER_CACHE_KIB
 from mnestoma.errors import MnestomaError
 from mnestoma.models import Mnest
 from mnestoma.rules import AgerRow, age, new_mnest_id
-from mnestoma.sql.ager import sqlite_ager_statements
+from mnestoma.sql.ager import AgerChange, sqlite_ager_statements
 from mnestoma.uow import ConnectionUnitOfWork
 
 T0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
@@ -165,7 +165,12 @@ def test_a_failed_run_sets_the_cache_back_drops_its_table_and_changes_nothing(
     load(sqlite_engine, demoting_store(200, twins=10))
     before = table(sqlite_engine)
     # the run fails after its merges and events, at the demotions
-    failing = replace(sqlite_ager_statements(), demote=text("SELECT no_such_function()"))
+    statements = sqlite_ager_statements()
+    broken = AgerChange("demote", text("SELECT no_such_function()"))
+    failing = replace(
+        statements,
+        changes=tuple(broken if c.name == "demote" else c for c in statements.changes),
+    )
     monkeypatch.setattr(ager_module, "sqlite_ager_statements", lambda batched=False: failing)
     with sqlite_engine.connect() as conn:
         default = cache_size(conn)

@@ -24,7 +24,7 @@ from mnestoma.display import (
 )
 from mnestoma.graph import GraphEdge, GraphNode, MnestGraph, to_dot, to_mermaid
 from mnestoma.models import Event, Mnest
-from mnestoma.rules import DEFAULT_DECAY_LAMBDA, MnestState, check_transition
+from mnestoma.rules import DEFAULT_DECAY_LAMBDA, LIVE_STATES, MnestState, check_transition
 
 AT = datetime(2026, 1, 1, 12, tzinfo=UTC)
 
@@ -83,13 +83,28 @@ def _plain(text: str) -> str:
 
 
 def test_every_state_has_a_look() -> None:
-    """A state added to MnestState (say archived) fails here until it is given a StateStyle."""
+    """Every state of MnestState has a StateStyle, its own or the one the rules give it."""
     missing = [s.value for s in MnestState if s not in STATE_STYLES]
     assert not missing, f"states without a look in mnestoma.display.STATE_STYLES: {missing}"
     assert set(STATE_STYLES) == set(MnestState)
     assert all(isinstance(style, StateStyle) for style in STATE_STYLES.values())
     words = [style.word for style in STATE_STYLES.values()]
     assert len(set(words)) == len(words)  # the command line tells every state apart
+
+
+@pytest.mark.parametrize("state", [s for s in MnestState if s not in display._OWN_LOOKS], ids=str)
+def test_a_state_without_a_look_of_its_own_takes_the_one_the_rules_give_it(
+    state: MnestState,
+) -> None:
+    """A new state of the rules (say archived) is shown without an entry in the display: a
+    live state plain, any other greyed, unlit and named on its edges."""
+    look = STATE_STYLES[state]
+    assert look.word == state.value
+    if state in LIVE_STATES:
+        assert look == StateStyle(word=state.value)
+    else:
+        assert (look.label, look.colour, look.lit) == (state.value, display.FADED_COLOUR, False)
+        assert look.pictured and look.summary == f"{state.value} greyed"
 
 
 def test_a_picture_shows_the_states_the_table_pictures() -> None:

@@ -297,3 +297,11 @@ def test_age_is_schedule_free(specs: list, t1: float, t2: float) -> None:
         assert a.effective_weight(second) == pytest.approx(
             b.effective_weight(second), rel=1e-9, abs=1e-15
         )
+
+
+def test_the_ager_counts_are_the_report_s_fields() -> None:
+    """An ager statement adds its row count to AgerCount members: each names a field of
+    AgerReport, and every field has one."""
+    from dataclasses import fields
+
+    assert [c.value for c in rules.AgerCount] == [f.name for f in fields(rules.AgerReport)]

@@ -40,6 +40,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.schema import CreateTable, DropTable
+from sqlalchemy.sql import Executable
 from sqlalchemy.sql.expression import FunctionElement
 from sqlalchemy.types import UserDefinedType
 
@@ -48,6 +49,7 @@ from ..rules import (
     DECAYING_BELOW,
     PROTO_PRUNE_BELOW,
     SUMMED_ON_MERGE,
+    AgerCount,
     EventKind,
     MnestState,
     Recorder,
@@ -60,7 +62,7 @@ from .tables import EVENTS as E
 from .tables import MNESTS as M
 
 if TYPE_CHECKING:
-    from sqlalchemy import Delete, Insert, Select, TextClause, Update
+    from sqlalchemy import Insert, Select, TextClause
     from sqlalchemy.sql.compiler import SQLCompiler
     from sqlalchemy.sql.selectable import NamedFromClause
 
@@ -344,20 +346,31 @@ def _tid(page: Any) -> Any:
 
 
 @dataclass(frozen=True, slots=True)
+class AgerChange:
+    """One statement of a run that changes rows: its name, and the counts of
+    :class:`~mnestoma.rules.AgerReport` that its row count adds to (none: it only writes).
+    A run executes its dialect's changes in their order, so that a new step of the ager
+    is one more change in the list, read by the run as the others."""
+
+    name: str
+    statement: Executable
+    counts: tuple[AgerCount, ...] = ()
+
+
+def change_named(changes: tuple[AgerChange, ...], name: str) -> AgerChange:
+    """The change called ``name`` among ``changes``."""
+    [found] = [c for c in changes if c.name == name]
+    return found
+
+
+@dataclass(frozen=True, slots=True)
 class SQLiteAgerStatements:
     """The ager's statements on SQLite, in the order a run executes them (the merges through
     the temporary :data:`PAIRS`, the events of prunes and demotions in one scan before the
     rows change), and what plans a run: its rowids and rows, the page cache's size."""
 
     pairs_create: CreateTable
-    pairs: Insert
-    merge_events: Insert
-    merge_update: Update
-    merge_delete: Delete
-    moves_events: Insert
-    prune: Delete
-    demote: Update
-    decay: Update
+    changes: tuple[AgerChange, ...]
     archive_count: Select[int]
     pairs_drop: DropTable
     bounds: Select[int, int, int]  # (first rowid, last rowid + 1, rows)
@@ -374,10 +387,7 @@ class PostgreSQLAgerStatements:
     lock: TextClause
     async_commit: TextClause
     writers_in: TextClause
-    merge: Delete
-    prune: Insert
-    decay: Update
-    demote: Insert
+    changes: tuple[AgerChange, ...]
     archive_count: Select[int]
     bounds: Select[int, int, int]  # (first page, last page + 1, rows)
 
@@ -427,22 +437,47 @@ def _sqlite(now: Any, batched: bool) -> SQLiteAgerStatements:
     )
     return SQLiteAgerStatements(
         pairs_create=CreateTable(p),
-        pairs=insert(p).from_select(
-            [c.name for c in p.columns], _pairs_select("sqlite", now, batched)
+        changes=(
+            AgerChange(
+                "pairs",
+                insert(p).from_select(
+                    [c.name for c in p.columns], _pairs_select("sqlite", now, batched)
+                ),
+            ),
+            AgerChange("merge_events", _insert_events(union_all(absorbed, target))),
+            AgerChange(
+                "merge_update",
+                update(M).where(_rowid(M).in_(select(p.c.d_rowid))).values(merge_values),
+            ),
+            AgerChange(
+                "merge_delete",
+                delete(M).where(_rowid(M).in_(select(p.c.a_rowid))),
+                counts=(AgerCount.MERGED, AgerCount.TO_DECAYING),
+            ),
+            AgerChange("moves_events", _insert_events(moves_events)),
+            AgerChange(
+                "prune",
+                delete(M).where(state == PROTO, below(eff, PROTO_PRUNE_BELOW), *in_batch),
+                counts=(AgerCount.PROTOS_PRUNED,),
+            ),
+            # Demoted and decayed rows are written by two statements: a statement that sets
+            # ``state`` rewrites the entries of every index holding it, for each row it
+            # touches.
+            AgerChange(
+                "demote",
+                update(M)
+                .where(state == ACTIVE, below(eff, DECAYING_BELOW), *in_batch)
+                .values(state=DECAYING, weight=eff, ts_weight=advanced(M.c.ts_weight, now)),
+                counts=(AgerCount.TO_DECAYING,),
+            ),
+            AgerChange(
+                "decay",
+                update(M)
+                .where(state.in_([ACTIVE, PROTO]), M.c.ts_weight < now, *in_batch)
+                .values(weight=eff, ts_weight=now),
+                counts=(AgerCount.DECAYED,),
+            ),
         ),
-        merge_events=_insert_events(union_all(absorbed, target)),
-        merge_update=update(M).where(_rowid(M).in_(select(p.c.d_rowid))).values(merge_values),
-        merge_delete=delete(M).where(_rowid(M).in_(select(p.c.a_rowid))),
-        moves_events=_insert_events(moves_events),
-        prune=delete(M).where(state == PROTO, below(eff, PROTO_PRUNE_BELOW), *in_batch),
-        # Demoted and decayed rows are written by two statements: a statement that sets
-        # ``state`` rewrites the entries of every index holding it, for each row it touches.
-        demote=update(M)
-        .where(state == ACTIVE, below(eff, DECAYING_BELOW), *in_batch)
-        .values(state=DECAYING, weight=eff, ts_weight=advanced(M.c.ts_weight, now)),
-        decay=update(M)
-        .where(state.in_([ACTIVE, PROTO]), M.c.ts_weight < now, *in_batch)
-        .values(weight=eff, ts_weight=now),
         archive_count=_archive_count("sqlite", now, state),
         pairs_drop=DropTable(p, if_exists=True),
         # The run's rowids (those the table has when it begins) and its rows.
@@ -530,10 +565,12 @@ def _postgresql(now: Any, batched: bool) -> PostgreSQLAgerStatements:
             "SELECT count(*) FROM pg_locks"
             " WHERE relation = 'mnests'::regclass AND pid <> pg_backend_pid()"
         ),
-        merge=merge,
-        prune=prune,
-        decay=decay,
-        demote=demote,
+        changes=(
+            AgerChange("merge", merge, counts=(AgerCount.MERGED, AgerCount.TO_DECAYING)),
+            AgerChange("prune", prune, counts=(AgerCount.PROTOS_PRUNED,)),
+            AgerChange("decay", decay, counts=(AgerCount.DECAYED,)),
+            AgerChange("demote", demote, counts=(AgerCount.TO_DECAYING,)),
+        ),
         archive_count=_archive_count(pg, now, M.c.state),
         # The run's pages (those the table has when it begins) and its rows, for the batch
         # size in pages.
