@@ -6,11 +6,9 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import (
     NonRecordingSpan,
     SpanContext,
@@ -18,11 +16,10 @@ from opentelemetry.trace import (
     Tracer,
     set_span_in_context,
 )
+from otel_kit import VERSIONS, Setup, otel_setup  # noqa: F401  (the setup fixture)
 
 import mnestoma
 from mnestoma.otel import MnestomaSpanProcessor, value_digests
-
-VERSIONS = {"fs.search": "1.2", "fs.read": "2.0", "pdf.text": "0.9"}
 
 
 class FakeStore:
@@ -47,27 +44,6 @@ class FakeStore:
 
     def edges(self) -> list[tuple[str, str, str, str | None]]:
         return [(p[0], p[1], p[2], p[3]) for _, passings, _ in self.calls for p in passings]
-
-
-Setup = Callable[..., tuple[MnestomaSpanProcessor, Tracer]]
-
-
-@pytest.fixture
-def setup() -> Iterator[Setup]:
-    """Build a processor on a store and a tracer of a fresh provider feeding it."""
-    providers: list[TracerProvider] = []
-
-    def make(store: Any, **options: Any) -> tuple[MnestomaSpanProcessor, Tracer]:
-        options.setdefault("version_of", VERSIONS)
-        processor = MnestomaSpanProcessor(store, **options)
-        provider = TracerProvider()
-        provider.add_span_processor(processor)
-        providers.append(provider)
-        return processor, provider.get_tracer("test")
-
-    yield make
-    for provider in providers:
-        provider.shutdown()
 
 
 def genai(tracer: Tracer, name: str, arguments: Any = None, result: Any = None) -> None:

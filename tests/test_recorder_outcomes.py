@@ -6,16 +6,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Status, StatusCode, Tracer
+from otel_kit import VERSIONS, Setup, otel_setup  # noqa: F401  (the setup fixture)
 
 import mnestoma
 from mnestoma import Passing
-from mnestoma.otel import MnestomaSpanProcessor
 from mnestoma.tracing import BackgroundWriter, current_turn, executor, turn, wish
 
 # ---------------------------------------------------------------------------- helpers
@@ -295,27 +293,6 @@ def test_the_background_writer_carries_the_outcomes(store: mnestoma.Mnestoma) ->
 
 
 # ---------------------------------------------------------------------------- OpenTelemetry
-
-VERSIONS = {"fs.search": "1.2", "fs.read": "2.0", "pdf.text": "0.9"}
-Setup = Callable[..., tuple[MnestomaSpanProcessor, Tracer]]
-
-
-@pytest.fixture
-def setup() -> Iterator[Setup]:
-    """A processor on a store and a tracer of a fresh provider feeding it."""
-    providers: list[TracerProvider] = []
-
-    def make(store: Any, **options: Any) -> tuple[MnestomaSpanProcessor, Tracer]:
-        options.setdefault("version_of", VERSIONS)
-        processor = MnestomaSpanProcessor(store, **options)
-        provider = TracerProvider()
-        provider.add_span_processor(processor)
-        providers.append(provider)
-        return processor, provider.get_tracer("test")
-
-    yield make
-    for provider in providers:
-        provider.shutdown()
 
 
 def tool_span(
