@@ -205,3 +205,37 @@ def test_with_retries_never_runs_a_permanent_failure_twice(error: Exception) -> 
     with pytest.raises(type(error)):
         with_retries(failing)
     assert calls == [1]
+
+
+@pytest.mark.parametrize("door", ["sync", "async"])
+def test_a_retried_write_replays_the_items_of_a_generator_it_was_given(
+    store, door: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The facades read a generator argument once, before the first attempt: the attempt
+    that a transient conflict ends and its retry record the same passings."""
+    attempts: list[int] = []
+    real = MnestRepository._record_many
+
+    def conflict_once(self, items, turn_id, recorder):  # type: ignore[no-untyped-def]
+        attempts.append(len(items))
+        if len(attempts) == 1:
+            raise RaceLost("another writer created a key meanwhile")
+        return real(self, items, turn_id, recorder)
+
+    monkeypatch.setattr(MnestRepository, "_record_many", conflict_once)
+    passings = ((f"s{i}", "1", "d", "1") for i in range(3))
+    if door == "sync":
+        rows = store.record_turn("t1", passings)
+    else:
+        import asyncio
+
+        from mnestoma.aio import AsyncMnestoma
+
+        async def record() -> list[Mnest]:
+            async with AsyncMnestoma(store.engine.url, clock=store.clock) as am:
+                return await am.record_turn("t1", passings)
+
+        rows = asyncio.run(record())
+    assert attempts == [3, 3]
+    assert sorted(m.src_executor for m in rows) == ["s0", "s1", "s2"]
+    assert sorted(m.src_executor for m in store.edges(dst_executor="d")) == ["s0", "s1", "s2"]
