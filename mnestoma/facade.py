@@ -23,7 +23,7 @@ from .config import (
     resolve_database_url,
 )
 from .errors import InvalidInput, SchemaError, translate_errors
-from .locking import LOCK_TIMEOUT_OPTION, ager_run_lock, pause_on
+from .locking import LOCK_TIMEOUT_OPTION, WaitingWriters, ager_run_lock
 from .migration import ensure_at_head, sqlite_store_missing
 from .models import CanonicalQuery
 
@@ -254,22 +254,23 @@ def age_in_batches(
     :data:`~mnestoma.rules.AGER_BATCH_TARGET_S` each. ``progress(done, total)`` after each
     batch (the total an estimate while the batches are being sized).
 
-    On SQLite each batch after the first waits :func:`~mnestoma.rules.batch_pause`
-    first, so that writers waiting for the lock take it in between.
+    On SQLite, before each batch after the first, the writes that wait for the lock get it
+    (:class:`~mnestoma.locking.WaitingWriters`); on PostgreSQL each batch waits for the
+    writers in a transaction on ``mnests`` before it locks the table.
     """
     started = time.perf_counter()
     if batch_rows is None:
         batch_rows = settings.ager_batch_rows
     write = functools.partial(written, conn, settings=settings)
-    pause = batch_pause(conn.dialect.name)
-    with ager_run_lock(conn), ager_page_cache(conn):
+    sqlite = conn.dialect.name == "sqlite"
+    with ager_run_lock(conn), ager_page_cache(conn), WaitingWriters(conn) as writers:
         run = write(lambda u: u.mnests.begin_ager_run(batch_rows or AGER_BATCH_ROWS))
         report = AgerReport()
         lo, step, number = run.first, run.step, 0
         while lo < run.end:
             hi = min(lo + step, run.end)
-            if number and pause:
-                pause_on(conn, pause)
+            if number and sqlite:
+                writers.let_in()
             took = time.perf_counter()
             number += 1
             report += write(functools.partial(_age_batch, run=run, lo=lo, hi=hi, number=number))

@@ -18,13 +18,14 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from sqlalchemy import Connection, text
 from sqlalchemy.engine.interfaces import AdaptedConnection
 
 from .errors import InvalidInput, WriteLockTimeout
+from .rules import AGER_YIELD_EVERY_S, AGER_YIELD_MAX_S, AGER_YIELD_POLL_S, BATCH_PAUSE_S
 
 __all__ = [
     "DEFAULT_LOCK_TIMEOUT_S",
@@ -33,6 +34,7 @@ __all__ = [
     "MAX_BUSY_TIMEOUT_MS",
     "SNAPSHOT_INFO",
     "WRITE_LOCK_POLL_S",
+    "WaitingWriters",
     "ager_run_lock",
     "ager_running",
     "busy_timeout_ms",
@@ -151,21 +153,33 @@ def take_write_lock(conn: Connection) -> None:
         # A snapshot that has only read: end it (nothing to lose) rather than upgrade it,
         # which fails once another writer has committed since it began.
         dbapi.execute("COMMIT")
-    _begin_immediate(dbapi, conn.connection.info, lock_timeout(conn))
+    _begin_immediate(
+        dbapi, conn.connection.info, lock_timeout(conn), waiting=lambda: _waiting_path(conn)
+    )
     conn.connection.info.pop(SNAPSHOT_INFO, None)
 
 
-def _begin_immediate(dbapi: Any, info: dict[Any, Any], timeout: float) -> None:
+def _begin_immediate(
+    dbapi: Any,
+    info: dict[Any, Any],
+    timeout: float,
+    *,
+    waiting: Callable[[], str | None] | None = None,
+) -> None:
     """``BEGIN IMMEDIATE`` within ``timeout`` seconds in all, or WriteLockTimeout.
 
     SQLite's busy handler waits inside each attempt for as long as the connection's busy
     timeout: each attempt gets what is left of ``timeout``, and the connection's resting
     busy timeout is put back afterwards (unchanged when it is the lock timeout already).
+    From its first attempt that finds the lock taken until it has it, the write says that
+    it waits (a shared ``flock`` on the file ``waiting()`` names, see
+    :class:`WaitingWriters`), so that an ager between two batches lets it in.
     """
     if _BUSY_REST_INFO not in info:  # a connection make_engine did not open
         rest_busy_timeout(info, _read_busy_timeout(dbapi))
     deadline = time.monotonic() + timeout
     left = timeout
+    said = -1  # the descriptor holding the shared flock once the write says it waits
     try:
         while True:
             # Each try waits in SQLite's busy handler for WRITE_LOCK_POLL_S at most (it then
@@ -179,6 +193,8 @@ def _begin_immediate(dbapi: Any, info: dict[Any, Any], timeout: float) -> None:
                 text_ = str(err).lower()
                 if "locked" not in text_ and "busy" not in text_:
                     raise
+            if said < 0 and waiting is not None:
+                said = _say_waiting(waiting())
             now = time.monotonic()
             left = deadline - now
             if left <= 0:
@@ -189,8 +205,85 @@ def _begin_immediate(dbapi: Any, info: dict[Any, Any], timeout: float) -> None:
                 _pause(dbapi, min(0.001, left))
                 left = max(0.0, deadline - time.monotonic())
     finally:
+        if said >= 0:
+            os.close(said)  # releases the flock: no longer waiting
         with contextlib.suppress(sqlite3.Error):  # never hide the error that ended the wait
             _set_busy_timeout(dbapi, info, info[_BUSY_REST_INFO])
+
+
+def _say_waiting(path: str | None) -> int:
+    """Take a shared ``flock`` on ``path`` (created if need be); its descriptor, or -1 when
+    there is no such file to lock (an in-memory database, a folder it cannot write in, a
+    system without ``flock``) or the ager is looking at that instant (the next attempt
+    says it again)."""
+    if path is None or _fcntl is None:
+        return -1
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        return -1
+    if _try_flock(fd, exclusive=False):
+        return fd
+    os.close(fd)
+    return -1
+
+
+class WaitingWriters:
+    """What the ager on SQLite sees, between two of its batches, of the writes that wait for
+    the write lock: each of this package's writes holds a shared ``flock`` on
+    ``<file>-writers.lock`` while it waits, which an exclusive ``flock`` cannot get.
+
+    :meth:`let_in` waits while some write waits (up to :data:`~mnestoma.rules.AGER_YIELD_MAX_S`,
+    looking every :data:`~mnestoma.rules.AGER_YIELD_POLL_S`), so that every write that
+    queued behind a batch gets in before the next one; when none waits it returns at once,
+    but pauses :data:`~mnestoma.rules.BATCH_PAUSE_S` at least every
+    :data:`~mnestoma.rules.AGER_YIELD_EVERY_S` for writers that cannot say they wait (a
+    service's own code). Without such a file (an in-memory database, no ``flock``), it
+    pauses :data:`~mnestoma.rules.BATCH_PAUSE_S` each time, as a fixed pause would.
+    """
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self._fd = -1
+        path = _waiting_path(conn)
+        if path is not None and _fcntl is not None:
+            with contextlib.suppress(OSError):
+                self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._paused = time.monotonic()
+
+    def waiting(self) -> bool:
+        """True while some write of this package waits for the write lock."""
+        if self._fd < 0 or not _try_flock(self._fd, exclusive=True):
+            return self._fd >= 0
+        _fcntl.flock(self._fd, _fcntl.LOCK_UN)
+        return False
+
+    def let_in(self) -> None:
+        """Between two batches: let the waiting writes in (see the class)."""
+        if self._fd < 0:
+            pause_on(self._conn, BATCH_PAUSE_S)
+            return
+        now = time.monotonic()
+        if self.waiting():
+            deadline = now + AGER_YIELD_MAX_S
+            while self.waiting() and time.monotonic() < deadline:
+                pause_on(self._conn, AGER_YIELD_POLL_S)
+            self._paused = time.monotonic()
+        elif now - self._paused >= AGER_YIELD_EVERY_S:
+            pause_on(self._conn, BATCH_PAUSE_S)
+            self._paused = time.monotonic()
+
+    def close(self) -> None:
+        """Close the lock file."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> WaitingWriters:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def write_lock_timeout(timeout: float) -> WriteLockTimeout:
@@ -308,12 +401,26 @@ def _release_advisory(conn: Connection) -> None:
 
 def _ager_lock_path(conn: Connection) -> str | None:
     """The ager lock file of a SQLite file database, None for an in-memory one."""
+    return _beside(conn, "-ager.lock")
+
+
+def _waiting_path(conn: Connection) -> str | None:
+    """The file on which the writes that wait for a SQLite file database's write lock say
+    so (see :class:`WaitingWriters`), None for an in-memory one."""
+    return _beside(conn, "-writers.lock")
+
+
+def _beside(conn: Connection, suffix: str) -> str | None:
+    """A file beside a SQLite file database (its path and ``suffix``), None for an
+    in-memory one (and for a database of another engine)."""
+    if conn.dialect.name != "sqlite":
+        return None
     database = conn.engine.url.database
     if not database or database == ":memory:" or database.startswith("file::memory:"):
         return None
     if database.startswith("file:"):
         database = database[5:].split("?", 1)[0]
-    return os.path.abspath(database) + "-ager.lock"
+    return os.path.abspath(database) + suffix
 
 
 _MEMORY_AGER_LOCKS: dict[int, threading.Lock] = {}
@@ -339,6 +446,12 @@ def _try_flock(fd: int, *, exclusive: bool) -> bool:
     except BlockingIOError:
         return False
     return True
+
+
+try:
+    import fcntl as _fcntl
+except ImportError:  # pragma: no cover - a system without flock: fixed pauses
+    _fcntl = None  # type: ignore[assignment]
 
 
 def lock_for_migration(conn: Connection) -> None:

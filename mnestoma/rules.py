@@ -15,6 +15,9 @@ __all__ = [
     "AGER_BATCH_TARGET_S",
     "AGER_WRITERS_PATIENCE_S",
     "AGER_WRITERS_POLL_S",
+    "AGER_YIELD_EVERY_S",
+    "AGER_YIELD_MAX_S",
+    "AGER_YIELD_POLL_S",
     "ARCHIVE_AFTER_DAYS",
     "ARCHIVE_BELOW",
     "BATCH_PAUSE_S",
@@ -77,6 +80,14 @@ AGER_BATCH_ROWS = 4000
 # mnestoma.locking). Small beside a batch, so that a run takes little longer than one
 # transaction would.
 BATCH_PAUSE_S = 0.003
+# The ager on SQLite, between two batches: while writers of this package wait for the write
+# lock (each says so while it waits, see mnestoma.locking.WaitingWriters), it waits for them,
+# looking again this often, up to AGER_YIELD_MAX_S; when none waits it goes on at once, but
+# pauses BATCH_PAUSE_S at least every AGER_YIELD_EVERY_S, for writers that do not say so
+# (a service's own code writing its own tables in the same file).
+AGER_YIELD_POLL_S = 0.0005
+AGER_YIELD_MAX_S = 0.05
+AGER_YIELD_EVERY_S = 0.1
 # apply_ager on PostgreSQL: before a batch takes its table lock, it waits up to this long
 # (seconds) for the writers in a transaction on mnests to end. Writers queued behind a batch
 # catch up on the calls it delayed instead of getting one call in between two batches.

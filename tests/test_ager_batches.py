@@ -7,6 +7,7 @@ import math
 import os
 import random
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -20,8 +21,9 @@ from sqlalchemy import Engine, event, text
 from test_ager_run import T0, StoppedClock, demoting_store, load
 
 import mnestoma
-from mnestoma import AgerReport, Mnestoma
+from mnestoma import AgerReport, Mnestoma, locking, rules
 from mnestoma.errors import InvalidInput, MnestomaError
+from mnestoma.locking import WaitingWriters
 from mnestoma.status import collect_status
 
 ROWS = demoting_store(600, seed=11, twins=40)  # the twins come last: merges across batches
@@ -197,6 +199,64 @@ def test_a_writer_behind_a_batch_gets_in_before_the_run_ends(store_url: str) -> 
         assert started.is_set() and done.is_set()
         # started in batch 4; a run in one transaction would let it in after its end
         assert finished_at and finished_at[0] < len(batches) - 3, (finished_at, len(batches))
+
+
+def test_a_write_waiting_for_the_sqlite_lock_says_so_until_it_has_it(tmp_path: Any) -> None:
+    """What the ager sees between two batches: a write of the package that waits for the
+    write lock, for as long as it waits, and nothing once it has written."""
+    with (
+        Mnestoma(f"sqlite:///{tmp_path / 'store.sqlite'}") as store,
+        store.engine.connect() as conn,
+    ):
+        store.record_passing("a", "1", "b", "1")  # migrated, a pooled connection ready
+        with WaitingWriters(conn) as writers:
+            assert not writers.waiting()
+            holder = sqlite3.connect(store.engine.url.database, isolation_level=None)
+            holder.execute("BEGIN IMMEDIATE")  # another writer holds the lock
+            writer = threading.Thread(target=store.record_passing, args=("a", "1", "b", "1"))
+            writer.start()
+            deadline = time.monotonic() + 10
+            while not writers.waiting() and time.monotonic() < deadline:
+                time.sleep(0.001)
+            assert writers.waiting()
+            holder.execute("COMMIT")
+            holder.close()
+            writer.join(10)
+            assert not writer.is_alive()
+            assert not writers.waiting()
+        assert store.get(store.find("a", "1", "b", "1").id).uses == 2
+
+
+def test_with_no_writer_waiting_the_ager_pauses_only_now_and_then(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between batches the ager waits for writers only when one waits; otherwise it goes on,
+    pausing BATCH_PAUSE_S at most every AGER_YIELD_EVERY_S on SQLite (for writers that
+    cannot say they wait), never on PostgreSQL, and it leaves no lock file on PostgreSQL."""
+    reset(store_url)
+    pauses: list[float] = []
+    real_pause = locking.pause_on
+
+    def counted(conn: Any, seconds: float) -> None:
+        pauses.append(seconds)
+        real_pause(conn, seconds)
+
+    monkeypatch.setattr(locking, "pause_on", counted)
+    batches: list[int] = []
+    started = time.monotonic()
+    with Mnestoma(store_url, clock=StoppedClock()) as store:
+        store.apply_ager(batch_rows=10, progress=lambda n, total: batches.append(n))
+        sqlite = store.engine.dialect.name == "sqlite"
+        database = store.engine.url.database
+    took = time.monotonic() - started
+    assert len(batches) > 10
+    if sqlite:
+        assert set(pauses) <= {rules.BATCH_PAUSE_S}
+        assert len(pauses) <= took / rules.AGER_YIELD_EVERY_S + 1
+        assert len(pauses) < len(batches) - 1
+    else:
+        assert pauses == []
+        assert not os.path.exists(os.path.abspath(f"{database}-writers.lock"))
 
 
 def test_two_runs_at_once_apply_once(store_url: str) -> None:

@@ -302,9 +302,9 @@ def sqlite_lock_waits(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
     waiting = threading.Event()
     begin = locking._begin_immediate
 
-    def observed_begin(dbapi: Any, info: dict[Any, Any], timeout: float) -> None:
+    def observed_begin(dbapi: Any, info: dict[Any, Any], timeout: float, **kw: Any) -> None:
         waiting.set()
-        begin(dbapi, info, timeout)
+        begin(dbapi, info, timeout, **kw)
 
     monkeypatch.setattr(locking, "_begin_immediate", observed_begin)
     return waiting

@@ -427,8 +427,9 @@ def test_status_changes_no_byte_of_a_sqlite_store_and_creates_no_file(tmp_path: 
         m.record_passing("a", "1", "b", "2")
         m.apply_ager()
     before = _snapshot(tmp_path)
-    # the ager's run lock stays beside the store (empty: only its flock matters)
-    assert list(before) == ["store.sqlite", "store.sqlite-ager.lock"]
+    # the ager's run lock and the file on which waiting writers say so stay beside the
+    # store (empty: only their flocks matter)
+    assert list(before) == ["store.sqlite", "store.sqlite-ager.lock", "store.sqlite-writers.lock"]
     run_ok("status", "--database-url", url)
     run_ok("status", "--json", "--database-url", url)
     collect_status(url, clock=clock)
