@@ -36,13 +36,19 @@ from .config import (
 )
 from .errors import InvalidInput, MissingExtra, MnestomaError, SchemaError, translate_errors
 from .facade import BatchProgress, age_in_batches, ensure_schema
-from .locking import LOCK_TIMEOUT_OPTION, lock_timeout_seconds, write_lock_timeout
+from .locking import (
+    LOCK_TIMEOUT_OPTION,
+    lock_timeout_seconds,
+    saying_it_waits,
+    waiting_file,
+    write_lock_timeout,
+)
 from .migration import sqlite_store_missing
 from .models import CanonicalQuery
 from .repository import CanonicalQueryRepository, MnestRepository, QueryFrequency
 from .rules import AgerReport, batch_pause, event_batches
 from .settings import Settings, settings_of
-from .uow import ConnectionUnitOfWork, JoinedUnitOfWork, read_once, retry_pause
+from .uow import ConnectionUnitOfWork, JoinedUnitOfWork, items_reader, retry_pause
 from .validation import Clock, check_batch_rows, check_dry_run
 
 try:
@@ -120,10 +126,12 @@ def _awaited(
     """The sync operation ``op`` as a coroutine method: same signature, checks, errors and
     result, because it is the same code, run through the door's ``_call``."""
 
+    reader = items_reader(op) if write else None
+
     async def method(self: _AsyncDoor[R], /, *args: P.args, **kwargs: P.kwargs) -> T:
-        if not write:
-            return await self._call(lambda sync: op(sync, *args, **kwargs), write=False)
-        again, again_kw = read_once(args, kwargs)  # a retry replays what the first read
+        if reader is None:
+            return await self._call(lambda sync: op(sync, *args, **kwargs), write=write)
+        again, again_kw = reader(args, kwargs)  # a retry replays what the first attempt read
         call: Callable[..., T] = op
         return await self._call(lambda sync: call(sync, *again, **again_kw), write=True)
 
@@ -482,6 +490,7 @@ class AsyncMnestoma(_MnestOperations):
         # SQLite has one writer at a time: this facade's writes queue here, each woken as
         # soon as the previous one commits, instead of polling SQLite's busy handler.
         self._one_writer = asyncio.Lock() if is_sqlite(url) else None
+        self._waiting_file = waiting_file(self.engine.sync_engine.url)
 
     @property
     def clock(self) -> Clock:
@@ -560,8 +569,12 @@ class AsyncMnestoma(_MnestOperations):
         # One lock timeout in all: the wait for this facade's queue of writers counts in it.
         timeout = lock_timeout_seconds(self._bind.get_execution_options().get(LOCK_TIMEOUT_OPTION))
         deadline = time.monotonic() + timeout
+        # Queued behind this facade's other writes, a write says that it waits, as it
+        # would in SQLite's queue: an ager between two batches lets the queue in.
+        queued = self._waiting_file if self._one_writer.locked() else None
         try:
-            await asyncio.wait_for(self._one_writer.acquire(), timeout)
+            with saying_it_waits(queued):
+                await asyncio.wait_for(self._one_writer.acquire(), timeout)
         except TimeoutError:
             raise write_lock_timeout(timeout) from None
         try:

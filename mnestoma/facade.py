@@ -38,7 +38,7 @@ from .rules import (
     event_batches,
 )
 from .settings import Settings, settings_of
-from .uow import ConnectionUnitOfWork, UnitOfWork, read_once, written
+from .uow import ConnectionUnitOfWork, UnitOfWork, items_reader, written
 from .validation import Clock, check_batch_rows, check_dry_run
 
 __all__ = ["Mnestoma"]
@@ -52,13 +52,16 @@ def _in_one_transaction(
 ) -> Callable[Concatenate[Mnestoma, P], T]:
     """The repository's operation ``op`` as a method of the facade: the same signature,
     checks, errors and result (it is the same code), run in a transaction of its own: a
-    write retried when it failed transiently (a generator argument read once, before the
-    first attempt), a read in a read transaction."""
+    write retried when it failed transiently (a generator of items, such as a turn's
+    passings, read once before the first attempt), a read in a read transaction."""
+
+    reader = items_reader(op) if write else None
 
     def method(self: Mnestoma, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        if not write:
-            return self._read(lambda unit: op(unit.mnests, *args, **kwargs))
-        again, again_kw = read_once(args, kwargs)  # a retry replays what the first read
+        if reader is None:
+            run = self._write if write else self._read
+            return run(lambda unit: op(unit.mnests, *args, **kwargs))
+        again, again_kw = reader(args, kwargs)  # a retry replays what the first attempt read
         call: Callable[..., T] = op
         return self._write(lambda unit: call(unit.mnests, *again, **again_kw))
 

@@ -14,7 +14,7 @@ networkx. ``networkx`` (extra ``mnestoma[graph]``) is imported only by GraphML a
 
 from __future__ import annotations
 
-import functools
+import inspect
 import io
 import json
 from collections.abc import Callable, Iterable
@@ -51,6 +51,7 @@ __all__ = [
     "GraphReads",
     "MissingExtra",
     "MnestGraph",
+    "build_graph",
     "render",
     "to_dot",
     "to_graphml",
@@ -132,8 +133,12 @@ def _as_networkx(read: Callable[P, MnestGraph]) -> Callable[P, Any]:
     def to_networkx_of(*args: P.args, **kwargs: P.kwargs) -> Any:
         return to_networkx(read(*args, **kwargs))
 
-    functools.update_wrapper(to_networkx_of, read, assigned=())  # read's signature
-    to_networkx_of.__name__ = to_networkx_of.__qualname__ = "to_networkx"
+    # read's parameters, its own result
+    to_networkx_of.__signature__ = inspect.signature(read).replace(  # type: ignore[attr-defined]
+        return_annotation=Any
+    )
+    to_networkx_of.__name__ = "to_networkx"
+    to_networkx_of.__qualname__ = "GraphReads.to_networkx"
     to_networkx_of.__doc__ = (
         "The graph as a ``networkx.MultiDiGraph`` (extra ``mnestoma[graph]``): nodes "
         '``"executor@version"``, one edge per mnest keyed by its id, with its columns, '
@@ -208,6 +213,10 @@ class GraphReads:
         return _graph(found.values(), at, node_id(src, version))
 
     to_networkx = _as_networkx(graph)
+
+
+# The graph read through a repository, as a function: ``build_graph(repo, ...)``.
+build_graph = GraphReads.graph
 
 
 def _graph(rows: Iterable[Mnest], at: datetime, src: str | None) -> MnestGraph:

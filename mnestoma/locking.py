@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from sqlalchemy import Connection, text
+from sqlalchemy import URL, Connection, text
 from sqlalchemy.engine.interfaces import AdaptedConnection
 
 from .errors import InvalidInput, WriteLockTimeout
@@ -46,7 +46,9 @@ __all__ = [
     "lock_timeout_seconds",
     "pause_on",
     "rest_busy_timeout",
+    "saying_it_waits",
     "take_write_lock",
+    "waiting_file",
     "write_lock_timeout",
 ]
 
@@ -205,8 +207,7 @@ def _begin_immediate(
                 _pause(dbapi, min(0.001, left))
                 left = max(0.0, deadline - time.monotonic())
     finally:
-        if said >= 0:
-            os.close(said)  # releases the flock: no longer waiting
+        _stop_saying(said)  # releases the flock: no longer waiting
         with contextlib.suppress(sqlite3.Error):  # never hide the error that ended the wait
             _set_busy_timeout(dbapi, info, info[_BUSY_REST_INFO])
 
@@ -214,18 +215,57 @@ def _begin_immediate(
 def _say_waiting(path: str | None) -> int:
     """Take a shared ``flock`` on ``path`` (created if need be); its descriptor, or -1 when
     there is no such file to lock (an in-memory database, a folder it cannot write in, a
-    system without ``flock``) or the ager is looking at that instant (the next attempt
-    says it again)."""
+    file system or system without ``flock``) or the ager is looking at that instant (the
+    next attempt says it again)."""
     if path is None or _fcntl is None:
         return -1
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)
     except OSError:
         return -1
-    if _try_flock(fd, exclusive=False):
-        return fd
+    try:
+        if _try_flock(fd, exclusive=False):
+            _SAYING.add(fd)
+            return fd
+    except OSError:  # no flock on this file system: the ager's pauses let the write in
+        pass
     os.close(fd)
     return -1
+
+
+def _stop_saying(fd: int) -> None:
+    """Close a descriptor :func:`_say_waiting` returned: the write no longer waits."""
+    if fd >= 0:
+        _SAYING.discard(fd)
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def saying_it_waits(path: str | None) -> Iterator[None]:
+    """Say, for the block, that a write waits for the write lock of the SQLite database whose
+    :func:`waiting_file` is ``path`` (None: nothing to say): the async facade's writes that
+    queue for its own lock before SQLite's."""
+    fd = _say_waiting(path)
+    try:
+        yield
+    finally:
+        _stop_saying(fd)
+
+
+# The descriptors on which writes of this process say that they wait. A child forked
+# meanwhile closes its copies: they would go on saying it for a write that is not its own.
+_SAYING: set[int] = set()
+
+
+def _forget_waiting_in_child() -> None:
+    for fd in list(_SAYING):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _SAYING.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_waiting_in_child)
 
 
 class WaitingWriters:
@@ -248,14 +288,19 @@ class WaitingWriters:
         path = _waiting_path(conn)
         if path is not None and _fcntl is not None:
             with contextlib.suppress(OSError):
-                self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+                self._fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)
         self._paused = time.monotonic()
 
     def waiting(self) -> bool:
         """True while some write of this package waits for the write lock."""
-        if self._fd < 0 or not _try_flock(self._fd, exclusive=True):
-            return self._fd >= 0
-        _fcntl.flock(self._fd, _fcntl.LOCK_UN)
+        if self._fd < 0:
+            return False
+        try:
+            if not _try_flock(self._fd, exclusive=True):
+                return True
+            _fcntl.flock(self._fd, _fcntl.LOCK_UN)
+        except OSError:  # no flock on this file system: fixed pauses from now on
+            self.close()
         return False
 
     def let_in(self) -> None:
@@ -410,12 +455,22 @@ def _waiting_path(conn: Connection) -> str | None:
     return _beside(conn, "-writers.lock")
 
 
+def waiting_file(url: URL) -> str | None:
+    """:func:`_waiting_path` for the database at ``url`` (None unless a SQLite file)."""
+    return _beside_url(url, "-writers.lock")
+
+
 def _beside(conn: Connection, suffix: str) -> str | None:
     """A file beside a SQLite file database (its path and ``suffix``), None for an
     in-memory one (and for a database of another engine)."""
-    if conn.dialect.name != "sqlite":
+    return _beside_url(conn.engine.url, suffix)
+
+
+def _beside_url(url: URL, suffix: str) -> str | None:
+    """:func:`_beside` for the database at ``url``."""
+    if url.get_backend_name() != "sqlite":
         return None
-    database = conn.engine.url.database
+    database = url.database
     if not database or database == ":memory:" or database.startswith("file::memory:"):
         return None
     if database.startswith("file:"):

@@ -12,6 +12,7 @@ Repositories never commit; these do.
 
 from __future__ import annotations
 
+import inspect
 import random
 import time
 from collections.abc import Callable, Iterator
@@ -228,16 +229,38 @@ def retry_pause(attempt: int, err: BaseException) -> float | None:
     return None
 
 
-def read_once(
-    args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """A write's arguments with each one-shot iterator (a generator) read into a list, before
-    the first attempt: a retry then replays the same items, not an exhausted iterator."""
+# The parameters of write operations that take a collection of items: a generator given
+# there is read once, before the first attempt, so that a retry replays the same items.
+ITEM_PARAMETERS = frozenset({"passings"})
 
-    def once(value: Any) -> Any:
-        return list(value) if isinstance(value, Iterator) else value
+ArgsReader = Callable[[tuple[Any, ...], dict[str, Any]], tuple[tuple[Any, ...], dict[str, Any]]]
 
-    return tuple(once(a) for a in args), {k: once(v) for k, v in kwargs.items()}
+
+def items_reader(op: Callable[..., Any]) -> ArgsReader | None:
+    """For a repository's write operation ``op``, what reads the one-shot iterators given to
+    its :data:`ITEM_PARAMETERS` into lists (None: it has none). Any other argument is
+    passed as given, for the operation to check."""
+    names = list(inspect.signature(op).parameters)[1:]  # after self
+    wanted = [(i, name) for i, name in enumerate(names) if name in ITEM_PARAMETERS]
+    if not wanted:
+        return None
+
+    def read(
+        args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        listed, named = list(args), dict(kwargs)
+        for i, name in wanted:
+            if i < len(listed):
+                listed[i] = _listed(listed[i])
+            elif name in named:
+                named[name] = _listed(named[name])
+        return tuple(listed), named
+
+    return read
+
+
+def _listed(value: Any) -> Any:
+    return list(value) if isinstance(value, Iterator) else value
 
 
 def with_retries(attempt_once: Callable[[], T]) -> T:

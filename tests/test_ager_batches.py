@@ -259,6 +259,84 @@ def test_with_no_writer_waiting_the_ager_pauses_only_now_and_then(
         assert not os.path.exists(os.path.abspath(f"{database}-writers.lock"))
 
 
+def test_a_process_forked_while_a_write_waits_does_not_go_on_saying_it_waits(
+    tmp_path: Any,
+) -> None:
+    """The child has a copy of the descriptor on which the parent's write says it waits: it
+    closes it, else the ager would see a waiting write for as long as the child lives."""
+    import multiprocessing
+
+    url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    with Mnestoma(url) as store, store.engine.connect() as conn:
+        path = locking._waiting_path(conn)
+        with WaitingWriters(conn) as writers:
+            with locking.saying_it_waits(path):
+                assert writers.waiting()
+                child = multiprocessing.get_context("fork").Process(target=time.sleep, args=(5,))
+                child.start()
+            try:
+                deadline = time.monotonic() + 3  # the child closes its copy once it runs
+                while writers.waiting() and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                assert child.is_alive() and not writers.waiting()
+            finally:
+                child.terminate()
+                child.join()
+
+
+def test_without_flock_on_the_file_system_writes_and_the_ager_fall_back_to_pauses(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file system that refuses flock: a write cannot say it waits (and keeps no
+    descriptor open), and the ager pauses BATCH_PAUSE_S between every two batches."""
+    url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    with Mnestoma(url) as store, store.engine.connect() as conn:
+        path = locking._waiting_path(conn)
+        with WaitingWriters(conn) as writers:
+
+            def no_flock(fd: int, *, exclusive: bool) -> bool:
+                raise OSError(37, "No locks available")
+
+            monkeypatch.setattr(locking, "_try_flock", no_flock)
+            assert locking._say_waiting(path) == -1 and not locking._SAYING
+            pauses: list[float] = []
+            monkeypatch.setattr(locking, "pause_on", lambda c, seconds: pauses.append(seconds))
+            assert not writers.waiting()
+            writers.let_in()
+            writers.let_in()
+            assert pauses == [rules.BATCH_PAUSE_S] * 2
+
+
+def test_an_async_write_queued_behind_the_facade_s_writes_says_it_waits(tmp_path: Any) -> None:
+    """The async facade's writes queue for its own lock before SQLite's: queued, a write says
+    that it waits, so that an ager between two batches lets the queue in."""
+    import asyncio
+
+    from mnestoma.aio import AsyncMnestoma
+
+    url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    with Mnestoma(url) as store:
+        store.record_passing("a", "1", "b", "1")
+
+    async def main() -> list[bool]:
+        seen = []
+        async with AsyncMnestoma(url) as am:
+            with Mnestoma(url) as sync, sync.engine.connect() as conn, WaitingWriters(conn) as w:
+                await am._one_writer.acquire()  # another write of the facade holds the queue
+                write = asyncio.ensure_future(am.record_passing("a", "1", "b", "1"))
+                for _ in range(200):
+                    await asyncio.sleep(0.005)
+                    if w.waiting():
+                        break
+                seen.append(w.waiting())
+                am._one_writer.release()
+                await write
+                seen.append(w.waiting())
+        return seen
+
+    assert asyncio.run(main()) == [True, False]
+
+
 def test_two_runs_at_once_apply_once(store_url: str) -> None:
     expected, left = one_transaction(store_url)
     reset(store_url)

@@ -239,3 +239,13 @@ def test_a_retried_write_replays_the_items_of_a_generator_it_was_given(
     assert attempts == [3, 3]
     assert sorted(m.src_executor for m in rows) == ["s0", "s1", "s2"]
     assert sorted(m.src_executor for m in store.edges(dst_executor="d")) == ["s0", "s1", "s2"]
+
+
+def test_a_generator_given_as_a_json_value_is_refused_by_every_door(store) -> None:
+    """Only collections of items (a turn's passings) are read once by the facades: a
+    generator given as tags is refused as the repository refuses it, never stored."""
+    with pytest.raises(InvalidInput, match="tags"):
+        store.record_passing("a", "1", "b", "1", tags=(t for t in "xy"))
+    with store.unit_of_work() as uow, pytest.raises(InvalidInput, match="tags"):
+        uow.mnests.record_passing("a", "1", "b", "1", tags=(t for t in "xy"))
+    assert store.edges() == []
