@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import click
 import pytest
 
 from mnestoma.cli import cli
@@ -128,6 +129,29 @@ def test_the_synopsis_names_every_command() -> None:
         assert any(re.match(rf"mnestoma {name}( |$)", line) for line in lines), name
         for sub in getattr(command, "commands", {}):
             assert any(re.match(rf"mnestoma {name} {sub}( |$)", line) for line in lines), sub
+
+
+def test_the_synopsis_names_every_option_of_every_command() -> None:
+    """Each command's line names each of its options (by its long or its short name),
+    except the options every command shares, said below the synopsis."""
+    guide = _text(DOCS / "cli.md").split("## Every command", 1)[1]
+    synopsis = re.search(r"```\n(.*?)```", guide, re.S)
+    assert synopsis is not None
+    shared = {"--json", "--database-url", "--help"}
+
+    def check(command: click.Command, path: str) -> None:
+        if isinstance(command, click.Group):
+            for sub_name, sub in command.commands.items():
+                check(sub, f"{path} {sub_name}")
+            return
+        lines = [x for x in synopsis.group(1).splitlines() if re.match(rf"{path}( |$)", x)]
+        for option in command.params:
+            if not isinstance(option, click.Option) or shared & set(option.opts):
+                continue
+            assert any(o in x for o in option.opts for x in lines), (path, option.opts)
+
+    for name, command in cli.commands.items():
+        check(command, f"mnestoma {name}")
 
 
 def test_the_graph_guide_says_the_dot_pipe_needs_graphviz() -> None:
