@@ -18,7 +18,7 @@ import time
 import weakref
 from collections.abc import Callable, Coroutine
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, Self, TypeVar
+from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import URL
@@ -48,7 +48,7 @@ from .models import CanonicalQuery
 from .repository import CanonicalQueryRepository, MnestRepository, QueryFrequency
 from .rules import AgerReport, batch_pause, event_batches
 from .settings import Settings, settings_of
-from .uow import ConnectionUnitOfWork, JoinedUnitOfWork, items_reader, retry_pause
+from .uow import ConnectionUnitOfWork, JoinedUnitOfWork, repository_call, retry_pause
 from .validation import Clock, check_batch_rows, check_dry_run
 
 try:
@@ -61,8 +61,6 @@ try:
 except ImportError as err:  # SQLAlchemy's asyncio extension needs greenlet
     raise MissingExtra(f'the async door needs: pip install "mnestoma[async]" ({err})') from err
 
-if TYPE_CHECKING:
-    pass
 
 __all__ = [
     "AsyncCanonicalQueryRepository",
@@ -126,14 +124,11 @@ def _awaited(
     """The sync operation ``op`` as a coroutine method: same signature, checks, errors and
     result, because it is the same code, run through the door's ``_call``."""
 
-    reader = items_reader(op) if write else None
+    bind = repository_call(op, write=write)
 
     async def method(self: _AsyncDoor[R], /, *args: P.args, **kwargs: P.kwargs) -> T:
-        if reader is None:
-            return await self._call(lambda sync: op(sync, *args, **kwargs), write=write)
-        again, again_kw = reader(args, kwargs)  # a retry replays what the first attempt read
-        call: Callable[..., T] = op
-        return await self._call(lambda sync: call(sync, *again, **again_kw), write=True)
+        # bound once: a retry replays what the first attempt read
+        return await self._call(bind(args, kwargs), write=write)
 
     functools.update_wrapper(method, op, assigned=("__name__", "__doc__"))
     method.__qualname__ = op.__name__

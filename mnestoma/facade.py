@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
-from typing import TYPE_CHECKING, Concatenate, ParamSpec, TypeVar
+from typing import Concatenate, ParamSpec, TypeVar
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import URL
@@ -26,9 +26,6 @@ from .errors import InvalidInput, SchemaError, translate_errors
 from .locking import LOCK_TIMEOUT_OPTION, WaitingWriters, ager_run_lock
 from .migration import ensure_at_head, sqlite_store_missing
 from .models import CanonicalQuery
-
-if TYPE_CHECKING:
-    pass
 from .repository import MnestRepository, QueryFrequency
 from .rules import (
     AGER_BATCH_ROWS,
@@ -38,7 +35,7 @@ from .rules import (
     event_batches,
 )
 from .settings import Settings, settings_of
-from .uow import ConnectionUnitOfWork, UnitOfWork, items_reader, written
+from .uow import ConnectionUnitOfWork, UnitOfWork, repository_call, written
 from .validation import Clock, check_batch_rows, check_dry_run
 
 __all__ = ["Mnestoma"]
@@ -55,15 +52,12 @@ def _in_one_transaction(
     write retried when it failed transiently (a generator of items, such as a turn's
     passings, read once before the first attempt), a read in a read transaction."""
 
-    reader = items_reader(op) if write else None
+    bind = repository_call(op, write=write)
 
     def method(self: Mnestoma, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        if reader is None:
-            run = self._write if write else self._read
-            return run(lambda unit: op(unit.mnests, *args, **kwargs))
-        again, again_kw = reader(args, kwargs)  # a retry replays what the first attempt read
-        call: Callable[..., T] = op
-        return self._write(lambda unit: call(unit.mnests, *again, **again_kw))
+        call = bind(args, kwargs)  # bound once: a retry replays what the first attempt read
+        run = self._write if write else self._read
+        return run(lambda unit: call(unit.mnests))
 
     functools.update_wrapper(method, op, assigned=("__name__", "__doc__"))
     method.__qualname__ = f"Mnestoma.{op.__name__}"

@@ -233,30 +233,27 @@ def retry_pause(attempt: int, err: BaseException) -> float | None:
 # there is read once, before the first attempt, so that a retry replays the same items.
 ITEM_PARAMETERS = frozenset({"passings"})
 
-ArgsReader = Callable[[tuple[Any, ...], dict[str, Any]], tuple[tuple[Any, ...], dict[str, Any]]]
 
-
-def items_reader(op: Callable[..., Any]) -> ArgsReader | None:
-    """For a repository's write operation ``op``, what reads the one-shot iterators given to
-    its :data:`ITEM_PARAMETERS` into lists (None: it has none). Any other argument is
-    passed as given, for the operation to check."""
+def repository_call(
+    op: Callable[..., T], *, write: bool
+) -> Callable[[tuple[Any, ...], dict[str, Any]], Callable[[Any], T]]:
+    """What a facade runs for one call of the repository's operation ``op``: given the call's
+    arguments, ``op`` on whichever repository a transaction gives it. For a write, the
+    one-shot iterators given to its :data:`ITEM_PARAMETERS` are read into lists first, once;
+    any other argument is passed as given, for the operation to check."""
     names = list(inspect.signature(op).parameters)[1:]  # after self
-    wanted = [(i, name) for i, name in enumerate(names) if name in ITEM_PARAMETERS]
-    if not wanted:
-        return None
+    items = [(i, name) for i, name in enumerate(names) if name in ITEM_PARAMETERS] if write else []
 
-    def read(
-        args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    def bind(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Callable[[Any], T]:
         listed, named = list(args), dict(kwargs)
-        for i, name in wanted:
+        for i, name in items:
             if i < len(listed):
                 listed[i] = _listed(listed[i])
             elif name in named:
                 named[name] = _listed(named[name])
-        return tuple(listed), named
+        return lambda repo: op(repo, *listed, **named)
 
-    return read
+    return bind
 
 
 def _listed(value: Any) -> Any:
