@@ -156,7 +156,10 @@ def take_write_lock(conn: Connection) -> None:
         # which fails once another writer has committed since it began.
         dbapi.execute("COMMIT")
     _begin_immediate(
-        dbapi, conn.connection.info, lock_timeout(conn), waiting=lambda: _waiting_path(conn)
+        dbapi,
+        conn.connection.info,
+        lock_timeout(conn),
+        waiting=lambda: waiting_file(conn.engine.url),
     )
     conn.connection.info.pop(SNAPSHOT_INFO, None)
 
@@ -217,11 +220,8 @@ def _say_waiting(path: str | None) -> int:
     there is no such file to lock (an in-memory database, a folder it cannot write in, a
     file system or system without ``flock``) or the ager is looking at that instant (the
     next attempt says it again)."""
-    if path is None or _fcntl is None:
-        return -1
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)
-    except OSError:
+    fd = _open_lock_file(path)
+    if fd < 0:
         return -1
     try:
         if _try_flock(fd, exclusive=False):
@@ -231,6 +231,17 @@ def _say_waiting(path: str | None) -> int:
         pass
     os.close(fd)
     return -1
+
+
+def _open_lock_file(path: str | None) -> int:
+    """A descriptor of the lock file ``path`` (created if need be; read-only, which
+    ``flock`` is content with), or -1: no file, no ``flock`` on this system, or no access."""
+    if path is None or _fcntl is None:
+        return -1
+    try:
+        return os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)
+    except OSError:
+        return -1
 
 
 def _stop_saying(fd: int) -> None:
@@ -284,11 +295,7 @@ class WaitingWriters:
 
     def __init__(self, conn: Connection) -> None:
         self._conn = conn
-        self._fd = -1
-        path = _waiting_path(conn)
-        if path is not None and _fcntl is not None:
-            with contextlib.suppress(OSError):
-                self._fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)
+        self._fd = _open_lock_file(waiting_file(conn.engine.url))
         self._paused = time.monotonic()
 
     def waiting(self) -> bool:
@@ -446,28 +453,19 @@ def _release_advisory(conn: Connection) -> None:
 
 def _ager_lock_path(conn: Connection) -> str | None:
     """The ager lock file of a SQLite file database, None for an in-memory one."""
-    return _beside(conn, "-ager.lock")
-
-
-def _waiting_path(conn: Connection) -> str | None:
-    """The file on which the writes that wait for a SQLite file database's write lock say
-    so (see :class:`WaitingWriters`), None for an in-memory one."""
-    return _beside(conn, "-writers.lock")
+    return _beside(conn.engine.url, "-ager.lock")
 
 
 def waiting_file(url: URL) -> str | None:
-    """:func:`_waiting_path` for the database at ``url`` (None unless a SQLite file)."""
-    return _beside_url(url, "-writers.lock")
+    """The file on which the writes that wait for the write lock of the SQLite file database
+    at ``url`` say so (see :class:`WaitingWriters`); None for an in-memory one or another
+    engine's database."""
+    return _beside(url, "-writers.lock")
 
 
-def _beside(conn: Connection, suffix: str) -> str | None:
-    """A file beside a SQLite file database (its path and ``suffix``), None for an
-    in-memory one (and for a database of another engine)."""
-    return _beside_url(conn.engine.url, suffix)
-
-
-def _beside_url(url: URL, suffix: str) -> str | None:
-    """:func:`_beside` for the database at ``url``."""
+def _beside(url: URL, suffix: str) -> str | None:
+    """A file beside the SQLite file database at ``url`` (its path and ``suffix``), None for
+    an in-memory one and for a database of another engine."""
     if url.get_backend_name() != "sqlite":
         return None
     database = url.database
@@ -492,21 +490,21 @@ def _memory_ager_lock(conn: Connection) -> Iterator[None]:
         yield
 
 
-def _try_flock(fd: int, *, exclusive: bool) -> bool:
-    """Take ``flock`` on ``fd`` without waiting; False when another holds it."""
-    import fcntl
-
-    try:
-        fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    return True
-
-
 try:
     import fcntl as _fcntl
 except ImportError:  # pragma: no cover - a system without flock: fixed pauses
     _fcntl = None  # type: ignore[assignment]
+
+
+def _try_flock(fd: int, *, exclusive: bool) -> bool:
+    """Take ``flock`` on ``fd`` without waiting; False when another holds it."""
+    if _fcntl is None:  # pragma: no cover
+        raise ImportError("flock needs the fcntl module, which this system does not have")
+    try:
+        _fcntl.flock(fd, (_fcntl.LOCK_EX if exclusive else _fcntl.LOCK_SH) | _fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
 
 
 def lock_for_migration(conn: Connection) -> None:

@@ -268,7 +268,7 @@ def test_a_process_forked_while_a_write_waits_does_not_go_on_saying_it_waits(
 
     url = f"sqlite:///{tmp_path / 'store.sqlite'}"
     with Mnestoma(url) as store, store.engine.connect() as conn:
-        path = locking._waiting_path(conn)
+        path = locking.waiting_file(conn.engine.url)
         with WaitingWriters(conn) as writers:
             with locking.saying_it_waits(path):
                 assert writers.waiting()
@@ -291,7 +291,7 @@ def test_without_flock_on_the_file_system_writes_and_the_ager_fall_back_to_pause
     descriptor open), and the ager pauses BATCH_PAUSE_S between every two batches."""
     url = f"sqlite:///{tmp_path / 'store.sqlite'}"
     with Mnestoma(url) as store, store.engine.connect() as conn:
-        path = locking._waiting_path(conn)
+        path = locking.waiting_file(conn.engine.url)
         with WaitingWriters(conn) as writers:
 
             def no_flock(fd: int, *, exclusive: bool) -> bool:

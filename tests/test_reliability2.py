@@ -387,7 +387,8 @@ def test_the_merge_of_a_hub_is_linear_on_a_database_without_statistics(
             # statistics, as after a bulk load or a copy
             column_stats = "SELECT count(*) FROM pg_stats WHERE tablename = 'mnests'"
             assert conn.execute(text(column_stats)).scalar_one() == 0
-            merge = stm.change_named(stm.postgresql_ager_statements().changes, "merge").statement
+            changes = stm.postgresql_ager_statements().changes
+            [merge] = [c.statement for c in changes if c.name == "merge"]
             params = {"now": T0 + timedelta(days=1), "cutoff": T0 - timedelta(days=89)}
             compiled = merge.compile(dialect=conn.dialect)
             plan = conn.exec_driver_sql(

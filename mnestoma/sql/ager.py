@@ -357,12 +357,6 @@ class AgerChange:
     counts: tuple[AgerCount, ...] = ()
 
 
-def change_named(changes: tuple[AgerChange, ...], name: str) -> AgerChange:
-    """The change called ``name`` among ``changes``."""
-    [found] = [c for c in changes if c.name == name]
-    return found
-
-
 @dataclass(frozen=True, slots=True)
 class SQLiteAgerStatements:
     """The ager's statements on SQLite, in the order a run executes them (the merges through
