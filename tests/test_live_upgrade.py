@@ -243,6 +243,12 @@ def _hold_for(engine: Engine, table: str, seconds: float) -> threading.Thread:
     return thread
 
 
+# How the releases before this package's statements reinforced a row, as raw SQL.
+REINFORCE_AS_BEFORE = text(
+    "UPDATE mnests SET uses = uses + 1, ts_last = :now, ts_weight = :now WHERE id = :id"
+)
+
+
 def test_writers_of_a_previous_release_wait_briefly_and_never_fail_while_0002_goes_to_head(
     engine: Engine,
 ) -> None:
@@ -252,13 +258,7 @@ def test_writers_of_a_previous_release_wait_briefly_and_never_fail_while_0002_go
     def old_release_write(i: int) -> None:
         with engine.begin() as conn:
             now = datetime.now(UTC)
-            conn.execute(
-                text(
-                    "UPDATE mnests SET uses = uses + 1, ts_last = :now, ts_weight = :now "
-                    "WHERE id = :id"
-                ),
-                {"id": ids[i], "now": now},
-            )
+            conn.execute(REINFORCE_AS_BEFORE, {"id": ids[i], "now": now})
             conn.execute(
                 text(
                     "INSERT INTO events (mnest_id, kind, ts, weight_before, weight_after, "
@@ -301,13 +301,7 @@ def test_writers_see_no_error_nor_deadlock_while_the_store_goes_to_head_then_the
         with engine.begin() as conn:
             now = datetime.now(UTC)
             conn.execute(text("SELECT id FROM mnests WHERE id = :id FOR UPDATE"), {"id": ids[i]})
-            conn.execute(
-                text(
-                    "UPDATE mnests SET uses = uses + 1, ts_last = :now, ts_weight = :now "
-                    "WHERE id = :id"
-                ),
-                {"id": ids[i], "now": now},
-            )
+            conn.execute(REINFORCE_AS_BEFORE, {"id": ids[i], "now": now})
             conn.execute(
                 text(
                     "INSERT INTO events (mnest_id, kind, ts, turn_id, weight_before, "
