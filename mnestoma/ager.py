@@ -21,12 +21,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import Connection
 from sqlalchemy.sql import Executable
 
-from .locking import pause_on
+from .locking import WaitingWriters, pause_on
 from .rules import (
     AGER_WRITERS_PATIENCE_S,
     AGER_WRITERS_POLL_S,
@@ -49,9 +49,13 @@ from .sql.tables import AGER_RUNS
 
 __all__ = [
     "AGER_CACHE_KIB",
+    "AgerBounds",
     "BatchedRun",
+    "TableWriters",
     "age_batch",
+    "ager_bounds",
     "ager_page_cache",
+    "ager_writers",
     "archive_candidates",
     "begin_batched_run",
     "end_batched_run",
@@ -91,6 +95,14 @@ def _record_run(conn: Connection, now: datetime, duration_s: float, report: Ager
     _run(conn, _INSERT_AGER_RUN, {"ts": now, "duration_s": duration_s, **asdict(report)})
 
 
+class AgerBounds(NamedTuple):
+    """What a run in batches covers: positions ``[first, end)`` holding ``rows`` rows."""
+
+    first: int
+    end: int
+    rows: int
+
+
 @dataclass(frozen=True, slots=True)
 class BatchedRun:
     """A run of the ager in batches: its id in ``ager_progress``, its ``now``, the positions
@@ -103,14 +115,20 @@ class BatchedRun:
     step: int
 
 
+def ager_bounds(conn: Connection) -> AgerBounds:
+    """The positions the table's rows hold now (SQLite rowids, PostgreSQL pages) and how
+    many rows it holds: what a run in batches covers (rows added later are newer than its
+    ``now``). A read, done before the run's first write so that it holds no lock."""
+    first, end, rows = _run(conn, ager_statements(conn.dialect.name, True).bounds).one()
+    return AgerBounds(int(first or 0), int(end or 0), int(rows or 0))
+
+
 def begin_batched_run(
-    conn: Connection, now: datetime, batch_rows: int, started: datetime
+    conn: Connection, now: datetime, batch_rows: int, started: datetime, bounds: AgerBounds
 ) -> BatchedRun:
-    """Plan a run at ``now`` in batches of about ``batch_rows`` rows over the rows the table
-    holds now (rows added later are newer than ``now``), and note it in ``ager_progress``."""
-    dialect = conn.dialect.name
-    first, end, rows = _run(conn, ager_statements(dialect, True).bounds).one()
-    first, end, rows = int(first or 0), int(end or 0), int(rows or 0)
+    """Plan a run at ``now`` in batches of about ``batch_rows`` rows over ``bounds``
+    (:func:`ager_bounds`), and note it in ``ager_progress``."""
+    first, end, rows = bounds
     span = max(0, end - first)
     step = max(1, -(-batch_rows * span // max(rows, 1)))  # positions holding batch_rows rows
     run_id = _run(
@@ -166,7 +184,9 @@ def _run_postgresql(conn: Connection, p: dict[str, Any], *, batched: bool) -> Ag
     transaction."""
     s = postgresql_ager_statements(batched)
     if batched:
-        _let_writers_finish(conn, s.writers_in)
+        waited = time.perf_counter()
+        seen = _let_writers_finish(conn, s.writers_in)
+        conn.info[_WRITERS_INFO] = (seen, time.perf_counter() - waited)
     # One lock order with writers: they wait for the ager instead of deadlocking.
     _run(conn, s.lock)
     if batched:
@@ -174,13 +194,61 @@ def _run_postgresql(conn: Connection, p: dict[str, Any], *, batched: bool) -> Ag
     return _changed(conn, s.changes, s.archive_count, p, batched=batched)
 
 
-def _let_writers_finish(conn: Connection, writers_in: Executable) -> None:
+def _let_writers_finish(conn: Connection, writers_in: Executable) -> bool:
     """Wait (up to :data:`~mnestoma.rules.AGER_WRITERS_PATIENCE_S`) until no writer is in
-    a transaction on ``mnests``: the batch's table lock, once requested, would queue every
-    writer's next call behind it."""
+    a transaction on ``mnests``: the batch's table lock, requested right after, would queue
+    every writer's next call behind it. True when one was."""
     deadline = time.monotonic() + AGER_WRITERS_PATIENCE_S
-    while _run(conn, writers_in).scalar_one() and time.monotonic() < deadline:
+    seen = False
+    while _run(conn, writers_in).scalar_one():
+        seen = True
+        if time.monotonic() >= deadline:
+            break
         pause_on(conn, AGER_WRITERS_POLL_S)
+    return seen
+
+
+# Connection info: whether the last batch on this connection found writers in, and how long
+# it waited for them (seconds) before it locked the table (PostgreSQL).
+_WRITERS_INFO = "mnestoma_ager_writers"
+
+
+class TableWriters:
+    """What the ager on PostgreSQL sees of the writers: each batch, in its transaction and
+    just before it locks the table, waits for the writers in a transaction on ``mnests``
+    to end (the lock, once requested, would queue every writer behind it), and notes
+    whether there were any; :meth:`let_in` reads that note."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+
+    def let_in(self) -> bool:
+        """Before a batch: True when the batch before found writers in (also before the
+        first batch: writers are assumed about until seen otherwise)."""
+        return bool(self._conn.info.get(_WRITERS_INFO, (True, 0.0))[0])
+
+    def waited(self) -> float:
+        """Seconds the last batch waited for writers before it took its locks."""
+        return float(self._conn.info.get(_WRITERS_INFO, (True, 0.0))[1])
+
+    def close(self) -> None:
+        """Forget the note."""
+        self._conn.info.pop(_WRITERS_INFO, None)
+
+    def __enter__(self) -> TableWriters:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def ager_writers(conn: Connection) -> WaitingWriters | TableWriters:
+    """What a run in batches on ``conn`` sees of the writers between two batches, and lets
+    them in by (:class:`~mnestoma.locking.WaitingWriters` on SQLite, :class:`TableWriters`
+    on PostgreSQL)."""
+    if conn.dialect.name == "postgresql":
+        return TableWriters(conn)
+    return WaitingWriters(conn)
 
 
 def _run_sqlite(conn: Connection, p: dict[str, Any], *, batched: bool) -> AgerReport:

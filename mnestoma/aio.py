@@ -228,6 +228,7 @@ class AsyncMnestRepository(_OnAsyncSession[MnestRepository], _MnestOperations):
 
     # the shared table (_MnestOperations), and the repository's own:
     apply_ager = _awaited(MnestRepository.apply_ager, write=True)
+    ager_bounds = _awaited(MnestRepository.ager_bounds)
     begin_ager_run = _awaited(MnestRepository.begin_ager_run, write=True)
     age_batch = _awaited(MnestRepository.age_batch, write=True)
     archive_candidates = _awaited(MnestRepository.archive_candidates)

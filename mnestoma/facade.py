@@ -12,7 +12,7 @@ from typing import Concatenate, ParamSpec, TypeVar
 from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import URL
 
-from .ager import BatchedRun, ager_page_cache
+from .ager import BatchedRun, ager_page_cache, ager_writers
 from .config import (
     is_memory_sqlite,
     is_sqlite,
@@ -23,13 +23,14 @@ from .config import (
     resolve_database_url,
 )
 from .errors import InvalidInput, SchemaError, translate_errors
-from .locking import LOCK_TIMEOUT_OPTION, WaitingWriters, ager_run_lock
+from .locking import LOCK_TIMEOUT_OPTION, ager_run_lock
 from .migration import ensure_at_head, sqlite_store_missing
 from .models import CanonicalQuery
 from .repository import MnestRepository, QueryFrequency
 from .rules import (
     AGER_BATCH_ROWS,
     AgerReport,
+    ager_batch_target,
     ager_next_step,
     batch_pause,
     event_batches,
@@ -162,10 +163,11 @@ class Mnestoma:
 
         Online: the run commits in batches, each its own short transaction, so a writer
         waits for one batch, not the run. By default each batch is sized to hold its locks
-        about :data:`~mnestoma.rules.AGER_BATCH_TARGET_S` (25 ms); ``batch_rows`` fixes
-        about how many rows each covers instead. ``progress(done, total)`` is called after
-        each batch. A second run at once waits for the first. A dry run is one
-        transaction, rolled back.
+        about :data:`~mnestoma.rules.AGER_BATCH_TARGET_S` (25 ms) while writers are about,
+        :data:`~mnestoma.rules.AGER_BATCH_QUIET_TARGET_S` (75 ms) once none has been seen
+        for a second; ``batch_rows`` fixes about how many rows each covers instead.
+        ``progress(done, total)`` is called after each batch. A second run at once waits for
+        the first. A dry run is one transaction, rolled back.
         """
         rows = check_batch_rows(batch_rows)
         if check_dry_run(dry_run):
@@ -247,32 +249,38 @@ def age_in_batches(
     """One run of the ager on ``conn``, each batch a unit of work of its own (retried when
     transient), under the database's ager lock; the report of the whole run. Batches of
     ``batch_rows`` rows (None: the settings' ``ager_batch_rows``; None there too: batches
-    sized as the run goes to take about
-    :data:`~mnestoma.rules.AGER_BATCH_TARGET_S` each. ``progress(done, total)`` after each
+    sized as the run goes to take about :func:`~mnestoma.rules.ager_batch_target` each: short
+    while writers are about, longer once none has been seen for a while).
+    ``progress(done, total)`` after each
     batch (the total an estimate while the batches are being sized).
 
-    On SQLite, before each batch after the first, the writes that wait for the lock get it
-    (:class:`~mnestoma.locking.WaitingWriters`); on PostgreSQL each batch waits for the
-    writers in a transaction on ``mnests`` before it locks the table.
+    Before each batch the writers get in: on SQLite the writes that wait for the lock
+    (:class:`~mnestoma.locking.WaitingWriters`), on PostgreSQL the writers in a transaction
+    on ``mnests`` (:class:`~mnestoma.ager.TableWriters`). The bounds of the run are read
+    before its first write, so that no lock is held meanwhile.
     """
     started = time.perf_counter()
     if batch_rows is None:
         batch_rows = settings.ager_batch_rows
     write = functools.partial(written, conn, settings=settings)
-    sqlite = conn.dialect.name == "sqlite"
-    with ager_run_lock(conn), ager_page_cache(conn), WaitingWriters(conn) as writers:
-        run = write(lambda u: u.mnests.begin_ager_run(batch_rows or AGER_BATCH_ROWS))
+    with ager_run_lock(conn), ager_page_cache(conn), ager_writers(conn) as writers:
+        with ConnectionUnitOfWork(conn, settings=settings) as unit:
+            bounds = unit.mnests.ager_bounds()
+        run = write(lambda u: u.mnests.begin_ager_run(batch_rows or AGER_BATCH_ROWS, bounds))
         report = AgerReport()
         lo, step, number = run.first, run.step, 0
+        writers_seen = time.monotonic()  # until a second has gone by without one
         while lo < run.end:
             hi = min(lo + step, run.end)
-            if number and sqlite:
-                writers.let_in()
+            if writers.let_in():
+                writers_seen = time.monotonic()
             took = time.perf_counter()
             number += 1
             report += write(functools.partial(_age_batch, run=run, lo=lo, hi=hi, number=number))
             if batch_rows is None:
-                step = ager_next_step(step, time.perf_counter() - took)
+                target = ager_batch_target(time.monotonic() - writers_seen)
+                held = time.perf_counter() - took - writers.waited()
+                step = ager_next_step(step, held, target)
             lo = hi
             if progress is not None:
                 progress(number, number + -(-(run.end - lo) // step))

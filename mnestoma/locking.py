@@ -310,20 +310,28 @@ class WaitingWriters:
             self.close()
         return False
 
-    def let_in(self) -> None:
-        """Between two batches: let the waiting writes in (see the class)."""
+    def let_in(self) -> bool:
+        """Between two batches: let the waiting writes in (see the class). True when some
+        write waited, or when this cannot be seen (no lock file): writers are about."""
         if self._fd < 0:
             pause_on(self._conn, BATCH_PAUSE_S)
-            return
+            return True
         now = time.monotonic()
         if self.waiting():
             deadline = now + AGER_YIELD_MAX_S
             while self.waiting() and time.monotonic() < deadline:
                 pause_on(self._conn, AGER_YIELD_POLL_S)
             self._paused = time.monotonic()
-        elif now - self._paused >= AGER_YIELD_EVERY_S:
+            return True
+        if now - self._paused >= AGER_YIELD_EVERY_S:
             pause_on(self._conn, BATCH_PAUSE_S)
             self._paused = time.monotonic()
+        return False
+
+    def waited(self) -> float:
+        """Seconds the last batch waited for writers after it began: none, they are let in
+        between two batches."""
+        return 0.0
 
     def close(self) -> None:
         """Close the lock file."""

@@ -19,8 +19,10 @@ from sqlalchemy.orm import Session, scoped_session
 from . import ranking
 from . import snapshots as snap
 from .ager import (
+    AgerBounds,
     BatchedRun,
     age_batch,
+    ager_bounds,
     archive_candidates,
     begin_batched_run,
     end_batched_run,
@@ -787,10 +789,17 @@ class MnestRepository(GraphReads):
         transaction (:meth:`begin_ager_run`, :meth:`age_batch`, :meth:`end_ager_run`)."""
         return run_ager(self._write_ex().conn, self._now())
 
-    def begin_ager_run(self, batch_rows: int) -> BatchedRun:
-        """Begin a run of the ager in batches at the clock's now (read once, here): plan its
-        batches of about ``batch_rows`` rows and note it in ``ager_progress``."""
-        return begin_batched_run(self._write_ex().conn, self._now(), batch_rows, utc_now())
+    def ager_bounds(self) -> AgerBounds:
+        """What a run of the ager in batches begun now would cover (a read, which takes no
+        lock: read before the run's first write)."""
+        return ager_bounds(self._ex().conn)
+
+    def begin_ager_run(self, batch_rows: int, bounds: AgerBounds) -> BatchedRun:
+        """Begin a run of the ager in batches at the clock's now (read once, here) over
+        ``bounds`` (:meth:`ager_bounds`): plan its batches of about ``batch_rows`` rows and
+        note it in ``ager_progress``."""
+        conn = self._write_ex().conn
+        return begin_batched_run(conn, self._now(), batch_rows, utc_now(), bounds)
 
     def age_batch(self, run: BatchedRun, lo: int, hi: int, number: int) -> AgerReport:
         """Age one batch of ``run`` (positions ``[lo, hi)``, batch ``number`` from 1)."""

@@ -11,10 +11,12 @@ from enum import StrEnum
 from typing import Any
 
 __all__ = [
+    "AGER_BATCH_QUIET_TARGET_S",
     "AGER_BATCH_ROWS",
     "AGER_BATCH_TARGET_S",
     "AGER_WRITERS_PATIENCE_S",
     "AGER_WRITERS_POLL_S",
+    "AGER_WRITERS_SEEN_S",
     "AGER_YIELD_EVERY_S",
     "AGER_YIELD_MAX_S",
     "AGER_YIELD_POLL_S",
@@ -39,6 +41,8 @@ __all__ = [
     "MnestState",
     "Outcome",
     "Recorder",
+    "ager_batch_target",
+    "ager_next_step",
     "batch_pause",
     "check_transition",
     "clamp_weight",
@@ -68,13 +72,17 @@ SECONDS_PER_DAY = 86400.0
 # range this wide is deleted in a few tens of milliseconds (SQLite and PostgreSQL, every
 # event prunable), so a writer waits for one batch at most.
 EVENT_PRUNE_BATCH = 5000
-# apply_ager: how long one batch holds its locks (seconds; 25 ms keeps writers' p99 under
-# 50 ms while the ager runs, on a 2-core machine), each batch its own transaction,
-# so a writer behind the ager waits for one batch at most. The run sizes its batches to it
-# as it goes (from the time the last batch took), starting at AGER_BATCH_ROWS rows, unless
-# the caller fixes a number of rows per batch.
+# apply_ager: how long one batch holds its locks (seconds), each batch its own transaction,
+# so that a writer behind the ager waits for one batch at most. While writers are about (one
+# waited for a batch, or was in a transaction on mnests, within AGER_WRITERS_SEEN_S), 25 ms:
+# writers' p99 stays near 50 ms on a 2-core machine. While none is, 75 ms: nobody waits
+# for the batches, and fewer commits cost less. The run sizes its batches to the target as
+# it goes (from the time the last batch took), from AGER_BATCH_ROWS rows (small: the first
+# batches read a cold cache), unless the caller fixes a number of rows per batch.
 AGER_BATCH_TARGET_S = 0.025
-AGER_BATCH_ROWS = 4000
+AGER_BATCH_QUIET_TARGET_S = 0.075
+AGER_WRITERS_SEEN_S = 1.0
+AGER_BATCH_ROWS = 500
 # The ager and prune_events on SQLite: seconds between two batches, in which writers
 # waiting for the write lock take it (they try again every 2 ms at most, see
 # mnestoma.locking). Small beside a batch, so that a run takes little longer than one
@@ -240,11 +248,21 @@ def batch_pause(dialect: str) -> float:
     return BATCH_PAUSE_S if dialect == "sqlite" else 0.0
 
 
-def ager_next_step(step: int, took_s: float) -> int:
+def ager_batch_target(since_writers_s: float) -> float:
+    """How long the ager's next batch should hold its locks, ``since_writers_s`` seconds
+    after it last saw a writer about: :data:`AGER_BATCH_TARGET_S` within
+    :data:`AGER_WRITERS_SEEN_S`, else :data:`AGER_BATCH_QUIET_TARGET_S`."""
+    if since_writers_s < AGER_WRITERS_SEEN_S:
+        return AGER_BATCH_TARGET_S
+    return AGER_BATCH_QUIET_TARGET_S
+
+
+def ager_next_step(step: int, took_s: float, target_s: float = AGER_BATCH_TARGET_S) -> int:
     """The positions the next batch of the ager covers, given that ``step`` of them took
-    ``took_s`` seconds: scaled towards :data:`AGER_BATCH_TARGET_S`, by half to twice."""
-    scale = AGER_BATCH_TARGET_S / took_s if took_s > 0 else 2.0
-    return max(1, round(step * min(2.0, max(0.5, scale))))
+    ``took_s`` seconds: scaled towards ``target_s``, by an eighth to twice (down to an
+    eighth at once, so that writers coming while batches are long soon find short ones)."""
+    scale = target_s / took_s if took_s > 0 else 2.0
+    return max(1, round(step * min(2.0, max(0.125, scale))))
 
 
 def days_between(earlier: datetime, later: datetime) -> float:

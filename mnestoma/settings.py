@@ -30,7 +30,7 @@ class Settings:
     - ``recorder``: who the events say recorded them (``call``, ``tracer``, ``otel``,
       ``ager``, ``cli``);
     - ``ager_batch_rows``: rows per batch of an online ager run; None sizes each batch to
-      take about :data:`~mnestoma.rules.AGER_BATCH_TARGET_S`;
+      take about :func:`~mnestoma.rules.ager_batch_target` (short while writers are about);
     - ``lock_timeout``: seconds a write waits for a lock before ``WriteLockTimeout``;
       None takes ``MNESTOMA_LOCK_TIMEOUT``, else 60.
 

@@ -21,7 +21,7 @@ from sqlalchemy import Engine, event, text
 from test_ager_run import T0, StoppedClock, demoting_store, load
 
 import mnestoma
-from mnestoma import AgerReport, Mnestoma, locking, rules
+from mnestoma import AgerReport, Mnestoma, ager, locking, rules
 from mnestoma.errors import InvalidInput, MnestomaError
 from mnestoma.locking import WaitingWriters
 from mnestoma.status import collect_status
@@ -183,9 +183,15 @@ def test_a_writer_behind_a_batch_gets_in_before_the_run_ends(store_url: str) -> 
             done.set()
 
         def in_batch(conn: Any, cursor: Any, statement: str, *rest: Any) -> None:
-            if len(batches) == 3 and not started.is_set() and statement.startswith("UPDATE mnests"):
+            if not statement.startswith("UPDATE mnests"):
+                return
+            if len(batches) == 3 and not started.is_set():
                 started.set()
                 threading.Thread(target=write).start()
+            if started.is_set() and not done.is_set():
+                # each batch holds its locks a while (PostgreSQL has only 16 of them): a
+                # writer's thread slow to start under load still starts within the run
+                time.sleep(0.01)
 
         def progress(number: int, total: int) -> None:
             batches.append(number)
@@ -221,9 +227,11 @@ def test_a_write_waiting_for_the_sqlite_lock_says_so_until_it_has_it(tmp_path: A
             assert writers.waiting()
             holder.execute("COMMIT")
             holder.close()
+            assert writers.let_in()  # waits until the write is in: writers are about
             writer.join(10)
             assert not writer.is_alive()
             assert not writers.waiting()
+            assert not writers.let_in()
         assert store.get(store.find("a", "1", "b", "1").id).uses == 2
 
 
@@ -257,6 +265,40 @@ def test_with_no_writer_waiting_the_ager_pauses_only_now_and_then(
     else:
         assert pauses == []
         assert not os.path.exists(os.path.abspath(f"{database}-writers.lock"))
+
+
+def test_a_postgresql_batch_waits_for_the_writers_in_and_says_it_did(
+    pg_store_url: str,
+) -> None:
+    """Before it locks the table, a batch waits for a writer in a transaction on ``mnests``
+    to end; the run then knows that writers are about, and how long the batch waited (not
+    time it held its locks). With no writer in, it neither waits nor says so."""
+    reset(pg_store_url)
+    with Mnestoma(pg_store_url, clock=StoppedClock()) as store, store.engine.connect() as conn:
+        writers = ager.ager_writers(conn)
+        assert isinstance(writers, ager.TableWriters)
+        assert writers.let_in()  # before the first batch: assumed about
+        with conn.begin():
+            bounds = ager.ager_bounds(conn)
+            run = ager.begin_batched_run(conn, T0, 10, T0, bounds)
+        with conn.begin():
+            ager.age_batch(conn, run, run.first, run.first + 1, 1, T0)
+        assert not writers.let_in()
+        assert writers.waited() < rules.AGER_WRITERS_PATIENCE_S
+
+        writer = store.engine.connect()
+        writer.begin()
+        writer.execute(text("SELECT id FROM mnests LIMIT 1 FOR UPDATE"))
+        ends = threading.Timer(0.02, writer.rollback)
+        ends.start()
+        try:
+            with conn.begin():
+                ager.age_batch(conn, run, run.first + 1, run.first + 2, 2, T0)
+        finally:
+            ends.join()
+            writer.close()
+        assert writers.let_in()
+        assert 0.015 <= writers.waited() <= rules.AGER_WRITERS_PATIENCE_S + 0.5
 
 
 def test_a_process_forked_while_a_write_waits_does_not_go_on_saying_it_waits(

@@ -21,7 +21,9 @@ from ..facade import Mnestoma
 from ..locking import DEFAULT_LOCK_TIMEOUT_S, ENV_LOCK_TIMEOUT
 from ..repository import WALK_LIMIT
 from ..rules import (
+    AGER_BATCH_QUIET_TARGET_S,
     AGER_BATCH_TARGET_S,
+    AGER_WRITERS_SEEN_S,
     DECAYING_BELOW,
     PROMOTE_HINT,
     PROTO_PRUNE_BELOW,
@@ -536,7 +538,9 @@ it, then exits 1). Writers wait for it while it runs.
     1,
     "N",
     "About how many rows one batch covers (default: sized as the run goes, so that each "
-    f"batch takes about {AGER_BATCH_TARGET_S * 1000:g} ms).",
+    f"batch takes about {AGER_BATCH_TARGET_S * 1000:g} ms while writers are about, "
+    f"{AGER_BATCH_QUIET_TARGET_S * 1000:g} ms once none has been seen for "
+    f"{AGER_WRITERS_SEEN_S:g} s).",
 )
 @json_option
 @database_url_option
