@@ -184,9 +184,7 @@ def _run_postgresql(conn: Connection, p: dict[str, Any], *, batched: bool) -> Ag
     transaction."""
     s = postgresql_ager_statements(batched)
     if batched:
-        waited = time.perf_counter()
-        seen = _let_writers_finish(conn, s.writers_in)
-        conn.info[_WRITERS_INFO] = (seen, time.perf_counter() - waited)
+        conn.info[_WRITERS_SEEN_INFO] = _let_writers_finish(conn, s.writers_in)
     # One lock order with writers: they wait for the ager instead of deadlocking.
     _run(conn, s.lock)
     if batched:
@@ -208,9 +206,9 @@ def _let_writers_finish(conn: Connection, writers_in: Executable) -> bool:
     return seen
 
 
-# Connection info: whether the last batch on this connection found writers in, and how long
-# it waited for them (seconds) before it locked the table (PostgreSQL).
-_WRITERS_INFO = "mnestoma_ager_writers"
+# Connection info: whether the last batch on this connection found writers in before it
+# locked the table (PostgreSQL).
+_WRITERS_SEEN_INFO = "mnestoma_ager_writers_seen"
 
 
 class TableWriters:
@@ -225,15 +223,11 @@ class TableWriters:
     def let_in(self) -> bool:
         """Before a batch: True when the batch before found writers in (also before the
         first batch: writers are assumed about until seen otherwise)."""
-        return bool(self._conn.info.get(_WRITERS_INFO, (True, 0.0))[0])
-
-    def waited(self) -> float:
-        """Seconds the last batch waited for writers before it took its locks."""
-        return float(self._conn.info.get(_WRITERS_INFO, (True, 0.0))[1])
+        return bool(self._conn.info.get(_WRITERS_SEEN_INFO, True))
 
     def close(self) -> None:
         """Forget the note."""
-        self._conn.info.pop(_WRITERS_INFO, None)
+        self._conn.info.pop(_WRITERS_SEEN_INFO, None)
 
     def __enter__(self) -> TableWriters:
         return self

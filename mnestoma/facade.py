@@ -163,7 +163,7 @@ class Mnestoma:
 
         Online: the run commits in batches, each its own short transaction, so a writer
         waits for one batch, not the run. By default each batch is sized to hold its locks
-        about :data:`~mnestoma.rules.AGER_BATCH_TARGET_S` (25 ms) while writers are about,
+        :data:`~mnestoma.rules.AGER_BATCH_TARGET_S` (15 ms) while writers are about,
         :data:`~mnestoma.rules.AGER_BATCH_QUIET_TARGET_S` (75 ms) once none has been seen
         for a second; ``batch_rows`` fixes about how many rows each covers instead.
         ``progress(done, total)`` is called after each batch. A second run at once waits for
@@ -270,6 +270,7 @@ def age_in_batches(
         report = AgerReport()
         lo, step, number = run.first, run.step, 0
         writers_seen = time.monotonic()  # until a second has gone by without one
+        target = ager_batch_target(0.0)
         while lo < run.end:
             hi = min(lo + step, run.end)
             if writers.let_in():
@@ -278,9 +279,11 @@ def age_in_batches(
             number += 1
             report += write(functools.partial(_age_batch, run=run, lo=lo, hi=hi, number=number))
             if batch_rows is None:
-                target = ager_batch_target(time.monotonic() - writers_seen)
-                held = time.perf_counter() - took - writers.waited()
-                step = ager_next_step(step, held, target)
+                last, target = (
+                    target,
+                    ager_batch_target(time.monotonic() - writers_seen),
+                )
+                step = ager_next_step(step, time.perf_counter() - took, target, last)
             lo = hi
             if progress is not None:
                 progress(number, number + -(-(run.end - lo) // step))

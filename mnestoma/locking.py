@@ -328,11 +328,6 @@ class WaitingWriters:
             self._paused = time.monotonic()
         return False
 
-    def waited(self) -> float:
-        """Seconds the last batch waited for writers after it began: none, they are let in
-        between two batches."""
-        return 0.0
-
     def close(self) -> None:
         """Close the lock file."""
         if self._fd >= 0:

@@ -74,12 +74,13 @@ SECONDS_PER_DAY = 86400.0
 EVENT_PRUNE_BATCH = 5000
 # apply_ager: how long one batch holds its locks (seconds), each batch its own transaction,
 # so that a writer behind the ager waits for one batch at most. While writers are about (one
-# waited for a batch, or was in a transaction on mnests, within AGER_WRITERS_SEEN_S), 25 ms:
-# writers' p99 stays near 50 ms on a 2-core machine. While none is, 75 ms: nobody waits
-# for the batches, and fewer commits cost less. The run sizes its batches to the target as
-# it goes (from the time the last batch took), from AGER_BATCH_ROWS rows (small: the first
-# batches read a cold cache), unless the caller fixes a number of rows per batch.
-AGER_BATCH_TARGET_S = 0.025
+# waited for a batch, or was in a transaction on mnests, within AGER_WRITERS_SEEN_S), 15 ms:
+# writers' p99 then stays near 50 ms on a 2-core machine (25 ms left it at 70-150 ms, 10 ms
+# made a PostgreSQL run seven times longer). While none is, 75 ms: nobody waits for the
+# batches, and fewer commits cost less. The run sizes its batches to the target as it goes
+# (from the time the last batch took), from AGER_BATCH_ROWS rows (small: the first batches
+# read a cold cache), unless the caller fixes a number of rows per batch.
+AGER_BATCH_TARGET_S = 0.015
 AGER_BATCH_QUIET_TARGET_S = 0.075
 AGER_WRITERS_SEEN_S = 1.0
 AGER_BATCH_ROWS = 500
@@ -257,12 +258,14 @@ def ager_batch_target(since_writers_s: float) -> float:
     return AGER_BATCH_QUIET_TARGET_S
 
 
-def ager_next_step(step: int, took_s: float, target_s: float = AGER_BATCH_TARGET_S) -> int:
+def ager_next_step(step: int, took_s: float, target_s: float, last_target_s: float) -> int:
     """The positions the next batch of the ager covers, given that ``step`` of them took
-    ``took_s`` seconds: scaled towards ``target_s``, by an eighth to twice (down to an
-    eighth at once, so that writers coming while batches are long soon find short ones)."""
-    scale = target_s / took_s if took_s > 0 else 2.0
-    return max(1, round(step * min(2.0, max(0.125, scale))))
+    ``took_s`` seconds against a target of ``last_target_s``: scaled towards ``target_s``,
+    by half to twice once the change of target is allowed for (so that writers coming
+    while batches are long find short ones at once)."""
+    scale = target_s / took_s if took_s > 0 else 2.0 * target_s / last_target_s
+    change = target_s / last_target_s
+    return max(1, round(step * min(2.0 * change, max(0.5 * change, scale))))
 
 
 def days_between(earlier: datetime, later: datetime) -> float:

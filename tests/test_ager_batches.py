@@ -271,8 +271,8 @@ def test_a_postgresql_batch_waits_for_the_writers_in_and_says_it_did(
     pg_store_url: str,
 ) -> None:
     """Before it locks the table, a batch waits for a writer in a transaction on ``mnests``
-    to end; the run then knows that writers are about, and how long the batch waited (not
-    time it held its locks). With no writer in, it neither waits nor says so."""
+    to end; the run then knows that writers are about. With no writer in, it neither waits
+    nor says so."""
     reset(pg_store_url)
     with Mnestoma(pg_store_url, clock=StoppedClock()) as store, store.engine.connect() as conn:
         writers = ager.ager_writers(conn)
@@ -284,21 +284,21 @@ def test_a_postgresql_batch_waits_for_the_writers_in_and_says_it_did(
         with conn.begin():
             ager.age_batch(conn, run, run.first, run.first + 1, 1, T0)
         assert not writers.let_in()
-        assert writers.waited() < rules.AGER_WRITERS_PATIENCE_S
 
         writer = store.engine.connect()
         writer.begin()
         writer.execute(text("SELECT id FROM mnests LIMIT 1 FOR UPDATE"))
         ends = threading.Timer(0.02, writer.rollback)
         ends.start()
+        began = time.monotonic()
         try:
             with conn.begin():
                 ager.age_batch(conn, run, run.first + 1, run.first + 2, 2, T0)
         finally:
             ends.join()
             writer.close()
+        assert time.monotonic() - began >= 0.015  # it waited for the writer
         assert writers.let_in()
-        assert 0.015 <= writers.waited() <= rules.AGER_WRITERS_PATIENCE_S + 0.5
 
 
 def test_a_process_forked_while_a_write_waits_does_not_go_on_saying_it_waits(

@@ -310,34 +310,36 @@ def test_the_ager_counts_are_the_report_s_fields() -> None:
 def test_the_ager_s_batches_are_short_while_writers_are_about_and_longer_once_they_are_gone() -> (
     None
 ):
-    """25 ms while a writer was seen within the last second, 75 ms after that."""
-    assert rules.AGER_BATCH_TARGET_S == 0.025
+    """15 ms while a writer was seen within the last second, 75 ms after that."""
+    assert rules.AGER_BATCH_TARGET_S == 0.015
     assert rules.AGER_BATCH_QUIET_TARGET_S == 0.075
     assert rules.AGER_WRITERS_SEEN_S == 1.0
-    assert rules.ager_batch_target(0.0) == 0.025
-    assert rules.ager_batch_target(0.999) == 0.025
+    assert rules.ager_batch_target(0.0) == 0.015
+    assert rules.ager_batch_target(0.999) == 0.015
     assert rules.ager_batch_target(1.0) == 0.075
     assert rules.ager_batch_target(3600.0) == 0.075
 
 
 @pytest.mark.parametrize(
-    ("took", "target", "expected"),
+    ("took", "target", "last", "expected"),
     [
-        (0.025, 0.025, 800),  # on target: unchanged
-        (0.0125, 0.025, 1600),  # twice too fast: twice the rows
-        (0.001, 0.025, 1600),  # far too fast: still at most twice
-        (0.0, 0.075, 1600),  # too fast to time
-        (0.05, 0.025, 400),  # twice too slow: half the rows
-        (0.2, 0.025, 100),  # writers came while batches were long: an eighth at once
-        (2.0, 0.025, 100),  # never less than an eighth
-        (0.025, 0.075, 1600),  # writers gone: towards 75 ms, twice at a time
+        (0.015, 0.015, 0.015, 800),  # on target: unchanged
+        (0.0075, 0.015, 0.015, 1600),  # twice too fast: twice the rows
+        (0.001, 0.015, 0.015, 1600),  # far too fast: still at most twice
+        (0.0, 0.015, 0.015, 1600),  # too fast to time
+        (0.03, 0.015, 0.015, 400),  # twice too slow: half the rows
+        (0.3, 0.015, 0.015, 400),  # far too slow: still at least half
+        (0.075, 0.015, 0.075, 160),  # writers came while batches were long: short at once
+        (0.3, 0.015, 0.075, 80),  # ... and at most half of that
+        (0.015, 0.075, 0.015, 4000),  # writers gone: 75 ms at once...
+        (0.001, 0.075, 0.015, 8000),  # ... and at most twice that
     ],
 )
 def test_the_ager_s_next_batch_is_scaled_towards_its_target(
-    took: float, target: float, expected: int
+    took: float, target: float, last: float, expected: int
 ) -> None:
-    assert rules.ager_next_step(800, took, target) == expected
+    assert rules.ager_next_step(800, took, target, last) == expected
 
 
 def test_the_ager_s_next_batch_covers_at_least_one_position() -> None:
-    assert rules.ager_next_step(1, 10.0, 0.025) == 1
+    assert rules.ager_next_step(1, 10.0, 0.015, 0.015) == 1
