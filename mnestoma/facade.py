@@ -251,8 +251,8 @@ def age_in_batches(
     ``batch_rows`` rows (None: the settings' ``ager_batch_rows``; None there too: batches
     sized as the run goes to take about :func:`~mnestoma.rules.ager_batch_target` each: short
     while writers are about, longer once none has been seen for a while).
-    ``progress(done, total)`` after each
-    batch (the total an estimate while the batches are being sized).
+    ``progress(done, total)`` after each batch (the total an estimate while the batches are
+    being sized).
 
     Before each batch the writers get in: on SQLite the writes that wait for the lock
     (:class:`~mnestoma.locking.WaitingWriters`), on PostgreSQL the writers in a transaction
@@ -279,10 +279,8 @@ def age_in_batches(
             number += 1
             report += write(functools.partial(_age_batch, run=run, lo=lo, hi=hi, number=number))
             if batch_rows is None:
-                last, target = (
-                    target,
-                    ager_batch_target(time.monotonic() - writers_seen),
-                )
+                last = target
+                target = ager_batch_target(time.monotonic() - writers_seen)
                 step = ager_next_step(step, time.perf_counter() - took, target, last)
             lo = hi
             if progress is not None:
