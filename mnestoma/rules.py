@@ -84,10 +84,11 @@ AGER_BATCH_TARGET_S = 0.015
 AGER_BATCH_QUIET_TARGET_S = 0.075
 AGER_WRITERS_SEEN_S = 1.0
 AGER_BATCH_ROWS = 500
-# The ager and prune_events on SQLite: seconds between two batches, in which writers
-# waiting for the write lock take it (they try again every 2 ms at most, see
-# mnestoma.locking). Small beside a batch, so that a run takes little longer than one
-# transaction would.
+# SQLite: a pause (seconds) in which writers waiting for the write lock take it (they try
+# again every 2 ms at most, see mnestoma.locking): prune_events pauses this long between
+# every two batches (batch_pause); the ager now and then, or between every two batches
+# when it cannot see waiting writers (see AGER_YIELD_EVERY_S). Small beside a batch, so
+# that a run takes little longer than one transaction would.
 BATCH_PAUSE_S = 0.003
 # The ager on SQLite, between two batches: while writers of this package wait for the write
 # lock (each says so while it waits, see mnestoma.locking.WaitingWriters), it waits for them,
@@ -242,10 +243,9 @@ def event_batches(
 
 
 def batch_pause(dialect: str) -> float:
-    """Seconds the ager and ``prune_events`` wait between two batches: :data:`BATCH_PAUSE_S`
-    on SQLite (one writer at a time), none on PostgreSQL (a writer's rows never wait for a
-    prune's batch, and writers wait for the ager's next batch, see
-    :data:`AGER_WRITERS_PATIENCE_S`)."""
+    """Seconds ``prune_events`` waits between two batches: :data:`BATCH_PAUSE_S` on SQLite
+    (one writer at a time), none on PostgreSQL (a writer's rows never wait for a prune's
+    batch). The ager lets writers in its own way (:func:`mnestoma.ager.ager_writers`)."""
     return BATCH_PAUSE_S if dialect == "sqlite" else 0.0
 
 
