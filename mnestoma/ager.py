@@ -26,10 +26,8 @@ from typing import Any, NamedTuple
 from sqlalchemy import Connection
 from sqlalchemy.sql import Executable
 
-from .locking import WaitingWriters, pause_on
+from .locking import WaitingWriters
 from .rules import (
-    AGER_WRITERS_PATIENCE_S,
-    AGER_WRITERS_POLL_S,
     AgerCount,
     AgerReport,
     archive_cutoff,
@@ -181,53 +179,36 @@ def end_batched_run(
 
 def _run_postgresql(conn: Connection, p: dict[str, Any], *, batched: bool) -> AgerReport:
     """A whole run, or with ``batched`` one batch (no archive count), in the caller's
-    transaction."""
+    transaction. A whole run locks the table; a batch locks only the rows it changes, so
+    writers of other rows go on meanwhile (each statement decides row by row on the latest
+    committed version of a row it must wait for), and gives up on a row it waited for too
+    long (see :func:`age_batch`)."""
     s = postgresql_ager_statements(batched)
     if batched:
-        conn.info[_WRITERS_SEEN_INFO] = _let_writers_finish(conn, s.writers_in)
-    # One lock order with writers: they wait for the ager instead of deadlocking.
-    _run(conn, s.lock)
-    if batched:
+        _run(conn, s.row_lock_timeout)
         _run(conn, s.async_commit)
+    else:
+        # One lock order with writers: they wait for the run instead of deadlocking.
+        _run(conn, s.lock)
     return _changed(conn, s.changes, s.archive_count, p, batched=batched)
 
 
-def _let_writers_finish(conn: Connection, writers_in: Executable) -> bool:
-    """Wait (up to :data:`~mnestoma.rules.AGER_WRITERS_PATIENCE_S`) until no writer is in
-    a transaction on ``mnests``: the batch's table lock, requested right after, would queue
-    every writer's next call behind it. True when one was."""
-    deadline = time.monotonic() + AGER_WRITERS_PATIENCE_S
-    seen = False
-    while _run(conn, writers_in).scalar_one():
-        seen = True
-        if time.monotonic() >= deadline:
-            break
-        pause_on(conn, AGER_WRITERS_POLL_S)
-    return seen
-
-
-# Connection info: whether the last batch on this connection found writers in before it
-# locked the table (PostgreSQL).
-_WRITERS_SEEN_INFO = "mnestoma_ager_writers_seen"
-
-
 class TableWriters:
-    """What the ager on PostgreSQL sees of the writers: each batch, in its transaction and
-    just before it locks the table, waits for the writers in a transaction on ``mnests``
-    to end (the lock, once requested, would queue every writer behind it), and notes
-    whether there were any; :meth:`let_in` reads that note."""
+    """What the ager on PostgreSQL sees of the writers: whether any is in a transaction on
+    ``mnests`` just before a batch. They need no letting in, as a batch locks only its own
+    rows: :meth:`let_in` only says whether they are about (for the size of the batch)."""
 
     def __init__(self, conn: Connection) -> None:
         self._conn = conn
+        self._writers_in = postgresql_ager_statements(True).writers_in
 
     def let_in(self) -> bool:
-        """Before a batch: True when the batch before found writers in (also before the
-        first batch: writers are assumed about until seen otherwise)."""
-        return bool(self._conn.info.get(_WRITERS_SEEN_INFO, True))
+        """Before a batch: True when another session is in a transaction on ``mnests``."""
+        with self._conn.begin():
+            return bool(_run(self._conn, self._writers_in).scalar_one())
 
     def close(self) -> None:
-        """Forget the note."""
-        self._conn.info.pop(_WRITERS_SEEN_INFO, None)
+        """Nothing to release."""
 
     def __enter__(self) -> TableWriters:
         return self

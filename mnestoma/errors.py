@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from sqlalchemy import exc as sa_exc
 
 __all__ = [
+    "LOCK_NOT_AVAILABLE",
     "ConflictError",
     "CopyVerificationError",
     "DatabaseUnavailable",
@@ -23,6 +24,7 @@ __all__ = [
     "StoresShareRows",
     "TargetNotEmpty",
     "WriteLockTimeout",
+    "is_lock_not_available",
     "translate_errors",
 ]
 
@@ -164,6 +166,20 @@ def _looks_unreachable(msg: str) -> bool:
             "file is not a database",
             "consuming input failed",
         )
+    )
+
+
+# PostgreSQL's lock_not_available: a lock_timeout ran out.
+LOCK_NOT_AVAILABLE = "55P03"
+
+
+def is_lock_not_available(err: BaseException) -> bool:
+    """True when ``err`` (a driver error, or this package's error standing for one) is
+    PostgreSQL's ``lock_not_available``: a ``lock_timeout`` ran out."""
+    cause = err.__cause__ if isinstance(err, MnestomaError) else err
+    orig = getattr(cause, "orig", None)
+    return isinstance(cause, sa_exc.DBAPIError) and getattr(orig, "sqlstate", None) == (
+        LOCK_NOT_AVAILABLE
     )
 
 

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
-from typing import Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import URL
@@ -22,14 +22,22 @@ from .config import (
     redact_url,
     resolve_database_url,
 )
-from .errors import InvalidInput, SchemaError, translate_errors
-from .locking import LOCK_TIMEOUT_OPTION, ager_run_lock
+from .errors import (
+    InvalidInput,
+    MnestomaError,
+    SchemaError,
+    is_lock_not_available,
+    translate_errors,
+)
+from .locking import LOCK_TIMEOUT_OPTION, ager_run_lock, pause_on
 from .migration import ensure_at_head, sqlite_store_missing
 from .models import CanonicalQuery
 from .repository import MnestRepository, QueryFrequency
 from .rules import (
+    AGER_BATCH_ATTEMPTS,
     AGER_BATCH_ROWS,
     AgerReport,
+    ager_batch_retry_pause,
     ager_batch_target,
     ager_next_step,
     batch_pause,
@@ -254,10 +262,12 @@ def age_in_batches(
     ``progress(done, total)`` after each batch (the total an estimate while the batches are
     being sized).
 
-    Before each batch the writers get in: on SQLite the writes that wait for the lock
-    (:class:`~mnestoma.locking.WaitingWriters`), on PostgreSQL the writers in a transaction
-    on ``mnests`` (:class:`~mnestoma.ager.TableWriters`). The bounds of the run are read
-    before its first write, so that no lock is held meanwhile.
+    Before each batch on SQLite the writes that wait for the lock get in
+    (:class:`~mnestoma.locking.WaitingWriters`); on PostgreSQL, where a batch locks only its
+    rows, the run only looks whether writers are about (:class:`~mnestoma.ager.TableWriters`),
+    and a batch that gave up waiting for a row a writer held is tried again
+    (:func:`_age_batch_retried`). The bounds of the run are read before its first write, so
+    that no lock is held meanwhile.
     """
     started = time.perf_counter()
     if batch_rows is None:
@@ -275,13 +285,13 @@ def age_in_batches(
             hi = min(lo + step, run.end)
             if writers.let_in():
                 writers_seen = time.monotonic()
-            took = time.perf_counter()
             number += 1
-            report += write(functools.partial(_age_batch, run=run, lo=lo, hi=hi, number=number))
+            batch, took = _age_batch_retried(conn, write, run=run, lo=lo, hi=hi, number=number)
+            report += batch
             if batch_rows is None:
                 last = target
                 target = ager_batch_target(time.monotonic() - writers_seen)
-                step = ager_next_step(step, time.perf_counter() - took, target, last)
+                step = ager_next_step(step, took, target, last)
             lo = hi
             if progress is not None:
                 progress(number, number + -(-(run.end - lo) // step))
@@ -296,6 +306,28 @@ def _age_batch(
     unit: ConnectionUnitOfWork, *, run: BatchedRun, lo: int, hi: int, number: int
 ) -> AgerReport:
     return unit.mnests.age_batch(run, lo, hi, number)
+
+
+def _age_batch_retried(
+    conn: Connection,
+    write: Callable[[Callable[[ConnectionUnitOfWork], AgerReport]], AgerReport],
+    **batch: Any,
+) -> tuple[AgerReport, float]:
+    """One batch (its own transaction, through ``write``) and the seconds its last attempt
+    took. A batch that gave up waiting for a row lock (PostgreSQL: a writer held a row it
+    wanted while waiting for one of the batch's) rolled back and let the writer go on; it
+    is tried again after :func:`~mnestoma.rules.ager_batch_retry_pause`, up to
+    :data:`~mnestoma.rules.AGER_BATCH_ATTEMPTS` times."""
+    attempt = 0
+    while True:
+        took = time.perf_counter()
+        try:
+            return write(functools.partial(_age_batch, **batch)), time.perf_counter() - took
+        except MnestomaError as err:
+            attempt += 1
+            if attempt >= AGER_BATCH_ATTEMPTS or not is_lock_not_available(err):
+                raise
+            pause_on(conn, ager_batch_retry_pause(attempt - 1))
 
 
 def with_lock_timeout(engine: Engine, seconds: float | None) -> Engine:

@@ -27,7 +27,13 @@ from .config import (
     redact_url,
     sync_database_url,
 )
-from .errors import ConflictError, InvalidInput, SchemaError, translate_errors
+from .errors import (
+    ConflictError,
+    InvalidInput,
+    SchemaError,
+    is_lock_not_available,
+    translate_errors,
+)
 from .locking import MIGRATION_LOCK_KEY, lock_for_migration
 from .models import VIEW_NAME, Base
 from .seed_repair import repair_before_upgrade
@@ -76,7 +82,6 @@ DEFAULT_MIGRATION_LOCK_TIMEOUT_S = 3.0
 MIGRATION_LOCK_RETRIES = 10
 FIRST_RETRY_PAUSE_S = 0.1
 LONGEST_RETRY_PAUSE_S = 3.0
-LOCK_NOT_AVAILABLE = "55P03"
 
 logger = logging.getLogger(__name__)
 
@@ -312,14 +317,6 @@ def revision_session(conn: Connection, lock_timeout: float) -> Iterator[None]:
         except sa_exc.SQLAlchemyError:
             logger.warning("could not release the migration lock: closing its connection")
             conn.invalidate()
-
-
-def is_lock_not_available(err: BaseException) -> bool:
-    """True for PostgreSQL's ``lock_not_available`` (55P03): a ``lock_timeout`` ran out."""
-    orig = getattr(err, "orig", None)
-    return isinstance(err, sa_exc.DBAPIError) and getattr(orig, "sqlstate", None) == (
-        LOCK_NOT_AVAILABLE
-    )
 
 
 def retry_lock_timeouts(

@@ -11,11 +11,11 @@ from enum import StrEnum
 from typing import Any
 
 __all__ = [
+    "AGER_BATCH_ATTEMPTS",
     "AGER_BATCH_QUIET_TARGET_S",
     "AGER_BATCH_ROWS",
     "AGER_BATCH_TARGET_S",
-    "AGER_WRITERS_PATIENCE_S",
-    "AGER_WRITERS_POLL_S",
+    "AGER_ROW_LOCK_TIMEOUT_S",
     "AGER_WRITERS_SEEN_S",
     "AGER_YIELD_EVERY_S",
     "AGER_YIELD_MAX_S",
@@ -41,6 +41,7 @@ __all__ = [
     "MnestState",
     "Outcome",
     "Recorder",
+    "ager_batch_retry_pause",
     "ager_batch_target",
     "ager_next_step",
     "batch_pause",
@@ -98,12 +99,12 @@ BATCH_PAUSE_S = 0.003
 AGER_YIELD_POLL_S = 0.0005
 AGER_YIELD_MAX_S = 0.05
 AGER_YIELD_EVERY_S = 0.1
-# apply_ager on PostgreSQL: before a batch takes its table lock, it waits up to this long
-# (seconds) for the writers in a transaction on mnests to end. Writers queued behind a batch
-# catch up on the calls it delayed instead of getting one call in between two batches.
-AGER_WRITERS_PATIENCE_S = 0.05
-# ... looking again this often (seconds) while writers are in.
-AGER_WRITERS_POLL_S = 0.001
+# apply_ager on PostgreSQL: a batch locks the rows it changes, not the table, so writers of
+# other rows never wait for it. Where a batch and a writer each hold a row the other wants,
+# the batch gives up after waiting this long for a row (seconds), rolls back (the writer goes
+# on) and is tried again after batch_lock_retry_pause, up to AGER_BATCH_ATTEMPTS times.
+AGER_ROW_LOCK_TIMEOUT_S = 0.05
+AGER_BATCH_ATTEMPTS = 50
 # The ager's thresholds (0.20, 0.05) are crossed only by more than this: SQLite (julianday,
 # milliseconds), PostgreSQL (epoch arithmetic) and Python compute an effective weight a few
 # units in the 13th digit apart, so a weight that is exactly at a threshold must not fall on
@@ -256,6 +257,13 @@ def ager_batch_target(since_writers_s: float) -> float:
     if since_writers_s < AGER_WRITERS_SEEN_S:
         return AGER_BATCH_TARGET_S
     return AGER_BATCH_QUIET_TARGET_S
+
+
+def ager_batch_retry_pause(attempt: int) -> float:
+    """Seconds the ager waits before trying again a batch whose attempt ``attempt`` (from 0)
+    gave up waiting for a row lock (PostgreSQL): 10 ms, doubling, at most 100 ms, so that
+    the writer it crossed commits first."""
+    return min(0.1, 0.01 * 2.0**attempt)
 
 
 def ager_next_step(step: int, took_s: float, target_s: float, last_target_s: float) -> int:

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Engine, event, text
+from sqlalchemy.exc import DBAPIError
 from test_ager_run import T0, StoppedClock, demoting_store, load
 
 import mnestoma
@@ -267,38 +268,92 @@ def test_with_no_writer_waiting_the_ager_pauses_only_now_and_then(
         assert not os.path.exists(os.path.abspath(f"{database}-writers.lock"))
 
 
-def test_a_postgresql_batch_waits_for_the_writers_in_and_says_it_did(
-    pg_store_url: str,
-) -> None:
-    """Before it locks the table, a batch waits for a writer in a transaction on ``mnests``
-    to end; the run then knows that writers are about. With no writer in, it neither waits
-    nor says so."""
+def test_a_postgresql_batch_locks_the_rows_it_changes_not_the_table(pg_store_url: str) -> None:
+    """While a batch is open, another session can lock a row of a page outside it but not a
+    row the batch changed; and a batch goes through while a writer holds a row outside it.
+    The run sees the writer about while it is in a transaction on ``mnests``."""
     reset(pg_store_url)
     with Mnestoma(pg_store_url, clock=StoppedClock()) as store, store.engine.connect() as conn:
         writers = ager.ager_writers(conn)
         assert isinstance(writers, ager.TableWriters)
-        assert writers.let_in()  # before the first batch: assumed about
-        with conn.begin():
-            bounds = ager.ager_bounds(conn)
-            run = ager.begin_batched_run(conn, T0, 10, T0, bounds)
-        with conn.begin():
-            ager.age_batch(conn, run, run.first, run.first + 1, 1, T0)
         assert not writers.let_in()
-
-        writer = store.engine.connect()
-        writer.begin()
-        writer.execute(text("SELECT id FROM mnests LIMIT 1 FOR UPDATE"))
-        ends = threading.Timer(0.02, writer.rollback)
-        ends.start()
-        began = time.monotonic()
-        try:
+        with conn.begin():
+            run = ager.begin_batched_run(conn, T0, 10, T0, ager.ager_bounds(conn))
+        outside = "SELECT id FROM mnests WHERE ctid >= '(1,0)' LIMIT 1 FOR UPDATE NOWAIT"
+        inside = "SELECT id FROM mnests WHERE id = :id FOR UPDATE NOWAIT"
+        with store.engine.connect() as writer:
+            writer.begin()
+            held = writer.execute(text(outside)).scalar_one()  # a row on page 1
+            assert writers.let_in()
             with conn.begin():
-                ager.age_batch(conn, run, run.first + 1, run.first + 2, 2, T0)
-        finally:
-            ends.join()
-            writer.close()
-        assert time.monotonic() - began >= 0.015  # it waited for the writer
-        assert writers.let_in()
+                report = ager.age_batch(conn, run, run.first, run.first + 1, 1, T0)  # page 0
+                changed = (
+                    conn.execute(
+                        text("SELECT id FROM mnests WHERE ctid < '(1,0)' AND ts_weight = :t"),
+                        {"t": T0},
+                    )
+                    .scalars()
+                    .first()
+                )
+                assert report.decayed and changed is not None
+                with (
+                    store.engine.connect() as other,
+                    pytest.raises(DBAPIError, match="could not obtain lock"),
+                ):
+                    other.execute(text(inside), {"id": changed})
+            writer.rollback()
+            with writer.begin():  # once the batch committed, its rows are free again
+                assert writer.execute(text(inside), {"id": changed}).scalar_one() == changed
+        assert held is not None and not writers.let_in()
+
+
+def test_a_postgresql_batch_crossing_a_writer_gives_up_and_is_tried_again(
+    pg_store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer holds a row late in the batch while the batch holds an early one, then asks
+    for that one too: the batch, which waits for the late row, gives up (its row lock
+    timeout) and rolls back, the writer gets its row with no error (no deadlock), and the
+    batch tried again completes the run to the same result as with no writer about."""
+    _, (left, _) = one_transaction(pg_store_url)
+    reset(pg_store_url)
+    decayed = [
+        r
+        for r in ROWS
+        if r["id"] in left and r["state"] == left[r["id"]][0] and r["ts_weight"] < T0
+    ]
+    early, late = decayed[0]["id"], decayed[-1]["id"]  # both changed in place, in that order
+    pauses: list[float] = []
+    monkeypatch.setattr(
+        mnestoma.facade, "ager_batch_retry_pause", lambda a: pauses.append(a) or 0.005
+    )
+    bump = "UPDATE mnests SET uses = uses + 1 WHERE id = :id"
+    failures: list[BaseException] = []
+    with Mnestoma(pg_store_url, clock=StoppedClock()) as store:
+        with store.engine.connect() as writer:
+            writer.begin()
+            writer.execute(text(bump), {"id": late})
+
+            def age() -> None:
+                try:
+                    store.apply_ager(batch_rows=len(ROWS) * 2)  # one batch: all the pages
+                except BaseException as err:  # reported by the test
+                    failures.append(err)
+
+            run = threading.Thread(target=age)
+            run.start()
+            deadline = time.monotonic() + 30
+            while not pauses and time.monotonic() < deadline:
+                time.sleep(0.005)
+            assert pauses, "the batch never gave up on the writer's row"
+            writer.execute(text(bump), {"id": early})  # the batch may hold it: it lets go
+            writer.commit()
+            run.join(60)
+        assert not run.is_alive() and failures == []
+        rows, _ = snapshot(store.engine)
+    assert rows[early][1] == left[early][1] + 1 and rows[late][1] == left[late][1] + 1
+    for changed in (early, late):
+        rows[changed] = (rows[changed][0], rows[changed][1] - 1, *rows[changed][2:])
+    assert rows == left
 
 
 def test_a_process_forked_while_a_write_waits_does_not_go_on_saying_it_waits(

@@ -45,6 +45,7 @@ from sqlalchemy.sql.expression import FunctionElement
 from sqlalchemy.types import UserDefinedType
 
 from ..rules import (
+    AGER_ROW_LOCK_TIMEOUT_S,
     ARCHIVE_BELOW,
     DECAYING_BELOW,
     PROTO_PRUNE_BELOW,
@@ -261,7 +262,10 @@ def _postgresql_pairs(now: Any) -> Any:
 def _postgresql_batch_pairs(now: Any) -> Any:
     """The merge pairs whose active row is in the batch: the batch's actives below 0.20
     (a page range), each decaying twin looked up by the whole edge key (a lateral lookup,
-    one probe of the edge-key index per candidate, whatever the statistics say)."""
+    one probe of the edge-key index per candidate, whatever the statistics say). Both rows
+    of a pair are locked as they are read, so the merge works from their latest committed
+    values: a batch locks rows, not the table, and a writer may have changed either since
+    the statement began (it is then read again, and left out if no longer a pair)."""
     pg = "postgresql"
     a, d = M.alias("a"), M.alias("d")
     eff_a = decayed(pg, a.c.weight, a.c.decay_lambda, a.c.ts_weight, now)
@@ -273,6 +277,7 @@ def _postgresql_batch_pairs(now: Any) -> Any:
             *(d.c[k] == a.c[k] for k in key), d.c.state == DECAYING, d.c.dst_version.is_not(None)
         )
         .limit(1)
+        .with_for_update()
         .lateral("twin")
     )
     return (
@@ -292,6 +297,7 @@ def _postgresql_batch_pairs(now: Any) -> Any:
             a.c.dst_version.is_not(None),
             below(eff_a, DECAYING_BELOW),
         )
+        .with_for_update(of=a)
     )
 
 
@@ -379,6 +385,7 @@ class PostgreSQLAgerStatements:
     and rows."""
 
     lock: TextClause
+    row_lock_timeout: TextClause
     async_commit: TextClause
     writers_in: TextClause
     changes: tuple[AgerChange, ...]
@@ -547,14 +554,23 @@ def _postgresql(now: Any, batched: bool) -> PostgreSQLAgerStatements:
         .values(weight=eff, ts_weight=now)
     )
     return PostgreSQLAgerStatements(
-        # EXCLUSIVE also conflicts with the ROW SHARE lock of a writer's SELECT ... FOR
-        # UPDATE: the ager waits for writers that hold row locks, never the reverse.
+        # A whole run in one transaction locks the table. EXCLUSIVE also conflicts with the
+        # ROW SHARE lock of a writer's SELECT ... FOR UPDATE: the run waits for writers that
+        # hold row locks, never the reverse.
         lock=text("LOCK TABLE mnests IN EXCLUSIVE MODE"),
+        # A batch locks only the rows it changes, as it changes them, in its own order while
+        # writers lock theirs in id order: where the two cross, the batch gives up after
+        # this long (lock_not_available) and is tried again, long before the server's
+        # deadlock check (1 s) could end a writer's transaction instead.
+        row_lock_timeout=text(
+            f"SET LOCAL lock_timeout = '{max(1, round(AGER_ROW_LOCK_TIMEOUT_S * 1000))}ms'"
+        ),
         # A batch's commit does not wait for its WAL to reach the disk: a crash may lose the
         # last batches, which (like a killed run's) the next run redoes; the run's last
         # transaction (its ager_runs row) is durable, and with it every batch before.
         async_commit=text("SET LOCAL synchronous_commit TO OFF"),
-        # Other sessions holding a lock on mnests now (writers in a transaction).
+        # Other sessions holding a lock on mnests now (writers in a transaction): whether
+        # writers are about, for the size of the next batch.
         writers_in=text(
             "SELECT count(*) FROM pg_locks"
             " WHERE relation = 'mnests'::regclass AND pid <> pg_backend_pid()"
