@@ -185,8 +185,11 @@ def _run_postgresql(conn: Connection, p: dict[str, Any], *, batched: bool) -> Ag
     long (see :func:`age_batch`)."""
     s = postgresql_ager_statements(batched)
     if batched:
+        # A batch commits as any write does, waiting for its WAL to reach the disk: that
+        # paces the run by the disk it shares with the writers. (Committed without waiting,
+        # batches left their WAL for the writers' commits to flush, and on a slow disk the
+        # writers fell seconds behind.)
         _run(conn, s.row_lock_timeout)
-        _run(conn, s.async_commit)
     else:
         # One lock order with writers: they wait for the run instead of deadlocking.
         _run(conn, s.lock)

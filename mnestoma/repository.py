@@ -352,11 +352,13 @@ class MnestRepository(GraphReads):
             # next attempt locks all the turn's rows again in one (id) order. Continuing
             # instead would lock the new row after the others and could deadlock.
             if attempt == 1:
-                # Between attempts the ager could demote our keys again, and again. From the
-                # first retry on, hold it off: ROW EXCLUSIVE waits for a running ager and
-                # keeps the next one out until this turn ends, and conflicts with no other
-                # writer. Taken outside the savepoints, it outlives their rollbacks; every
-                # further retry then means a key another writer created and committed.
+                # Between attempts a whole run of the ager (one transaction, a table lock)
+                # could demote our keys again, and again. From the first retry on, hold it
+                # off: ROW EXCLUSIVE waits for such a run and keeps the next one out until
+                # this turn ends, and conflicts with no other writer (nor with the ager's
+                # batches, which lock rows only and never create a key, so never make an
+                # attempt fail). Taken outside the savepoints, it outlives their rollbacks;
+                # every further retry then means a key another writer created and committed.
                 ex.execute(rec.HOLD_OFF_AGER)
             with translate_errors():
                 savepoint = conn.begin_nested()

@@ -386,7 +386,6 @@ class PostgreSQLAgerStatements:
 
     lock: TextClause
     row_lock_timeout: TextClause
-    async_commit: TextClause
     writers_in: TextClause
     changes: tuple[AgerChange, ...]
     archive_count: Select[int]
@@ -565,10 +564,6 @@ def _postgresql(now: Any, batched: bool) -> PostgreSQLAgerStatements:
         row_lock_timeout=text(
             f"SET LOCAL lock_timeout = '{max(1, round(AGER_ROW_LOCK_TIMEOUT_S * 1000))}ms'"
         ),
-        # A batch's commit does not wait for its WAL to reach the disk: a crash may lose the
-        # last batches, which (like a killed run's) the next run redoes; the run's last
-        # transaction (its ager_runs row) is durable, and with it every batch before.
-        async_commit=text("SET LOCAL synchronous_commit TO OFF"),
         # Other sessions holding a lock on mnests now (writers in a transaction): whether
         # writers are about, for the size of the next batch.
         writers_in=text(

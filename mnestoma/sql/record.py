@@ -179,8 +179,9 @@ def _reinforce_with_event() -> Insert:
 
 PG_REINFORCE_WITH_EVENT = _reinforce_with_event()
 
-# PostgreSQL: what a turn takes before retrying; it conflicts with the ager's EXCLUSIVE lock,
-# not with other writers.
+# PostgreSQL: what a turn takes before retrying; it conflicts with the EXCLUSIVE lock of a
+# whole run of the ager in one transaction, not with other writers (nor with the ager's
+# batches, which lock rows only and never create a key).
 HOLD_OFF_AGER: TextClause = text("LOCK TABLE mnests IN ROW EXCLUSIVE MODE")
 
 
