@@ -53,6 +53,7 @@ __all__ = [
     "age_batch",
     "ager_bounds",
     "ager_page_cache",
+    "ager_serial_reads",
     "ager_writers",
     "archive_candidates",
     "begin_batched_run",
@@ -279,6 +280,33 @@ def ager_page_cache(conn: Connection) -> Iterator[None]:
         return
     with _page_cache(conn, AGER_CACHE_KIB):
         yield
+
+
+@contextmanager
+def ager_serial_reads(conn: Connection) -> Iterator[None]:
+    """PostgreSQL: no parallel workers on ``conn`` for a whole run in batches, set back
+    afterwards (also on error); nothing on SQLite. The run's reads of the whole table (its
+    bounds, its archive count) then take one core, and leave the others to the writers: on
+    a 2-core machine, a count run by three processes held writers up to 300 ms."""
+    if conn.dialect.name != "postgresql":
+        yield
+        return
+    s = postgresql_ager_statements(True)
+    before = str(_run(conn, s.parallel_workers).scalar_one())
+    restore = s.set_parallel_workers.bindparams(value=before)
+    _run(conn, s.set_parallel_workers, {"value": "0"})
+    conn.commit()  # a session setting, outside the batches' transactions
+    try:
+        yield
+    except BaseException:
+        with suppress(Exception):
+            conn.rollback()
+        _cleanup(conn, restore)
+        with suppress(Exception):
+            conn.commit()
+        raise
+    _run(conn, restore)
+    conn.commit()
 
 
 @contextmanager

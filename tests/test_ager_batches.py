@@ -356,6 +356,39 @@ def test_a_postgresql_batch_crossing_a_writer_gives_up_and_is_tried_again(
     assert rows == left
 
 
+def test_a_postgresql_run_reads_without_parallel_workers_and_sets_them_back(
+    pg_store_url: str,
+) -> None:
+    """The run's whole-table reads take one process (on a 2-core machine parallel workers
+    took the writers' core); the connection's own setting comes back afterwards, also when
+    the run fails."""
+    reset(pg_store_url)
+    show = text("SHOW max_parallel_workers_per_gather")
+    with Mnestoma(pg_store_url, clock=StoppedClock()) as store, store.engine.connect() as conn:
+        conn.execute(text("SET max_parallel_workers_per_gather = 3"))
+        conn.commit()
+        with ager.ager_serial_reads(conn):
+            assert conn.execute(show).scalar_one() == "0"
+        assert conn.execute(show).scalar_one() == "3"
+        with pytest.raises(RuntimeError), ager.ager_serial_reads(conn):
+            conn.execute(text("SELECT 1"))
+            raise RuntimeError("the run failed")
+        assert conn.execute(show).scalar_one() == "3"
+        conn.execute(text("RESET max_parallel_workers_per_gather"))
+        conn.commit()
+        default = conn.execute(show).scalar_one()
+        assert default != "0"
+        store.apply_ager()
+        idle = store.engine.pool.checkedin()  # the run's connection among them
+        assert idle >= 1
+        pooled = [store.engine.connect() for _ in range(idle)]
+        try:
+            assert [c.execute(show).scalar_one() for c in pooled] == [default] * idle
+        finally:
+            for c in pooled:
+                c.close()
+
+
 def test_a_process_forked_while_a_write_waits_does_not_go_on_saying_it_waits(
     tmp_path: Any,
 ) -> None:

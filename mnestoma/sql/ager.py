@@ -386,6 +386,8 @@ class PostgreSQLAgerStatements:
 
     lock: TextClause
     row_lock_timeout: TextClause
+    parallel_workers: TextClause
+    set_parallel_workers: TextClause
     writers_in: TextClause
     changes: tuple[AgerChange, ...]
     archive_count: Select[int]
@@ -563,6 +565,12 @@ def _postgresql(now: Any, batched: bool) -> PostgreSQLAgerStatements:
         # deadlock check (1 s) could end a writer's transaction instead.
         row_lock_timeout=text(
             f"SET LOCAL lock_timeout = '{max(1, round(AGER_ROW_LOCK_TIMEOUT_S * 1000))}ms'"
+        ),
+        # A run in batches turns parallel workers off on its connection, and back afterwards:
+        # its reads of the whole table take one core, not the writers' too.
+        parallel_workers=text("SELECT current_setting('max_parallel_workers_per_gather')"),
+        set_parallel_workers=text(
+            "SELECT set_config('max_parallel_workers_per_gather', :value, false)"
         ),
         # Other sessions holding a lock on mnests now (writers in a transaction): whether
         # writers are about, for the size of the next batch.
