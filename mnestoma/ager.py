@@ -26,8 +26,10 @@ from typing import Any, NamedTuple
 from sqlalchemy import Connection
 from sqlalchemy.sql import Executable
 
-from .locking import WaitingWriters
+from .locking import WaitingWriters, pause_on
 from .rules import (
+    AGER_WRITERS_PATIENCE_S,
+    AGER_WRITERS_POLL_S,
     AgerCount,
     AgerReport,
     archive_cutoff,
@@ -198,16 +200,30 @@ def _run_postgresql(conn: Connection, p: dict[str, Any], *, batched: bool) -> Ag
 
 
 class TableWriters:
-    """What the ager on PostgreSQL sees of the writers: whether any is in a transaction on
-    ``mnests`` just before a batch. They need no letting in, as a batch locks only its own
-    rows: :meth:`let_in` only says whether they are about (for the size of the batch)."""
+    """What the ager on PostgreSQL sees of the writers: the other sessions in a transaction
+    on ``mnests``. A batch locks only its own rows, so writers never queue behind it; but
+    writers and the ager share the machine (its cores, its disk), and writers that fell
+    behind would stay behind while the ager went on at full speed. So before each batch
+    the run lets the writers in first: :meth:`let_in` waits until none is in a transaction
+    on ``mnests``, up to :data:`~mnestoma.rules.AGER_WRITERS_PATIENCE_S`."""
 
     def __init__(self, conn: Connection) -> None:
         self._conn = conn
         self._writers_in = postgresql_ager_statements(True).writers_in
 
     def let_in(self) -> bool:
-        """Before a batch: True when another session is in a transaction on ``mnests``."""
+        """Before a batch: wait for the writers in a transaction on ``mnests`` to end (up to
+        the patience); True when there were any."""
+        deadline = time.monotonic() + AGER_WRITERS_PATIENCE_S
+        seen = False
+        while self._writers_about():
+            seen = True
+            if time.monotonic() >= deadline:
+                break
+            pause_on(self._conn, AGER_WRITERS_POLL_S)
+        return seen
+
+    def _writers_about(self) -> bool:
         with self._conn.begin():
             return bool(_run(self._conn, self._writers_in).scalar_one())
 

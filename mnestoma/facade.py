@@ -262,10 +262,10 @@ def age_in_batches(
     ``progress(done, total)`` after each batch (the total an estimate while the batches are
     being sized).
 
-    Before each batch on SQLite the writes that wait for the lock get in
-    (:class:`~mnestoma.locking.WaitingWriters`); on PostgreSQL, where a batch locks only its
-    rows, the run only looks whether writers are about (:class:`~mnestoma.ager.TableWriters`),
-    and a batch that gave up waiting for a row a writer held is tried again
+    Before each batch the writers get in first: on SQLite the writes that wait for the lock
+    (:class:`~mnestoma.locking.WaitingWriters`), on PostgreSQL, where a batch locks only its
+    rows, the writers in a transaction on ``mnests`` (:class:`~mnestoma.ager.TableWriters`);
+    there a batch that gave up waiting for a row a writer held is tried again
     (:func:`_age_batch_retried`). The bounds of the run are read before its first write, so
     that no lock is held meanwhile.
     """

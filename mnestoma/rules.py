@@ -16,6 +16,8 @@ __all__ = [
     "AGER_BATCH_ROWS",
     "AGER_BATCH_TARGET_S",
     "AGER_ROW_LOCK_TIMEOUT_S",
+    "AGER_WRITERS_PATIENCE_S",
+    "AGER_WRITERS_POLL_S",
     "AGER_WRITERS_SEEN_S",
     "AGER_YIELD_EVERY_S",
     "AGER_YIELD_MAX_S",
@@ -74,13 +76,14 @@ SECONDS_PER_DAY = 86400.0
 # event prunable), so a writer waits for one batch at most.
 EVENT_PRUNE_BATCH = 5000
 # apply_ager: how long one batch holds its locks (seconds), each batch its own transaction,
-# so that a writer behind the ager waits for one batch at most. While writers are about (one
-# waited for a batch, or was in a transaction on mnests, within AGER_WRITERS_SEEN_S), 15 ms:
-# writers' p99 then stays near 50 ms on a 2-core machine (25 ms left it at 70-150 ms, 10 ms
-# made a PostgreSQL run seven times longer). While none is, 75 ms: nobody waits for the
-# batches, and fewer commits cost less. The run sizes its batches to the target as it goes
-# (from the time the last batch took), from AGER_BATCH_ROWS rows (small: the first batches
-# read a cold cache), unless the caller fixes a number of rows per batch.
+# so that a writer behind the ager waits for one batch at most (SQLite: the write lock;
+# PostgreSQL: the batch's rows only). While writers are about (one waited for a batch, or
+# was in a transaction on mnests, within AGER_WRITERS_SEEN_S), 15 ms: SQLite writers' p99
+# then stays under 30 ms on a 2-core machine (25 ms left it at 70-1000 ms). While none is,
+# 75 ms: nobody waits for the batches, and fewer commits cost less. The run sizes its
+# batches to the target as it goes (from the time the last batch took), from AGER_BATCH_ROWS
+# rows (small: the first batches read a cold cache), unless the caller fixes a number of
+# rows per batch.
 AGER_BATCH_TARGET_S = 0.015
 AGER_BATCH_QUIET_TARGET_S = 0.075
 AGER_WRITERS_SEEN_S = 1.0
@@ -105,6 +108,12 @@ AGER_YIELD_EVERY_S = 0.1
 # on) and is tried again after batch_lock_retry_pause, up to AGER_BATCH_ATTEMPTS times.
 AGER_ROW_LOCK_TIMEOUT_S = 0.05
 AGER_BATCH_ATTEMPTS = 50
+# apply_ager on PostgreSQL, between two batches: while another session is in a transaction on
+# mnests (a writer mid-call), the run waits for it to end, looking again this often, up to
+# AGER_WRITERS_PATIENCE_S: writers go first, and writers that fall behind (always one in)
+# slow the run down to one batch per patience until they catch up.
+AGER_WRITERS_PATIENCE_S = 0.05
+AGER_WRITERS_POLL_S = 0.001
 # The ager's thresholds (0.20, 0.05) are crossed only by more than this: SQLite (julianday,
 # milliseconds), PostgreSQL (epoch arithmetic) and Python compute an effective weight a few
 # units in the 13th digit apart, so a weight that is exactly at a threshold must not fall on

@@ -307,6 +307,34 @@ def test_a_postgresql_batch_locks_the_rows_it_changes_not_the_table(pg_store_url
         assert held is not None and not writers.let_in()
 
 
+def test_a_postgresql_run_lets_the_writers_in_first_before_each_batch(pg_store_url: str) -> None:
+    """Before a batch the run waits for a writer in a transaction on ``mnests`` to end, and
+    says it saw one; for a writer that stays in, no longer than its patience."""
+    reset(pg_store_url)
+    with Mnestoma(pg_store_url, clock=StoppedClock()) as store, store.engine.connect() as conn:
+        writers = ager.ager_writers(conn)
+        assert isinstance(writers, ager.TableWriters)
+        assert not writers.let_in()
+        with store.engine.connect() as writer:
+            writer.begin()
+            writer.execute(text("SELECT id FROM mnests LIMIT 1 FOR UPDATE"))
+            ends = threading.Timer(0.02, writer.rollback)
+            began = time.monotonic()
+            ends.start()
+            try:
+                assert writers.let_in()
+                assert time.monotonic() - began >= 0.015  # it waited for the writer to end
+            finally:
+                ends.join()
+            assert not writers.let_in()
+            writer.begin()
+            writer.execute(text("SELECT id FROM mnests LIMIT 1 FOR UPDATE"))
+            began = time.monotonic()
+            assert writers.let_in()  # the writer stays in: the run goes on after its patience
+            assert time.monotonic() - began >= rules.AGER_WRITERS_PATIENCE_S
+            writer.rollback()
+
+
 def test_a_postgresql_batch_crossing_a_writer_gives_up_and_is_tried_again(
     pg_store_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -354,6 +382,32 @@ def test_a_postgresql_batch_crossing_a_writer_gives_up_and_is_tried_again(
     for changed in (early, late):
         rows[changed] = (rows[changed][0], rows[changed][1] - 1, *rows[changed][2:])
     assert rows == left
+
+
+def test_a_postgresql_batch_that_never_gets_its_row_fails_the_run_which_the_next_completes(
+    pg_store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer holds a row of the only batch through all the batch's attempts: the run
+    stops with the package's error (the row lock timeout, a driver error translated), the
+    store says the run was interrupted, and the next run completes it to the same result."""
+    _, (left, _) = one_transaction(pg_store_url)
+    reset(pg_store_url)
+    monkeypatch.setattr(mnestoma.facade, "AGER_BATCH_ATTEMPTS", 3)
+    monkeypatch.setattr(mnestoma.facade, "ager_batch_retry_pause", lambda a: 0.001)
+    held = next(r["id"] for r in ROWS if r["id"] in left and r["ts_weight"] < T0)
+    with Mnestoma(pg_store_url, clock=StoppedClock()) as store:
+        with store.engine.connect() as writer:
+            writer.begin()
+            writer.execute(text("SELECT id FROM mnests WHERE id = :id FOR UPDATE"), {"id": held})
+            with pytest.raises(MnestomaError, match="lock timeout") as failed:
+                store.apply_ager(batch_rows=len(ROWS) * 2)
+            writer.rollback()
+        assert failed.value.__cause__ is not None  # the driver's error, chained
+        [interrupted] = collect_status(pg_store_url).ager_interrupted
+        assert interrupted.batches == 0
+        store.apply_ager()
+        assert snapshot(store.engine)[0] == left
+        assert collect_status(pg_store_url).ager_interrupted == []
 
 
 def test_a_postgresql_run_reads_without_parallel_workers_and_sets_them_back(

@@ -343,3 +343,16 @@ def test_the_ager_s_next_batch_is_scaled_towards_its_target(
 
 def test_the_ager_s_next_batch_covers_at_least_one_position() -> None:
     assert rules.ager_next_step(1, 10.0, 0.015, 0.015) == 1
+
+
+def test_the_ager_tries_a_batch_again_after_10_ms_doubling_up_to_100_ms() -> None:
+    pauses = [rules.ager_batch_retry_pause(a) for a in range(6)]
+    assert pauses == [0.01, 0.02, 0.04, 0.08, 0.1, 0.1]
+    assert rules.AGER_ROW_LOCK_TIMEOUT_S == 0.05 and rules.AGER_BATCH_ATTEMPTS == 50
+
+
+def test_a_postgresql_batch_waits_for_a_row_at_most_the_row_lock_timeout() -> None:
+    from mnestoma.sql.ager import postgresql_ager_statements
+
+    timeout = str(postgresql_ager_statements(True).row_lock_timeout)
+    assert timeout == "SET LOCAL lock_timeout = '50ms'"
