@@ -185,7 +185,7 @@ def _run_postgresql(conn: Connection, p: dict[str, Any], *, batched: bool) -> Ag
     transaction. A whole run locks the table; a batch locks only the rows it changes, so
     writers of other rows go on meanwhile (each statement decides row by row on the latest
     committed version of a row it must wait for), and gives up on a row it waited for too
-    long (see :func:`age_batch`)."""
+    long (:data:`~mnestoma.rules.AGER_ROW_LOCK_TIMEOUT_S`; the facades try it again)."""
     s = postgresql_ager_statements(batched)
     if batched:
         # A batch commits as any write does, waiting for its WAL to reach the disk: that
@@ -302,8 +302,9 @@ def ager_page_cache(conn: Connection) -> Iterator[None]:
 def ager_serial_reads(conn: Connection) -> Iterator[None]:
     """PostgreSQL: no parallel workers on ``conn`` for a whole run in batches, set back
     afterwards (also on error); nothing on SQLite. The run's reads of the whole table (its
-    bounds, its archive count) then take one core, and leave the others to the writers: on
-    a 2-core machine, a count run by three processes held writers up to 300 ms."""
+    bounds, its archive count) then take one core, and leave the others to the writers (on
+    a 2-core machine, writers' calls took up to 300 ms while the archive count ran with two
+    parallel workers)."""
     if conn.dialect.name != "postgresql":
         yield
         return
