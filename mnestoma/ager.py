@@ -148,15 +148,23 @@ def begin_batched_run(
 
 
 def age_batch(
-    conn: Connection, run: BatchedRun, lo: int, hi: int, number: int, at: datetime
+    conn: Connection,
+    run: BatchedRun,
+    lo: int,
+    hi: int,
+    number: int,
+    at: datetime,
+    *,
+    writers_about: bool = True,
 ) -> AgerReport:
     """Age the rows of one batch (positions ``[lo, hi)``) at the run's ``now``, in the
     caller's transaction, and move the run's progress row to it (batch ``number``, at
     wall-clock ``at``). The report's ``archive_candidates`` is 0: it is counted once, at the
-    end (:func:`archive_candidates`)."""
+    end (:func:`archive_candidates`). On PostgreSQL, without ``writers_about``, the batch
+    commits without waiting for its WAL flush."""
     p = {"now": run.now, "lo": lo, "hi": hi}
     if conn.dialect.name == "postgresql":
-        report = _run_postgresql(conn, p, batched=True)
+        report = _run_postgresql(conn, p, batched=True, flush=writers_about)
     else:
         report = _run_sqlite(conn, p, batched=True)
     move = {"run_id": run.run_id, "batches": number, "position": hi, "updated": at}
@@ -180,19 +188,24 @@ def end_batched_run(
     _run(conn, PROGRESS_DONE, {"run_id": run.run_id})
 
 
-def _run_postgresql(conn: Connection, p: dict[str, Any], *, batched: bool) -> AgerReport:
+def _run_postgresql(
+    conn: Connection, p: dict[str, Any], *, batched: bool, flush: bool = True
+) -> AgerReport:
     """A whole run, or with ``batched`` one batch (no archive count), in the caller's
-    transaction. A whole run locks the table; a batch locks only the rows it changes, so
+    transaction (a batch with ``flush`` false commits without waiting for its WAL flush).
+    A whole run locks the table; a batch locks only the rows it changes, so
     writers of other rows go on meanwhile (each statement decides row by row on the latest
     committed version of a row it must wait for), and gives up on a row it waited for too
     long (:data:`~mnestoma.rules.AGER_ROW_LOCK_TIMEOUT_S`; the facades try it again)."""
     s = postgresql_ager_statements(batched)
     if batched:
-        # A batch commits as any write does, waiting for its WAL to reach the disk: that
-        # paces the run by the disk it shares with the writers. (Committed without waiting,
-        # batches left their WAL for the writers' commits to flush, and on a slow disk the
-        # writers fell seconds behind.)
         _run(conn, s.row_lock_timeout)
+        # While writers are about, a batch commits as any write does, waiting for its WAL
+        # to reach the disk: that paces the run by the disk it shares with them. (Committed
+        # without waiting, batches left their WAL for the writers' commits to flush, and on
+        # a slow disk the writers fell seconds behind.) With none about, it does not wait.
+        if not flush:
+            _run(conn, s.async_commit)
     else:
         # One lock order with writers: they wait for the run instead of deadlocking.
         _run(conn, s.lock)

@@ -40,6 +40,7 @@ from .rules import (
     ager_batch_retry_pause,
     ager_batch_target,
     ager_next_step,
+    ager_writers_about,
     batch_pause,
     event_batches,
 )
@@ -291,7 +292,10 @@ def age_in_batches(
             if writers.let_in():
                 writers_seen = time.monotonic()
             number += 1
-            batch, took = _age_batch_retried(conn, write, run=run, lo=lo, hi=hi, number=number)
+            about = ager_writers_about(time.monotonic() - writers_seen)
+            batch, took = _age_batch_retried(
+                conn, write, run=run, lo=lo, hi=hi, number=number, writers_about=about
+            )
             report += batch
             if batch_rows is None:
                 last = target
@@ -308,9 +312,15 @@ def age_in_batches(
 
 
 def _age_batch(
-    unit: ConnectionUnitOfWork, *, run: BatchedRun, lo: int, hi: int, number: int
+    unit: ConnectionUnitOfWork,
+    *,
+    run: BatchedRun,
+    lo: int,
+    hi: int,
+    number: int,
+    writers_about: bool,
 ) -> AgerReport:
-    return unit.mnests.age_batch(run, lo, hi, number)
+    return unit.mnests.age_batch(run, lo, hi, number, writers_about=writers_about)
 
 
 def _age_batch_retried(

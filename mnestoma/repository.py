@@ -803,9 +803,13 @@ class MnestRepository(GraphReads):
         conn = self._write_ex().conn
         return begin_batched_run(conn, self._now(), batch_rows, utc_now(), bounds)
 
-    def age_batch(self, run: BatchedRun, lo: int, hi: int, number: int) -> AgerReport:
-        """Age one batch of ``run`` (positions ``[lo, hi)``, batch ``number`` from 1)."""
-        return age_batch(self._write_ex().conn, run, lo, hi, number, utc_now())
+    def age_batch(
+        self, run: BatchedRun, lo: int, hi: int, number: int, *, writers_about: bool = True
+    ) -> AgerReport:
+        """Age one batch of ``run`` (positions ``[lo, hi)``, batch ``number`` from 1);
+        without ``writers_about``, on PostgreSQL, committed without waiting for its WAL."""
+        conn = self._write_ex().conn
+        return age_batch(conn, run, lo, hi, number, utc_now(), writers_about=writers_about)
 
     def archive_candidates(self, now: datetime) -> int:
         """How many decaying rows the ager counts as archive candidates at ``now``."""

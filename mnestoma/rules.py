@@ -46,6 +46,7 @@ __all__ = [
     "ager_batch_retry_pause",
     "ager_batch_target",
     "ager_next_step",
+    "ager_writers_about",
     "batch_pause",
     "check_transition",
     "clamp_weight",
@@ -259,11 +260,17 @@ def batch_pause(dialect: str) -> float:
     return BATCH_PAUSE_S if dialect == "sqlite" else 0.0
 
 
+def ager_writers_about(since_writers_s: float) -> bool:
+    """Whether the ager counts writers as about, ``since_writers_s`` seconds after it last
+    saw one: within :data:`AGER_WRITERS_SEEN_S`."""
+    return since_writers_s < AGER_WRITERS_SEEN_S
+
+
 def ager_batch_target(since_writers_s: float) -> float:
     """How long the ager's next batch should hold its locks, ``since_writers_s`` seconds
-    after it last saw a writer about: :data:`AGER_BATCH_TARGET_S` within
-    :data:`AGER_WRITERS_SEEN_S`, else :data:`AGER_BATCH_QUIET_TARGET_S`."""
-    if since_writers_s < AGER_WRITERS_SEEN_S:
+    after it last saw a writer about: :data:`AGER_BATCH_TARGET_S` while writers are about
+    (:func:`ager_writers_about`), else :data:`AGER_BATCH_QUIET_TARGET_S`."""
+    if ager_writers_about(since_writers_s):
         return AGER_BATCH_TARGET_S
     return AGER_BATCH_QUIET_TARGET_S
 

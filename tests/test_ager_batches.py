@@ -410,6 +410,35 @@ def test_a_postgresql_batch_that_never_gets_its_row_fails_the_run_which_the_next
         assert collect_status(pg_store_url).ager_interrupted == []
 
 
+def test_a_postgresql_batch_waits_for_its_wal_flush_only_while_writers_are_about(
+    pg_store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While writers are about a batch commits as any write does (else their commits would
+    flush its WAL for it); once none has been seen for AGER_WRITERS_SEEN_S it commits
+    without waiting for the flush. The run's result is the same either way."""
+    expected, (left, _) = one_transaction(pg_store_url)
+    reset(pg_store_url)
+    asynchronous = "SET LOCAL synchronous_commit TO OFF"
+    seen: list[str] = []
+    with Mnestoma(pg_store_url, clock=StoppedClock()) as store:
+
+        def statement(conn: Any, cursor: Any, text_: str, *rest: Any) -> None:
+            if text_.startswith(("SET LOCAL synchronous_commit", "UPDATE ager_progress")):
+                seen.append(text_)
+
+        event.listen(store.engine, "before_cursor_execute", statement)
+        monkeypatch.setattr(rules, "AGER_WRITERS_SEEN_S", 1e9)  # writers about, all the run
+        store.apply_ager(batch_rows=20)
+        assert len(seen) > 10 and asynchronous not in seen
+        reset(pg_store_url)
+        seen.clear()
+        monkeypatch.setattr(rules, "AGER_WRITERS_SEEN_S", 0.0)  # none about, from the start
+        assert store.apply_ager(batch_rows=20) == expected
+        assert snapshot(store.engine)[0] == left
+    batches = seen.count(next(t for t in seen if t.startswith("UPDATE ager_progress")))
+    assert batches > 10 and seen.count(asynchronous) == batches
+
+
 def test_a_postgresql_run_reads_without_parallel_workers_and_sets_them_back(
     pg_store_url: str,
 ) -> None:

@@ -356,3 +356,9 @@ def test_a_postgresql_batch_waits_for_a_row_at_most_the_row_lock_timeout() -> No
 
     timeout = str(postgresql_ager_statements(True).row_lock_timeout)
     assert timeout == "SET LOCAL lock_timeout = '50ms'"
+
+
+def test_writers_count_as_about_for_a_second_after_the_ager_last_saw_one() -> None:
+    assert rules.AGER_WRITERS_SEEN_S == 1.0
+    assert rules.ager_writers_about(0.0) and rules.ager_writers_about(0.999)
+    assert not rules.ager_writers_about(1.0)

@@ -386,6 +386,7 @@ class PostgreSQLAgerStatements:
 
     lock: TextClause
     row_lock_timeout: TextClause
+    async_commit: TextClause
     parallel_workers: TextClause
     set_parallel_workers: TextClause
     writers_in: TextClause
@@ -566,6 +567,12 @@ def _postgresql(now: Any, batched: bool) -> PostgreSQLAgerStatements:
         row_lock_timeout=text(
             f"SET LOCAL lock_timeout = '{max(1, round(AGER_ROW_LOCK_TIMEOUT_S * 1000))}ms'"
         ),
+        # A batch while no writer is about commits without waiting for its WAL to reach the
+        # disk: a crash may lose the last batches, which (like a killed run's) the next run
+        # redoes; the run's last transaction (its ager_runs row) is durable, and with it
+        # every batch before. While writers are about a batch waits for its flush: else
+        # their commits would flush its WAL for it.
+        async_commit=text("SET LOCAL synchronous_commit TO OFF"),
         # A run in batches turns parallel workers off on its connection, and back afterwards:
         # its reads of the whole table take one core, not the writers' too.
         parallel_workers=text("SELECT current_setting('max_parallel_workers_per_gather')"),
