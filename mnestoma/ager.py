@@ -199,6 +199,7 @@ def _run_postgresql(
     long (:data:`~mnestoma.rules.AGER_ROW_LOCK_TIMEOUT_S`; the facades try it again)."""
     s = postgresql_ager_statements(batched)
     if batched:
+        _run(conn, s.table_locks)
         _run(conn, s.row_lock_timeout)
         # While writers are about, a batch commits as any write does, waiting for its WAL
         # to reach the disk: that paces the run by the disk it shares with them. (Committed
@@ -214,7 +215,8 @@ def _run_postgresql(
 
 class TableWriters:
     """What the ager on PostgreSQL sees of the writers: the other sessions in a transaction
-    on ``mnests``. A batch locks only its own rows, so writers never queue behind it; but
+    on ``mnests``. A batch locks only its own rows, so writers of other rows never queue
+    behind it; but
     writers and the ager share the machine (its cores, its disk), and writers that fell
     behind would stay behind while the ager went on at full speed. So before each batch
     the run lets the writers in first: :meth:`let_in` waits until none is in a transaction

@@ -330,9 +330,12 @@ def _age_batch_retried(
 ) -> tuple[AgerReport, float]:
     """One batch (its own transaction, through ``write``) and the seconds its last attempt
     took. A batch that gave up waiting for a row lock (PostgreSQL: a writer held a row it
-    wanted while waiting for one of the batch's) rolled back and let the writer go on; it
-    is tried again after :func:`~mnestoma.rules.ager_batch_retry_pause`, up to
-    :data:`~mnestoma.rules.AGER_BATCH_ATTEMPTS` times."""
+    wanted, while waiting for one of the batch's or only for longer than the batch's lock
+    timeout) rolled back and let the writer go on; it is tried again after
+    :func:`~mnestoma.rules.ager_batch_retry_pause`, up to
+    :data:`~mnestoma.rules.AGER_BATCH_ATTEMPTS` times (about 7 s), then the run stops with
+    that error and the next run completes it. Other transient failures (a key another
+    transaction made a twin of meanwhile) are retried by ``write`` itself."""
     attempt = 0
     while True:
         took = time.perf_counter()

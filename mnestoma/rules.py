@@ -106,7 +106,7 @@ AGER_YIELD_EVERY_S = 0.1
 # apply_ager on PostgreSQL: a batch locks the rows it changes, not the table, so writers of
 # other rows never wait for it. Where a batch and a writer each hold a row the other wants,
 # the batch gives up after waiting this long for a row (seconds), rolls back (the writer goes
-# on) and is tried again after batch_lock_retry_pause, up to AGER_BATCH_ATTEMPTS times.
+# on) and is tried again after ager_batch_retry_pause, up to AGER_BATCH_ATTEMPTS times.
 AGER_ROW_LOCK_TIMEOUT_S = 0.05
 AGER_BATCH_ATTEMPTS = 50
 # apply_ager on PostgreSQL, between two batches: while another session is in a transaction on

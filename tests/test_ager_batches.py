@@ -335,6 +335,45 @@ def test_a_postgresql_run_lets_the_writers_in_first_before_each_batch(pg_store_u
             writer.rollback()
 
 
+def test_a_postgresql_batch_waits_behind_a_table_lock_instead_of_giving_up(
+    pg_store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A table lock held longer than the batch's row lock timeout (a dry run's, a
+    migration's) makes the batch wait, as a writer would, not fail: even with one attempt
+    per batch the run completes once the lock goes."""
+    _, (left, _) = one_transaction(pg_store_url)
+    reset(pg_store_url)
+    monkeypatch.setattr(mnestoma.facade, "AGER_BATCH_ATTEMPTS", 1)
+    with Mnestoma(pg_store_url, clock=StoppedClock()) as store:
+        with store.engine.connect() as other:
+            other.begin()
+            other.execute(text("LOCK TABLE mnests IN SHARE MODE"))  # no row change allowed
+            ends = threading.Timer(0.3, other.rollback)
+            ends.start()
+            try:
+                store.apply_ager()
+            finally:
+                ends.join()
+        assert snapshot(store.engine)[0] == left
+
+
+def test_a_postgresql_reader_in_a_transaction_is_not_a_writer_about(pg_store_url: str) -> None:
+    """A session that only read ``mnests`` (ACCESS SHARE, held until its transaction ends)
+    does not hold the run back: only writers' locks count."""
+    reset(pg_store_url)
+    with Mnestoma(pg_store_url, clock=StoppedClock()) as store, store.engine.connect() as conn:
+        writers = ager.ager_writers(conn)
+        with store.engine.connect() as reader:
+            reader.begin()
+            reader.execute(text("SELECT count(*) FROM mnests"))
+            began = time.monotonic()
+            assert not writers.let_in()
+            assert time.monotonic() - began < rules.AGER_WRITERS_PATIENCE_S
+            reader.execute(text("SELECT id FROM mnests LIMIT 1 FOR UPDATE"))
+            assert writers.let_in()
+            reader.rollback()
+
+
 def test_a_postgresql_batch_crossing_a_writer_gives_up_and_is_tried_again(
     pg_store_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -385,6 +385,7 @@ class PostgreSQLAgerStatements:
     and rows."""
 
     lock: TextClause
+    table_locks: TextClause
     row_lock_timeout: TextClause
     async_commit: TextClause
     parallel_workers: TextClause
@@ -560,10 +561,16 @@ def _postgresql(now: Any, batched: bool) -> PostgreSQLAgerStatements:
         # ROW SHARE lock of a writer's SELECT ... FOR UPDATE: the run waits for writers that
         # hold row locks, never the reverse.
         lock=text("LOCK TABLE mnests IN EXCLUSIVE MODE"),
-        # A batch locks only the rows it changes, as it changes them, in its own order while
+        # A batch takes the tables' ROW EXCLUSIVE locks first, before its lock timeout, so
+        # that it waits as any writer does for a table lock held a while (a dry run's, a
+        # migration's) instead of giving up on it again and again. ROW EXCLUSIVE conflicts
+        # with no writer.
+        table_locks=text("LOCK TABLE mnests, events, ager_progress IN ROW EXCLUSIVE MODE"),
+        # Then it locks only the rows it changes, as it changes them, in its own order while
         # writers lock theirs in id order: where the two cross, the batch gives up after
-        # this long (lock_not_available) and is tried again, long before the server's
-        # deadlock check (1 s) could end a writer's transaction instead.
+        # this long (lock_not_available) and is tried again, normally long before the
+        # server's deadlock check (1 s after a writer began to wait) could end the writer's
+        # transaction instead.
         row_lock_timeout=text(
             f"SET LOCAL lock_timeout = '{max(1, round(AGER_ROW_LOCK_TIMEOUT_S * 1000))}ms'"
         ),
@@ -579,11 +586,14 @@ def _postgresql(now: Any, batched: bool) -> PostgreSQLAgerStatements:
         set_parallel_workers=text(
             "SELECT set_config('max_parallel_workers_per_gather', :value, false)"
         ),
-        # Other sessions holding a lock on mnests now (writers in a transaction): whether
-        # writers are about, for the size of the next batch.
+        # Other sessions holding a writer's lock on mnests now (a writer in a transaction:
+        # ROW SHARE for SELECT ... FOR UPDATE, ROW EXCLUSIVE for a write; not a reader's
+        # ACCESS SHARE, nor (auto)vacuum's SHARE UPDATE EXCLUSIVE): whether writers are
+        # about, which the run lets in first.
         writers_in=text(
             "SELECT count(*) FROM pg_locks"
-            " WHERE relation = 'mnests'::regclass AND pid <> pg_backend_pid()"
+            " WHERE relation = 'mnests'::regclass AND pid <> pg_backend_pid() AND granted"
+            " AND mode IN ('RowShareLock', 'RowExclusiveLock')"
         ),
         changes=(
             AgerChange("merge", merge, counts=(AgerCount.MERGED, AgerCount.TO_DECAYING)),
