@@ -173,26 +173,27 @@ def _looks_unreachable(msg: str) -> bool:
 LOCK_NOT_AVAILABLE = "55P03"
 
 
+def _driver_error(err: BaseException) -> BaseException | None:
+    """The driver's exception behind ``err`` (a SQLAlchemy driver error, or this package's
+    error standing for one), or None."""
+    cause = err.__cause__ if isinstance(err, MnestomaError) else err
+    return cause.orig if isinstance(cause, sa_exc.DBAPIError) else None
+
+
 def is_lock_not_available(err: BaseException) -> bool:
     """True when ``err`` (a driver error, or this package's error standing for one) is
     PostgreSQL's ``lock_not_available``: a ``lock_timeout`` ran out."""
-    cause = err.__cause__ if isinstance(err, MnestomaError) else err
-    orig = getattr(cause, "orig", None)
-    return isinstance(cause, sa_exc.DBAPIError) and getattr(orig, "sqlstate", None) == (
-        LOCK_NOT_AVAILABLE
-    )
+    return getattr(_driver_error(err), "sqlstate", None) == LOCK_NOT_AVAILABLE
 
 
 def is_retryable(err: BaseException) -> bool:
     """True for transient conflicts a bounded retry resolves (serialization, deadlock, busy)."""
     if isinstance(err, RaceLost):
         return True
-    cause = err.__cause__ if isinstance(err, MnestomaError) else err
-    if isinstance(cause, sa_exc.DBAPIError) and cause.orig is not None:
-        sqlstate = getattr(cause.orig, "sqlstate", None)
-        if sqlstate in {"40001", "40P01", "23505"}:
-            return True
-        low = str(cause.orig).lower()
-        if "database is locked" in low or "database is busy" in low:
-            return True
-    return False
+    orig = _driver_error(err)
+    if orig is None:
+        return False
+    if getattr(orig, "sqlstate", None) in {"40001", "40P01", "23505"}:
+        return True
+    low = str(orig).lower()
+    return "database is locked" in low or "database is busy" in low
