@@ -55,7 +55,6 @@ __all__ = [
     "age_batch",
     "ager_bounds",
     "ager_page_cache",
-    "ager_serial_reads",
     "ager_writers",
     "archive_candidates",
     "begin_batched_run",
@@ -119,7 +118,9 @@ class BatchedRun:
 def ager_bounds(conn: Connection) -> AgerBounds:
     """The positions the table's rows hold now (SQLite rowids, PostgreSQL pages) and how
     many rows it holds: what a run in batches covers (rows added later are newer than its
-    ``now``). A read, done before the run's first write so that it holds no lock."""
+    ``now``). A read, done before the run's first write so that it holds no lock; on
+    PostgreSQL without parallel workers (:func:`_serial_reads`)."""
+    _serial_reads(conn)
     first, end, rows = _run(conn, ager_statements(conn.dialect.name, True).bounds).one()
     return AgerBounds(int(first or 0), int(end or 0), int(rows or 0))
 
@@ -173,10 +174,21 @@ def age_batch(
 
 
 def archive_candidates(conn: Connection, now: datetime) -> int:
-    """The decaying rows the ager counts as archive candidates at ``now`` (a read)."""
+    """The decaying rows the ager counts as archive candidates at ``now`` (a read; on
+    PostgreSQL without parallel workers, :func:`_serial_reads`)."""
     count = ager_statements(conn.dialect.name, True).archive_count
     p = {"now": now, "cutoff": archive_cutoff(now)}
+    _serial_reads(conn)
     return int(_run(conn, count, p).scalar_one())
+
+
+def _serial_reads(conn: Connection) -> None:
+    """PostgreSQL: no parallel workers for the rest of the caller's transaction. A run's
+    reads of the whole table then take one core and leave the others to the writers (on a
+    2-core machine, writers' calls took up to 300 ms while the archive count ran with two
+    parallel workers); the session's own setting comes back with the transaction's end."""
+    if conn.dialect.name == "postgresql":
+        _run(conn, postgresql_ager_statements(True).serial_reads)
 
 
 def end_batched_run(
@@ -214,13 +226,12 @@ def _run_postgresql(
 
 
 class TableWriters:
-    """What the ager on PostgreSQL sees of the writers: the other sessions in a transaction
-    on ``mnests``. A batch locks only its own rows, so writers of other rows never queue
-    behind it; but
-    writers and the ager share the machine (its cores, its disk), and writers that fell
-    behind would stay behind while the ager went on at full speed. So before each batch
-    the run lets the writers in first: :meth:`let_in` waits until none is in a transaction
-    on ``mnests``, up to :data:`~mnestoma.rules.AGER_WRITERS_PATIENCE_S`."""
+    """What the ager on PostgreSQL sees of the writers: the other sessions holding a writer's
+    lock on ``mnests``. A batch locks only its own rows, so writers of other rows never
+    queue behind it; but writers and the ager share the machine (its cores, its disk), and
+    writers that fell behind would stay behind while the ager went on at full speed. So
+    before each batch the run lets the writers in first: :meth:`let_in` waits until none is
+    in, up to :data:`~mnestoma.rules.AGER_WRITERS_PATIENCE_S`."""
 
     def __init__(self, conn: Connection) -> None:
         self._conn = conn
@@ -311,34 +322,6 @@ def ager_page_cache(conn: Connection) -> Iterator[None]:
         return
     with _page_cache(conn, AGER_CACHE_KIB):
         yield
-
-
-@contextmanager
-def ager_serial_reads(conn: Connection) -> Iterator[None]:
-    """PostgreSQL: no parallel workers on ``conn`` for a whole run in batches, set back
-    afterwards (also on error); nothing on SQLite. The run's reads of the whole table (its
-    bounds, its archive count) then take one core, and leave the others to the writers (on
-    a 2-core machine, writers' calls took up to 300 ms while the archive count ran with two
-    parallel workers)."""
-    if conn.dialect.name != "postgresql":
-        yield
-        return
-    s = postgresql_ager_statements(True)
-    before = str(_run(conn, s.parallel_workers).scalar_one())
-    restore = s.set_parallel_workers.bindparams(value=before)
-    _run(conn, s.set_parallel_workers, {"value": "0"})
-    conn.commit()  # a session setting, outside the batches' transactions
-    try:
-        yield
-    except BaseException:
-        with suppress(Exception):
-            conn.rollback()
-        _cleanup(conn, restore)
-        with suppress(Exception):
-            conn.commit()
-        raise
-    _run(conn, restore)
-    conn.commit()
 
 
 @contextmanager

@@ -12,7 +12,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import URL
 
-from .ager import BatchedRun, ager_page_cache, ager_serial_reads, ager_writers
+from .ager import BatchedRun, ager_page_cache, ager_writers
 from .config import (
     is_memory_sqlite,
     is_sqlite,
@@ -274,12 +274,7 @@ def age_in_batches(
     if batch_rows is None:
         batch_rows = settings.ager_batch_rows
     write = functools.partial(written, conn, settings=settings)
-    with (
-        ager_run_lock(conn),
-        ager_page_cache(conn),
-        ager_serial_reads(conn),
-        ager_writers(conn) as writers,
-    ):
+    with ager_run_lock(conn), ager_page_cache(conn), ager_writers(conn) as writers:
         with ConnectionUnitOfWork(conn, settings=settings) as unit:
             bounds = unit.mnests.ager_bounds()
         run = write(lambda u: u.mnests.begin_ager_run(batch_rows or AGER_BATCH_ROWS, bounds))

@@ -793,7 +793,8 @@ class MnestRepository(GraphReads):
 
     def ager_bounds(self) -> AgerBounds:
         """What a run of the ager in batches begun now would cover (a read, which takes no
-        lock: read before the run's first write)."""
+        lock: read before the run's first write; on PostgreSQL the rest of the transaction
+        runs without parallel workers)."""
         return ager_bounds(self._ex().conn)
 
     def begin_ager_run(self, batch_rows: int, bounds: AgerBounds) -> BatchedRun:
@@ -812,7 +813,8 @@ class MnestRepository(GraphReads):
         return age_batch(conn, run, lo, hi, number, utc_now(), writers_about=writers_about)
 
     def archive_candidates(self, now: datetime) -> int:
-        """How many decaying rows the ager counts as archive candidates at ``now``."""
+        """How many decaying rows the ager counts as archive candidates at ``now`` (on
+        PostgreSQL the rest of the transaction runs without parallel workers)."""
         return archive_candidates(self._ex().conn, now)
 
     def end_ager_run(self, run: BatchedRun, report: AgerReport, duration_s: float) -> None:

@@ -482,20 +482,24 @@ def test_a_postgresql_run_reads_without_parallel_workers_and_sets_them_back(
     pg_store_url: str,
 ) -> None:
     """The run's whole-table reads take one process (on a 2-core machine parallel workers
-    took the writers' core); the connection's own setting comes back afterwards, also when
-    the run fails."""
+    took the writers' core), for their own transaction only: the connection's own setting
+    is back afterwards, also when the transaction fails."""
     reset(pg_store_url)
     show = text("SHOW max_parallel_workers_per_gather")
     with Mnestoma(pg_store_url, clock=StoppedClock()) as store, store.engine.connect() as conn:
         conn.execute(text("SET max_parallel_workers_per_gather = 3"))
         conn.commit()
-        with ager.ager_serial_reads(conn):
-            assert conn.execute(show).scalar_one() == "0"
-        assert conn.execute(show).scalar_one() == "3"
-        with pytest.raises(RuntimeError), ager.ager_serial_reads(conn):
-            conn.execute(text("SELECT 1"))
+        for read in (ager.ager_bounds, lambda c: ager.archive_candidates(c, T0)):
+            with conn.begin():
+                read(conn)
+                assert conn.execute(show).scalar_one() == "0"
+            assert conn.execute(show).scalar_one() == "3"
+            conn.rollback()
+        with pytest.raises(RuntimeError), conn.begin():
+            ager.ager_bounds(conn)
             raise RuntimeError("the run failed")
         assert conn.execute(show).scalar_one() == "3"
+        conn.rollback()
         conn.execute(text("RESET max_parallel_workers_per_gather"))
         conn.commit()
         default = conn.execute(show).scalar_one()

@@ -388,8 +388,7 @@ class PostgreSQLAgerStatements:
     table_locks: TextClause
     row_lock_timeout: TextClause
     async_commit: TextClause
-    parallel_workers: TextClause
-    set_parallel_workers: TextClause
+    serial_reads: TextClause
     writers_in: TextClause
     changes: tuple[AgerChange, ...]
     archive_count: Select[int]
@@ -580,12 +579,10 @@ def _postgresql(now: Any, batched: bool) -> PostgreSQLAgerStatements:
         # every batch before. While writers are about a batch waits for its flush: else
         # their commits would flush its WAL for it.
         async_commit=text("SET LOCAL synchronous_commit TO OFF"),
-        # A run in batches turns parallel workers off on its connection, and back afterwards:
-        # its reads of the whole table take one core, not the writers' too.
-        parallel_workers=text("SELECT current_setting('max_parallel_workers_per_gather')"),
-        set_parallel_workers=text(
-            "SELECT set_config('max_parallel_workers_per_gather', :value, false)"
-        ),
+        # The reads of a run in batches (its bounds, its archive count) scan the whole table
+        # without parallel workers, for the rest of their own transaction: they take one
+        # core, and leave the others to the writers.
+        serial_reads=text("SET LOCAL max_parallel_workers_per_gather = 0"),
         # Other sessions holding a writer's lock on mnests now (a writer in a transaction:
         # ROW SHARE for SELECT ... FOR UPDATE, ROW EXCLUSIVE for a write; not a reader's
         # ACCESS SHARE, nor (auto)vacuum's SHARE UPDATE EXCLUSIVE): whether writers are
