@@ -208,11 +208,14 @@ def _run_postgresql(
     A whole run locks the table; a batch locks only the rows it changes, so
     writers of other rows go on meanwhile (each statement decides row by row on the latest
     committed version of a row it must wait for), and gives up on a row it waited for too
-    long (:data:`~mnestoma.rules.AGER_ROW_LOCK_TIMEOUT_S`; the facades try it again)."""
+    long (:data:`~mnestoma.rules.AGER_ROW_LOCK_TIMEOUT_S`; the facades try it again). A
+    batch hands the pages it writes out to the disk as it goes
+    (:data:`~mnestoma.rules.AGER_FLUSH_AFTER_KIB`)."""
     s = postgresql_ager_statements(batched)
     if batched:
         _run(conn, s.table_locks)
         _run(conn, s.row_lock_timeout)
+        _run(conn, s.write_behind)
         # While writers are about, a batch commits as any write does, waiting for its WAL
         # to reach the disk: that paces the run by the disk it shares with them. (Committed
         # without waiting, batches left their WAL for the writers' commits to flush, and on

@@ -478,6 +478,37 @@ def test_a_postgresql_batch_waits_for_its_wal_flush_only_while_writers_are_about
     assert batches > 10 and seen.count(asynchronous) == batches
 
 
+def test_a_postgresql_batch_writes_its_pages_behind_itself_for_its_own_transaction_only(
+    pg_store_url: str,
+) -> None:
+    """Each batch's server process hands the pages it writes out to the disk as it goes
+    (backend_flush_after, AGER_FLUSH_AFTER_KIB), instead of leaving them for a burst of the
+    OS's writeback that writers' commits would queue behind; the pooled connections keep
+    their own setting afterwards. The run's result is unchanged."""
+    expected, (left, _) = one_transaction(pg_store_url)
+    reset(pg_store_url)
+    show = "SHOW backend_flush_after"
+    inside: list[str] = []
+
+    def statement(conn: Any, cursor: Any, text_: str, *rest: Any) -> None:
+        if text_.startswith("UPDATE ager_progress"):
+            inside.append(cursor.connection.execute(show).fetchone()[0])
+
+    with Mnestoma(pg_store_url, clock=StoppedClock()) as store:
+        event.listen(store.engine, "after_cursor_execute", statement)
+        assert store.apply_ager(batch_rows=20) == expected
+        event.remove(store.engine, "after_cursor_execute", statement)
+        assert snapshot(store.engine)[0] == left
+        idle = store.engine.pool.checkedin()
+        pooled = [store.engine.connect() for _ in range(idle)]
+        try:
+            assert {c.execute(text(show)).scalar_one() for c in pooled} == {"0"}
+        finally:
+            for c in pooled:
+                c.close()
+    assert len(inside) > 10 and set(inside) == {f"{rules.AGER_FLUSH_AFTER_KIB}kB"}
+
+
 def test_a_postgresql_run_reads_without_parallel_workers_and_sets_them_back(
     pg_store_url: str,
 ) -> None:

@@ -358,6 +358,14 @@ def test_a_postgresql_batch_waits_for_a_row_at_most_the_row_lock_timeout() -> No
     assert timeout == "SET LOCAL lock_timeout = '50ms'"
 
 
+def test_a_postgresql_batch_hands_the_pages_it_writes_out_to_the_disk_every_256_kib() -> None:
+    from mnestoma.sql.ager import postgresql_ager_statements
+
+    assert rules.AGER_FLUSH_AFTER_KIB == 256
+    flush = str(postgresql_ager_statements(True).write_behind)
+    assert flush == "SET LOCAL backend_flush_after = '256kB'"
+
+
 def test_writers_count_as_about_for_a_second_after_the_ager_last_saw_one() -> None:
     assert rules.AGER_WRITERS_SEEN_S == 1.0
     assert rules.ager_writers_about(0.0) and rules.ager_writers_about(0.999)

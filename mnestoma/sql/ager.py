@@ -45,6 +45,7 @@ from sqlalchemy.sql.expression import FunctionElement
 from sqlalchemy.types import UserDefinedType
 
 from ..rules import (
+    AGER_FLUSH_AFTER_KIB,
     AGER_ROW_LOCK_TIMEOUT_S,
     ARCHIVE_BELOW,
     DECAYING_BELOW,
@@ -387,6 +388,7 @@ class PostgreSQLAgerStatements:
     lock: TextClause
     table_locks: TextClause
     row_lock_timeout: TextClause
+    write_behind: TextClause
     async_commit: TextClause
     serial_reads: TextClause
     writers_in: TextClause
@@ -573,6 +575,10 @@ def _postgresql(now: Any, batched: bool) -> PostgreSQLAgerStatements:
         row_lock_timeout=text(
             f"SET LOCAL lock_timeout = '{max(1, round(AGER_ROW_LOCK_TIMEOUT_S * 1000))}ms'"
         ),
+        # The pages a batch writes out of the server's buffers go to the disk as it goes, a
+        # little at a time, not later in one burst that every commit's WAL flush would
+        # queue behind.
+        write_behind=text(f"SET LOCAL backend_flush_after = '{AGER_FLUSH_AFTER_KIB}kB'"),
         # A batch while no writer is about commits without waiting for its WAL to reach the
         # disk: a crash may lose the last batches, which (like a killed run's) the next run
         # redoes; the run's last transaction (its ager_runs row) is durable, and with it
