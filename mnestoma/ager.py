@@ -161,8 +161,9 @@ def age_batch(
     """Age the rows of one batch (positions ``[lo, hi)``) at the run's ``now``, in the
     caller's transaction, and move the run's progress row to it (batch ``number``, at
     wall-clock ``at``). The report's ``archive_candidates`` is 0: it is counted once, at the
-    end (:func:`archive_candidates`). On PostgreSQL, without ``writers_about``, the batch
-    commits without waiting for its WAL flush."""
+    end (:func:`archive_candidates`). On PostgreSQL, with ``writers_about``, the batch hands
+    the pages it writes out to the disk as it goes; without, it commits without waiting for
+    its WAL flush."""
     p = {"now": run.now, "lo": lo, "hi": hi}
     if conn.dialect.name == "postgresql":
         report = _run_postgresql(conn, p, batched=True, flush=writers_about)
@@ -209,18 +210,21 @@ def _run_postgresql(
     writers of other rows go on meanwhile (each statement decides row by row on the latest
     committed version of a row it must wait for), and gives up on a row it waited for too
     long (:data:`~mnestoma.rules.AGER_ROW_LOCK_TIMEOUT_S`; the facades try it again). A
-    batch hands the pages it writes out to the disk as it goes
+    batch with ``flush`` also hands the pages it writes out to the disk as it goes
     (:data:`~mnestoma.rules.AGER_FLUSH_AFTER_KIB`)."""
     s = postgresql_ager_statements(batched)
     if batched:
         _run(conn, s.table_locks)
         _run(conn, s.row_lock_timeout)
-        _run(conn, s.write_behind)
         # While writers are about, a batch commits as any write does, waiting for its WAL
         # to reach the disk: that paces the run by the disk it shares with them. (Committed
         # without waiting, batches left their WAL for the writers' commits to flush, and on
-        # a slow disk the writers fell seconds behind.) With none about, it does not wait.
-        if not flush:
+        # a slow disk the writers fell seconds behind.) It also hands the pages it writes
+        # out to the disk as it goes, not in a later burst their commits would queue
+        # behind. With none about, it does neither: nobody's commits wait for the disk.
+        if flush:
+            _run(conn, s.write_behind)
+        else:
             _run(conn, s.async_commit)
     else:
         # One lock order with writers: they wait for the run instead of deadlocking.

@@ -807,8 +807,9 @@ class MnestRepository(GraphReads):
     def age_batch(
         self, run: BatchedRun, lo: int, hi: int, number: int, *, writers_about: bool = True
     ) -> AgerReport:
-        """Age one batch of ``run`` (positions ``[lo, hi)``, batch ``number`` from 1);
-        without ``writers_about``, on PostgreSQL, committed without waiting for its WAL."""
+        """Age one batch of ``run`` (positions ``[lo, hi)``, batch ``number`` from 1); on
+        PostgreSQL, with ``writers_about``, its pages written behind it, without, committed
+        without waiting for its WAL."""
         conn = self._write_ex().conn
         return age_batch(conn, run, lo, hi, number, utc_now(), writers_about=writers_about)
 

@@ -116,11 +116,12 @@ AGER_BATCH_ATTEMPTS = 50
 # slow the run down to one batch per patience until they catch up.
 AGER_WRITERS_PATIENCE_S = 0.05
 AGER_WRITERS_POLL_S = 0.001
-# apply_ager on PostgreSQL: a batch's server process asks the OS to write the pages it hands
-# out of the server's buffers every this many KiB (its backend_flush_after), instead of
+# apply_ager on PostgreSQL, while writers are about: a batch's server process asks the OS to
+# write the pages it hands out of the server's buffers every this many KiB (its
+# backend_flush_after; with none about it leaves them, as any client does), instead of
 # leaving them dirty in the OS's page cache. Left there (PostgreSQL's default for a client's
 # process), a run piled up to 350 MB of them, which the OS wrote out in bursts 30 s later;
-# every commit's WAL flush queued behind a burst, and writers stalled for up to 0.8 s.
+# writers' worst stalls (up to 0.8 s, every commit queued on the WAL's fsync) came with them.
 AGER_FLUSH_AFTER_KIB = 256
 # The ager's thresholds (0.20, 0.05) are crossed only by more than this: SQLite (julianday,
 # milliseconds), PostgreSQL (epoch arithmetic) and Python compute an effective weight a few

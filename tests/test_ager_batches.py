@@ -478,15 +478,15 @@ def test_a_postgresql_batch_waits_for_its_wal_flush_only_while_writers_are_about
     assert batches > 10 and seen.count(asynchronous) == batches
 
 
-def test_a_postgresql_batch_writes_its_pages_behind_itself_for_its_own_transaction_only(
-    pg_store_url: str,
+def test_a_postgresql_batch_writes_its_pages_behind_itself_only_while_writers_are_about(
+    pg_store_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Each batch's server process hands the pages it writes out to the disk as it goes
-    (backend_flush_after, AGER_FLUSH_AFTER_KIB), instead of leaving them for a burst of the
-    OS's writeback that writers' commits would queue behind; the pooled connections keep
-    their own setting afterwards. The run's result is unchanged."""
+    """While writers are about, each batch's server process hands the pages it writes out
+    to the disk as it goes (backend_flush_after, AGER_FLUSH_AFTER_KIB), instead of leaving
+    them for a burst of the OS's writeback that writers' commits would queue behind; with
+    none about it leaves them, as any client does. For the batch's transaction only: the
+    pooled connections keep their own setting. The run's result is the same either way."""
     expected, (left, _) = one_transaction(pg_store_url)
-    reset(pg_store_url)
     show = "SHOW backend_flush_after"
     inside: list[str] = []
 
@@ -494,19 +494,23 @@ def test_a_postgresql_batch_writes_its_pages_behind_itself_for_its_own_transacti
         if text_.startswith("UPDATE ager_progress"):
             inside.append(cursor.connection.execute(show).fetchone()[0])
 
-    with Mnestoma(pg_store_url, clock=StoppedClock()) as store:
-        event.listen(store.engine, "after_cursor_execute", statement)
-        assert store.apply_ager(batch_rows=20) == expected
-        event.remove(store.engine, "after_cursor_execute", statement)
-        assert snapshot(store.engine)[0] == left
-        idle = store.engine.pool.checkedin()
-        pooled = [store.engine.connect() for _ in range(idle)]
-        try:
-            assert {c.execute(text(show)).scalar_one() for c in pooled} == {"0"}
-        finally:
-            for c in pooled:
-                c.close()
-    assert len(inside) > 10 and set(inside) == {f"{rules.AGER_FLUSH_AFTER_KIB}kB"}
+    behind = f"{rules.AGER_FLUSH_AFTER_KIB}kB"
+    for seen_s, setting in ((1e9, behind), (0.0, "0")):
+        monkeypatch.setattr(rules, "AGER_WRITERS_SEEN_S", seen_s)  # writers about, or none
+        reset(pg_store_url)
+        inside.clear()
+        with Mnestoma(pg_store_url, clock=StoppedClock()) as store:
+            event.listen(store.engine, "after_cursor_execute", statement)
+            assert store.apply_ager(batch_rows=20) == expected
+            event.remove(store.engine, "after_cursor_execute", statement)
+            assert snapshot(store.engine)[0] == left
+            pooled = [store.engine.connect() for _ in range(store.engine.pool.checkedin())]
+            try:
+                assert pooled and {c.execute(text(show)).scalar_one() for c in pooled} == {"0"}
+            finally:
+                for c in pooled:
+                    c.close()
+        assert len(inside) > 10 and set(inside) == {setting}
 
 
 def test_a_postgresql_run_reads_without_parallel_workers_and_sets_them_back(
