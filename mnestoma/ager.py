@@ -36,6 +36,7 @@ from .rules import (
 )
 from .runner import StatementRunner
 from .sql.ager import (
+    MERGE,
     PROGRESS_BEGIN,
     PROGRESS_DONE,
     PROGRESS_MOVE,
@@ -96,11 +97,14 @@ def _record_run(conn: Connection, now: datetime, duration_s: float, report: Ager
 
 
 class AgerBounds(NamedTuple):
-    """What a run in batches covers: positions ``[first, end)`` holding ``rows`` rows."""
+    """What a run in batches covers: positions ``[first, end)`` holding ``rows`` rows; and
+    whether its batches must look for merge pairs (``merges``: on PostgreSQL, whether the
+    store held a versioned decaying row when they were read; always on SQLite)."""
 
     first: int
     end: int
     rows: int
+    merges: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +117,7 @@ class BatchedRun:
     first: int
     end: int
     step: int
+    merges: bool = True
 
 
 def ager_bounds(conn: Connection) -> AgerBounds:
@@ -121,8 +126,8 @@ def ager_bounds(conn: Connection) -> AgerBounds:
     ``now``). A read, done before the run's first write so that it holds no lock; on
     PostgreSQL without parallel workers (:func:`_serial_reads`)."""
     _serial_reads(conn)
-    first, end, rows = _run(conn, ager_statements(conn.dialect.name, True).bounds).one()
-    return AgerBounds(int(first or 0), int(end or 0), int(rows or 0))
+    first, end, rows, merges = _run(conn, ager_statements(conn.dialect.name, True).bounds).one()
+    return AgerBounds(int(first or 0), int(end or 0), int(rows or 0), bool(merges))
 
 
 def begin_batched_run(
@@ -130,7 +135,7 @@ def begin_batched_run(
 ) -> BatchedRun:
     """Plan a run at ``now`` in batches of about ``batch_rows`` rows over ``bounds``
     (:func:`ager_bounds`), and note it in ``ager_progress``."""
-    first, end, rows = bounds
+    first, end, rows, merges = bounds
     span = max(0, end - first)
     step = max(1, -(-batch_rows * span // max(rows, 1)))  # positions holding batch_rows rows
     run_id = _run(
@@ -145,7 +150,7 @@ def begin_batched_run(
             "end_position": end,
         },
     ).scalar_one()
-    return BatchedRun(int(run_id), now, first, end, step)
+    return BatchedRun(int(run_id), now, first, end, step, merges)
 
 
 def age_batch(
@@ -166,7 +171,7 @@ def age_batch(
     its WAL flush."""
     p = {"now": run.now, "lo": lo, "hi": hi}
     if conn.dialect.name == "postgresql":
-        report = _run_postgresql(conn, p, batched=True, flush=writers_about)
+        report = _run_postgresql(conn, p, batched=True, flush=writers_about, merges=run.merges)
     else:
         report = _run_sqlite(conn, p, batched=True)
     move = {"run_id": run.run_id, "batches": number, "position": hi, "updated": at}
@@ -202,7 +207,7 @@ def end_batched_run(
 
 
 def _run_postgresql(
-    conn: Connection, p: dict[str, Any], *, batched: bool, flush: bool = True
+    conn: Connection, p: dict[str, Any], *, batched: bool, flush: bool = True, merges: bool = True
 ) -> AgerReport:
     """A whole run, or with ``batched`` one batch (no archive count), in the caller's
     transaction (a batch with ``flush`` false commits without waiting for its WAL flush).
@@ -229,7 +234,12 @@ def _run_postgresql(
     else:
         # One lock order with writers: they wait for the run instead of deadlocking.
         _run(conn, s.lock)
-    return _changed(conn, s.changes, s.archive_count, p, batched=batched)
+    # A batch of a run that began with no decaying row to merge into skips the merge: the
+    # rows the run demotes are the only rows of their keys, and a twin made since (by an
+    # operator's transition) fails the batch's demotion, which the run then retries with
+    # the merge (see mnestoma.facade.age_in_batches).
+    changes = s.changes if merges else tuple(c for c in s.changes if c.name != MERGE)
+    return _changed(conn, changes, s.archive_count, p, batched=batched)
 
 
 class TableWriters:

@@ -25,6 +25,7 @@ __all__ = [
     "TargetNotEmpty",
     "WriteLockTimeout",
     "is_lock_not_available",
+    "is_unique_violation",
     "translate_errors",
 ]
 
@@ -171,6 +172,8 @@ def _looks_unreachable(msg: str) -> bool:
 
 # PostgreSQL's lock_not_available: a lock_timeout ran out.
 LOCK_NOT_AVAILABLE = "55P03"
+# PostgreSQL's unique_violation.
+UNIQUE_VIOLATION = "23505"
 
 
 def _driver_error(err: BaseException) -> BaseException | None:
@@ -186,6 +189,12 @@ def is_lock_not_available(err: BaseException) -> bool:
     return getattr(_driver_error(err), "sqlstate", None) == LOCK_NOT_AVAILABLE
 
 
+def is_unique_violation(err: BaseException) -> bool:
+    """True when ``err`` (a driver error, or this package's error standing for one) is
+    PostgreSQL's ``unique_violation``."""
+    return getattr(_driver_error(err), "sqlstate", None) == UNIQUE_VIOLATION
+
+
 def is_retryable(err: BaseException) -> bool:
     """True for transient conflicts a bounded retry resolves (serialization, deadlock, busy)."""
     if isinstance(err, RaceLost):
@@ -193,7 +202,7 @@ def is_retryable(err: BaseException) -> bool:
     orig = _driver_error(err)
     if orig is None:
         return False
-    if getattr(orig, "sqlstate", None) in {"40001", "40P01", "23505"}:
+    if getattr(orig, "sqlstate", None) in {"40001", "40P01", UNIQUE_VIOLATION}:
         return True
     low = str(orig).lower()
     return "database is locked" in low or "database is busy" in low

@@ -27,6 +27,7 @@ from .errors import (
     MnestomaError,
     SchemaError,
     is_lock_not_available,
+    is_unique_violation,
     translate_errors,
 )
 from .locking import LOCK_TIMEOUT_OPTION, ager_run_lock, pause_on
@@ -286,11 +287,19 @@ def age_in_batches(
             hi = min(lo + step, run.end)
             if writers.let_in():
                 writers_seen = time.monotonic()
-            number += 1
             about = ager_writers_about(time.monotonic() - writers_seen)
-            batch, took = _age_batch_retried(
-                conn, write, run=run, lo=lo, hi=hi, number=number, writers_about=about
-            )
+            try:
+                batch, took = _age_batch_retried(
+                    conn, write, run=run, lo=lo, hi=hi, number=number + 1, writers_about=about
+                )
+            except MnestomaError as err:
+                if run.merges or not is_unique_violation(err):
+                    raise
+                # A twin made since the run began (an operator's transition): this batch,
+                # and every one after it, looks for merge pairs again.
+                run = replace(run, merges=True)
+                continue
+            number += 1
             report += batch
             if batch_rows is None:
                 last = target

@@ -31,8 +31,8 @@ ROWS = demoting_store(600, seed=11, twins=40)  # the twins come last: merges acr
 STORE_TABLES = ("events", "ager_runs", "ager_progress", "mnests")
 
 
-def reset(url: str) -> None:
-    """The store as ``ROWS`` and nothing else."""
+def reset(url: str, rows: list[dict[str, Any]] = ROWS) -> None:
+    """The store as ``rows`` (``ROWS``) and nothing else."""
     engine = mnestoma.make_engine(url)
     try:
         with engine.begin() as conn:
@@ -40,7 +40,7 @@ def reset(url: str) -> None:
                 conn.execute(text(f"TRUNCATE {', '.join(STORE_TABLES)}"))
             for name in STORE_TABLES:
                 conn.execute(text(f"DELETE FROM {name}"))
-        load(engine, ROWS)
+        load(engine, rows)
     finally:
         engine.dispose()
 
@@ -62,9 +62,9 @@ def snapshot(engine: Engine) -> tuple[dict[str, tuple[Any, ...]], Counter[tuple[
     return rows, events
 
 
-def one_transaction(url: str) -> tuple[AgerReport, Any]:
+def one_transaction(url: str, rows: list[dict[str, Any]] = ROWS) -> tuple[AgerReport, Any]:
     """The reference: the same run in one transaction (a unit of work's), and what it left."""
-    reset(url)
+    reset(url, rows)
     with Mnestoma(url, clock=StoppedClock()) as store:
         with store.unit_of_work() as unit:
             report = unit.mnests.apply_ager()
@@ -511,6 +511,57 @@ def test_a_postgresql_batch_writes_its_pages_behind_itself_only_while_writers_ar
                 for c in pooled:
                     c.close()
         assert len(inside) > 10 and set(inside) == {setting}
+
+
+def test_a_postgresql_run_that_begins_with_no_decaying_row_skips_the_merge_in_its_batches(
+    pg_store_url: str,
+) -> None:
+    """With no decaying row when the run begins no merge can be needed (the rows the run
+    demotes are the only rows of their keys), and its batches do not look for pairs; with
+    decaying rows, each batch does. The result equals the one-transaction run either way."""
+    pairs: list[str] = []
+
+    def statement(conn: Any, cursor: Any, text_: str, *rest: Any) -> None:
+        if text_.startswith(("WITH pairs", "UPDATE ager_progress")):
+            pairs.append(text_[:10])
+
+    for rows, merges in ((demoting_store(600, seed=11), False), (ROWS, True)):
+        expected, left = one_transaction(pg_store_url, rows)
+        reset(pg_store_url, rows)
+        pairs.clear()
+        with Mnestoma(pg_store_url, clock=StoppedClock()) as store:
+            event.listen(store.engine, "before_cursor_execute", statement)
+            assert store.apply_ager(batch_rows=20) == expected
+            assert snapshot(store.engine) == left
+        batches = pairs.count("UPDATE age")
+        assert batches > 10 and pairs.count("WITH pairs") == (batches if merges else 0)
+        assert expected.merged == (40 if merges else 0) and expected.to_decaying > 400
+
+
+def test_a_postgresql_twin_made_after_the_run_began_is_merged_by_the_batch_that_meets_it(
+    pg_store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run that began with no decaying row skips the merge; a twin made since (here: the
+    store's 40 twins, hidden from the run's first read) fails the batch's demotion with a
+    unique violation, and that batch and every later one look for pairs again: the run
+    completes, equal to the one-transaction run."""
+    from mnestoma import repository
+
+    expected, left = one_transaction(pg_store_url)
+    reset(pg_store_url)
+    real = repository.ager_bounds
+    monkeypatch.setattr(repository, "ager_bounds", lambda conn: real(conn)._replace(merges=False))
+    violations: list[str] = []
+
+    def failed(context: Any) -> None:
+        violations.append(getattr(context.original_exception, "sqlstate", ""))
+
+    with Mnestoma(pg_store_url, clock=StoppedClock()) as store:
+        event.listen(store.engine, "handle_error", failed)
+        assert store.apply_ager(batch_rows=20) == expected
+        assert snapshot(store.engine) == left
+        assert count(store.engine, "ager_progress") == 0
+    assert violations and set(violations) == {"23505"}
 
 
 def test_a_postgresql_run_reads_without_parallel_workers_and_sets_them_back(

@@ -69,6 +69,7 @@ if TYPE_CHECKING:
     from sqlalchemy.sql.selectable import NamedFromClause
 
 __all__ = [
+    "MERGE",
     "PAIRS",
     "PROGRESS_BEGIN",
     "PROGRESS_DONE",
@@ -95,6 +96,9 @@ PROGRESS_MOVE = (
     )
 )
 PROGRESS_DONE = delete(P).where(P.c.id <= bindparam("run_id"))
+
+# The name of PostgreSQL's merge step, which a batch skips when its run needs no merge.
+MERGE = "merge"
 
 ACTIVE = MnestState.ACTIVE.value
 PROTO = MnestState.PROTO.value
@@ -239,7 +243,6 @@ def _postgresql_pairs(now: Any) -> Any:
     def of(which: Any, column: Any) -> Any:
         return func.max(case((which, column)))
 
-    any_decaying = select(M.c.id).where(decaying, M.c.dst_version.is_not(None)).exists()
     return (
         select(
             of(active, M.c.id).label("a_id"),
@@ -251,13 +254,19 @@ def _postgresql_pairs(now: Any) -> Any:
             of(active, M.c.ts_last).label("a_last"),
         )
         .where(
-            any_decaying,
+            _any_versioned_decaying(),
             M.c.dst_version.is_not(None),
             or_(and_(active, below(eff, DECAYING_BELOW)), decaying),
         )
         .group_by(M.c.src_executor, M.c.src_version, M.c.dst_executor, M.c.dst_version)
         .having(and_(of(active, M.c.id).is_not(None), of(decaying, M.c.id).is_not(None)))
     )
+
+
+def _any_versioned_decaying() -> Any:
+    """Whether the store holds a decaying row with a version, the only rows a merge pairs an
+    active row with: a scan that stops at the first (the whole table when there is none)."""
+    return select(M.c.id).where(M.c.state == DECAYING, M.c.dst_version.is_not(None)).exists()
 
 
 def _postgresql_batch_pairs(now: Any) -> Any:
@@ -374,7 +383,7 @@ class SQLiteAgerStatements:
     changes: tuple[AgerChange, ...]
     archive_count: Select[int]
     pairs_drop: DropTable
-    bounds: Select[int, int, int]  # (first rowid, last rowid + 1, rows)
+    bounds: Select[int, int, int, bool]  # (first rowid, last rowid + 1, rows, true)
     cache_size: TextClause
     page_size: TextClause
 
@@ -394,7 +403,7 @@ class PostgreSQLAgerStatements:
     writers_in: TextClause
     changes: tuple[AgerChange, ...]
     archive_count: Select[int]
-    bounds: Select[int, int, int]  # (first page, last page + 1, rows)
+    bounds: Select[int, int, int, bool]  # (first page, last page + 1, rows, any decaying)
 
 
 def _sqlite(now: Any, batched: bool) -> SQLiteAgerStatements:
@@ -486,7 +495,10 @@ def _sqlite(now: Any, batched: bool) -> SQLiteAgerStatements:
         archive_count=_archive_count("sqlite", now, state),
         pairs_drop=DropTable(p, if_exists=True),
         # The run's rowids (those the table has when it begins) and its rows.
-        bounds=select(func.min(_rowid(M)), func.max(_rowid(M)) + 1, func.count()).select_from(M),
+        # (SQLite batches always look for merge pairs: the fourth column is always true)
+        bounds=select(
+            func.min(_rowid(M)), func.max(_rowid(M)) + 1, func.count(), literal(True)
+        ).select_from(M),
         cache_size=text("PRAGMA cache_size"),
         page_size=text("PRAGMA page_size"),
     )
@@ -599,7 +611,7 @@ def _postgresql(now: Any, batched: bool) -> PostgreSQLAgerStatements:
             " AND mode IN ('RowShareLock', 'RowExclusiveLock')"
         ),
         changes=(
-            AgerChange("merge", merge, counts=(AgerCount.MERGED, AgerCount.TO_DECAYING)),
+            AgerChange(MERGE, merge, counts=(AgerCount.MERGED, AgerCount.TO_DECAYING)),
             AgerChange("prune", prune, counts=(AgerCount.PROTOS_PRUNED,)),
             AgerChange("decay", decay, counts=(AgerCount.DECAYED,)),
             AgerChange("demote", demote, counts=(AgerCount.TO_DECAYING,)),
@@ -612,6 +624,7 @@ def _postgresql(now: Any, batched: bool) -> PostgreSQLAgerStatements:
             func.pg_relation_size(text("'mnests'::regclass"))
             / func.current_setting("block_size").cast(BigInteger),
             select(func.count()).select_from(M).scalar_subquery(),
+            _any_versioned_decaying(),
         ),
     )
 
