@@ -234,6 +234,9 @@ def test_the_ager_runs_the_same_few_statements_whatever_the_row_count(
 
     store.record_turn("t", [(f"s{i}", "1", "d", "1") for i in range(5)])
     clock.advance(days=30)
+    store.apply_ager()  # demotes them: from here on every run looks for merge pairs
+    store.record_turn("v", [(f"r{i}", "1", "d", "1") for i in range(5)])
+    clock.advance(days=30)
     few = statements_for_one_run()
     store.record_turn("u", [(f"x{i}", "1", "d", "1") for i in range(300)])
     store.record_turn("w", [(f"p{i}", "1", "wish", None, False) for i in range(100)])
