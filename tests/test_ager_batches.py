@@ -568,10 +568,13 @@ def test_a_postgresql_run_reads_without_parallel_workers_and_sets_them_back(
     pg_store_url: str,
 ) -> None:
     """The run's whole-table reads take one process (on a 2-core machine parallel workers
-    took the writers' core), for their own transaction only: the connection's own setting
-    is back afterwards, also when the transaction fails."""
+    took the writers' core) and write the pages they dirty behind them (a first read after
+    a bulk load sets hint bits on every page), for their own transaction only: the
+    connection's own settings are back afterwards, also when the transaction fails."""
     reset(pg_store_url)
     show = text("SHOW max_parallel_workers_per_gather")
+    flush = text("SHOW backend_flush_after")
+    behind = f"{rules.AGER_FLUSH_AFTER_KIB}kB"
     with Mnestoma(pg_store_url, clock=StoppedClock()) as store, store.engine.connect() as conn:
         conn.execute(text("SET max_parallel_workers_per_gather = 3"))
         conn.commit()
@@ -579,7 +582,9 @@ def test_a_postgresql_run_reads_without_parallel_workers_and_sets_them_back(
             with conn.begin():
                 read(conn)
                 assert conn.execute(show).scalar_one() == "0"
+                assert conn.execute(flush).scalar_one() == behind  # hint bits written behind
             assert conn.execute(show).scalar_one() == "3"
+            assert conn.execute(flush).scalar_one() == "0"
             conn.rollback()
         with pytest.raises(RuntimeError), conn.begin():
             ager.ager_bounds(conn)
