@@ -124,8 +124,8 @@ def ager_bounds(conn: Connection) -> AgerBounds:
     """The positions the table's rows hold now (SQLite rowids, PostgreSQL pages) and how
     many rows it holds: what a run in batches covers (rows added later are newer than its
     ``now``). A read, done before the run's first write so that it holds no lock; on
-    PostgreSQL without parallel workers (:func:`_serial_reads`)."""
-    _serial_reads(conn)
+    PostgreSQL as :func:`_whole_table_read` says."""
+    _whole_table_read(conn)
     first, end, rows, merges = _run(conn, ager_statements(conn.dialect.name, True).bounds).one()
     return AgerBounds(int(first or 0), int(end or 0), int(rows or 0), bool(merges))
 
@@ -181,14 +181,14 @@ def age_batch(
 
 def archive_candidates(conn: Connection, now: datetime) -> int:
     """The decaying rows the ager counts as archive candidates at ``now`` (a read; on
-    PostgreSQL without parallel workers, :func:`_serial_reads`)."""
+    PostgreSQL as :func:`_whole_table_read` says)."""
     count = ager_statements(conn.dialect.name, True).archive_count
     p = {"now": now, "cutoff": archive_cutoff(now)}
-    _serial_reads(conn)
+    _whole_table_read(conn)
     return int(_run(conn, count, p).scalar_one())
 
 
-def _serial_reads(conn: Connection) -> None:
+def _whole_table_read(conn: Connection) -> None:
     """PostgreSQL: no parallel workers for the rest of the caller's transaction, and the
     pages it writes out handed to the disk as it goes. A run's reads of the whole table
     then take one core and leave the others to the writers (on a 2-core machine, writers'

@@ -587,9 +587,9 @@ def _postgresql(now: Any, batched: bool) -> PostgreSQLAgerStatements:
         row_lock_timeout=text(
             f"SET LOCAL lock_timeout = '{max(1, round(AGER_ROW_LOCK_TIMEOUT_S * 1000))}ms'"
         ),
-        # The pages a batch writes out of the server's buffers go to the disk as it goes, a
-        # little at a time, not later in one burst that every commit's WAL flush would
-        # queue behind.
+        # The pages a batch (or a run's whole-table read, setting hint bits) writes out of
+        # the server's buffers go to the disk as it goes, a little at a time, not later in
+        # one burst that every commit's WAL flush would queue behind.
         write_behind=text(f"SET LOCAL backend_flush_after = '{AGER_FLUSH_AFTER_KIB}kB'"),
         # A batch while no writer is about commits without waiting for its WAL to reach the
         # disk: a crash may lose the last batches, which (like a killed run's) the next run
