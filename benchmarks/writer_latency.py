@@ -1,7 +1,7 @@
 """Writers' latency while the store maintains itself, measured open loop.
 
 ``python -m benchmarks.writer_latency [--engines sqlite,postgresql] [--sizes N,N]
-[--quick] [--writers W] [--period-ms MS] [--phases idle,ager,retention,upgrade]
+[--quick] [--writers W] [--period-ms MS] [--phases idle,ager,disk,retention,upgrade]
 [--postgresql URL] [--json FILE] [...]``
 
 ``W`` writer threads (4 by default) each have a call due every ``period`` (10 ms); a call
@@ -15,6 +15,12 @@ the errors by type:
 - ``idle``: the writers alone;
 - ``ager``: during ``Mnestoma.apply_ager()``, at a clock ``--ager-days`` past the data's
   anchors, so that the ager decays, demotes and merges a good share of the rows;
+- ``disk`` (only when asked for, with ``idle`` and ``ager``): during a plain file writer
+  that writes, in the work folder, as many bytes as the ager made its disk write (beyond
+  the writers' own, measured in ``idle``) at the ager's pace: what the disk alone does to
+  the writers' commits, with no lock and no database work. Linux only (it reads
+  ``/proc/diskstats``); it means something only when the work folder is on the database's
+  disk (``--workdir``);
 - ``retention``: during ``Mnestoma.prune_events(before)``, which deletes the events loaded
   with the store (about 9 in 10 of them; each live row keeps its ``created`` event);
 - ``upgrade`` (PostgreSQL only): ``mnestoma.upgrade(url)`` from revision 0002 to head on a
@@ -56,6 +62,7 @@ from .run import AGER_SHAPES, _fmt, _machine, _table
 
 __all__ = [
     "DEFAULT_POSTGRESQL",
+    "OPTIONAL_PHASES",
     "PHASES",
     "QUICK",
     "Call",
@@ -66,6 +73,7 @@ __all__ = [
     "RunningClock",
     "Settings",
     "Window",
+    "disk_written",
     "error_name",
     "format_table",
     "main",
@@ -78,7 +86,8 @@ __all__ = [
     "writer_loop",
 ]
 
-PHASES = ("idle", "ager", "retention", "upgrade")
+PHASES = ("idle", "ager", "retention", "upgrade")  # what a run measures unless told
+OPTIONAL_PHASES = ("disk",)  # measured only when asked for
 ENGINES = ("sqlite", "postgresql")
 SIZES = (300_000, 1_000_000)
 QUICK_SIZES = (5_000,)
@@ -349,8 +358,53 @@ def _prepare_sleep(seconds: float) -> Callable[[], Any]:
     return run
 
 
+DISK_CHUNK = 256 * 1024  # the plain writer's writes, as a backend hands its pages to the disk
+DISK_SYNC_EVERY = 4  # chunks between two fdatasync calls
+
+
+def _prepare_disk(folder: str, nbytes: int, seconds: float) -> Callable[[], Any]:
+    """A plain file writer: ``nbytes`` into a new file in ``folder``, in chunks spread
+    evenly over ``seconds``, synced every :data:`DISK_SYNC_EVERY` chunks; the file is removed
+    at the end."""
+
+    def run() -> Any:
+        chunks = max(1, -(-nbytes // DISK_CHUNK))
+        block = os.urandom(DISK_CHUNK)
+        fd, path = tempfile.mkstemp(prefix="disk-", dir=folder)
+        start = time.monotonic()
+        try:
+            for i in range(chunks):
+                time.sleep(max(0.0, start + seconds * i / chunks - time.monotonic()))
+                os.write(fd, block)
+                if (i + 1) % DISK_SYNC_EVERY == 0 or i + 1 == chunks:
+                    os.fdatasync(fd)
+        finally:
+            os.close(fd)
+            os.unlink(path)
+        return {"written_mb": round(chunks * DISK_CHUNK / 1e6, 1), "paced_s": round(seconds, 2)}
+
+    return run
+
+
+def disk_written(path: str | Path) -> int | None:
+    """Bytes the disk holding ``path`` has written since the machine started, from
+    ``/proc/diskstats`` (sectors of 512 bytes); None where there is no such file or line."""
+    st = os.stat(path)
+    key = (os.major(st.st_dev), os.minor(st.st_dev))
+    try:
+        lines = Path("/proc/diskstats").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        f = line.split()
+        if len(f) > 9 and (int(f[0]), int(f[1])) == key:
+            return int(f[9]) * 512
+    return None
+
+
 JOBS: dict[str, Callable[..., Callable[[], Any]]] = {
     "ager": _prepare_ager,
+    "disk": _prepare_disk,
     "retention": _prepare_retention,
     "upgrade": _prepare_upgrade,
     "sleep": _prepare_sleep,
@@ -457,6 +511,18 @@ def measure(
     finally:
         calls = loop.stop(until=time.monotonic() + settings.tail_s)
     return summarize(calls, lo, hi), outcome, calls
+
+
+def _disk_while(
+    folder: Path, phase: Callable[[], tuple[Window, Outcome | None, list[Call]]]
+) -> tuple[tuple[Window, Outcome | None, list[Call]], int | None, float]:
+    """Run ``phase``; also what the disk holding ``folder`` wrote meanwhile (None where that
+    cannot be read) and how long it took (s)."""
+    before, start = disk_written(folder), time.monotonic()
+    measured = phase()
+    after, took = disk_written(folder), time.monotonic() - start
+    written = None if before is None or after is None else after - before
+    return measured, written, took
 
 
 # --- stores and writers ---------------------------------------------------------------------
@@ -668,13 +734,13 @@ def run_engine(
 
     clock = RunningClock(NOW + timedelta(days=s.ager_days), time.monotonic())
     out: list[PhaseResult] = []
-    live = [p for p in ("idle", "ager", "retention") if p in s.phases]
+    live = [p for p in ("idle", "ager", "disk", "retention") if p in s.phases]
     if live:
         say(f"{engine} {n:,}: building the store ({s.shape}, {s.events_per_row} events a row)")
         url = sides.build(engine, f"wl-{s.shape}-{n}", rows)
         try:
             events = add_events(url, s.events_per_row)
-            out += _live_phases(engine, n, url, events, clock, s, live, say)
+            out += _live_phases(engine, n, url, events, clock, s, live, say, sides.files.folder)
         finally:
             sides.discard(engine, url)
     if "upgrade" in s.phases and engine == "postgresql":
@@ -697,22 +763,46 @@ def _live_phases(
     s: Settings,
     phases: Sequence[str],
     say: Callable[[str], None],
+    folder: Path,
 ) -> list[PhaseResult]:
     import mnestoma
 
     out = []
     edges = pick_edges(url, s.writers * s.edges_per_writer)
     store = mnestoma.Mnestoma(url, clock=clock)
+    writers_rate = 0.0  # what the writers alone make the disk write, bytes a second
+    ager_disk: tuple[int, float] | None = None  # what the ager made it write, and in how long
     try:
         call = api_writer(store, edges, s.writers)
         common = {"events": events, "edges": len(edges)}
         if "idle" in phases:
             say(f"{engine} {n:,}: idle")
-            out.append(_result(engine, n, "idle", measure(call, s), **common))
+            measured, written, took = _disk_while(folder, lambda: measure(call, s))
+            result = _result(engine, n, "idle", measured, **common)
+            if written is not None:
+                writers_rate = written / took
+                result.detail["disk_mb_per_s"] = round(writers_rate / 1e6, 2)
+            out.append(result)
         if "ager" in phases:
             say(f"{engine} {n:,}: ager")
             job = Maintenance("ager", s.maintenance_in, url=url, clock=clock).prepare()
-            out.append(_result(engine, n, "ager", measure(call, s, job), **common))
+            measured, written, took = _disk_while(folder, lambda: measure(call, s, job))
+            result = _result(engine, n, "ager", measured, **common)
+            if written is not None and result.maintenance_s:
+                ager_bytes = max(0, int(written - writers_rate * took))
+                result.detail["disk_mb"] = round(ager_bytes / 1e6, 1)
+                ager_disk = (ager_bytes, result.maintenance_s)
+            out.append(result)
+        if "disk" in phases:
+            if ager_disk is None:
+                say(f"{engine} {n:,}: disk skipped (no ager figures, or no /proc/diskstats)")
+            else:
+                say(f"{engine} {n:,}: disk ({ager_disk[0] / 1e6:.0f} MB in {ager_disk[1]:.1f} s)")
+                nbytes, seconds = ager_disk
+                job = Maintenance(
+                    "disk", s.maintenance_in, folder=str(folder), nbytes=nbytes, seconds=seconds
+                )
+                out.append(_result(engine, n, "disk", measure(call, s, job.prepare()), **common))
         if "retention" in phases:
             say(f"{engine} {n:,}: retention")
             job = Maintenance("retention", s.maintenance_in, url=url, before=clock.base)
@@ -770,9 +860,12 @@ def run(
 ) -> dict[str, Any]:
     """Every engine at every size; the results and what the run ran on."""
     s = settings or Settings()
-    unknown = [e for e in engines if e not in ENGINES] + [p for p in s.phases if p not in PHASES]
+    known = PHASES + OPTIONAL_PHASES
+    unknown = [e for e in engines if e not in ENGINES] + [p for p in s.phases if p not in known]
     if unknown or s.shape not in AGER_SHAPES:
         raise ValueError(f"unknown engine, phase or shape: {unknown or s.shape}")
+    if "disk" in s.phases and not {"idle", "ager"} <= set(s.phases):
+        raise ValueError("the disk phase replays what the ager wrote: ask for idle and ager too")
     started = time.perf_counter()
     load = {"start": os.getloadavg()}
     results: list[PhaseResult] = []
@@ -850,6 +943,8 @@ def format_notes(results: Sequence[PhaseResult]) -> list[str]:
         line = f"- {r.engine} {r.rows:,} {r.phase}: {what}"
         if r.phase == "upgrade":
             line += f"; lock timeout {r.detail.get('lock_timeout_s')} s"
+        if "disk_mb" in r.detail:
+            line += f"; the disk wrote {r.detail['disk_mb']:,} MB for it"
         if r.errors_outside_window:
             line += f"; errors outside the window: {_errors_text(r.errors_outside_window)}"
         notes.append(line)
@@ -881,7 +976,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--idle-s", type=float, help=f"the idle window (default {d.idle_s:g})")
     p.add_argument("--lead-s", type=float, help="writers alone before each window")
     p.add_argument("--tail-s", type=float, help="writers after each maintenance ends")
-    p.add_argument("--phases", help=f"comma-separated subset of {','.join(PHASES)}")
+    p.add_argument(
+        "--phases",
+        help=f"comma-separated, of {','.join(PHASES + OPTIONAL_PHASES)} (default: all but disk)",
+    )
     p.add_argument("--shape", choices=sorted(AGER_SHAPES), help="the store's data (mixed)")
     p.add_argument("--ager-days", type=float, help="the clock, days past the data (30)")
     p.add_argument("--events-per-row", type=int, help="events loaded per mnest (10)")

@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import psycopg
@@ -288,3 +289,63 @@ def test_the_command_line_prints_a_row_per_phase_and_writes_json(
 def test_unknown_phase_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown"):
         wl.run(["sqlite"], [100], wl.Settings(phases=("vacuum",)), postgresql=None)
+
+
+def test_the_plain_disk_writer_writes_its_bytes_at_the_pace_asked_and_removes_its_file(
+    tmp_path: Path,
+) -> None:
+    nbytes = 5 * wl.DISK_CHUNK + 1  # six chunks, the last one whole
+    start = time.monotonic()
+    result = wl.JOBS["disk"](folder=str(tmp_path), nbytes=nbytes, seconds=0.3)()
+    took = time.monotonic() - start
+    assert result == {"written_mb": round(6 * wl.DISK_CHUNK / 1e6, 1), "paced_s": 0.3}
+    assert took >= 0.3 * 5 / 6  # the sixth chunk is due 5/6 of the way in
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_disk_written_grows_when_a_file_on_that_disk_is_synced(tmp_path: Path) -> None:
+    before = wl.disk_written(tmp_path)
+    if before is None:
+        pytest.skip("no /proc/diskstats line for this folder's disk (not Linux, or no disk)")
+    wl.JOBS["disk"](folder=str(tmp_path), nbytes=4 * wl.DISK_CHUNK, seconds=0.0)()
+    after = wl.disk_written(tmp_path)
+    assert after is not None and after - before >= 4 * wl.DISK_CHUNK
+
+
+def test_the_disk_phase_replays_the_bytes_the_ager_made_the_disk_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the disk's counter: unchanged around idle (the writers write nothing), 2 MB more
+    # around the ager
+    readings = iter([1_000, 1_000, 1_000, 1_000 + 2_000_000])
+    monkeypatch.setattr(wl, "disk_written", lambda _path: next(readings))
+    asked: dict[str, object] = {}
+    real = wl.JOBS["disk"]
+
+    def disk(**kwargs: object) -> Callable[[], object]:
+        asked.update(kwargs)
+        return real(**kwargs)
+
+    monkeypatch.setitem(wl.JOBS, "disk", disk)
+    s = replace(TINY, phases=("idle", "ager", "disk"), maintenance_in="thread")
+    sides = wl.Sides(SqliteFiles(tmp_path))
+    try:
+        results = wl.run_engine("sqlite", 300, s, sides)
+    finally:
+        sides.files.close()
+    by = {r.phase: r for r in results}
+    assert [r.phase for r in results] == ["idle", "ager", "disk"]
+    assert by["idle"].detail["disk_mb_per_s"] == 0.0
+    assert by["ager"].detail["disk_mb"] == 2.0
+    assert asked == {
+        "folder": str(tmp_path),
+        "nbytes": 2_000_000,
+        "seconds": by["ager"].maintenance_s,
+    }
+    assert by["disk"].detail["result"]["written_mb"] == round(8 * wl.DISK_CHUNK / 1e6, 1)
+    assert "the disk wrote 2.0 MB for it" in "\n".join(wl.format_notes(results))
+
+
+def test_the_disk_phase_without_idle_and_ager_is_refused() -> None:
+    with pytest.raises(ValueError, match="disk phase"):
+        wl.run(["sqlite"], [100], wl.Settings(phases=("ager", "disk")), postgresql=None)
