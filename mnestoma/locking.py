@@ -48,6 +48,7 @@ __all__ = [
     "rest_busy_timeout",
     "saying_it_waits",
     "take_write_lock",
+    "use_wal",
     "waiting_file",
     "write_lock_timeout",
 ]
@@ -164,6 +165,17 @@ def take_write_lock(conn: Connection) -> None:
     conn.connection.info.pop(SNAPSHOT_INFO, None)
 
 
+def use_wal(conn: Connection) -> None:
+    """Switch the connection's SQLite file to WAL (kept in the file), waiting for the lock the
+    switch needs as a write waits for its lock (:func:`lock_timeout`). Processes that open a
+    new file at once all try the switch; SQLite may refuse one of them at once, without its
+    busy handler, and a file already in WAL needs no lock."""
+    dbapi = conn.connection.dbapi_connection
+    if dbapi is None or str(conn.exec_driver_sql("PRAGMA journal_mode").scalar()).lower() == "wal":
+        return
+    _execute_waiting(dbapi, conn.connection.info, "PRAGMA journal_mode = WAL", lock_timeout(conn))
+
+
 def _begin_immediate(
     dbapi: Any,
     info: dict[Any, Any],
@@ -171,7 +183,21 @@ def _begin_immediate(
     *,
     waiting: Callable[[], str | None] | None = None,
 ) -> None:
-    """``BEGIN IMMEDIATE`` within ``timeout`` seconds in all, or WriteLockTimeout.
+    """``BEGIN IMMEDIATE`` within ``timeout`` seconds in all, or WriteLockTimeout (see
+    :func:`_execute_waiting`)."""
+    _execute_waiting(dbapi, info, "BEGIN IMMEDIATE", timeout, waiting=waiting)
+
+
+def _execute_waiting(
+    dbapi: Any,
+    info: dict[Any, Any],
+    statement: str,
+    timeout: float,
+    *,
+    waiting: Callable[[], str | None] | None = None,
+) -> None:
+    """``statement``, which needs SQLite's write lock, within ``timeout`` seconds in all, or
+    WriteLockTimeout.
 
     SQLite's busy handler waits inside each attempt for as long as the connection's busy
     timeout: each attempt gets what is left of ``timeout``, and the connection's resting
@@ -192,7 +218,7 @@ def _begin_immediate(
             _set_busy_timeout(dbapi, info, busy_timeout_ms(min(left, WRITE_LOCK_POLL_S)))
             tried = time.monotonic()
             try:
-                dbapi.execute("BEGIN IMMEDIATE")
+                dbapi.execute(statement)
                 return
             except sqlite3.OperationalError as err:
                 text_ = str(err).lower()

@@ -34,7 +34,7 @@ from .errors import (
     is_lock_not_available,
     translate_errors,
 )
-from .locking import MIGRATION_LOCK_KEY, lock_for_migration
+from .locking import MIGRATION_LOCK_KEY, lock_for_migration, use_wal
 from .models import VIEW_NAME, Base
 from .seed_repair import repair_before_upgrade
 from .validation import check_name
@@ -481,9 +481,7 @@ def _use_wal(engine: Engine) -> None:
     if not is_sqlite(engine) or is_memory_sqlite(engine.url):
         return
     with engine.connect() as conn:
-        mode = conn.exec_driver_sql("PRAGMA journal_mode").scalar()
-        if str(mode).lower() != "wal":
-            conn.exec_driver_sql("PRAGMA journal_mode = WAL")
+        use_wal(conn)
 
 
 def downgrade(

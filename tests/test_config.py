@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import text
 
 import mnestoma
-from mnestoma import InvalidInput, make_engine, make_session_factory, resolve_database_url
+from mnestoma import InvalidInput, locking, make_engine, make_session_factory, resolve_database_url
 from mnestoma.config import WRITE_OPTION, redact_url
 from mnestoma.errors import WriteLockTimeout
 from mnestoma.locking import LOCK_TIMEOUT_OPTION
@@ -103,6 +103,51 @@ def test_a_store_the_package_migrates_runs_in_wal(tmp_path: Path) -> None:
     mnestoma.upgrade(url)
     with sqlite3.connect(tmp_path / "w.sqlite") as raw:
         assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_a_switch_to_wal_that_sqlite_refuses_at_once_is_tried_again_until_it_passes(
+    tmp_path: Path,
+) -> None:
+    # Processes opening a new file at once all switch it to WAL; SQLite may refuse one of
+    # them at once ("database is locked"), without waiting in its busy handler.
+    raw = sqlite3.connect(tmp_path / "r.sqlite", isolation_level=None)
+
+    class RefusingTwice:
+        refusals = 2
+
+        def execute(self, sql: str) -> sqlite3.Cursor:
+            if sql == "PRAGMA journal_mode = WAL" and self.refusals:
+                self.refusals -= 1
+                raise sqlite3.OperationalError("database is locked")
+            return raw.execute(sql)
+
+        def cursor(self) -> sqlite3.Cursor:
+            return raw.cursor()
+
+    dbapi = RefusingTwice()
+    locking._execute_waiting(dbapi, {}, "PRAGMA journal_mode = WAL", 5.0)
+    assert dbapi.refusals == 0
+    assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    raw.close()
+
+
+def test_a_switch_to_wal_behind_a_writer_longer_than_the_lock_timeout_fails_and_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "held.sqlite"
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("CREATE TABLE t (x)")
+    holder.execute("BEGIN IMMEDIATE")
+    holder.execute("INSERT INTO t VALUES (1)")
+    engine = make_engine(f"sqlite:///{path}").execution_options(**{LOCK_TIMEOUT_OPTION: 0.3})
+    try:
+        with engine.connect() as conn, pytest.raises(WriteLockTimeout):
+            locking.use_wal(conn)
+    finally:
+        engine.dispose()
+    holder.execute("COMMIT")
+    assert holder.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+    holder.close()
 
 
 def test_reading_a_foreign_sqlite_file_leaves_it_byte_for_byte_unchanged(tmp_path: Path) -> None:
