@@ -7,7 +7,7 @@ import os
 import re
 import sqlite3
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -142,10 +142,24 @@ def _parse(url: str | URL) -> URL:
 _SECRET_WORDS = ("password", "passwd", "passphrase", "pwd", "secret", "token", "credential")
 REDACTED = "***"
 _USERINFO = re.compile(r"(://[^:/@\s]*):[^@\s]*@")
-_KEY_VALUE = re.compile(
-    r"(?i)\b([\w.-]*(?:" + "|".join(_SECRET_WORDS) + r")[\w.-]*)(\s*=\s*)"
-    r"('[^']*'|\"[^\"]*\"|[^\s&;,'\")]+)"
+# A key named like a secret and its ``=`` (``%3D`` in a connection string written inside a
+# URL); where the value after it ends is read by _value_end.
+_SPACE = r"[ \t\n\r\f\v]"  # libpq's isspace(): ASCII only
+_ENCODED_SPACE = rf"(?:{_SPACE}|\+|%20|%0[9A-D])"  # as a URL writes one
+_SECRET_KEY = re.compile(
+    r"(?i)\b([\w.-]*(?:" + "|".join(_SECRET_WORDS) + r")[\w.-]*)"
+    rf"({_SPACE}*={_SPACE}*|{_ENCODED_SPACE}*%3D{_ENCODED_SPACE}*)"
 )
+# libpq's connection string: a value runs to the next space, a backslash escaping the
+# character after it, or it is a single-quoted string with backslash escapes.
+_PLAIN_VALUE = re.compile(r"(?:\\.?|[^ \t\n\r\f\v\\])*", re.DOTALL)
+_QUOTED_VALUE = {q: re.compile(rf"{q}(?:\\.?|[^{q}\\])*(?:{q}|\Z)", re.DOTALL) for q in ("'", '"')}
+# A URL's query value (``?password=``) runs to the next ``&`` (a literal one is ``%26``).
+_QUERY_VALUE = re.compile(r"(?:\\.?|[^ \t\n\r\f\v\\&])*", re.DOTALL)
+# A connection string percent-encoded inside a URL: its quotes and escapes are encoded
+# too, so its secret is taken to run to the end of that query value, or of the text.
+_ENCODED_VALUE = re.compile(r"[^&]*", re.DOTALL)
+_ESCAPED = re.compile(r"\\(.)", re.DOTALL)
 
 
 # A secret shorter than this is hidden only after its key (``password=...``): hiding it
@@ -197,7 +211,8 @@ def _value_carries_secret(value: str | tuple[str, ...]) -> bool:
 
 def secrets_of(url: URL, connect_args: dict[str, Any] | None = None) -> list[str]:
     """Every secret value a connection made from ``url`` and ``connect_args`` knows: the
-    password, the values of secret keys, and the secrets inside connection strings."""
+    password, the values of secret keys, and the secrets inside connection strings (as
+    written, and as libpq reads them: unquoted, unescaped)."""
     found = [url.password] if url.password else []
     values: list[tuple[str, Any]] = [*url.query.items(), *(connect_args or {}).items()]
     if url.database:
@@ -209,14 +224,18 @@ def secrets_of(url: URL, connect_args: dict[str, Any] | None = None) -> list[str
             if is_secret_key(key):
                 found.append(text)
             else:
-                found.extend(_secret_value(m) for m in _KEY_VALUE.finditer(text))
+                for start, ends in _secret_values(text):
+                    found.extend(r for end in ends for r in _readings(text[start:end]))
     return [str(s) for s in found if str(s)]
 
 
-def _secret_value(match: re.Match[str]) -> str:
-    """The secret of a ``key=value`` match, without the quotes around it."""
-    value = match.group(3)
-    return value[1:-1] if value[:1] in "'\"" and len(value) > 1 else value
+def _readings(value: str) -> list[str]:
+    """A secret value as written and as libpq reads it (without its quotes, unescaped)."""
+    inner = value
+    if value[:1] in _QUOTED_VALUE and len(value) > 1:
+        inner = value[1:-1] if value.endswith(value[0]) else value[1:]
+    forms = (value, _ESCAPED.sub(r"\1", value), inner, _ESCAPED.sub(r"\1", inner))
+    return list(dict.fromkeys(forms))
 
 
 def scrub_exception(err: BaseException, secrets: Iterable[str] = ()) -> None:
@@ -245,10 +264,11 @@ def scrub_exception(err: BaseException, secrets: Iterable[str] = ()) -> None:
 
 
 def _scrub_text(text: str, known: list[str]) -> str:
-    text = redact_text(text)
+    """The known secrets hidden first (hiding a key's value could cut one in two), then
+    every ``key=value`` named like a secret."""
     for secret in known:
         text = text.replace(secret, REDACTED)
-    return text
+    return redact_text(text)
 
 
 def redact_url(url: str | URL) -> str:
@@ -281,9 +301,54 @@ def _redact_query_value(value: str | tuple[str, ...]) -> str | tuple[str, ...]:
 def redact_text(text: str) -> str:
     """Hide secrets inside free text (an error message): ``user:password@`` in URLs, and the
     value of ``password=...``, ``sslpassword=...`` (and any key named like a secret) in
-    query strings and libpq connection strings."""
+    query strings and libpq connection strings, however it is quoted or escaped."""
     text = _USERINFO.sub(r"\1:***@", text)
-    return _KEY_VALUE.sub(lambda m: f"{m.group(1)}{m.group(2)}{REDACTED}", text)
+    shown: list[str] = []
+    pos = 0
+    for start, end in _secret_spans(text):
+        shown += (text[pos:start], REDACTED)
+        pos = end
+    shown.append(text[pos:])
+    return "".join(shown)
+
+
+def _secret_spans(text: str) -> Iterator[tuple[int, int]]:
+    """Where each value of a key named like a secret starts and ends in ``text``: the
+    longest of the ways it can be read, so that none leaves a part of it shown."""
+    for start, ends in _secret_values(text):
+        yield start, max(ends)
+
+
+def _secret_values(text: str) -> Iterator[tuple[int, list[int]]]:
+    """Where each value of a key named like a secret starts, and where each way of reading
+    it ends: unquoted, or a quoted string with backslash escapes (libpq's single quotes, a
+    message's double quotes)."""
+    pos = 0
+    while (found := _SECRET_KEY.search(text, pos)) is not None:
+        start = found.end()
+        ends = [_match_end(_reading_of(text, found), text, start)]
+        quoted = _QUOTED_VALUE.get(text[start : start + 1])
+        if quoted is not None:
+            ends.append(_match_end(quoted, text, start))
+        ends = [end for end in ends if end > start]
+        if ends:
+            yield start, ends
+        pos = max([start, *ends])
+
+
+def _reading_of(text: str, key: re.Match[str]) -> re.Pattern[str]:
+    """How the unquoted value after ``key`` is read: percent-encoded, a URL query's, or
+    libpq's."""
+    if "%3D" in key.group(2).upper():
+        return _ENCODED_VALUE
+    if key.group(2) == "=" and text[key.start() - 1 : key.start()] in ("?", "&"):
+        return _QUERY_VALUE
+    return _PLAIN_VALUE
+
+
+def _match_end(pattern: re.Pattern[str], text: str, start: int) -> int:
+    found = pattern.match(text, start)
+    return found.end() if found is not None else start
 
 
 def is_sqlite(url_or_engine: URL | Engine) -> bool:
