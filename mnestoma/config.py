@@ -243,7 +243,7 @@ def scrub_exception(err: BaseException, secrets: Iterable[str] = ()) -> None:
     cause, its context, the driver error SQLAlchemy wraps): whoever shows or logs the whole
     traceback (``mnestoma --debug``, a service's logger) sees none. ``secrets`` are values
     known to be secret, hidden even where no key names them."""
-    known = sorted({s for s in secrets if len(s) >= MIN_BARE_SECRET_CHARS}, key=len, reverse=True)
+    known = {s for s in secrets if len(s) >= MIN_BARE_SECRET_CHARS}
     seen: set[int] = set()
     stack: list[BaseException | None] = [err]
     while stack:
@@ -251,24 +251,16 @@ def scrub_exception(err: BaseException, secrets: Iterable[str] = ()) -> None:
         if exc is None or id(exc) in seen:
             continue
         seen.add(id(exc))
-        args = tuple(_scrub_text(a, known) if isinstance(a, str) else a for a in exc.args)
+        args = tuple(redact_text(a, known) if isinstance(a, str) else a for a in exc.args)
         if args != exc.args:
             exc.args = args
         notes = getattr(exc, "__notes__", None)
         if isinstance(notes, list):
-            notes[:] = [_scrub_text(n, known) if isinstance(n, str) else n for n in notes]
+            notes[:] = [redact_text(n, known) if isinstance(n, str) else n for n in notes]
         orig = getattr(exc, "orig", None)
         stack.extend(
             (exc.__cause__, exc.__context__, orig if isinstance(orig, BaseException) else None)
         )
-
-
-def _scrub_text(text: str, known: list[str]) -> str:
-    """The known secrets hidden first (hiding a key's value could cut one in two), then
-    every ``key=value`` named like a secret."""
-    for secret in known:
-        text = text.replace(secret, REDACTED)
-    return redact_text(text)
 
 
 def redact_url(url: str | URL) -> str:
@@ -298,18 +290,40 @@ def _redact_query_value(value: str | tuple[str, ...]) -> str | tuple[str, ...]:
     return redact_text(value)
 
 
-def redact_text(text: str) -> str:
-    """Hide secrets inside free text (an error message): ``user:password@`` in URLs, and the
+def redact_text(text: str, known: Iterable[str] = ()) -> str:
+    """Hide secrets inside free text (an error message): ``user:password@`` in URLs, the
     value of ``password=...``, ``sslpassword=...`` (and any key named like a secret) in
-    query strings and libpq connection strings, however it is quoted or escaped."""
-    text = _USERINFO.sub(r"\1:***@", text)
+    query strings and libpq connection strings, however it is quoted or escaped, and each
+    ``known`` secret wherever it appears. All are found in the text as given, then hidden
+    together: hiding one first could cut another in two."""
+    spans = [(m.end(1) + 1, m.end() - 1) for m in _USERINFO.finditer(text)]
+    spans += _secret_spans(text)
+    for secret in known:
+        at = text.find(secret) if secret else -1
+        while at >= 0:
+            spans.append((at, at + len(secret)))
+            at = text.find(secret, at + 1)
     shown: list[str] = []
     pos = 0
-    for start, end in _secret_spans(text):
+    for start, end in _merged(spans):
         shown += (text[pos:start], REDACTED)
         pos = end
     shown.append(text[pos:])
     return "".join(shown)
+
+
+def _merged(spans: list[tuple[int, int]]) -> Iterator[tuple[int, int]]:
+    """The non-empty ``spans`` in order, those that overlap or touch joined into one."""
+    current: tuple[int, int] | None = None
+    for start, end in sorted(span for span in spans if span[1] > span[0]):
+        if current is not None and start <= current[1]:
+            current = (current[0], max(current[1], end))
+            continue
+        if current is not None:
+            yield current
+        current = (start, end)
+    if current is not None:
+        yield current
 
 
 def _secret_spans(text: str) -> Iterator[tuple[int, int]]:

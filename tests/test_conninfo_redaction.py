@@ -210,6 +210,9 @@ def test_what_is_not_secret_stays_readable() -> None:
 @LIVE
 @given(conninfos(), st.sampled_from(["database", "dbname"]))
 @example(("dbname=x password=ab,Zq9SECRET", "ab,Zq9SECRET"), "database")
+@example(  # the server cuts the name inside the quotes: what it echoes is no known secret
+    ("host=db.example dbname='a b' password='000Zq9SECRET000 Zq9SECRET'", ""), "database"
+)
 def test_database_unavailable_and_its_chain_hide_a_conninfo_password(
     case: tuple[str, str], where: str
 ) -> None:

@@ -41,9 +41,7 @@ def remember_secret(url: str | None) -> None:
 def scrub(message: str) -> str:
     """The message with every URL password and every known secret hidden."""
     remember_secret(os.environ.get(ENV_DATABASE_URL))
-    for secret in sorted(_SECRETS, key=len, reverse=True):  # a longer one holding a shorter
-        message = message.replace(secret, "***")
-    return redact_text(message)  # after: hiding a key's value could cut a known one in two
+    return redact_text(message, _SECRETS)
 
 
 class _DriverEcho(logging.Filter):
