@@ -18,7 +18,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from sqlalchemy import URL, Connection, text
@@ -26,6 +26,7 @@ from sqlalchemy.engine.interfaces import AdaptedConnection
 
 from .errors import InvalidInput, WriteLockTimeout
 from .rules import AGER_YIELD_EVERY_S, AGER_YIELD_MAX_S, AGER_YIELD_POLL_S, BATCH_PAUSE_S
+from .validation import check_lock_timeout, shorten
 
 __all__ = [
     "DEFAULT_LOCK_TIMEOUT_S",
@@ -43,6 +44,7 @@ __all__ = [
     "is_write_statement",
     "lock_for_migration",
     "lock_timeout",
+    "lock_timeout_of",
     "lock_timeout_seconds",
     "pause_on",
     "rest_busy_timeout",
@@ -98,20 +100,30 @@ def is_transaction_control(sql: str) -> bool:
 def lock_timeout(conn: Connection) -> float:
     """Seconds a write waits for SQLite's write lock: the execution option, else
     ``MNESTOMA_LOCK_TIMEOUT``, else 60."""
-    return lock_timeout_seconds(conn.get_execution_options().get(LOCK_TIMEOUT_OPTION))
+    return lock_timeout_of(conn.get_execution_options())
+
+
+def lock_timeout_of(options: Mapping[str, Any]) -> float:
+    """The lock timeout that execution ``options`` give (see :func:`lock_timeout`), checked,
+    an error naming the option when it is the one at fault."""
+    given = options.get(LOCK_TIMEOUT_OPTION)
+    return lock_timeout_seconds(given, ENV_LOCK_TIMEOUT if given is None else LOCK_TIMEOUT_OPTION)
 
 
 def lock_timeout_seconds(value: Any = None, what: str = ENV_LOCK_TIMEOUT) -> float:
-    """``value`` as a lock timeout in seconds (≥ 0); None: ``MNESTOMA_LOCK_TIMEOUT``, else 60."""
+    """``value`` as a lock timeout in seconds, from 0 to one day; None: ``MNESTOMA_LOCK_TIMEOUT``,
+    else 60. Text is read as a number first; the number passes the one check
+    (:func:`~mnestoma.validation.check_lock_timeout`) that ``Settings`` uses too."""
     if value is None:
         value = os.environ.get(ENV_LOCK_TIMEOUT, "").strip() or DEFAULT_LOCK_TIMEOUT_S
-    try:
-        seconds = float(value)
-    except (TypeError, ValueError):
-        raise InvalidInput(f"{what} must be a number of seconds") from None
-    if not seconds >= 0:
-        raise InvalidInput(f"{what} must be a number of seconds ≥ 0")
-    return seconds
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise InvalidInput(
+                f"{what} must be a number of seconds, got {shorten(value)!r}"
+            ) from None
+    return check_lock_timeout(value, what)
 
 
 def busy_timeout_ms(seconds: float) -> int:
