@@ -35,7 +35,7 @@ from .config import (
     redact_url,
 )
 from .errors import InvalidInput, MissingExtra, MnestomaError, SchemaError, translate_errors
-from .facade import BatchProgress, age_in_batches, ensure_schema
+from .facade import BatchProgress, age_in_batches, check_ager_call, ensure_schema
 from .locking import (
     LOCK_TIMEOUT_OPTION,
     lock_timeout_of,
@@ -49,7 +49,7 @@ from .repository import CanonicalQueryRepository, MnestRepository, QueryFrequenc
 from .rules import AgerReport, batch_pause, event_batches
 from .settings import Settings, settings_of
 from .uow import ConnectionUnitOfWork, JoinedUnitOfWork, repository_call, retry_pause
-from .validation import Clock, check_batch_rows, check_dry_run
+from .validation import Clock, check_dry_run
 
 try:
     from sqlalchemy.ext.asyncio import (
@@ -620,8 +620,7 @@ class AsyncMnestoma(_MnestOperations):
         The run holds one connection throughout. A cancelled run stops between two batches
         or rolls back the batch it was in: it is an interrupted run, which the next
         completes."""
-        rows = check_batch_rows(batch_rows)
-        dry = check_dry_run(dry_run)
+        rows, dry, progress = check_ager_call(dry_run, batch_rows, progress)
         await self._ready()
         if dry:
             return await self._unit(lambda r: r.apply_ager(), commit=False)

@@ -47,7 +47,7 @@ from .rules import (
 )
 from .settings import Settings, settings_of
 from .uow import ConnectionUnitOfWork, UnitOfWork, repository_call, written
-from .validation import Clock, check_batch_rows, check_dry_run
+from .validation import Clock, check_batch_rows, check_dry_run, check_progress
 
 __all__ = ["Mnestoma"]
 
@@ -179,8 +179,9 @@ class Mnestoma:
         ``progress(done, total)`` is called after each batch. A second run at once waits for
         the first. A dry run is one transaction, rolled back.
         """
-        rows = check_batch_rows(batch_rows)
-        if check_dry_run(dry_run):
+        # every argument checked before the first batch: a bad one refused writes nothing
+        rows, dry, progress = check_ager_call(dry_run, batch_rows, progress)
+        if dry:
             with self._unit() as unit:
                 return unit.mnests.apply_ager()  # left without commit: rolled back
         with translate_errors(), self._bind.connect() as conn:
@@ -247,6 +248,14 @@ class Mnestoma:
 
 # Called after each batch of a run of the ager: (batches done, batches in the run).
 BatchProgress = Callable[[int, int], object]
+
+
+def check_ager_call(
+    dry_run: object, batch_rows: object, progress: object
+) -> tuple[int | None, bool, BatchProgress | None]:
+    """The arguments of ``apply_ager`` (both doors), each checked before the run writes
+    anything: a bad one found after the first batch would leave an interrupted run."""
+    return check_batch_rows(batch_rows), check_dry_run(dry_run), check_progress(progress)
 
 
 def age_in_batches(

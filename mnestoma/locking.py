@@ -36,6 +36,7 @@ __all__ = [
     "LOCK_TIMEOUT_OPTION",
     "MAX_BUSY_TIMEOUT_MS",
     "SNAPSHOT_INFO",
+    "STORE_FILE_SUFFIXES",
     "WRITE_LOCK_POLL_S",
     "WaitingWriters",
     "ager_run_lock",
@@ -52,6 +53,7 @@ __all__ = [
     "pause_on",
     "rest_busy_timeout",
     "saying_it_waits",
+    "store_files",
     "take_write_lock",
     "use_wal",
     "waiting_file",
@@ -589,6 +591,21 @@ def waiting_file(url: URL) -> str | None:
     at ``url`` say so (see :class:`WaitingWriters`); None for an in-memory one or another
     engine's database."""
     return _beside(url, "-writers.lock")
+
+
+# What lies beside a SQLite database: SQLite's own journals, then this package's lock files.
+STORE_FILE_SUFFIXES = ("-wal", "-shm", "-journal", "-writers.lock", "-ager.lock")
+
+
+def store_files(url: URL) -> tuple[str, ...]:
+    """Every file of the SQLite file database at ``url``: the database, then what lies
+    beside it (:data:`STORE_FILE_SUFFIXES`), each at the path the URL names and, when that
+    is a link, beside the file it leads to; () for an in-memory or a PostgreSQL database."""
+    database = _beside(url, "")
+    if database is None:
+        return ()
+    bases = dict.fromkeys([database, os.path.realpath(database)])
+    return tuple(base + suffix for base in bases for suffix in ("", *STORE_FILE_SUFFIXES))
 
 
 def _beside(url: URL, suffix: str) -> str | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import numbers
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from enum import StrEnum
 from typing import Any, NamedTuple, TypeVar
 
@@ -28,6 +28,7 @@ __all__ = [
     "check_optional_name",
     "check_outcome",
     "check_positive_int",
+    "check_progress",
     "check_recorder",
     "check_state",
     "check_states",
@@ -117,6 +118,16 @@ def check_dry_run(dry_run: object) -> bool:
 def check_batch_rows(value: object) -> int | None:
     """The ager's rows per batch: None (batches sized by time) or an int ≥ 1."""
     return None if value is None else check_positive_int(value, "batch_rows")
+
+
+def check_progress(value: object) -> Callable[[int, int], object] | None:
+    """The ager's ``progress(done, total)``: None or something callable, checked before the
+    run's first batch (a bad one found after it would leave an interrupted run)."""
+    if value is None or callable(value):
+        return value
+    raise InvalidInput(
+        f"progress must be a function of (done, total) or None, not {type(value).__name__}"
+    )
 
 
 E = TypeVar("E", bound=StrEnum)

@@ -3,6 +3,7 @@ survives being killed anywhere, lets writers in between batches, and runs one at
 
 from __future__ import annotations
 
+import asyncio
 import math
 import os
 import random
@@ -23,6 +24,7 @@ from test_ager_run import T0, StoppedClock, demoting_store, load
 
 import mnestoma
 from mnestoma import AgerReport, Mnestoma, ager, locking, rules
+from mnestoma.aio import AsyncMnestoma
 from mnestoma.errors import InvalidInput, MnestomaError
 from mnestoma.locking import WaitingWriters
 from mnestoma.status import collect_status
@@ -129,6 +131,33 @@ def test_a_batch_size_that_is_not_a_positive_int_is_refused(store_url: str, bad:
         with pytest.raises(InvalidInput, match="batch_rows"):
             store.apply_ager(batch_rows=bad)
         assert snapshot(store.engine) == before
+
+
+@pytest.mark.parametrize("door", ["sync", "async"])
+@pytest.mark.parametrize("dry_run", [False, True])
+@pytest.mark.parametrize("bad", [5, "print"])
+def test_a_progress_that_is_not_callable_is_refused_before_any_batch(
+    store_url: str, door: str, dry_run: bool, bad: Any
+) -> None:
+    """``progress`` is checked with the other arguments, before the run writes anything:
+    found after the first batch, it left a raw TypeError and an interrupted run."""
+    reset(store_url)
+    with Mnestoma(store_url, clock=StoppedClock()) as store:
+        before = snapshot(store.engine)
+        with pytest.raises(InvalidInput, match="progress"):
+            if door == "sync":
+                store.apply_ager(dry_run=dry_run, batch_rows=50, progress=bad)
+            else:
+                asyncio.run(async_ager(store_url, dry_run=dry_run, batch_rows=50, progress=bad))
+        assert snapshot(store.engine) == before
+        assert count(store.engine, "ager_progress") == count(store.engine, "ager_runs") == 0
+    assert collect_status(store_url).ager_unfinished == []
+
+
+async def async_ager(url: str, **kwargs: Any) -> AgerReport:
+    """One run of the ager through the async door, at the tests' stopped clock."""
+    async with AsyncMnestoma(url, clock=StoppedClock()) as store:
+        return await store.apply_ager(**kwargs)
 
 
 def test_passings_recorded_mid_run_are_kept_and_aged_once(store_url: str) -> None:
