@@ -1,15 +1,18 @@
 """Alembic environment of mnestoma.
 
-The connection comes from ``config.attributes["connection"]`` (an Engine or a Connection
-handed over by ``mnestoma.upgrade`` or a test), else ``-x database_url=URL``, else the
-package's own resolution (MNESTOMA_DATABASE_URL, MNESTOMA_DB_PATH, the default workspace);
-an async driver's URL is migrated through the sync driver of the same database.
+What to migrate comes from ``config.attributes["connection"]``: an Engine, a Connection, or
+an object whose ``connect()`` yields a Connection (pytest-alembic's wrapper, a DBA's own).
+Whatever was handed is migrated or refused (InvalidInput), never swapped for another
+database. With nothing handed (``alembic`` run from a checkout), the database is ``-x
+database_url=URL``, else ``sqlalchemy.url``, else MNESTOMA_DATABASE_URL, MNESTOMA_DB_PATH or
+METNOS_WORKSPACE, never the default ``./.mnestoma`` of the current folder; an async driver's
+URL is migrated through the sync driver of the same database.
 
 On PostgreSQL, when this file opens the connection (from an Engine or a URL), each revision
 commits in its own transaction under a ``lock_timeout`` (``config.attributes["lock_timeout"]``,
 else ``-x lock_timeout=SECONDS``, else MNESTOMA_MIGRATION_LOCK_TIMEOUT, else 3 s), and one
 that times out is tried again; the offline script opens each revision with ``SET
-lock_timeout``. SQLite, and a Connection handed over, migrate in one transaction.
+lock_timeout``. SQLite, and a connection handed over, migrate in one transaction.
 """
 
 from __future__ import annotations
@@ -18,17 +21,22 @@ import logging.config
 from typing import Any
 
 from alembic import context
-from sqlalchemy import Connection, Engine
+from alembic.util import CommandError
+from sqlalchemy import Connection
+from sqlalchemy.engine import URL
 
 from mnestoma.config import make_engine
+from mnestoma.errors import InvalidInput
 from mnestoma.migration import (
+    HANDED,
     VERSION_TABLE,
+    checkout_database_url,
+    handed_connection,
     lock_timeout_sql,
     migration_lock_timeout,
     prepare_for_migration,
     retry_lock_timeouts,
     revision_session,
-    sync_database_url,
 )
 from mnestoma.models import VIEW_NAME, Base
 
@@ -73,10 +81,7 @@ def _lock_timeout() -> float:
 
 def run_migrations_offline() -> None:
     """Write the SQL script instead of running it (``mnestoma db sql``)."""
-    url = context.get_x_argument(as_dictionary=True).get("database_url") or config.get_main_option(
-        "sqlalchemy.url"
-    )
-    sync_url = sync_database_url(url)
+    sync_url = _named_url()
     postgresql = sync_url.get_backend_name() == "postgresql"
     context.configure(
         url=str(sync_url),
@@ -150,18 +155,28 @@ def _run(connection: Connection) -> None:
         context.run_migrations()
 
 
+def _named_url() -> URL:
+    """The database ``alembic`` names when nothing was handed; a refusal is Alembic's
+    CommandError, which its command line prints as one line."""
+    try:
+        return checkout_database_url(
+            context.get_x_argument(as_dictionary=True).get("database_url"),
+            config.get_main_option("sqlalchemy.url"),
+        )
+    except InvalidInput as err:
+        raise CommandError(str(err)) from None
+
+
 def run_migrations_online() -> None:
     """Run the migrations on a live connection."""
-    handed: Engine | Connection | None = config.attributes.get("connection")
-    if isinstance(handed, Connection):
-        _run(handed)
+    if HANDED in config.attributes:
+        with handed_connection(config.attributes[HANDED]) as (connection, owned):
+            if owned:
+                _run_owned(connection)
+            else:
+                _run(connection)
         return
-    if isinstance(handed, Engine):
-        with handed.connect() as connection:
-            _run_owned(connection)
-        return
-    url = context.get_x_argument(as_dictionary=True).get("database_url")
-    engine = make_engine(sync_database_url(url))
+    engine = make_engine(_named_url())
     try:
         with engine.connect() as connection:
             _run_owned(connection)

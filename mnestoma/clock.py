@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
+from .errors import InvalidInput
 from .types import EARLIEST_CLOCK, ensure_aware_utc, ensure_instant
 
 __all__ = ["DEFAULT_START", "Clock", "MovableClock", "read_clock", "utc_now"]
@@ -42,8 +43,14 @@ class MovableClock:
         return self.now
 
     def advance(self, days: float = 0.0, **kwargs: float) -> datetime:
-        """Move forward (or back, with negative values) by ``timedelta(days=..., **kwargs)``."""
-        self.now = self.now + timedelta(days=days, **kwargs)
+        """Move forward (or back, with negative values) by ``timedelta(days=..., **kwargs)``;
+        a move past the years 1 to 9999 is :class:`~mnestoma.errors.InvalidInput`."""
+        try:
+            self.now = self.now + timedelta(days=days, **kwargs)
+        except OverflowError:
+            raise InvalidInput(
+                f"the move leaves the years 1 to 9999: the clock stays at {self.now.isoformat()}"
+            ) from None
         return self.now
 
     def set(self, when: datetime) -> datetime:

@@ -7,7 +7,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -21,6 +21,9 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL
 
 from .config import (
+    ENV_DATABASE_URL,
+    ENV_DB_PATH,
+    ENV_WORKSPACE,
     is_memory_sqlite,
     is_sqlite,
     make_engine,
@@ -42,15 +45,18 @@ from .validation import check_name
 __all__ = [
     "DEFAULT_MIGRATION_LOCK_TIMEOUT_S",
     "ENV_MIGRATION_LOCK_TIMEOUT",
+    "HANDED",
     "LEGACY_VERSION_TABLE",
     "MIGRATION_LOCK_RETRIES",
     "STORE_NAMES",
     "VERSION_TABLE",
     "adopt_legacy_version",
     "alembic_config",
+    "checkout_database_url",
     "current_revision",
     "downgrade",
     "ensure_at_head",
+    "handed_connection",
     "head_revision",
     "include_name",
     "include_object",
@@ -132,8 +138,75 @@ def alembic_config(
     cfg.set_main_option("script_location", str(migrations_path()))
     cfg.attributes["skip_logging"] = True
     if bind is not None:
-        cfg.attributes["connection"] = bind
+        cfg.attributes[HANDED] = bind
     return cfg
+
+
+# The key of ``Config.attributes`` through which a caller hands env.py what to migrate.
+HANDED = "connection"
+
+
+@contextmanager
+def handed_connection(handed: object) -> Iterator[tuple[Connection, bool]]:
+    """The Connection to migrate on, from what a caller put in ``config.attributes``, and
+    whether env.py owns it (opened it, so commits it): an Engine (owned), a Connection,
+    or an object whose ``connect()`` returns a context manager yielding a Connection (a
+    wrapper around the caller's connection: the caller's). Anything else is InvalidInput,
+    before anything is migrated: what was handed is never swapped for the environment's
+    database."""
+    if isinstance(handed, Connection):
+        yield handed, False
+        return
+    if isinstance(handed, Engine):
+        with handed.connect() as conn:
+            yield conn, True
+        return
+    connect = getattr(handed, "connect", None)
+    if not callable(connect):
+        raise InvalidInput(_not_connectable(handed, "it has no connect()"))
+    opened = connect()
+    if not isinstance(opened, AbstractContextManager):
+        raise InvalidInput(
+            _not_connectable(
+                handed,
+                "its connect() returns no context manager (an async engine? hand its URL to "
+                "mnestoma.upgrade, which migrates through the sync driver)",
+            )
+        )
+    with opened as conn:
+        if not isinstance(conn, Connection):
+            raise InvalidInput(
+                _not_connectable(handed, f"its connect() yields a {type(conn).__name__}")
+            )
+        yield conn, False
+
+
+def _not_connectable(handed: object, why: str) -> str:
+    return (
+        f"config.attributes[{HANDED!r}] is a {type(handed).__name__}, and {why}: hand an "
+        "Engine, a Connection, or an object whose connect() yields a Connection. Nothing "
+        "was migrated"
+    )
+
+
+def checkout_database_url(x_url: str | None, ini_url: str | None) -> URL:
+    """The database ``alembic`` run from a checkout migrates, when nobody handed one: ``-x
+    database_url=URL``, else ``sqlalchemy.url``, else MNESTOMA_DATABASE_URL,
+    MNESTOMA_DB_PATH or METNOS_WORKSPACE. Never the default ``./.mnestoma`` of the current
+    folder: that would build a store inside the checkout, so InvalidInput says what to
+    give instead."""
+    if x_url is not None:
+        return sync_database_url(x_url)
+    if ini_url:
+        return sync_database_url(ini_url)
+    named = (ENV_DATABASE_URL, ENV_DB_PATH, ENV_WORKSPACE)
+    if any(os.environ.get(name, "").strip() for name in named):
+        return sync_database_url(None)
+    raise InvalidInput(
+        "no database named: run `alembic -x database_url=URL ...`, set sqlalchemy.url in "
+        f"alembic.ini, or set {ENV_DATABASE_URL} (or {ENV_DB_PATH}); alembic never migrates "
+        "the default ./.mnestoma of the folder it runs in"
+    )
 
 
 def head_revision() -> str:

@@ -123,3 +123,87 @@ def test_a_datetime_a_caller_stores_outside_the_stores_years_is_refused(
     finally:
         engine.dispose()
     assert everything(store_url)["edges"] == []
+
+
+# --- an offset that moves an instant out of the years 1 to 9999 -----------------------------
+
+EAST_OF_YEAR_1 = "0001-01-01T02:00:00+05:00"  # 31 December of year 0 in UTC
+WEST_OF_9999 = "9999-12-31T23:00:00-05:00"  # 1 January of year 10000 in UTC
+OFFSET_OUT = {
+    "year-1-east": datetime.fromisoformat(EAST_OF_YEAR_1),
+    "9999-west": datetime.fromisoformat(WEST_OF_9999),
+}
+
+
+@pytest.mark.parametrize("when", [EAST_OF_YEAR_1, WEST_OF_9999], ids=["year-1-east", "9999-west"])
+@pytest.mark.parametrize(
+    "command",
+    [["vet", "a", "b", "--at"], ["graph", "--at"], ["prune-events", "--before"]],
+    ids=["vet", "graph", "prune-events"],
+)
+def test_an_instant_an_offset_moves_out_of_range_is_bad_input_on_the_command_line(
+    store_url: str, command: list[str], when: str
+) -> None:
+    """Exit 2 and one line that names the option, never an OverflowError and exit 1."""
+    from click.testing import CliRunner
+
+    from mnestoma.cli import cli
+
+    with mnestoma.Mnestoma(store_url, clock=fixed(NORMAL)) as store:
+        store.record_passing("a", "1", "b", "1")
+    before = everything(store_url)
+    result = CliRunner().invoke(cli, [*command, when, "--database-url", store_url])
+    assert result.exit_code == 2, result.output
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"Error: {command[-1]} ") and "Overflow" not in line
+    assert "outside the years 1 to 9999" in line
+    assert everything(store_url) == before
+
+
+@pytest.mark.parametrize("label", sorted(OFFSET_OUT))
+def test_an_instant_an_offset_moves_out_of_range_is_invalid_input_in_python(
+    store_url: str, label: str
+) -> None:
+    when = OFFSET_OUT[label]
+    with mnestoma.Mnestoma(store_url, clock=fixed(NORMAL)) as store:
+        edge = store.record_passing("a", "1", "b", "1")
+        before = everything(store_url)
+        for call in (
+            lambda: store.prune_events(when),
+            lambda: store.prune_events(when, dry_run=True),
+            lambda: edge.effective_weight(when),
+        ):
+            with pytest.raises(InvalidInput, match="outside the years 1 to 9999"):
+                call()
+    with mnestoma.Mnestoma(store_url, clock=fixed(when)) as store:
+        for call in (lambda: store.vet([("a", None), ("b", None)]), store.graph):
+            with pytest.raises(InvalidInput, match="clock"):
+                call()
+    assert everything(store_url) == before
+
+
+@pytest.mark.parametrize("label", sorted(OFFSET_OUT))
+def test_the_async_door_refuses_an_instant_an_offset_moves_out_of_range(
+    store_url: str, label: str
+) -> None:
+    import asyncio
+
+    from mnestoma.aio import AsyncMnestoma
+
+    async def prune() -> None:
+        async with AsyncMnestoma(store_url, clock=fixed(NORMAL)) as store:
+            await store.prune_events(OFFSET_OUT[label])
+
+    with pytest.raises(InvalidInput, match="outside the years 1 to 9999"):
+        asyncio.run(prune())
+
+
+def test_a_movable_clock_moved_past_the_years_1_to_9999_is_invalid_input() -> None:
+    from mnestoma.testing.clock import MovableClock
+
+    clock = MovableClock(datetime(9999, 12, 1, tzinfo=UTC))
+    with pytest.raises(InvalidInput, match="years 1 to 9999"):
+        clock.advance(days=400)
+    with pytest.raises(InvalidInput, match="years 1 to 9999"):
+        clock.advance(days=10**12)  # beyond what a timedelta holds
+    assert clock() == datetime(9999, 12, 1, tzinfo=UTC)  # unmoved

@@ -70,6 +70,28 @@ def test_alembic_upgrade_head_works_from_the_repository_root(tmp_path: Path) -> 
     assert f"{mnestoma.head_revision()} (head)" in out
 
 
+def test_alembic_from_a_checkout_naming_no_database_refuses_and_creates_nothing(
+    tmp_path: Path,
+) -> None:
+    """Without ``-x database_url``, ``sqlalchemy.url`` or a variable naming the store,
+    ``alembic`` would build ``./.mnestoma`` inside the checkout: it says what to give."""
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    (checkout / "alembic.ini").write_bytes((ROOT / "alembic.ini").read_bytes())
+    (checkout / "migrations").symlink_to(ROOT / "migrations")
+    env = _clean_env()
+    env["PYTHONPATH"] = str(ROOT)
+    for args in (["upgrade", "head"], ["current"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "alembic", *args],
+            cwd=checkout, env=env, capture_output=True, text=True, timeout=600, check=False,
+        )  # fmt: skip
+        assert done.returncode != 0, done.stdout
+        assert "FAILED: no database named: run `alembic -x database_url=URL" in done.stdout
+        assert "Traceback" not in done.stdout + done.stderr
+    assert not (checkout / ".mnestoma").exists()
+
+
 def test_alembic_takes_a_url_with_x_database_url(tmp_path: Path) -> None:
     env = _clean_env()
     url = f"sqlite:///{tmp_path / 'x.sqlite'}"

@@ -15,6 +15,7 @@ from typing import Any
 import click
 
 from ..errors import InvalidInput
+from ..types import EARLIEST_CLOCK, ensure_instant
 from .errors import remember_secret
 
 __all__ = [
@@ -114,14 +115,15 @@ def parse_tags(pairs: Sequence[str]) -> dict[str, str] | None:
 
 
 def parse_instant(value: str, what: str) -> datetime:
-    """An ISO-8601 instant with a zone, in UTC."""
+    """An ISO-8601 instant with a zone, in UTC, that the store can take as its now (an offset
+    that moves it out of the years 1 to 9999 is bad input, not an overflow)."""
     try:
         when = datetime.fromisoformat(value)
     except ValueError:
         raise InvalidInput(f"{what} must be an ISO-8601 time, got {value!r}") from None
     if when.tzinfo is None:
         raise InvalidInput(f"{what} needs a time zone, e.g. 2026-04-02T03:00:00Z")
-    return when.astimezone(UTC)
+    return ensure_instant(when, what, earliest=EARLIEST_CLOCK)
 
 
 def parse_cutoff(before: str | None, older_than: float | None, now: datetime) -> datetime:
@@ -134,7 +136,7 @@ def parse_cutoff(before: str | None, older_than: float | None, now: datetime) ->
             raise InvalidInput(
                 f"--before must be an ISO-8601 date or time, got {before!r}"
             ) from None
-        return when.replace(tzinfo=UTC) if when.tzinfo is None else when
+        return ensure_instant(when.replace(tzinfo=UTC) if when.tzinfo is None else when, "--before")
     if before is not None or older_than is None:
         raise InvalidInput("give exactly one of --before DATE and --older-than DAYS")
     if not (math.isfinite(older_than) and older_than > 0):

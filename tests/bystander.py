@@ -1,0 +1,37 @@
+"""A store that a migration must not touch: named by MNESTOMA_DATABASE_URL while a test
+hands the migrations another database."""
+
+from __future__ import annotations
+
+from sqlalchemy import text
+
+import mnestoma
+from mnestoma.config import make_engine
+
+Snapshot = tuple[str | None, list[tuple[str, int, int, int]]]
+
+
+def fill_bystander(url: str) -> Snapshot:
+    """Give the store at ``url`` a row whose outcome counts a downgrade to 0007 would lose,
+    and return what it holds."""
+    m = mnestoma.Mnestoma(url)
+    try:
+        m.record_passing("search", "1", "read", "2", outcome="ok")
+        m.record_passing("search", "1", "read", "2", outcome="error")
+    finally:
+        m.close()
+    return snapshot(url)
+
+
+def snapshot(url: str) -> Snapshot:
+    """The revision of the store at ``url`` and its rows' counts."""
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(
+                text("SELECT id, uses, ok_count, error_count FROM mnests ORDER BY id")
+            )
+            counts = [(str(r[0]), int(r[1]), int(r[2]), int(r[3])) for r in rows]
+        return mnestoma.current_revision(engine), counts
+    finally:
+        engine.dispose()
