@@ -38,7 +38,7 @@ from .errors import InvalidInput, MissingExtra, MnestomaError, SchemaError, tran
 from .facade import BatchProgress, age_in_batches, check_ager_call, ensure_schema
 from .locking import (
     LOCK_TIMEOUT_OPTION,
-    lock_timeout_seconds,
+    lock_timeout_of,
     saying_it_waits,
     waiting_file,
     write_lock_timeout,
@@ -563,7 +563,7 @@ class AsyncMnestoma(_MnestOperations):
         if not commit or self._one_writer is None:
             return await self._once(self._bind, op, commit=commit, cancelled=cancelled)
         # One lock timeout in all: the wait for this facade's queue of writers counts in it.
-        timeout = lock_timeout_seconds(self._bind.get_execution_options().get(LOCK_TIMEOUT_OPTION))
+        timeout = lock_timeout_of(self._bind.get_execution_options())
         deadline = time.monotonic() + timeout
         # Queued behind this facade's other writes, a write says that it waits, as it
         # would in SQLite's queue: an ager between two batches lets the queue in.

@@ -30,6 +30,7 @@ __all__ = [
     "DEFAULT_DECAY_LAMBDA",
     "EVENT_PRUNE_BATCH",
     "INITIAL_WEIGHT",
+    "LOCK_TIMEOUT_MAX_S",
     "MIN_EVIDENCE_CHARS",
     "PROTO_PRUNE_BELOW",
     "RECURRING_MIN_USES",
@@ -73,6 +74,10 @@ ARCHIVE_AFTER_DAYS = 90
 RECURRING_MIN_USES = 3
 RECURRING_MIN_WEIGHT = 0.30
 SECONDS_PER_DAY = 86400.0
+# The longest a write may be told to wait for a lock (seconds; Settings.lock_timeout,
+# MNESTOMA_LOCK_TIMEOUT, the mnestoma_lock_timeout execution option): one day. A wait without
+# end (inf) or beyond what SQLite's busy timeout holds is a mistake, never a setting.
+LOCK_TIMEOUT_MAX_S = SECONDS_PER_DAY
 # prune_events: the event ids one batch covers, each batch its own short transaction. A
 # range this wide is deleted in a few tens of milliseconds (SQLite and PostgreSQL, every
 # event prunable), so a writer waits for one batch at most.

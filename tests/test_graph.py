@@ -554,6 +554,113 @@ def test_graph_output_that_fails_while_writing_exits_1_in_plain_words(
     assert _one_plain_line(result) == "Error: cannot write /dev/full: no space left on device"
 
 
+# --- -o never overwrites the store it draws, and never leaves half a file -------------------
+# (SQLite only: a PostgreSQL store has no file that -o could name)
+
+
+def _sqlite_store(tmp_path: Path) -> tuple[str, Path]:
+    path = tmp_path / "store.sqlite"
+    url = f"sqlite:///{path}"
+    with Mnestoma(url, create=True) as store:
+        _fixture_graph(store)
+    return url, path
+
+
+def _rows(url: str) -> list[dict[str, Any]]:
+    with Mnestoma(url) as store:
+        return [m.as_dict() for m in store.edges()]
+
+
+STORE_SUFFIXES = ["", "-wal", "-shm", "-journal", "-writers.lock", "-ager.lock"]
+
+
+@pytest.mark.parametrize("how", ["its path", "a symlink", "a path through ..", "a link's path"])
+@pytest.mark.parametrize("suffix", STORE_SUFFIXES, ids=lambda s: s or "database")
+def test_graph_output_onto_a_file_of_the_store_is_refused_and_the_store_still_opens(
+    tmp_path: Path, suffix: str, how: str
+) -> None:
+    url, path = _sqlite_store(tmp_path)
+    rows, content = _rows(url), path.read_bytes()
+    named = path.with_name(path.name + suffix)
+    (tmp_path / "sub").mkdir()
+    if how == "a symlink":
+        named = tmp_path / "sub" / "picture.dot"
+        named.symlink_to(path.with_name(path.name + suffix))  # dangling where none exists yet
+    elif how == "a path through ..":
+        named = tmp_path / "sub" / ".." / named.name
+    elif how == "a link's path":  # the URL names a link to the store: its real files count
+        link = tmp_path / "sub" / "alias.sqlite"
+        link.symlink_to(path)
+        url = f"sqlite:///{link}"
+    result = _run("graph", "-o", str(named), "--database-url", url)
+    assert result.exit_code == 2, result.output
+    line = _one_plain_line(result)
+    assert "a file of the store being read" in line and "give another file" in line
+    assert path.read_bytes() == content and _rows(url) == rows
+    expected = {"store.sqlite", "sub"} | ({"store.sqlite" + suffix} if suffix else set())
+    assert expected >= {p.name for p in tmp_path.iterdir()}  # nothing else made
+
+
+def test_graph_output_onto_a_hard_link_of_the_store_is_refused(tmp_path: Path) -> None:
+    url, path = _sqlite_store(tmp_path)
+    rows, content = _rows(url), path.read_bytes()
+    other = tmp_path / "elsewhere.dot"
+    other.hardlink_to(path)
+    result = _run("graph", "-o", str(other), "--database-url", url)
+    assert result.exit_code == 2, result.output
+    assert f"that is {path}," in _one_plain_line(result)
+    assert path.read_bytes() == content == other.read_bytes() and _rows(url) == rows
+
+
+def test_graph_output_onto_the_default_store_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, path = _sqlite_store(tmp_path)
+    monkeypatch.setenv("MNESTOMA_DB_PATH", str(path))
+    monkeypatch.delenv("MNESTOMA_DATABASE_URL", raising=False)
+    result = _run("graph", "-o", str(path))
+    assert result.exit_code == 2, result.output
+    assert _rows(url)
+
+
+def test_graph_output_that_fails_while_writing_leaves_the_file_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The picture goes to a new file beside the target and is renamed over it once whole."""
+    from mnestoma.cli import render
+
+    url, _ = _sqlite_store(tmp_path)
+    target = tmp_path / "out" / "g.dot"
+    target.parent.mkdir()
+    target.write_text("the last picture", encoding="utf-8")
+
+    def disk_full(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(render.os, "fsync", disk_full)
+    result = _run("graph", "-o", str(target), "--database-url", url)
+    assert result.exit_code == 1, result.output
+    assert _one_plain_line(result) == f"Error: cannot write {target}: no space left on device"
+    assert target.read_text(encoding="utf-8") == "the last picture"
+    assert [p.name for p in target.parent.iterdir()] == ["g.dot"]  # no partial file left
+
+
+def test_graph_output_replaces_the_file_whole_keeping_its_mode_and_links(tmp_path: Path) -> None:
+    url, _ = _sqlite_store(tmp_path)
+    target = tmp_path / "g.dot"
+    target.write_text("old " * 10_000, encoding="utf-8")
+    target.chmod(0o640)
+    alias = tmp_path / "latest.dot"
+    alias.symlink_to(target)
+    _ok("graph", "-o", str(alias), "--database-url", url)
+    assert alias.is_symlink()  # written through the link, which stays a link
+    assert target.read_text(encoding="utf-8").startswith("digraph mnestoma {")
+    assert target.stat().st_mode & 0o777 == 0o640
+    fresh = tmp_path / "new.dot"
+    _ok("graph", "-o", str(fresh), "--database-url", url)
+    assert fresh.read_text(encoding="utf-8") == target.read_text(encoding="utf-8")
+
+
 @pytest.mark.parametrize(
     "args",
     [

@@ -15,10 +15,11 @@ from typing import Any, NoReturn
 import click
 
 from ..clock import Clock, utc_now
+from ..config import resolve_database_url
 from ..display import PICTURE_STATES, STATE_STYLES
 from ..errors import InvalidInput, InvalidTransition
 from ..facade import Mnestoma
-from ..locking import DEFAULT_LOCK_TIMEOUT_S, ENV_LOCK_TIMEOUT
+from ..locking import DEFAULT_LOCK_TIMEOUT_S, ENV_LOCK_TIMEOUT, store_files
 from ..repository import WALK_LIMIT
 from ..rules import (
     AGER_BATCH_QUIET_TARGET_S,
@@ -356,8 +357,9 @@ def _graph_help() -> str:
     default=None,
     metavar="FILE",
     help=(
-        "Write to FILE instead of standard output; its directory must exist and be "
-        "writable (else exit 2, nothing read or written)."
+        "Write to FILE instead of standard output, replaced whole once the graph is drawn; "
+        "its directory must exist and be writable, and it must not be a file of the store "
+        "(else exit 2, nothing read or written)."
     ),
 )
 @click.option("--at", "at", metavar="TIME", help="Weights at this ISO-8601 instant [now].")
@@ -385,7 +387,8 @@ def graph_cmd(
     executor, version = (None, None)
     if src is not None:
         executor, version = parse_endpoint(src, "SRC", version_required=False)
-    target = None if output is None else check_output_path(output)
+    files = store_files(resolve_database_url(command_url(database_url)))
+    target = None if output is None else check_output_path(output, files)
     with _store(database_url, clock=lambda: now) as store:
         picture = store.graph(
             executor,

@@ -6,6 +6,8 @@ from __future__ import annotations
 import errno
 import json
 import os
+import secrets
+import stat
 from collections.abc import Sequence
 from contextlib import suppress
 from dataclasses import asdict, fields
@@ -377,9 +379,10 @@ _WRITE_FAILURES = {
 }
 
 
-def check_output_path(path: str) -> Path:
-    """The file that ``-o`` names, if one can be written there; else bad input (exit 2), said
-    in plain words before the store is read, nothing written."""
+def check_output_path(path: str, store_files: Sequence[str] = ()) -> Path:
+    """The file that ``-o`` names, if one can be written there and it is none of
+    ``store_files`` (the store's database, journals and lock files, by path or by link);
+    else bad input (exit 2), said in plain words before the store is read, nothing written."""
     target = Path(path)
     parent = target.parent
     nearest = parent
@@ -391,21 +394,94 @@ def check_output_path(path: str) -> Path:
         raise InvalidInput(f"cannot write {path}: no such directory {parent}")
     if target.is_dir():
         raise InvalidInput(f"cannot write {path}: it is a directory")
-    writable = os.access(target, os.W_OK) if target.exists() else os.access(parent, os.W_OK)
+    taken = _store_file(target, store_files)
+    if taken is not None:
+        raise InvalidInput(
+            f"cannot write {path}: that is {taken}, a file of the store being read "
+            "(writing it would destroy the store); give another file"
+        )
+    if _in_place(target):
+        writable = os.access(target, os.W_OK)
+    else:
+        folder = Path(os.path.realpath(target)).parent
+        writable = os.access(folder, os.W_OK)
+        if not writable and target.exists() and os.access(target, os.W_OK):
+            raise InvalidInput(
+                f"cannot write {path}: its directory {folder} is not writable (the file "
+                "is written beside it, then renamed over it)"
+            )
     if not writable:
         raise InvalidInput(f"cannot write {path}: permission denied")
     return target
 
 
-def write_output(target: Path, text: str) -> None:
-    """Write ``text`` to ``target``; a failure (a full disk, ...) is one line, exit status 1,
-    and leaves no partial file that the write itself created."""
-    existed = target.exists()
+def _store_file(target: Path, files: Sequence[str]) -> str | None:
+    """The one of ``files`` that ``target`` is: the same path once links are followed, or
+    the same file under another name (a hard link); None when it is none of them."""
+    real = os.path.realpath(target)
     try:
-        target.write_text(text, encoding="utf-8")
+        here = os.stat(target)
+    except OSError:
+        here = None
+    for name in files:
+        if os.path.realpath(name) == real:
+            return name
+        if here is None:
+            continue
+        try:
+            there = os.stat(name)
+        except OSError:
+            continue
+        if (there.st_dev, there.st_ino) == (here.st_dev, here.st_ino):
+            return name
+    return None
+
+
+def _in_place(target: Path) -> bool:
+    """True for a target that is written in place, not replaced: a device or a FIFO
+    (``/dev/stdout``, a pipe a reader waits on)."""
+    return target.exists() and not target.is_file()
+
+
+def write_output(target: Path, text: str) -> None:
+    """Write ``text`` to ``target`` whole or not at all: into a new file in the same
+    directory, renamed over it once complete (through a link, over the file it leads to),
+    so that a failed write leaves the file as it was; a device or a FIFO is written in
+    place. A failure (a full disk, ...) is one line, exit status 1."""
+    data = text.encode("utf-8")
+    try:
+        if _in_place(target):
+            with open(target, "wb") as out:
+                out.write(data)
+        else:
+            _replace_whole(Path(os.path.realpath(target)), data)
     except OSError as err:
-        if not existed:
-            with suppress(OSError):
-                target.unlink()
         why = _WRITE_FAILURES.get(err.errno or 0) or (err.strerror or type(err).__name__).lower()
         raise CliFailure(f"cannot write {target}: {why}") from None
+
+
+def _replace_whole(path: Path, data: bytes) -> None:
+    """``data`` into a new file beside ``path`` (an existing file's mode kept), flushed to
+    the disk, then renamed over ``path``; the new file is removed if any step fails."""
+    try:
+        mode: int | None = stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        mode = None
+    partial = path.with_name(f".{path.name}.{secrets.token_hex(6)}.partial")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(partial, flags, 0o666 if mode is None else mode)
+    try:
+        try:
+            if mode is not None:
+                os.fchmod(fd, mode)  # as it was, whatever the umask
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(partial, path)
+    except BaseException:
+        with suppress(OSError):
+            partial.unlink()
+        raise
