@@ -6,6 +6,7 @@ import math
 import os
 import re
 import sqlite3
+import stat
 import weakref
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -52,6 +53,8 @@ __all__ = [
 ENV_DATABASE_URL = "MNESTOMA_DATABASE_URL"
 ENV_DB_PATH = "MNESTOMA_DB_PATH"
 ENV_WORKSPACE = "METNOS_WORKSPACE"
+# The mode of every folder the package creates for a new SQLite store: its owner's alone.
+PRIVATE_FOLDER_MODE = 0o700
 # Execution option: a transaction that only reads begins with a plain (deferred) BEGIN.
 READ_ONLY_OPTION = "mnestoma_read_only"  # kept for callers of 0.1; reads never lock now
 # Execution option: on SQLite, transactions begin with the write lock whatever they run first
@@ -461,17 +464,33 @@ def _create_engine(url: URL, **kwargs: Any) -> Engine:
         raise InvalidInput(redact_text(str(err).splitlines()[0] if str(err) else "")) from None
 
 
+def _create_private_folders(folder: Path) -> None:
+    """Create ``folder`` and every missing folder above it, each 0700 whatever the umask:
+    the folders of a new store are its owner's alone, not only the last one. Folders that
+    exist are left as they are."""
+    missing: list[Path] = []
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    for made in reversed(missing):
+        try:
+            os.mkdir(made, PRIVATE_FOLDER_MODE)
+        except FileExistsError:  # another process made it meanwhile: left as it is
+            continue
+        if stat.S_IMODE(os.lstat(made).st_mode) != PRIVATE_FOLDER_MODE:
+            os.chmod(made, PRIVATE_FOLDER_MODE)  # a umask that takes the owner's own bits
+
+
 def _make_sqlite_engine(url: URL, **kwargs: Any) -> Engine:
     if not is_memory_sqlite(url) and url.database and not url.database.startswith("file:"):
         parent = Path(url.database).expanduser().absolute().parent
-        if not parent.exists():
-            try:
-                parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            except OSError as err:  # /proc, a file in the way, no permission...
-                raise InvalidInput(
-                    f"cannot create the folder of the SQLite file {url.database!r}: "
-                    f"{err.strerror or err}"
-                ) from None
+        try:
+            _create_private_folders(parent)
+        except OSError as err:  # /proc, a file in the way, no permission...
+            raise InvalidInput(
+                f"cannot create the folder of the SQLite file {url.database!r}: "
+                f"{err.strerror or err}"
+            ) from None
     connect_args = dict(kwargs.pop("connect_args", {}))
     # One timeout: SQLite's busy handler waits as long as a write waits for the lock
     # (MNESTOMA_LOCK_TIMEOUT), unless the caller gives the driver a timeout of its own.
