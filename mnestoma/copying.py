@@ -55,7 +55,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import IntegrityError
 
 from .clock import Clock, read_clock, utc_now
-from .config import make_engine, redact_url, resolve_database_url
+from .config import is_memory_sqlite, make_engine, redact_url, resolve_database_url
 from .errors import (
     ConflictError,
     CopyVerificationError,
@@ -350,6 +350,9 @@ def copy_store(
     dst_url = resolve_database_url(target)
     if _same_database(src_url, dst_url):
         raise InvalidInput("the source and the target are the same database")
+    for role, url in (("source", src_url), ("target", dst_url)):
+        if is_memory_sqlite(url):  # however it is spelled: a copy there is gone at close
+            raise InvalidInput(f"the {role} is an in-memory SQLite database: use a file")
     missing = missing_sqlite_file(src_url)
     if missing is not None:
         raise InvalidInput(f"no source database at {missing}")

@@ -13,19 +13,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import os
+import re
 import sqlite3
+import stat
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
+from urllib.parse import unquote
 
 from sqlalchemy import URL, Connection, text
 from sqlalchemy.engine.interfaces import AdaptedConnection
 
-from .errors import InvalidInput, WriteLockTimeout
+from .errors import InvalidInput, StoreError, WriteLockTimeout
 from .rules import AGER_YIELD_EVERY_S, AGER_YIELD_MAX_S, AGER_YIELD_POLL_S, BATCH_PAUSE_S
+from .validation import check_lock_timeout, shorten
 
 __all__ = [
     "DEFAULT_LOCK_TIMEOUT_S",
@@ -40,11 +45,14 @@ __all__ = [
     "ager_running",
     "busy_timeout_ms",
     "driver_in_transaction",
+    "is_memory_sqlite",
     "is_transaction_control",
     "is_write_statement",
     "lock_for_migration",
     "lock_timeout",
+    "lock_timeout_of",
     "lock_timeout_seconds",
+    "open_beside_store",
     "pause_on",
     "rest_busy_timeout",
     "saying_it_waits",
@@ -54,6 +62,8 @@ __all__ = [
     "waiting_file",
     "write_lock_timeout",
 ]
+
+logger = logging.getLogger(__name__)
 
 ENV_LOCK_TIMEOUT = "MNESTOMA_LOCK_TIMEOUT"
 DEFAULT_LOCK_TIMEOUT_S = 60.0
@@ -100,20 +110,30 @@ def is_transaction_control(sql: str) -> bool:
 def lock_timeout(conn: Connection) -> float:
     """Seconds a write waits for SQLite's write lock: the execution option, else
     ``MNESTOMA_LOCK_TIMEOUT``, else 60."""
-    return lock_timeout_seconds(conn.get_execution_options().get(LOCK_TIMEOUT_OPTION))
+    return lock_timeout_of(conn.get_execution_options())
+
+
+def lock_timeout_of(options: Mapping[str, Any]) -> float:
+    """The lock timeout that execution ``options`` give (see :func:`lock_timeout`), checked,
+    an error naming the option when it is the one at fault."""
+    given = options.get(LOCK_TIMEOUT_OPTION)
+    return lock_timeout_seconds(given, ENV_LOCK_TIMEOUT if given is None else LOCK_TIMEOUT_OPTION)
 
 
 def lock_timeout_seconds(value: Any = None, what: str = ENV_LOCK_TIMEOUT) -> float:
-    """``value`` as a lock timeout in seconds (≥ 0); None: ``MNESTOMA_LOCK_TIMEOUT``, else 60."""
+    """``value`` as a lock timeout in seconds, from 0 to one day; None: ``MNESTOMA_LOCK_TIMEOUT``,
+    else 60. Text is read as a number first; the number passes the one check
+    (:func:`~mnestoma.validation.check_lock_timeout`) that ``Settings`` uses too."""
     if value is None:
         value = os.environ.get(ENV_LOCK_TIMEOUT, "").strip() or DEFAULT_LOCK_TIMEOUT_S
-    try:
-        seconds = float(value)
-    except (TypeError, ValueError):
-        raise InvalidInput(f"{what} must be a number of seconds") from None
-    if not seconds >= 0:
-        raise InvalidInput(f"{what} must be a number of seconds ≥ 0")
-    return seconds
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise InvalidInput(
+                f"{what} must be a number of seconds, got {shorten(value)!r}"
+            ) from None
+    return check_lock_timeout(value, what)
 
 
 def busy_timeout_ms(seconds: float) -> int:
@@ -262,14 +282,94 @@ def _say_waiting(path: str | None) -> int:
 
 
 def _open_lock_file(path: str | None) -> int:
-    """A descriptor of the lock file ``path`` (created if need be; read-only, which
-    ``flock`` is content with), or -1: no file, no ``flock`` on this system, or no access."""
+    """A descriptor of the waiting writers' lock file ``path`` (created if need be), or -1:
+    no file, no ``flock`` on this system, or a file that cannot serve (see
+    :func:`open_beside_store`), which is said once in the log. A write is never refused for
+    it: it waits without saying so, and the ager pauses between batches instead."""
     if path is None or _fcntl is None:
         return -1
     try:
-        return os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)
-    except OSError:
+        return open_beside_store(path, "the waiting writers' lock file")
+    except StoreError as err:
+        _warn_once(path, f"{err}; writes go on without saying that they wait")
         return -1
+
+
+# The files beside a store: never through a link planted there, never waiting on a FIFO
+# (O_NONBLOCK: a regular file ignores it, and flock never blocks on it), never a terminal.
+_BESIDE_FLAGS = (
+    getattr(os, "O_NOFOLLOW", 0)
+    | getattr(os, "O_NONBLOCK", 0)
+    | getattr(os, "O_NOCTTY", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+)
+
+
+def open_beside_store(path: str, what: str, *, create: bool = True) -> int:
+    """A read-only descriptor of the regular file ``path`` beside a store (created empty,
+    0644, when missing and ``create``), opened without following a symbolic link and
+    without blocking on a FIFO; else StoreError naming ``what`` and the file and saying what
+    is wrong. Read-only is all ``flock`` needs, so that a file another user's run left
+    serves as well."""
+    flags = os.O_RDONLY | (os.O_CREAT if create else 0) | _BESIDE_FLAGS
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as err:
+        raise StoreError(_cannot_use(what, path, _what_is_wrong(path, err, create))) from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise StoreError(_cannot_use(what, path, f"it is {_kind(mode)}, not a regular file"))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _cannot_use(what: str, path: str, problem: str) -> str:
+    return (
+        f"cannot use {path!r}, {what} beside the store: {problem}; remove it, or make it an "
+        "empty regular file this user can read (the package creates one when it is missing)"
+    )
+
+
+def _what_is_wrong(path: str, err: OSError, create: bool) -> str:
+    """Why ``path`` could not be opened, in words: what is there, or why it cannot be made."""
+    try:
+        found = os.lstat(path)
+    except OSError:
+        return f"cannot {'create' if create else 'open'} it ({err.strerror or err})"
+    if not stat.S_ISREG(found.st_mode):
+        return f"it is {_kind(found.st_mode)}, not a regular file"
+    return (
+        f"cannot open it ({err.strerror or err}; it belongs to uid {found.st_uid}, "
+        f"mode {stat.S_IMODE(found.st_mode):o})"
+    )
+
+
+def _kind(mode: int) -> str:
+    """What a file that is not a regular one is, for a message."""
+    if stat.S_ISLNK(mode):
+        return "a symbolic link (never followed there)"
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "not a regular file"
+
+
+_WARNED: set[tuple[str, str]] = set()
+
+
+def _warn_once(path: str, message: str) -> None:
+    """Log ``message`` about the file ``path`` once in this process."""
+    if (path, message) not in _WARNED:
+        _WARNED.add((path, message))
+        logger.warning("%s", message)
 
 
 def _stop_saying(fd: int) -> None:
@@ -418,8 +518,10 @@ def ager_run_lock(conn: Connection) -> Iterator[None]:
     PostgreSQL: a session advisory lock on ``conn`` (the run's own connection, committed
     so that it outlives each batch's transaction); it goes with the session when the run's
     process dies or its connection drops. SQLite: an exclusive ``flock`` on a file beside
-    the database (``<file>-ager.lock``), released by the system when the process dies;
-    an in-memory database, whose runs share one process, a lock of this process.
+    the database (``<file>-ager.lock``), released by the system when the process dies
+    (StoreError, before the run begins, when that is not a regular file it can open: see
+    :func:`open_beside_store`); an in-memory database, whose runs share one process, a lock
+    of this process.
     """
     if conn.dialect.name == "postgresql":
         conn.execute(text("SELECT pg_advisory_lock(:key)"), {"key": AGER_LOCK_KEY})
@@ -434,7 +536,7 @@ def ager_run_lock(conn: Connection) -> Iterator[None]:
         with _memory_ager_lock(conn):
             yield
         return
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = open_beside_store(path, "the ager's lock file")
     try:
         while not _try_flock(fd, exclusive=True):
             pause_on(conn, AGER_LOCK_POLL_S)
@@ -461,9 +563,9 @@ def ager_running(conn: Connection) -> bool:
         lock = _MEMORY_AGER_LOCKS.get(_memory_key(conn))
         return lock is not None and lock.locked()
     try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return False  # no run ever took the lock here
+        fd = open_beside_store(path, "the ager's lock file", create=False)
+    except StoreError:
+        return False  # no run ever took the lock here (or could: not a file it can lock)
     try:
         return not _try_flock(fd, exclusive=False)
     finally:
@@ -509,14 +611,45 @@ def store_files(url: URL) -> tuple[str, ...]:
     return tuple(base + suffix for base in bases for suffix in ("", *STORE_FILE_SUFFIXES))
 
 
+def is_memory_sqlite(url: URL) -> bool:
+    """True for a SQLite database held in memory (or in a temporary file gone at close),
+    however the URL spells it: no name, ``:memory:``, and SQLite's URI filenames
+    (``file::memory:``, ``mode=memory`` or ``vfs=memdb`` anywhere in the query, an empty
+    ``file:`` path), with ``uri=true`` or without. Each connection sees its own, or all of
+    it is gone at close: no store."""
+    if url.get_backend_name() != "sqlite":
+        return False
+    # The filename SQLAlchemy hands SQLite (the URL's query after the database name), read
+    # as SQLite reads a URI: parameters split at & and %HH decoded, the path decoded.
+    extra = [f"{key}={value}" for key, values in url.query.items() for value in _listed(values)]
+    name, _, query = "?".join([url.database or "", "&".join(extra)]).partition("?")
+    for param in re.split("[&?]", query.partition("#")[0]):
+        key, _, value = param.partition("=")
+        if (unquote(key).strip().lower(), unquote(value).strip().lower()) in _MEMORY_PARAMS:
+            return True
+    if name[:5].lower() == "file:":
+        path = name[5:].partition("#")[0]
+        if path.startswith("//"):  # file://localhost/path: the authority is not the path
+            _authority, slash, rest = path[2:].partition("/")
+            path = slash + rest
+        name = unquote(path)
+    return name in ("", ":memory:")
+
+
+# A SQLite URI's query parameters that keep its database in memory.
+_MEMORY_PARAMS = frozenset({("mode", "memory"), ("vfs", "memdb")})
+
+
+def _listed(values: str | tuple[str, ...]) -> tuple[str, ...]:
+    return (values,) if isinstance(values, str) else values
+
+
 def _beside(url: URL, suffix: str) -> str | None:
     """A file beside the SQLite file database at ``url`` (its path and ``suffix``), None for
     an in-memory one and for a database of another engine."""
-    if url.get_backend_name() != "sqlite":
+    if url.get_backend_name() != "sqlite" or is_memory_sqlite(url):
         return None
-    database = url.database
-    if not database or database == ":memory:" or database.startswith("file::memory:"):
-        return None
+    database = url.database or ""
     if database.startswith("file:"):
         database = database[5:].split("?", 1)[0]
     return os.path.abspath(database) + suffix

@@ -8,7 +8,6 @@ a ``Settings`` at the door, by :func:`settings_of`, and never passed further).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
@@ -16,7 +15,7 @@ from typing import Any
 from .clock import Clock, read_clock, utc_now
 from .errors import InvalidInput
 from .rules import Recorder
-from .validation import check_batch_rows, check_recorder
+from .validation import check_batch_rows, check_lock_timeout, check_recorder
 
 __all__ = ["DEFAULT_SETTINGS", "Settings", "settings_of"]
 
@@ -31,8 +30,9 @@ class Settings:
       ``ager``, ``cli``);
     - ``ager_batch_rows``: rows per batch of an online ager run; None sizes each batch to
       take about :func:`~mnestoma.rules.ager_batch_target` (short while writers are about);
-    - ``lock_timeout``: seconds a write waits for a lock before ``WriteLockTimeout``;
-      None takes ``MNESTOMA_LOCK_TIMEOUT``, else 60.
+    - ``lock_timeout``: seconds a write waits for a lock before ``WriteLockTimeout``, from 0
+      to one day (:data:`~mnestoma.rules.LOCK_TIMEOUT_MAX_S`); None takes
+      ``MNESTOMA_LOCK_TIMEOUT``, else 60.
 
     Checked when built: a bad value is :class:`~mnestoma.InvalidInput` at once, never at
     the first call that reads it.
@@ -49,15 +49,8 @@ class Settings:
         object.__setattr__(self, "recorder", check_recorder(self.recorder).value)
         check_batch_rows(self.ager_batch_rows)
         if self.lock_timeout is not None:
-            seconds = self.lock_timeout
-            if (
-                isinstance(seconds, bool)
-                or not isinstance(seconds, int | float)
-                or not math.isfinite(seconds)
-                or seconds < 0
-            ):
-                raise InvalidInput("lock_timeout must be a finite number of seconds ≥ 0")
-            object.__setattr__(self, "lock_timeout", float(seconds))
+            seconds = check_lock_timeout(self.lock_timeout, "lock_timeout")
+            object.__setattr__(self, "lock_timeout", seconds)
 
     def now(self) -> datetime:
         """The clock's now, checked (aware, an instant the store can work at), in UTC."""

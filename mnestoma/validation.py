@@ -6,6 +6,7 @@ Every check raises :class:`InvalidInput` before anything is written.
 from __future__ import annotations
 
 import math
+import numbers
 import re
 from collections.abc import Callable, Iterable
 from enum import StrEnum
@@ -13,7 +14,7 @@ from typing import Any, NamedTuple, TypeVar
 
 from .clock import Clock, read_clock, utc_now
 from .errors import InvalidInput
-from .rules import MAX_NAME_LENGTH, MnestState, Outcome, Recorder
+from .rules import LOCK_TIMEOUT_MAX_S, MAX_NAME_LENGTH, MnestState, Outcome, Recorder
 from .types import ensure_json, ensure_unicode_text
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "Passing",
     "check_batch_rows",
     "check_dry_run",
+    "check_lock_timeout",
     "check_mnest_id",
     "check_name",
     "check_optional_name",
@@ -173,6 +175,26 @@ def check_positive_int(value: Any, what: str, *, maximum: int | None = None) -> 
     if value > top:
         raise InvalidInput(f"{what} must be at most {top}, got {_int_text(value)}")
     return value
+
+
+def check_lock_timeout(value: object, what: str) -> float:
+    """Seconds a write waits for a lock: a number from 0 to one day
+    (:data:`~mnestoma.rules.LOCK_TIMEOUT_MAX_S`; bools, text, inf, nan and numbers beyond a
+    float refused). The one check behind ``Settings.lock_timeout``,
+    ``MNESTOMA_LOCK_TIMEOUT`` and the ``mnestoma_lock_timeout`` execution option."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise InvalidInput(f"{what} must be a number of seconds, got {type(value).__name__}")
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int or a fraction beyond any float
+        seconds = math.inf
+    if not 0 <= seconds <= LOCK_TIMEOUT_MAX_S:  # nan fails both
+        shown = _int_text(value) if isinstance(value, int) else f"{seconds:g}"
+        raise InvalidInput(
+            f"{what} must be a number of seconds from 0 to {LOCK_TIMEOUT_MAX_S:g} (one day), "
+            f"got {shown}"
+        )
+    return seconds
 
 
 def _int_text(value: int) -> str:

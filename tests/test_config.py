@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
 import stat
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import text
@@ -86,6 +88,47 @@ def test_the_sqlite_parent_folder_is_created_private(tmp_path: Path) -> None:
         assert stat.S_IMODE(target.parent.stat().st_mode) == 0o700
     finally:
         engine.dispose()
+
+
+@pytest.mark.parametrize("umask", [0o000, 0o022, 0o277], ids=["000", "022", "277"])
+def test_every_folder_made_for_a_new_store_is_private_whatever_the_umask(
+    tmp_path: Path, umask: int
+) -> None:
+    """Only the last folder was 0700: those above it followed the umask (world-writable
+    under 000). A folder that was there already is left as it was."""
+    target = tmp_path / "a" / "b" / "c" / "mnest.sqlite"
+    tmp_path.chmod(0o755)
+    old = os.umask(umask)
+    try:
+        engine = make_engine(f"sqlite:///{target}")
+    finally:
+        os.umask(old)
+    engine.dispose()
+    for folder in (tmp_path / "a", tmp_path / "a" / "b", tmp_path / "a" / "b" / "c"):
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700, folder
+    assert stat.S_IMODE(tmp_path.stat().st_mode) == 0o755
+
+
+def test_a_store_folder_another_process_made_meanwhile_is_used_as_it_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two processes opening new stores side by side: the one that finds a folder made
+    under its feet goes on in it."""
+    from mnestoma import config
+
+    made = tmp_path / "shared"
+    real_mkdir = os.mkdir
+
+    def racing_mkdir(path: Any, mode: int = 0o777) -> None:
+        if Path(path) == made and not made.exists():
+            real_mkdir(path, 0o750)  # the other process, first
+        real_mkdir(path, mode)
+
+    monkeypatch.setattr(config.os, "mkdir", racing_mkdir)
+    engine = make_engine(f"sqlite:///{made / 'inner' / 'mnest.sqlite'}")
+    engine.dispose()
+    assert stat.S_IMODE(made.stat().st_mode) == 0o750
+    assert stat.S_IMODE((made / "inner").stat().st_mode) == 0o700
 
 
 def test_sqlite_connections_have_a_busy_timeout_and_foreign_keys(tmp_path: Path) -> None:

@@ -8,16 +8,25 @@ busy timeout; it must be the lock timeout (what is left of it), never 30 s more 
 from __future__ import annotations
 
 import asyncio
+import math
 import sqlite3
 import time
 from collections.abc import Iterator
 
 import pytest
+from click.testing import CliRunner
 from sqlalchemy import create_engine, text
 
 import mnestoma
-from mnestoma import WriteLockTimeout, make_engine
-from mnestoma.locking import ENV_LOCK_TIMEOUT, LOCK_TIMEOUT_OPTION
+from mnestoma import InvalidInput, Settings, WriteLockTimeout, make_engine
+from mnestoma.cli import cli
+from mnestoma.locking import (
+    ENV_LOCK_TIMEOUT,
+    LOCK_TIMEOUT_OPTION,
+    lock_timeout_of,
+    lock_timeout_seconds,
+)
+from mnestoma.rules import LOCK_TIMEOUT_MAX_S
 
 pytestmark = pytest.mark.parametrize("engine_name", ["sqlite"])  # SQLite's write lock
 
@@ -134,3 +143,97 @@ def test_a_write_on_a_callers_own_engine_waits_the_lock_timeout_and_leaves_its_b
             assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == 5000
     finally:
         engine.dispose()
+
+
+# --- one bound on every door: 0 to a day (rules.LOCK_TIMEOUT_MAX_S) ---------------------------
+
+NOT_A_LOCK_TIMEOUT = ["inf", "1e309", "-inf", "nan", "-1", "86400.5", "1" + "0" * 400, "soon"]
+
+
+@pytest.mark.parametrize(
+    "value", NOT_A_LOCK_TIMEOUT, ids=[v if len(v) < 10 else "1e400" for v in NOT_A_LOCK_TIMEOUT]
+)
+def test_a_lock_timeout_variable_that_is_not_zero_to_a_day_is_refused_when_the_store_opens(
+    store_url: str, monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    """``inf`` and ``1e309`` were taken: a write behind a held lock then waited for ever."""
+    from mnestoma.aio import AsyncMnestoma
+
+    monkeypatch.setenv(ENV_LOCK_TIMEOUT, value)
+    with pytest.raises(InvalidInput, match=ENV_LOCK_TIMEOUT):
+        mnestoma.Mnestoma(store_url)
+    with pytest.raises(InvalidInput, match=ENV_LOCK_TIMEOUT):
+        AsyncMnestoma(store_url)
+
+
+def test_a_lock_timeout_variable_of_inf_is_exit_2_on_the_command_line(store_url: str) -> None:
+    result = CliRunner(env={ENV_LOCK_TIMEOUT: "inf"}).invoke(
+        cli, ["record", "plan@1", "search@1", "--database-url", store_url]
+    )
+    assert result.exit_code == 2, result.output
+    assert ENV_LOCK_TIMEOUT in result.stderr and "one day" in result.stderr
+
+
+def test_a_lock_timeout_of_a_day_is_the_longest_taken(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(ENV_LOCK_TIMEOUT, f"{LOCK_TIMEOUT_MAX_S:g}")
+    engine = make_engine(store_url)
+    try:
+        with engine.connect() as conn:
+            assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == 86_400_000
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize(
+    "value",
+    [math.inf, math.nan, -1, 86400.5, 10**400, "inf", True],
+    ids=["inf", "nan", "negative", "a-day-and-more", "10**400", "text-inf", "bool"],
+)
+def test_a_lock_timeout_option_that_is_not_zero_to_a_day_is_refused_and_nothing_written(
+    store_url: str, value: object
+) -> None:
+    """The execution option ``mnestoma_lock_timeout=inf`` was taken: a write waited for ever."""
+    engine = make_engine(store_url).execution_options(**{LOCK_TIMEOUT_OPTION: value})
+    try:
+        with mnestoma.Mnestoma(engine) as store:
+            with pytest.raises(InvalidInput, match=LOCK_TIMEOUT_OPTION):
+                store.record_passing("a", "1", "b", "1")
+            assert store.edges() == []
+    finally:
+        engine.dispose()
+
+
+def test_an_async_write_with_a_lock_timeout_option_of_inf_is_refused_and_nothing_written(
+    store_url: str,
+) -> None:
+    from mnestoma.aio import AsyncMnestoma, make_async_engine
+
+    async def main() -> None:
+        engine = make_async_engine(store_url)
+        try:
+            async with AsyncMnestoma(
+                engine.execution_options(**{LOCK_TIMEOUT_OPTION: math.inf})
+            ) as am:
+                with pytest.raises(InvalidInput, match=LOCK_TIMEOUT_OPTION):
+                    await am.record_passing("a", "1", "b", "1")
+                assert await am.edges() == []
+        finally:
+            await engine.dispose()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("value", [math.inf, 10**400, 86401], ids=["inf", "10**400", "86401"])
+def test_the_settings_the_variable_and_the_option_share_one_check(
+    engine_name: str, value: float
+) -> None:
+    """One function says what a lock timeout may be; each door names itself in its error."""
+    for door, check in (
+        ("lock_timeout", lambda: Settings(lock_timeout=value)),
+        (ENV_LOCK_TIMEOUT, lambda: lock_timeout_seconds(str(value))),
+        (LOCK_TIMEOUT_OPTION, lambda: lock_timeout_of({LOCK_TIMEOUT_OPTION: value})),
+    ):
+        with pytest.raises(InvalidInput, match=f"^{door} must be a number of seconds from 0 to"):
+            check()

@@ -9,6 +9,7 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from sqlalchemy import exc as sa_exc
 from sqlalchemy import inspect, text
 
 import mnestoma
@@ -53,13 +54,13 @@ def _diff(url: str) -> list:
 def test_the_scripts_have_exactly_one_head() -> None:
     script = ScriptDirectory.from_config(alembic_config())
     assert script.get_heads() == [head_revision()]
-    assert head_revision() == "0008"
+    assert head_revision() == "0009"
 
 
 def test_revisions_tell_the_story_in_order() -> None:
     script = ScriptDirectory.from_config(alembic_config())
     chain = [rev.revision for rev in script.walk_revisions()]
-    assert chain == ["0008", "0007", "0006", "0005", "0004", "0003", "0002", "0001"]
+    assert chain == ["0009", "0008", "0007", "0006", "0005", "0004", "0003", "0002", "0001"]
 
 
 def test_upgrade_builds_tables_view_and_stamps_head(empty_db_url: str) -> None:
@@ -94,7 +95,9 @@ def test_migrated_schema_equals_the_models(empty_db_url: str) -> None:
     assert _diff(empty_db_url) == []
 
 
-def _schema_names(url: str) -> dict:
+def _schema_names(
+    url: str, tables: tuple[str, ...] = ("mnests", "events", "canonical_query_log")
+) -> dict:
     engine = make_engine(url)
     try:
         insp = inspect(engine)
@@ -104,7 +107,7 @@ def _schema_names(url: str) -> dict:
                 sorted(str(c["name"]) for c in insp.get_check_constraints(t)),
                 sorted(str(i["name"]) for i in insp.get_indexes(t)),
             )
-            for t in ("mnests", "events", "canonical_query_log")
+            for t in tables
         }
     finally:
         engine.dispose()
@@ -125,20 +128,66 @@ def test_downgrade_to_0001_and_back_keeps_every_constraint_name(empty_db_url: st
 def test_create_all_from_models_equals_what_migrations_build(
     empty_db_url: str, engine_name: str
 ) -> None:
-    """Tests may use create_all; it must build what the revisions build (names included)."""
+    """Tests may use create_all; it must build what the revisions build (names included),
+    every table of the models."""
+    every_table = tuple(Base.metadata.tables)
     engine = make_engine(empty_db_url)
     try:
         Base.metadata.create_all(engine)
     finally:
         engine.dispose()
-    built = _schema_names(empty_db_url)
+    built = _schema_names(empty_db_url, every_table)
     engine = make_engine(empty_db_url)
     try:
         Base.metadata.drop_all(engine)
     finally:
         engine.dispose()
     mnestoma.upgrade(empty_db_url)
-    assert built == _schema_names(empty_db_url)
+    assert built == _schema_names(empty_db_url, every_table)
+
+
+def _ager_runs_checks(engine) -> list[str]:
+    return sorted(str(c["name"]) for c in inspect(engine).get_check_constraints("ager_runs"))
+
+
+def test_0009_gives_the_ager_runs_check_the_models_name_and_0008_gets_the_old_one_back(
+    empty_db_url: str,
+) -> None:
+    """0003 named the CHECK twice over; 0009 renames it, keeping the rule and every row."""
+    engine = make_engine(empty_db_url)
+    try:
+        mnestoma.upgrade(engine, "0008")
+        assert _ager_runs_checks(engine) == ["ck_ager_runs_ck_ager_runs_duration_nonneg"]
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO ager_runs (ts, duration_s, decayed, to_decaying, merged,"
+                    " protos_pruned, archive_candidates) VALUES (:ts, 1.5, 1, 2, 3, 4, 5)"
+                ),
+                {"ts": datetime(2026, 1, 1, tzinfo=UTC).isoformat(" ")},
+            )
+        mnestoma.upgrade(engine)
+        assert _ager_runs_checks(engine) == ["ck_ager_runs_duration_nonneg"]
+        models = {c.name for c in Base.metadata.tables["ager_runs"].constraints}
+        assert "ck_ager_runs_duration_nonneg" in models
+        with engine.begin() as conn:
+            row = conn.execute(text("SELECT duration_s, archive_candidates FROM ager_runs")).one()
+            assert tuple(row) == (1.5, 5)
+            with pytest.raises(sa_exc.IntegrityError), conn.begin_nested():  # the rule stays
+                conn.execute(
+                    text(
+                        "INSERT INTO ager_runs (ts, duration_s, decayed, to_decaying,"
+                        " merged, protos_pruned, archive_candidates)"
+                        " VALUES (:ts, -1, 0, 0, 0, 0, 0)"
+                    ),
+                    {"ts": datetime(2026, 1, 2, tzinfo=UTC).isoformat(" ")},
+                )
+        mnestoma.downgrade(engine, "0008")
+        assert _ager_runs_checks(engine) == ["ck_ager_runs_ck_ager_runs_duration_nonneg"]
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT count(*) FROM ager_runs")).scalar_one() == 1
+    finally:
+        engine.dispose()
 
 
 def _seed_0001(url: str) -> None:

@@ -7,6 +7,7 @@ import asyncio
 import threading
 import time
 from datetime import UTC, datetime
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from mnestoma import InvalidInput, Settings, UnitOfWork, WriteLockTimeout
 from mnestoma.aio import AsyncMnestoma, AsyncUnitOfWork, make_async_session_factory
 from mnestoma.config import make_engine, make_session_factory
 from mnestoma.locking import take_write_lock
+from mnestoma.rules import LOCK_TIMEOUT_MAX_S
 from mnestoma.testing.clock import MovableClock
 
 PACKAGE = Path(mnestoma.__file__).resolve().parent
@@ -130,6 +132,25 @@ def test_the_async_doors_carry_the_same_settings(store_url: str) -> None:
 def test_a_bad_setting_is_refused_when_the_settings_are_built(field: str, value: Any) -> None:
     with pytest.raises(InvalidInput):
         Settings(**{field: value})
+
+
+@pytest.mark.parametrize(
+    "seconds",
+    [10**400, 10**5000, Fraction(10**400), 1e309, float("inf"), float("nan"), 86400.5, -0.1],
+    ids=["10**400", "10**5000", "fraction", "1e309", "inf", "nan", "a-day-and-more", "negative"],
+)
+def test_a_lock_timeout_beyond_a_day_or_not_finite_is_invalid_input_naming_it(
+    seconds: Any,
+) -> None:
+    """``10**400`` gave a raw OverflowError; the bound is the one every door checks."""
+    with pytest.raises(InvalidInput, match="lock_timeout must be a number of seconds from 0"):
+        Settings(lock_timeout=seconds)
+
+
+@pytest.mark.parametrize("seconds", [0, 0.25, 86400, LOCK_TIMEOUT_MAX_S])
+def test_a_lock_timeout_from_zero_to_a_day_is_kept_as_float_seconds(seconds: float) -> None:
+    kept = Settings(lock_timeout=seconds).lock_timeout
+    assert kept == seconds and type(kept) is float
 
 
 def test_settings_are_frozen_and_changed_only_by_a_checked_copy() -> None:
