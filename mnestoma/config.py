@@ -8,7 +8,7 @@ import re
 import sqlite3
 import stat
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from .locking import (
     SNAPSHOT_INFO,
     busy_timeout_ms,
     driver_in_transaction,
+    is_memory_sqlite,
     is_transaction_control,
     is_write_statement,
     lock_timeout_seconds,
@@ -36,11 +37,13 @@ __all__ = [
     "WRITE_OPTION",
     "carries_secret",
     "default_sqlite_path",
+    "is_memory_sqlite",
     "is_secret_key",
     "make_engine",
     "make_session_factory",
     "redact_text",
     "redact_url",
+    "refuse_memory_sqlite",
     "resolve_database_url",
     "scrub_exception",
     "secrets_of",
@@ -145,10 +148,24 @@ def _parse(url: str | URL) -> URL:
 _SECRET_WORDS = ("password", "passwd", "passphrase", "pwd", "secret", "token", "credential")
 REDACTED = "***"
 _USERINFO = re.compile(r"(://[^:/@\s]*):[^@\s]*@")
-_KEY_VALUE = re.compile(
-    r"(?i)\b([\w.-]*(?:" + "|".join(_SECRET_WORDS) + r")[\w.-]*)(\s*=\s*)"
-    r"('[^']*'|\"[^\"]*\"|[^\s&;,'\")]+)"
+# A key named like a secret and its ``=`` (``%3D`` in a connection string written inside a
+# URL); where the value after it ends is read by _value_end.
+_SPACE = r"[ \t\n\r\f\v]"  # libpq's isspace(): ASCII only
+_ENCODED_SPACE = rf"(?:{_SPACE}|\+|%20|%0[9A-D])"  # as a URL writes one
+_SECRET_KEY = re.compile(
+    r"(?i)\b([\w.-]*(?:" + "|".join(_SECRET_WORDS) + r")[\w.-]*)"
+    rf"({_SPACE}*={_SPACE}*|{_ENCODED_SPACE}*%3D{_ENCODED_SPACE}*)"
 )
+# libpq's connection string: a value runs to the next space, a backslash escaping the
+# character after it, or it is a single-quoted string with backslash escapes.
+_PLAIN_VALUE = re.compile(r"(?:\\.?|[^ \t\n\r\f\v\\])*", re.DOTALL)
+_QUOTED_VALUE = {q: re.compile(rf"{q}(?:\\.?|[^{q}\\])*(?:{q}|\Z)", re.DOTALL) for q in ("'", '"')}
+# A URL's query value (``?password=``) runs to the next ``&`` (a literal one is ``%26``).
+_QUERY_VALUE = re.compile(r"(?:\\.?|[^ \t\n\r\f\v\\&])*", re.DOTALL)
+# A connection string percent-encoded inside a URL: its quotes and escapes are encoded
+# too, so its secret is taken to run to the end of that query value, or of the text.
+_ENCODED_VALUE = re.compile(r"[^&]*", re.DOTALL)
+_ESCAPED = re.compile(r"\\(.)", re.DOTALL)
 
 
 # A secret shorter than this is hidden only after its key (``password=...``): hiding it
@@ -200,7 +217,8 @@ def _value_carries_secret(value: str | tuple[str, ...]) -> bool:
 
 def secrets_of(url: URL, connect_args: dict[str, Any] | None = None) -> list[str]:
     """Every secret value a connection made from ``url`` and ``connect_args`` knows: the
-    password, the values of secret keys, and the secrets inside connection strings."""
+    password, the values of secret keys, and the secrets inside connection strings (as
+    written, and as libpq reads them: unquoted, unescaped)."""
     found = [url.password] if url.password else []
     values: list[tuple[str, Any]] = [*url.query.items(), *(connect_args or {}).items()]
     if url.database:
@@ -212,14 +230,18 @@ def secrets_of(url: URL, connect_args: dict[str, Any] | None = None) -> list[str
             if is_secret_key(key):
                 found.append(text)
             else:
-                found.extend(_secret_value(m) for m in _KEY_VALUE.finditer(text))
+                for start, ends in _secret_values(text):
+                    found.extend(r for end in ends for r in _readings(text[start:end]))
     return [str(s) for s in found if str(s)]
 
 
-def _secret_value(match: re.Match[str]) -> str:
-    """The secret of a ``key=value`` match, without the quotes around it."""
-    value = match.group(3)
-    return value[1:-1] if value[:1] in "'\"" and len(value) > 1 else value
+def _readings(value: str) -> list[str]:
+    """A secret value as written and as libpq reads it (without its quotes, unescaped)."""
+    inner = value
+    if value[:1] in _QUOTED_VALUE and len(value) > 1:
+        inner = value[1:-1] if value.endswith(value[0]) else value[1:]
+    forms = (value, _ESCAPED.sub(r"\1", value), inner, _ESCAPED.sub(r"\1", inner))
+    return list(dict.fromkeys(forms))
 
 
 def scrub_exception(err: BaseException, secrets: Iterable[str] = ()) -> None:
@@ -227,7 +249,7 @@ def scrub_exception(err: BaseException, secrets: Iterable[str] = ()) -> None:
     cause, its context, the driver error SQLAlchemy wraps): whoever shows or logs the whole
     traceback (``mnestoma --debug``, a service's logger) sees none. ``secrets`` are values
     known to be secret, hidden even where no key names them."""
-    known = sorted({s for s in secrets if len(s) >= MIN_BARE_SECRET_CHARS}, key=len, reverse=True)
+    known = {s for s in secrets if len(s) >= MIN_BARE_SECRET_CHARS}
     seen: set[int] = set()
     stack: list[BaseException | None] = [err]
     while stack:
@@ -235,23 +257,16 @@ def scrub_exception(err: BaseException, secrets: Iterable[str] = ()) -> None:
         if exc is None or id(exc) in seen:
             continue
         seen.add(id(exc))
-        args = tuple(_scrub_text(a, known) if isinstance(a, str) else a for a in exc.args)
+        args = tuple(redact_text(a, known) if isinstance(a, str) else a for a in exc.args)
         if args != exc.args:
             exc.args = args
         notes = getattr(exc, "__notes__", None)
         if isinstance(notes, list):
-            notes[:] = [_scrub_text(n, known) if isinstance(n, str) else n for n in notes]
+            notes[:] = [redact_text(n, known) if isinstance(n, str) else n for n in notes]
         orig = getattr(exc, "orig", None)
         stack.extend(
             (exc.__cause__, exc.__context__, orig if isinstance(orig, BaseException) else None)
         )
-
-
-def _scrub_text(text: str, known: list[str]) -> str:
-    text = redact_text(text)
-    for secret in known:
-        text = text.replace(secret, REDACTED)
-    return text
 
 
 def redact_url(url: str | URL) -> str:
@@ -281,12 +296,79 @@ def _redact_query_value(value: str | tuple[str, ...]) -> str | tuple[str, ...]:
     return redact_text(value)
 
 
-def redact_text(text: str) -> str:
-    """Hide secrets inside free text (an error message): ``user:password@`` in URLs, and the
+def redact_text(text: str, known: Iterable[str] = ()) -> str:
+    """Hide secrets inside free text (an error message): ``user:password@`` in URLs, the
     value of ``password=...``, ``sslpassword=...`` (and any key named like a secret) in
-    query strings and libpq connection strings."""
-    text = _USERINFO.sub(r"\1:***@", text)
-    return _KEY_VALUE.sub(lambda m: f"{m.group(1)}{m.group(2)}{REDACTED}", text)
+    query strings and libpq connection strings, however it is quoted or escaped, and each
+    ``known`` secret wherever it appears. All are found in the text as given, then hidden
+    together: hiding one first could cut another in two."""
+    spans = [(m.end(1) + 1, m.end() - 1) for m in _USERINFO.finditer(text)]
+    spans += _secret_spans(text)
+    for secret in known:
+        at = text.find(secret) if secret else -1
+        while at >= 0:
+            spans.append((at, at + len(secret)))
+            at = text.find(secret, at + 1)
+    shown: list[str] = []
+    pos = 0
+    for start, end in _merged(spans):
+        shown += (text[pos:start], REDACTED)
+        pos = end
+    shown.append(text[pos:])
+    return "".join(shown)
+
+
+def _merged(spans: list[tuple[int, int]]) -> Iterator[tuple[int, int]]:
+    """The non-empty ``spans`` in order, those that overlap or touch joined into one."""
+    current: tuple[int, int] | None = None
+    for start, end in sorted(span for span in spans if span[1] > span[0]):
+        if current is not None and start <= current[1]:
+            current = (current[0], max(current[1], end))
+            continue
+        if current is not None:
+            yield current
+        current = (start, end)
+    if current is not None:
+        yield current
+
+
+def _secret_spans(text: str) -> Iterator[tuple[int, int]]:
+    """Where each value of a key named like a secret starts and ends in ``text``: the
+    longest of the ways it can be read, so that none leaves a part of it shown."""
+    for start, ends in _secret_values(text):
+        yield start, max(ends)
+
+
+def _secret_values(text: str) -> Iterator[tuple[int, list[int]]]:
+    """Where each value of a key named like a secret starts, and where each way of reading
+    it ends: unquoted, or a quoted string with backslash escapes (libpq's single quotes, a
+    message's double quotes)."""
+    pos = 0
+    while (found := _SECRET_KEY.search(text, pos)) is not None:
+        start = found.end()
+        ends = [_match_end(_reading_of(text, found), text, start)]
+        quoted = _QUOTED_VALUE.get(text[start : start + 1])
+        if quoted is not None:
+            ends.append(_match_end(quoted, text, start))
+        ends = [end for end in ends if end > start]
+        if ends:
+            yield start, ends
+        pos = max([start, *ends])
+
+
+def _reading_of(text: str, key: re.Match[str]) -> re.Pattern[str]:
+    """How the unquoted value after ``key`` is read: percent-encoded, a URL query's, or
+    libpq's."""
+    if "%3D" in key.group(2).upper():
+        return _ENCODED_VALUE
+    if key.group(2) == "=" and text[key.start() - 1 : key.start()] in ("?", "&"):
+        return _QUERY_VALUE
+    return _PLAIN_VALUE
+
+
+def _match_end(pattern: re.Pattern[str], text: str, start: int) -> int:
+    found = pattern.match(text, start)
+    return found.end() if found is not None else start
 
 
 def is_sqlite(url_or_engine: URL | Engine) -> bool:
@@ -295,9 +377,11 @@ def is_sqlite(url_or_engine: URL | Engine) -> bool:
     return url.get_backend_name() == "sqlite"
 
 
-def is_memory_sqlite(url: URL) -> bool:
-    """True for an in-memory SQLite database (which every connection would see empty)."""
-    return is_sqlite(url) and (not url.database or url.database == ":memory:")
+def refuse_memory_sqlite(url: URL) -> None:
+    """Raise :class:`InvalidInput` for an in-memory SQLite database, however it is spelled
+    (see :func:`is_memory_sqlite`): a store is shared, and outlives its connections."""
+    if is_memory_sqlite(url):
+        raise InvalidInput("an in-memory SQLite database cannot be shared: use a file")
 
 
 def make_engine(url: str | URL | None = None, **kwargs: Any) -> Engine:

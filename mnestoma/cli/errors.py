@@ -17,7 +17,7 @@ import click
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-from ..config import ENV_DATABASE_URL, is_secret_key, redact_text
+from ..config import ENV_DATABASE_URL, MIN_BARE_SECRET_CHARS, redact_text, secrets_of
 from ..errors import InvalidInput, MnestomaError
 
 __all__ = ["CliBadInput", "CliFailure", "MnestomaGroup", "remember_secret", "scrub"]
@@ -27,27 +27,21 @@ _SECRETS: set[str] = set()
 
 def remember_secret(url: str | None) -> None:
     """Note the secrets of a URL the user gave (its password, the values of its secret query
-    keys such as ``?password=``), so that no message can repeat them."""
+    keys such as ``?password=``, a password inside a connection string), so that no message
+    can repeat them."""
     if not url:
         return
     try:
         parsed = make_url(url)
     except (ArgumentError, ValueError):
         return
-    found = [parsed.password] if parsed.password else []
-    for key, value in parsed.query.items():
-        if is_secret_key(key):
-            found.extend([value] if isinstance(value, str) else value)
-    _SECRETS.update(str(s) for s in found if len(str(s)) >= 4)
+    _SECRETS.update(s for s in secrets_of(parsed) if len(s) >= MIN_BARE_SECRET_CHARS)
 
 
 def scrub(message: str) -> str:
     """The message with every URL password and every known secret hidden."""
     remember_secret(os.environ.get(ENV_DATABASE_URL))
-    message = redact_text(message)
-    for secret in _SECRETS:
-        message = message.replace(secret, "***")
-    return message
+    return redact_text(message, _SECRETS)
 
 
 class _DriverEcho(logging.Filter):
