@@ -28,11 +28,11 @@ from sqlalchemy.util import greenlet_spawn
 
 from .config import (
     async_database_url,
-    is_memory_sqlite,
     is_sqlite,
     make_engine,
     own_pool_after_fork,
     redact_url,
+    refuse_memory_sqlite,
 )
 from .errors import InvalidInput, MissingExtra, MnestomaError, SchemaError, translate_errors
 from .facade import BatchProgress, age_in_batches, check_ager_call, ensure_schema
@@ -465,8 +465,7 @@ class AsyncMnestoma(_MnestOperations):
             url = url_or_engine.url
         else:
             url = async_database_url(url_or_engine)
-        if is_memory_sqlite(url):
-            raise InvalidInput("an in-memory SQLite database cannot be shared: use a file")
+        refuse_memory_sqlite(url)
         if not create and sqlite_store_missing(url):
             raise SchemaError(f"there is no mnestoma store at {redact_url(url)}")
         if isinstance(url_or_engine, AsyncEngine):
@@ -617,18 +616,38 @@ class AsyncMnestoma(_MnestOperations):
         """Run the ager at the clock's now in batches, each its own transaction (see
         :meth:`mnestoma.Mnestoma.apply_ager`); ``dry_run`` reports and rolls everything back.
 
-        The run holds one connection throughout. A cancelled run stops between two batches
-        or rolls back the batch it was in: it is an interrupted run, which the next
-        completes."""
+        The run holds one connection throughout, in a task of its own, as every unit of
+        this facade (see :meth:`_unit`). A cancelled caller stops waiting at once; the run
+        finishes the batch it is in (or, waiting to try one again, stops waiting), stops
+        before the next and gives its connection back: it is an interrupted run, which the
+        next completes."""
         rows, dry, progress = check_ager_call(dry_run, batch_rows, progress)
         await self._ready()
         if dry:
             return await self._unit(lambda r: r.apply_ager(), commit=False)
+        cancelled = _Flag()
+        try:
+            return await _to_the_end(self._age(rows, progress, cancelled))
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    async def _age(
+        self, rows: int | None, progress: BatchProgress | None, cancelled: _Flag
+    ) -> AgerReport:
+        """A run in batches on a connection of its own, stopped before its next batch once
+        ``cancelled`` is set."""
+        if cancelled:
+            raise asyncio.CancelledError
         with translate_errors():
             async with self._bind.connect() as conn:
                 return await conn.run_sync(
                     lambda sync: age_in_batches(
-                        sync, settings=self.settings, batch_rows=rows, progress=progress
+                        sync,
+                        settings=self.settings,
+                        batch_rows=rows,
+                        progress=progress,
+                        go_on=lambda: not cancelled,
                     )
                 )
 

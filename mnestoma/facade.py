@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -14,16 +15,15 @@ from sqlalchemy.engine import URL
 
 from .ager import BatchedRun, ager_page_cache, ager_writers
 from .config import (
-    is_memory_sqlite,
     is_sqlite,
     make_engine,
     make_session_factory,
     own_pool_after_fork,
     redact_url,
+    refuse_memory_sqlite,
     resolve_database_url,
 )
 from .errors import (
-    InvalidInput,
     MnestomaError,
     SchemaError,
     is_lock_not_available,
@@ -35,12 +35,15 @@ from .migration import ensure_at_head, sqlite_store_missing
 from .models import CanonicalQuery
 from .repository import MnestRepository, QueryFrequency
 from .rules import (
-    AGER_BATCH_ATTEMPTS,
     AGER_BATCH_ROWS,
+    AGER_STOP_POLL_S,
+    AGER_WAIT_WARN_S,
     AgerReport,
     ager_batch_retry_pause,
     ager_batch_target,
     ager_next_step,
+    ager_regrown_step,
+    ager_shrunk_end,
     ager_writers_about,
     batch_pause,
     event_batches,
@@ -50,6 +53,8 @@ from .uow import ConnectionUnitOfWork, UnitOfWork, repository_call, written
 from .validation import Clock, check_batch_rows, check_dry_run, check_progress
 
 __all__ = ["Mnestoma"]
+
+logger = logging.getLogger("mnestoma.ager")
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -101,12 +106,12 @@ class Mnestoma:
             own_pool_after_fork(self.engine)  # a caller's own create_engine engine too
         else:
             url = resolve_database_url(url_or_engine)
+            refuse_memory_sqlite(url)
             if not create and sqlite_store_missing(url):
                 raise SchemaError(f"there is no mnestoma store at {redact_url(url)}")
             self.engine = make_engine(url)
             self._owns_engine = True
-        if is_memory_sqlite(self.engine.url):
-            raise InvalidInput("an in-memory SQLite database cannot be shared: use a file")
+        refuse_memory_sqlite(self.engine.url)
         self._bind = with_lock_timeout(self.engine, self.settings.lock_timeout)
         try:
             ensure_schema(self.engine)
@@ -258,12 +263,22 @@ def check_ager_call(
     return check_batch_rows(batch_rows), check_dry_run(dry_run), check_progress(progress)
 
 
+class RunStopped(Exception):
+    """A run of the ager stopped before its next batch because its caller asked it to (an
+    async caller cancelled): an interrupted run, which the next completes."""
+
+
+# Asked before each batch, and while a batch waits to be tried again: False stops the run.
+GoOn = Callable[[], bool]
+
+
 def age_in_batches(
     conn: Connection,
     *,
     settings: Settings,
     batch_rows: int | None = None,
     progress: BatchProgress | None = None,
+    go_on: GoOn | None = None,
 ) -> AgerReport:
     """One run of the ager on ``conn``, each batch a unit of work of its own (retried when
     transient), under the database's ager lock; the report of the whole run. Batches of
@@ -271,20 +286,22 @@ def age_in_batches(
     sized as the run goes to take about :func:`~mnestoma.rules.ager_batch_target` each: short
     while writers are about, longer once none has been seen for a while).
     ``progress(done, total)`` after each batch (the total an estimate while the batches are
-    being sized).
+    being sized). ``go_on()`` false stops the run before its next batch (:class:`RunStopped`).
 
     Before each batch the writers get in first: on SQLite the writes that wait for the lock
     (:class:`~mnestoma.locking.WaitingWriters`), on PostgreSQL, where a batch locks only its
     rows, the writers in a transaction on ``mnests`` (:class:`~mnestoma.ager.TableWriters`);
-    there a batch that gave up waiting for a row a writer held is tried again
-    (:func:`_age_batch_retried`). The bounds of the run are read before its first write, so
-    that no lock is held meanwhile.
+    there a batch that gave up waiting for a row a writer held is tried again, smaller,
+    until it gets its rows (:func:`_age_batch_waiting`). The bounds of the run are read
+    before its first write, so that no lock is held meanwhile.
     """
     started = time.perf_counter()
     if batch_rows is None:
         batch_rows = settings.ager_batch_rows
     write = functools.partial(written, conn, settings=settings)
+    waits = _Waits(conn, go_on)
     with ager_run_lock(conn), ager_page_cache(conn), ager_writers(conn) as writers:
+        waits.go_on()
         with ConnectionUnitOfWork(conn, settings=settings) as unit:
             bounds = unit.mnests.ager_bounds()
         run = write(lambda u: u.mnests.begin_ager_run(batch_rows or AGER_BATCH_ROWS, bounds))
@@ -293,13 +310,14 @@ def age_in_batches(
         writers_seen = time.monotonic()  # until a second has gone by without one
         target = ager_batch_target(0.0)
         while lo < run.end:
+            waits.go_on()
             hi = min(lo + step, run.end)
             if writers.let_in():
                 writers_seen = time.monotonic()
             about = ager_writers_about(time.monotonic() - writers_seen)
             try:
-                batch, took = _age_batch_retried(
-                    conn, write, run=run, lo=lo, hi=hi, number=number + 1, writers_about=about
+                batch, hi, took = _age_batch_waiting(
+                    write, waits, run=run, lo=lo, hi=hi, number=number + 1, writers_about=about
                 )
             except MnestomaError as err:
                 if run.merges or not is_unique_violation(err):
@@ -313,7 +331,9 @@ def age_in_batches(
             if batch_rows is None:
                 last = target
                 target = ager_batch_target(time.monotonic() - writers_seen)
-                step = ager_next_step(step, took, target, last)
+                step = ager_next_step(hi - lo, took, target, last)
+            else:  # back to the planned batches, at twice a shrunk one at a time
+                step = ager_regrown_step(hi - lo, run.step)
             lo = hi
             if progress is not None:
                 progress(number, number + -(-(run.end - lo) // step))
@@ -321,7 +341,70 @@ def age_in_batches(
             archive = unit.mnests.archive_candidates(run.now)
         report = replace(report, archive_candidates=archive)
         write(lambda u: u.mnests.end_ager_run(run, report, time.perf_counter() - started))
+    waits.log_run(run, number)
     return report
+
+
+class _Waits:
+    """What a run of the ager waited for writers' rows (PostgreSQL): the batches it tried
+    again, the longest a batch waited, its smallest batch; said in the log at the run's
+    end, and at once by a batch that has waited :data:`~mnestoma.rules.AGER_WAIT_WARN_S`.
+    Also where the run asks whether to go on (:meth:`go_on`), before each batch and while it
+    waits."""
+
+    def __init__(self, conn: Connection, go_on: GoOn | None) -> None:
+        self._conn = conn
+        self._go_on = go_on
+        self.retries = 0
+        self.longest_s = 0.0
+        self.smallest: int | None = None
+
+    def go_on(self) -> None:
+        """Raise :class:`RunStopped` when the run's caller asked it to stop."""
+        if self._go_on is not None and not self._go_on():
+            raise RunStopped("the run of the ager was stopped before its next batch")
+
+    def pause(self, seconds: float) -> None:
+        """Wait ``seconds`` before a batch is tried again, asking now and then whether to go
+        on (a run stopped while it waits stops within :data:`~mnestoma.rules.AGER_STOP_POLL_S`)."""
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            pause_on(self._conn, min(left, AGER_STOP_POLL_S))
+            self.go_on()
+
+    def gave_up(self, lo: int, hi: int, waited_s: float, attempts: int) -> None:
+        """A batch ``[lo, hi)`` gave up waiting for a row, ``waited_s`` after its first try."""
+        self.retries += 1
+        self.smallest = hi - lo if self.smallest is None else min(self.smallest, hi - lo)
+        if self.longest_s < AGER_WAIT_WARN_S <= waited_s:
+            logger.warning(
+                "the ager has waited %.1f s for rows that writers hold (positions %d-%d, "
+                "%d attempts); it goes on waiting",
+                waited_s,
+                lo,
+                hi,
+                attempts,
+            )
+        self.longest_s = max(self.longest_s, waited_s)
+
+    def got_in(self, waited_s: float) -> None:
+        """A batch that had to wait got its rows, ``waited_s`` after its first try."""
+        self.longest_s = max(self.longest_s, waited_s)
+
+    def log_run(self, run: BatchedRun, batches: int) -> None:
+        """The run's waits, in the log: a warning when a batch waited long, else info."""
+        if not self.retries:
+            return
+        logger.log(
+            logging.WARNING if self.longest_s >= AGER_WAIT_WARN_S else logging.INFO,
+            "the ager's run at %s waited for rows that writers held: %d batches of %d tried "
+            "again, the longest wait %.2f s, the smallest batch %d positions",
+            run.now.isoformat(),
+            self.retries,
+            batches,
+            self.longest_s,
+            self.smallest or 0,
+        )
 
 
 def _age_batch(
@@ -336,29 +419,41 @@ def _age_batch(
     return unit.mnests.age_batch(run, lo, hi, number, writers_about=writers_about)
 
 
-def _age_batch_retried(
-    conn: Connection,
+def _age_batch_waiting(
     write: Callable[[Callable[[ConnectionUnitOfWork], AgerReport]], AgerReport],
+    waits: _Waits,
+    *,
+    lo: int,
+    hi: int,
     **batch: Any,
-) -> tuple[AgerReport, float]:
-    """One batch (its own transaction, through ``write``) and the seconds its last attempt
-    took. A batch that gave up waiting for a row lock (PostgreSQL: a writer held a row it
-    wanted, while waiting for one of the batch's or only for longer than the batch's lock
-    timeout) rolled back and let the writer go on; it is tried again after
-    :func:`~mnestoma.rules.ager_batch_retry_pause`, up to
-    :data:`~mnestoma.rules.AGER_BATCH_ATTEMPTS` times (about 7 s), then the run stops with
-    that error and the next run completes it. Other transient failures (a key another
-    transaction made a twin of meanwhile) are retried by ``write`` itself."""
+) -> tuple[AgerReport, int, float]:
+    """One batch (its own transaction, through ``write``), the end of the positions it
+    covered and the seconds its last attempt took. A batch that gave up waiting for a row
+    lock (PostgreSQL: a writer held a row it wanted, while waiting for one of the batch's, or
+    writers queued on it for longer than the batch's lock timeout) rolled back and let the
+    writers go on; it is tried again on half its positions (down to one,
+    :func:`~mnestoma.rules.ager_shrunk_end`) after
+    :func:`~mnestoma.rules.ager_batch_retry_pause`, for as long as it takes: a run never
+    fails because writers are busy. Other transient failures (a key another transaction
+    made a twin of meanwhile) are retried by ``write`` itself."""
     attempt = 0
+    first = time.perf_counter()
     while True:
         took = time.perf_counter()
         try:
-            return write(functools.partial(_age_batch, **batch)), time.perf_counter() - took
+            report = write(functools.partial(_age_batch, lo=lo, hi=hi, **batch))
         except MnestomaError as err:
-            attempt += 1
-            if attempt >= AGER_BATCH_ATTEMPTS or not is_lock_not_available(err):
+            if not is_lock_not_available(err):
                 raise
-            pause_on(conn, ager_batch_retry_pause(attempt - 1))
+            waits.gave_up(lo, hi, time.perf_counter() - first, attempt + 1)
+            waits.pause(ager_batch_retry_pause(attempt))
+            hi = ager_shrunk_end(lo, hi)
+            attempt += 1
+            continue
+        done = time.perf_counter()
+        if attempt:
+            waits.got_in(done - first)
+        return report, hi, done - took
 
 
 def with_lock_timeout(engine: Engine, seconds: float | None) -> Engine:

@@ -11,12 +11,15 @@ from enum import StrEnum
 from typing import Any
 
 __all__ = [
-    "AGER_BATCH_ATTEMPTS",
     "AGER_BATCH_QUIET_TARGET_S",
     "AGER_BATCH_ROWS",
     "AGER_BATCH_TARGET_S",
     "AGER_FLUSH_AFTER_KIB",
+    "AGER_RETRY_PAUSE_MAX_S",
+    "AGER_RETRY_PAUSE_S",
     "AGER_ROW_LOCK_TIMEOUT_S",
+    "AGER_STOP_POLL_S",
+    "AGER_WAIT_WARN_S",
     "AGER_WRITERS_PATIENCE_S",
     "AGER_WRITERS_POLL_S",
     "AGER_WRITERS_SEEN_S",
@@ -48,6 +51,8 @@ __all__ = [
     "ager_batch_retry_pause",
     "ager_batch_target",
     "ager_next_step",
+    "ager_regrown_step",
+    "ager_shrunk_end",
     "ager_writers_about",
     "batch_pause",
     "check_transition",
@@ -111,10 +116,19 @@ AGER_YIELD_MAX_S = 0.05
 AGER_YIELD_EVERY_S = 0.1
 # apply_ager on PostgreSQL: a batch locks the rows it changes, not the table, so writers of
 # other rows never wait for it. Where a batch and a writer each hold a row the other wants,
-# the batch gives up after waiting this long for a row (seconds), rolls back (the writer goes
-# on) and is tried again after ager_batch_retry_pause, up to AGER_BATCH_ATTEMPTS times.
+# or writers queue on a row, the batch gives up after waiting this long for a row (seconds),
+# rolls back (the writer goes on) and is tried again, on half its pages (ager_shrunk_end,
+# down to one page), after ager_batch_retry_pause: AGER_RETRY_PAUSE_S, doubling up to
+# AGER_RETRY_PAUSE_MAX_S. It is tried until it gets its rows: a run never fails because
+# writers are busy (a limit of 50 attempts, about 7 s, failed runs on a loaded machine).
+# After a success the batches grow back (ager_regrown_step, or by their timing). A run
+# stopped while it waits (an async caller cancelled) looks every AGER_STOP_POLL_S; a batch
+# that has waited AGER_WAIT_WARN_S in all says so in the log, as a run that did at its end.
 AGER_ROW_LOCK_TIMEOUT_S = 0.05
-AGER_BATCH_ATTEMPTS = 50
+AGER_RETRY_PAUSE_S = 0.01
+AGER_RETRY_PAUSE_MAX_S = 1.0
+AGER_STOP_POLL_S = 0.05
+AGER_WAIT_WARN_S = 10.0
 # apply_ager on PostgreSQL, between two batches: while another session is in a transaction on
 # mnests (a writer mid-call), the run waits for it to end, looking again this often, up to
 # AGER_WRITERS_PATIENCE_S: writers go first, and writers that fall behind (always one in)
@@ -290,9 +304,22 @@ def ager_batch_target(since_writers_s: float) -> float:
 
 def ager_batch_retry_pause(attempt: int) -> float:
     """Seconds the ager waits before trying again a batch whose attempt ``attempt`` (from 0)
-    gave up waiting for a row lock (PostgreSQL): 10 ms, doubling, at most 100 ms, so that
-    the writer it crossed commits first."""
-    return min(0.1, 0.01 * 2.0**attempt)
+    gave up waiting for a row lock (PostgreSQL): :data:`AGER_RETRY_PAUSE_S`, doubling, at
+    most :data:`AGER_RETRY_PAUSE_MAX_S`, so that the writers it crossed commit first and a
+    run kept waiting long costs them little."""
+    return min(AGER_RETRY_PAUSE_MAX_S, AGER_RETRY_PAUSE_S * 2.0 ** min(attempt, 64))
+
+
+def ager_shrunk_end(lo: int, hi: int) -> int:
+    """The end of a batch ``[lo, hi)`` tried again after it gave up waiting for a row lock:
+    half its positions, at least one, so that the rows before a held one get done."""
+    return lo + max(1, (hi - lo) // 2)
+
+
+def ager_regrown_step(width: int, planned: int) -> int:
+    """The positions the next batch of a run of fixed batches covers after one of ``width``
+    positions (fewer than ``planned`` when it had shrunk): twice as many, up to ``planned``."""
+    return max(1, min(planned, 2 * width))
 
 
 def ager_next_step(step: int, took_s: float, target_s: float, last_target_s: float) -> int:

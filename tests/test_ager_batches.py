@@ -4,6 +4,7 @@ survives being killed anywhere, lets writers in between batches, and runs one at
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import os
 import random
@@ -368,11 +369,14 @@ def test_a_postgresql_batch_waits_behind_a_table_lock_instead_of_giving_up(
     pg_store_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A table lock held longer than the batch's row lock timeout (a dry run's, a
-    migration's) makes the batch wait, as a writer would, not fail: even with one attempt
-    per batch the run completes once the lock goes."""
+    migration's) makes the batch wait, as a writer would, not give up: no batch is tried
+    again, and the run completes once the lock goes."""
     _, (left, _) = one_transaction(pg_store_url)
     reset(pg_store_url)
-    monkeypatch.setattr(mnestoma.facade, "AGER_BATCH_ATTEMPTS", 1)
+    pauses: list[int] = []
+    monkeypatch.setattr(
+        mnestoma.facade, "ager_batch_retry_pause", lambda a: pauses.append(a) or 0.001
+    )
     with Mnestoma(pg_store_url, clock=StoppedClock()) as store:
         with store.engine.connect() as other:
             other.begin()
@@ -384,6 +388,7 @@ def test_a_postgresql_batch_waits_behind_a_table_lock_instead_of_giving_up(
             finally:
                 ends.join()
         assert snapshot(store.engine)[0] == left
+    assert pauses == []
 
 
 def test_a_postgresql_reader_in_a_transaction_is_not_a_writer_about(pg_store_url: str) -> None:
@@ -452,30 +457,64 @@ def test_a_postgresql_batch_crossing_a_writer_gives_up_and_is_tried_again(
     assert rows == left
 
 
-def test_a_postgresql_batch_that_never_gets_its_row_fails_the_run_which_the_next_completes(
-    pg_store_url: str, monkeypatch: pytest.MonkeyPatch
+HELD_S = 9.0  # longer than the 50 attempts (about 7 s) after which a batch used to give up
+
+
+def held_row_and_page(url: str, left: dict[str, Any]) -> tuple[str, int]:
+    """A row in the middle of the table that the ager changes, and the page it is on."""
+    changed = [r["id"] for r in ROWS if r["id"] in left and r["ts_weight"] < T0]
+    held = changed[len(changed) // 2]
+    engine = mnestoma.make_engine(url)
+    try:
+        with engine.connect() as conn:
+            page = conn.execute(
+                text("SELECT (ctid::text::point)[0]::int FROM mnests WHERE id = :id"), {"id": held}
+            ).scalar_one()
+    finally:
+        engine.dispose()
+    return held, int(page)
+
+
+def test_a_postgresql_batch_waits_for_a_row_as_long_as_a_writer_holds_it(
+    pg_store_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A writer holds a row of the only batch through all the batch's attempts: the run
-    stops with the package's error (the row lock timeout, a driver error translated), the
-    store says the run was interrupted, and the next run completes it to the same result."""
+    """A writer holds a row for longer than the batch's lock timeout times many attempts:
+    the batch shrinks to the row's page, the pages before it are done meanwhile, and once
+    the row is free the run completes to the result of one run, and says in the log what it
+    waited (before, the run failed with a lock timeout after 50 attempts)."""
     _, (left, _) = one_transaction(pg_store_url)
     reset(pg_store_url)
-    monkeypatch.setattr(mnestoma.facade, "AGER_BATCH_ATTEMPTS", 3)
-    monkeypatch.setattr(mnestoma.facade, "ager_batch_retry_pause", lambda a: 0.001)
-    held = next(r["id"] for r in ROWS if r["id"] in left and r["ts_weight"] < T0)
+    held, page = held_row_and_page(pg_store_url, left)
+    assert page > 0
+    caplog.set_level(logging.INFO, logger="mnestoma.ager")
+    failures: list[BaseException] = []
     with Mnestoma(pg_store_url, clock=StoppedClock()) as store:
-        with store.engine.connect() as writer:
+        with store.engine.connect() as writer, store.engine.connect() as reader:
             writer.begin()
             writer.execute(text("SELECT id FROM mnests WHERE id = :id FOR UPDATE"), {"id": held})
-            with pytest.raises(MnestomaError, match="lock timeout") as failed:
-                store.apply_ager(batch_rows=len(ROWS) * 2)
+
+            def age() -> None:
+                try:
+                    store.apply_ager(batch_rows=len(ROWS) * 2)  # one batch: all the pages
+                except BaseException as err:  # reported by the test
+                    failures.append(err)
+
+            began = time.monotonic()
+            run = threading.Thread(target=age)
+            run.start()
+            time.sleep(HELD_S - 1.0)
+            position = reader.execute(text("SELECT position FROM ager_progress")).scalar_one()
+            reader.rollback()
+            time.sleep(max(0.0, began + HELD_S - time.monotonic()))
+            assert run.is_alive() and failures == []  # still waiting, not failed
             writer.rollback()
-        assert failed.value.__cause__ is not None  # the driver's error, chained
-        [interrupted] = collect_status(pg_store_url).ager_interrupted
-        assert interrupted.batches == 0
-        store.apply_ager()
+            run.join(60)
+        assert not run.is_alive() and failures == []
+        assert position == page  # every page before the held row's was done meanwhile
         assert snapshot(store.engine)[0] == left
-        assert collect_status(pg_store_url).ager_interrupted == []
+    assert collect_status(pg_store_url).ager_unfinished == []
+    [said] = [r.getMessage() for r in caplog.records if r.name == "mnestoma.ager"]
+    assert "tried again" in said and "smallest batch 1 positions" in said
 
 
 def test_a_postgresql_batch_waits_for_its_wal_flush_only_while_writers_are_about(

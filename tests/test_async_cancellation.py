@@ -179,3 +179,120 @@ def test_an_async_store_serves_one_event_loop_after_another(store_url: str) -> N
         assert [asyncio.run(once()) for _ in range(3)] == [1, 2, 3]
     finally:
         asyncio.run(store.close())
+
+
+RUN_CANCELLATIONS = 100
+
+
+def run_has_ended(url: str, within: float) -> bool:
+    """Within ``within`` seconds, no run of the ager holds its lock, no other connection is
+    left in a transaction (PostgreSQL), and another connection gets the write lock (SQLite)."""
+    from mnestoma.status import collect_status
+
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        unfinished = collect_status(url).ager_unfinished or []
+        if not any(r.running for r in unfinished):
+            if url.startswith("sqlite"):
+                return write_lock_is_free(make_url(url).database or "")
+            return open_transactions(url) == 0
+        time.sleep(0.01)
+    return False
+
+
+def test_a_cancelled_async_run_of_the_ager_stops_and_gives_its_connection_back(
+    store_url: str,
+) -> None:
+    """A run of the ager cancelled mid-way (``asyncio.wait_for`` with a tiny timeout) stops
+    within a batch: at once its lock is free, another connection writes, and no connection
+    is left in a transaction, with the garbage collector off (before, on SQLite, the run's
+    connection was left holding a batch's write lock until it ran). The store says the run
+    was interrupted, and the next run completes it to the result of one run."""
+    from test_ager_batches import one_transaction, reset, snapshot
+    from test_ager_run import StoppedClock
+
+    from mnestoma.status import collect_status
+
+    _, (left, _) = one_transaction(store_url)
+    reset(store_url)
+    rng = random.Random(36)
+    stuck: list[int] = []
+    cancelled: list[int] = []
+
+    async def main() -> None:
+        engine = make_async_engine(store_url)
+        store = AsyncMnestoma(engine, clock=StoppedClock())
+        async with store:
+            for n in range(RUN_CANCELLATIONS):
+                try:
+                    await asyncio.wait_for(
+                        store.apply_ager(batch_rows=5), timeout=rng.uniform(0.0005, 0.03)
+                    )
+                except TimeoutError:
+                    cancelled.append(n)
+                # another thread: the loop goes on, and with it the end of the cancelled run
+                if not await asyncio.to_thread(run_has_ended, store_url, 2.0):
+                    stuck.append(n)
+        assert engine.sync_engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+        await engine.dispose()
+
+    gc.disable()
+    try:
+        asyncio.run(main())
+    finally:
+        gc.enable()
+    assert stuck == []
+    assert len(cancelled) >= RUN_CANCELLATIONS // 2, "the runs ended before their timeout"
+    status = collect_status(store_url)
+    assert status.ager_interrupted and not any(r.running for r in status.ager_unfinished or [])
+    with mnestoma.Mnestoma(store_url, clock=StoppedClock()) as store:
+        store.apply_ager()
+        assert snapshot(store.engine)[0] == left
+    assert collect_status(store_url).ager_unfinished == []
+
+
+def test_a_postgresql_run_cancelled_while_its_batch_waits_for_a_row_stops_waiting(
+    pg_store_url: str,
+) -> None:
+    """A run whose batch waits for a row a writer holds (it waits as long as that lasts) is
+    cancelled: it stops waiting within moments, while the writer still holds the row, gives
+    its lock and connection back, and the next run completes it."""
+    from test_ager_batches import ROWS, held_row_and_page, one_transaction, reset, snapshot
+    from test_ager_run import StoppedClock
+
+    from mnestoma.status import collect_status
+
+    _, (left, _) = one_transaction(pg_store_url)
+    reset(pg_store_url)
+    held, _ = held_row_and_page(pg_store_url, left)
+
+    def running() -> bool:
+        return any(r.running for r in collect_status(pg_store_url).ager_unfinished or [])
+
+    async def main() -> float:
+        engine = make_async_engine(pg_store_url)
+        async with AsyncMnestoma(engine, clock=StoppedClock()) as store:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(store.apply_ager(batch_rows=len(ROWS) * 2), timeout=1.5)
+                pytest.fail("the run did not wait for the held row")
+            cancelled = time.monotonic()
+            while await asyncio.to_thread(running):
+                await asyncio.sleep(0.01)
+            stopped = time.monotonic() - cancelled
+        assert engine.sync_engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+        await engine.dispose()
+        return stopped
+
+    engine = mnestoma.make_engine(pg_store_url)
+    with engine.connect() as writer:
+        writer.begin()
+        writer.execute(text("SELECT id FROM mnests WHERE id = :id FOR UPDATE"), {"id": held})
+        stopped = asyncio.run(main())
+        assert open_transactions(pg_store_url) == 1  # the writer's, still holding its row
+        writer.rollback()
+    engine.dispose()
+    assert stopped < 1.0
+    assert collect_status(pg_store_url).ager_interrupted
+    with mnestoma.Mnestoma(pg_store_url, clock=StoppedClock()) as store:
+        store.apply_ager()
+        assert snapshot(store.engine)[0] == left

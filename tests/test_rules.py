@@ -345,10 +345,44 @@ def test_the_ager_s_next_batch_covers_at_least_one_position() -> None:
     assert rules.ager_next_step(1, 10.0, 0.015, 0.015) == 1
 
 
-def test_the_ager_tries_a_batch_again_after_10_ms_doubling_up_to_100_ms() -> None:
-    pauses = [rules.ager_batch_retry_pause(a) for a in range(6)]
-    assert pauses == [0.01, 0.02, 0.04, 0.08, 0.1, 0.1]
-    assert rules.AGER_ROW_LOCK_TIMEOUT_S == 0.05 and rules.AGER_BATCH_ATTEMPTS == 50
+def test_the_ager_tries_a_batch_again_after_10_ms_doubling_up_to_1_s_without_end() -> None:
+    pauses = [rules.ager_batch_retry_pause(a) for a in range(10)]
+    assert pauses == [0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.0, 1.0, 1.0]
+    assert rules.ager_batch_retry_pause(10**6) == 1.0  # a batch kept waiting a week
+    assert rules.AGER_ROW_LOCK_TIMEOUT_S == 0.05
+    assert not hasattr(rules, "AGER_BATCH_ATTEMPTS")
+
+
+@pytest.mark.parametrize(
+    ("lo", "hi", "end"),
+    [(0, 40, 20), (10, 13, 11), (10, 12, 11), (10, 11, 11), (7, 8, 8)],
+)
+def test_a_batch_tried_again_covers_half_its_positions_and_at_least_one(
+    lo: int, hi: int, end: int
+) -> None:
+    assert rules.ager_shrunk_end(lo, hi) == end
+
+
+@given(st.integers(0, 10**9), st.integers(1, 10**6))
+def test_a_batch_shrunk_again_and_again_reaches_one_position_and_stays_there(
+    lo: int, width: int
+) -> None:
+    hi, tries = lo + width, 0
+    while hi - lo > 1:
+        shrunk = rules.ager_shrunk_end(lo, hi)
+        assert lo < shrunk < hi
+        hi, tries = shrunk, tries + 1
+    assert rules.ager_shrunk_end(lo, hi) == lo + 1 and tries <= width.bit_length()
+
+
+@pytest.mark.parametrize(
+    ("width", "planned", "step"),
+    [(1, 40, 2), (16, 40, 32), (32, 40, 40), (40, 40, 40), (3, 40, 6), (1, 1, 1), (7, 5, 5)],
+)
+def test_fixed_batches_grow_back_twice_at_a_time_to_their_planned_size(
+    width: int, planned: int, step: int
+) -> None:
+    assert rules.ager_regrown_step(width, planned) == step
 
 
 def test_a_postgresql_batch_waits_for_a_row_at_most_the_row_lock_timeout() -> None:
