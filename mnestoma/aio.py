@@ -28,11 +28,11 @@ from sqlalchemy.util import greenlet_spawn
 
 from .config import (
     async_database_url,
-    is_memory_sqlite,
     is_sqlite,
     make_engine,
     own_pool_after_fork,
     redact_url,
+    refuse_memory_sqlite,
 )
 from .errors import InvalidInput, MissingExtra, MnestomaError, SchemaError, translate_errors
 from .facade import BatchProgress, age_in_batches, check_ager_call, ensure_schema
@@ -465,8 +465,7 @@ class AsyncMnestoma(_MnestOperations):
             url = url_or_engine.url
         else:
             url = async_database_url(url_or_engine)
-        if is_memory_sqlite(url):
-            raise InvalidInput("an in-memory SQLite database cannot be shared: use a file")
+        refuse_memory_sqlite(url)
         if not create and sqlite_store_missing(url):
             raise SchemaError(f"there is no mnestoma store at {redact_url(url)}")
         if isinstance(url_or_engine, AsyncEngine):

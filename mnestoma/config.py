@@ -23,6 +23,7 @@ from .locking import (
     SNAPSHOT_INFO,
     busy_timeout_ms,
     driver_in_transaction,
+    is_memory_sqlite,
     is_transaction_control,
     is_write_statement,
     lock_timeout_seconds,
@@ -36,11 +37,13 @@ __all__ = [
     "WRITE_OPTION",
     "carries_secret",
     "default_sqlite_path",
+    "is_memory_sqlite",
     "is_secret_key",
     "make_engine",
     "make_session_factory",
     "redact_text",
     "redact_url",
+    "refuse_memory_sqlite",
     "resolve_database_url",
     "scrub_exception",
     "secrets_of",
@@ -374,9 +377,11 @@ def is_sqlite(url_or_engine: URL | Engine) -> bool:
     return url.get_backend_name() == "sqlite"
 
 
-def is_memory_sqlite(url: URL) -> bool:
-    """True for an in-memory SQLite database (which every connection would see empty)."""
-    return is_sqlite(url) and (not url.database or url.database == ":memory:")
+def refuse_memory_sqlite(url: URL) -> None:
+    """Raise :class:`InvalidInput` for an in-memory SQLite database, however it is spelled
+    (see :func:`is_memory_sqlite`): a store is shared, and outlives its connections."""
+    if is_memory_sqlite(url):
+        raise InvalidInput("an in-memory SQLite database cannot be shared: use a file")
 
 
 def make_engine(url: str | URL | None = None, **kwargs: Any) -> Engine:

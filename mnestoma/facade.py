@@ -15,16 +15,15 @@ from sqlalchemy.engine import URL
 
 from .ager import BatchedRun, ager_page_cache, ager_writers
 from .config import (
-    is_memory_sqlite,
     is_sqlite,
     make_engine,
     make_session_factory,
     own_pool_after_fork,
     redact_url,
+    refuse_memory_sqlite,
     resolve_database_url,
 )
 from .errors import (
-    InvalidInput,
     MnestomaError,
     SchemaError,
     is_lock_not_available,
@@ -107,12 +106,12 @@ class Mnestoma:
             own_pool_after_fork(self.engine)  # a caller's own create_engine engine too
         else:
             url = resolve_database_url(url_or_engine)
+            refuse_memory_sqlite(url)
             if not create and sqlite_store_missing(url):
                 raise SchemaError(f"there is no mnestoma store at {redact_url(url)}")
             self.engine = make_engine(url)
             self._owns_engine = True
-        if is_memory_sqlite(self.engine.url):
-            raise InvalidInput("an in-memory SQLite database cannot be shared: use a file")
+        refuse_memory_sqlite(self.engine.url)
         self._bind = with_lock_timeout(self.engine, self.settings.lock_timeout)
         try:
             ensure_schema(self.engine)

@@ -16,12 +16,14 @@ import contextlib
 import logging
 import math
 import os
+import re
 import sqlite3
 import stat
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
+from urllib.parse import unquote
 
 from sqlalchemy import URL, Connection, text
 from sqlalchemy.engine.interfaces import AdaptedConnection
@@ -43,6 +45,7 @@ __all__ = [
     "ager_running",
     "busy_timeout_ms",
     "driver_in_transaction",
+    "is_memory_sqlite",
     "is_transaction_control",
     "is_write_statement",
     "lock_for_migration",
@@ -288,7 +291,11 @@ def _open_lock_file(path: str | None) -> int:
     try:
         return open_beside_store(path, "the waiting writers' lock file")
     except StoreError as err:
-        _warn_once(path, f"{err}; writes go on without saying that they wait")
+        _warn_once(
+            path,
+            f"{err}. Writes go on without saying that they wait; the ager pauses between "
+            "its batches instead",
+        )
         return -1
 
 
@@ -608,14 +615,45 @@ def store_files(url: URL) -> tuple[str, ...]:
     return tuple(base + suffix for base in bases for suffix in ("", *STORE_FILE_SUFFIXES))
 
 
+def is_memory_sqlite(url: URL) -> bool:
+    """True for a SQLite database held in memory (or in a temporary file gone at close),
+    however the URL spells it: no name, ``:memory:``, and SQLite's URI filenames
+    (``file::memory:``, ``mode=memory`` or ``vfs=memdb`` anywhere in the query, an empty
+    ``file:`` path), with ``uri=true`` or without. Each connection sees its own, or all of
+    it is gone at close: no store."""
+    if url.get_backend_name() != "sqlite":
+        return False
+    # The filename SQLAlchemy hands SQLite (the URL's query after the database name), read
+    # as SQLite reads a URI: parameters split at & and %HH decoded, the path decoded.
+    extra = [f"{key}={value}" for key, values in url.query.items() for value in _listed(values)]
+    name, _, query = "?".join([url.database or "", "&".join(extra)]).partition("?")
+    for param in re.split("[&?]", query.partition("#")[0]):
+        key, _, value = param.partition("=")
+        if (unquote(key).strip().lower(), unquote(value).strip().lower()) in _MEMORY_PARAMS:
+            return True
+    if name[:5].lower() == "file:":
+        path = name[5:].partition("#")[0]
+        if path.startswith("//"):  # file://localhost/path: the authority is not the path
+            _authority, slash, rest = path[2:].partition("/")
+            path = slash + rest
+        name = unquote(path)
+    return name in ("", ":memory:")
+
+
+# A SQLite URI's query parameters that keep its database in memory.
+_MEMORY_PARAMS = frozenset({("mode", "memory"), ("vfs", "memdb")})
+
+
+def _listed(values: str | tuple[str, ...]) -> tuple[str, ...]:
+    return (values,) if isinstance(values, str) else values
+
+
 def _beside(url: URL, suffix: str) -> str | None:
     """A file beside the SQLite file database at ``url`` (its path and ``suffix``), None for
     an in-memory one and for a database of another engine."""
-    if url.get_backend_name() != "sqlite":
+    if url.get_backend_name() != "sqlite" or is_memory_sqlite(url):
         return None
-    database = url.database
-    if not database or database == ":memory:" or database.startswith("file::memory:"):
-        return None
+    database = url.database or ""
     if database.startswith("file:"):
         database = database[5:].split("?", 1)[0]
     return os.path.abspath(database) + suffix

@@ -645,8 +645,9 @@ def copy_cmd(
       the target row's keeps its state, the source row's has no state
       before (it was absorbed), as the ager writes a merge.
 
-    A mnest id held by both stores (one was copied from the other) is refused: nothing
-    is copied.
+    A mnest id known to both stores, as a row or in the events of a row merged into
+    another (one was copied from the other, or appended before), is refused: nothing is
+    copied.
     """
     from ..copying import copy_store
 

@@ -28,7 +28,13 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
-from ..config import make_engine, redact_text, redact_url, resolve_database_url
+from ..config import (
+    is_memory_sqlite,
+    make_engine,
+    redact_text,
+    redact_url,
+    resolve_database_url,
+)
 from ..errors import StoreError
 from ..migration import upgrade
 from ..repository import MnestRepository
@@ -154,7 +160,7 @@ def sqlite_worker_file(url: URL, worker: str) -> Iterator[URL]:
     """The URL of ``<stem>_<worker><suffix>`` beside ``url``'s SQLite file, removed (with
     its journal files) before and after; an in-memory database is already the process's own."""
     database = url.database or ""
-    if not database or ":memory:" in database or "mode=memory" in database:
+    if is_memory_sqlite(url):
         yield url
         return
     prefix = "file:" if database.startswith("file:") else ""
