@@ -32,6 +32,7 @@ __all__ = [
     "DECAYING_BELOW",
     "DEFAULT_DECAY_LAMBDA",
     "EVENT_PRUNE_BATCH",
+    "FORK_WAIT_S",
     "INITIAL_WEIGHT",
     "LOCK_TIMEOUT_MAX_S",
     "MIN_EVIDENCE_CHARS",
@@ -114,6 +115,11 @@ BATCH_PAUSE_S = 0.003
 AGER_YIELD_POLL_S = 0.0005
 AGER_YIELD_MAX_S = 0.05
 AGER_YIELD_EVERY_S = 0.1
+# SQLite, a process forking (os.fork, multiprocessing's "fork", gunicorn's workers) while a
+# thread of it is inside a write: the fork waits this long at most (seconds) for the writes
+# in progress to end, holding new ones back meanwhile, so that the child gets a store it can
+# write to (see mnestoma.locking). A few of the longest batches, well under a lock timeout.
+FORK_WAIT_S = 5.0
 # apply_ager on PostgreSQL: a batch locks the rows it changes, not the table, so writers of
 # other rows never wait for it. Where a batch and a writer each hold a row the other wants,
 # or writers queue on a row, the batch gives up after waiting this long for a row (seconds),
