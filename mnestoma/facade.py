@@ -372,7 +372,7 @@ class _Waits:
     def __init__(self, conn: Connection, go_on: GoOn | None) -> None:
         self._conn = conn
         self._go_on = go_on
-        self.retries = 0
+        self.retries = 0  # attempts that gave up, each tried again
         self.longest_s = 0.0
         self.smallest: int | None = None
 
@@ -414,8 +414,9 @@ class _Waits:
             return
         logger.log(
             logging.WARNING if self.longest_s >= AGER_WAIT_WARN_S else logging.INFO,
-            "the ager's run at %s waited for rows that writers held: %d batches of %d tried "
-            "again, the longest wait %.2f s, the smallest batch %d positions",
+            "the ager's run at %s waited for rows that writers held: %d times a batch gave "
+            "up and was tried again (%d batches in all), a batch waited %.2f s at most, "
+            "positions in the smallest batch: %d",
             run.now.isoformat(),
             self.retries,
             batches,
