@@ -6,8 +6,11 @@ Any difference rolls everything back, so a failed copy leaves the target as it w
 target file that the copy itself created is removed (with its -wal and -shm).
 
 With ``append`` the target may already hold rows. Integer ids (events, query log, ager runs)
-are shifted past the target's largest; mnest ids, random tokens, are kept, and one held by
-both stores is refused (the stores share rows: one was copied from the other). An edge key
+are shifted past the target's largest; mnest ids, random tokens, are kept, and one known to
+both stores is refused (the stores share rows: one was copied from the other). A store knows
+the ids of its rows and those its events name: a row merged into another keeps its events
+(the merged event at least), so a source appended once, all its rows merged away, is still
+known to the target and refused the second time. An edge key
 held by both stores (src_executor, src_version, dst_executor, dst_version, state; NULL-safe)
 is merged into the target's row with the ager's rule (contract §4):
 
@@ -85,6 +88,7 @@ from .rules import (
 from .sql.copying import (
     KEY,
     KEYS,
+    KNOWN_MNEST_IDS,
     MERGE_INTO_TARGET,
     MERGED_COLUMNS,
     MNESTS_BY_ID,
@@ -92,7 +96,6 @@ from .sql.copying import (
     POSTGRESQL_LOCK,
     POSTGRESQL_RESET_IDS,
     PROTO_KEY,
-    SHARED_MNEST_ID,
     TABLES,
     statements,
 )
@@ -436,6 +439,9 @@ class _Job:
                     )
                 if tconn.dialect.name == "postgresql":
                     tconn.execute(POSTGRESQL_LOCK)
+                if before[MNESTS.name] or before[EVENTS.name]:
+                    self._create_keys(tconn)
+                    _refuse_shared_rows(sconn, tconn)
                 self.now = read_clock(self.clock)
                 counts = {
                     t.name: int(sconn.execute(statements(t).count).scalar_one()) for t, _ in TABLES
@@ -513,15 +519,6 @@ class _Job:
 
     def _twins(self, tconn: Connection, rows: list[dict[str, Any]]) -> dict[str, str]:
         """Source id -> id of the target row with the same edge key, for these rows."""
-        ids = [r["id"] for r in rows]
-        for batch in _batches(ids, LOOKUP_BATCH):
-            shared = tconn.execute(SHARED_MNEST_ID, {"ids": list(batch)}).scalar()
-            if shared is not None:
-                raise StoresShareRows(
-                    f"mnest {shared} is in both stores: they share rows (was one copied from "
-                    "the other?), and merging them would count those rows twice; "
-                    "nothing was copied"
-                )
         found: dict[str, str] = {}
         for names, versioned in ((KEY, True), (PROTO_KEY, False)):
             wanted = {
@@ -674,6 +671,27 @@ class _Job:
                     f"verification failed on {name}: the target holds {after.count} rows, "
                     f"{expected.count} expected, or their content differs; nothing was copied"
                 )
+
+
+def _refuse_shared_rows(sconn: Connection, tconn: Connection) -> None:
+    """Raise :class:`StoresShareRows` when a mnest id the source knows (a row, or an id its
+    events name) is known to the target too: one store holds what was copied from the
+    other, maybe merged away since (its merged event keeps its id), and appending would
+    count those passings twice. Read before anything is written: every id the source knows
+    goes into the temporary key table, then two joins look them up in the target."""
+    tconn.execute(KEYS.clear)
+    known = sconn.execute(KNOWN_MNEST_IDS, execution_options={"yield_per": CHUNK_SIZE})
+    for part in known.scalars().partitions():
+        tconn.execute(KEYS.fill, [{"k0": mnest_id} for mnest_id in part])
+    for query in (KEYS.shared_rows, KEYS.shared_events):
+        shared = tconn.execute(query).scalar()
+        if shared is not None:
+            raise StoresShareRows(
+                f"mnest {shared} is in both stores, as a row or in the events of a row "
+                "merged into another: they share rows (was one copied from the other?), "
+                "and appending would count their passings twice; nothing was copied"
+            )
+    tconn.execute(KEYS.clear)
 
 
 def _max_id(conn: Connection, table: Table) -> int:

@@ -304,7 +304,11 @@ def _open_lock_file(path: str | None) -> int:
     try:
         return open_beside_store(path, "the waiting writers' lock file")
     except StoreError as err:
-        _warn_once(path, f"{err}; writes go on without saying that they wait")
+        _warn_once(
+            path,
+            f"{err}. Writes go on without saying that they wait; the ager pauses between "
+            "its batches instead",
+        )
         return -1
 
 

@@ -33,6 +33,7 @@ __all__ = [
     "DEFAULT_DECAY_LAMBDA",
     "EVENT_PRUNE_BATCH",
     "FORK_WAIT_S",
+    "GRAPH_LARGE_BYTES",
     "INITIAL_WEIGHT",
     "LOCK_TIMEOUT_MAX_S",
     "MIN_EVIDENCE_CHARS",
@@ -160,6 +161,9 @@ MAX_JSON_DEPTH = 64  # containers nested in tags / desired_sig; deeper is Invali
 # link two calls.
 TRIVIAL_NUMBER = 1024  # numbers in [-1024, 1024]
 MIN_EVIDENCE_CHARS = 4  # texts (and bytes) shorter than this
+# `mnestoma graph` notes on stderr a picture larger than this (bytes): past it, viewers
+# (Graphviz, Mermaid's renderers, a browser) take minutes or give up.
+GRAPH_LARGE_BYTES = 10_000_000
 
 
 class MnestState(StrEnum):

@@ -8,7 +8,7 @@ from sqlalchemy import text
 import mnestoma
 from mnestoma.config import make_engine
 
-Snapshot = tuple[str | None, list[tuple[str, int, int, int]]]
+Snapshot = tuple[str | None, list[tuple[str, int, int, int]], list[tuple[str, str]]]
 
 
 def fill_bystander(url: str) -> Snapshot:
@@ -23,8 +23,18 @@ def fill_bystander(url: str) -> Snapshot:
     return snapshot(url)
 
 
+# What any revision run on the store changes, even one undone by the next: SQLite's table
+# pages (a batch rebuild moves them), PostgreSQL's row version of the stamp (each UPDATE
+# writes a new one, with its own xmin).
+MARKS = {
+    "sqlite": "SELECT name, CAST(rootpage AS TEXT) FROM sqlite_master ORDER BY name",
+    "postgresql": "SELECT version_num, xmin::text FROM mnestoma_alembic_version",
+}
+
+
 def snapshot(url: str) -> Snapshot:
-    """The revision of the store at ``url`` and its rows' counts."""
+    """The revision of the store at ``url``, its rows' counts, and the marks a revision
+    run on it would leave."""
     engine = make_engine(url)
     try:
         with engine.connect() as conn:
@@ -32,6 +42,7 @@ def snapshot(url: str) -> Snapshot:
                 text("SELECT id, uses, ok_count, error_count FROM mnests ORDER BY id")
             )
             counts = [(str(r[0]), int(r[1]), int(r[2]), int(r[3])) for r in rows]
-        return mnestoma.current_revision(engine), counts
+            marks = [(str(a), str(b)) for a, b in conn.execute(text(MARKS[conn.dialect.name]))]
+        return mnestoma.current_revision(engine), counts, marks
     finally:
         engine.dispose()

@@ -514,7 +514,7 @@ def test_a_postgresql_batch_waits_for_a_row_as_long_as_a_writer_holds_it(
         assert snapshot(store.engine)[0] == left
     assert collect_status(pg_store_url).ager_unfinished == []
     [said] = [r.getMessage() for r in caplog.records if r.name == "mnestoma.ager"]
-    assert "tried again" in said and "smallest batch 1 positions" in said
+    assert "tried again" in said and "positions in the smallest batch: 1" in said
 
 
 def test_a_postgresql_batch_waits_for_its_wal_flush_only_while_writers_are_about(

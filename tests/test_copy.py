@@ -744,3 +744,67 @@ def test_json_numbers_that_postgresql_rewrites_still_verify(
             got = m.get(proto.id)
         assert got is not None and got.desired_sig is not None
         assert {k: float(v) for k, v in got.desired_sig.items()} == sig
+
+
+# --- a copy knows what it already copied -----------------------------------------------------
+
+
+def _one_edge(url: str, *, turn: str | None, at: datetime) -> None:
+    with mnestoma.Mnestoma(url, clock=lambda: at) as m:
+        m.record_passing("plan", "1", "search", "2", turn_id=turn)
+
+
+@pytest.mark.parametrize("turns", [False, True], ids=["without-turn-ids", "with-turn-ids"])
+def test_appending_the_same_source_again_is_refused_even_once_all_its_rows_merged(
+    two_stores: tuple[str, str], turns: bool
+) -> None:
+    """The first append merges the source's only row into the target's: that id is no row of
+    the target, but the target's events keep it (the absorbed row's merged event), and the
+    next append of the same source is refused instead of counting its passings again."""
+    source, target = two_stores
+    _one_edge(target, turn="t-target" if turns else None, at=T0)
+    _one_edge(source, turn="t-source" if turns else None, at=T0 + timedelta(hours=1))
+    first = run("copy", "--from", source, "--to", target, "--append", "--json")
+    assert first.exit_code == 0, first.output
+    assert json.loads(first.stdout)["merged"] == 1
+    after_first = dump(target)
+    [edge] = after_first["mnests"]
+    assert edge["uses"] == 2
+    for _ in range(2):
+        again = run("copy", "--from", source, "--to", target, "--append")
+        assert again.exit_code == 1, again.output
+        [line] = again.stderr.splitlines()
+        assert "share rows (was one copied from the other?)" in line
+        assert "nothing was copied" in line and "UNIQUE" not in line.upper()
+        assert dump(target) == after_first
+
+
+def test_appending_a_store_back_into_the_one_it_absorbed_is_refused(
+    two_stores: tuple[str, str],
+) -> None:
+    """A into B, then B into A: B's events name A's row, so B's counts already hold A's."""
+    source, target = two_stores
+    _one_edge(target, turn=None, at=T0)
+    _one_edge(source, turn=None, at=T0 + timedelta(hours=1))
+    copy_store(source, target, append=True, clock=lambda: COPY_AT)
+    before = dump(source)
+    with pytest.raises(mnestoma.errors.StoresShareRows, match="share rows"):
+        copy_store(target, source, append=True, clock=lambda: COPY_AT)
+    assert dump(source) == before
+
+
+def test_appending_two_stores_that_both_absorbed_a_third_is_refused(
+    two_stores: tuple[str, str], tmp_path: Path
+) -> None:
+    """C appended into A and into B: appending A into B would count C's passings twice."""
+    a, b = two_stores
+    c = f"sqlite:///{tmp_path / 'third.sqlite'}"
+    mnestoma.upgrade(c)
+    for url, hours in ((a, 0), (b, 1), (c, 2)):
+        _one_edge(url, turn=None, at=T0 + timedelta(hours=hours))
+    copy_store(c, a, append=True, clock=lambda: COPY_AT)
+    copy_store(c, b, append=True, clock=lambda: COPY_AT)
+    before = dump(b)
+    with pytest.raises(mnestoma.errors.StoresShareRows):
+        copy_store(a, b, append=True, clock=lambda: COPY_AT)
+    assert dump(b) == before

@@ -14,6 +14,7 @@ from typing import Any, Final
 from sqlalchemy import (
     BindParameter,
     Column,
+    CompoundSelect,
     Delete,
     Insert,
     MetaData,
@@ -29,6 +30,7 @@ from sqlalchemy import (
     insert,
     select,
     text,
+    union,
     update,
 )
 from sqlalchemy.dialects.postgresql.base import PGDialect
@@ -39,6 +41,7 @@ from .tables import AGER_RUNS, EVENTS, MNESTS, QUERIES
 __all__ = [
     "KEY",
     "KEYS",
+    "KNOWN_MNEST_IDS",
     "MERGED_COLUMNS",
     "MERGE_INTO_TARGET",
     "MNESTS_BY_ID",
@@ -46,7 +49,6 @@ __all__ = [
     "POSTGRESQL_LOCK",
     "POSTGRESQL_RESET_IDS",
     "PROTO_KEY",
-    "SHARED_MNEST_ID",
     "TABLES",
     "TableStatements",
     "statements",
@@ -111,8 +113,11 @@ def statements(table: Table) -> TableStatements:
 # --- merging -------------------------------------------------------------------------------
 
 _ids: Final[BindParameter[str]] = bindparam("ids", expanding=True)
-# A mnest id of ``:ids`` that the store already holds (the two stores share rows).
-SHARED_MNEST_ID: Final[Select[Any]] = select(MNESTS.c.id).where(MNESTS.c.id.in_(_ids)).limit(1)
+# The mnest ids a store knows: its rows', and those its events name (a row merged into
+# another, by the ager or by an appending copy, or pruned, keeps its events and their id).
+KNOWN_MNEST_IDS: Final[CompoundSelect[Any]] = union(
+    select(MNESTS.c.id), select(EVENTS.c.mnest_id.label("id"))
+)
 MNESTS_BY_ID: Final[Select[Any]] = select(MNESTS).where(MNESTS.c.id.in_(_ids))
 
 # The target's row absorbs the source's: ``:b_id`` and ``:b_<column>`` per merged column.
@@ -139,6 +144,8 @@ class _KeyTable:
     twins: Select[Any]  # (target id, *KEY) of versioned edges whose key is in the table
     proto_twins: Select[Any]  # (target id, *PROTO_KEY) of protos whose key is in the table
     turns: Select[Any]  # (turn_id, mnest_id) of passings already counted on the target
+    shared_rows: Select[Any]  # a mnest id (k0) the target holds as a row
+    shared_events: Select[Any]  # a mnest id (k0) the target's events name
 
     @classmethod
     def build(cls) -> _KeyTable:
@@ -164,6 +171,10 @@ class _KeyTable:
             turns=select(EVENTS.c.turn_id, EVENTS.c.mnest_id)
             .join_from(table, EVENTS, and_(EVENTS.c.turn_id == k.k0, EVENTS.c.mnest_id == k.k1))
             .where(EVENTS.c.kind.in_(PASSING)),
+            shared_rows=select(MNESTS.c.id).join_from(table, MNESTS, MNESTS.c.id == k.k0).limit(1),
+            shared_events=select(EVENTS.c.mnest_id)
+            .join_from(table, EVENTS, EVENTS.c.mnest_id == k.k0)
+            .limit(1),
         )
 
 
