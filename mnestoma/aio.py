@@ -35,7 +35,14 @@ from .config import (
     refuse_memory_sqlite,
 )
 from .errors import InvalidInput, MissingExtra, MnestomaError, SchemaError, translate_errors
-from .facade import BatchProgress, age_in_batches, check_ager_call, ensure_schema
+from .facade import (
+    BatchProgress,
+    PruneProgress,
+    age_in_batches,
+    check_ager_call,
+    check_prune_call,
+    ensure_schema,
+)
 from .locking import (
     LOCK_TIMEOUT_OPTION,
     lock_timeout_of,
@@ -49,7 +56,7 @@ from .repository import CanonicalQueryRepository, MnestRepository, QueryFrequenc
 from .rules import AgerReport, batch_pause, event_batches
 from .settings import Settings, settings_of
 from .uow import ConnectionUnitOfWork, JoinedUnitOfWork, repository_call, retry_pause
-from .validation import Clock, check_dry_run
+from .validation import Clock
 
 try:
     from sqlalchemy.ext.asyncio import (
@@ -651,17 +658,26 @@ class AsyncMnestoma(_MnestOperations):
                     )
                 )
 
-    async def prune_events(self, before: datetime, *, dry_run: bool = False) -> int:
-        """Delete the events older than ``before`` in batches, each its own transaction (see
+    async def prune_events(
+        self, before: datetime, *, dry_run: bool = False, progress: PruneProgress | None = None
+    ) -> int:
+        """Delete the events older than ``before`` in batches, each its own transaction, with
+        ``progress(done, total, deleted)`` as it goes (see
         :meth:`mnestoma.Mnestoma.prune_events`); ``dry_run`` counts them, in one read."""
-        if check_dry_run(dry_run):
+        dry, report = check_prune_call(dry_run, progress)
+        if dry:
             return await self._call(lambda r: r.prune_events(before, dry_run=True), write=False)
         found = await self._call(lambda r: r.prunable_event_ids(before), write=False)
+        batches = list(event_batches(found))
         deleted = 0
-        for i, (first, last) in enumerate(event_batches(found)):
+        if report is not None and batches:
+            report(0, len(batches), 0)
+        for i, (first, last) in enumerate(batches):
             if i:
                 await asyncio.sleep(batch_pause(self.engine.dialect.name))
             deleted += await self._prune_batch(before, first, last)
+            if report is not None:
+                report(i + 1, len(batches), deleted)
         return deleted
 
     async def _prune_batch(self, before: datetime, first: int, last: int) -> int:

@@ -29,6 +29,8 @@ from .locking import (
     lock_timeout_seconds,
     rest_busy_timeout,
     take_write_lock,
+    track_writes,
+    write_begins,
 )
 from .runner import own_listener
 
@@ -414,8 +416,10 @@ _ENGINES: weakref.WeakSet[Engine] = weakref.WeakSet()
 
 
 def own_pool_after_fork(engine: Engine) -> None:
-    """Have a forked child give ``engine`` a connection pool of its own (see below)."""
+    """Have a forked child give ``engine`` a connection pool of its own (see below), and,
+    on SQLite, a fork wait for the writes in progress on it (see :mod:`mnestoma.locking`)."""
     _ENGINES.add(engine)
+    track_writes(engine)
 
 
 def _own_pools_after_fork() -> None:
@@ -554,6 +558,7 @@ def _begin_for(conn: Connection, statement: str) -> None:
         return
     if driver_in_transaction(dbapi_conn):
         if is_write_statement(statement):
+            write_begins(dbapi_conn, conn)  # at once when its write is already noted
             conn.connection.info.pop(SNAPSHOT_INFO, None)  # no longer read-only
         return
     if is_write_statement(statement) or conn.get_execution_options().get(WRITE_OPTION):

@@ -192,23 +192,31 @@ class Mnestoma:
         with translate_errors(), self._bind.connect() as conn:
             return age_in_batches(conn, settings=self.settings, batch_rows=rows, progress=progress)
 
-    def prune_events(self, before: datetime, *, dry_run: bool = False) -> int:
+    def prune_events(
+        self, before: datetime, *, dry_run: bool = False, progress: PruneProgress | None = None
+    ) -> int:
         """Delete the events older than ``before`` (each row still in ``mnests`` keeps its
         ``created`` event); how many were, or with ``dry_run`` would be, deleted.
 
         Online: the events present when it starts go in batches of ids, each its own short
         write transaction committed before the next (on SQLite with a pause between them in
-        which waiting writers take the lock), so a writer waits for one batch at most. A dry
-        run counts them in one read transaction, which takes no lock.
+        which waiting writers take the lock), so a writer waits for one batch at most.
+        ``progress(done, total, deleted)`` is called once the batches are known (done 0),
+        then after each. A dry run counts them in one read transaction, which takes no lock.
         """
-        if check_dry_run(dry_run):
+        dry, report = check_prune_call(dry_run, progress)
+        if dry:
             return self._read(lambda u: u.mnests.prune_events(before, dry_run=True))
-        found = self._read(lambda u: u.mnests.prunable_event_ids(before))
+        batches = list(event_batches(self._read(lambda u: u.mnests.prunable_event_ids(before))))
         deleted = 0
-        for i, (first, last) in enumerate(event_batches(found)):
+        if report is not None and batches:
+            report(0, len(batches), 0)
+        for i, (first, last) in enumerate(batches):
             if i:
                 time.sleep(batch_pause(self.engine.dialect.name))
             deleted += self._prune_batch(before, first, last)
+            if report is not None:
+                report(i + 1, len(batches), deleted)
         return deleted
 
     def _prune_batch(self, before: datetime, first: int, last: int) -> int:
@@ -253,6 +261,15 @@ class Mnestoma:
 
 # Called after each batch of a run of the ager: (batches done, batches in the run).
 BatchProgress = Callable[[int, int], object]
+
+
+# Called as a prune of events goes: (batches done, batches in all, events deleted so far).
+PruneProgress = Callable[[int, int, int], object]
+
+
+def check_prune_call(dry_run: object, progress: object) -> tuple[bool, PruneProgress | None]:
+    """The arguments of ``prune_events`` (both doors), checked before its first batch."""
+    return check_dry_run(dry_run), check_progress(progress, "done, total, deleted")
 
 
 def check_ager_call(

@@ -22,14 +22,20 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import unquote
 
 from sqlalchemy import URL, Connection, text
 from sqlalchemy.engine.interfaces import AdaptedConnection
 
 from .errors import InvalidInput, StoreError, WriteLockTimeout
-from .rules import AGER_YIELD_EVERY_S, AGER_YIELD_MAX_S, AGER_YIELD_POLL_S, BATCH_PAUSE_S
+from .rules import (
+    AGER_YIELD_EVERY_S,
+    AGER_YIELD_MAX_S,
+    AGER_YIELD_POLL_S,
+    BATCH_PAUSE_S,
+    FORK_WAIT_S,
+)
 from .validation import check_lock_timeout, shorten
 
 __all__ = [
@@ -58,8 +64,10 @@ __all__ = [
     "saying_it_waits",
     "store_files",
     "take_write_lock",
+    "track_writes",
     "use_wal",
     "waiting_file",
+    "write_begins",
     "write_lock_timeout",
 ]
 
@@ -172,18 +180,23 @@ def take_write_lock(conn: Connection) -> None:
     dbapi = conn.connection.dbapi_connection
     if dbapi is None:
         return
+    write_begins(dbapi, conn)
     if driver_in_transaction(dbapi):
         if not conn.connection.info.pop(SNAPSHOT_INFO, False):
             return
         # A snapshot that has only read: end it (nothing to lose) rather than upgrade it,
         # which fails once another writer has committed since it began.
         dbapi.execute("COMMIT")
-    _begin_immediate(
-        dbapi,
-        conn.connection.info,
-        lock_timeout(conn),
-        waiting=lambda: waiting_file(conn.engine.url),
-    )
+    try:
+        _begin_immediate(
+            dbapi,
+            conn.connection.info,
+            lock_timeout(conn),
+            waiting=lambda: waiting_file(conn.engine.url),
+        )
+    except BaseException:
+        _end_write(dbapi)  # no transaction: the lock was not taken
+        raise
     conn.connection.info.pop(SNAPSHOT_INFO, None)
 
 
@@ -409,6 +422,189 @@ def _forget_waiting_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_waiting_in_child)
+
+
+# --- forking while a write is in progress (SQLite) -------------------------------------------
+#
+# A forked child gets a copy of SQLite's in-process state, which says which connection of the
+# process holds each file's write lock (the OS locks, per process, are not inherited). A
+# connection inside a write at the fork stays, in the child, the holder of that lock for good
+# (its thread is not in the child), and every write of the child to that file would wait out
+# the lock timeout, even after the parent has committed. So the package knows which of its
+# connections are writing; a fork waits for them to end (FORK_WAIT_S at most) and holds new
+# writes back meanwhile. A store still being written when the fork goes on (the wait ran
+# out, or the forking thread itself is inside a write) is refused to the child's writes at
+# once, with an error that says why; the child never commits, rolls back or closes the
+# connection it inherited mid-write (that would act on the parent's write).
+
+
+class _Write(NamedTuple):
+    """A write in progress on a SQLite driver connection: from the moment it asks for the
+    lock until its transaction ends."""
+
+    dbapi: Any  # held, so that its id stays its own while the write is noted
+    thread: int
+    url: URL
+
+
+_WRITES: dict[int, _Write] = {}  # id of the driver connection -> its write in progress
+_FORK = threading.Condition(threading.Lock())
+_forking: int | None = None  # the thread whose fork holds new writes back, if any
+_at_fork: list[_Write] = []  # the writes still in progress when the fork went on
+# In a forked child: the store files (st_dev, st_ino) a write was in progress on at the
+# fork, with their paths, and the driver connections of those writes (never used again).
+_forked_mid_write: dict[tuple[int, int], str] = {}
+_inherited_writes: dict[int, Any] = {}
+
+
+def write_begins(dbapi: Any, conn: Connection) -> None:
+    """Note that a write begins on ``dbapi`` (before it asks for the lock). While another
+    thread forks, a new write waits for the fork; in a child forked while a write to the
+    same store was in progress, it is refused at once (StoreError). A dict entry, no lock:
+    the fork looks at the entries after it says it waits, the write at the fork after its
+    entry is in."""
+    key = id(dbapi)
+    if key in _WRITES:
+        return  # a write in progress goes on
+    if _forked_mid_write or _inherited_writes:
+        _refuse_if_forked_mid_write(dbapi, conn.engine.url)
+    write = _Write(dbapi, threading.get_ident(), conn.engine.url)
+    _WRITES[key] = write
+    if _forking is not None and _forking != write.thread:
+        _wait_for_the_fork(key, write)
+
+
+def _wait_for_the_fork(key: int, write: _Write) -> None:
+    """Step back from a write that began while another thread forks, and begin it again
+    once the fork is done."""
+    with _FORK:
+        del _WRITES[key]
+        _FORK.notify_all()  # the fork may have seen it
+        while _forking is not None and _forking != write.thread:
+            _FORK.wait(FORK_WAIT_S)
+        _WRITES[key] = write
+
+
+def _end_write(dbapi: Any) -> None:
+    """Note that the transaction on ``dbapi`` has ended (committed, rolled back, closed)."""
+    if _WRITES.pop(id(_driver_of(dbapi)), None) is not None and _forking is not None:
+        with _FORK:
+            _FORK.notify_all()
+
+
+def _driver_of(dbapi: Any) -> Any:
+    """The driver's connection: SQLAlchemy's dialect is handed the pool's proxy of it on
+    commit and rollback, the connection itself on close."""
+    return getattr(dbapi, "dbapi_connection", dbapi)
+
+
+def _refuse_if_forked_mid_write(dbapi: Any, url: URL) -> None:
+    path = _beside(url, "")
+    key = _file_key(path) if path is not None else None
+    if id(dbapi) in _inherited_writes or (key is not None and key in _forked_mid_write):
+        where = _forked_mid_write.get(key, path) if key is not None else path
+        raise StoreError(
+            f"this process was forked while a write to {where} was in progress: it cannot "
+            "write to that store (SQLite's copy here says the write still holds its lock); "
+            "fork before opening the store, or use the spawn or forkserver start method"
+        )
+
+
+def _file_key(path: str) -> tuple[int, int] | None:
+    try:
+        found = os.stat(path)
+    except OSError:
+        return None
+    return found.st_dev, found.st_ino
+
+
+def track_writes(engine: Any) -> None:
+    """Have the transactions of ``engine`` (a SQLite one; a sync Engine) end the writes
+    :func:`write_begins` noted, once they have ended: SQLAlchemy commits, rolls back and
+    closes through its dialect. In a child forked mid-write, the connection of that write
+    is left alone: committing, rolling back or closing it would act on the parent's write.
+    """
+    dialect = engine.dialect
+    if dialect.name != "sqlite" or getattr(dialect, "_mnestoma_tracks_writes", False):
+        return
+    commit, rollback, close = dialect.do_commit, dialect.do_rollback, dialect.do_close
+
+    def do_commit(dbapi: Any) -> None:
+        if _inherited_writes and id(_driver_of(dbapi)) in _inherited_writes:
+            _refuse_if_forked_mid_write(_driver_of(dbapi), engine.url)
+        commit(dbapi)
+        _end_write(dbapi)
+
+    def do_rollback(dbapi: Any) -> None:
+        if _inherited_writes and id(_driver_of(dbapi)) in _inherited_writes:
+            return
+        rollback(dbapi)
+        _end_write(dbapi)
+
+    def do_close(dbapi: Any) -> None:
+        if _inherited_writes and id(_driver_of(dbapi)) in _inherited_writes:
+            return
+        try:
+            close(dbapi)
+        finally:
+            _end_write(dbapi)
+
+    # setattr: mypy refuses a method assignment
+    setattr(dialect, "do_commit", do_commit)  # noqa: B010
+    setattr(dialect, "do_rollback", do_rollback)  # noqa: B010
+    setattr(dialect, "do_close", do_close)  # noqa: B010
+    setattr(dialect, "_mnestoma_tracks_writes", True)  # noqa: B010
+
+
+def _before_fork() -> None:
+    """Wait (FORK_WAIT_S at most) for the writes other threads have in progress to end,
+    holding new ones back until the fork is done."""
+    global _forking, _at_fork
+    me = threading.get_ident()
+    deadline = time.monotonic() + FORK_WAIT_S
+    with _FORK:
+        while _forking is not None and (left := deadline - time.monotonic()) > 0:
+            _FORK.wait(left)  # another thread's fork first
+        _forking = me
+        # list(): a copy made at once (writes note themselves without the lock)
+        while any(w.thread != me for w in list(_WRITES.values())):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            _FORK.wait(left)
+        _at_fork = list(_WRITES.values())
+
+
+def _after_fork_in_parent() -> None:
+    global _forking, _at_fork
+    with _FORK:
+        _forking = None
+        _at_fork = []
+        _FORK.notify_all()
+
+
+def _after_fork_in_child() -> None:
+    """The writes in progress at the fork are not the child's: it refuses to write to their
+    stores and keeps their connections untouched."""
+    global _FORK, _forking, _at_fork
+    _FORK = threading.Condition(threading.Lock())  # another thread may have held it
+    _forking = None
+    for write in _at_fork:
+        path = _beside(write.url, "")
+        key = _file_key(path) if path is not None else None
+        if key is not None and path is not None:
+            _forked_mid_write[key] = path
+        _inherited_writes[id(write.dbapi)] = write.dbapi
+    _at_fork = []
+    _WRITES.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(
+        before=_before_fork,
+        after_in_parent=_after_fork_in_parent,
+        after_in_child=_after_fork_in_child,
+    )
 
 
 class WaitingWriters:

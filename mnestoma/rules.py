@@ -32,6 +32,8 @@ __all__ = [
     "DECAYING_BELOW",
     "DEFAULT_DECAY_LAMBDA",
     "EVENT_PRUNE_BATCH",
+    "FORK_WAIT_S",
+    "GRAPH_LARGE_BYTES",
     "INITIAL_WEIGHT",
     "LOCK_TIMEOUT_MAX_S",
     "MIN_EVIDENCE_CHARS",
@@ -114,6 +116,11 @@ BATCH_PAUSE_S = 0.003
 AGER_YIELD_POLL_S = 0.0005
 AGER_YIELD_MAX_S = 0.05
 AGER_YIELD_EVERY_S = 0.1
+# SQLite, a process forking (os.fork, multiprocessing's "fork", gunicorn's workers) while a
+# thread of it is inside a write: the fork waits this long at most (seconds) for the writes
+# in progress to end, holding new ones back meanwhile, so that the child gets a store it can
+# write to (see mnestoma.locking). A few of the longest batches, well under a lock timeout.
+FORK_WAIT_S = 5.0
 # apply_ager on PostgreSQL: a batch locks the rows it changes, not the table, so writers of
 # other rows never wait for it. Where a batch and a writer each hold a row the other wants,
 # or writers queue on a row, the batch gives up after waiting this long for a row (seconds),
@@ -154,6 +161,9 @@ MAX_JSON_DEPTH = 64  # containers nested in tags / desired_sig; deeper is Invali
 # link two calls.
 TRIVIAL_NUMBER = 1024  # numbers in [-1024, 1024]
 MIN_EVIDENCE_CHARS = 4  # texts (and bytes) shorter than this
+# `mnestoma graph` notes on stderr a picture larger than this (bytes): past it, viewers
+# (Graphviz, Mermaid's renderers, a browser) take minutes or give up.
+GRAPH_LARGE_BYTES = 10_000_000
 
 
 class MnestState(StrEnum):

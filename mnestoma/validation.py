@@ -120,13 +120,14 @@ def check_batch_rows(value: object) -> int | None:
     return None if value is None else check_positive_int(value, "batch_rows")
 
 
-def check_progress(value: object) -> Callable[[int, int], object] | None:
-    """The ager's ``progress(done, total)``: None or something callable, checked before the
-    run's first batch (a bad one found after it would leave an interrupted run)."""
+def check_progress(value: object, arguments: str = "done, total") -> Callable[..., object] | None:
+    """A ``progress`` callback (the ager's ``(done, total)``, a prune's ``(done, total,
+    deleted)``): None or something callable, checked before the first batch (a bad one
+    found after it would leave an interrupted run)."""
     if value is None or callable(value):
         return value
     raise InvalidInput(
-        f"progress must be a function of (done, total) or None, not {type(value).__name__}"
+        f"progress must be a function of ({arguments}) or None, not {type(value).__name__}"
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -101,6 +102,43 @@ def test_db_downgrade_and_upgrade_round_trip(empty_db_url: str) -> None:
     current = run_ok("db", "current", "--database-url", url)
     assert current.stdout == f"none (no mnestoma schema here; head is {HEAD})\n"
     assert current.stderr == ""
+
+
+def _revision_lines(stderr: str) -> list[str]:
+    """The revisions ``db upgrade``/``downgrade`` named on stderr, as "0001 -> 0002"."""
+    found = re.findall(r"^ *[0-9.]+ s  Running (?:up|down)grade (\w+) -> (\w+), ", stderr, re.M)
+    return [f"{a} -> {b}" for a, b in found]
+
+
+def test_db_upgrade_and_downgrade_name_each_revision_on_stderr(empty_db_url: str) -> None:
+    script = ScriptDirectory.from_config(alembic_config())
+    ups = [f"{r.down_revision or 'base'} -> {r.revision}" for r in script.walk_revisions()][::-1]
+    result = run_ok("db", "upgrade", "--database-url", empty_db_url)
+    assert _revision_lines(result.stderr) == ups
+    assert len(result.stderr.splitlines()) == len(ups)  # one line each, nothing else
+    assert result.stdout.endswith(f"upgraded from empty to {HEAD} (head)\n")  # stdout as before
+    down = run_ok("db", "downgrade", "0006", "--database-url", empty_db_url)
+    downs = [" -> ".join(u.split(" -> ")[::-1]) for u in ups[::-1]]  # "0009 -> 0008", ...
+    assert _revision_lines(down.stderr) == downs[:3]
+    again = run_ok("db", "upgrade", "--database-url", empty_db_url)
+    assert _revision_lines(again.stderr) == ups[-3:]
+    assert run_ok("db", "upgrade", "--database-url", empty_db_url).stderr == ""  # at head
+
+
+def test_db_upgrade_names_a_revision_before_it_fails(tmp_path: Path) -> None:
+    """Each revision is said as it begins, not once the upgrade is done: the revision that
+    fails is the last one named."""
+    url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    run_ok("db", "upgrade", "0002", "--database-url", url)
+    engine = make_engine(url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE ager_runs (id INTEGER PRIMARY KEY)")  # 0003 makes it
+    engine.dispose()
+    result = run("db", "upgrade", "--database-url", url)
+    assert result.exit_code == 1
+    assert _revision_lines(result.stderr) == ["0002 -> 0003"]
+    assert result.stderr.splitlines()[-1].startswith("Error: ")
+    assert run_ok("db", "current", "--database-url", url).stdout == "0002\n"
 
 
 def test_db_upgrade_to_a_chosen_revision(empty_db_url: str) -> None:

@@ -7,18 +7,23 @@ and waits for the child's answer with a timeout, so that a hang fails instead of
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import multiprocessing
 import os
+import shutil
+import signal
 import threading
+import time
 import traceback
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import mnestoma
-from mnestoma import Passing
+from mnestoma import Passing, locking
 from mnestoma.tracing import BackgroundWriter, executor, stats, turn
 
 pytestmark = pytest.mark.skipif(
@@ -379,3 +384,239 @@ def test_a_store_on_the_caller_s_own_engine_gets_its_own_pool_in_a_forked_child(
             assert own.record_passing("search", "1", "read", "1").uses == 3
     finally:
         engine.dispose()
+
+
+# ---------------------------------------------------------------------------- a write at the fork
+#
+# SQLite's in-process state says which connection of the process holds a file's write lock;
+# a child forked while a thread was inside a write would inherit "held" for good. The fork
+# waits for the writes in progress (FORK_WAIT_S at most) so that the child gets a store it
+# can write to; where it cannot (the wait ran out, the forking thread itself was writing),
+# the child's writes to that store are refused at once, not after the lock timeout.
+
+LONG_LOCK_TIMEOUT = 30.0  # a child that waited for the lock would fail the quickness check
+QUICK_S = 5.0  # what "at once" allows on a loaded machine, well under the lock timeout
+
+
+def fork_and_answer(child: Callable[[], Any]) -> Any:
+    """``os.fork()``; the child runs ``child`` and sends back its result (or its traceback)
+    before ``os._exit``. Fails, killing the child, when it does not answer in time."""
+    receive, send = multiprocessing.get_context("fork").Pipe(duplex=False)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            send.send((True, child()))
+        except BaseException:
+            send.send((False, traceback.format_exc()))
+        finally:
+            os._exit(0)
+    send.close()
+    return _answer_of(pid, receive)
+
+
+def _answer_of(pid: int, receive: Any) -> Any:
+    answered = receive.poll(CHILD_TIMEOUT)
+    ok, value = receive.recv() if answered else (False, None)
+    deadline = time.monotonic() + CHILD_TIMEOUT
+    while os.waitpid(pid, os.WNOHANG) == (0, 0):
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            break
+        time.sleep(0.01)
+    if not answered:
+        pytest.fail(f"the forked child did not answer within {CHILD_TIMEOUT} s (a hang)")
+    assert ok, value
+    return value
+
+
+@contextlib.contextmanager
+def write_in_another_thread(store: mnestoma.Mnestoma, hold_s: float) -> Iterator[None]:
+    """Another thread inside a write of the store (a unit of work that has written) for the
+    block, committing ``hold_s`` seconds after the block began (or at its end, if sooner)."""
+    inside = threading.Event()
+    done = threading.Event()
+    failed: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            with store.unit_of_work() as uow:
+                uow.mnests.record_passing("parent", "1", "thread", "1")
+                inside.set()
+                done.wait(hold_s)
+                uow.commit()
+        except BaseException as err:  # reported by the test
+            failed.append(err)
+            inside.set()
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    assert inside.wait(CHILD_TIMEOUT)
+    try:
+        yield
+    finally:
+        done.set()
+        writer.join(CHILD_TIMEOUT)
+    assert not failed, failed
+
+
+def timed_write(store: mnestoma.Mnestoma, src: str = "child") -> tuple[str, float]:
+    """A write of the store: what came of it (ok, or the error's type and message) and how
+    long it took."""
+    began = time.monotonic()
+    try:
+        store.record_passing(src, "1", "written", "1")
+        outcome = "ok"
+    except Exception as err:
+        outcome = f"{type(err).__name__}: {err}"
+    return outcome, time.monotonic() - began
+
+
+def _lock_timeout_store(url: str) -> mnestoma.Mnestoma:
+    return mnestoma.Mnestoma(url, settings=mnestoma.Settings(lock_timeout=LONG_LOCK_TIMEOUT))
+
+
+def test_a_child_forked_while_another_thread_writes_can_write(store_url: str) -> None:
+    """The fork waits for the thread's write to end: the child's store works, and its
+    write is in the store beside the parent's."""
+    with _lock_timeout_store(store_url) as store:
+        store.record_passing("warm", "1", "pool", "1")
+        with write_in_another_thread(store, hold_s=0.3):
+            outcome, took = fork_and_answer(lambda: timed_write(store))
+        assert outcome == "ok" and took < QUICK_S, (outcome, took)
+        assert {e.src_executor for e in store.edges()} == {"warm", "parent", "child"}
+        assert store.record_passing("parent", "1", "after", "1").uses == 1
+
+
+def test_a_multiprocessing_fork_child_of_a_writing_process_can_write(store_url: str) -> None:
+    with _lock_timeout_store(store_url) as store, write_in_another_thread(store, hold_s=0.3):
+        outcome, took = in_forked_child(lambda: timed_write(store))
+    assert outcome == "ok" and took < QUICK_S, (outcome, took)
+    with mnestoma.Mnestoma(store_url) as store:
+        assert {e.src_executor for e in store.edges()} == {"parent", "child"}
+
+
+@pytest.fixture
+def sqlite_store_url(tmp_path: Path, _sqlite_template: Path) -> str:
+    """A store at head on SQLite only: PostgreSQL has no in-process lock state to inherit."""
+    path = tmp_path / "store.sqlite"
+    shutil.copy(_sqlite_template, path)
+    return f"sqlite:///{path}"
+
+
+def test_a_child_forked_while_a_write_outlasts_the_wait_is_refused_at_once(
+    sqlite_store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(locking, "FORK_WAIT_S", 0.2)
+    with _lock_timeout_store(sqlite_store_url) as store:
+        with write_in_another_thread(store, hold_s=CHILD_TIMEOUT):
+            outcome, took = in_forked_child(lambda: timed_write(store))
+            reads = in_forked_child(lambda: len(store.edges()))
+        assert outcome.startswith("StoreError: this process was forked while a write to")
+        assert "spawn or forkserver" in outcome and took < QUICK_S, (outcome, took)
+        assert reads == 0  # reading works (the thread's write is not committed at the fork)
+        assert store.record_passing("parent", "1", "after", "1").uses == 1  # the parent writes
+
+
+def test_a_child_forked_by_a_thread_inside_a_write_is_refused_at_once(
+    sqlite_store_url: str,
+) -> None:
+    """The forking thread's own write cannot be waited for. The child refuses its writes
+    to the store and never commits the write it inherited; the parent's commits as usual."""
+    with _lock_timeout_store(sqlite_store_url) as store:
+        store.record_passing("warm", "1", "pool", "1")
+        receive, send = multiprocessing.get_context("fork").Pipe(duplex=False)
+        pid = -1
+        try:
+            with store.unit_of_work() as uow:
+                uow.mnests.record_passing("parent", "1", "unit", "1")
+                pid = os.fork()
+                if pid == 0:  # pragma: no cover - the child
+                    send.send(timed_write(store))
+                uow.commit()  # the child's commit of the inherited write is refused
+        except mnestoma.StoreError as err:
+            if pid != 0:
+                raise
+            send.send(str(err))
+        finally:
+            if pid == 0:  # pragma: no cover - the child
+                os._exit(0)
+        send.close()
+        outcome, took = _answer_of_two(pid, receive)
+        assert outcome[0].startswith("StoreError: this process was forked while a write")
+        assert outcome[1] < QUICK_S, outcome
+        assert took.startswith("this process was forked while a write")  # the commit
+        assert {e.src_executor for e in store.edges()} == {"warm", "parent"}
+        assert store.record_passing("parent", "1", "unit", "1").uses == 2
+        with store.engine.connect() as conn:
+            assert conn.exec_driver_sql("PRAGMA integrity_check").scalar() == "ok"
+
+
+def _answer_of_two(pid: int, receive: Any) -> tuple[Any, Any]:
+    """The child's two messages (its write's outcome, its commit's refusal)."""
+    values = []
+    for _ in range(2):
+        if not receive.poll(CHILD_TIMEOUT):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail(f"the forked child did not answer within {CHILD_TIMEOUT} s (a hang)")
+        values.append(receive.recv())
+    os.waitpid(pid, 0)
+    return values[0], values[1]
+
+
+def test_a_write_that_begins_while_the_fork_waits_waits_for_the_fork(
+    sqlite_store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second thread that starts a long write while the fork waits for the first does not
+    keep the fork waiting (nor leave the child a store held by it): it waits for the fork."""
+    monkeypatch.setattr(locking, "FORK_WAIT_S", 2.0)
+    with _lock_timeout_store(sqlite_store_url) as store:
+        store.record_passing("warm", "1", "pool", "1")
+
+        def late_long_write() -> None:
+            time.sleep(0.1)  # the fork is waiting for the first write by now
+            with store.unit_of_work() as uow:
+                uow.mnests.record_passing("late", "1", "long", "1")
+                time.sleep(3.0)  # longer than the fork would wait
+                uow.commit()
+
+        late = threading.Thread(target=late_long_write, daemon=True)
+        with write_in_another_thread(store, hold_s=0.5):
+            late.start()
+            # had the late write begun during the wait, the fork would have waited for it
+            # in vain, and the child would be refused
+            outcome, took = fork_and_answer(lambda: timed_write(store))
+        late.join(CHILD_TIMEOUT)
+        assert outcome == "ok" and took < QUICK_S, (outcome, took)
+        assert {e.src_executor for e in store.edges()} == {"warm", "parent", "child", "late"}
+
+
+def test_a_child_forked_while_an_async_store_writes_in_another_thread_can_write(
+    store_url: str,
+) -> None:
+    """The async door's writes (aiosqlite's own thread runs them) are waited for alike."""
+    from mnestoma.aio import AsyncMnestoma
+
+    inside = threading.Event()
+    done = threading.Event()
+
+    async def write() -> None:
+        async with AsyncMnestoma(store_url) as am, am.unit_of_work() as uow:
+            await uow.mnests.record_passing("parent", "1", "async", "1")
+            inside.set()
+            await asyncio.get_running_loop().run_in_executor(None, done.wait, 0.3)
+            await uow.commit()
+
+    writer = threading.Thread(target=asyncio.run, args=(write(),), daemon=True)
+    writer.start()
+    assert inside.wait(CHILD_TIMEOUT)
+    try:
+        with _lock_timeout_store(store_url) as store:
+            outcome, took = fork_and_answer(lambda: timed_write(store))
+    finally:
+        done.set()
+        writer.join(CHILD_TIMEOUT)
+    assert outcome == "ok" and took < QUICK_S, (outcome, took)
+    with mnestoma.Mnestoma(store_url) as store:
+        assert {e.src_executor for e in store.edges()} == {"parent", "child"}

@@ -504,10 +504,51 @@ def test_graph_from_a_source_with_a_depth(store_url: str, store: Mnestoma) -> No
 def test_graph_writes_a_file_with_output(store_url: str, store: Mnestoma, tmp_path: Path) -> None:
     _fixture_graph(store)
     target = tmp_path / "g.graphml"
-    out = _ok("graph", "--format", "graphml", "-o", str(target), "--database-url", store_url)
-    assert out == "" and target.read_text(encoding="utf-8").startswith("<?xml")
+    result = _run("graph", "--format", "graphml", "-o", str(target), "--database-url", store_url)
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "" and target.read_text(encoding="utf-8").startswith("<?xml")
     dot = _ok("graph", "--database-url", store_url)
     assert dot.startswith("digraph mnestoma {")  # DOT by default
+
+
+def test_graph_output_says_on_stderr_what_it_wrote(
+    store_url: str, store: Mnestoma, tmp_path: Path
+) -> None:
+    _fixture_graph(store)
+    target = tmp_path / "g.mmd"
+    result = _run("graph", "--format", "mermaid", "-o", str(target), "--database-url", store_url)
+    assert result.exit_code == 0, result.output
+    from mnestoma.cli.render import megabytes
+
+    size = megabytes(len(target.read_bytes()))
+    picture = store.graph(states=list(PICTURE_STATES))
+    nodes, edges = len(picture.nodes), len(picture.edges)
+    assert result.stdout == ""
+    assert result.stderr == (
+        f"wrote {target}: {edges} edges between {nodes} nodes, {size} of mermaid\n"
+    )
+
+
+@pytest.mark.parametrize("to_file", [True, False], ids=["to a file", "to stdout"])
+def test_a_graph_past_the_large_size_is_noted_on_stderr(
+    store_url: str, store: Mnestoma, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, to_file: bool
+) -> None:
+    from mnestoma.cli import commands
+
+    _fixture_graph(store)
+    monkeypatch.setattr(commands, "GRAPH_LARGE_BYTES", 100)
+    args = ["--at", "2026-02-01T00:00:00Z", "--database-url", store_url]
+    target = ["-o", str(tmp_path / "g.dot")] if to_file else []
+    result = _run("graph", *target, *args)
+    assert result.exit_code == 0, result.output
+    note = result.stderr.splitlines()[-1]
+    assert note.startswith("note: this graph is ") and "past 100 bytes" in note
+    assert "--depth" in note and "--states" in note
+    assert result.stdout.startswith("digraph") != to_file
+    noted = _run("graph", *args)
+    monkeypatch.setattr(commands, "GRAPH_LARGE_BYTES", 10_000_000)
+    plain = _run("graph", *args)
+    assert plain.stderr == "" and noted.stdout == plain.stdout  # the picture is the same
 
 
 def _one_plain_line(result: Result) -> str:

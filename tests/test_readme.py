@@ -158,3 +158,63 @@ def test_the_graph_guide_says_the_dot_pipe_needs_graphviz() -> None:
     guide = " ".join(_text(DOCS / "graph.md").split())
     assert "| dot -Tsvg" in guide
     assert "needs Graphviz's `dot` program" in guide
+
+
+# Commands that open no store: a script printed for review, the list of revisions, the demo
+# (a throwaway file), help and version.
+_STORELESS = re.compile(
+    r"mnestoma (db sql --dialect|db history(?!.*--indicate-current)|demo\b)|--help|-h\b|--version"
+)
+_NAMES_STORE = re.compile(r"--database-url|--to\b|MNESTOMA_DATABASE_URL=|MNESTOMA_DB_PATH=")
+
+
+def _command_lines(block: str) -> list[tuple[str, bool]]:
+    """The lines of a shell block that run ``mnestoma`` (after a ``$ `` prompt or not),
+    each with whether it names the store (on the line, or exported before it); comments
+    and output left out."""
+    lines, exported = [], False
+    for line in block.splitlines():
+        command = line.removeprefix("$ ").split("  #", 1)[0].strip()
+        if re.match(r"export (MNESTOMA_DATABASE_URL|MNESTOMA_DB_PATH)=", command):
+            exported = True
+        elif re.match(r"(\w+=\S+ )*(python -m )?mnestoma ", command):
+            lines.append((command, exported or bool(_NAMES_STORE.search(command))))
+    return lines
+
+
+SHELL_BLOCKS = [
+    (_name(page), number, block)
+    for page in PAGES
+    for number, block in enumerate(
+        (b for b in FENCE.findall(_text(page)) if not b.startswith("```python")), 1
+    )
+]
+
+
+@pytest.mark.parametrize(
+    ("page", "number", "block"),
+    SHELL_BLOCKS,
+    ids=[f"{page}-{number}" for page, number, _ in SHELL_BLOCKS],
+)
+def test_a_block_that_names_the_store_names_it_on_every_command(
+    page: str, number: int, block: str
+) -> None:
+    """Copied as printed, a block that gives one command the store (``--database-url``) and
+    not the next would run that one on the default store, or fail where there is none."""
+    if "[--database-url URL]" in block:
+        return  # the synopsis, not a script
+    lines = [(x, named) for x, named in _command_lines(block) if not _STORELESS.search(x)]
+    if any(named for _, named in lines):
+        assert [x for x, named in lines if not named] == []
+
+
+def test_the_store_check_finds_each_command_and_whether_it_names_the_store() -> None:
+    block = (
+        "```\n$ mnestoma status --database-url URL\nmnestoma age   # nightly\nage at ...\n"
+        '$ export MNESTOMA_DATABASE_URL="$PG"\n$ mnestoma edges\n```'
+    )
+    assert _command_lines(block) == [
+        ("mnestoma status --database-url URL", True),
+        ("mnestoma age", False),
+        ("mnestoma edges", True),
+    ]

@@ -221,6 +221,59 @@ def test_with_a_small_batch_size_the_prune_commits_batch_after_batch(
     assert seen[0] == 24 and len(store.events()) == 12
 
 
+def _twelve_prunable(store: Mnestoma, clock: MovableClock) -> None:
+    for i in range(12):
+        store.record_passing("a", "1", f"b{i}", "1")
+        store.record_passing("a", "1", f"b{i}", "1")  # a reinforcement: prunable
+    clock.advance(days=10)
+
+
+def test_a_prune_reports_its_progress_batch_by_batch(
+    store: Mnestoma, clock: MovableClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(batches done, batches in all, events deleted so far): once the batches are known,
+    then after each; the last call's count is what the prune returns."""
+    _twelve_prunable(store, clock)
+    monkeypatch.setattr(rules, "EVENT_PRUNE_BATCH", 5)
+    calls: list[tuple[int, int, int]] = []
+    deleted = store.prune_events(clock(), progress=lambda *a: calls.append(a))
+    assert [(done, total) for done, total, _ in calls] == [(i, 5) for i in range(6)]
+    counts = [n for _, _, n in calls]
+    assert counts[0] == 0 and counts == sorted(counts) and counts[-1] == deleted == 12
+
+
+def test_the_async_door_reports_a_prunes_progress_too(
+    store: Mnestoma, clock: MovableClock, store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _twelve_prunable(store, clock)
+    monkeypatch.setattr(rules, "EVENT_PRUNE_BATCH", 5)
+    calls: list[tuple[int, int, int]] = []
+
+    async def main() -> int:
+        async with AsyncMnestoma(store_url, clock=clock) as am:
+            return await am.prune_events(clock(), progress=lambda *a: calls.append(a))
+
+    assert asyncio.run(main()) == 12
+    assert calls[0] == (0, 5, 0) and calls[-1] == (5, 5, 12) and len(calls) == 6
+
+
+def test_a_progress_that_cannot_be_called_is_refused_before_anything_is_deleted(
+    store: Mnestoma, clock: MovableClock, store_url: str
+) -> None:
+    _twelve_prunable(store, clock)
+    before = len(store.events())
+    with pytest.raises(InvalidInput, match=r"progress must be a function of \(done, total, del"):
+        store.prune_events(clock(), progress=5)  # type: ignore[arg-type]
+
+    async def main() -> None:
+        async with AsyncMnestoma(store_url, clock=clock) as am:
+            await am.prune_events(clock(), progress="bar")  # type: ignore[arg-type]
+
+    with pytest.raises(InvalidInput, match="progress must be a function"):
+        asyncio.run(main())
+    assert len(store.events()) == before
+
+
 def test_batches_cover_the_id_range_of_the_prunable_events() -> None:
     assert list(rules.event_batches((3, 14), 5)) == [(3, 7), (8, 12), (13, 14)]
     assert list(rules.event_batches((7, 7), 5)) == [(7, 7)]
@@ -505,6 +558,32 @@ def test_cli_bad_input_exits_2_and_deletes_nothing(old_store: str, args: list[st
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output
     assert event_count(old_store) == 4
+
+
+def test_cli_prune_events_on_a_terminal_shows_its_batches_and_count_then_clears_them(
+    old_store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mnestoma.cli import progress
+
+    monkeypatch.setattr(progress, "_stderr_is_terminal", lambda: True)
+    monkeypatch.setattr(rules, "EVENT_PRUNE_BATCH", 1)
+    result = run("prune-events", "--before", "2020-01-20", "--database-url", old_store)
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "deleted 3 events before 2020-01-20 00:00:00Z\n"
+    drawn = [part.strip() for part in result.stderr.split("\r") if part.strip()]
+    assert drawn[0].startswith("pruning events: batch 0/3, 0 events deleted (")
+    assert drawn[-1].startswith("pruning events: batch 3/3, 3 events deleted (")
+    assert result.stderr.endswith("\r") and result.stderr.rsplit("\r", 2)[-2].strip() == ""
+
+
+def test_cli_prune_events_off_a_terminal_draws_nothing(
+    old_store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mnestoma.cli import progress
+
+    monkeypatch.setattr(progress, "SPINNER_DELAY_S", 0.0)  # would draw at once on a terminal
+    result = run("prune-events", "--before", "2020-01-20", "--database-url", old_store)
+    assert result.exit_code == 0 and result.stderr == ""
 
 
 def test_cli_prune_events_help_names_its_options() -> None:

@@ -26,6 +26,7 @@ from ..rules import (
     AGER_BATCH_TARGET_S,
     AGER_WRITERS_SEEN_S,
     DECAYING_BELOW,
+    GRAPH_LARGE_BYTES,
     PROMOTE_HINT,
     PROTO_PRUNE_BELOW,
     RECURRING_MIN_USES,
@@ -60,6 +61,7 @@ from .render import (
     render_copy,
     render_edges,
     render_events,
+    render_graph_report,
     render_one,
     render_protos,
     render_prune,
@@ -396,11 +398,15 @@ def graph_cmd(
             depth=DEFAULT_DEPTH if depth is None else depth,
             states=chosen or list(PICTURE_STATES),
         )
-    text = render(picture, "json" if as_json else fmt or "dot")
+    chosen_format = "json" if as_json else fmt or "dot"
+    text = render(picture, chosen_format)
     if target is None:
         click.echo(text, nl=False)
+        size = len(text.encode("utf-8"))
     else:
-        write_output(target, text)
+        size = write_output(target, text)
+    nodes, edges = len(picture.nodes), len(picture.edges)
+    render_graph_report(nodes, edges, size, chosen_format, target, GRAPH_LARGE_BYTES)
 
 
 @cli.command()
@@ -597,8 +603,20 @@ def prune_events(
     """
     cutoff = parse_cutoff(before, older_than, utc_now())
     with _store(database_url) as store:
-        with spinner("pruning events in batches"):
-            n = store.prune_events(cutoff, dry_run=dry_run)
+        if dry_run:
+            with spinner("counting the events to delete (dry run), in one read"):
+                n = store.prune_events(cutoff, dry_run=True)
+        else:
+            with (
+                spinner("finding the events to delete") as found,
+                batch_progress("pruning events", "events deleted") as batch_done,
+            ):
+
+                def progress(done: int, total: int, deleted: int) -> None:
+                    found()  # the batches are known: their line takes the spinner's place
+                    batch_done(done, total, deleted)
+
+                n = store.prune_events(cutoff, progress=progress)
         render_prune(n, cutoff, dry_run, as_json)
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import click
@@ -41,6 +44,41 @@ def lock_timeout_option(f: Callable[..., Any]) -> Callable[..., Any]:
     )(f)
 
 
+# Alembic's logger says "Running upgrade 0007 -> 0008, ..." as each revision begins.
+_ALEMBIC_RUNS = logging.getLogger("alembic.runtime.migration")
+_RUNNING = ("Running upgrade ", "Running downgrade ")
+
+
+class _RevisionEcho(logging.Handler):
+    """Each revision on stderr as it begins, with the seconds since the command began, so
+    that a long upgrade says where it is (nothing else of Alembic's log)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.start = time.monotonic()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if message.startswith(_RUNNING):
+            line = message.splitlines()[0].replace("  -> ", " base -> ")  # first line of doc
+            click.echo(f"{time.monotonic() - self.start:6.1f} s  {line}", err=True)
+
+
+@contextlib.contextmanager
+def revisions_on_stderr() -> Iterator[None]:
+    """While the block migrates, say each revision on stderr as Alembic begins it."""
+    echo = _RevisionEcho()
+    level = _ALEMBIC_RUNS.level
+    _ALEMBIC_RUNS.addHandler(echo)
+    if _ALEMBIC_RUNS.getEffectiveLevel() > logging.INFO:
+        _ALEMBIC_RUNS.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        _ALEMBIC_RUNS.removeHandler(echo)
+        _ALEMBIC_RUNS.setLevel(level)
+
+
 def _head_mark(revision: str | None) -> str:
     return " (head)" if revision is not None and revision == head_revision() else ""
 
@@ -59,10 +97,12 @@ def db_upgrade(revision: str, database_url: str | None, lock_timeout: float | No
 
     PostgreSQL: each revision commits on its own; one that waits longer than the lock
     timeout for a table lock is rolled back and tried again, so live writers wait briefly.
+    Each revision is named on stderr as it begins.
     """
     url = resolve_database_url(command_url(database_url))
     before = current_revision(url)
-    upgrade(url, revision, lock_timeout=lock_timeout)
+    with revisions_on_stderr():
+        upgrade(url, revision, lock_timeout=lock_timeout)
     after = current_revision(url)
     where = redact_url(url)
     if before == after:
@@ -76,13 +116,15 @@ def db_upgrade(revision: str, database_url: str | None, lock_timeout: float | No
 @database_url_option
 @lock_timeout_option
 def db_downgrade(revision: str, database_url: str | None, lock_timeout: float | None) -> None:
-    """Migrate the database down to REVISION ("base" removes the schema)."""
+    """Migrate the database down to REVISION ("base" removes the schema); each revision is
+    named on stderr as it begins."""
     url = resolve_database_url(command_url(database_url))
     missing = missing_sqlite_file(url)
     if missing is not None:
         raise InvalidInput(f"no database at {missing}")
     before = current_revision(url)
-    downgrade(url, revision, lock_timeout=lock_timeout)
+    with revisions_on_stderr():
+        downgrade(url, revision, lock_timeout=lock_timeout)
     after = current_revision(url)
     click.echo(f"{redact_url(url)}: downgraded from {before} to {after or 'base (no schema)'}")
 

@@ -29,18 +29,20 @@ def _stderr_is_terminal() -> bool:
 
 
 @contextlib.contextmanager
-def spinner(label: str) -> Iterator[None]:
+def spinner(label: str) -> Iterator[Callable[[], None]]:
     """While the block runs, a spinner and the elapsed seconds on stderr, on a terminal only.
 
-    Nothing is drawn before ``SPINNER_DELAY_S`` (0: at once); the line is cleared at the end.
+    Nothing is drawn before ``SPINNER_DELAY_S`` (0: at once); the line is cleared at the end,
+    or earlier by the callable it yields (a step that goes on to draw its own progress).
     """
     if not _stderr_is_terminal():
-        yield
+        yield lambda: None
         return
     done = threading.Event()
     start = time.monotonic()
     frames = itertools.cycle("|/-\\")
     width = 0  # of the line drawn last, to blank it at the end
+    drawing = threading.Lock()
 
     def draw() -> None:
         nonlocal width
@@ -51,21 +53,30 @@ def spinner(label: str) -> Iterator[None]:
     def spin() -> None:
         if done.wait(SPINNER_DELAY_S):
             return
-        while not done.is_set():
-            draw()
+        while True:
+            with drawing:
+                if done.is_set():
+                    return
+                draw()
             done.wait(SPINNER_INTERVAL_S)
+
+    def stop() -> None:
+        nonlocal width
+        with drawing:
+            done.set()
+            if width:
+                click.echo("\r" + " " * width + "\r", nl=False, err=True)
+                width = 0
 
     if SPINNER_DELAY_S <= 0:
         draw()
     thread = threading.Thread(target=spin, name="mnestoma-spinner", daemon=True)
     thread.start()
     try:
-        yield
+        yield stop
     finally:
-        done.set()
+        stop()
         thread.join()
-        if width:
-            click.echo("\r" + " " * width + "\r", nl=False, err=True)
 
 
 @contextlib.contextmanager
@@ -80,20 +91,22 @@ def progress_bar(total: int) -> Iterator[Callable[[int], Any]]:
 
 
 @contextlib.contextmanager
-def batch_progress(label: str) -> Iterator[Callable[[int, int], None]]:
+def batch_progress(label: str, counted: str | None = None) -> Iterator[Callable[..., None]]:
     """A line ``label: batch 12/250 (4.8 s)`` on stderr, redrawn after each batch, on a
-    terminal only; the callable it yields takes (batches done, batches in all). The line
-    is cleared at the end."""
+    terminal only; the callable it yields takes (batches done, batches in all) and, with
+    ``counted``, what they came to so far (``prune: batch 12/250, 60,000 events deleted``).
+    The line is cleared at the end."""
     if not _stderr_is_terminal():
-        yield lambda done, total: None
+        yield lambda done, total, count=None: None
         return
     start = time.monotonic()
     width = 0
 
-    def draw(done: int, total: int) -> None:
+    def draw(done: int, total: int, count: int | None = None) -> None:
         nonlocal width
-        line = f"{label}: batch {done}/{total} ({time.monotonic() - start:.1f} s)"
-        click.echo(f"\r{line}", nl=False, err=True)
+        so_far = f", {count:,} {counted}" if counted is not None and count is not None else ""
+        line = f"{label}: batch {done}/{total}{so_far} ({time.monotonic() - start:.1f} s)"
+        click.echo(f"\r{line.ljust(width)}", nl=False, err=True)
         width = max(width, len(line))
 
     try:

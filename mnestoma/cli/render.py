@@ -35,10 +35,12 @@ __all__ = [
     "check_output_path",
     "echo_json",
     "endpoint",
+    "megabytes",
     "render_ager",
     "render_copy",
     "render_edges",
     "render_events",
+    "render_graph_report",
     "render_one",
     "render_protos",
     "render_prune",
@@ -443,11 +445,12 @@ def _in_place(target: Path) -> bool:
     return target.exists() and not target.is_file()
 
 
-def write_output(target: Path, text: str) -> None:
+def write_output(target: Path, text: str) -> int:
     """Write ``text`` to ``target`` whole or not at all: into a new file in the same
     directory, renamed over it once complete (through a link, over the file it leads to),
     so that a failed write leaves the file as it was; a device or a FIFO is written in
-    place. A failure (a full disk, ...) is one line, exit status 1."""
+    place. A failure (a full disk, ...) is one line, exit status 1. Returns the bytes
+    written."""
     data = text.encode("utf-8")
     try:
         if _in_place(target):
@@ -458,6 +461,7 @@ def write_output(target: Path, text: str) -> None:
     except OSError as err:
         why = _WRITE_FAILURES.get(err.errno or 0) or (err.strerror or type(err).__name__).lower()
         raise CliFailure(f"cannot write {target}: {why}") from None
+    return len(data)
 
 
 def _replace_whole(path: Path, data: bytes) -> None:
@@ -485,3 +489,32 @@ def _replace_whole(path: Path, data: bytes) -> None:
         with suppress(OSError):
             partial.unlink()
         raise
+
+
+def megabytes(size: int) -> str:
+    """A size in bytes as people read it: ``44.1 MB``, ``512 kB``, ``80 bytes``."""
+    if size >= 1_000_000:
+        return f"{size / 1_000_000:.1f} MB"
+    if size >= 1_000:
+        return f"{size / 1_000:.0f} kB"
+    return f"{size} bytes"
+
+
+def render_graph_report(
+    nodes: int, edges: int, size: int, fmt: str, target: Path | None, large: int
+) -> None:
+    """On stderr: what ``graph -o FILE`` wrote, and a note when the picture is larger than
+    ``large`` bytes (written or printed), which viewers may not open."""
+    if target is not None:
+        click.echo(
+            f"wrote {target}: {edges:,} edge{'s' if edges != 1 else ''} between {nodes:,} "
+            f"node{'s' if nodes != 1 else ''}, {megabytes(size)} of {fmt}",
+            err=True,
+        )
+    if size > large:
+        click.echo(
+            f"note: this graph is {megabytes(size)} ({edges:,} edges), past "
+            f"{megabytes(large)}: viewers may not open it; draw less with SRC and --depth, "
+            "or --states",
+            err=True,
+        )
