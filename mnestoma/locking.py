@@ -566,13 +566,19 @@ def _before_fork() -> None:
         while _forking is not None and (left := deadline - time.monotonic()) > 0:
             _FORK.wait(left)  # another thread's fork first
         _forking = me
-        # list(): a copy made at once (writes note themselves without the lock)
-        while any(w.thread != me for w in list(_WRITES.values())):
+        # list(): a copy made at once (writes note themselves without the lock). A write
+        # whose thread has ended will not end by waiting: the fork does not wait for it.
+        while any(w.thread != me and w.thread in _live_threads() for w in list(_WRITES.values())):
             left = deadline - time.monotonic()
             if left <= 0:
                 break
             _FORK.wait(left)
         _at_fork = list(_WRITES.values())
+
+
+def _live_threads() -> set[int | None]:
+    """The idents of this process's threads that are still running."""
+    return {thread.ident for thread in threading.enumerate()}
 
 
 def _after_fork_in_parent() -> None:

@@ -518,6 +518,34 @@ def test_a_child_forked_while_a_write_outlasts_the_wait_is_refused_at_once(
         assert store.record_passing("parent", "1", "after", "1").uses == 1  # the parent writes
 
 
+def test_a_fork_does_not_wait_for_a_write_whose_thread_has_ended(
+    sqlite_store_url: str,
+) -> None:
+    """A write left open by a thread that has ended will not end by waiting: the fork goes
+    on at once (not after FORK_WAIT_S), and the child refuses its writes to that store."""
+    with _lock_timeout_store(sqlite_store_url) as store:
+        left_open: list[Any] = []
+
+        def begin_and_leave() -> None:
+            unit = store.unit_of_work()
+            unit.__enter__()
+            unit.mnests.record_passing("left", "1", "open", "1")
+            left_open.append(unit)
+
+        thread = threading.Thread(target=begin_and_leave)
+        thread.start()
+        thread.join()
+        assert left_open  # the write is still in progress, its thread gone
+        began = time.monotonic()
+        outcome, took = in_forked_child(lambda: timed_write(store))
+        forked_in = time.monotonic() - began
+        assert forked_in < locking.FORK_WAIT_S / 2, forked_in
+        assert outcome.startswith("StoreError: this process was forked while a write to")
+        assert took < QUICK_S, (outcome, took)
+        left_open[0].__exit__(None, None, None)  # rolls back in the parent
+        assert store.record_passing("parent", "1", "after", "1").uses == 1
+
+
 def test_a_child_forked_by_a_thread_inside_a_write_is_refused_at_once(
     sqlite_store_url: str,
 ) -> None:
