@@ -252,14 +252,6 @@ def test_the_command_line_reads_through_the_replicas_it_is_given(
     listed = runner.invoke(cli, ["edges", "--database-url", pair.primary_url])
     assert listed.exit_code == 0, listed.output
     assert "a@1" in listed.output and "b" in listed.output
-    status = runner.invoke(cli, ["status", "--database-url", pair.primary_url])
-    assert status.exit_code == 0, status.output
-    assert "replica" in status.output and "lag" in status.output
-    monkeypatch.delenv("MNESTOMA_REPLICA_URLS")
-    on_replica = runner.invoke(cli, ["status", "--database-url", pair.replica_url])
-    assert on_replica.exit_code == 0, on_replica.output
-    assert "this is a read replica" in on_replica.output
-    assert "mnests     1" in on_replica.output
 
 
 def test_replicas_are_refused_on_sqlite_and_a_sqlite_replica_anywhere(
