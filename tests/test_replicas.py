@@ -252,6 +252,20 @@ def test_the_command_line_reads_through_the_replicas_it_is_given(
     listed = runner.invoke(cli, ["edges", "--database-url", pair.primary_url])
     assert listed.exit_code == 0, listed.output
     assert "a@1" in listed.output and "b" in listed.output
+    status = runner.invoke(cli, ["status", "--database-url", pair.primary_url])
+    assert status.exit_code == 0, status.output
+    assert f"replica    {pair.replica_url}: standby, lag 0.0 s" in status.output
+    assert "this is a read replica" not in status.output
+    pair.stop_replica()
+    down = runner.invoke(cli, ["status", "--database-url", pair.primary_url])
+    assert down.exit_code == 0, down.output
+    assert f"replica    {pair.replica_url}: does not answer" in down.output
+    pair.start_replica()
+    monkeypatch.delenv("MNESTOMA_REPLICA_URLS")
+    on_replica = runner.invoke(cli, ["status", "--database-url", pair.replica_url])
+    assert on_replica.exit_code == 0, on_replica.output
+    assert "role       this is a read replica" in on_replica.output
+    assert "mnests     1 " in on_replica.output
 
 
 def test_replicas_are_refused_on_sqlite_and_a_sqlite_replica_anywhere(
