@@ -15,8 +15,8 @@ from collections.abc import Iterator
 import pytest
 from click.testing import CliRunner
 from conftest import REQUIRE_PG
-from pg_cluster import Cluster, binaries_missing
 
+from benchmarks.replication import Cluster, binaries_missing
 from mnestoma import InvalidInput, Mnestoma, Settings
 from mnestoma.aio import AsyncMnestoma
 from mnestoma.cli import cli
@@ -174,6 +174,9 @@ def test_a_lagging_replica_is_skipped_and_its_reads_go_to_the_primary(
         time.sleep(QUICK.replica_max_lag)
         edges = store.edges()  # the replica lags past the bound: the primary answers
         assert len(edges) == 3
+        assert store.replica_stats()["replicas"][0]["skips"] == 0  # seen once: to confirm
+        time.sleep(0.2)
+        assert len(store.edges()) == 3  # confirmed: skipped
         (replica,) = store.replica_stats()["replicas"]
         assert replica["skips"] == 1 and replica["lag_s"] > QUICK.replica_max_lag
         assert "lags" in replica["reason"]
@@ -184,6 +187,23 @@ def test_a_lagging_replica_is_skipped_and_its_reads_go_to_the_primary(
         time.sleep(QUICK.replica_skip)
         assert len(store.edges()) == 3
         assert store.replica_stats()["replicas"][0]["reads"] >= 1
+
+
+def test_writes_resuming_after_an_idle_primary_do_not_get_the_replica_skipped(
+    pair: Cluster,
+) -> None:
+    with (
+        Mnestoma(pair.primary_url, replicas=[pair.replica_url], settings=QUICK) as store,
+        Mnestoma(pair.primary_url) as other,
+    ):
+        other.record_passing("a", "1", "b", "2")
+        pair.wait_caught_up()
+        time.sleep(2 * QUICK.replica_max_lag)  # the primary idle, longer than the bound
+        for i in range(20):  # writes resume; reads go on
+            other.record_passing("a", "1", f"c{i}", "2")
+            store.edges()
+            time.sleep(0.02)
+        assert store.replica_stats()["replicas"][0]["skips"] == 0
 
 
 def test_no_caller_reads_a_state_older_than_its_own_last_write_under_concurrent_writers(
