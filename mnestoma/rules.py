@@ -49,6 +49,7 @@ __all__ = [
     "SECONDS_PER_DAY",
     "STATUS_ESTIMATE_FROM",
     "STATUS_RECENT_EVENTS",
+    "STATUS_SAMPLED_IDS",
     "THRESHOLD_TOLERANCE",
     "TRIVIAL_NUMBER",
     "AgerCount",
@@ -106,10 +107,11 @@ REPLICA_SKIP_S = 30.0
 REPLICA_CHECK_S = 1.0
 REPLICA_CONNECT_TIMEOUT_S = 2
 # A lag past the bound is confirmed by a second reading at least REPLICA_CONFIRM_S later
-# before the replica is skipped (its reads go to the primary meanwhile): a standby measures
-# its lag from the commit time of the last transaction it replayed, so the first WAL after
-# the primary was idle reads as a lag as long as the idle time, for the milliseconds it
-# takes to replay it.
+# before the replica is skipped (its reads go to the primary meanwhile): confirmed when the
+# replica has not yet replayed what it had received at the first. A standby measures its lag
+# from the commit time of the last transaction it replayed, so WAL that follows an idle
+# spell (or that holds no commit, a vacuum's) reads as a lag as long as that spell, while
+# the standby replays it at once.
 REPLICA_CONFIRM_S = 0.1
 
 # The status on PostgreSQL (contract §12): from this many events (by the catalogue's
@@ -118,6 +120,9 @@ REPLICA_CONFIRM_S = 0.1
 # the STATUS_RECENT_EVENTS newest events (by id) instead of every event.
 STATUS_ESTIMATE_FROM = 200_000
 STATUS_RECENT_EVENTS = 10_000
+# SQLite has no catalogue of estimates: its status estimates the events from this many ids
+# drawn at random between the lowest and the highest (each looked up in the primary key).
+STATUS_SAMPLED_IDS = 4_000
 # apply_ager: how long one batch holds its locks (seconds), each batch its own transaction,
 # so that a writer behind the ager waits for one batch at most (SQLite: the write lock;
 # PostgreSQL: the batch's rows only). While writers are about (one waited for a batch, or
