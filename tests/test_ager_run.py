@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import mnest_row
 from sqlalchemy import Connection, Engine, event, insert, select, text
 
 import mnestoma
@@ -301,22 +302,7 @@ def test_the_merge_pairs_of_a_hub_cost_the_same_per_pair(
     for i in range(hub):
         src, dst = ("hub", f"d{i}") if hub_side == "src" else (f"s{i}", "hub")
         for state in ("active", "decaying"):
-            rows.append(
-                {
-                    "id": new_mnest_id(),
-                    "src_executor": src,
-                    "src_version": "1",
-                    "dst_executor": dst,
-                    "dst_version": "1",
-                    "weight": 0.1,
-                    "uses": 1,
-                    "ts_first": T0,
-                    "ts_last": T0,
-                    "ts_weight": T0,
-                    "decay_lambda": 0.018,
-                    "state": state,
-                }
-            )
+            rows.append(mnest_row(T0, src_executor=src, dst_executor=dst, weight=0.1, state=state))
     load(sqlite_engine, rows)
     if analysed:
         with sqlite_engine.begin() as conn:

@@ -24,6 +24,7 @@ from typing import Annotated, Any
 import httpx
 import pytest
 from fastapi import Depends, FastAPI, HTTPException, Request
+from helpers_proc import run_python
 from pydantic import BaseModel
 from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
@@ -125,6 +126,7 @@ from test_walk import (  # noqa: F401
     test_walk_skips_edges_below_min_weight,
     test_walk_starts_from_any_version_of_the_source,
 )
+from traced_tools import aread, asearch
 
 import mnestoma
 from mnestoma import (
@@ -148,7 +150,7 @@ from mnestoma.config import make_engine
 from mnestoma.errors import MissingExtra
 from mnestoma.locking import busy_timeout_ms, lock_timeout_seconds
 from mnestoma.testing.clock import MovableClock
-from mnestoma.tracing import executor, turn
+from mnestoma.tracing import turn
 
 # --- the sync suite through the async door --------------------------------------------------
 
@@ -593,18 +595,6 @@ def test_graph_rank_and_the_query_log_read_the_same_as_through_the_sync_door(
 # --- the tracer -------------------------------------------------------------------------------
 
 
-@executor("asearch", "1")
-async def asearch(pattern: str) -> list[str]:
-    await asyncio.sleep(0)
-    return [f"/docs/{pattern}.md"]
-
-
-@executor("aread", "1")
-async def aread(path: str) -> str:
-    await asyncio.sleep(0)
-    return f"text of {path}"
-
-
 def test_the_tracer_records_an_async_turn_through_the_async_store(store_url: str) -> None:
     async def main() -> None:
         async with AsyncMnestoma(store_url) as am:
@@ -735,13 +725,6 @@ def test_the_guide_async_examples_print_what_their_comments_say(
 ) -> None:
     blocks = re.findall(r"```python\n(.*?)```", SERVICES_GUIDE.read_text(encoding="utf-8"), re.S)
     [block] = [b for b in blocks if "mnestoma.aio" in b and marker in b]
-    done = subprocess.run(
-        [sys.executable, "-c", block],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = run_python(block, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == printed

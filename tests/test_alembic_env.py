@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 import mnestoma
 from mnestoma.config import make_engine
-from mnestoma.migration import HANDED, alembic_config, current_revision, head_revision
+from mnestoma.migration import HANDED, alembic_config, current_revision
 
 
 @dataclass
@@ -41,32 +41,26 @@ def bystander(store_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
     return store_url
 
 
-def test_a_wrapper_whose_connect_yields_a_connection_is_migrated(
-    empty_db_url: str, bystander: str
+@pytest.mark.parametrize(
+    ("caller_commits", "revision"),
+    [(True, mnestoma.head_revision()), (False, None)],
+    ids=["migrated when the caller commits", "the caller's to roll back"],
+)
+def test_a_wrapper_whose_connect_yields_a_connection_is_migrated_in_the_callers_transaction(
+    empty_db_url: str, bystander: str, caller_commits: bool, revision: str | None
 ) -> None:
     before = fill_bystander(bystander)
     engine = make_engine(empty_db_url)
     try:
         with engine.connect() as conn:
+            if not caller_commits:
+                conn.begin()  # the caller's own transaction, which it then rolls back
             command.upgrade(alembic_config(Wrapper(conn)), "head")
-            conn.commit()
-        assert current_revision(engine) == head_revision()
-    finally:
-        engine.dispose()
-    assert snapshot(bystander) == before
-
-
-def test_a_wrappers_migration_is_the_callers_to_roll_back(
-    empty_db_url: str, bystander: str
-) -> None:
-    before = fill_bystander(bystander)
-    engine = make_engine(empty_db_url)
-    try:
-        with engine.connect() as conn:
-            conn.begin()
-            command.upgrade(alembic_config(Wrapper(conn)), "head")
-            conn.rollback()
-        assert current_revision(engine) is None
+            if caller_commits:
+                conn.commit()
+            else:
+                conn.rollback()
+        assert current_revision(engine) == revision
     finally:
         engine.dispose()
     assert snapshot(bystander) == before

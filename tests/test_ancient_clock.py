@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+from conftest import mnest_row
 from sqlalchemy import text
 
 import mnestoma
@@ -89,19 +90,7 @@ def test_the_store_takes_instants_exactly_within_its_years(store_url: str) -> No
 
 
 def new_row(when: datetime) -> Mnest:
-    return Mnest(
-        id="mn_" + secrets.token_urlsafe(12),
-        src_executor="a",
-        src_version="1",
-        dst_executor="b",
-        dst_version="1",
-        weight=0.3,
-        uses=1,
-        ts_first=when,
-        ts_last=when,
-        ts_weight=when,
-        state="active",
-    )
+    return Mnest(**mnest_row(when, id="mn_" + secrets.token_urlsafe(12), weight=0.3))
 
 
 @pytest.mark.parametrize(

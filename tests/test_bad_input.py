@@ -8,19 +8,13 @@ table exactly as it was. Names that look like SQL are valid: stored verbatim, ha
 from __future__ import annotations
 
 import math
-import shutil
 from collections.abc import Callable, Iterator
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import (
-    ENGINES,
     MovableClock,
-    create_pg_database,
-    drop_pg_database,
-    require_postgresql,
 )
 from invariants import check_invariants, dump_tables, plain_engine
 from sqlalchemy import text
@@ -315,26 +309,11 @@ class Shared:
         self.ids.update(seed(self.store, self.clock))
 
 
-@pytest.fixture(scope="module", params=ENGINES)
-def shared(
-    request: pytest.FixtureRequest,
-    tmp_path_factory: pytest.TempPathFactory,
-    _sqlite_template: Path,
-) -> Iterator[Shared]:
-    if request.param == "postgresql":
-        require_postgresql()
-        pg = create_pg_database("mnestoma_bad_input")
-        url = pg.render_as_string(hide_password=False)
-        mnestoma.upgrade(url)
-    else:
-        path = tmp_path_factory.mktemp("bad_input") / "store.sqlite"
-        shutil.copy(_sqlite_template, path)
-        url = f"sqlite:///{path}"
-    box = Shared(url)
+@pytest.fixture(scope="module")
+def shared(module_store_url: str) -> Iterator[Shared]:
+    box = Shared(module_store_url)
     yield box
     box.store.close()
-    if request.param == "postgresql":
-        drop_pg_database(pg)
 
 
 def unchanged_or_reseed(shared: Shared, before: Any) -> bool:

@@ -13,21 +13,19 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
+from cli_kit import run
+from click.testing import Result
 from conftest import (
-    ENGINES,
     PG_ADMIN_URL,
-    create_pg_database,
-    drop_pg_database,
     require_postgresql,
 )
+from helpers_proc import run_python
 from invariants import dump_tables, plain_engine
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
@@ -47,7 +45,6 @@ from mnestoma import (
     make_engine,
     resolve_database_url,
 )
-from mnestoma.cli import cli
 from mnestoma.copying import copy_store
 from mnestoma.testing.clock import MovableClock
 
@@ -234,25 +231,11 @@ class Box:
         self.ids = _seed(self.store)
 
 
-@pytest.fixture(scope="module", params=ENGINES)
-def box(
-    request: pytest.FixtureRequest,
-    tmp_path_factory: pytest.TempPathFactory,
-    _sqlite_template: Path,
-) -> Iterator[Box]:
-    if request.param == "postgresql":
-        pg = create_pg_database("mnestoma_doors")
-        url = pg.render_as_string(hide_password=False)
-        mnestoma.upgrade(url)
-    else:
-        path = tmp_path_factory.mktemp("doors") / "store.sqlite"
-        shutil.copy(_sqlite_template, path)
-        url = f"sqlite:///{path}"
-    b = Box(url)
+@pytest.fixture(scope="module")
+def box(module_store_url: str) -> Iterator[Box]:
+    b = Box(module_store_url)
     yield b
     b.store.close()
-    if request.param == "postgresql":
-        drop_pg_database(pg)
 
 
 @pytest.mark.parametrize(("door", "call", "error"), STORE_DOORS, ids=[r[0] for r in STORE_DOORS])
@@ -283,10 +266,6 @@ def test_an_unknown_ordinary_id_still_reads_as_nothing(box: Box) -> None:
 
 
 # --- the command line ----------------------------------------------------------------------
-
-
-def run(*args: str) -> Result:
-    return CliRunner().invoke(cli, list(args))
 
 
 def assert_one_line_exit(result: Result, code: int) -> None:
@@ -381,13 +360,7 @@ def test_upgrading_a_store_of_a_newer_release_says_upgrade_the_package(store_url
 
 def _python(code: str) -> subprocess.CompletedProcess[str]:
     """Run ``code`` in a fresh interpreter (a module blocked there stays blocked there)."""
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=120,
-    )
+    return run_python(textwrap.dedent(code), cwd=REPO)
 
 
 def test_a_postgresql_url_without_psycopg_names_the_extra_to_install() -> None:
@@ -422,36 +395,31 @@ def test_the_command_line_without_psycopg_names_the_extra_on_one_line() -> None:
     assert "mnestoma[postgresql]" in done.stderr
 
 
-def test_the_testing_kit_without_factory_boy_names_the_extra() -> None:
+@pytest.mark.parametrize(
+    ("blocked", "module", "error", "extra"),
+    [
+        (["factory"], "mnestoma.testing", "ImportError", "testing"),
+        (["opentelemetry", "opentelemetry.context"], "mnestoma.otel", "MissingExtra", "otel"),
+    ],
+    ids=["the testing kit without factory_boy", "the otel processor without the SDK"],
+)
+def test_a_module_without_its_extras_package_names_the_extra(
+    blocked: list[str], module: str, error: str, extra: str
+) -> None:
     done = _python(
-        """
+        f"""
         import sys
-        sys.modules["factory"] = None  # as if mnestoma[testing] were not installed
-        try:
-            import mnestoma.testing
-        except ImportError as err:
-            print(err)
-        """
-    )
-    assert done.returncode == 0, done.stderr
-    assert "mnestoma[testing]" in done.stdout
-
-
-def test_the_otel_processor_without_the_sdk_is_a_missing_extra() -> None:
-    done = _python(
-        """
-        import sys
-        sys.modules["opentelemetry"] = None  # as if mnestoma[otel] were not installed
-        sys.modules["opentelemetry.context"] = None
+        for name in {blocked!r}:  # as if mnestoma[{extra}] were not installed
+            sys.modules[name] = None
         from mnestoma.errors import MissingExtra
         try:
-            import mnestoma.otel
-        except MissingExtra as err:
+            import {module}
+        except {error} as err:
             print(err)
         """
     )
     assert done.returncode == 0, done.stderr
-    assert "mnestoma[otel]" in done.stdout
+    assert f"mnestoma[{extra}]" in done.stdout
 
 
 def test_missing_extra_is_one_error_class_importable_from_errors_and_graph() -> None:

@@ -11,11 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
+from cli_kit import run, run_json, run_ok
 from sqlalchemy import func, select
 
 import mnestoma
-from mnestoma.cli import cli
 from mnestoma.config import make_engine
 from mnestoma.models import CanonicalQuery, Event, Mnest
 
@@ -63,21 +62,6 @@ class Clock:
 
     def __call__(self) -> datetime:
         return self.now
-
-
-def run(*args: Any, env: dict[str, str | None] | None = None) -> Result:
-    """Invoke the command line in-process, stdout and stderr kept apart."""
-    return CliRunner(env=env).invoke(cli, [str(a) for a in args])
-
-
-def run_ok(*args: Any) -> Result:
-    result = run(*args)
-    assert result.exit_code == 0, (result.stdout, result.stderr, result.exception)
-    return result
-
-
-def run_json(*args: Any) -> Any:
-    return json.loads(run_ok(*args, "--json").stdout)
 
 
 def dump(url: str) -> dict[str, list[dict[str, Any]]]:

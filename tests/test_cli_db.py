@@ -6,60 +6,17 @@ import json
 import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import pytest
 from alembic.script import ScriptDirectory
-from click.testing import CliRunner, Result
+from cli_kit import STATUS_KEYS, run, run_ok
 from sqlalchemy import inspect
 from sqlalchemy.engine import make_url
 
 import mnestoma
-from mnestoma.cli import cli
 from mnestoma.config import make_engine
 from mnestoma.migration import alembic_config
 from mnestoma.status import FEEDING_STATEMENT
-
-STATUS_KEYS = [
-    "database",
-    "dialect",
-    "schema",
-    "revision",
-    "head",
-    "at_head",
-    "advice",
-    "at",
-    "empty",
-    "mnests",
-    "mnests_by_state",
-    "events",
-    "events_by_kind",
-    "events_kept_from",
-    "oldest_event",
-    "passings",
-    "passings_with_turn",
-    "last_passing",
-    "last_turn_passing",
-    "query_log",
-    "recurring_protos",
-    "passings_by_recorder",
-    "fed_automatically",
-    "ager_runs",
-    "feeding",
-    "reading",
-    "outcomes_reported",
-    "outcomes",
-]
-
-
-def run(*args: Any) -> Result:
-    return CliRunner().invoke(cli, [str(a) for a in args])
-
-
-def run_ok(*args: Any) -> Result:
-    result = run(*args)
-    assert result.exit_code == 0, (result.stdout, result.stderr, result.exception)
-    return result
 
 
 def tables(url: str) -> set[str]:

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 import pytest
-from click.testing import CliRunner, Result
+from cli_kit import run, run_ok
 from sqlalchemy import Engine, event
 
 import mnestoma
@@ -23,17 +23,6 @@ from mnestoma.cli import cli
 from mnestoma.testing.clock import MovableClock
 
 HEAD = mnestoma.head_revision()
-
-
-def run(*args: Any) -> Result:
-    """Invoke the command line in-process, stdout and stderr kept apart."""
-    return CliRunner().invoke(cli, [str(a) for a in args])
-
-
-def run_ok(*args: Any) -> Result:
-    result = run(*args)
-    assert result.exit_code == 0, (result.stdout, result.stderr, result.exception)
-    return result
 
 
 # --- db current: one line on stdout, always -----------------------------------------------

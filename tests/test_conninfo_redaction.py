@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import traceback
 from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
+from cli_kit import SUBCOMMANDS, chain_text, every_exception, run, shown
+from click.testing import Result
 from conftest import require_postgresql
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -26,7 +26,7 @@ from sqlalchemy.engine import URL, make_url
 
 import mnestoma
 from mnestoma import DatabaseUnavailable, InvalidInput
-from mnestoma.cli import cli, scrub
+from mnestoma.cli import scrub
 from mnestoma.config import (
     make_engine,
     redact_text,
@@ -96,23 +96,6 @@ def url_holding(conninfo: str, where: str, host: str = "db.example") -> str:
 
 
 WHERE = st.sampled_from(["database", "dbname", "application_name", "options"])
-
-
-def chain_text(err: BaseException) -> str:
-    return "".join(traceback.format_exception(err))
-
-
-def every_exception(err: BaseException) -> list[BaseException]:
-    """``err`` and everything it chains: causes, contexts, wrapped originals."""
-    found: list[BaseException] = []
-    stack: list[object] = [err]
-    while stack:
-        exc = stack.pop()
-        if not isinstance(exc, BaseException) or any(exc is f for f in found):
-            continue
-        found.append(exc)
-        stack.extend((exc.__cause__, exc.__context__, getattr(exc, "orig", None)))
-    return found
 
 
 # --- the functions, on many generated cases ---------------------------------------------------
@@ -232,40 +215,6 @@ HARD_CONNINFOS = {
     "unquoted": f"dbname=x password={unquoted(HARD_SECRET)}",
     "quoted": f"dbname=x password = {quoted(HARD_SECRET)}",
 }
-SUBCOMMANDS = [
-    ["status"],
-    ["status", "--json"],
-    ["db", "upgrade"],
-    ["db", "downgrade", "base"],
-    ["db", "current"],
-    ["db", "history", "--indicate-current"],
-    ["record", "a@1", "b@2"],
-    ["edges"],
-    ["events"],
-    ["walk", "a"],
-    ["suggest", "a"],
-    ["protos"],
-    ["graph"],
-    ["queries"],
-    ["promote", "mn_x", "1"],
-    ["transition", "mn_x", "superseded"],
-    ["vet", "a@1", "b@1"],
-    ["prune-events", "--before", "2020-01-01T00:00:00Z"],
-    ["age"],
-    ["copy", "--to", "sqlite:///{target}"],
-]
-
-
-def run(*args: str, env: dict[str, str] | None = None) -> Result:
-    return CliRunner().invoke(cli, list(args), env=env)
-
-
-def shown(result: Result) -> str:
-    text = result.stdout + result.stderr
-    if result.exception is not None:
-        text += chain_text(result.exception)
-        text += "".join(str(exc) for exc in every_exception(result.exception))
-    return text
 
 
 @pytest.mark.parametrize("form", sorted(HARD_CONNINFOS))

@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
+from cli_kit import run
+from click.testing import Result
 from invariants import check_invariants
 from sqlalchemy import func, insert, inspect, select, text
 
 import mnestoma
-from mnestoma.cli import cli
 from mnestoma.config import make_engine
 from mnestoma.copying import copy_store
 from mnestoma.models import AgerRun, CanonicalQuery, Event, Mnest
@@ -25,11 +25,10 @@ from mnestoma.testing.clock import MovableClock
 TABLES = (Mnest.__table__, Event.__table__, CanonicalQuery.__table__, AgerRun.__table__)
 
 
-def run(*args: Any) -> Result:
-    return CliRunner().invoke(cli, [str(a) for a in args])
+Dump = dict[str, list[dict[str, Any]]]
 
 
-def dump(url: str) -> dict[str, list[dict[str, Any]]]:
+def dump(url: str) -> Dump:
     """Every row of every table, sorted by id, values as the ORM types return them."""
     engine = make_engine(url)
     try:
@@ -83,6 +82,13 @@ def sqlite_url(tmp_path: Path) -> Callable[[str], str]:
     return lambda name: f"sqlite:///{tmp_path / name}"
 
 
+def seeded_source(sqlite_url: Callable[[str], str]) -> str:
+    """The URL of a seeded SQLite store, ``source.sqlite``, to copy from."""
+    source = sqlite_url("source.sqlite")
+    seed(source)
+    return source
+
+
 def test_copy_sqlite_to_other_engine_and_back_keeps_identical_content(
     sqlite_url: Callable[[str], str], empty_db_url: str
 ) -> None:
@@ -106,8 +112,7 @@ def test_copy_sqlite_to_other_engine_and_back_keeps_identical_content(
 def test_copy_defaults_the_source_to_database_url(
     sqlite_url: Callable[[str], str], empty_db_url: str
 ) -> None:
-    source = sqlite_url("source.sqlite")
-    seed(source)
+    source = seeded_source(sqlite_url)
     result = run("copy", "--database-url", source, "--to", empty_db_url)
     assert result.exit_code == 0, result.output
     assert dump(empty_db_url) == dump(source)
@@ -116,8 +121,7 @@ def test_copy_defaults_the_source_to_database_url(
 def test_copied_store_takes_new_rows_without_id_collisions(
     sqlite_url: Callable[[str], str], empty_db_url: str
 ) -> None:
-    source = sqlite_url("source.sqlite")
-    seed(source)
+    source = seeded_source(sqlite_url)
     assert run("copy", "--from", source, "--to", empty_db_url).exit_code == 0
     last_event = max(r["id"] for r in dump(empty_db_url)["events"])
     with mnestoma.Mnestoma(empty_db_url) as m:
@@ -127,25 +131,30 @@ def test_copied_store_takes_new_rows_without_id_collisions(
     assert max(r["id"] for r in dump(empty_db_url)["events"]) == last_event + 1
 
 
+def refused_copy(source: str, target: str, code: int, *options: str) -> Result:
+    """``copy --from source --to target``, which must exit with ``code`` and leave the target
+    as it was."""
+    before = dump(target)
+    result = run("copy", "--from", source, "--to", target, *options)
+    assert result.exit_code == code, result.output
+    assert dump(target) == before
+    return result
+
+
 def test_copy_into_a_non_empty_target_is_refused_without_append(
     sqlite_url: Callable[[str], str], store_url: str
 ) -> None:
-    source = sqlite_url("source.sqlite")
-    seed(source)
+    source = seeded_source(sqlite_url)
     seed(store_url, prefix="other.")
-    before = dump(store_url)
-    result = run("copy", "--from", source, "--to", store_url)
-    assert result.exit_code == 2
+    result = refused_copy(source, store_url, 2)
     assert "not empty" in result.stderr and "--append" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
-    assert dump(store_url) == before
 
 
 def test_copy_with_append_adds_rows_and_shifts_integer_ids(
     sqlite_url: Callable[[str], str], store_url: str
 ) -> None:
-    source = sqlite_url("source.sqlite")
-    seed(source)
+    source = seeded_source(sqlite_url)
     seed(store_url, prefix="other.")
     before, src = dump(store_url), dump(source)
     result = run("copy", "--from", source, "--to", store_url, "--append", "--json")
@@ -164,14 +173,10 @@ def test_copy_with_append_adds_rows_and_shifts_integer_ids(
 def test_copying_the_same_store_twice_with_append_fails_and_keeps_the_target(
     sqlite_url: Callable[[str], str], store_url: str
 ) -> None:
-    source = sqlite_url("source.sqlite")
-    seed(source)
+    source = seeded_source(sqlite_url)
     assert run("copy", "--from", source, "--to", store_url).exit_code == 0
-    before = dump(store_url)
-    result = run("copy", "--from", source, "--to", store_url, "--append")
-    assert result.exit_code == 1
+    result = refused_copy(source, store_url, 1, "--append")
     assert "share rows" in result.stderr and "nothing was copied" in result.stderr
-    assert dump(store_url) == before
 
 
 CORRUPT = {
@@ -190,8 +195,7 @@ CORRUPT = {
 def test_copy_that_fails_verification_rolls_back_and_exits_1(
     sqlite_url: Callable[[str], str], empty_db_url: str, engine_name: str
 ) -> None:
-    source = sqlite_url("source.sqlite")
-    seed(source)
+    source = seeded_source(sqlite_url)
     mnestoma.upgrade(empty_db_url)
     engine = make_engine(empty_db_url)
     with engine.begin() as conn:
@@ -291,8 +295,7 @@ def test_copy_from_a_source_behind_head_exits_1(
 def test_copy_to_an_unreachable_target_never_prints_its_password(
     sqlite_url: Callable[[str], str],
 ) -> None:
-    source = sqlite_url("source.sqlite")
-    seed(source)
+    source = seeded_source(sqlite_url)
     result = run("copy", "--from", source, "--to", "postgresql://bob:pa55-w0rd-XYZ@127.0.0.1:1/x")
     assert result.exit_code == 1
     assert "pa55-w0rd-XYZ" not in result.output
@@ -399,12 +402,17 @@ def merged_stores(two_stores: tuple[str, str]) -> tuple[str, str]:
     return source, target
 
 
+def append_dumped(source: str, target: str) -> tuple[Dump, Dump, Any]:
+    """Both stores' dumps before ``source`` is appended to ``target``, and the report."""
+    before, src = dump(target), dump(source)
+    return before, src, copy_store(source, target, append=True, clock=lambda: COPY_AT)
+
+
 def test_copy_append_merges_an_edge_key_both_stores_hold_with_the_agers_rule(
     merged_stores: tuple[str, str],
 ) -> None:
     source, target = merged_stores
-    before, src = dump(target), dump(source)
-    report = copy_store(source, target, append=True, clock=lambda: COPY_AT)
+    before, src, report = append_dumped(source, target)
     assert report.merged == 3 and report.turns_counted_once == 1
     after = by_key(dump(target)["mnests"])
     old, new = by_key(before["mnests"]), by_key(src["mnests"])
@@ -438,8 +446,7 @@ def test_copy_append_keeps_every_event_and_moves_the_merged_rows_history(
     merged_stores: tuple[str, str],
 ) -> None:
     source, target = merged_stores
-    before, src = dump(target), dump(source)
-    report = copy_store(source, target, append=True, clock=lambda: COPY_AT)
+    before, src, report = append_dumped(source, target)
     events = dump(target)["events"]
     assert len(events) == len(before["events"]) + len(src["events"]) + 2 * report.merged
     offset = report.id_offsets["events"]
@@ -591,8 +598,7 @@ def test_a_failed_copy_into_a_new_sqlite_file_removes_it_and_its_folders(
 ) -> None:
     from mnestoma import copying
 
-    source = sqlite_url("source.sqlite")
-    seed(source)
+    source = seeded_source(sqlite_url)
     target = tmp_path / "new" / "deeper" / "target.sqlite"
 
     def fail(self: Any, tconn: Any) -> None:
@@ -623,10 +629,7 @@ def test_a_failed_copy_into_an_existing_sqlite_file_keeps_the_file(
     source, target = sqlite_url("source.sqlite"), sqlite_url("target.sqlite")
     seed(source)
     seed(target, prefix="other.")
-    before = dump(target)
-    result = run("copy", "--from", source, "--to", target)  # not empty, no --append
-    assert result.exit_code == 2
-    assert dump(target) == before
+    refused_copy(source, target, 2)  # not empty, no --append
 
 
 def _store_with_deep_json(url: str, levels: int) -> str:
@@ -693,20 +696,16 @@ def test_copy_with_a_revision_newer_than_the_package_says_upgrade_the_package(
     seed(source)
     mnestoma.upgrade(target)
     _stamp(source if side == "source" else target, "ffff00000000")
-    before = dump(target)
-    result = run("copy", "--from", source, "--to", target)
-    assert result.exit_code == 1
+    result = refused_copy(source, target, 1)
     assert "upgrade the mnestoma package" in result.stderr
     assert "db upgrade" not in result.stderr
     assert f"the {side} " in result.stderr
-    assert dump(target) == before
 
 
 def test_copy_into_postgresql_leaves_planner_statistics(
     sqlite_url: Callable[[str], str], pg_empty_db_url: str
 ) -> None:
-    source = sqlite_url("source.sqlite")
-    seed(source)
+    source = seeded_source(sqlite_url)
     _bulk_events(source, 300)
     assert run("copy", "--from", source, "--to", pg_empty_db_url).exit_code == 0
     engine = make_engine(pg_empty_db_url)

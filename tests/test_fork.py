@@ -21,10 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from traced_tools import read, search
 
 import mnestoma
 from mnestoma import Passing, locking
-from mnestoma.tracing import BackgroundWriter, executor, stats, turn
+from mnestoma.tracing import BackgroundWriter, stats, turn
 
 pytestmark = pytest.mark.skipif(
     "fork" not in multiprocessing.get_all_start_methods(), reason="needs fork()"
@@ -32,16 +33,6 @@ pytestmark = pytest.mark.skipif(
 
 CHILD_TIMEOUT = 20  # seconds a child has to answer before the test fails
 SEARCH_TO_READ = ("search", "1", "read", "1")
-
-
-@executor("search", "1")
-def search(pattern: str) -> list[str]:
-    return [f"found/{pattern}.pdf", f"found/{pattern}.txt"]
-
-
-@executor("read", "1")
-def read(path: str) -> str:
-    return f"text of {path}"
 
 
 class FakeStore:

@@ -14,7 +14,7 @@ import ast
 import asyncio
 import json
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -88,6 +88,19 @@ FAILING_RUN = {
     ("search_files", "1.0", "convert_pdf", "0.5"): "error",
     ("read_file", "2.0", "count_words", "1.1"): "ok",
 }
+
+
+def scripted_run_calls(results: dict[Any, Any]) -> list[tuple[str, dict[str, Any]]] | None:
+    """The next tool calls of the scripted run, given the results so far (None: answer now):
+    search_files (and today, whose output nobody uses), read_file on the first file found,
+    count_words on the text read."""
+    if "search_files" not in results:
+        return [("search_files", {"pattern": "*.pdf"}), ("today", {})]
+    if "read_file" not in results:
+        return [("read_file", {"path": first_item(results["search_files"])})]
+    if "count_words" not in results:
+        return [("count_words", {"text": results["read_file"]})]
+    return None
 
 
 def failing_run_calls(results: dict[Any, Any]) -> list[tuple[str, dict[str, Any]]] | None:
@@ -170,17 +183,14 @@ class ScriptedChatModel(BaseChatModel):
     def _llm_type(self) -> str:
         return "scripted"
 
+    def plan(self, results: dict[Any, Any]) -> list[tuple[str, dict[str, Any]]] | None:
+        """The tool calls of the next step, given the results so far; None to answer."""
+        return scripted_run_calls(results)
+
     def _generate(self, messages: list[BaseMessage], *args: Any, **kwargs: Any) -> ChatResult:
-        results: dict[str | None, Any] = {
-            m.name: m.content for m in messages if isinstance(m, ToolMessage)
-        }
-        if "search_files" not in results:
-            calls = [("search_files", {"pattern": "*.pdf"}), ("today", {})]
-        elif "read_file" not in results:
-            calls = [("read_file", {"path": first_item(results["search_files"])})]
-        elif "count_words" not in results:
-            calls = [("count_words", {"text": results["read_file"]})]
-        else:
+        results = {m.name: m.content for m in messages if isinstance(m, ToolMessage)}
+        calls = self.plan(results)
+        if calls is None:
             return _chat(AIMessage(content=f"{results['count_words']} words"))
         step = len(results)
         tool_calls = [
@@ -197,17 +207,8 @@ def _chat(message: AIMessage) -> ChatResult:
 class FailingToolChatModel(ScriptedChatModel):
     """The scripted chat model of the run with a failing tool (see failing_run_calls)."""
 
-    def _generate(self, messages: list[BaseMessage], *args: Any, **kwargs: Any) -> ChatResult:
-        results = {m.name: m.content for m in messages if isinstance(m, ToolMessage)}
-        calls = failing_run_calls(results)
-        if calls is None:
-            return _chat(AIMessage(content=f"{results['count_words']} words"))
-        step = len(results)
-        tool_calls = [
-            {"name": name, "args": args, "id": f"call_{step}_{i}", "type": "tool_call"}
-            for i, (name, args) in enumerate(calls)
-        ]
-        return _chat(AIMessage(content="", tool_calls=tool_calls))
+    def plan(self, results: dict[Any, Any]) -> list[tuple[str, dict[str, Any]]] | None:
+        return failing_run_calls(results)
 
 
 def langgraph_agent(tools: list[Any]) -> Any:
@@ -286,17 +287,22 @@ def test_langgraph_records_a_failing_tool_s_edge_as_an_error(
     assert counts(store) == FAILING_COUNTS
 
 
+def handled_twice(processor: Any, run: Callable[[], object]) -> None:
+    """``run`` handled twice as the same request (the same trace id), flushed each time."""
+    for _ in range(2):
+        token = otel_context.attach(retried_request())
+        try:
+            run()
+        finally:
+            otel_context.detach(token)
+        assert processor.force_flush(10_000)
+
+
 def test_langgraph_retried_turn_counts_once(
     langchain_traced: Any, store: mnestoma.Mnestoma
 ) -> None:
     processor = langchain_traced()
-    for _ in range(2):  # the same request (same trace id) handled twice
-        token = otel_context.attach(retried_request())
-        try:
-            run_langgraph()
-        finally:
-            otel_context.detach(token)
-        assert processor.force_flush(10_000)
+    handled_twice(processor, run_langgraph)
     assert processor.stats.traces_recorded == 2
     assert edges(store) == EXPECTED
     assert {e.uses for e in store.edges()} == {1}
@@ -314,15 +320,19 @@ def test_langgraph_with_content_capture_off_records_nothing(
     assert store.events() == []
 
 
+def tracer_tools(*funcs: Any) -> list[Any]:
+    """LangChain tools of ``funcs``, each wrapped by the in-process tracer's executor."""
+    from mnestoma.tracing import executor
+
+    return [tool(executor(f.__name__, VERSIONS[f.__name__])(f)) for f in funcs]
+
+
 def test_the_in_process_tracer_records_the_same_edges_from_the_same_tools(
     store: mnestoma.Mnestoma,
 ) -> None:
-    from mnestoma.tracing import executor, turn
+    from mnestoma.tracing import turn
 
-    traced_tools = [
-        tool(executor(f.__name__, VERSIONS[f.__name__])(f))
-        for f in (search_files, read_file, count_words, today)
-    ]
+    traced_tools = tracer_tools(search_files, read_file, count_words, today)
     with turn(store, "turn-tracer") as t:
         assert run_langgraph(traced_tools) == "9 words"
     assert {tuple(p[:4]) for p in t.passings} == EXPECTED
@@ -333,12 +343,9 @@ def test_the_in_process_tracer_records_the_same_edges_from_the_same_tools(
 def test_the_in_process_tracer_records_a_failing_tool_s_edge_as_an_error(
     store: mnestoma.Mnestoma,
 ) -> None:
-    from mnestoma.tracing import executor, turn
+    from mnestoma.tracing import turn
 
-    traced_tools = [
-        tool(executor(f.__name__, VERSIONS[f.__name__])(f))
-        for f in (search_files, read_file, convert_pdf, count_words)
-    ]
+    traced_tools = tracer_tools(search_files, read_file, convert_pdf, count_words)
     with turn(store, "turn-tracer") as t:
         run_langgraph_with_a_failing_tool(traced_tools)
     assert {tuple(p[:4]): p.outcome for p in t.passings} == FAILING_RUN
@@ -354,26 +361,22 @@ CAPTURE = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 class ScriptedModel(Model):
     """A model that calls the tools in the same order, copying each result it reads."""
 
+    def plan(self, results: dict[Any, Any]) -> list[tuple[str, dict[str, Any]]] | None:
+        """The tool calls of the next step, given the results so far; None to answer."""
+        return scripted_run_calls(results)
+
     async def get_response(
         self, system_instructions: Any, input: Any, *args: Any, **kwargs: Any
     ) -> ModelResponse:
-        calls = {
-            item["call_id"]: item["name"]
-            for item in input
-            if isinstance(item, dict) and item.get("type") == "function_call"
-        }
+        items = [item for item in input if isinstance(item, dict)]
+        calls = {i["call_id"]: i["name"] for i in items if i.get("type") == "function_call"}
         results = {
-            calls[item["call_id"]]: item["output"]
-            for item in input
-            if isinstance(item, dict) and item.get("type") == "function_call_output"
+            calls[i["call_id"]]: i["output"]
+            for i in items
+            if i.get("type") == "function_call_output"
         }
-        if "search_files" not in results:
-            todo = [("search_files", {"pattern": "*.pdf"}), ("today", {})]
-        elif "read_file" not in results:
-            todo = [("read_file", {"path": first_item(results["search_files"])})]
-        elif "count_words" not in results:
-            todo = [("count_words", {"text": results["read_file"]})]
-        else:
+        todo = self.plan(results)
+        if todo is None:
             text = ResponseOutputText(
                 type="output_text", text=f"{results['count_words']} words", annotations=[]
             )
@@ -405,38 +408,8 @@ AGENT_TOOLS: list[Any] = [function_tool(f) for f in (search_files, read_file, co
 class FailingToolModel(ScriptedModel):
     """The scripted model of the run with a failing tool (see failing_run_calls)."""
 
-    async def get_response(
-        self, system_instructions: Any, input: Any, *args: Any, **kwargs: Any
-    ) -> ModelResponse:
-        items = [item for item in input if isinstance(item, dict)]
-        calls = {i["call_id"]: i["name"] for i in items if i.get("type") == "function_call"}
-        results = {
-            calls[i["call_id"]]: i["output"]
-            for i in items
-            if i.get("type") == "function_call_output"
-        }
-        todo = failing_run_calls(results)
-        if todo is None:
-            text = ResponseOutputText(
-                type="output_text", text=f"{results['count_words']} words", annotations=[]
-            )
-            message = ResponseOutputMessage(
-                id="msg_1", type="message", role="assistant", status="completed", content=[text]
-            )
-            return ModelResponse(output=[message], usage=Usage(), response_id=None)
-        step = len(results)
-        output: list[Any] = [
-            ResponseFunctionToolCall(
-                type="function_call",
-                name=name,
-                arguments=json.dumps(args),
-                call_id=f"call_{step}_{i}",
-                id=f"fc_{step}_{i}",
-                status="completed",
-            )
-            for i, (name, args) in enumerate(todo)
-        ]
-        return ModelResponse(output=output, usage=Usage(), response_id=None)
+    def plan(self, results: dict[Any, Any]) -> list[tuple[str, dict[str, Any]]] | None:
+        return failing_run_calls(results)
 
 
 @pytest.fixture
@@ -494,13 +467,7 @@ def test_agents_sdk_records_a_failing_tool_s_edge_as_an_error(
 
 def test_agents_sdk_retried_turn_counts_once(agents_traced: Any, store: mnestoma.Mnestoma) -> None:
     processor = agents_traced(capture_content=True)
-    for _ in range(2):
-        token = otel_context.attach(retried_request())
-        try:
-            run_agents_sdk()
-        finally:
-            otel_context.detach(token)
-        assert processor.force_flush(10_000)
+    handled_twice(processor, run_agents_sdk)
     assert processor.stats.traces_recorded == 2
     assert {e.uses for e in store.edges()} == {1}
     assert {e.turn_id for e in store.events()} == {format(TRACE_ID, "032x")}

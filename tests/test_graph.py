@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
+from cli_kit import run
+from click.testing import Result
 from test_cli import MNEST_KEYS  # the JSON keys of every listing, stated once
 
 from mnestoma import InvalidInput, Mnestoma, MnestomaError, UnitOfWork, make_session_factory
-from mnestoma.cli import cli
 from mnestoma.graph import (
     PICTURE_STATES,
     GraphReads,
@@ -462,12 +462,8 @@ def test_without_networkx_the_error_names_the_extra(
 # --- the command ----------------------------------------------------------------------------
 
 
-def _run(*args: str) -> Result:
-    return CliRunner().invoke(cli, list(args))
-
-
 def _ok(*args: str) -> str:
-    result = _run(*args)
+    result = run(*args)
     assert result.exit_code == 0, result.output
     return result.output
 
@@ -504,7 +500,7 @@ def test_graph_from_a_source_with_a_depth(store_url: str, store: Mnestoma) -> No
 def test_graph_writes_a_file_with_output(store_url: str, store: Mnestoma, tmp_path: Path) -> None:
     _fixture_graph(store)
     target = tmp_path / "g.graphml"
-    result = _run("graph", "--format", "graphml", "-o", str(target), "--database-url", store_url)
+    result = run("graph", "--format", "graphml", "-o", str(target), "--database-url", store_url)
     assert result.exit_code == 0, result.output
     assert result.stdout == "" and target.read_text(encoding="utf-8").startswith("<?xml")
     dot = _ok("graph", "--database-url", store_url)
@@ -516,7 +512,7 @@ def test_graph_output_says_on_stderr_what_it_wrote(
 ) -> None:
     _fixture_graph(store)
     target = tmp_path / "g.mmd"
-    result = _run("graph", "--format", "mermaid", "-o", str(target), "--database-url", store_url)
+    result = run("graph", "--format", "mermaid", "-o", str(target), "--database-url", store_url)
     assert result.exit_code == 0, result.output
     from mnestoma.cli.render import megabytes
 
@@ -539,15 +535,15 @@ def test_a_graph_past_the_large_size_is_noted_on_stderr(
     monkeypatch.setattr(commands, "GRAPH_LARGE_BYTES", 100)
     args = ["--at", "2026-02-01T00:00:00Z", "--database-url", store_url]
     target = ["-o", str(tmp_path / "g.dot")] if to_file else []
-    result = _run("graph", *target, *args)
+    result = run("graph", *target, *args)
     assert result.exit_code == 0, result.output
     note = result.stderr.splitlines()[-1]
     assert note.startswith("note: this graph is ") and "past 100 bytes" in note
     assert "--depth" in note and "--states" in note
     assert result.stdout.startswith("digraph") != to_file
-    noted = _run("graph", *args)
+    noted = run("graph", *args)
     monkeypatch.setattr(commands, "GRAPH_LARGE_BYTES", 10_000_000)
-    plain = _run("graph", *args)
+    plain = run("graph", *args)
     assert plain.stderr == "" and noted.stdout == plain.stdout  # the picture is the same
 
 
@@ -565,7 +561,7 @@ def test_graph_output_into_a_missing_directory_exits_2_in_plain_words(
     """Bad input (contract §6): the path names no directory; said before the store is read."""
     _fixture_graph(store)
     target = tmp_path / "missing" / "g.dot"
-    result = _run("graph", "-o", str(target), "--database-url", store_url)
+    result = run("graph", "-o", str(target), "--database-url", store_url)
     assert result.exit_code == 2, result.output
     line = _one_plain_line(result)
     assert line == f"Error: cannot write {target}: no such directory {target.parent}"
@@ -578,7 +574,7 @@ def test_graph_output_below_a_file_exits_2_in_plain_words(
     _fixture_graph(store)
     (tmp_path / "notes.txt").write_text("kept", encoding="utf-8")
     target = tmp_path / "notes.txt" / "g.dot"
-    result = _run("graph", "-o", str(target), "--database-url", store_url)
+    result = run("graph", "-o", str(target), "--database-url", store_url)
     assert result.exit_code == 2, result.output
     line = _one_plain_line(result)
     assert line == f"Error: cannot write {target}: {tmp_path / 'notes.txt'} is not a directory"
@@ -590,7 +586,7 @@ def test_graph_output_that_fails_while_writing_exits_1_in_plain_words(
 ) -> None:
     """A place that can be written but fails the write (here a full device) is not bad input."""
     _fixture_graph(store)
-    result = _run("graph", "-o", "/dev/full", "--database-url", store_url)
+    result = run("graph", "-o", "/dev/full", "--database-url", store_url)
     assert result.exit_code == 1, result.output
     assert _one_plain_line(result) == "Error: cannot write /dev/full: no space left on device"
 
@@ -633,7 +629,7 @@ def test_graph_output_onto_a_file_of_the_store_is_refused_and_the_store_still_op
         link = tmp_path / "sub" / "alias.sqlite"
         link.symlink_to(path)
         url = f"sqlite:///{link}"
-    result = _run("graph", "-o", str(named), "--database-url", url)
+    result = run("graph", "-o", str(named), "--database-url", url)
     assert result.exit_code == 2, result.output
     line = _one_plain_line(result)
     assert "a file of the store being read" in line and "give another file" in line
@@ -647,7 +643,7 @@ def test_graph_output_onto_a_hard_link_of_the_store_is_refused(tmp_path: Path) -
     rows, content = _rows(url), path.read_bytes()
     other = tmp_path / "elsewhere.dot"
     other.hardlink_to(path)
-    result = _run("graph", "-o", str(other), "--database-url", url)
+    result = run("graph", "-o", str(other), "--database-url", url)
     assert result.exit_code == 2, result.output
     assert f"that is {path}," in _one_plain_line(result)
     assert path.read_bytes() == content == other.read_bytes() and _rows(url) == rows
@@ -659,7 +655,7 @@ def test_graph_output_onto_the_default_store_is_refused(
     url, path = _sqlite_store(tmp_path)
     monkeypatch.setenv("MNESTOMA_DB_PATH", str(path))
     monkeypatch.delenv("MNESTOMA_DATABASE_URL", raising=False)
-    result = _run("graph", "-o", str(path))
+    result = run("graph", "-o", str(path))
     assert result.exit_code == 2, result.output
     assert _rows(url)
 
@@ -679,7 +675,7 @@ def test_graph_output_that_fails_while_writing_leaves_the_file_as_it_was(
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(render.os, "fsync", disk_full)
-    result = _run("graph", "-o", str(target), "--database-url", url)
+    result = run("graph", "-o", str(target), "--database-url", url)
     assert result.exit_code == 1, result.output
     assert _one_plain_line(result) == f"Error: cannot write {target}: no space left on device"
     assert target.read_text(encoding="utf-8") == "the last picture"
@@ -720,7 +716,7 @@ def test_bad_graph_input_exits_2_and_writes_nothing(
     store_url: str, tmp_path: Path, args: list[str]
 ) -> None:
     target = tmp_path / "out.txt"
-    result = _run("graph", *args, "-o", str(target), "--database-url", store_url)
+    result = run("graph", *args, "-o", str(target), "--database-url", store_url)
     assert result.exit_code == 2, result.output
     assert not target.exists()
 

@@ -99,12 +99,17 @@ EVERY_LEGACY_STAMP = [
 ]
 
 
+def _legacy_beside_service(url: str, store_rev: str, service_rev: str) -> None:
+    """A store stamped in the legacy table at ``store_rev`` beside a service's own stamp."""
+    _legacy_store(url, store_rev)
+    _add_service_stamp(url, service_rev)
+
+
 @pytest.mark.parametrize(("store_rev", "service_rev"), STAMPS, ids=lambda r: r)
 def test_a_legacy_stamp_beside_a_services_own_revision_is_adopted_and_the_service_row_kept(
     empty_db_url: str, store_rev: str, service_rev: str
 ) -> None:
-    _legacy_store(empty_db_url, store_rev)
-    _add_service_stamp(empty_db_url, service_rev)
+    _legacy_beside_service(empty_db_url, store_rev, service_rev)
     before = _rows(empty_db_url)
     mnestoma.upgrade(empty_db_url)
     assert _versions(empty_db_url) == {
@@ -121,8 +126,7 @@ def test_a_legacy_stamp_beside_a_services_own_revision_is_adopted_and_the_servic
 def test_status_reads_the_legacy_stamp_beside_a_services_own_revision(
     empty_db_url: str, store_rev: str, service_rev: str
 ) -> None:
-    _legacy_store(empty_db_url, store_rev)
-    _add_service_stamp(empty_db_url, service_rev)
+    _legacy_beside_service(empty_db_url, store_rev, service_rev)
     assert mnestoma.current_revision(empty_db_url) == store_rev
     result = CliRunner().invoke(cli, ["status", "--json", "--database-url", empty_db_url])
     assert result.exit_code == 0, result.output

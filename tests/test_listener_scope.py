@@ -146,7 +146,12 @@ def _write_the_view(session: Session, row: MnestomaView, write: str, new_id: str
         session.delete(row)
 
 
-@pytest.mark.parametrize("write", ["update", "insert", "delete"])
+@pytest.fixture(params=["update", "insert", "delete"])
+def write(request: pytest.FixtureRequest) -> str:
+    """How a test writes the view: an update, an insert of a copy, a delete."""
+    return str(request.param)
+
+
 def test_a_flush_writing_the_view_is_refused_in_a_service_session_the_package_joined(
     service: sessionmaker[Session], store_url: str, write: str
 ) -> None:
@@ -161,7 +166,6 @@ def test_a_flush_writing_the_view_is_refused_in_a_service_session_the_package_jo
     assert _weights(store_url) == before
 
 
-@pytest.mark.parametrize("write", ["update", "insert", "delete"])
 def test_a_flush_writing_the_view_is_refused_in_a_plain_service_session_that_loads_it(
     service: sessionmaker[Session], store_url: str, write: str
 ) -> None:

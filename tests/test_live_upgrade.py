@@ -243,6 +243,21 @@ def _hold_for(engine: Engine, table: str, seconds: float) -> threading.Thread:
     return thread
 
 
+def upgraded_to_head_beside(
+    write: Callable[[int], None], engine: Engine, table: str, seconds: float
+) -> Writers:
+    """Upgrade the store to head while four threads ``write`` and a reader holds ``table``
+    for ``seconds``; every write succeeds and some happen. Returns the writers' record."""
+    with Writers(write, 4) as writers:
+        reader = _hold_for(engine, table, seconds)
+        mnestoma.upgrade(engine, lock_timeout=TIMEOUT)
+        reader.join()
+    assert current_revision(engine) == head_revision()
+    assert writers.errors == []
+    assert writers.writes > 0
+    return writers
+
+
 # How the releases before this package's statements reinforced a row, as raw SQL.
 REINFORCE_AS_BEFORE = text(
     "UPDATE mnests SET uses = uses + 1, ts_last = :now, ts_weight = :now WHERE id = :id"
@@ -269,13 +284,7 @@ def test_writers_of_a_previous_release_wait_briefly_and_never_fail_while_0002_go
             )
 
     # a long read of events: 0002 holds mnests while it waits for events behind it
-    with Writers(old_release_write, 4) as writers:
-        reader = _hold_for(engine, "events", 2.0)
-        mnestoma.upgrade(engine, lock_timeout=TIMEOUT)
-        reader.join()
-    assert current_revision(engine) == head_revision()
-    assert writers.errors == []
-    assert writers.writes > 0
+    writers = upgraded_to_head_beside(old_release_write, engine, "events", 2.0)
     # behind a revision's lock request for at most about one lock timeout, not the reader
     assert writers.longest < 1.5
 
@@ -311,13 +320,7 @@ def test_writers_see_no_error_nor_deadlock_while_the_store_goes_to_head_then_the
                 {"id": ids[i], "now": now, "turn": f"t{time.monotonic_ns()}"},
             )
 
-    with Writers(previous_release_write, 4) as writers:
-        reader = _hold_for(engine, "mnests", 1.5)
-        mnestoma.upgrade(engine, lock_timeout=TIMEOUT)
-        reader.join()
-    assert current_revision(engine) == head_revision()
-    assert writers.errors == []
-    assert writers.writes > 0
+    writers = upgraded_to_head_beside(previous_release_write, engine, "mnests", 1.5)
     assert writers.longest < 1.5
 
     with mnestoma.Mnestoma(engine) as m:

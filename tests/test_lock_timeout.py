@@ -115,18 +115,24 @@ def test_sqlites_own_wait_for_the_lock_is_the_lock_timeout_above_30_s_too(
         engine.dispose()
 
 
+def first_busy_timeout_ms(url: str) -> int:
+    """SQLite's busy timeout on a new connection of the package's engine, from its first
+    statement."""
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            return int(conn.exec_driver_sql("PRAGMA busy_timeout").scalar_one())
+    finally:
+        engine.dispose()
+
+
 def test_a_connection_waits_for_sqlites_locks_as_long_as_the_lock_timeout(
     store_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Reads and commits meet SQLite's busy handler too (a store in rollback-journal
     mode): one timeout for every wait, from the connection's first statement."""
     monkeypatch.setenv(ENV_LOCK_TIMEOUT, "3")
-    engine = make_engine(store_url)
-    try:
-        with engine.connect() as conn:
-            assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == 3000
-    finally:
-        engine.dispose()
+    assert first_busy_timeout_ms(store_url) == 3000
 
 
 def test_a_write_on_a_callers_own_engine_waits_the_lock_timeout_and_leaves_its_busy_timeout(
@@ -178,12 +184,7 @@ def test_a_lock_timeout_of_a_day_is_the_longest_taken(
     store_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(ENV_LOCK_TIMEOUT, f"{LOCK_TIMEOUT_MAX_S:g}")
-    engine = make_engine(store_url)
-    try:
-        with engine.connect() as conn:
-            assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == 86_400_000
-    finally:
-        engine.dispose()
+    assert first_busy_timeout_ms(store_url) == 86_400_000
 
 
 @pytest.mark.parametrize(

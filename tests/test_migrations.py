@@ -6,16 +6,14 @@ import math
 from datetime import UTC, datetime
 
 import pytest
-from alembic.autogenerate import compare_metadata
-from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from schema_kit import built_then_migrated, schema_diff
 from sqlalchemy import exc as sa_exc
 from sqlalchemy import inspect, text
 
 import mnestoma
 from mnestoma.config import make_engine
 from mnestoma.migration import (
-    VERSION_TABLE,
     alembic_config,
     current_revision,
     head_revision,
@@ -36,17 +34,7 @@ def _diff(url: str) -> list:
     engine = make_engine(url)
     try:
         with engine.connect() as conn:
-            ctx = MigrationContext.configure(
-                conn,
-                opts={
-                    "version_table": VERSION_TABLE,
-                    "compare_type": True,
-                    "include_object": lambda o, name, type_, r, c: (
-                        not (type_ == "table" and name == VIEW_NAME)
-                    ),
-                },
-            )
-            return compare_metadata(ctx, Base.metadata)
+            return schema_diff(conn)
     finally:
         engine.dispose()
 
@@ -131,19 +119,8 @@ def test_create_all_from_models_equals_what_migrations_build(
     """Tests may use create_all; it must build what the revisions build (names included),
     every table of the models."""
     every_table = tuple(Base.metadata.tables)
-    engine = make_engine(empty_db_url)
-    try:
-        Base.metadata.create_all(engine)
-    finally:
-        engine.dispose()
-    built = _schema_names(empty_db_url, every_table)
-    engine = make_engine(empty_db_url)
-    try:
-        Base.metadata.drop_all(engine)
-    finally:
-        engine.dispose()
-    mnestoma.upgrade(empty_db_url)
-    assert built == _schema_names(empty_db_url, every_table)
+    built, migrated = built_then_migrated(empty_db_url, lambda u: _schema_names(u, every_table))
+    assert built == migrated
 
 
 def _ager_runs_checks(engine) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -48,23 +49,30 @@ class FakeStore:
 
 def genai(tracer: Tracer, name: str, arguments: Any = None, result: Any = None) -> None:
     """A GenAI execute_tool span; dicts and lists are given as JSON, as instrumentations do."""
-    attributes: dict[str, Any] = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": name}
-    if arguments is not None:
-        attributes["gen_ai.tool.call.arguments"] = _text(arguments)
-    if result is not None:
-        attributes["gen_ai.tool.call.result"] = _text(result)
-    with tracer.start_as_current_span(f"execute_tool {name}", attributes=attributes):
-        pass
+    attributes = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": name}
+    keys = ("gen_ai.tool.call.arguments", "gen_ai.tool.call.result")
+    _tool_span(tracer, f"execute_tool {name}", attributes, keys, arguments, result)
 
 
 def openinference(tracer: Tracer, name: str, arguments: Any = None, result: Any = None) -> None:
     """An OpenInference TOOL span."""
-    attributes: dict[str, Any] = {"openinference.span.kind": "TOOL", "tool.name": name}
-    if arguments is not None:
-        attributes["input.value"] = _text(arguments)
-    if result is not None:
-        attributes["output.value"] = _text(result)
-    with tracer.start_as_current_span(name, attributes=attributes):
+    attributes = {"openinference.span.kind": "TOOL", "tool.name": name}
+    _tool_span(tracer, name, attributes, ("input.value", "output.value"), arguments, result)
+
+
+def _tool_span(
+    tracer: Tracer,
+    span_name: str,
+    attributes: dict[str, Any],
+    keys: tuple[str, str],
+    arguments: Any,
+    result: Any,
+) -> None:
+    """A span with ``attributes``, and the arguments and result (when given) under ``keys``."""
+    for key, value in zip(keys, (arguments, result), strict=True):
+        if value is not None:
+            attributes[key] = _text(value)
+    with tracer.start_as_current_span(span_name, attributes=attributes):
         pass
 
 
@@ -83,7 +91,28 @@ def flushed(processor: MnestomaSpanProcessor) -> MnestomaSpanProcessor:
     return processor
 
 
+def search_then_read(tracer: Tracer) -> None:
+    """fs.search finds a file, then fs.read reads it (the spans of :data:`SEARCH_THEN_READ`)."""
+    for call in SEARCH_THEN_READ:
+        genai(tracer, *call)
+
+
+def genai_turn(setup: Setup, *calls: tuple[Any, ...]) -> tuple[FakeStore, MnestomaSpanProcessor]:
+    """A store fed one turn of GenAI tool spans, each ``(name, arguments, result)``, and its
+    processor, flushed."""
+    store = FakeStore()
+    processor, tracer = setup(store)
+    with tracer.start_as_current_span("turn"):
+        for call in calls:
+            genai(tracer, *call)
+    return store, flushed(processor)
+
+
 SEARCH_TO_READ = ("fs.search", "1.2", "fs.read", "2.0")
+SEARCH_THEN_READ = (
+    ("fs.search", {"q": "pdf"}, ["a/report.pdf"]),
+    ("fs.read", {"path": "a/report.pdf"}, "text"),
+)
 
 
 # -- what links -------------------------------------------------------------------------------
@@ -116,30 +145,30 @@ def test_openinference_tool_spans_link_the_same_way(setup: Setup) -> None:
 
 
 def test_a_plain_text_value_is_one_leaf(setup: Setup) -> None:
-    store = FakeStore()
-    processor, tracer = setup(store)
-    with tracer.start_as_current_span("turn"):
-        genai(tracer, "fs.read", "a/report.pdf", "Quarterly report, page one")
-        genai(tracer, "pdf.text", {"text": "Quarterly report, page one"}, "ok")
-    assert flushed(processor) and store.edges() == [("fs.read", "2.0", "pdf.text", "0.9")]
+    store, _ = genai_turn(
+        setup,
+        ("fs.read", "a/report.pdf", "Quarterly report, page one"),
+        ("pdf.text", {"text": "Quarterly report, page one"}, "ok"),
+    )
+    assert store.edges() == [("fs.read", "2.0", "pdf.text", "0.9")]
 
 
 def test_a_fragment_of_a_plain_text_does_not_link(setup: Setup) -> None:
-    store = FakeStore()
-    processor, tracer = setup(store)
-    with tracer.start_as_current_span("turn"):
-        genai(tracer, "fs.read", "a/report.pdf", "Quarterly report, page one")
-        genai(tracer, "pdf.text", {"text": "Quarterly report"}, "ok")
-    assert flushed(processor) and store.calls == []
+    store, _ = genai_turn(
+        setup,
+        ("fs.read", "a/report.pdf", "Quarterly report, page one"),
+        ("pdf.text", {"text": "Quarterly report"}, "ok"),
+    )
+    assert store.calls == []
 
 
 def test_nested_arguments_and_results_are_read_leaf_by_leaf(setup: Setup) -> None:
-    store = FakeStore()
-    processor, tracer = setup(store)
-    with tracer.start_as_current_span("turn"):
-        genai(tracer, "fs.search", {"q": "pdf"}, {"hits": [{"path": "a/report.pdf", "n": 1}]})
-        genai(tracer, "fs.read", {"job": {"files": ["x/other.txt", "a/report.pdf"]}}, "text")
-    assert flushed(processor) and store.edges() == [SEARCH_TO_READ]
+    store, _ = genai_turn(
+        setup,
+        ("fs.search", {"q": "pdf"}, {"hits": [{"path": "a/report.pdf", "n": 1}]}),
+        ("fs.read", {"job": {"files": ["x/other.txt", "a/report.pdf"]}}, "text"),
+    )
+    assert store.edges() == [SEARCH_TO_READ]
 
 
 def test_json_inside_a_json_string_is_read(setup: Setup) -> None:
@@ -168,12 +197,12 @@ def test_a_message_envelope_around_a_result_is_not_evidence(setup: Setup) -> Non
 
 
 def test_an_output_nobody_consumed_records_nothing(setup: Setup) -> None:
-    store = FakeStore()
-    processor, tracer = setup(store)
-    with tracer.start_as_current_span("turn"):
-        genai(tracer, "fs.search", {"pattern": "*.pdf"}, ["a/report.pdf"])
-        genai(tracer, "fs.read", {"path": "z/elsewhere.pdf"}, "text")
-    assert flushed(processor) and store.calls == []
+    store, _ = genai_turn(
+        setup,
+        ("fs.search", {"pattern": "*.pdf"}, ["a/report.pdf"]),
+        ("fs.read", {"path": "z/elsewhere.pdf"}, "text"),
+    )
+    assert store.calls == []
 
 
 @pytest.mark.parametrize(
@@ -181,24 +210,24 @@ def test_an_output_nobody_consumed_records_nothing(setup: Setup) -> None:
     [None, True, False, 0, 1, 42, 1024, -1024, 0.5, float("nan"), "", "   ", "ok", "yes", "null"],
 )
 def test_trivial_values_do_not_link(setup: Setup, value: Any) -> None:
-    store = FakeStore()
-    processor, tracer = setup(store)
-    with tracer.start_as_current_span("turn"):
-        genai(tracer, "fs.search", {"q": "pdf"}, {"found": value, "items": []})
-        genai(tracer, "fs.read", {"flag": value, "opts": {}}, "text")
-    assert flushed(processor) and store.calls == []
+    store, _ = genai_turn(
+        setup,
+        ("fs.search", {"q": "pdf"}, {"found": value, "items": []}),
+        ("fs.read", {"flag": value, "opts": {}}, "text"),
+    )
+    assert store.calls == []
 
 
 @pytest.mark.parametrize(("produced", "consumed"), [(2024, "2024"), (2024.0, 2024), ("2024", 2024)])
 def test_a_number_of_four_characters_links_across_a_serialisation(
     setup: Setup, produced: Any, consumed: Any
 ) -> None:
-    store = FakeStore()
-    processor, tracer = setup(store)
-    with tracer.start_as_current_span("turn"):
-        genai(tracer, "fs.search", {"q": "pdf"}, {"year": produced})
-        genai(tracer, "fs.read", {"year": consumed}, "text")
-    assert flushed(processor) and store.edges() == [SEARCH_TO_READ]
+    store, _ = genai_turn(
+        setup,
+        ("fs.search", {"q": "pdf"}, {"year": produced}),
+        ("fs.read", {"year": consumed}, "text"),
+    )
+    assert store.edges() == [SEARCH_TO_READ]
 
 
 def test_value_digests_hold_no_content() -> None:
@@ -220,20 +249,20 @@ def test_the_processor_keeps_digests_not_content(setup: Setup) -> None:
 
 
 def test_a_span_never_links_to_itself(setup: Setup) -> None:
-    store = FakeStore()
-    processor, tracer = setup(store)
-    with tracer.start_as_current_span("turn"):
-        genai(tracer, "fs.read", {"path": "a/report.pdf"}, {"path": "a/report.pdf"})
-    assert flushed(processor) and store.calls == []
+    store, _ = genai_turn(
+        setup,
+        ("fs.read", {"path": "a/report.pdf"}, {"path": "a/report.pdf"}),
+    )
+    assert store.calls == []
 
 
 def test_two_calls_of_one_tool_link_a_to_a(setup: Setup) -> None:
-    store = FakeStore()
-    processor, tracer = setup(store)
-    with tracer.start_as_current_span("turn"):
-        genai(tracer, "fs.search", {"q": "reports"}, ["dir/reports-2024"])
-        genai(tracer, "fs.search", {"q": "dir/reports-2024"}, ["x.pdf"])
-    assert flushed(processor) and store.edges() == [("fs.search", "1.2", "fs.search", "1.2")]
+    store, _ = genai_turn(
+        setup,
+        ("fs.search", {"q": "reports"}, ["dir/reports-2024"]),
+        ("fs.search", {"q": "dir/reports-2024"}, ["x.pdf"]),
+    )
+    assert store.edges() == [("fs.search", "1.2", "fs.search", "1.2")]
 
 
 def test_a_value_links_to_its_latest_producer(setup: Setup) -> None:
@@ -269,13 +298,13 @@ def test_a_producer_that_had_not_ended_does_not_link(setup: Setup) -> None:
 
 
 def test_one_passing_per_edge_and_trace(setup: Setup) -> None:
-    store = FakeStore()
-    processor, tracer = setup(store)
-    with tracer.start_as_current_span("turn"):
-        genai(tracer, "fs.search", {"q": "pdf"}, ["a/report.pdf", "b/report.pdf"])
-        genai(tracer, "fs.read", {"path": "a/report.pdf"}, "text")
-        genai(tracer, "fs.read", {"path": "b/report.pdf"}, "text")
-    assert flushed(processor) and store.edges() == [SEARCH_TO_READ]
+    store, _ = genai_turn(
+        setup,
+        ("fs.search", {"q": "pdf"}, ["a/report.pdf", "b/report.pdf"]),
+        ("fs.read", {"path": "a/report.pdf"}, "text"),
+        ("fs.read", {"path": "b/report.pdf"}, "text"),
+    )
+    assert store.edges() == [SEARCH_TO_READ]
 
 
 # -- when a trace is recorded -----------------------------------------------------------------
@@ -286,8 +315,7 @@ def test_a_trace_is_recorded_when_its_local_root_ends(setup: Setup) -> None:
     processor, tracer = setup(store)
     with tracer.start_as_current_span("turn"):
         with tracer.start_as_current_span("agent"):
-            genai(tracer, "fs.search", {"q": "pdf"}, ["a/report.pdf"])
-            genai(tracer, "fs.read", {"path": "a/report.pdf"}, "text")
+            search_then_read(tracer)
         assert flushed(processor) and store.calls == []
     assert flushed(processor) and store.edges() == [SEARCH_TO_READ]
 
@@ -297,8 +325,7 @@ def test_a_span_with_a_remote_parent_is_a_local_root(setup: Setup) -> None:
     processor, tracer = setup(store)
     trace_id = 0x0AF7651916CD43DD8448EB211C80319C
     with tracer.start_as_current_span("rpc", context=remote_context(trace_id)):
-        genai(tracer, "fs.search", {"q": "pdf"}, ["a/report.pdf"])
-        genai(tracer, "fs.read", {"path": "a/report.pdf"}, "text")
+        search_then_read(tracer)
     flushed(processor)
     assert [c[0] for c in store.calls] == ["0af7651916cd43dd8448eb211c80319c"]
     assert store.edges() == [SEARCH_TO_READ]
@@ -346,8 +373,7 @@ def test_traces_whose_root_never_ends_are_evicted_oldest_first(setup: Setup) -> 
         genai(tracer, "fs.search", {"q": "pdf"}, ["a/report.pdf"])
     for _ in range(2):
         with tracer.start_as_current_span("turn"):
-            genai(tracer, "fs.search", {"q": "pdf"}, ["a/report.pdf"])
-            genai(tracer, "fs.read", {"path": "a/report.pdf"}, "text")
+            search_then_read(tracer)
     flushed(processor)
     assert processor.stats.traces_evicted == 1
     assert len(store.calls) == 2
@@ -370,14 +396,13 @@ def test_open_traces_are_bounded(setup: Setup) -> None:
 
 
 def test_tool_calls_per_trace_are_bounded_oldest_forgotten(setup: Setup) -> None:
-    store = FakeStore()
-    processor, tracer = setup(store, max_spans_per_trace=2)
-    with tracer.start_as_current_span("turn"):
-        genai(tracer, "fs.search", {"q": "pdf"}, ["a/report.pdf"])  # forgotten
-        genai(tracer, "pdf.text", {"q": "other"}, "unrelated output")
-        genai(tracer, "pdf.text", {"q": "other-two"}, "unrelated output two")
-        genai(tracer, "fs.read", {"path": "a/report.pdf"}, "text")
-    flushed(processor)
+    store, processor = genai_turn(
+        functools.partial(setup, max_spans_per_trace=2),
+        ("fs.search", {"q": "pdf"}, ["a/report.pdf"]),  # forgotten
+        ("pdf.text", {"q": "other"}, "unrelated output"),
+        ("pdf.text", {"q": "other-two"}, "unrelated output two"),
+        ("fs.read", {"path": "a/report.pdf"}, "text"),
+    )
     assert processor.stats.spans_dropped == 2
     assert store.calls == []
 
@@ -407,30 +432,24 @@ def test_bounds_must_be_positive() -> None:
 
 
 def test_version_of_may_be_a_callable(setup: Setup) -> None:
-    store = FakeStore()
-    processor, tracer = setup(store, version_of=lambda name: f"{len(name)}.0")
-    with tracer.start_as_current_span("turn"):
-        genai(tracer, "fs.search", {"q": "pdf"}, ["a/report.pdf"])
-        genai(tracer, "fs.read", {"path": "a/report.pdf"}, "text")
-    assert flushed(processor) and store.edges() == [("fs.search", "9.0", "fs.read", "7.0")]
+    store, _ = genai_turn(
+        functools.partial(setup, version_of=lambda name: f"{len(name)}.0"), *SEARCH_THEN_READ
+    )
+    assert store.edges() == [("fs.search", "9.0", "fs.read", "7.0")]
 
 
 def test_an_unknown_tool_is_unversioned_by_default(setup: Setup) -> None:
-    store = FakeStore()
-    processor, tracer = setup(store, version_of={"fs.search": "1.2"})
-    with tracer.start_as_current_span("turn"):
-        genai(tracer, "fs.search", {"q": "pdf"}, ["a/report.pdf"])
-        genai(tracer, "fs.read", {"path": "a/report.pdf"}, "text")
-    assert flushed(processor) and store.edges() == [("fs.search", "1.2", "fs.read", "unversioned")]
+    store, _ = genai_turn(
+        functools.partial(setup, version_of={"fs.search": "1.2"}), *SEARCH_THEN_READ
+    )
+    assert store.edges() == [("fs.search", "1.2", "fs.read", "unversioned")]
 
 
 def test_without_a_default_version_unknown_tools_are_skipped(setup: Setup) -> None:
-    store = FakeStore()
-    processor, tracer = setup(store, version_of=lambda name: None, default_version=None)
-    with tracer.start_as_current_span("turn"):
-        genai(tracer, "fs.search", {"q": "pdf"}, ["a/report.pdf"])
-        genai(tracer, "fs.read", {"path": "a/report.pdf"}, "text")
-    flushed(processor)
+    store, processor = genai_turn(
+        functools.partial(setup, version_of=lambda name: None, default_version=None),
+        *SEARCH_THEN_READ,
+    )
     assert store.calls == [] and processor.stats.unversioned_spans == 2
 
 
@@ -544,8 +563,7 @@ def test_a_failing_store_is_logged_and_counted_not_raised(
     processor, tracer = setup(store)
     with caplog.at_level(logging.WARNING, logger="mnestoma.otel"):
         with tracer.start_as_current_span("turn"):
-            genai(tracer, "fs.search", {"q": "pdf"}, ["a/report.pdf"])
-            genai(tracer, "fs.read", {"path": "a/report.pdf"}, "text")
+            search_then_read(tracer)
         flushed(processor)
     assert processor.stats.store_failures == 1
     assert processor.stats.traces_recorded == 0
@@ -587,8 +605,7 @@ def test_a_store_that_returns_an_awaitable_is_a_counted_failure(
     processor, tracer = setup(Deferring())
     with caplog.at_level(logging.WARNING, logger="mnestoma.otel"):
         with tracer.start_as_current_span("turn"):
-            genai(tracer, "fs.search", {"q": "pdf"}, ["a/report.pdf"])
-            genai(tracer, "fs.read", {"path": "a/report.pdf"}, "text")
+            search_then_read(tracer)
         flushed(processor)
     assert processor.stats.store_failures == 1
     assert processor.stats.traces_recorded == 0 and processor.stats.passings_recorded == 0
@@ -600,8 +617,7 @@ def test_writing_happens_off_the_thread_that_ends_the_span(setup: Setup) -> None
     store = FakeStore(gate=gate)
     processor, tracer = setup(store)
     with tracer.start_as_current_span("turn"):
-        genai(tracer, "fs.search", {"q": "pdf"}, ["a/report.pdf"])
-        genai(tracer, "fs.read", {"path": "a/report.pdf"}, "text")
+        search_then_read(tracer)
     # the root has ended and returned although the store has not finished writing
     assert store.entered.wait(10)
     assert store.calls == []
@@ -640,13 +656,11 @@ def test_shutdown_drains_then_ignores_later_spans(setup: Setup) -> None:
     store = FakeStore()
     processor, tracer = setup(store)
     with tracer.start_as_current_span("turn"):
-        genai(tracer, "fs.search", {"q": "pdf"}, ["a/report.pdf"])
-        genai(tracer, "fs.read", {"path": "a/report.pdf"}, "text")
+        search_then_read(tracer)
     processor.shutdown()
     assert store.edges() == [SEARCH_TO_READ]
     with tracer.start_as_current_span("turn"):
-        genai(tracer, "fs.search", {"q": "pdf"}, ["a/report.pdf"])
-        genai(tracer, "fs.read", {"path": "a/report.pdf"}, "text")
+        search_then_read(tracer)
     assert processor.force_flush(1000)
     assert len(store.calls) == 1
     processor.shutdown()  # twice is fine
@@ -662,8 +676,7 @@ def test_a_forked_worker_records_through_a_writer_of_its_own(setup: Setup) -> No
         status = 1
         try:
             with tracer.start_as_current_span("turn"):
-                genai(tracer, "fs.search", {"q": "pdf"}, ["a/report.pdf"])
-                genai(tracer, "fs.read", {"path": "a/report.pdf"}, "text")
+                search_then_read(tracer)
             processor.force_flush(10_000)
             os.write(write_end, json.dumps(store.edges()).encode())
             status = 0

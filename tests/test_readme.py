@@ -11,6 +11,7 @@ from pathlib import Path
 
 import click
 import pytest
+from helpers_proc import run_python
 
 from mnestoma.cli import cli
 
@@ -67,14 +68,7 @@ def test_a_readme_example_runs(page: str, number: int, block: str, tmp_path: Pat
         assert done.returncode == 0, done.stdout + done.stderr
         assert "1 passed" in done.stdout
         return
-    done = subprocess.run(
-        [sys.executable, "-c", block],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = run_python(block, cwd=tmp_path)
     assert done.returncode == 0, f"{page}, python block {number}:\n{done.stderr}"
     if "print(edge.uses" in block:
         assert done.stdout.split() == ["2", "0.4446"]

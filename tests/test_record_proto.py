@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers_proc import run_python
 
 import mnestoma
 from mnestoma import InvalidInput, UnitOfWork, make_engine, make_session_factory
@@ -108,9 +107,7 @@ def test_the_services_guide_example_prints_what_its_comments_say(tmp_path: Path)
     guide = Path(__file__).resolve().parent.parent / "docs" / "services.md"
     blocks = re.findall(r"```python\n(.*?)```", guide.read_text(encoding="utf-8"), re.S)
     [block] = [b for b in blocks if "record_proto(" in b]
-    done = subprocess.run(
-        [sys.executable, "-c", block], cwd=tmp_path, capture_output=True, text=True, timeout=120
-    )
+    done = run_python(block, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
         "proto None 2",

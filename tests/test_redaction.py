@@ -13,20 +13,19 @@ import asyncio
 import json
 import logging
 import shutil
-import traceback
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
-from conftest import create_pg_database, drop_pg_database, require_postgresql
+from cli_kit import SUBCOMMANDS, chain_text, every_exception, run, shown
+from click.testing import Result
+from conftest import require_postgresql
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
 import mnestoma
 from mnestoma import DatabaseUnavailable, MnestomaError, SchemaError
-from mnestoma.cli import cli, scrub
+from mnestoma.cli import scrub
 from mnestoma.config import is_secret_key, make_engine, redact_text, redact_url
 
 SECRET = "hunter2secret"
@@ -36,21 +35,6 @@ UNREACHABLE = "postgresql://root@127.0.0.1:1/store"
 def with_secret(url: str, key: str = "password") -> str:
     """``url`` with the secret in its query under ``key`` (libpq's ``?password=``)."""
     return make_url(url).update_query_dict({key: SECRET}).render_as_string(hide_password=False)
-
-
-def chain_text(err: BaseException) -> str:
-    """Everything a traceback of ``err`` would print, causes and contexts included."""
-    return "".join(traceback.format_exception(err))
-
-
-def run(*args: str, env: dict[str, str] | None = None) -> Result:
-    return CliRunner().invoke(cli, list(args), env=env)
-
-
-def shown(result: Result) -> str:
-    return (
-        result.stdout + result.stderr + (chain_text(result.exception) if result.exception else "")
-    )
 
 
 # --- the one function -----------------------------------------------------------------------
@@ -155,18 +139,9 @@ def test_a_sqlite_url_with_a_password_shows_none(tmp_path: Path) -> None:
         assert SECRET not in repr(store) + repr(store.engine)
 
 
-@pytest.fixture
-def pg_empty_url() -> Iterator[str]:
-    url = create_pg_database("mnestoma_redaction")
-    try:
-        yield url.render_as_string(hide_password=False)
-    finally:
-        drop_pg_database(url)
-
-
-def test_the_no_schema_error_hides_the_query_password(pg_empty_url: str) -> None:
+def test_the_no_schema_error_hides_the_query_password(pg_empty_db_url: str) -> None:
     with pytest.raises(SchemaError, match="has no mnestoma schema") as info:
-        mnestoma.Mnestoma(with_secret(pg_empty_url))
+        mnestoma.Mnestoma(with_secret(pg_empty_db_url))
     assert SECRET not in chain_text(info.value)
 
 
@@ -251,28 +226,11 @@ def test_no_subcommand_shows_the_query_secret_of_an_unreachable_server(
     key: str, tmp_path: Path
 ) -> None:
     url = with_secret(UNREACHABLE, key)
-    target = f"sqlite:///{tmp_path / 'target.sqlite'}"
+    target = str(tmp_path / "target.sqlite")
     commands = [
-        ["status"],
-        ["status", "--json"],
-        ["db", "upgrade"],
-        ["db", "downgrade", "base"],
-        ["db", "current"],
-        ["db", "history", "--indicate-current"],
-        ["record", "a@1", "b@2"],
-        ["edges"],
-        ["events"],
-        ["walk", "a"],
-        ["suggest", "a"],
-        ["protos"],
-        ["graph"],
-        ["queries"],
-        ["promote", "mn_x", "1"],
-        ["transition", "mn_x", "superseded"],
-        ["age"],
+        *([a.format(target=target) for a in args] for args in SUBCOMMANDS),
         ["demo"],
-        ["copy", "--to", target],
-        ["copy", "--from", target, "--to", url],
+        ["copy", "--from", f"sqlite:///{target}", "--to", url],
     ]
     for args in commands:
         runs = [run(*args, "--database-url", url), run("--database-url", url, *args)]
@@ -306,19 +264,6 @@ def test_copy_reports_hide_the_query_password_of_both_ends(
 # libpq's dbname holding a whole connection string with a password; the server answers that
 # no database has that name, repeating it.
 CONNINFO_IN_DBNAME = f"postgresql+psycopg://root@127.0.0.1/?dbname=dbname%3Dx%20password%3D{SECRET}"
-
-
-def every_exception(err: BaseException) -> list[BaseException]:
-    """``err`` and everything it chains: causes, contexts (shown or not), wrapped originals."""
-    found: list[BaseException] = []
-    stack: list[object] = [err]
-    while stack:
-        exc = stack.pop()
-        if not isinstance(exc, BaseException) or any(exc is f for f in found):
-            continue
-        found.append(exc)
-        stack.extend((exc.__cause__, exc.__context__, getattr(exc, "orig", None)))
-    return found
 
 
 def test_a_password_in_a_conninfo_dbname_is_not_in_the_database_unavailable_message() -> None:

@@ -11,13 +11,13 @@ import tracemalloc
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from conftest import mnest_row
 from sqlalchemy import column, insert, table, text
 
 import mnestoma
 from mnestoma import Mnestoma
 from mnestoma.models import Mnest
 from mnestoma.repository import WALK_LIMIT
-from mnestoma.rules import new_mnest_id
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 
@@ -28,20 +28,7 @@ def _dense_graph(store: Mnestoma, n: int, *, seed: int = 7) -> dict[str, tuple[s
     rnd = random.Random(seed)
     names = [f"x{i:02d}" for i in range(n)]
     rows = [
-        {
-            "id": new_mnest_id(),
-            "src_executor": a,
-            "src_version": "1",
-            "dst_executor": b,
-            "dst_version": "1",
-            "weight": round(rnd.uniform(0.3, 1.0), 9),
-            "uses": 1,
-            "ts_first": T0,
-            "ts_last": T0,
-            "ts_weight": T0,
-            "decay_lambda": 0.018,
-            "state": "active",
-        }
+        mnest_row(T0, src_executor=a, dst_executor=b, weight=round(rnd.uniform(0.3, 1.0), 9))
         for a, b in itertools.permutations(names, 2)
     ]
     with store.engine.begin() as conn:
@@ -168,20 +155,7 @@ def test_bulk_writes_through_the_view_are_refused(store: Mnestoma, statement: st
         "orm_update": (update(MnestomaView).where(MnestomaView.id == m.id).values(weight=0.9),),
         "orm_delete": (delete(MnestomaView).where(MnestomaView.id == m.id),),
         "orm_insert": (
-            insert(MnestomaView).values(
-                id=new_mnest_id(),
-                src_executor="x",
-                src_version="1",
-                dst_executor="y",
-                dst_version="1",
-                weight=0.5,
-                uses=1,
-                ts_first=T0,
-                ts_last=T0,
-                ts_weight=T0,
-                decay_lambda=0.018,
-                state="active",
-            ),
+            insert(MnestomaView).values(**mnest_row(T0, src_executor="x", dst_executor="y")),
         ),
         "core_update": (update(view).where(view.c.id == m.id).values(uses=99),),
         "core_delete": (delete(view),),
@@ -365,19 +339,7 @@ def test_the_merge_of_a_hub_is_linear_on_a_database_without_statistics(
             conn.execute(
                 insert(Mnest.__table__),
                 [
-                    {
-                        "id": new_mnest_id(),
-                        **ends(i),
-                        "src_version": "1",
-                        "dst_version": "1",
-                        "weight": 0.1,
-                        "uses": 1,
-                        "ts_first": T0,
-                        "ts_last": T0,
-                        "ts_weight": T0,
-                        "decay_lambda": 0.018,
-                        "state": state,
-                    }
+                    mnest_row(T0, **ends(i), weight=0.1, state=state)
                     for i in range(hub)
                     for state in ("active", "decaying")
                 ],
@@ -409,22 +371,7 @@ def test_the_merge_of_a_hub_is_linear_on_a_database_without_statistics(
 
 
 def _raw_row(**overrides: object) -> dict[str, object]:
-    row: dict[str, object] = {
-        "id": new_mnest_id(),
-        "src_executor": "a",
-        "src_version": "1",
-        "dst_executor": "b",
-        "dst_version": "1",
-        "weight": 0.5,
-        "uses": 1,
-        "ts_first": T0,
-        "ts_last": T0,
-        "ts_weight": T0,
-        "decay_lambda": 0.018,
-        "state": "active",
-    }
-    row.update(overrides)
-    return row
+    return mnest_row(T0, **overrides)
 
 
 @pytest.mark.parametrize(

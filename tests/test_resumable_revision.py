@@ -14,17 +14,15 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from alembic.autogenerate import compare_metadata
-from alembic.runtime.migration import MigrationContext
 from conftest import PG_ADMIN_URL, create_pg_database, drop_pg_database
+from schema_kit import schema_diff
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import URL, make_url
 
 import mnestoma
 from mnestoma import migration
 from mnestoma.config import make_engine
-from mnestoma.migration import VERSION_TABLE, current_revision, head_revision, offline_sql
-from mnestoma.models import VIEW_NAME, Base
+from mnestoma.migration import current_revision, head_revision, offline_sql
 
 TIMEOUT = 0.2  # seconds a statement waits for a lock in these tests
 CHECKS = ("ck_mnests_outcome_counts_nonneg", "ck_events_outcome_known")
@@ -34,25 +32,30 @@ class Stopped(Exception):
     """The upgrade was interrupted here (as a kill or a dropped connection would)."""
 
 
+def add_a_row_at_0007(conn: Connection) -> None:
+    """One edge and its event, as a store at 0007 holds them."""
+    conn.execute(
+        text(
+            "INSERT INTO mnests (id, src_executor, src_version, dst_executor, dst_version,"
+            " weight, uses, ts_first, ts_last, ts_weight, state) VALUES ('mn_resume0000001',"
+            " 'search', '1', 'read', '2', 0.3, 1, now(), now(), now(), 'active')"
+        )
+    )
+    conn.execute(
+        text(
+            "INSERT INTO events (mnest_id, kind, ts, weight_after, state_after)"
+            " VALUES ('mn_resume0000001', 'created', now(), 0.3, 'active')"
+        )
+    )
+
+
 @pytest.fixture
 def at_0007(pg_empty_db_url: str) -> Iterator[Engine]:
     """A PostgreSQL store at 0007 with a row and its event."""
     engine = make_engine(pg_empty_db_url)
     mnestoma.upgrade(engine, "0007")
     with engine.begin() as conn:
-        conn.execute(
-            text(
-                "INSERT INTO mnests (id, src_executor, src_version, dst_executor, dst_version,"
-                " weight, uses, ts_first, ts_last, ts_weight, state) VALUES ('mn_resume0000001',"
-                " 'search', '1', 'read', '2', 0.3, 1, now(), now(), now(), 'active')"
-            )
-        )
-        conn.execute(
-            text(
-                "INSERT INTO events (mnest_id, kind, ts, weight_after, state_after)"
-                " VALUES ('mn_resume0000001', 'created', now(), 0.3, 'active')"
-            )
-        )
+        add_a_row_at_0007(conn)
     try:
         yield engine
     finally:
@@ -74,15 +77,7 @@ def assert_complete_at_head(engine: Engine) -> None:
     """At head, the schema the models describe, both CHECKs there and validated, rows kept."""
     assert current_revision(engine) == head_revision()
     with engine.connect() as conn:
-        ctx = MigrationContext.configure(
-            conn,
-            opts={
-                "version_table": VERSION_TABLE,
-                "compare_type": True,
-                "include_object": lambda o, n, t, r, c: not (t == "table" and n == VIEW_NAME),
-            },
-        )
-        assert compare_metadata(ctx, Base.metadata) == []
+        assert schema_diff(conn) == []
         checks = dict(
             conn.execute(
                 text("SELECT conname, convalidated FROM pg_constraint WHERE conname = ANY(:n)"),
@@ -212,14 +207,7 @@ def template_0007() -> Iterator[URL]:
     try:
         mnestoma.upgrade(engine, "0007")
         with engine.begin() as conn:
-            conn.execute(
-                text(
-                    "INSERT INTO mnests (id, src_executor, src_version, dst_executor,"
-                    " dst_version, weight, uses, ts_first, ts_last, ts_weight, state) VALUES"
-                    " ('mn_resume0000001', 'search', '1', 'read', '2', 0.3, 1, now(), now(),"
-                    " now(), 'active')"
-                )
-            )
+            add_a_row_at_0007(conn)
     finally:
         engine.dispose()
     yield url

@@ -14,12 +14,11 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
-from click.testing import CliRunner, Result
+from cli_kit import run
 from sqlalchemy import event, func, select
 
 from mnestoma import InvalidInput, Mnestoma, UnitOfWork, make_engine, make_session_factory, rules
 from mnestoma.aio import AsyncMnestoma
-from mnestoma.cli import cli
 from mnestoma.models import Event
 from mnestoma.rules import PASSING, EventKind
 from mnestoma.sql.tables import EVENTS
@@ -27,10 +26,6 @@ from mnestoma.status import collect_status, render_status
 from mnestoma.testing.clock import MovableClock
 
 DAY = timedelta(days=1)
-
-
-def run(*args: Any) -> Result:
-    return CliRunner().invoke(cli, [str(a) for a in args])
 
 
 def history(store: Mnestoma, clock: MovableClock) -> datetime:

@@ -12,12 +12,12 @@ import pytest
 from conftest import PG_ADMIN_URL, require_postgresql
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from schema_kit import built_then_migrated
 from sqlalchemy import Engine, Float, bindparam, create_engine, inspect, select, text, type_coerce
 
-import mnestoma
 from mnestoma import Mnestoma, rules, sqlrules
 from mnestoma.config import make_engine
-from mnestoma.models import Base, Mnest
+from mnestoma.models import Mnest
 from mnestoma.rules import AgerRow, MnestState
 from mnestoma.types import UTCDateTime
 
@@ -90,19 +90,16 @@ def test_sql_days_since_is_the_day_count_between_two_instants(
     assert got == pytest.approx((now - since).total_seconds() / rules.SECONDS_PER_DAY, abs=DAYS_ABS)
 
 
+def _sql_decayed(d: Any) -> Any:
+    return sqlrules.decayed(d, W, LAM, SINCE, sqlrules.now_param())
+
+
 @SETTINGS
 @given(w=weights, lam=lambdas, since=instants, now=instants)
 def test_sql_decay_is_the_pure_decayed_weight(
     engine: Engine, w: float, lam: float, since: datetime, now: datetime
 ) -> None:
-    got = _eval(
-        engine,
-        lambda d: sqlrules.decayed(d, W, LAM, SINCE, sqlrules.now_param()),
-        w=w,
-        lam=lam,
-        since=since,
-        now=now,
-    )
+    got = _eval(engine, _sql_decayed, w=w, lam=lam, since=since, now=now)
     expected = rules.decayed_weight(w, lam, since, now)
     assert got == pytest.approx(expected, rel=WEIGHT_REL, abs=WEIGHT_ABS)
 
@@ -111,14 +108,7 @@ def test_sql_decay_is_the_pure_decayed_weight(
 def test_sql_decay_of_vanishing_weights_is_zero_not_an_underflow(
     engine: Engine, w: float, lam: float
 ) -> None:
-    got = _eval(
-        engine,
-        lambda d: sqlrules.decayed(d, W, LAM, SINCE, sqlrules.now_param()),
-        w=w,
-        lam=lam,
-        since=NOW - timedelta(days=400),
-        now=NOW,
-    )
+    got = _eval(engine, _sql_decayed, w=w, lam=lam, since=NOW - timedelta(days=400), now=NOW)
     assert got == pytest.approx(rules.decayed_weight(w, lam, NOW - timedelta(days=400), NOW))
     assert 0.0 <= got < 1e-80
 
@@ -192,19 +182,7 @@ def _checks(url: str) -> dict[tuple[str, str], str]:
 
 
 def test_the_check_constraints_from_the_rules_equal_the_migrated_ones(empty_db_url: str) -> None:
-    engine = make_engine(empty_db_url)
-    try:
-        Base.metadata.create_all(engine)
-    finally:
-        engine.dispose()
-    built = _checks(empty_db_url)
-    engine = make_engine(empty_db_url)
-    try:
-        Base.metadata.drop_all(engine)
-    finally:
-        engine.dispose()
-    mnestoma.upgrade(empty_db_url)
-    migrated = _checks(empty_db_url)
+    built, migrated = built_then_migrated(empty_db_url, _checks)
     assert built == migrated
     assert "ck_mnests_state_known" in {name for _, name in built}
 

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+from conftest import mnest_row
 from sqlalchemy import Engine, insert, select, text
 from sqlalchemy.exc import DataError, IntegrityError, StatementError
 from sqlalchemy.orm import Session
@@ -27,24 +28,19 @@ def engine(store_url: str) -> Iterator[Engine]:
 
 
 def _row(**overrides: Any) -> dict[str, Any]:
-    row = {
-        "id": "mn_schematest0001",
-        "src_executor": "search",
-        "src_version": "1",
-        "dst_executor": "read",
-        "dst_version": "2",
-        "weight": 0.3,
-        "uses": 1,
-        "ts_first": T0,
-        "ts_last": T0,
-        "ts_weight": T0,
-        "decay_lambda": 0.018,
-        "state": "active",
-        "tags": None,
-        "desired_sig": None,
-    }
-    row.update(overrides)
-    return row
+    return (
+        mnest_row(
+            T0,
+            id="mn_schematest0001",
+            src_executor="search",
+            dst_executor="read",
+            dst_version="2",
+            weight=0.3,
+            tags=None,
+            desired_sig=None,
+        )
+        | overrides
+    )
 
 
 def _insert(engine: Engine, *rows: dict[str, Any]) -> None:

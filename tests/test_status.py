@@ -11,12 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
+from cli_kit import STATUS_KEYS, run_ok
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
 
 import mnestoma
-from mnestoma.cli import cli
 from mnestoma.rules import AgerReport
 from mnestoma.sql.tables import AGER_RUNS
 from mnestoma.status import FEEDING_STATEMENT, READING_STATEMENT, collect_status, render_status
@@ -24,25 +23,23 @@ from mnestoma.testing.clock import MovableClock
 from mnestoma.tracing import executor, turn, wish
 
 RECORDERS = ["call", "tracer", "otel", "ager", "cli"]
-NEW_KEYS = [
-    "passings_by_recorder",
-    "fed_automatically",
-    "ager_runs",
-    "feeding",
-    "reading",
-    "outcomes_reported",
-    "outcomes",
-]
+NEW_KEYS = STATUS_KEYS[STATUS_KEYS.index("passings_by_recorder") :]
 
 
-def run(*args: Any) -> Result:
-    return CliRunner().invoke(cli, [str(a) for a in args])
+def status_and_scans(url: str, clock: MovableClock) -> tuple[Any, list[str]]:
+    """The status of the store at ``url`` and every statement it ran that scans the passings."""
+    engine = mnestoma.make_engine(url)
+    scans: list[str] = []
 
+    @event.listens_for(engine, "before_cursor_execute")
+    def seen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if re.search(r"\bkind IN \(", statement, re.IGNORECASE):
+            scans.append(statement)
 
-def run_ok(*args: Any) -> Result:
-    result = run(*args)
-    assert result.exit_code == 0, (result.stdout, result.stderr, result.exception)
-    return result
+    try:
+        return collect_status(engine, clock=clock), scans
+    finally:
+        engine.dispose()
 
 
 def status_json(url: str) -> dict[str, Any]:
@@ -175,18 +172,7 @@ def test_the_passings_are_read_in_one_scan_and_totalled_across_recorders(
     store.record_turn("t1", [("a", "1", "c", "1")], recorder="tracer")
     clock.advance(hours=1)
     store.record_passing("a", "1", "b", "2")  # reinforced, without a turn
-    engine = mnestoma.make_engine(store_url)
-    scans: list[str] = []
-
-    @event.listens_for(engine, "before_cursor_execute")
-    def seen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if re.search(r"\bkind IN \(", statement, re.IGNORECASE):
-            scans.append(statement)
-
-    try:
-        st = collect_status(engine, clock=clock)
-    finally:
-        engine.dispose()
+    st, scans = status_and_scans(store_url, clock)
     assert len(scans) == 1, scans
     assert (st.passings, st.passings_with_turn) == (3, 1)
     assert (st.last_passing, st.last_turn_passing) == (clock.now, clock.now - timedelta(hours=1))
@@ -244,18 +230,7 @@ def test_the_outcomes_are_counted_in_the_same_one_scan_of_the_passings(
     store: mnestoma.Mnestoma, store_url: str, clock: MovableClock
 ) -> None:
     store.record_passing("a", "1", "b", "2", outcome="error")
-    engine = mnestoma.make_engine(store_url)
-    scans: list[str] = []
-
-    @event.listens_for(engine, "before_cursor_execute")
-    def seen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if re.search(r"\bkind IN \(", statement, re.IGNORECASE):
-            scans.append(statement)
-
-    try:
-        st = collect_status(engine, clock=clock)
-    finally:
-        engine.dispose()
+    st, scans = status_and_scans(store_url, clock)
     assert len(scans) == 1 and "outcome" in scans[0], scans
     assert st.passings_by_recorder is not None
     assert st.passings_by_recorder["call"].error == 1

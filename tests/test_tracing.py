@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, text
+from traced_tools import aread, asearch, read, search
 
 import mnestoma
 from mnestoma import InvalidInput, Passing, StoreError
@@ -83,16 +84,6 @@ def edge(src: str, dst: str, outcome: str | None = "ok") -> Passing:
     return Passing(src, "1", dst, "1", outcome=outcome)
 
 
-@executor("search", "1")
-def search(pattern: str) -> list[str]:
-    return [f"/docs/report-{pattern}.pdf", f"/docs/summary-{pattern}.pdf"]
-
-
-@executor("read", "1")
-def read(path: str) -> str:
-    return f"contents of {path}"
-
-
 @executor("summarise", "1")
 def summarise(*texts: Any, **options: Any) -> str:
     return "summary: " + " | ".join(map(str, texts)) + json.dumps(options, default=str)
@@ -112,18 +103,6 @@ def make(value: Any) -> Any:
 def page(cursor: Any) -> dict[str, Any]:
     n = 0 if cursor is None else cursor["next"]
     return {"items": [f"item-{n}-{i}" for i in range(3)], "next": n + 2000}
-
-
-@executor("asearch", "1")
-async def asearch(pattern: str) -> list[str]:
-    await asyncio.sleep(0)
-    return [f"/docs/async-{pattern}.pdf"]
-
-
-@executor("aread", "1")
-async def aread(path: str) -> str:
-    await asyncio.sleep(0)
-    return f"async contents of {path}"
 
 
 # ---------------------------------------------------------------------------- outside a turn

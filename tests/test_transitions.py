@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from mnestoma import ConflictError, InvalidInput, InvalidTransition, Mnestoma, NotFound
@@ -24,6 +26,14 @@ def test_a_transition_changes_the_state_and_records_an_event(store: Mnestoma) ->
     )
 
 
+def assert_refused(store: Mnestoma, error: type[Exception], call: Any, *args: Any) -> None:
+    """``call(*args)`` raises ``error`` and leaves every row as it was."""
+    before = _dump(store)
+    with pytest.raises(error):
+        call(*args)
+    assert _dump(store) == before
+
+
 def test_the_same_state_again_changes_nothing_and_records_nothing(store: Mnestoma) -> None:
     a = store.record_passing("a", "1", "b", "1")
     before = _dump(store)
@@ -33,10 +43,7 @@ def test_the_same_state_again_changes_nothing_and_records_nothing(store: Mnestom
 
 def test_an_unknown_state_is_invalid_input(store: Mnestoma) -> None:
     a = store.record_passing("a", "1", "b", "1")
-    before = _dump(store)
-    with pytest.raises(InvalidInput):
-        store.transition_state(a.id, "retired")
-    assert _dump(store) == before
+    assert_refused(store, InvalidInput, store.transition_state, a.id, "retired")
 
 
 def test_an_unknown_id_is_not_found(store: Mnestoma) -> None:
@@ -49,10 +56,7 @@ def test_an_unknown_id_is_not_found(store: Mnestoma) -> None:
 @pytest.mark.parametrize("target", ["active", "decaying"])
 def test_a_proto_cannot_become_active_or_decaying(store: Mnestoma, target: str) -> None:
     p = store.record_passing("a", "1", "w", dst_exists=False)
-    before = _dump(store)
-    with pytest.raises(InvalidTransition):
-        store.transition_state(p.id, target)
-    assert _dump(store) == before
+    assert_refused(store, InvalidTransition, store.transition_state, p.id, target)
 
 
 def test_a_proto_can_be_superseded(store: Mnestoma) -> None:
@@ -65,10 +69,7 @@ def test_a_versioned_row_cannot_become_a_proto(store: Mnestoma, start: str) -> N
     a = store.record_passing("a", "1", "b", "1")
     if start != "active":
         store.transition_state(a.id, start)
-    before = _dump(store)
-    with pytest.raises(InvalidTransition):
-        store.transition_state(a.id, "proto")
-    assert _dump(store) == before
+    assert_refused(store, InvalidTransition, store.transition_state, a.id, "proto")
 
 
 def test_a_transition_onto_a_taken_key_is_a_conflict(store: Mnestoma) -> None:
@@ -103,19 +104,13 @@ def test_promotion_sets_the_version_and_clears_the_signature(store: Mnestoma) ->
 
 def test_promoting_what_is_not_a_proto_is_an_invalid_transition(store: Mnestoma) -> None:
     a = store.record_passing("a", "1", "b", "1")
-    before = _dump(store)
-    with pytest.raises(InvalidTransition):
-        store.promote_proto_to_active(a.id, "2")
-    assert _dump(store) == before
+    assert_refused(store, InvalidTransition, store.promote_proto_to_active, a.id, "2")
 
 
 def test_promoting_onto_an_existing_active_edge_is_a_conflict(store: Mnestoma) -> None:
     store.record_passing("a", "1", "pdf", "0.1.0")
     p = store.record_passing("a", "1", "pdf", dst_exists=False)
-    before = _dump(store)
-    with pytest.raises(ConflictError):
-        store.promote_proto_to_active(p.id, "0.1.0")
-    assert _dump(store) == before
+    assert_refused(store, ConflictError, store.promote_proto_to_active, p.id, "0.1.0")
 
 
 @pytest.mark.parametrize("version", ["", "  ", "x" * 256, "a\x00b", None, 3])

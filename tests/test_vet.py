@@ -18,12 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
+from cli_kit import run
 from sqlalchemy import event, insert
 
 from mnestoma import InvalidInput, Mnestoma, UnitOfWork, make_session_factory
 from mnestoma.aio import AsyncMnestoma
-from mnestoma.cli import cli
 from mnestoma.rules import DEFAULT_DECAY_LAMBDA, new_mnest_id, success_rate
 from mnestoma.runner import runner_for
 from mnestoma.sql.tables import MNESTS
@@ -37,10 +36,6 @@ from mnestoma.vetting import (
     normalise_steps,
     vet_chain,
 )
-
-
-def run(*args: Any) -> Result:
-    return CliRunner().invoke(cli, [str(a) for a in args])
 
 
 @pytest.fixture
