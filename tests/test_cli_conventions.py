@@ -423,11 +423,9 @@ def test_not_postgresql_deselects_every_test_that_needs_the_server() -> None:
 
 
 def test_rendering_postgresql_sql_needs_no_server_and_stays_selected() -> None:
-    kept = _collected("-m", "not postgresql", "tests/test_cli_small.py", "-k", "db_sql")
-    assert (
-        "tests/test_cli_small.py::test_db_sql_of_a_downward_range_prints_the_downgrade[postgresql]"
-        in kept
-    )
+    this = "tests/test_cli_conventions.py"
+    kept = _collected("-m", "not postgresql", this, "-k", "db_sql")
+    assert f"{this}::test_db_sql_of_a_downward_range_prints_the_downgrade[postgresql]" in kept
 
 
 def test_not_slow_deselects_tests_that_spawn_processes_or_build_wheels() -> None:
