@@ -12,6 +12,27 @@ from click.testing import CliRunner, Result
 
 from mnestoma.cli import cli
 
+# The keys of each edge in the JSON listings, in their order.
+MNEST_KEYS = [
+    "id",
+    "src_executor",
+    "src_version",
+    "dst_executor",
+    "dst_version",
+    "weight",
+    "uses",
+    "ts_first",
+    "ts_last",
+    "ts_weight",
+    "decay_lambda",
+    "state",
+    "tags",
+    "desired_sig",
+    "ok_count",
+    "error_count",
+    "effective_weight",
+]
+
 # The keys of ``status --json``, in their order.
 STATUS_KEYS = [
     "database",

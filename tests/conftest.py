@@ -33,6 +33,8 @@ from mnestoma.testing.clock import MovableClock  # noqa: E402
 
 pytest_plugins = ["mnestoma.testing"]
 
+REPO = Path(__file__).resolve().parent.parent  # the checkout: README.md, docs/, tests/
+
 PG_ADMIN_URL = os.environ.get(
     "MNESTOMA_TEST_PG_ADMIN_URL", "postgresql+psycopg://root@127.0.0.1:5432/test"
 )

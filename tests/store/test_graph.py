@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_kit import run
+from cli_kit import MNEST_KEYS, run
 from click.testing import Result
-from test_cli import MNEST_KEYS  # the JSON keys of every listing, stated once
+from conftest import REPO
 
 from mnestoma import InvalidInput, Mnestoma, MnestomaError, UnitOfWork, make_session_factory
 from mnestoma.graph import (
@@ -30,7 +30,7 @@ from mnestoma.graph import (
     to_networkx,
 )
 
-GRAPH_GUIDE = Path(__file__).resolve().parent.parent / "docs" / "graph.md"
+GRAPH_GUIDE = REPO / "docs" / "graph.md"
 TRICKY = ['we"ird\\name', "uni·cødé", "a#b|c;d", "<b>&amp;</b>", "`tick`", "end\\"]
 
 

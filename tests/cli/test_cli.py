@@ -11,32 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_kit import run, run_json, run_ok
+from cli_kit import MNEST_KEYS, run, run_json, run_ok
 from sqlalchemy import func, select
 
 import mnestoma
 from mnestoma.config import make_engine
 from mnestoma.models import CanonicalQuery, Event, Mnest
 
-MNEST_KEYS = [
-    "id",
-    "src_executor",
-    "src_version",
-    "dst_executor",
-    "dst_version",
-    "weight",
-    "uses",
-    "ts_first",
-    "ts_last",
-    "ts_weight",
-    "decay_lambda",
-    "state",
-    "tags",
-    "desired_sig",
-    "ok_count",
-    "error_count",
-    "effective_weight",
-]
 EVENT_KEYS = [
     "id",
     "mnest_id",

@@ -208,8 +208,8 @@ def test_a_cancelled_async_run_of_the_ager_stops_and_gives_its_connection_back(
     is left in a transaction, with the garbage collector off (before, on SQLite, the run's
     connection was left holding a batch's write lock until it ran). The store says the run
     was interrupted, and the next run completes it to the result of one run."""
+    from ager_kit import StoppedClock
     from test_ager_batches import one_transaction, reset, snapshot
-    from test_ager_run import StoppedClock
 
     from mnestoma.status import collect_status
 
@@ -257,8 +257,8 @@ def test_a_postgresql_run_cancelled_while_its_batch_waits_for_a_row_stops_waitin
     """A run whose batch waits for a row a writer holds (it waits as long as that lasts) is
     cancelled: it stops waiting within moments, while the writer still holds the row, gives
     its lock and connection back, and the next run completes it."""
+    from ager_kit import StoppedClock
     from test_ager_batches import ROWS, held_row_and_page, one_transaction, reset, snapshot
-    from test_ager_run import StoppedClock
 
     from mnestoma.status import collect_status
 

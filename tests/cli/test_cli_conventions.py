@@ -14,6 +14,7 @@ from typing import Any
 import click
 import pytest
 from cli_kit import run, run_ok
+from conftest import REPO
 from sqlalchemy import Engine, event
 
 import mnestoma
@@ -377,7 +378,7 @@ def test_exit_status_is_2_for_bad_input_and_1_for_refusals(store_url: str, kind:
 
 
 def test_the_guide_states_one_exit_status_per_error() -> None:
-    root = Path(__file__).resolve().parent.parent
+    root = REPO
     guide = (root / "docs" / "cli.md").read_text(encoding="utf-8")
     rows = {
         line.split("|")[1].strip(): line
@@ -399,21 +400,23 @@ def test_help_states_the_exit_statuses() -> None:
 
 # --- markers: -m "not postgresql" and -m "not slow" mean what they say ----------------------
 
-TESTS = Path(__file__).resolve().parent
-
 
 def _collected(*args: str) -> list[str]:
     """The test ids pytest selects for ``args`` (collection only, in a fresh process)."""
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args],
-        cwd=TESTS.parent, capture_output=True, text=True, timeout=600, check=False,
+        cwd=REPO, capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     assert done.returncode in (0, 5), done.stdout + done.stderr  # 5: nothing selected
     return [line for line in done.stdout.splitlines() if "::" in line]
 
 
 def test_not_postgresql_deselects_every_test_that_needs_the_server() -> None:
-    files = ["tests/test_record.py", "tests/test_bad_input.py", "tests/test_open_errors.py"]
+    files = [
+        "tests/store/test_record.py",
+        "tests/store/test_bad_input.py",
+        "tests/store/test_open_errors.py",
+    ]
     kept = _collected("-m", "not postgresql", *files)
     on_pg = _collected("-m", "postgresql", *files)
     assert kept and on_pg and not set(kept) & set(on_pg)
@@ -423,17 +426,21 @@ def test_not_postgresql_deselects_every_test_that_needs_the_server() -> None:
 
 
 def test_rendering_postgresql_sql_needs_no_server_and_stays_selected() -> None:
-    this = "tests/test_cli_conventions.py"
+    this = "tests/cli/test_cli_conventions.py"
     kept = _collected("-m", "not postgresql", this, "-k", "db_sql")
     assert f"{this}::test_db_sql_of_a_downward_range_prints_the_downgrade[postgresql]" in kept
 
 
 def test_not_slow_deselects_tests_that_spawn_processes_or_build_wheels() -> None:
-    files = ["tests/test_packaging.py", "tests/test_faults.py", "tests/test_readme.py"]
+    files = [
+        "tests/project/test_packaging.py",
+        "tests/races/test_faults.py",
+        "tests/project/test_readme.py",
+    ]
     slow = _collected("-m", "slow", *files)
     assert any("installed_wheel" in i for i in slow)  # builds a wheel
     assert any("killed_after_any_statement" in i for i in slow)  # through a helper
     assert any("test_a_readme_example_runs" in i for i in slow)  # subprocess.run
     fast = _collected("-m", "not slow", *files)
     assert not set(fast) & set(slow)
-    assert "tests/test_readme.py::test_the_readme_has_python_examples" in fast
+    assert "tests/project/test_readme.py::test_the_readme_has_python_examples" in fast

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from conftest import REPO
 from sqlalchemy import exc as sa_exc
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 if str(ROOT) not in sys.path:  # ``benchmarks`` lives at the top of the checkout
     sys.path.insert(0, str(ROOT))
 

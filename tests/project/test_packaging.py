@@ -9,10 +9,11 @@ import venv
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 
 import mnestoma
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 
 
 def _run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None) -> str:

@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 from helpers_proc import run_python
 
 import mnestoma
@@ -104,7 +105,7 @@ def test_the_repository_has_the_same_door(store_url: str, clock: MovableClock) -
 
 
 def test_the_services_guide_example_prints_what_its_comments_say(tmp_path: Path) -> None:
-    guide = Path(__file__).resolve().parent.parent / "docs" / "services.md"
+    guide = REPO / "docs" / "services.md"
     blocks = re.findall(r"```python\n(.*?)```", guide.read_text(encoding="utf-8"), re.S)
     [block] = [b for b in blocks if "record_proto(" in b]
     done = run_python(block, cwd=tmp_path)

@@ -14,8 +14,9 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 if str(ROOT) not in sys.path:  # ``benchmarks`` lives at the top of the checkout
     sys.path.insert(0, str(ROOT))
 

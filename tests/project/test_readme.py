@@ -11,11 +11,12 @@ from pathlib import Path
 
 import click
 import pytest
+from conftest import REPO
 from helpers_proc import run_python
 
 from mnestoma.cli import cli
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 PAGES = [README, *sorted(DOCS.glob("*.md"))]

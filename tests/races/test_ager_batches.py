@@ -19,9 +19,9 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from ager_kit import T0, StoppedClock, demoting_store, load
 from sqlalchemy import Engine, event, text
 from sqlalchemy.exc import DBAPIError
-from test_ager_run import T0, StoppedClock, demoting_store, load
 
 import mnestoma
 from mnestoma import AgerReport, Mnestoma, ager, locking, rules

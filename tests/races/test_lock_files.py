@@ -27,13 +27,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import REPO
 from sqlalchemy import make_url
 
 import mnestoma
 from mnestoma import StoreError
 from mnestoma.locking import ENV_LOCK_TIMEOUT, open_beside_store, waiting_file
 
-REPO = Path(__file__).resolve().parents[1]
 # A run that should end in a second or two; a FIFO that blocks it would block for ever.
 RUN_TIMEOUT_S = 60
 NOBODY = 65534

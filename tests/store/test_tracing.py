@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+from conftest import REPO
 from sqlalchemy import create_engine, text
 from traced_tools import aread, asearch, read, search
 
@@ -958,9 +959,8 @@ def test_async_with_writes_through_the_blocking_store(store: mnestoma.Mnestoma) 
 
 def test_the_overhead_benchmark_runs_and_reports_every_figure(tmp_path: Any) -> None:
     import sys
-    from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = REPO
     if str(root) not in sys.path:  # ``benchmarks`` lives at the top of the checkout
         sys.path.insert(0, str(root))
     from benchmarks import tracing_overhead as bench

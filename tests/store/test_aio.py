@@ -23,6 +23,7 @@ from typing import Annotated, Any
 
 import httpx
 import pytest
+from conftest import REPO
 from fastapi import Depends, FastAPI, HTTPException, Request
 from helpers_proc import run_python
 from pydantic import BaseModel
@@ -702,7 +703,7 @@ def test_the_async_door_benchmark_runs_quick_and_loses_nothing(tmp_path: Path) -
     out = tmp_path / "figures.json"
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks.async_door", "--quick", "--json", str(out)],
-        cwd=Path(__file__).resolve().parent.parent,
+        cwd=REPO,
         capture_output=True,
         text=True,
         timeout=300,
@@ -716,7 +717,7 @@ def test_the_async_door_benchmark_runs_quick_and_loses_nothing(tmp_path: Path) -
 
 # --- the services guide ------------------------------------------------------------------------
 
-SERVICES_GUIDE = Path(__file__).resolve().parent.parent / "docs" / "services.md"
+SERVICES_GUIDE = REPO / "docs" / "services.md"
 
 
 @pytest.mark.parametrize(

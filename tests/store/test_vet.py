@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from cli_kit import run
+from conftest import REPO
 from sqlalchemy import event, insert
 
 from mnestoma import InvalidInput, Mnestoma, UnitOfWork, make_session_factory
@@ -496,7 +497,7 @@ def test_mnestoma_vet_without_steps_is_a_usage_error() -> None:
 
 
 def test_the_guides_example_is_what_the_command_prints_of_the_demo(tmp_path: Path) -> None:
-    guide = Path(__file__).resolve().parent.parent / "docs" / "cli.md"
+    guide = REPO / "docs" / "cli.md"
     section = guide.read_text(encoding="utf-8").split("## `mnestoma vet`", 1)[1]
     shown = re.search(
         r"```\n\$ mnestoma demo [^\n]*\n\$ mnestoma (vet [^\n]*)\n(.*?)```", section, re.S

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
+
+from conftest import REPO
 
 import mnestoma
 
-API = Path(__file__).resolve().parents[1] / "docs" / "api"
+API = REPO / "docs" / "api"
 
 
 def _documented() -> set[str]:

@@ -23,6 +23,7 @@ from cli_kit import run
 from click.testing import Result
 from conftest import (
     PG_ADMIN_URL,
+    REPO,
     require_postgresql,
 )
 from helpers_proc import run_python
@@ -48,7 +49,6 @@ from mnestoma import (
 from mnestoma.copying import copy_store
 from mnestoma.testing.clock import MovableClock
 
-REPO = Path(__file__).resolve().parent.parent
 TOO_BIG = 2**63  # one past the largest integer both engines hold
 DEEP_SIG = '{"a": ' + "[" * 10_000 + "]" * 10_000 + "}"
 

@@ -7,8 +7,9 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 CONTRACT = ROOT / "docs" / "contract.md"
 FENCE = re.compile(r"^```.*?^```", re.M | re.S)
 SECTIONS = 12
