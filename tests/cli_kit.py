@@ -63,6 +63,11 @@ STATUS_KEYS = [
     "reading",
     "outcomes_reported",
     "outcomes",
+    "estimated",
+    "scanned",
+    "standby",
+    "standby_lag_s",
+    "replicas",
 ]
 
 # Every subcommand that opens the store it is given; ``{target}`` is a SQLite file's path.

@@ -1,5 +1,5 @@
 """Read replicas (contract §12) on a real PostgreSQL primary and streaming replica that the
-suite starts itself (``tests/pg_cluster.py``): routing, read-your-writes under concurrent
+suite starts itself (``benchmarks/replication.py``): routing, read-your-writes under concurrent
 writers, a replica stopped mid-run or lagging, both doors, the command line; and SQLite,
 which has no replicas.
 """
@@ -15,8 +15,8 @@ from collections.abc import Iterator
 import pytest
 from click.testing import CliRunner
 from conftest import REQUIRE_PG
-from pg_cluster import Cluster, binaries_missing
 
+from benchmarks.replication import Cluster, binaries_missing
 from mnestoma import InvalidInput, Mnestoma, Settings
 from mnestoma.aio import AsyncMnestoma
 from mnestoma.cli import cli
@@ -174,6 +174,9 @@ def test_a_lagging_replica_is_skipped_and_its_reads_go_to_the_primary(
         time.sleep(QUICK.replica_max_lag)
         edges = store.edges()  # the replica lags past the bound: the primary answers
         assert len(edges) == 3
+        assert store.replica_stats()["replicas"][0]["skips"] == 0  # seen once: to confirm
+        time.sleep(0.2)
+        assert len(store.edges()) == 3  # confirmed: skipped
         (replica,) = store.replica_stats()["replicas"]
         assert replica["skips"] == 1 and replica["lag_s"] > QUICK.replica_max_lag
         assert "lags" in replica["reason"]
@@ -184,6 +187,23 @@ def test_a_lagging_replica_is_skipped_and_its_reads_go_to_the_primary(
         time.sleep(QUICK.replica_skip)
         assert len(store.edges()) == 3
         assert store.replica_stats()["replicas"][0]["reads"] >= 1
+
+
+def test_writes_resuming_after_an_idle_primary_do_not_get_the_replica_skipped(
+    pair: Cluster,
+) -> None:
+    with (
+        Mnestoma(pair.primary_url, replicas=[pair.replica_url], settings=QUICK) as store,
+        Mnestoma(pair.primary_url) as other,
+    ):
+        other.record_passing("a", "1", "b", "2")
+        pair.wait_caught_up()
+        time.sleep(2 * QUICK.replica_max_lag)  # the primary idle, longer than the bound
+        for i in range(20):  # writes resume; reads go on
+            other.record_passing("a", "1", f"c{i}", "2")
+            store.edges()
+            time.sleep(0.02)
+        assert store.replica_stats()["replicas"][0]["skips"] == 0
 
 
 def test_no_caller_reads_a_state_older_than_its_own_last_write_under_concurrent_writers(
@@ -252,6 +272,20 @@ def test_the_command_line_reads_through_the_replicas_it_is_given(
     listed = runner.invoke(cli, ["edges", "--database-url", pair.primary_url])
     assert listed.exit_code == 0, listed.output
     assert "a@1" in listed.output and "b" in listed.output
+    status = runner.invoke(cli, ["status", "--database-url", pair.primary_url])
+    assert status.exit_code == 0, status.output
+    assert f"replica    {pair.replica_url}: standby, lag 0.0 s" in status.output
+    assert "this is a read replica" not in status.output
+    pair.stop_replica()
+    down = runner.invoke(cli, ["status", "--database-url", pair.primary_url])
+    assert down.exit_code == 0, down.output
+    assert f"replica    {pair.replica_url}: does not answer" in down.output
+    pair.start_replica()
+    monkeypatch.delenv("MNESTOMA_REPLICA_URLS")
+    on_replica = runner.invoke(cli, ["status", "--database-url", pair.replica_url])
+    assert on_replica.exit_code == 0, on_replica.output
+    assert "role       this is a read replica" in on_replica.output
+    assert "mnests     1 " in on_replica.output
 
 
 def test_replicas_are_refused_on_sqlite_and_a_sqlite_replica_anywhere(

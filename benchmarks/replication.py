@@ -1,4 +1,5 @@
-"""A PostgreSQL primary and a streaming replica of its own, for the tests of read replicas.
+"""A PostgreSQL primary and a streaming replica of its own, for the tests of read replicas
+and the scale benchmark (``benchmarks.scale``).
 
 Built from the server's binaries (``initdb``, ``pg_ctl``, ``pg_basebackup -R``) on free
 ports, with data directories in a temporary folder, run as the ``postgres`` user when the
