@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session, SessionTransaction, sessionmaker
 
 from .errors import InvalidInput, MnestomaError, is_retryable, translate_errors
 from .locking import take_write_lock
-from .repository import CanonicalQueryRepository, MnestRepository
+from .repository import CanonicalQueryRepository, MnestRepository, built
 from .settings import Settings, settings_of
 from .validation import Clock
 
@@ -286,8 +286,9 @@ def written(
 
     def once() -> T:
         with ConnectionUnitOfWork(bind, settings=settings) as unit:
+            unit.mnests._build_results_after_commit()
             result = work(unit)
             unit.commit()
-            return result
+        return built(result)  # a snapshot is built outside the write lock
 
     return with_retries(once)
