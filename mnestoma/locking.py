@@ -43,6 +43,7 @@ __all__ = [
     "ENV_LOCK_TIMEOUT",
     "LOCK_TIMEOUT_OPTION",
     "MAX_BUSY_TIMEOUT_MS",
+    "RESTS_AT_STATEMENTS",
     "SNAPSHOT_INFO",
     "STORE_FILE_SUFFIXES",
     "WRITE_LOCK_POLL_S",
@@ -60,6 +61,7 @@ __all__ = [
     "lock_timeout_seconds",
     "open_beside_store",
     "pause_on",
+    "rest_before_statement",
     "rest_busy_timeout",
     "saying_it_waits",
     "store_files",
@@ -318,6 +320,19 @@ def _execute_waiting(
         if not (done and rest_after):
             with contextlib.suppress(sqlite3.Error):  # never hide the error that ended the wait
                 _set_busy_timeout(dbapi, info, info[_BUSY_REST_INFO])
+
+
+# Dialect attribute: its engine's listener runs rest_before_statement before each statement.
+RESTS_AT_STATEMENTS = "_mnestoma_rests_at_statements"
+
+
+def rest_before_statement(dbapi: Any, info: dict[Any, Any]) -> None:
+    """Before a statement SQLAlchemy (or the statement runner, for a transaction that does
+    not hold the write lock) runs on a SQLite connection: the connection's resting busy
+    timeout, should a write have left it the short one (see :func:`take_write_lock`)."""
+    rest = info.get(_BUSY_REST_INFO)
+    if rest is not None and info.get(_BUSY_NOW_INFO) != rest:
+        _set_busy_timeout(dbapi, info, rest)
 
 
 def _rest_busy_timeout(dbapi: Any) -> None:
@@ -581,7 +596,10 @@ def track_writes(engine: Any) -> None:
     """Have the transactions of ``engine`` (a SQLite one; a sync Engine) end the writes
     :func:`write_begins` noted, once they have ended: SQLAlchemy commits, rolls back and
     closes through its dialect. A write that kept its short busy timeout to the end (see
-    :func:`take_write_lock`) gets the resting one back there, once the lock is released.
+    :func:`take_write_lock`) gets the resting one back there, once the lock is released,
+    unless the engine's own listener puts it back before the next statement that is not
+    that of a write holding the lock (:func:`rest_before_statement`, a ``make_engine``
+    engine): a connection that only writes then never changes it again.
     In a child forked mid-write, the connection of that write is left alone: committing,
     rolling back or closing it would act on the parent's write.
     """
@@ -595,14 +613,16 @@ def track_writes(engine: Any) -> None:
             _refuse_if_forked_mid_write(_driver_of(dbapi), engine.url)
         commit(dbapi)
         _end_write(dbapi)
-        _rest_busy_timeout(dbapi)
+        if not getattr(dialect, RESTS_AT_STATEMENTS, False):
+            _rest_busy_timeout(dbapi)
 
     def do_rollback(dbapi: Any) -> None:
         if _inherited_writes and id(_driver_of(dbapi)) in _inherited_writes:
             return
         rollback(dbapi)
         _end_write(dbapi)
-        _rest_busy_timeout(dbapi)
+        if not getattr(dialect, RESTS_AT_STATEMENTS, False):
+            _rest_busy_timeout(dbapi)
 
     def do_close(dbapi: Any) -> None:
         if _inherited_writes and id(_driver_of(dbapi)) in _inherited_writes:

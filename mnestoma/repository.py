@@ -116,6 +116,7 @@ _WEIGHT, _LAMBDA, _TS_WEIGHT, _TS_LAST = (
 _TAGS, _SIG = _COL["tags"], _COL["desired_sig"]
 _OK, _ERROR = _COL["ok_count"], _COL["error_count"]
 Row = tuple[Any, ...]
+_REINFORCED = EventKind.REINFORCED.value
 # Where PostgreSQL's one-statement reinforcement finds its event values in an event tuple.
 _PG_REINFORCE_EVENT_AT = tuple(rec.EVENT_ROW.index(n) for n in rec.PG_REINFORCE_EVENT_PARAMS)
 
@@ -463,31 +464,35 @@ class MnestRepository(GraphReads):
         self, row: Row, p: Passing, turn_id: str | None, now: datetime, recorder: str
     ) -> tuple[Row, Row]:
         """A reinforcement's UPDATE_REINFORCE values (:data:`~mnestoma.sql.record.REINFORCE_ROW`
-        order) and its event."""
+        order) and its event (:func:`_event`'s tuple, written out: this runs while the write
+        lock is held)."""
         ts_last = advance(row[_TS_LAST], now)
         ts_weight = advance(row[_TS_WEIGHT], now)
         before = decayed_weight(row[_WEIGHT], row[_LAMBDA], row[_TS_WEIGHT], ts_weight)
         after = reinforce(before)
+        mnest_id, state, outcome = row[_ID], row[_STATE], p.outcome
         values = (
-            row[_ID],
+            mnest_id,
             after,
             ts_last,
             ts_weight,
             p.tags if p.tags is not None else row[_TAGS],
             p.desired_sig if p.desired_sig is not None else row[_SIG],
-            *outcome_counts(p.outcome),
+            *outcome_counts(outcome),
         )
-        ev = _event(
-            row[_ID],
-            EventKind.REINFORCED,
+        ev = (
+            mnest_id,
+            _REINFORCED,
             ts_last,
-            turn_id=turn_id,
-            weight_before=before,
-            weight_after=after,
-            state_before=row[_STATE],
-            state_after=row[_STATE],
-            recorder=recorder,
-            outcome=p.outcome,
+            turn_id,
+            before,
+            after,
+            state,
+            state,
+            None,  # reason
+            None,  # related_id
+            recorder,
+            outcome,
         )
         return values, ev
 

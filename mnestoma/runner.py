@@ -20,6 +20,7 @@ SQLAlchemy again and is seen there (SQLite: ``exec_driver_sql``; PostgreSQL: Cor
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import operator
 import sqlite3
@@ -300,13 +301,14 @@ def _compile(stmt: Executable, dialect: Dialect, column_keys: tuple[str, ...]) -
 def _prepare(conn: Connection, stmt: Executable, column_keys: tuple[str, ...]) -> _Prepared | None:
     dialect = conn.dialect
     # the same statement compiles differently for another dialect, driver or server
-    flavour = (type(dialect), dialect.paramstyle, dialect.server_version_info)
-    key = (id(stmt), column_keys, flavour)
-    with _PREPARED_LOCK:
-        entry = _PREPARED.get(key)
-        if entry is not None and entry[0] is stmt:
+    key = (id(stmt), column_keys, type(dialect), dialect.paramstyle, dialect.server_version_info)
+    # A hit takes no lock (each OrderedDict call is atomic); an entry another thread evicted
+    # meanwhile is still the right one to use.
+    entry = _PREPARED.get(key)
+    if entry is not None and entry[0] is stmt:
+        with contextlib.suppress(KeyError):
             _PREPARED.move_to_end(key)
-            return entry[1]
+        return entry[1]
     prepared = _compile(stmt, conn.dialect, column_keys)
     with _PREPARED_LOCK:
         _PREPARED[key] = (stmt, prepared)
