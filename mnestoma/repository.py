@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar, cast
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Executable
 from sqlalchemy.orm import Session, scoped_session
 
 from . import ranking
@@ -121,6 +121,33 @@ _REINFORCED = EventKind.REINFORCED.value
 _PG_REINFORCE_EVENT_AT = tuple(rec.EVENT_ROW.index(n) for n in rec.PG_REINFORCE_EVENT_PARAMS)
 
 
+# The statements a write will run, per dialect: looked up before it takes the write lock.
+Plans = Mapping[str, Sequence[tuple[Executable, tuple[str, ...]]]]
+
+
+def _one_passing_plans(proto: bool) -> Plans:
+    """What :meth:`MnestRepository._record_one` runs, on each engine."""
+    sel: Executable = rec.SELECT_ONE_PROTO if proto else rec.SELECT_ONE_ACTIVE
+    event = (rec.INSERT_EVENT, rec.EVENT_ROW)
+    return {
+        "sqlite": (
+            (sel, ()),
+            (rec.UPDATE_REINFORCE, rec.REINFORCE_ROW),
+            event,
+            (rec.INSERT_MNEST_LOCKED, MNEST_COLUMNS),
+        ),
+        "postgresql": (
+            (sel, ()),
+            (rec.PG_REINFORCE_WITH_EVENT, rec.PG_REINFORCE_ROW),
+            event,
+            (rec.insert_mnest("postgresql"), ()),
+        ),
+    }
+
+
+_ONE_PASSING_PLANS = {proto: _one_passing_plans(proto) for proto in (False, True)}
+
+
 def _key(p: Passing) -> Key:
     return (p.src_executor, p.src_version, p.dst_executor, p.dst_version)
 
@@ -209,8 +236,8 @@ class MnestRepository(GraphReads):
     def _ex(self) -> StatementRunner:
         return runner_for(_connection_of(self._session))
 
-    def _write_ex(self) -> StatementRunner:
-        return _write_runner(self._session, self._before_write)
+    def _write_ex(self, plans: Plans | None = None) -> StatementRunner:
+        return _write_runner(self._session, self._before_write, plans)
 
     def _now(self) -> datetime:
         return self.settings.now()
@@ -305,7 +332,7 @@ class MnestRepository(GraphReads):
         proto = not p.dst_exists
         sel = rec.SELECT_ONE_PROTO if proto else rec.SELECT_ONE_ACTIVE
         params = _key_params(_key(p))
-        ex = self._write_ex()
+        ex = self._write_ex(_ONE_PASSING_PLANS[proto])
         for _ in range(RACE_ROUNDS):
             row = ex.first(sel, params)
             now = self._now()  # read once the write lock is held
@@ -953,18 +980,24 @@ def _connection_of(session: Session | Connection) -> Connection:
 
 
 def _write_runner(
-    session: Session | Connection, before_write: Callable[[], None] | None
+    session: Session | Connection,
+    before_write: Callable[[], None] | None,
+    plans: Plans | None = None,
 ) -> StatementRunner:
     """A statement runner on the connection, in a transaction that holds the write lock
     (SQLite) before the first statement of a write: see :mod:`mnestoma.locking`. What the
     runner's first statement would do (look whether anybody observes the statements, begin
-    SQLAlchemy's transaction) is done before the lock is taken: other writers queue for as
-    long as it is held."""
+    SQLAlchemy's transaction) and finding the compiled statements of ``plans`` (per
+    dialect) are done before the lock is taken: other writers queue for as long as it is
+    held."""
     if before_write is not None:
         before_write()
     conn = _connection_of(session)
     ex = runner_for(conn)
     ex.ready()
+    if plans is not None:
+        for stmt, columns in plans.get(ex.dialect, ()):
+            ex.plan(stmt, columns)
     with translate_errors():
         take_write_lock(conn)
     ex.lock_held()

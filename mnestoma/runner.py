@@ -75,6 +75,10 @@ class StatementRunner:
     def lock_held(self) -> None:
         """The operation's transaction holds the write lock from now on (nothing here)."""
 
+    def plan(self, stmt: Executable, columns: tuple[str, ...] = ()) -> None:
+        """Compile ``stmt`` now for the rows this runner will give it (``columns``: tuples in
+        that order; () for a read or mappings): nothing to do here."""
+
     def execute(
         self, stmt: Executable, params: Params | Sequence[Params] | None = None
     ) -> CursorResult[Any]:
@@ -356,7 +360,15 @@ class DriverRunner(StatementRunner):
     (a passing, a turn's batched writes, the rows a turn or a walk reads) SQLAlchemy's
     per-statement and per-row processing costs more than the database's own work."""
 
-    __slots__ = ("_core_fallback", "_dbapi", "_instants", "_locked", "_own", "_unobserved")
+    __slots__ = (
+        "_core_fallback",
+        "_dbapi",
+        "_instants",
+        "_locked",
+        "_own",
+        "_plans",
+        "_unobserved",
+    )
 
     def __init__(self, conn: Connection) -> None:
         super().__init__(conn)
@@ -372,6 +384,21 @@ class DriverRunner(StatementRunner):
         # Each instant bound by the operation's statements, converted once: a passing binds
         # its now three times (ts_last, ts_weight, the event's ts).
         self._instants: dict[datetime, Any] = {}
+        # Statements compiled (found in the cache) before the write lock was taken.
+        self._plans: dict[tuple[int, tuple[str, ...]], _Prepared | None] = {}
+
+    def plan(self, stmt: Executable, columns: tuple[str, ...] = ()) -> None:
+        """Find ``stmt`` compiled (or compile it) now, for rows in ``columns`` order (() for a
+        read, or mappings named as the statement's first row names them): a write looks its
+        statements up before it takes the lock."""
+        self._plans[(id(stmt), columns)] = _prepare(self.conn, stmt, columns)
+
+    def _planned(self, stmt: Executable, columns: tuple[str, ...]) -> _Prepared | None:
+        plans = self._plans
+        key = (id(stmt), columns)
+        if key in plans:
+            return plans[key]
+        return _prepare(self.conn, stmt, columns)
 
     def ready(self) -> None:
         """Look now whether a statement may run at the driver, and begin SQLAlchemy's
@@ -447,7 +474,7 @@ class DriverRunner(StatementRunner):
             raise translate(wrapped) from wrapped
 
     def rows(self, stmt: Executable, params: Params | None = None) -> list[tuple[Any, ...]]:
-        prepared = _prepare(self.conn, stmt, ())
+        prepared = self._planned(stmt, ())
         dbapi = None if prepared is None else self._driver()
         if prepared is None or (dbapi is None and self._core_fallback):
             return super().rows(stmt, params)
@@ -465,7 +492,7 @@ class DriverRunner(StatementRunner):
         if not rows:
             return
         keys = columns if columns is not None else tuple(cast(Params, rows[0]))
-        prepared = _prepare(self.conn, stmt, keys)
+        prepared = self._planned(stmt, keys)
         dbapi = None if prepared is None else self._driver()
         if prepared is None or (dbapi is None and self._core_fallback):
             super().many(stmt, rows, columns)
