@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from .clock import Clock, read_clock, utc_now
 from .config import make_engine, redact_url, resolve_database_url
+from .display import recorder_name
 from .errors import translate_errors
 from .locking import ager_running
 from .migration import head_revision, known_revisions, read_revision, sqlite_store_missing
@@ -65,14 +66,6 @@ READING_STATEMENT = (
 AGER_COUNTERS: tuple[str, ...] = tuple(f.name for f in fields(AgerReport))
 # "The last 30 days" of the ager's runs, counted back from the status's now.
 AGER_WINDOW = timedelta(days=30)
-
-RECORDER_NAMES = {
-    Recorder.CALL.value: "calls of the API",
-    Recorder.TRACER.value: "the in-process tracer (mnestoma.tracing)",
-    Recorder.OTEL.value: "the OpenTelemetry processor (mnestoma.otel)",
-    Recorder.AGER.value: "the ager",
-    Recorder.CLI.value: "the command line",
-}
 
 
 @dataclass(frozen=True)
@@ -231,7 +224,7 @@ class StoreStatus:
                 "(ok) or failed (error)"
             )
         return "reported by " + "; ".join(
-            f"{RECORDER_NAMES[name]}: {f.with_outcome} of {f.passings} "
+            f"{recorder_name(name)}: {f.with_outcome} of {f.passings} "
             f"passing{'s' if f.passings != 1 else ''} ({f.ok} ok, {f.error} error)"
             for name, f in self.reporting_outcomes.items()
         )
@@ -246,7 +239,7 @@ class StoreStatus:
             )
         if not fed:
             others = [
-                f"{RECORDER_NAMES[name]} ({f.passings})"
+                f"{recorder_name(name)} ({f.passings})"
                 for name, f in (self.passings_by_recorder or {}).items()
                 if f.passings
             ]
@@ -256,7 +249,7 @@ class StoreStatus:
         parts = []
         for r in AUTOMATIC_RECORDERS:
             facts = (self.passings_by_recorder or {}).get(r.value, _NONE)
-            name = RECORDER_NAMES[r.value]
+            name = recorder_name(r.value)
             if facts.passings:
                 n = facts.passings
                 parts.append(
