@@ -440,8 +440,10 @@ def _batch_sqlite(
 def _with_pairs(
     conn: Connection, s: SQLiteAgerStatements, changes: Callable[[], AgerReport]
 ) -> AgerReport:
-    """``changes()`` with the temporary table of pairs created for it and dropped after."""
+    """``changes()`` with the temporary table of pairs created for it and dropped after (a
+    table the connection kept, from a run in batches stopped before its end, is emptied)."""
     _run(conn, s.pairs_create)
+    _run(conn, s.pairs_clear)
     try:
         report = changes()
     except BaseException:
@@ -539,7 +541,7 @@ class AgerSession:
         self._set_autocheckpoint(0)
 
     def _create_pairs(self) -> None:
-        _run(self._conn, sqlite_ager_statements(True).pairs_create_once)
+        _run(self._conn, sqlite_ager_statements(True).pairs_create)
         self._conn.commit()
         self.pairs_ready = True
 
@@ -585,8 +587,14 @@ class AgerSession:
             with suppress(Exception):
                 if conn.in_transaction():
                     conn.rollback()
-                _run(conn, sqlite_ager_statements(True).pairs_drop)
-                conn.commit()
+                # at the driver, outside a transaction: dropping a temporary table takes
+                # no lock of the database, where the package's write would wait for one
+                drop = str(sqlite_ager_statements(True).pairs_drop.compile(dialect=conn.dialect))
+                cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+                try:
+                    cursor.execute(drop)
+                finally:
+                    cursor.close()
         if self._wal_index >= 0:
             with suppress(Exception):
                 self.release()

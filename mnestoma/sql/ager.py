@@ -387,14 +387,13 @@ class SQLiteAgerStatements:
     the temporary :data:`PAIRS`, the events of prunes and demotions in one scan before the
     rows change), and what plans a run: its rowids and rows, the page cache's size."""
 
-    pairs_create: CreateTable
     changes: tuple[AgerChange, ...]
     archive_count: Select[int]
     pairs_drop: DropTable
     bounds: Select[int, int, int, bool]  # (first rowid, last rowid + 1, rows, any decaying)
     cache_size: TextClause
     page_size: TextClause
-    pairs_create_once: CreateTable
+    pairs_create: CreateTable  # IF NOT EXISTS: a run in batches keeps it for the run
     pairs_clear: Executable
     wal_autocheckpoint: TextClause
 
@@ -461,7 +460,6 @@ def _sqlite(now: Any, batched: bool) -> SQLiteAgerStatements:
         )
     )
     return SQLiteAgerStatements(
-        pairs_create=CreateTable(p),
         changes=(
             AgerChange(
                 PAIRS_STEP,
@@ -518,7 +516,7 @@ def _sqlite(now: Any, batched: bool) -> SQLiteAgerStatements:
         ).select_from(M),
         cache_size=text("PRAGMA cache_size"),
         page_size=text("PRAGMA page_size"),
-        pairs_create_once=CreateTable(p, if_not_exists=True),
+        pairs_create=CreateTable(p, if_not_exists=True),
         pairs_clear=delete(p),
         wal_autocheckpoint=text("PRAGMA wal_autocheckpoint"),
     )
