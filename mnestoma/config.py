@@ -35,7 +35,6 @@ from .locking import (
 from .runner import own_listener
 
 __all__ = [
-    "READ_ONLY_OPTION",
     "WRITE_OPTION",
     "carries_secret",
     "default_sqlite_path",
@@ -54,11 +53,11 @@ __all__ = [
 
 ENV_DATABASE_URL = "MNESTOMA_DATABASE_URL"
 ENV_DB_PATH = "MNESTOMA_DB_PATH"
+# The command line's read replicas (contract §12), comma-separated URLs.
+ENV_REPLICA_URLS = "MNESTOMA_REPLICA_URLS"
 ENV_WORKSPACE = "METNOS_WORKSPACE"
 # The mode of every folder the package creates for a new SQLite store: its owner's alone.
 PRIVATE_FOLDER_MODE = 0o700
-# Execution option: a transaction that only reads begins with a plain (deferred) BEGIN.
-READ_ONLY_OPTION = "mnestoma_read_only"  # kept for callers of 0.1; reads never lock now
 # Execution option: on SQLite, transactions begin with the write lock whatever they run first
 # (for a caller's own read-then-write transactions).
 WRITE_OPTION = "mnestoma_write"

@@ -1,4 +1,5 @@
-"""How each state of a mnest is shown, in one table keyed by :class:`~mnestoma.rules.MnestState`.
+"""How each state of a mnest is shown, in one table keyed by :class:`~mnestoma.rules.MnestState`,
+and how each recorder is named, in one keyed by :class:`~mnestoma.rules.Recorder`.
 
 The graph's renderers (DOT, Mermaid) and the command line (its STATE columns, the help of
 ``graph``) read their per-state looks here. A state without a look of its own takes the one
@@ -13,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .rules import LIVE_STATES, MnestState
+from .rules import LIVE_STATES, MnestState, Recorder
 
 __all__ = [
     "DOTTED_ARROW",
@@ -22,11 +23,13 @@ __all__ = [
     "FAILING_COLOUR",
     "FAILING_DOT_STYLE",
     "PICTURE_STATES",
+    "RECORDER_NAMES",
     "SOLID_ARROW",
     "STATE_STYLES",
     "SUPERSEDED_COLOUR",
     "WISHED_COLOUR",
     "StateStyle",
+    "recorder_name",
     "state_word",
     "style_of",
 ]
@@ -114,3 +117,21 @@ def style_of(state: str) -> StateStyle:
 def state_word(state: str | None) -> str | None:
     """The command line's word for a stored state; None (no state) stays None."""
     return None if state is None else style_of(state).word
+
+
+# How ``status`` names each recorder of the rules (the ``events.recorder`` values).
+RECORDER_NAMES: Mapping[Recorder, str] = {
+    Recorder.CALL: "calls of the API",
+    Recorder.TRACER: "the in-process tracer (mnestoma.tracing)",
+    Recorder.OTEL: "the OpenTelemetry processor (mnestoma.otel)",
+    Recorder.AGER: "the ager",
+    Recorder.CLI: "the command line",
+}
+
+
+def recorder_name(value: str) -> str:
+    """The words for a recorder; one without words of its own is named by its value."""
+    try:
+        return RECORDER_NAMES[Recorder(value)]
+    except (KeyError, ValueError):
+        return f"the recorder {value!r}"

@@ -631,7 +631,8 @@ def ensure_at_head(engine: Engine, *, auto_migrate: bool) -> None:
         upgrade(engine)
         return
     state = "has no mnestoma schema" if current is None else f"is at revision {current}"
+    password = " (with its password in place of ***)" if engine.url.password else ""
     raise SchemaError(
         f"database {where} {state}, behind head {head}: "
-        f"run `mnestoma db upgrade --database-url URL`"
+        f"run `mnestoma db upgrade --database-url '{where}'`{password}"
     )

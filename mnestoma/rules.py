@@ -41,7 +41,14 @@ __all__ = [
     "RECURRING_MIN_USES",
     "RECURRING_MIN_WEIGHT",
     "REINFORCEMENT",
+    "REPLICA_CHECK_S",
+    "REPLICA_CONFIRM_S",
+    "REPLICA_CONNECT_TIMEOUT_S",
+    "REPLICA_MAX_LAG_S",
+    "REPLICA_SKIP_S",
     "SECONDS_PER_DAY",
+    "STATUS_ESTIMATE_FROM",
+    "STATUS_RECENT_EVENTS",
     "THRESHOLD_TOLERANCE",
     "TRIVIAL_NUMBER",
     "AgerCount",
@@ -89,6 +96,28 @@ LOCK_TIMEOUT_MAX_S = SECONDS_PER_DAY
 # range this wide is deleted in a few tens of milliseconds (SQLite and PostgreSQL, every
 # event prunable), so a writer waits for one batch at most.
 EVENT_PRUNE_BATCH = 5000
+
+# Read replicas (contract §12): a replica lagging more than REPLICA_MAX_LAG_S seconds, or
+# failing, is skipped for REPLICA_SKIP_S seconds; its replay position and lag are trusted
+# for REPLICA_CHECK_S seconds before they are read again; connecting to one gives up after
+# REPLICA_CONNECT_TIMEOUT_S seconds (then the read goes to the primary).
+REPLICA_MAX_LAG_S = 5.0
+REPLICA_SKIP_S = 30.0
+REPLICA_CHECK_S = 1.0
+REPLICA_CONNECT_TIMEOUT_S = 2
+# A lag past the bound is confirmed by a second reading at least REPLICA_CONFIRM_S later
+# before the replica is skipped (its reads go to the primary meanwhile): a standby measures
+# its lag from the commit time of the last transaction it replayed, so the first WAL after
+# the primary was idle reads as a lag as long as the idle time, for the milliseconds it
+# takes to replay it.
+REPLICA_CONFIRM_S = 0.1
+
+# The status on PostgreSQL (contract §12): from this many events (by the catalogue's
+# estimate) its counts of events are estimates, below it they are counted (three scans of
+# 200k events take about 0.1 s); the recorders' shares and the latest passings come from
+# the STATUS_RECENT_EVENTS newest events (by id) instead of every event.
+STATUS_ESTIMATE_FROM = 200_000
+STATUS_RECENT_EVENTS = 10_000
 # apply_ager: how long one batch holds its locks (seconds), each batch its own transaction,
 # so that a writer behind the ager waits for one batch at most (SQLite: the write lock;
 # PostgreSQL: the batch's rows only). While writers are about (one waited for a batch, or

@@ -30,17 +30,19 @@ failed upgrade still leaves the store exactly as it was.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
 
-from .rules import PASSING, EventKind, decayed_weight
-from .sql.tables import EventRow
+# Frozen history: this module repairs stores as revision 0001 left them, so it carries the
+# 0001-era names and numbers it needs and imports nothing that a later revision may change
+# (not the rules, the models nor the event row of today). Only the timestamp type, which
+# reads and writes an instant the same way at every revision, is shared.
 from .types import UTCDateTime
-from .validation import utc_now
 
 __all__ = ["SEED_REVISION", "SeedRepair", "repair_before_upgrade", "repair_seed_store"]
 
@@ -53,8 +55,7 @@ GROUPS_PER_BATCH = 500
 # The two tables as revision 0001 has them (only the columns the repair reads or writes):
 # the repair runs before any later revision, on a store whose ``events`` lacks the columns
 # added since (``reason``, ``related_id``, ``recorder``, ``outcome``), so the models' tables,
-# which name them, cannot be used here. Its events are built as every writer's are
-# (:class:`~mnestoma.sql.tables.EventRow`) and written in the columns 0001 has.
+# which name them, cannot be used here; its events are written in the columns 0001 has.
 _md = sa.MetaData()
 _mnests = sa.Table(
     "mnests",
@@ -85,7 +86,18 @@ _events = sa.Table(
     sa.Column("state_after", sa.String(16)),
 )
 _M, _E = _mnests.c, _events.c
-_SEED_EVENT_COLUMNS = frozenset(_E.keys())
+# The event kinds of revision 0001 that the repair reads or writes.
+_PASSING = ("created", "reinforced")
+_MERGED = "merged"
+_SECONDS_PER_DAY = 86400.0
+
+
+def _decayed_weight(weight: float, decay_lambda: float, since: datetime, now: datetime) -> float:
+    """0001's effective weight: ``weight × exp(−decay_lambda × days)``, days never negative."""
+    days = max(0.0, (now - since).total_seconds() / _SECONDS_PER_DAY)
+    return weight * math.exp(-decay_lambda * days)
+
+
 _KEY = (_M.src_executor, _M.src_version, _M.dst_executor, _M.state)
 
 
@@ -144,7 +156,7 @@ def _alembic_run() -> tuple[bool, Any] | None:
 def repair_seed_store(conn: sa.Connection, *, now: datetime | None = None) -> SeedRepair:
     """Merge what revision 0001 allowed and 0002 forbids, on a store at 0001 (see the module
     docstring); ``now`` (default: the current UTC time) stamps the ``merged`` events."""
-    at = now or utc_now()
+    at = now or datetime.now(UTC)
     report = SeedRepair()
     for groups in _batches(_duplicate_keys(conn)):
         _merge_groups(conn, groups, at, report)
@@ -225,7 +237,7 @@ def _merge_group(conn: sa.Connection, rows: list[Any], at: datetime, report: See
     ts_last = max(r["ts_last"] for r in rows)
 
     def weight_at_end(r: Any) -> float:
-        return decayed_weight(r["weight"], r["decay_lambda"], r["ts_last"], ts_last)
+        return _decayed_weight(r["weight"], r["decay_lambda"], r["ts_last"], ts_last)
 
     _copy_json(conn, rows)
     weight = weight_at_end(kept)
@@ -241,19 +253,17 @@ def _merge_group(conn: sa.Connection, rows: list[Any], at: datetime, report: See
                 if own is r
                 else f"{r['id']} merged into this row when the store left revision 0001"
             )
-            event = EventRow(
-                mnest_id=own["id"],
-                kind=EventKind.MERGED.value,
-                ts=at,
-                weight_before=w_before,
-                weight_after=weight,
-                state_before=own["state"],
-                state_after=kept["state"],
-                reason=why,
-                related_id=other["id"],
-            )
             # the columns 0001 has now; the others once 0002 has added them (write_notes)
-            seed_row = {k: v for k, v in event.as_dict().items() if k in _SEED_EVENT_COLUMNS}
+            seed_row = {
+                "mnest_id": own["id"],
+                "kind": _MERGED,
+                "ts": at,
+                "turn_id": None,
+                "weight_before": w_before,
+                "weight_after": weight,
+                "state_before": own["state"],
+                "state_after": kept["state"],
+            }
             event_id = conn.execute(sa.insert(_events).returning(_E.id), seed_row).scalar_one()
             report.notes.append((event_id, other["id"], why))
         report.rows_merged += 1
@@ -298,7 +308,7 @@ def _duplicate_turn_edges(conn: sa.Connection) -> list[tuple[Any, ...]]:
     """(turn_id, mnest_id) of every pair with more than one created / reinforced event."""
     stmt = (
         sa.select(_E.turn_id, _E.mnest_id)
-        .where(_E.turn_id.is_not(None), _E.kind.in_(PASSING))
+        .where(_E.turn_id.is_not(None), _E.kind.in_(_PASSING))
         .group_by(_E.turn_id, _E.mnest_id)
         .having(sa.func.count() > 1)
         .order_by(_E.turn_id, _E.mnest_id)
@@ -310,7 +320,7 @@ def _clear_turns(conn: sa.Connection, pairs: Sequence[tuple[Any, ...]], report: 
     stmt = (
         sa.select(_E.id, _E.turn_id, _E.mnest_id)
         .where(
-            _E.kind.in_(PASSING),
+            _E.kind.in_(_PASSING),
             sa.and_(_E.turn_id.is_not(None), sa.tuple_(_E.turn_id, _E.mnest_id).in_(pairs)),
         )
         .order_by(_E.turn_id, _E.mnest_id, _E.ts, _E.id)

@@ -165,6 +165,16 @@ def test_db_history_lists_revisions_newest_first() -> None:
     assert lines[-1].startswith("<base> -> 0001")
 
 
+def test_db_history_prints_each_revisions_first_paragraph_as_plain_text() -> None:
+    script = ScriptDirectory.from_config(alembic_config())
+    lines = run_ok("db", "history").stdout.splitlines()
+    assert not any("``" in line for line in lines)
+    outcomes = next(line for line in lines if line.startswith("0007 -> 0008"))
+    paragraph = (script.get_revision("0008").doc or "").split("\n\n")[0]
+    assert outcomes.endswith(" ".join(paragraph.split()).replace("``", ""))
+    assert "\n" not in outcomes and "ok_count" in outcomes
+
+
 def test_db_history_can_mark_the_current_revision(empty_db_url: str) -> None:
     mnestoma.upgrade(empty_db_url, "0001")
     out = run_ok("db", "history", "--indicate-current", "--database-url", empty_db_url).stdout

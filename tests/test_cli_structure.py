@@ -103,13 +103,3 @@ def test_status_and_copying_run_statements_built_in_mnestoma_sql(relative: str) 
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("sqlalchemy"):
             built = STATEMENT_BUILDERS & {alias.name for alias in node.names}
             assert not built, f"{relative}:{node.lineno} builds SQL with {sorted(built)}"
-
-
-@pytest.mark.parametrize(
-    "relative", ["status.py", "copying.py", *(f"cli/{name}.py" for name in CLI_MODULES)]
-)
-def test_no_reader_passes_the_inert_read_only_option(relative: str) -> None:
-    tree = _tree(relative)
-    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
-    names |= {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
-    assert "READ_ONLY_OPTION" not in names

@@ -24,7 +24,14 @@ from mnestoma.display import (
 )
 from mnestoma.graph import GraphEdge, GraphNode, MnestGraph, to_dot, to_mermaid
 from mnestoma.models import Event, Mnest
-from mnestoma.rules import DEFAULT_DECAY_LAMBDA, LIVE_STATES, MnestState, check_transition
+from mnestoma.rules import (
+    DEFAULT_DECAY_LAMBDA,
+    LIVE_STATES,
+    MnestState,
+    Recorder,
+    check_transition,
+)
+from mnestoma.status import RecorderFacts, StoreStatus, render_status
 
 AT = datetime(2026, 1, 1, 12, tzinfo=UTC)
 
@@ -209,3 +216,27 @@ def test_the_transition_help_names_the_states_the_rules_allow() -> None:
     ]
     assert f"Move a mnest to STATE ({', '.join(allowed)})." in text
     assert MnestState.PROTO not in allowed
+
+
+def test_every_recorder_of_the_rules_has_words_of_its_own() -> None:
+    assert set(display.RECORDER_NAMES) == set(Recorder)
+    for recorder in Recorder:
+        assert display.recorder_name(recorder.value) == display.RECORDER_NAMES[recorder]
+
+
+def test_status_names_a_recorder_it_does_not_know_by_its_value() -> None:
+    status = StoreStatus(
+        database="sqlite:///x",
+        dialect="sqlite",
+        schema="head",
+        revision="x",
+        head="x",
+        at=AT,
+        events=3,
+        passings=3,
+        passings_by_recorder={"scheduler": RecorderFacts(3, AT, 1, 0)},
+        outcomes_recorded=True,
+    )
+    text = render_status(status)
+    assert "the recorder 'scheduler' (3)" in text
+    assert "the recorder 'scheduler': 1 of 3 passings" in text

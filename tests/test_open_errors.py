@@ -7,12 +7,13 @@ database at all, a server that does not answer.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
 from helpers_proc import format_exception
 from invariants import plain_engine
-from sqlalchemy import text
+from sqlalchemy import make_url, text
 from sqlalchemy.exc import SQLAlchemyError
 
 import mnestoma
@@ -40,6 +41,9 @@ def test_a_database_behind_head_asks_to_run_db_upgrade(empty_db_url: str) -> Non
     assert isinstance(err, SchemaError)
     assert "0001" in str(err)
     assert "mnestoma db upgrade" in str(err)
+    suggested = re.search(r"--database-url '([^']+)'`", str(err))
+    assert suggested, "the command to run names this database"
+    assert make_url(suggested[1]).database == make_url(empty_db_url).database
 
 
 def test_a_database_with_no_schema_on_postgresql_asks_to_run_db_upgrade(

@@ -4,14 +4,17 @@ rows merge with the ager's rule, every event is kept, and the upgrade says what 
 
 from __future__ import annotations
 
+import ast
 import math
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import Engine, text
 
 import mnestoma
+from mnestoma import rules, seed_repair
 from mnestoma.config import make_engine
 from mnestoma.migration import current_revision, head_revision
 
@@ -256,3 +259,25 @@ def test_postgresql_statistics_exist_after_an_upgrade(pg_empty_db_url: str) -> N
             assert conn.execute(stats).scalar_one() > 0
     finally:
         engine.dispose()
+
+
+def test_the_seed_repair_imports_nothing_later_revisions_may_change() -> None:
+    tree = ast.parse(Path(seed_repair.__file__).read_text())
+    own = {
+        ("." * node.level) + (node.module or "")
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.level
+    }
+    assert own == {".types"}, "the 0001-era repair reaches today's rules, models or rows"
+
+
+def test_the_seed_repairs_decay_is_the_rules_decay_of_today() -> None:
+    """The frozen copy and the rules agree now; should the rules change, the repair keeps 0001's."""
+    since = datetime(2026, 1, 1, tzinfo=UTC)
+    for days in (0.0, 0.5, 10.0, 400.0, -3.0):
+        now = since + timedelta(days=days)
+        assert math.isclose(
+            seed_repair._decayed_weight(0.8, 0.018, since, now),
+            rules.decayed_weight(0.8, 0.018, since, now),
+        )
+    assert seed_repair._PASSING == rules.PASSING

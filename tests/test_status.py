@@ -32,6 +32,11 @@ NEW_KEYS = [
     "reading",
     "outcomes_reported",
     "outcomes",
+    "estimated",
+    "scanned",
+    "standby",
+    "standby_lag_s",
+    "replicas",
 ]
 
 

@@ -9,7 +9,6 @@ from sqlalchemy import Engine, func, select, text
 
 from mnestoma import MnestRepository, UnitOfWork, make_engine, make_session_factory
 from mnestoma import uow as uow_module
-from mnestoma.config import READ_ONLY_OPTION
 from mnestoma.errors import ConflictError, InvalidInput, RaceLost
 from mnestoma.models import Mnest
 from mnestoma.testing import MnestFactory, bind_factories
@@ -25,7 +24,7 @@ def engine(store_url: str) -> Iterator[Engine]:
 
 def _count(engine: Engine) -> int:
     """Rows committed so far, read without taking SQLite's write lock."""
-    with engine.execution_options(**{READ_ONLY_OPTION: True}).connect() as conn:
+    with engine.connect() as conn:
         return conn.execute(select(func.count()).select_from(Mnest)).scalar_one()
 
 

@@ -51,6 +51,7 @@ from .options import (
     parse_endpoint,
     parse_instant,
     parse_tags,
+    replicas_of,
     url_option_callback,
 )
 from .progress import batch_progress, progress_bar, spinner
@@ -89,7 +90,9 @@ def _store(
     Only a writing command may create a missing SQLite store; a reading one says there is
     no store there and creates nothing.
     """
-    store = Mnestoma(command_url(database_url), clock=clock, recorder=recorder, create=write)
+    url = command_url(database_url)
+    replicas = None if write else replicas_of(url)
+    store = Mnestoma(url, clock=clock, recorder=recorder, create=write, replicas=replicas)
     try:
         yield store
     finally:
@@ -135,12 +138,20 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
 @cli.command()
 @json_option
 @database_url_option
-def status(as_json: bool, database_url: str | None) -> None:
+@click.option(
+    "--exact",
+    is_flag=True,
+    help="Count every event exactly (PostgreSQL: a scan of the events; by default the "
+    "counts are the catalogue's estimates, shown as 'about N').",
+)
+def status(as_json: bool, database_url: str | None, exact: bool) -> None:
     """Where the store is, what it holds, who recorded its passings, whether the ager runs.
 
-    From the rows only; it reads, never migrates or creates anything.
+    From the rows only; it reads, never migrates or creates anything. With
+    MNESTOMA_REPLICA_URLS, the lag of each read replica.
     """
-    st = collect_status(command_url(database_url))
+    url = command_url(database_url)
+    st = collect_status(url, exact=exact, replicas=replicas_of(url))
     if as_json:
         echo_json(st.as_dict())
     else:

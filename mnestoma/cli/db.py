@@ -149,6 +149,12 @@ def db_current(database_url: str | None) -> None:
     click.echo(f"{rev}{_head_mark(rev)}")
 
 
+def _summary(doc: str) -> str:
+    """A revision's first paragraph on one line, without reST's double backticks."""
+    paragraph = doc.strip().split("\n\n")[0]
+    return " ".join(paragraph.split()).replace("``", "")
+
+
 @db.command("history")
 @click.option("--indicate-current", is_flag=True, help="Mark the database's revision (reads it).")
 @database_url_option
@@ -167,7 +173,7 @@ def db_history(indicate_current: bool, database_url: str | None) -> None:
             marks.append("current")
         mark = f" ({', '.join(marks)})" if marks else ""
         down = rev.down_revision or "<base>"
-        doc = (rev.doc or "").strip().splitlines()[0] if rev.doc else ""
+        doc = _summary(rev.doc or "")
         click.echo(f"{down} -> {rev.revision}{mark}, {doc}")
 
 

@@ -48,7 +48,7 @@ SQL: TypeAlias = ColumnElement[Any]
 class EventRow:
     """One row of ``events`` (its generated id aside), the one shape every writer builds: the
     repository (tuples in :data:`EVENT_ROW` order), the ager (``INSERT ... SELECT`` lists,
-    each value an SQL expression or a Python value), a copy's merges and the seed repair.
+    each value an SQL expression or a Python value) and a copy's merges.
     A column a writer has nothing for takes its default here, so that a column added to the
     table is added here once and every writer writes it (a test compares the two)."""
 

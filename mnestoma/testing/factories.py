@@ -24,6 +24,7 @@ import factory
 from factory.alchemy import SQLAlchemyModelFactory
 from sqlalchemy.orm import Session
 
+from ..clock import Clock
 from ..models import CanonicalQuery, Event, Mnest
 from ..rules import (
     DEFAULT_DECAY_LAMBDA,
@@ -46,7 +47,6 @@ __all__ = [
     "factory_now",
 ]
 
-Clock = Callable[[], datetime]
 SessionProvider = Callable[[], Session]
 
 
