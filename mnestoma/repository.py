@@ -21,7 +21,9 @@ from . import ranking
 from . import snapshots as snap
 from .ager import (
     AgerBounds,
+    AgerSession,
     BatchedRun,
+    BatchGrowth,
     age_batch,
     ager_bounds,
     archive_candidates,
@@ -41,6 +43,7 @@ from .graph import GraphReads
 from .locking import take_write_lock
 from .models import CanonicalQuery, Event, Mnest
 from .rules import (
+    DECAYED_USES_ORDER,
     DEFAULT_DECAY_LAMBDA,
     INITIAL_WEIGHT,
     RECURRING_MIN_USES,
@@ -50,6 +53,7 @@ from .rules import (
     MnestState,
     advance,
     check_transition,
+    counted_passing,
     decayed_weight,
     new_mnest_id,
     outcome_counts,
@@ -115,6 +119,7 @@ _WEIGHT, _LAMBDA, _TS_WEIGHT, _TS_LAST = (
 )
 _TAGS, _SIG = _COL["tags"], _COL["desired_sig"]
 _OK, _ERROR = _COL["ok_count"], _COL["error_count"]
+_DECAYED_USES = _COL["decayed_uses"]
 Row = tuple[Any, ...]
 _REINFORCED = EventKind.REINFORCED.value
 # Where PostgreSQL's one-statement reinforcement finds its event values in an event tuple.
@@ -506,6 +511,7 @@ class MnestRepository(GraphReads):
             p.tags if p.tags is not None else row[_TAGS],
             p.desired_sig if p.desired_sig is not None else row[_SIG],
             *outcome_counts(outcome),
+            counted_passing(row[_DECAYED_USES], row[_LAMBDA], row[_TS_LAST], ts_last),
         )
         ev = (
             mnest_id,
@@ -546,6 +552,7 @@ class MnestRepository(GraphReads):
             p.tags,
             p.desired_sig,
             *outcome_counts(p.outcome),
+            1.0,  # decayed_uses: one passing, now
         )
         ev = _event(
             mnest_id,
@@ -673,29 +680,42 @@ class MnestRepository(GraphReads):
         return out
 
     def suggest_next(
-        self, src_executor: str, src_version: str | None = None, *, k: int = 5
+        self,
+        src_executor: str,
+        src_version: str | None = None,
+        *,
+        k: int = 5,
+        order_by: str = "weight",
     ) -> list[tuple[Mnest, float]]:
-        """The k active edges out of the source that a planner should try first.
+        """The k active edges out of the source that a planner should try first, each with
+        the value it was ordered by.
 
         Highest effective weight first, ties broken by activation (more uses, more recent
-        use), then by name: the ordering of :meth:`rank` (see :mod:`mnestoma.ranking`).
+        use), then by name: the ordering of :meth:`rank` (see :mod:`mnestoma.ranking`). With
+        ``order_by="decayed_uses"``, the highest decayed count of passings first (contract
+        §12), that order among equal counts; each edge then comes with its count.
         """
         src = check_name(src_executor, "src_executor")
         version = check_optional_name(src_version, "src_version")
         limit = check_positive_int(k, "k", maximum=10_000)
+        by_count = ranking.check_suggest_order_by(order_by) == DECAYED_USES_ORDER
         ex = self._ex()
         now = self._now()
         params: dict[str, Any] = {"src": src, "k": limit + 1, "now": now}
         if version is not None:
             params["sv"] = version
-        stmt = rd.suggest_statement(ex.dialect, version is not None)
+        with_version = version is not None
+        stmt = rd.suggest_statement(ex.dialect, with_version, by_count=by_count)
         rows = ex.rows(stmt, params)
         if len(rows) > limit and rows[limit][-1] == rows[limit - 1][-1]:
             # a tie across the k-th place: read every edge of that strength, so that the
             # activation (not the SQL's order) decides which of them make the cut
             params["floor"] = rows[limit - 1][-1]
-            stmt = rd.suggest_statement(ex.dialect, version is not None, ties=True)
+            stmt = rd.suggest_statement(ex.dialect, with_version, ties=True, by_count=by_count)
             rows = ex.rows(stmt, params)
+        if by_count:
+            counted = [(snap.mnest(r), float(r[-2]), float(r[-1])) for r in rows]
+            return [(m, count) for m, _, count in ranking.order_by_count(counted, now)[:limit]]
         edges = [(snap.mnest(r), float(r[-1])) for r in rows]
         return ranking.order_edges(edges, now)[:limit]
 
@@ -709,7 +729,8 @@ class MnestRepository(GraphReads):
     ) -> list[ranking.Ranked]:
         """The candidates (names, or (name, version) pairs) in the order a planner should
         try them after ``src_executor``, each with its score and why (contract §9); with
-        ``order_by="success"``, the most successful edges first (contract §11)."""
+        ``order_by="success"``, the most successful edges first (contract §11); with
+        ``order_by="decayed_uses"``, the highest decayed count of passings first (§12)."""
         src = check_name(src_executor, "src_executor")
         version = check_optional_name(src_version, "src_version")
         by = ranking.check_order_by(order_by)
@@ -858,13 +879,32 @@ class MnestRepository(GraphReads):
         return begin_batched_run(conn, self._now(), batch_rows, utc_now(), bounds)
 
     def age_batch(
-        self, run: BatchedRun, lo: int, hi: int, number: int, *, writers_about: bool = True
+        self,
+        run: BatchedRun,
+        lo: int,
+        hi: int,
+        number: int,
+        *,
+        writers_about: bool = True,
+        session: AgerSession | None = None,
+        growth: BatchGrowth | None = None,
     ) -> AgerReport:
         """Age one batch of ``run`` (positions ``[lo, hi)``, batch ``number`` from 1); on
         PostgreSQL, with ``writers_about``, its pages written behind it, without, committed
-        without waiting for its WAL."""
+        without waiting for its WAL. With ``growth``, on past ``hi`` for as long as it says;
+        with ``session``, in the run's session (see :func:`mnestoma.ager.age_batch`)."""
         conn = self._write_ex().conn
-        return age_batch(conn, run, lo, hi, number, utc_now(), writers_about=writers_about)
+        return age_batch(
+            conn,
+            run,
+            lo,
+            hi,
+            number,
+            utc_now(),
+            writers_about=writers_about,
+            session=session,
+            growth=growth,
+        )
 
     def archive_candidates(self, now: datetime) -> int:
         """How many decaying rows the ager counts as archive candidates at ``now`` (on
@@ -945,7 +985,7 @@ def built(result: T) -> T:
 def _reinforced(row: Row, values: Row) -> Row:
     """The row as :data:`~mnestoma.sql.record.UPDATE_REINFORCE` leaves it, given that
     statement's values (:data:`~mnestoma.sql.record.REINFORCE_ROW` order)."""
-    _, weight, ts_last, ts_weight, tags, sig, ok, error = values
+    _, weight, ts_last, ts_weight, tags, sig, ok, error, count = values
     return _with(
         row,
         {
@@ -957,6 +997,7 @@ def _reinforced(row: Row, values: Row) -> Row:
             _USES: row[_USES] + 1,
             _OK: row[_OK] + ok,
             _ERROR: row[_ERROR] + error,
+            _DECAYED_USES: count,
         },
     )
 
