@@ -184,6 +184,10 @@ def take_write_lock(conn: Connection) -> None:
     dbapi = conn.connection.dbapi_connection
     if dbapi is None:
         return
+    # A caller's own create_engine engine, never handed to a store, is tracked from its
+    # first write: without it the write would stay noted after its commit, and every child
+    # forked later would refuse to write to the store.
+    track_writes(conn.engine)
     write_begins(dbapi, conn)
     if driver_in_transaction(dbapi):
         if not conn.connection.info.pop(SNAPSHOT_INFO, False):

@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import create_engine
+from sqlalchemy.orm import sessionmaker
 from traced_tools import read, search
 
 import mnestoma
@@ -535,6 +537,26 @@ def test_a_fork_does_not_wait_for_a_write_whose_thread_has_ended(
         assert took < QUICK_S, (outcome, took)
         left_open[0].__exit__(None, None, None)  # rolls back in the parent
         assert store.record_passing("parent", "1", "after", "1").uses == 1
+
+
+def test_a_child_of_a_process_that_wrote_through_its_own_engine_can_write(
+    sqlite_store_url: str,
+) -> None:
+    """A unit of work on the caller's own ``create_engine`` engine (never handed to a store)
+    ends its write at its commit: a child forked afterwards writes, at once."""
+    engine = create_engine(sqlite_store_url)
+    try:
+        with mnestoma.UnitOfWork(sessionmaker(engine)) as uow:
+            uow.mnests.record_passing("parent", "1", "own-engine", "1")
+            uow.commit()
+        began = time.monotonic()
+        outcome, took = in_forked_child(lambda: timed_write(_lock_timeout_store(sqlite_store_url)))
+        assert time.monotonic() - began < locking.FORK_WAIT_S / 2
+        assert outcome == "ok" and took < QUICK_S, (outcome, took)
+    finally:
+        engine.dispose()
+    with mnestoma.Mnestoma(sqlite_store_url) as store:
+        assert {e.src_executor for e in store.edges()} == {"parent", "child"}
 
 
 def test_a_child_forked_by_a_thread_inside_a_write_is_refused_at_once(
