@@ -89,6 +89,11 @@ LOCK_TIMEOUT_MAX_S = SECONDS_PER_DAY
 # range this wide is deleted in a few tens of milliseconds (SQLite and PostgreSQL, every
 # event prunable), so a writer waits for one batch at most.
 EVENT_PRUNE_BATCH = 5000
+# PostgreSQL, events partitioned by month (contract §12): a write, a run of the ager and a
+# prune make sure the partitions of their month and of this many months after it exist,
+# again whenever their clock comes within EVENT_PARTITION_MARGIN of the last month made.
+EVENT_PARTITIONS_AHEAD = 3
+EVENT_PARTITION_MARGIN = timedelta(days=7)
 # apply_ager: how long one batch holds its locks (seconds), each batch its own transaction,
 # so that a writer behind the ager waits for one batch at most (SQLite: the write lock;
 # PostgreSQL: the batch's rows only). While writers are about (one waited for a batch, or

@@ -1,0 +1,175 @@
+"""PostgreSQL's events partitioned by month (contract §12): what builds the layout beside
+the models' tables (``create_all``, in the models' ``after_create`` of ``events``), and the
+statements that make the partitions of the coming months.
+
+The functions and triggers are those revision 0011 creates, word for word (a test compares
+what ``create_all`` and the revisions build).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from sqlalchemy import TextClause, bindparam, text
+
+from ..types import UTCDateTime
+
+__all__ = [
+    "AFTER_CREATE",
+    "AFTER_DROP",
+    "ENSURE_PARTITIONS",
+    "HAS_PARTITIONS",
+    "LAYOUT_NAMES",
+    "PARTITION_BOUNDS",
+]
+
+_PASSING = "kind IN ('created', 'reinforced')"
+
+SIDE_TABLE = """CREATE TABLE event_turn_edges (
+    turn_id VARCHAR(255) NOT NULL,
+    mnest_id VARCHAR(64) NOT NULL,
+    ts TIMESTAMP WITH TIME ZONE NOT NULL,
+    CONSTRAINT pk_event_turn_edges PRIMARY KEY (turn_id, mnest_id)
+)"""
+SIDE_INDEX = "CREATE INDEX ix_event_turn_edges_ts ON event_turn_edges (ts)"
+
+TURN_EDGE_ADDED = """CREATE OR REPLACE FUNCTION mnestoma_turn_edge_added() RETURNS trigger
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    INSERT INTO event_turn_edges (turn_id, mnest_id, ts) VALUES (NEW.turn_id, NEW.mnest_id, NEW.ts);
+    RETURN NULL;
+END
+$fn$"""
+TURN_EDGE_REMOVED = """CREATE OR REPLACE FUNCTION mnestoma_turn_edge_removed() RETURNS trigger
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    DELETE FROM event_turn_edges WHERE turn_id = OLD.turn_id AND mnest_id = OLD.mnest_id;
+    RETURN NULL;
+END
+$fn$"""
+BOUNDS = r"""CREATE OR REPLACE FUNCTION mnestoma_events_bounds()
+RETURNS TABLE (part regclass, lower timestamptz, upper timestamptz)
+LANGUAGE sql STABLE AS $fn$
+    SELECT c.oid::regclass,
+           CASE WHEN b.expr LIKE '%FROM (MINVALUE)%' THEN '-infinity'::timestamptz
+                ELSE substring(b.expr FROM $r$FROM \('([^']*)'\)$r$)::timestamptz END,
+           CASE WHEN b.expr LIKE '%TO (MAXVALUE)%' THEN 'infinity'::timestamptz
+                ELSE substring(b.expr FROM $r$TO \('([^']*)'\)$r$)::timestamptz END
+    FROM pg_inherits i
+    JOIN pg_class c ON c.oid = i.inhrelid
+    CROSS JOIN LATERAL (SELECT pg_get_expr(c.relpartbound, c.oid) AS expr) b
+    WHERE i.inhparent = 'events'::regclass AND b.expr <> 'DEFAULT'
+$fn$"""
+PARTITIONS = """CREATE OR REPLACE FUNCTION mnestoma_events_partitions(at timestamptz, ahead integer)
+RETURNS timestamptz LANGUAGE plpgsql AS $fn$
+DECLARE
+    first_month timestamp := date_trunc('month', at AT TIME ZONE 'UTC');
+    lo timestamptz;
+    hi timestamptz;
+    part text;
+BEGIN
+    FOR i IN 0..ahead LOOP
+        lo := (first_month + make_interval(months => i)) AT TIME ZONE 'UTC';
+        hi := (first_month + make_interval(months => i + 1)) AT TIME ZONE 'UTC';
+        CONTINUE WHEN EXISTS (
+            SELECT 1 FROM mnestoma_events_bounds() b WHERE b.lower <= lo AND lo < b.upper
+        );
+        part := 'events_' || to_char(lo AT TIME ZONE 'UTC', 'YYYYMM');
+        BEGIN
+            LOCK TABLE events IN ACCESS EXCLUSIVE MODE;
+            CONTINUE WHEN EXISTS (
+                SELECT 1 FROM mnestoma_events_bounds() b WHERE b.lower <= lo AND lo < b.upper
+            );
+            IF EXISTS (SELECT 1 FROM events_default WHERE ts >= lo AND ts < hi) THEN
+                EXECUTE format(
+                    'CREATE TABLE %I (LIKE events INCLUDING DEFAULTS INCLUDING CONSTRAINTS,'
+                    ' CONSTRAINT %I PRIMARY KEY (id))', part, part || '_pkey');
+                EXECUTE format(
+                    'WITH moved AS (DELETE FROM events_default WHERE ts >= %L AND ts < %L'
+                    ' RETURNING *) INSERT INTO %I SELECT * FROM moved', lo, hi, part);
+                EXECUTE format(
+                    'ALTER TABLE events ATTACH PARTITION %I FOR VALUES FROM (%L) TO (%L)',
+                    part, lo, hi);
+                EXECUTE format(
+                    'INSERT INTO event_turn_edges (turn_id, mnest_id, ts)'
+                    ' SELECT turn_id, mnest_id, ts FROM %I'
+                    ' WHERE turn_id IS NOT NULL AND kind IN (''created'', ''reinforced'')'
+                    ' ON CONFLICT DO NOTHING', part);
+            ELSE
+                EXECUTE format(
+                    'CREATE TABLE %I PARTITION OF events (CONSTRAINT %I PRIMARY KEY (id))'
+                    ' FOR VALUES FROM (%L) TO (%L)', part, part || '_pkey', lo, hi);
+            END IF;
+        EXCEPTION WHEN duplicate_table THEN
+            NULL;  -- another session made it meanwhile
+        END;
+    END LOOP;
+    RETURN (first_month + make_interval(months => ahead + 1)) AT TIME ZONE 'UTC';
+END
+$fn$"""
+
+TRIGGERS = tuple(
+    f"CREATE TRIGGER {name} AFTER {op} ON events FOR EACH ROW"
+    f" WHEN ({row}.turn_id IS NOT NULL AND {row}.{_PASSING}) EXECUTE FUNCTION {fn}()"
+    for name, op, row, fn in (
+        ("events_turn_edge_added", "INSERT", "NEW", "mnestoma_turn_edge_added"),
+        ("events_turn_edge_removed", "DELETE", "OLD", "mnestoma_turn_edge_removed"),
+    )
+)
+
+# The partitions of a new store, as revision 0011 leaves an empty one: every ts before the
+# bound (the first of the month after next week's) in events_to_YYYYMM, the default
+# partition, and the months from the bound on.
+LAYOUT = """DO $do$
+DECLARE
+    bound timestamptz := (date_trunc('month', (now() + interval '7 days') AT TIME ZONE 'UTC')
+                          + interval '1 month') AT TIME ZONE 'UTC';
+    part text := 'events_to_' || to_char(bound AT TIME ZONE 'UTC', 'YYYYMM');
+BEGIN
+    EXECUTE format(
+        'CREATE TABLE %I PARTITION OF events (CONSTRAINT %I PRIMARY KEY (id))'
+        ' FOR VALUES FROM (MINVALUE) TO (%L)', part, part || '_pkey', bound);
+    CREATE TABLE events_default PARTITION OF events
+        (CONSTRAINT events_default_pkey PRIMARY KEY (id)) DEFAULT;
+    PERFORM mnestoma_events_partitions(bound, 3);
+END
+$do$"""
+
+# After CREATE TABLE events (PostgreSQL), in this order.
+AFTER_CREATE: Final[tuple[str, ...]] = (
+    SIDE_TABLE,
+    SIDE_INDEX,
+    TURN_EDGE_ADDED,
+    TURN_EDGE_REMOVED,
+    BOUNDS,
+    PARTITIONS,
+    *TRIGGERS,
+    LAYOUT,
+)
+# After DROP TABLE events (its partitions and triggers went with it).
+AFTER_DROP: Final[tuple[str, ...]] = (
+    "DROP TABLE IF EXISTS event_turn_edges",
+    "DROP FUNCTION IF EXISTS mnestoma_events_partitions(timestamptz, integer)",
+    "DROP FUNCTION IF EXISTS mnestoma_events_bounds()",
+    "DROP FUNCTION IF EXISTS mnestoma_turn_edge_added()",
+    "DROP FUNCTION IF EXISTS mnestoma_turn_edge_removed()",
+)
+
+# The names of the layout that are not the models' own tables: the side table, and the
+# partitions of events (events_YYYYMM, events_to_YYYYMM, events_default).
+SIDE_TABLE_NAME = "event_turn_edges"
+PARTITION_NAME = r"^events_(to_)?[0-9]{6}$|^events_default$"
+LAYOUT_NAMES = (SIDE_TABLE_NAME,)
+
+# Is events partitioned here (the function revision 0011 creates is there)?
+HAS_PARTITIONS: Final[TextClause] = text(
+    "SELECT to_regprocedure('mnestoma_events_partitions(timestamptz, integer)') IS NOT NULL"
+)
+# Make the partitions of :at's month and :ahead months after it; the end of the last one.
+ENSURE_PARTITIONS: Final[TextClause] = text(
+    "SELECT mnestoma_events_partitions(:at, :ahead)"
+).bindparams(bindparam("at", type_=UTCDateTime()), bindparam("ahead"))
+# Each partition but the default, with its range, oldest first.
+PARTITION_BOUNDS: Final[TextClause] = text(
+    "SELECT part::text, lower, upper FROM mnestoma_events_bounds() ORDER BY lower"
+)
