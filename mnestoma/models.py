@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import (
     BigInteger,
@@ -33,7 +33,6 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Mapper, ORMExecuteState, map
 from sqlalchemy.sql.compiler import SQLCompiler
 
 from .errors import ReadOnlyError
-from .sql import partitions as partitions_sql
 from .rules import (
     DEFAULT_DECAY_LAMBDA,
     LIVE,
@@ -48,6 +47,7 @@ from .rules import (
     sql_list,
     sql_literal,
 )
+from .sql import partitions as partitions_sql
 from .types import JSONDocument, UTCDateTime
 
 __all__ = [
@@ -248,7 +248,7 @@ class Event(Base):
         return f"<Event {self.id} {self.kind} {self.mnest_id} turn={self.turn_id}>"
 
 
-_events = Event.__table__
+_events = cast(Table, Event.__table__)
 # PostgreSQL: no table-wide primary key on the partitioned events (it would have to hold ts);
 # each partition has its own on id, which the sequence keeps unique across them. The mapper
 # still identifies an event by its id.
@@ -263,7 +263,7 @@ def _partitioned_layout(statements: tuple[str, ...]) -> Callable[..., None]:
         if connection.dialect.name != "postgresql":
             return
         for statement in statements:
-            connection.exec_driver_sql(statement)
+            connection.execute(text(statement))
 
     return run
 

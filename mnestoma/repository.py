@@ -39,6 +39,7 @@ from .errors import (
 from .graph import GraphReads
 from .locking import take_write_lock
 from .models import CanonicalQuery, Event, Mnest
+from .partitions import ensure_partitions
 from .rules import (
     DEFAULT_DECAY_LAMBDA,
     INITIAL_WEIGHT,
@@ -205,7 +206,9 @@ class MnestRepository(GraphReads):
         return runner_for(_connection_of(self._session))
 
     def _write_ex(self) -> StatementRunner:
-        return runner_for(_write_connection(self._session, self._before_write))
+        conn = _write_connection(self._session, self._before_write)
+        ensure_partitions(conn, self._now())  # PostgreSQL: events' month exists (§12)
+        return runner_for(conn)
 
     def _now(self) -> datetime:
         return self.settings.now()

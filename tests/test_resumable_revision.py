@@ -23,8 +23,14 @@ from sqlalchemy.engine import URL, make_url
 import mnestoma
 from mnestoma import migration
 from mnestoma.config import make_engine
-from mnestoma.migration import VERSION_TABLE, current_revision, head_revision, offline_sql
-from mnestoma.models import VIEW_NAME, Base
+from mnestoma.migration import (
+    VERSION_TABLE,
+    compared_objects,
+    current_revision,
+    head_revision,
+    offline_sql,
+)
+from mnestoma.models import Base
 
 TIMEOUT = 0.2  # seconds a statement waits for a lock in these tests
 CHECKS = ("ck_mnests_outcome_counts_nonneg", "ck_events_outcome_known")
@@ -79,7 +85,7 @@ def assert_complete_at_head(engine: Engine) -> None:
             opts={
                 "version_table": VERSION_TABLE,
                 "compare_type": True,
-                "include_object": lambda o, n, t, r, c: not (t == "table" and n == VIEW_NAME),
+                "include_object": compared_objects(conn.dialect.name),
             },
         )
         assert compare_metadata(ctx, Base.metadata) == []
