@@ -26,8 +26,8 @@ __all__ = [
 _PASSING = "kind IN ('created', 'reinforced')"
 
 SIDE_TABLE = """CREATE TABLE event_turn_edges (
-    turn_id VARCHAR(255) NOT NULL,
-    mnest_id VARCHAR(64) NOT NULL,
+    turn_id TEXT NOT NULL,
+    mnest_id TEXT NOT NULL,
     ts TIMESTAMP WITH TIME ZONE NOT NULL,
     CONSTRAINT pk_event_turn_edges PRIMARY KEY (turn_id, mnest_id)
 )"""
