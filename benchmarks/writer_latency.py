@@ -2,7 +2,7 @@
 
 ``python -m benchmarks.writer_latency [--engines sqlite,postgresql] [--sizes N,N]
 [--quick] [--writers W] [--period-ms MS] [--phases idle,ager,disk,retention,upgrade]
-[--postgresql URL] [--json FILE] [...]``
+[--from-revision REV] [--postgresql URL] [--json FILE] [...]``
 
 ``W`` writer threads (4 by default) each have a call due every ``period`` (10 ms); a call
 records a passing through the public API (``Mnestoma.record_passing``) on an active edge of
@@ -23,7 +23,8 @@ the errors by type:
   disk (``--workdir``);
 - ``retention``: during ``Mnestoma.prune_events(before)``, which deletes the events loaded
   with the store (about 9 in 10 of them; each live row keeps its ``created`` event);
-- ``upgrade`` (PostgreSQL only): ``mnestoma.upgrade(url)`` from revision 0002 to head on a
+- ``upgrade`` (PostgreSQL only): ``mnestoma.upgrade(url)`` from revision 0002 (or
+  ``--from-revision``) to head on a
   store of N mnests and ``--events-per-row`` × N events, while writers "of the previous
   version" run raw SQL valid on both schemas (``UPDATE mnests`` + ``INSERT INTO events`` in
   one transaction).
@@ -111,6 +112,7 @@ class Settings:
     events_per_row: int = 10
     edges_per_writer: int = 500
     lock_timeout: float | None = None  # upgrade's; None: the package's default
+    from_revision: str = OLD_REVISION  # where the upgrade phase starts
     maintenance_in: str = "process"
     phases: tuple[str, ...] = PHASES
 
@@ -744,8 +746,8 @@ def run_engine(
         finally:
             sides.discard(engine, url)
     if "upgrade" in s.phases and engine == "postgresql":
-        say(f"{engine} {n:,}: building a store at {OLD_REVISION}")
-        url = sides.build(engine, f"wl-old-{s.shape}-{n}", rows, OLD_REVISION)
+        say(f"{engine} {n:,}: building a store at {s.from_revision}")
+        url = sides.build(engine, f"wl-old-{s.shape}-{n}", rows, s.from_revision)
         try:
             events = add_events(url, s.events_per_row)
             out.append(_upgrade_phase(engine, n, url, events, clock, s, say))
@@ -824,7 +826,7 @@ def _upgrade_phase(
     from sqlalchemy import create_engine
 
     ids = [e[0] for e in pick_edges(url, s.writers * s.edges_per_writer)]
-    say(f"{engine} {n:,}: upgrade {OLD_REVISION} → head")
+    say(f"{engine} {n:,}: upgrade {s.from_revision} → head")
     job = Maintenance("upgrade", s.maintenance_in, url=url, lock_timeout=s.lock_timeout)
     job.prepare()
     eng = create_engine(url, pool_size=s.writers, max_overflow=0)
@@ -984,6 +986,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--ager-days", type=float, help="the clock, days past the data (30)")
     p.add_argument("--events-per-row", type=int, help="events loaded per mnest (10)")
     p.add_argument("--lock-timeout", type=float, help="the upgrade's lock timeout (s)")
+    p.add_argument(
+        "--from-revision", help=f"the revision the upgrade phase starts from ({OLD_REVISION})"
+    )
     p.add_argument("--maintenance-in", choices=("process", "thread"))
     p.add_argument("--postgresql", default=DEFAULT_POSTGRESQL, metavar="URL")
     p.add_argument("--workdir", help="folder for the SQLite files (default: temp)")
@@ -1000,6 +1005,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "ager_days": a.ager_days,
         "events_per_row": a.events_per_row,
         "lock_timeout": a.lock_timeout,
+        "from_revision": a.from_revision,
         "maintenance_in": a.maintenance_in,
         "phases": tuple(x.strip() for x in a.phases.split(",") if x.strip()) if a.phases else None,
     }

@@ -13,8 +13,9 @@ has its own on ``id``, which the sequence keeps unique across them.
 
 Steps, each its own transaction and each safe to run again over what a stopped run left:
 the side table, functions and triggers (an instant's lock on ``events``); the side table
-filled from the existing events (reads only); the CHECK ``ts < bound`` added NOT VALID and
-validated (``SHARE UPDATE EXCLUSIVE``: writers go on); the swap, catalogue changes only,
+filled from the existing events (reads only); the CHECK ``ts < bound`` added NOT VALID (the
+bound: the month after next week's, or after the newest event's if later; reading it scans
+under ``ACCESS SHARE``) and validated (``SHARE UPDATE EXCLUSIVE``: writers go on); the swap, catalogue changes only,
 under ``lock_timeout = 50ms`` tried again up to 200 times (writers wait 50 ms at most per
 try); the old unique index dropped ``CONCURRENTLY``.
 
@@ -77,6 +78,13 @@ TURN_EDGE_REMOVED = """CREATE OR REPLACE FUNCTION mnestoma_turn_edge_removed() R
 LANGUAGE plpgsql AS $fn$
 BEGIN
     DELETE FROM event_turn_edges WHERE turn_id = OLD.turn_id AND mnest_id = OLD.mnest_id;
+    RETURN NULL;
+END
+$fn$"""
+TURN_EDGES_TRUNCATED = """CREATE OR REPLACE FUNCTION mnestoma_turn_edges_truncated() RETURNS trigger
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    TRUNCATE event_turn_edges;
     RETURN NULL;
 END
 $fn$"""
@@ -154,18 +162,28 @@ _TRIGGERS = (
 )
 
 
+_TRUNCATED = (
+    "events_truncated AFTER TRUNCATE ON events FOR EACH STATEMENT"
+    " EXECUTE FUNCTION mnestoma_turn_edges_truncated()"
+)
+
+
 def _create_triggers() -> str:
-    """The two triggers on ``events`` (a plain table before the swap, the parent after)."""
-    return "\n".join(
+    """The triggers on ``events`` (a plain table before the swap, the parent after): a
+    passing with a turn written or deleted, and the table emptied, change event_turn_edges
+    alike."""
+    rows = [
         f"    CREATE TRIGGER {name} AFTER {event} ON events FOR EACH ROW"
         f" WHEN ({row}.turn_id IS NOT NULL AND {row}.{_PASSING})"
         f" EXECUTE FUNCTION {fn}();"
         for name, event, row, fn in _TRIGGERS
-    )
+    ]
+    return "\n".join([*rows, f"    CREATE TRIGGER {_TRUNCATED};"])
 
 
 def _drop_triggers() -> str:
-    return "\n".join(f"    DROP TRIGGER IF EXISTS {name} ON events;" for name, *_ in _TRIGGERS)
+    names = [name for name, *_ in _TRIGGERS] + ["events_truncated"]
+    return "\n".join(f"    DROP TRIGGER IF EXISTS {name} ON events;" for name in names)
 
 
 _IS_PARTITIONED = "(SELECT relkind FROM pg_class WHERE oid = 'events'::regclass) = 'p'"
@@ -192,17 +210,21 @@ END
 $do$"""
 
 # The bound: the first of the month after next week's (UTC), so that no writer of the old
-# table reaches it before the swap.
+# table reaches it before the swap, or after the newest event's month if that is later (a
+# store written with a clock ahead). Reading max(ts) scans the table under ACCESS SHARE.
 ADD_BOUND = f"""DO $do$
 DECLARE
-    bound timestamptz := (date_trunc('month', (now() + interval '7 days') AT TIME ZONE 'UTC')
-                          + interval '1 month') AT TIME ZONE 'UTC';
+    soon timestamptz := (date_trunc('month', (now() + interval '7 days') AT TIME ZONE 'UTC')
+                         + interval '1 month') AT TIME ZONE 'UTC';
+    newest timestamptz;
 BEGIN
     IF {_IS_PARTITIONED} THEN RETURN; END IF;
+    SELECT max(ts) INTO newest FROM events;
     ALTER TABLE events DROP CONSTRAINT IF EXISTS events_partition_bound;
     EXECUTE format(
         'ALTER TABLE events ADD CONSTRAINT events_partition_bound CHECK (ts < %L) NOT VALID',
-        bound);
+        greatest(soon, (date_trunc('month', newest AT TIME ZONE 'UTC') + interval '1 month')
+                       AT TIME ZONE 'UTC'));
 END
 $do$"""
 
@@ -274,15 +296,16 @@ PG_FIRST = (
     SIDE_INDEX,
     TURN_EDGE_ADDED,
     TURN_EDGE_REMOVED,
+    TURN_EDGES_TRUNCATED,
     BOUNDS,
     PARTITIONS,
     f"{WHY_DO}{TRIGGERS_ON_THE_TABLE}",
-    f"{WHY_DO}{ADD_BOUND}",
 )
 # Each in a transaction of its own (the last drops the old unique index, now on the
 # partition that holds the old rows, without blocking its readers or writers).
 PG_THEN = (
     f"{WHY_DO}{BACKFILL}",
+    f"{WHY_DO}{ADD_BOUND}",
     f"{WHY_DO}{VALIDATE_BOUND}",
     f"{WHY_DO}{SWAP}",
 )
@@ -325,6 +348,7 @@ def upgrade() -> None:
 PG_DOWNGRADE = (
     "DROP TRIGGER IF EXISTS events_turn_edge_added ON events",
     "DROP TRIGGER IF EXISTS events_turn_edge_removed ON events",
+    "DROP TRIGGER IF EXISTS events_truncated ON events",
     "ALTER TABLE events RENAME TO events_partitioned",
     "ALTER INDEX ix_events_mnest_id RENAME TO events_partitioned_mnest_id_idx",
     "ALTER INDEX ix_events_turn_id RENAME TO events_partitioned_turn_id_idx",
@@ -342,6 +366,7 @@ PG_DOWNGRADE = (
     "DROP FUNCTION mnestoma_events_bounds()",
     "DROP FUNCTION mnestoma_turn_edge_added()",
     "DROP FUNCTION mnestoma_turn_edge_removed()",
+    "DROP FUNCTION mnestoma_turn_edges_truncated()",
 )
 
 

@@ -47,6 +47,13 @@ BEGIN
     RETURN NULL;
 END
 $fn$"""
+TURN_EDGES_TRUNCATED = """CREATE OR REPLACE FUNCTION mnestoma_turn_edges_truncated() RETURNS trigger
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    TRUNCATE event_turn_edges;
+    RETURN NULL;
+END
+$fn$"""
 BOUNDS = r"""CREATE OR REPLACE FUNCTION mnestoma_events_bounds()
 RETURNS TABLE (part regclass, lower timestamptz, upper timestamptz)
 LANGUAGE sql STABLE AS $fn$
@@ -108,13 +115,18 @@ BEGIN
 END
 $fn$"""
 
-TRIGGERS = tuple(
+_ROW_TRIGGERS = tuple(
     f"CREATE TRIGGER {name} AFTER {op} ON events FOR EACH ROW"
     f" WHEN ({row}.turn_id IS NOT NULL AND {row}.{_PASSING}) EXECUTE FUNCTION {fn}()"
     for name, op, row, fn in (
         ("events_turn_edge_added", "INSERT", "NEW", "mnestoma_turn_edge_added"),
         ("events_turn_edge_removed", "DELETE", "OLD", "mnestoma_turn_edge_removed"),
     )
+)
+TRIGGERS = (
+    *_ROW_TRIGGERS,
+    "CREATE TRIGGER events_truncated AFTER TRUNCATE ON events FOR EACH STATEMENT"
+    " EXECUTE FUNCTION mnestoma_turn_edges_truncated()",
 )
 
 # The partitions of a new store, as revision 0011 leaves an empty one: every ts before the
@@ -141,6 +153,7 @@ AFTER_CREATE: Final[tuple[str, ...]] = (
     SIDE_INDEX,
     TURN_EDGE_ADDED,
     TURN_EDGE_REMOVED,
+    TURN_EDGES_TRUNCATED,
     BOUNDS,
     PARTITIONS,
     *TRIGGERS,
@@ -153,6 +166,7 @@ AFTER_DROP: Final[tuple[str, ...]] = (
     "DROP FUNCTION IF EXISTS mnestoma_events_bounds()",
     "DROP FUNCTION IF EXISTS mnestoma_turn_edge_added()",
     "DROP FUNCTION IF EXISTS mnestoma_turn_edge_removed()",
+    "DROP FUNCTION IF EXISTS mnestoma_turn_edges_truncated()",
 )
 
 # The names of the layout that are not the models' own tables: the side table, and the
