@@ -53,7 +53,7 @@ from .locking import (
 from .migration import sqlite_store_missing
 from .models import CanonicalQuery
 from .repository import CanonicalQueryRepository, MnestRepository, QueryFrequency
-from .rules import AgerReport, batch_pause, event_batches
+from .rules import EVENT_PRUNE_BATCH, AgerReport, batch_pause, event_batches
 from .settings import Settings, settings_of
 from .uow import ConnectionUnitOfWork, JoinedUnitOfWork, repository_call, retry_pause
 from .validation import Clock
@@ -667,11 +667,11 @@ class AsyncMnestoma(_MnestOperations):
         dry, report = check_prune_call(dry_run, progress)
         if dry:
             return await self._call(lambda r: r.prune_events(before, dry_run=True), write=False)
+        deleted = await self._drop_partitions(before)
         found = await self._call(lambda r: r.prunable_event_ids(before), write=False)
         batches = list(event_batches(found))
-        deleted = 0
-        if report is not None and batches:
-            report(0, len(batches), 0)
+        if report is not None and (batches or deleted):
+            report(0, len(batches), deleted)
         for i, (first, last) in enumerate(batches):
             if i:
                 await asyncio.sleep(batch_pause(self.engine.dialect.name))
@@ -683,6 +683,23 @@ class AsyncMnestoma(_MnestOperations):
     async def _prune_batch(self, before: datetime, first: int, last: int) -> int:
         """One batch of a prune (the events with ids in [first, last]), one transaction."""
         return await self._call(lambda r: r.prune_event_batch(before, first, last), write=True)
+
+    async def _drop_partitions(self, before: datetime) -> int:
+        """PostgreSQL, events partitioned: the whole months before ``before`` dropped, as
+        :meth:`mnestoma.Mnestoma.prune_events` drops them; how many events went."""
+        if self.engine.dialect.name != "postgresql":
+            return 0
+        dropped = await self._call(lambda r: r.drop_event_partitions(before), write=True)
+        for name in dropped.detached:
+            await self._call(lambda r, name=name: r.drop_detached_partition(name), write=True)  # type: ignore[misc]
+        end = dropped.end
+        while end is not None:
+            gone = await self._call(
+                lambda r: r.prune_turn_edges(end, EVENT_PRUNE_BATCH), write=True
+            )
+            if gone < EVENT_PRUNE_BATCH:
+                break
+        return dropped.deleted
 
     async def top_queries(self, *, limit: int = 10) -> list[QueryFrequency]:
         """The most frequent canonical forms."""

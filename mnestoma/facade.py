@@ -38,6 +38,7 @@ from .rules import (
     AGER_BATCH_ROWS,
     AGER_STOP_POLL_S,
     AGER_WAIT_WARN_S,
+    EVENT_PRUNE_BATCH,
     AgerReport,
     ager_batch_retry_pause,
     ager_batch_target,
@@ -207,10 +208,10 @@ class Mnestoma:
         dry, report = check_prune_call(dry_run, progress)
         if dry:
             return self._read(lambda u: u.mnests.prune_events(before, dry_run=True))
+        deleted = self._drop_partitions(before)
         batches = list(event_batches(self._read(lambda u: u.mnests.prunable_event_ids(before))))
-        deleted = 0
-        if report is not None and batches:
-            report(0, len(batches), 0)
+        if report is not None and (batches or deleted):
+            report(0, len(batches), deleted)
         for i, (first, last) in enumerate(batches):
             if i:
                 time.sleep(batch_pause(self.engine.dialect.name))
@@ -222,6 +223,22 @@ class Mnestoma:
     def _prune_batch(self, before: datetime, first: int, last: int) -> int:
         """One batch of a prune (the events with ids in [first, last]), one transaction."""
         return self._write(lambda u: u.mnests.prune_event_batch(before, first, last))
+
+    def _drop_partitions(self, before: datetime) -> int:
+        """PostgreSQL, events partitioned: the whole months before ``before`` dropped (the
+        swap one transaction, each drop another), then the rows of ``event_turn_edges``
+        their passings had, in batches; how many events went. Nothing elsewhere."""
+        if self.engine.dialect.name != "postgresql":
+            return 0
+        dropped = self._write(lambda u: u.mnests.drop_event_partitions(before))
+        for name in dropped.detached:
+            self._write(lambda u, name=name: u.mnests.drop_detached_partition(name))  # type: ignore[misc]
+        end = dropped.end
+        while end is not None:
+            gone = self._write(lambda u: u.mnests.prune_turn_edges(end, EVENT_PRUNE_BATCH))
+            if gone < EVENT_PRUNE_BATCH:
+                break
+        return dropped.deleted
 
     def log_canonical_query(
         self, raw_query: str, canonical_query: str, *, turn_id: str | None = None

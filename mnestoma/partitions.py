@@ -20,12 +20,26 @@ from datetime import UTC, datetime
 from weakref import WeakKeyDictionary
 
 from sqlalchemy import Connection, Engine
+from sqlalchemy.exc import DBAPIError
 
-from .errors import translate_errors
-from .rules import EVENT_PARTITION_MARGIN, EVENT_PARTITIONS_AHEAD
-from .sql.partitions import ENSURE_PARTITIONS, HAS_PARTITIONS
+from .errors import is_lock_not_available, translate_errors
+from .rules import (
+    EVENT_PARTITION_MARGIN,
+    EVENT_PARTITIONS_AHEAD,
+    PARTITION_SWAP_LOCK_TIMEOUT_S,
+    PARTITION_SWAP_PAUSE_S,
+    PARTITION_SWAP_TRIES,
+)
+from .sql import partitions as sq
+from .sql.partitions import ENSURE_PARTITIONS, HAS_PARTITIONS, PARTITION_BOUNDS
 
-__all__ = ["ensure_partitions", "forget_partitions", "month_start"]
+__all__ = [
+    "Dropped",
+    "drop_old_partitions",
+    "ensure_partitions",
+    "forget_partitions",
+    "month_start",
+]
 
 # Seconds before a store found without partitions is looked at again.
 RECHECK_S = 60.0
@@ -85,3 +99,83 @@ def ensure_partitions(conn: Connection, now: datetime) -> None:
             found = _Known(month_start(now), end, time.monotonic())
     with _lock:
         _known[engine] = found
+
+
+# --- retention: whole months dropped ---------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Dropped:
+    """What dropping the partitions before a prune's cutoff did: how many events went with
+    them, the tables detached (to drop once the swap is committed), and the instant every
+    event before which lay in them (None when no partition was whole before the cutoff)."""
+
+    deleted: int = 0
+    detached: tuple[str, ...] = ()
+    end: datetime | None = None
+
+
+def drop_old_partitions(conn: Connection, before: datetime) -> Dropped:
+    """Detach every partition of ``events`` whose months all lie before ``before``, in
+    ``conn``'s transaction (its caller commits, then drops the tables detached).
+
+    Writes into those partitions are held off (``SHARE``) while the ``created`` events of
+    the mnests still stored are copied from them, and from the default partition's rows
+    before their end, into a new table beside ``events``, checked and indexed there; then,
+    under :data:`~mnestoma.rules.PARTITION_SWAP_LOCK_TIMEOUT_S` tried again up to
+    :data:`~mnestoma.rules.PARTITION_SWAP_TRIES` times, catalogue changes only: the old
+    partitions detached, the new table attached as ``events_to_<end>`` (every ts before
+    ``end``; its CHECK spares the scan). Writers of the current months wait for that swap
+    at most."""
+    if conn.dialect.name != "postgresql" or not conn.execute(HAS_PARTITIONS).scalar_one():
+        return Dropped()
+    whole = [(str(n), up) for n, _lo, up in conn.execute(PARTITION_BOUNDS) if up <= before]
+    if not whole:
+        return Dropped()
+    end = max(up for _, up in whole)
+    names = [n for n, _ in whole]
+    final = f"events_to_{end.astimezone(UTC):%Y%m}"
+    keep = f"events_keep_{end.astimezone(UTC):%Y%m}"
+    conn.execute(sq.drop_table(keep))
+    for name in [*names, sq.DEFAULT_PARTITION]:
+        conn.execute(sq.lock_old(name))
+    total = sum(int(conn.execute(sq.count_rows(n)).scalar_one()) for n in names)
+    total += int(
+        conn.execute(
+            sq.count_rows(sq.DEFAULT_PARTITION, before_end=True), {"end": end}
+        ).scalar_one()
+    )
+    conn.execute(sq.create_keep(keep))
+    for name in names:
+        conn.execute(sq.copy_kept(keep, name))
+    conn.execute(sq.copy_kept(keep, sq.DEFAULT_PARTITION, before_end=True), {"end": end})
+    for statement in sq.finish_keep(keep, end):
+        conn.execute(statement)
+    kept = int(conn.execute(sq.count_table(keep)).scalar_one())
+    detached = [f"{n}_dropped" if n == final else n for n in names]
+    for attempt in range(PARTITION_SWAP_TRIES):
+        savepoint = conn.begin_nested()
+        try:
+            conn.execute(
+                sq.LOCAL_LOCK_TIMEOUT,
+                {"t": f"{max(1, round(PARTITION_SWAP_LOCK_TIMEOUT_S * 1000))}ms"},
+            )
+            conn.execute(sq.LOCK_EVENTS)
+            for name, gone in zip(names, detached, strict=True):
+                conn.execute(sq.detach(name))
+                if gone != name:
+                    conn.execute(sq.rename(name, gone))
+            conn.execute(sq.DELETE_DEFAULT_BEFORE_END, {"end": end})
+            conn.execute(sq.rename(keep, final))
+            conn.execute(sq.attach_keep(final, end))
+            conn.execute(sq.drop_bound(final, keep))
+        except DBAPIError as err:
+            savepoint.rollback()
+            if not is_lock_not_available(err) or attempt + 1 == PARTITION_SWAP_TRIES:
+                raise
+            time.sleep(min(PARTITION_SWAP_PAUSE_S * (attempt + 1), 0.2))
+            continue
+        savepoint.commit()
+        break
+    conn.execute(sq.turn_edges_of(final))  # those of the default's rows kept
+    return Dropped(total - kept, tuple(detached), end)

@@ -39,7 +39,7 @@ from .errors import (
 from .graph import GraphReads
 from .locking import take_write_lock
 from .models import CanonicalQuery, Event, Mnest
-from .partitions import ensure_partitions
+from .partitions import Dropped, drop_old_partitions, ensure_partitions
 from .rules import (
     DEFAULT_DECAY_LAMBDA,
     INITIAL_WEIGHT,
@@ -57,6 +57,7 @@ from .rules import (
 )
 from .runner import StatementRunner, as_mappings, runner_for
 from .settings import Settings, settings_of
+from .sql import partitions as partitions_sql
 from .sql import read as rd
 from .sql import record as rec
 from .sql import retention as ret
@@ -853,6 +854,28 @@ class MnestRepository(GraphReads):
         ``[first, last]``: one batch of a prune; how many were deleted."""
         params = {"before": _cutoff(before), "first": int(first), "last": int(last)}
         return int(self._write_ex().execute(ret.DELETE_PRUNABLE_BATCH, params).rowcount)
+
+    def drop_event_partitions(self, before: datetime) -> Dropped:
+        """PostgreSQL, events partitioned: detach the partitions whose months all lie before
+        ``before``, keeping the ``created`` events of the rows still stored (see
+        :func:`mnestoma.partitions.drop_old_partitions`); nothing elsewhere. The caller
+        commits, then drops what was detached (:meth:`drop_detached_partition`)."""
+        conn = self._write_ex().conn
+        with translate_errors():
+            return drop_old_partitions(conn, _cutoff(before))
+
+    def drop_detached_partition(self, name: str) -> None:
+        """Drop a table :meth:`drop_event_partitions` detached: its space goes back to the
+        operating system."""
+        self._write_ex().execute(partitions_sql.drop_table(partitions_sql.detached(name)))
+
+    def prune_turn_edges(self, end: datetime, limit: int) -> int:
+        """Delete up to ``limit`` rows of ``event_turn_edges`` before ``end`` whose passing
+        went with a dropped partition; how many were."""
+        params = {"end": _cutoff(end), "n": int(limit)}
+        return int(
+            self._write_ex().execute(partitions_sql.DELETE_ORPHAN_TURN_EDGES, params).rowcount
+        )
 
     # --- query log --------------------------------------------------------------------
 

@@ -94,6 +94,13 @@ EVENT_PRUNE_BATCH = 5000
 # again whenever their clock comes within EVENT_PARTITION_MARGIN of the last month made.
 EVENT_PARTITIONS_AHEAD = 3
 EVENT_PARTITION_MARGIN = timedelta(days=7)
+# prune_events on PostgreSQL swaps the partitions it drops for the one that keeps the live
+# mnests' created events under this lock timeout (seconds), tried again up to this many
+# times, pausing this long more after each failed try (0.2 s at most): writers wait for
+# one try at most.
+PARTITION_SWAP_LOCK_TIMEOUT_S = 0.05
+PARTITION_SWAP_TRIES = 200
+PARTITION_SWAP_PAUSE_S = 0.005
 # apply_ager: how long one batch holds its locks (seconds), each batch its own transaction,
 # so that a writer behind the ager waits for one batch at most (SQLite: the write lock;
 # PostgreSQL: the batch's rows only). While writers are about (one waited for a batch, or

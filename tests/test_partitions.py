@@ -147,7 +147,7 @@ def test_pruning_across_partitions_keeps_live_mnests_created_events_and_frees_tu
             clock.set(datetime(2032, month, 10, tzinfo=UTC))
             m.record_turn(f"t-{month}", [Passing("a", "1", "b", "1")])
         assert m.prune_events(datetime(2032, 3, 15, tzinfo=UTC)) == 2
-        left = [(e.kind, e.turn_id) for e in m.events(kept.id)]
+        left = [(e.kind, e.turn_id) for e in m.events(mnest_id=kept.id)]
         assert sorted(left) == [("created", "t-jan"), ("reinforced", "t-4")]
         clock.set(datetime(2032, 4, 20, tzinfo=UTC))
         again = m.record_turn("t-2", [Passing("a", "1", "b", "1")])[0]
@@ -224,6 +224,58 @@ def test_downgrade_to_0009_gives_one_table_back_with_every_event(pg_empty_db_url
             conn.execute(insert(Event.__table__), [row, row])
         mnestoma.upgrade(engine)
         assert current_revision(engine) == head_revision()
+    finally:
+        engine.dispose()
+        forget_partitions()
+
+
+def test_retention_drops_whole_months_and_gives_their_space_back(pg_store_url: str) -> None:
+    """Months wholly before the cutoff are dropped (their tables gone, their space with
+    them) after the created events of the rows still stored moved to the partition of
+    everything before; the month holding the cutoff is pruned in batches."""
+    engine = make_engine(pg_store_url)
+    clock = MovableClock(datetime(2035, 1, 5, tzinfo=UTC))
+    try:
+        with Mnestoma(pg_store_url, clock=clock) as m:
+            live = m.record_passing("a", "1", "b", "1")
+            gone = m.record_passing("x", "1", "y", "1")
+            with engine.begin() as conn:
+                conn.execute(text("DELETE FROM mnests WHERE id = :id"), {"id": gone.id})
+                conn.execute(
+                    text(
+                        "INSERT INTO events (mnest_id, kind, ts, turn_id)"
+                        " SELECT :m, 'reinforced', :t0 + g * interval '1 minute', 't' || g"
+                        " FROM generate_series(1, 20000) g"
+                    ),
+                    {"m": live.id, "t0": datetime(2035, 1, 6, tzinfo=UTC)},
+                )
+
+            def size() -> int:
+                with engine.connect() as conn:
+                    return int(
+                        conn.execute(
+                            text(
+                                "SELECT sum(pg_total_relation_size(part))"
+                                " FROM mnestoma_events_bounds()"
+                            )
+                        ).scalar_one()
+                    )
+
+            before_prune = size()
+            clock.set(datetime(2035, 3, 10, tzinfo=UTC))
+            m.record_passing("a", "1", "b", "1")  # a March event, kept
+            assert m.prune_events(datetime(2035, 2, 15, tzinfo=UTC)) == 20001
+            assert [e.kind for e in m.events(mnest_id=live.id)] == ["reinforced", "created"]
+            assert m.events(mnest_id=gone.id) == []
+        made = _partitions(engine)
+        assert "events_203501" not in made and "events_to_203502" in made
+        assert size() < before_prune / 4
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT count(*) FROM event_turn_edges")).scalar_one() == 0
+            left = conn.execute(
+                text("SELECT count(*) FROM pg_class WHERE relname LIKE 'events\\_%dropped'")
+            ).scalar_one()
+        assert left == 0
     finally:
         engine.dispose()
         forget_partitions()

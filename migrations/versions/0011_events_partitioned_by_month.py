@@ -15,9 +15,9 @@ Steps, each its own transaction and each safe to run again over what a stopped r
 the side table, functions and triggers (an instant's lock on ``events``); the side table
 filled from the existing events (reads only); the CHECK ``ts < bound`` added NOT VALID (the
 bound: the month after next week's, or after the newest event's if later; reading it scans
-under ``ACCESS SHARE``) and validated (``SHARE UPDATE EXCLUSIVE``: writers go on); the swap, catalogue changes only,
-under ``lock_timeout = 50ms`` tried again up to 200 times (writers wait 50 ms at most per
-try); the old unique index dropped ``CONCURRENTLY``.
+under ``ACCESS SHARE``) and validated (``SHARE UPDATE EXCLUSIVE``: writers go on); the
+swap, catalogue changes only, under ``lock_timeout = 50ms`` tried again up to 200 times
+(writers wait 50 ms at most per try); the old unique index dropped ``CONCURRENTLY``.
 
 SQLite: nothing changes (one table, ``ux_events_turn_edge`` stays).
 

@@ -8,6 +8,8 @@ what ``create_all`` and the revisions build).
 
 from __future__ import annotations
 
+import re
+from datetime import UTC, datetime
 from typing import Final
 
 from sqlalchemy import TextClause, bindparam, text
@@ -187,3 +189,136 @@ ENSURE_PARTITIONS: Final[TextClause] = text(
 PARTITION_BOUNDS: Final[TextClause] = text(
     "SELECT part::text, lower, upper FROM mnestoma_events_bounds() ORDER BY lower"
 )
+
+
+# --- retention: dropping whole months ---------------------------------------------------------
+
+_NAME = re.compile(r"^events_(to_)?[0-9]{6}$|^events_default$")
+
+
+def partition(name: str) -> str:
+    """``name``, checked to be one of the partitions of events (so that it can be written
+    into a statement as it is)."""
+    if not _NAME.match(name):
+        raise ValueError(f"not a partition of events: {name!r}")
+    return name
+
+
+_KEPT = "kind = 'created' AND EXISTS (SELECT 1 FROM mnests m WHERE m.id = {table}.mnest_id)"
+
+
+def lock_old(name: str) -> TextClause:
+    """Hold off writes into a partition about to be dropped (reads go on)."""
+    return text(f"LOCK TABLE {partition(name)} IN SHARE MODE")
+
+
+def count_rows(name: str, *, before_end: bool = False) -> TextClause:
+    """How many rows a partition holds (with ``before_end``: those before ``:end``)."""
+    where = " WHERE ts < :end" if before_end else ""
+    return text(f"SELECT count(*) FROM {partition(name)}{where}").bindparams(
+        *([bindparam("end", type_=UTCDateTime())] if before_end else [])
+    )
+
+
+def create_keep(keep: str) -> TextClause:
+    """The table that will hold what retention keeps of the dropped months."""
+    return text(
+        f"CREATE TABLE {keep} (LIKE events INCLUDING DEFAULTS INCLUDING CONSTRAINTS,"
+        f" CONSTRAINT {keep}_pkey PRIMARY KEY (id))"
+    )
+
+
+def copy_kept(keep: str, name: str, *, before_end: bool = False) -> TextClause:
+    """Copy the ``created`` events of the mnests still stored from a partition."""
+    src = partition(name)
+    where = _KEPT.format(table=src) + (" AND ts < :end" if before_end else "")
+    return text(f"INSERT INTO {keep} SELECT * FROM {src} WHERE {where}").bindparams(
+        *([bindparam("end", type_=UTCDateTime())] if before_end else [])
+    )
+
+
+def instant(at: datetime) -> str:
+    """An aware instant as a PostgreSQL literal (DDL takes no parameters)."""
+    if at.tzinfo is None:
+        raise ValueError("an aware instant is needed")
+    return f"'{at.astimezone(UTC).isoformat()}'::timestamptz"
+
+
+def finish_keep(keep: str, end: datetime) -> tuple[TextClause, ...]:
+    """Its bound as a CHECK (so that the attach reads no row) and the indexes of events."""
+    return (
+        text(f"ALTER TABLE {keep} ADD CONSTRAINT {keep}_bound CHECK (ts < {instant(end)})"),
+        text(f"CREATE INDEX {keep}_mnest_id_idx ON {keep} (mnest_id)"),
+        text(f"CREATE INDEX {keep}_turn_id_idx ON {keep} (turn_id) WHERE turn_id IS NOT NULL"),
+        text(f"ANALYZE {keep}"),
+    )
+
+
+DEFAULT_PARTITION = "events_default"
+LOCAL_LOCK_TIMEOUT: Final[TextClause] = text("SELECT set_config('lock_timeout', :t, true)")
+
+
+def count_table(name: str) -> TextClause:
+    """How many rows a table of retention's holds."""
+    return text(f"SELECT count(*) FROM {name}")
+
+
+LOCK_EVENTS: Final[TextClause] = text("LOCK TABLE events IN ACCESS EXCLUSIVE MODE")
+
+
+def detach(name: str) -> TextClause:
+    return text(f"ALTER TABLE events DETACH PARTITION {partition(name)}")
+
+
+def rename(old: str, new: str) -> TextClause:
+    return text(f"ALTER TABLE {old} RENAME TO {new}")
+
+
+DELETE_DEFAULT_BEFORE_END: Final[TextClause] = text(
+    "DELETE FROM events_default WHERE ts < :end"
+).bindparams(bindparam("end", type_=UTCDateTime()))
+
+
+def attach_keep(final: str, end: datetime) -> TextClause:
+    """``final`` becomes the partition of every ts before ``end``."""
+    return text(
+        f"ALTER TABLE events ATTACH PARTITION {partition(final)}"
+        f" FOR VALUES FROM (MINVALUE) TO ({instant(end)})"
+    )
+
+
+def drop_bound(final: str, keep: str) -> TextClause:
+    return text(f"ALTER TABLE {partition(final)} DROP CONSTRAINT {keep}_bound")
+
+
+def turn_edges_of(final: str) -> TextClause:
+    """The rows of event_turn_edges of the passings a partition holds (kept ones)."""
+    return text(
+        "INSERT INTO event_turn_edges (turn_id, mnest_id, ts)"
+        f" SELECT turn_id, mnest_id, ts FROM {partition(final)}"
+        f" WHERE turn_id IS NOT NULL AND {_PASSING} ON CONFLICT DO NOTHING"
+    )
+
+
+def detached(name: str) -> str:
+    """``name``, checked to be a partition retention detached (or the table it builds)."""
+    base = name.removesuffix("_dropped")
+    if not (_NAME.match(base) or re.match(r"^events_keep_[0-9]{6}$", base)):
+        raise ValueError(f"not a table of retention's: {name!r}")
+    return name
+
+
+def drop_table(name: str) -> TextClause:
+    return text(f"DROP TABLE IF EXISTS {name}")
+
+
+# One batch of the rows of event_turn_edges whose passing is gone (dropped with its
+# partition), among those before :end; the event is looked up by its ts too, so that only
+# its partition is searched.
+DELETE_ORPHAN_TURN_EDGES: Final[TextClause] = text(
+    "DELETE FROM event_turn_edges WHERE ctid IN ("
+    " SELECT s.ctid FROM event_turn_edges s WHERE s.ts < :end AND NOT EXISTS ("
+    "  SELECT 1 FROM events e WHERE e.ts = s.ts AND e.turn_id = s.turn_id"
+    f"  AND e.mnest_id = s.mnest_id AND e.{_PASSING})"
+    " LIMIT :n)"
+).bindparams(bindparam("end", type_=UTCDateTime()), bindparam("n"))
