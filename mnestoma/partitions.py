@@ -129,7 +129,7 @@ def drop_old_partitions(conn: Connection, before: datetime) -> Dropped:
     at most."""
     if conn.dialect.name != "postgresql" or not conn.execute(HAS_PARTITIONS).scalar_one():
         return Dropped()
-    whole = [(str(n), up) for n, _lo, up in conn.execute(PARTITION_BOUNDS) if up <= before]
+    whole = [(str(n), up) for n, up in conn.execute(PARTITION_BOUNDS) if up <= before]
     if not whole:
         return Dropped()
     end = max(up for _, up in whole)

@@ -265,7 +265,7 @@ def test_retention_drops_whole_months_and_gives_their_space_back(pg_store_url: s
             clock.set(datetime(2035, 3, 10, tzinfo=UTC))
             m.record_passing("a", "1", "b", "1")  # a March event, kept
             assert m.prune_events(datetime(2035, 2, 15, tzinfo=UTC)) == 20001
-            assert [e.kind for e in m.events(mnest_id=live.id)] == ["reinforced", "created"]
+            assert sorted(e.kind for e in m.events(mnest_id=live.id)) == ["created", "reinforced"]
             assert m.events(mnest_id=gone.id) == []
         made = _partitions(engine)
         assert "events_203501" not in made and "events_to_203502" in made
@@ -279,3 +279,69 @@ def test_retention_drops_whole_months_and_gives_their_space_back(pg_store_url: s
     finally:
         engine.dispose()
         forget_partitions()
+
+
+def _layout(url: str) -> dict[str, object]:
+    """What PostgreSQL holds beside the models' tables: partitions, triggers, functions, the
+    side table's columns and keys, every index of events and its partitions' parent."""
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            return {
+                "partitions": _partitions(engine),
+                "triggers": sorted(
+                    conn.execute(
+                        text(
+                            "SELECT pg_get_triggerdef(oid) FROM pg_trigger"
+                            " WHERE tgrelid = 'events'::regclass AND NOT tgisinternal"
+                        )
+                    ).scalars()
+                ),
+                "functions": sorted(
+                    conn.execute(
+                        text(
+                            "SELECT pg_get_functiondef(oid) FROM pg_proc"
+                            " WHERE proname LIKE 'mnestoma\\_%'"
+                        )
+                    ).scalars()
+                ),
+                "indexes": sorted(
+                    conn.execute(
+                        text(
+                            "SELECT indexdef FROM pg_indexes"
+                            " WHERE tablename IN ('events', 'event_turn_edges')"
+                        )
+                    ).scalars()
+                ),
+                "side": [
+                    (c["name"], str(c["type"]), c["nullable"])
+                    for c in inspect(engine).get_columns("event_turn_edges")
+                ],
+                "keys": inspect(engine).get_pk_constraint("event_turn_edges"),
+                "events_key": inspect(engine).get_pk_constraint("events"),
+            }
+    finally:
+        engine.dispose()
+
+
+def test_create_all_builds_the_layout_the_revision_builds(pg_empty_db_url: str) -> None:
+    """The models' DDL events build on PostgreSQL what revision 0011 builds beside the
+    tables, which the schema comparisons leave out (names and definitions alike)."""
+    from conftest import create_pg_database, drop_pg_database
+
+    from mnestoma.models import Base
+
+    mnestoma.upgrade(pg_empty_db_url)
+    migrated = _layout(pg_empty_db_url)
+    other = create_pg_database("mnestoma_layout")
+    try:
+        engine = make_engine(other)
+        try:
+            Base.metadata.create_all(engine)
+        finally:
+            engine.dispose()
+        built = _layout(other.render_as_string(hide_password=False))
+    finally:
+        drop_pg_database(other)
+    assert built == migrated
+    assert migrated["events_key"]["constrained_columns"] == []  # each partition has its own

@@ -185,9 +185,9 @@ HAS_PARTITIONS: Final[TextClause] = text(
 ENSURE_PARTITIONS: Final[TextClause] = text(
     "SELECT mnestoma_events_partitions(:at, :ahead)"
 ).bindparams(bindparam("at", type_=UTCDateTime()), bindparam("ahead"))
-# Each partition but the default, with its range, oldest first.
+# Each partition but the default, with the end of its range, oldest first.
 PARTITION_BOUNDS: Final[TextClause] = text(
-    "SELECT part::text, lower, upper FROM mnestoma_events_bounds() ORDER BY lower"
+    "SELECT part::text, upper FROM mnestoma_events_bounds() ORDER BY lower"
 )
 
 
