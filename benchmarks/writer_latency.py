@@ -23,6 +23,11 @@ the errors by type:
   disk (``--workdir``);
 - ``retention``: during ``Mnestoma.prune_events(before)``, which deletes the events loaded
   with the store (about 9 in 10 of them; each live row keeps its ``created`` event);
+- ``drop`` (PostgreSQL only, when asked for): ``Mnestoma.prune_events(before)`` on a store
+  whose events are spread evenly over twelve monthly partitions (each row's ``created``
+  event in the first), ``before`` in the middle: the older half goes as whole partitions
+  dropped, each live row's ``created`` event kept; the writers' clock is past the twelve
+  months. The database's size before and after is reported;
 - ``upgrade`` (PostgreSQL only): ``mnestoma.upgrade(url)`` from revision 0002 (or
   ``--from-revision``) to head on a
   store of N mnests and ``--events-per-row`` × N events, while writers "of the previous
@@ -88,7 +93,7 @@ __all__ = [
 ]
 
 PHASES = ("idle", "ager", "retention", "upgrade")  # what a run measures unless told
-OPTIONAL_PHASES = ("disk",)  # measured only when asked for
+OPTIONAL_PHASES = ("disk", "drop")  # measured only when asked for
 ENGINES = ("sqlite", "postgresql")
 SIZES = (300_000, 1_000_000)
 QUICK_SIZES = (5_000,)
@@ -745,6 +750,13 @@ def run_engine(
             out += _live_phases(engine, n, url, events, clock, s, live, say, sides.files.folder)
         finally:
             sides.discard(engine, url)
+    if "drop" in s.phases and engine == "postgresql":
+        say(f"{engine} {n:,}: building a store whose events fill twelve months")
+        url = sides.build(engine, f"wl-drop-{s.shape}-{n}", rows)
+        try:
+            out.append(_drop_phase(engine, n, url, s, say))
+        finally:
+            sides.discard(engine, url)
     if "upgrade" in s.phases and engine == "postgresql":
         say(f"{engine} {n:,}: building a store at {s.from_revision}")
         url = sides.build(engine, f"wl-old-{s.shape}-{n}", rows, s.from_revision)
@@ -812,6 +824,98 @@ def _live_phases(
     finally:
         store.close()
     return out
+
+
+DROP_MONTHS = 12  # the drop phase's events fill this many monthly partitions
+
+
+def _database_mb(url: str) -> float:
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            size = conn.execute(text("SELECT pg_database_size(current_database())")).scalar_one()
+            return round(int(size) / 1e6, 1)
+    finally:
+        engine.dispose()
+
+
+def add_months_of_events(url: str, per_row: int) -> tuple[int, datetime]:
+    """PostgreSQL, events partitioned: the partitions of :data:`DROP_MONTHS` months from the
+    first month after the one of every earlier ts, each row's ``created`` event at that
+    month's start and ``per_row - 1`` ``reinforced`` events spread evenly over the months;
+    how many events, and the first month's start."""
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(url)
+    try:
+        with engine.begin() as conn:
+            first = conn.execute(
+                text("SELECT max(upper) FROM mnestoma_events_bounds() WHERE lower = '-infinity'")
+            ).scalar_one()
+            conn.execute(
+                text("SELECT mnestoma_events_partitions(:at, :ahead)"),
+                {"at": first, "ahead": DROP_MONTHS - 1},
+            )
+            span = f"interval '{DROP_MONTHS * 30} days'"
+            conn.execute(
+                text(
+                    "INSERT INTO events (mnest_id, kind, ts, weight_after, state_after)"
+                    " SELECT id, 'created', :first, weight, state FROM mnests"
+                ),
+                {"first": first},
+            )
+            conn.execute(
+                text(
+                    "INSERT INTO events (mnest_id, kind, ts, weight_before, weight_after,"
+                    " state_before, state_after) SELECT m.id, 'reinforced',"
+                    f" :first + {span} * s / :per_row, m.weight, m.weight, m.state, m.state"
+                    " FROM mnests m CROSS JOIN generate_series(1, :more) AS s"
+                ),
+                {"first": first, "per_row": per_row, "more": per_row - 1},
+            )
+            count = int(conn.execute(text("SELECT count(*) FROM events")).scalar_one())
+        with engine.connect() as conn:
+            conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+            conn.execute(text("VACUUM ANALYZE mnests, events"))
+            conn.execute(text("CHECKPOINT"))
+        if hasattr(os, "sync"):
+            os.sync()
+        return count, first
+    finally:
+        engine.dispose()
+
+
+def _drop_phase(
+    engine: str, n: int, url: str, s: Settings, say: Callable[[str], None]
+) -> PhaseResult:
+    import mnestoma
+
+    events, first = add_months_of_events(url, s.events_per_row)
+    half = first.month - 1 + DROP_MONTHS // 2  # the older half: the first six months
+    before = first.replace(year=first.year + half // 12, month=half % 12 + 1)
+    clock = RunningClock(first + timedelta(days=DROP_MONTHS * 31), time.monotonic())
+    edges = pick_edges(url, s.writers * s.edges_per_writer)
+    size_before = _database_mb(url)
+    say(f"{engine} {n:,}: drop (events before {before:%Y-%m-%d}, {events:,} events)")
+    store = mnestoma.Mnestoma(url, clock=clock)
+    try:
+        call = api_writer(store, edges, s.writers)
+        job = Maintenance("retention", s.maintenance_in, url=url, before=before)
+        measured = measure(call, s, job.prepare())
+    finally:
+        store.close()
+    return _result(
+        engine,
+        n,
+        "drop",
+        measured,
+        events=events,
+        edges=len(edges),
+        database_mb_before=size_before,
+        database_mb_after=_database_mb(url),
+    )
 
 
 def _upgrade_phase(
@@ -945,6 +1049,11 @@ def format_notes(results: Sequence[PhaseResult]) -> list[str]:
         line = f"- {r.engine} {r.rows:,} {r.phase}: {what}"
         if r.phase == "upgrade":
             line += f"; lock timeout {r.detail.get('lock_timeout_s')} s"
+        if "database_mb_before" in r.detail:
+            line += (
+                f"; database {r.detail['database_mb_before']:,} MB before,"
+                f" {r.detail['database_mb_after']:,} MB after"
+            )
         if "disk_mb" in r.detail:
             line += f"; the disk wrote {r.detail['disk_mb']:,} MB for it"
         if r.errors_outside_window:
