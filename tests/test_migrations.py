@@ -145,6 +145,44 @@ def test_create_all_from_models_equals_what_migrations_build(
     assert built == _schema_names(empty_db_url, every_table)
 
 
+def _check_texts(url: str, tables: tuple[str, ...]) -> dict[str, str]:
+    """Every CHECK's rule by name, spaces and the outer parentheses aside."""
+    engine = make_engine(url)
+    try:
+        insp = inspect(engine)
+        texts = {}
+        for t in tables:
+            for c in insp.get_check_constraints(t):
+                rule = " ".join(str(c["sqltext"]).split())
+                while rule.startswith("(") and rule.endswith(")"):
+                    rule = rule[1:-1].strip()
+                texts[str(c["name"])] = rule
+        return texts
+    finally:
+        engine.dispose()
+
+
+def test_every_check_the_models_write_is_the_one_migrations_build(empty_db_url: str) -> None:
+    """A rule that derives a CHECK from the rules (the states, the recorders) cannot change
+    without a revision: the models' CHECK texts and the revisions' are the same."""
+    every_table = tuple(Base.metadata.tables)
+    engine = make_engine(empty_db_url)
+    try:
+        Base.metadata.create_all(engine)
+    finally:
+        engine.dispose()
+    built = _check_texts(empty_db_url, every_table)
+    engine = make_engine(empty_db_url)
+    try:
+        Base.metadata.drop_all(engine)
+    finally:
+        engine.dispose()
+    mnestoma.upgrade(empty_db_url)
+    migrated = _check_texts(empty_db_url, every_table)
+    assert built and set(built) == set(migrated)
+    assert {n: t for n, t in built.items() if migrated[n] != t} == {}, migrated
+
+
 def _ager_runs_checks(engine) -> list[str]:
     return sorted(str(c["name"]) for c in inspect(engine).get_check_constraints("ager_runs"))
 
