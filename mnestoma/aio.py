@@ -13,10 +13,11 @@ async mode.
 from __future__ import annotations
 
 import asyncio
+import copy
 import functools
 import time
 import weakref
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from datetime import datetime
 from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar
 
@@ -34,7 +35,14 @@ from .config import (
     redact_url,
     refuse_memory_sqlite,
 )
-from .errors import InvalidInput, MissingExtra, MnestomaError, SchemaError, translate_errors
+from .errors import (
+    InvalidInput,
+    MissingExtra,
+    MnestomaError,
+    SchemaError,
+    StoreError,
+    translate_errors,
+)
 from .facade import (
     BatchProgress,
     PruneProgress,
@@ -52,6 +60,7 @@ from .locking import (
 )
 from .migration import sqlite_store_missing
 from .models import CanonicalQuery
+from .replicas import NOT_READY, ReplicaSet, replica_connect_args, replica_urls
 from .repository import CanonicalQueryRepository, MnestRepository, QueryFrequency
 from .rules import EVENT_PRUNE_BATCH, AgerReport, batch_pause, event_batches
 from .settings import Settings, settings_of
@@ -402,6 +411,8 @@ class AsyncUnitOfWork:
             )
         self._factory = async_session_factory
         self.settings = settings_of(settings, clock=clock, recorder=recorder)
+        # Called with the sync session after each commit (read replicas, contract §12).
+        self._after_commit: Callable[[Session], object] | None = None
 
     async def __aenter__(self) -> Self:
         session = self._factory()
@@ -429,6 +440,10 @@ class AsyncUnitOfWork:
         """Commit the work done so far; a later operation starts a new transaction."""
         with translate_errors():
             await _on_session(self.session, self.session.commit())
+        after = self._after_commit
+        if after is not None:
+            await _on_session(self.session, self.session.run_sync(after))
+            await self.session.rollback()
 
     async def rollback(self) -> None:
         """Throw away the work done since the last commit."""
@@ -461,8 +476,12 @@ class AsyncMnestoma(_MnestOperations):
         clock: Clock | None = None,
         recorder: str | None = None,
         create: bool = True,
+        replicas: Sequence[str | URL] | None = None,
     ) -> None:
         self.settings = settings_of(settings, clock=clock, recorder=recorder)
+        self._replicas: ReplicaSet | None = None
+        self._owns_replicas = True
+        self._on_primary = False
         if isinstance(url_or_engine, Engine):
             raise InvalidInput(
                 "AsyncMnestoma needs an AsyncEngine (make_async_engine) or a URL; "
@@ -475,6 +494,7 @@ class AsyncMnestoma(_MnestOperations):
         refuse_memory_sqlite(url)
         if not create and sqlite_store_missing(url):
             raise SchemaError(f"there is no mnestoma store at {redact_url(url)}")
+        urls = [async_database_url(u) for u in replica_urls(url, replicas)]
         if isinstance(url_or_engine, AsyncEngine):
             self.engine = url_or_engine
             self._owns_engine = False
@@ -493,6 +513,9 @@ class AsyncMnestoma(_MnestOperations):
         # soon as the previous one commits, instead of polling SQLite's busy handler.
         self._one_writer = asyncio.Lock() if is_sqlite(url) else None
         self._waiting_file = waiting_file(self.engine.sync_engine.url)
+        if urls:
+            engines = [make_async_engine(u, connect_args=replica_connect_args(u)) for u in urls]
+            self._replicas = ReplicaSet(engines, urls, self.settings)
 
     @property
     def clock(self) -> Clock:
@@ -529,11 +552,14 @@ class AsyncMnestoma(_MnestOperations):
             await greenlet_spawn(ensure_schema, self.engine.sync_engine)
         self._at_head = True
 
-    async def _call(self, op: Callable[[MnestRepository], T], *, write: bool) -> T:
-        """Run ``op`` in its own transaction: a read, or a write retried when transient."""
+    async def _call(
+        self, op: Callable[[MnestRepository], T], *, write: bool, primary: bool = False
+    ) -> T:
+        """Run ``op`` in its own transaction: a read (on a replica that can serve it, unless
+        ``primary``), or a write retried when transient."""
         await self._ready()
         if not write:
-            return await self._unit(op, commit=False)
+            return await self._unit(op, commit=False, primary=primary)
         attempt = 0
         while True:
             try:
@@ -545,7 +571,9 @@ class AsyncMnestoma(_MnestOperations):
                 await asyncio.sleep(pause)
                 attempt += 1
 
-    async def _unit(self, op: Callable[[MnestRepository], T], *, commit: bool) -> T:
+    async def _unit(
+        self, op: Callable[[MnestRepository], T], *, commit: bool, primary: bool = False
+    ) -> T:
         """One unit of work in a task of its own, which the caller's cancellation does not
         interrupt halfway.
 
@@ -558,14 +586,35 @@ class AsyncMnestoma(_MnestOperations):
         """
         cancelled = _Flag()
         try:
-            return await _to_the_end(self._guarded(op, commit, cancelled))
+            return await _to_the_end(self._guarded(op, commit, cancelled, primary))
         except asyncio.CancelledError:
             cancelled.set()
             raise
 
     async def _guarded(
-        self, op: Callable[[MnestRepository], T], commit: bool, cancelled: _Flag
+        self,
+        op: Callable[[MnestRepository], T],
+        commit: bool,
+        cancelled: _Flag,
+        primary: bool = False,
     ) -> T:
+        replicas = self._replicas
+        if not commit and replicas is not None and not (primary or self._on_primary):
+            for i in replicas.order():
+                if cancelled:
+                    raise asyncio.CancelledError
+                try:
+                    with translate_errors():
+                        async with replicas.engines[i].connect() as conn:
+                            result = await conn.run_sync(
+                                replicas.attempt, i, functools.partial(self._in_read, op)
+                            )
+                except StoreError as err:  # could not connect, or lost the connection
+                    replicas.connection_failed(i, err)
+                    continue
+                if result is not NOT_READY:
+                    return result  # type: ignore[no-any-return]
+            replicas.primary_read()
         if not commit or self._one_writer is None:
             return await self._once(self._bind, op, commit=commit, cancelled=cancelled)
         # One lock timeout in all: the wait for this facade's queue of writers counts in it.
@@ -609,7 +658,30 @@ class AsyncMnestoma(_MnestOperations):
             result = op(unit.mnests)
             if commit and not cancelled:
                 unit.commit()
+                if self._replicas is not None:
+                    self._replicas.note_write(conn)
             return result
+
+    def _in_read(self, op: Callable[[MnestRepository], T], conn: Connection) -> T:
+        """The sync side of one read on a replica's connection."""
+        with ConnectionUnitOfWork(conn, settings=self.settings) as unit:
+            return op(unit.mnests)
+
+    @property
+    def primary(self) -> AsyncMnestoma:
+        """This facade with every read on the primary (for a read that must see another
+        process's latest write). Its writes are this facade's, and close() leaves the
+        engines to it."""
+        view = copy.copy(self)
+        view._on_primary = True
+        view._owns_engine = False
+        view._owns_replicas = False
+        return view
+
+    def replica_stats(self) -> dict[str, Any]:
+        """How this facade's reads were routed (see :meth:`mnestoma.Mnestoma.replica_stats`);
+        empty without replicas."""
+        return {} if self._replicas is None else self._replicas.stats()
 
     # --- the contract's operations: the shared table (_MnestOperations), and these ----------
 
@@ -649,14 +721,24 @@ class AsyncMnestoma(_MnestOperations):
         with translate_errors():
             async with self._bind.connect() as conn:
                 return await conn.run_sync(
-                    lambda sync: age_in_batches(
+                    lambda sync: self._noted(
                         sync,
-                        settings=self.settings,
-                        batch_rows=rows,
-                        progress=progress,
-                        go_on=lambda: not cancelled,
+                        age_in_batches(
+                            sync,
+                            settings=self.settings,
+                            batch_rows=rows,
+                            progress=progress,
+                            go_on=lambda: not cancelled,
+                        ),
                     )
                 )
+
+    def _noted(self, conn: Connection, report: AgerReport) -> AgerReport:
+        """After a run of the ager on ``conn``: its WAL position noted (read replicas)."""
+        if self._replicas is not None:
+            self._replicas.note_write(conn)
+            conn.rollback()
+        return report
 
     async def prune_events(
         self, before: datetime, *, dry_run: bool = False, progress: PruneProgress | None = None
@@ -666,9 +748,11 @@ class AsyncMnestoma(_MnestOperations):
         :meth:`mnestoma.Mnestoma.prune_events`); ``dry_run`` counts them, in one read."""
         dry, report = check_prune_call(dry_run, progress)
         if dry:
-            return await self._call(lambda r: r.prune_events(before, dry_run=True), write=False)
+            return await self._call(
+                lambda r: r.prune_events(before, dry_run=True), write=False, primary=True
+            )
         deleted = await self._drop_partitions(before)
-        found = await self._call(lambda r: r.prunable_event_ids(before), write=False)
+        found = await self._call(lambda r: r.prunable_event_ids(before), write=False, primary=True)
         batches = list(event_batches(found))
         if report is not None and (batches or deleted):
             report(0, len(batches), deleted)
@@ -710,8 +794,12 @@ class AsyncMnestoma(_MnestOperations):
         return await self._call(lambda r: _queries(r).recent(limit=limit), write=False)
 
     def unit_of_work(self) -> AsyncUnitOfWork:
-        """An async unit of work on this store's engine, clock and recorder."""
-        return AsyncUnitOfWork(make_async_session_factory(self._bind), settings=self.settings)
+        """An async unit of work on this store's engine, clock and recorder; on the primary
+        only, reads included (contract §12)."""
+        unit = AsyncUnitOfWork(make_async_session_factory(self._bind), settings=self.settings)
+        if self._replicas is not None:
+            unit._after_commit = self._replicas.note_write
+        return unit
 
     async def close(self) -> None:
         """Release the connections (the engine too, when this facade created it), once the
@@ -721,6 +809,9 @@ class AsyncMnestoma(_MnestOperations):
             await asyncio.wait(ending)
         if self._owns_engine:
             await self.engine.dispose()
+        if self._replicas is not None and self._owns_replicas:
+            for engine in self._replicas.engines:
+                await engine.dispose()
 
     def __repr__(self) -> str:
         return f"AsyncMnestoma({redact_url(self.engine.url)!r})"

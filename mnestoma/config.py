@@ -53,6 +53,8 @@ __all__ = [
 
 ENV_DATABASE_URL = "MNESTOMA_DATABASE_URL"
 ENV_DB_PATH = "MNESTOMA_DB_PATH"
+# The command line's read replicas (contract §12), comma-separated URLs.
+ENV_REPLICA_URLS = "MNESTOMA_REPLICA_URLS"
 ENV_WORKSPACE = "METNOS_WORKSPACE"
 # The mode of every folder the package creates for a new SQLite store: its owner's alone.
 PRIVATE_FOLDER_MODE = 0o700

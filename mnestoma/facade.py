@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import datetime
 from typing import Any, Concatenate, ParamSpec, TypeVar
@@ -26,6 +27,7 @@ from .config import (
 from .errors import (
     MnestomaError,
     SchemaError,
+    StoreError,
     is_lock_not_available,
     is_unique_violation,
     translate_errors,
@@ -33,6 +35,7 @@ from .errors import (
 from .locking import LOCK_TIMEOUT_OPTION, ager_run_lock, pause_on
 from .migration import ensure_at_head, sqlite_store_missing
 from .models import CanonicalQuery
+from .replicas import NOT_READY, ReplicaSet, replica_connect_args, replica_urls
 from .repository import MnestRepository, QueryFrequency
 from .rules import (
     AGER_BATCH_ROWS,
@@ -88,6 +91,11 @@ class Mnestoma:
     must already be at head (``mnestoma db upgrade``), else :class:`SchemaError`. With
     ``create=False`` (reading tools) a SQLite file that does not exist is not created:
     :class:`SchemaError` says there is no store there.
+
+    ``replicas`` (PostgreSQL): URLs of hot standbys of this database, to which its reads
+    may go (contract §12): never a stale read after this facade's own write; a replica that
+    fails or lags is skipped and the primary serves the read. ``store.primary`` reads on
+    the primary only; ``replica_stats()`` counts what went where.
     """
 
     def __init__(
@@ -98,9 +106,13 @@ class Mnestoma:
         clock: Clock | None = None,
         recorder: str | None = None,
         create: bool = True,
+        replicas: Sequence[str | URL] | None = None,
     ):
         # checked before anything is opened: bad settings open no engine
         self.settings = settings_of(settings, clock=clock, recorder=recorder)
+        self._replicas: ReplicaSet | None = None
+        self._owns_replicas = True
+        self._on_primary = False
         if isinstance(url_or_engine, Engine):
             self.engine = url_or_engine
             self._owns_engine = False
@@ -115,7 +127,11 @@ class Mnestoma:
         refuse_memory_sqlite(self.engine.url)
         self._bind = with_lock_timeout(self.engine, self.settings.lock_timeout)
         try:
+            urls = replica_urls(self.engine.url, replicas)
             ensure_schema(self.engine)
+            if urls:
+                engines = [make_engine(u, connect_args=replica_connect_args(u)) for u in urls]
+                self._replicas = ReplicaSet(engines, urls, self.settings)
         except BaseException:
             self.close()
             raise
@@ -137,13 +153,50 @@ class Mnestoma:
         return ConnectionUnitOfWork(self._bind, settings=self.settings)
 
     def _write(self, work: Callable[[ConnectionUnitOfWork], T]) -> T:
-        """Run ``work`` in one write transaction; retry transient conflicts, bounded."""
-        return written(self._bind, work, settings=self.settings)
+        """Run ``work`` in one write transaction; retry transient conflicts, bounded. With
+        replicas, the WAL position the commit reached is noted (read-your-writes)."""
+        after = None if self._replicas is None else self._replicas.note_write
+        return written(self._bind, work, settings=self.settings, after_commit=after)
 
-    def _read(self, work: Callable[[ConnectionUnitOfWork], T]) -> T:
-        """Run ``work`` in a read transaction (SQLite: a plain BEGIN, no write lock)."""
+    def _read(self, work: Callable[[ConnectionUnitOfWork], T], *, primary: bool = False) -> T:
+        """Run ``work`` in a read transaction (SQLite: a plain BEGIN, no write lock): on a
+        replica that can serve it (contract §12), else on the primary."""
+        replicas = self._replicas
+        if replicas is not None and not (primary or self._on_primary):
+            for i in replicas.order():
+                try:
+                    with translate_errors(), replicas.engines[i].connect() as conn:
+                        result = replicas.attempt(conn, i, functools.partial(self._in_read, work))
+                except StoreError as err:  # could not connect, or lost the connection
+                    replicas.connection_failed(i, err)
+                    continue
+                if result is not NOT_READY:
+                    return result  # type: ignore[return-value]
+            replicas.primary_read()
         with self._unit() as unit:
             return work(unit)
+
+    def _in_read(self, work: Callable[[ConnectionUnitOfWork], T], conn: Connection) -> T:
+        with ConnectionUnitOfWork(conn, settings=self.settings) as unit:
+            return work(unit)
+
+    @property
+    def primary(self) -> Mnestoma:
+        """This facade with every read on the primary (for a read that must see another
+        process's latest write). Its writes are this facade's, and close() leaves the
+        engines to it."""
+        view = copy.copy(self)
+        view._on_primary = True
+        view._owns_engine = False
+        view._owns_replicas = False
+        return view
+
+    def replica_stats(self) -> dict[str, Any]:
+        """How this facade's reads were routed (contract §12): each replica's reads, skips,
+        last lag and whether it is skipped now; the reads the primary served, how many
+        because no replica had replayed this facade's writes, how many after a replica
+        failed. Empty without replicas."""
+        return {} if self._replicas is None else self._replicas.stats()
 
     # --- the contract's operations, each the repository's in one transaction -------------
 
@@ -191,7 +244,13 @@ class Mnestoma:
             with self._unit() as unit:
                 return unit.mnests.apply_ager()  # left without commit: rolled back
         with translate_errors(), self._bind.connect() as conn:
-            return age_in_batches(conn, settings=self.settings, batch_rows=rows, progress=progress)
+            report = age_in_batches(
+                conn, settings=self.settings, batch_rows=rows, progress=progress
+            )
+            if self._replicas is not None:
+                self._replicas.note_write(conn)
+                conn.rollback()
+            return report
 
     def prune_events(
         self, before: datetime, *, dry_run: bool = False, progress: PruneProgress | None = None
@@ -207,9 +266,10 @@ class Mnestoma:
         """
         dry, report = check_prune_call(dry_run, progress)
         if dry:
-            return self._read(lambda u: u.mnests.prune_events(before, dry_run=True))
+            return self._read(lambda u: u.mnests.prune_events(before, dry_run=True), primary=True)
         deleted = self._drop_partitions(before)
-        batches = list(event_batches(self._read(lambda u: u.mnests.prunable_event_ids(before))))
+        found = self._read(lambda u: u.mnests.prunable_event_ids(before), primary=True)
+        batches = list(event_batches(found))
         if report is not None and (batches or deleted):
             report(0, len(batches), deleted)
         for i, (first, last) in enumerate(batches):
@@ -255,13 +315,21 @@ class Mnestoma:
         return self._read(lambda u: u.queries.recent(limit=limit))
 
     def unit_of_work(self) -> UnitOfWork:
-        """A unit of work on this store's engine and settings, for several operations."""
-        return UnitOfWork(self._writes, settings=self.settings)
+        """A unit of work on this store's engine and settings, for several operations; on
+        the primary only, reads included (contract §12)."""
+        unit = UnitOfWork(self._writes, settings=self.settings)
+        if self._replicas is not None:
+            unit._after_commit = self._replicas.note_write
+        return unit
 
     def close(self) -> None:
-        """Release the connections (the engine too, when this facade created it)."""
+        """Release the connections (the engine too, when this facade created it, and the
+        replicas' engines)."""
         if self._owns_engine:
             self.engine.dispose()
+        if self._replicas is not None and self._owns_replicas:
+            for engine in self._replicas.engines:
+                engine.dispose()
 
     def __repr__(self) -> str:
         return f"Mnestoma({redact_url(self.engine.url)!r})"

@@ -41,7 +41,12 @@ __all__ = [
     "RECURRING_MIN_USES",
     "RECURRING_MIN_WEIGHT",
     "REINFORCEMENT",
+    "REPLICA_CHECK_S",
+    "REPLICA_CONNECT_TIMEOUT_S",
+    "REPLICA_MAX_LAG_S",
+    "REPLICA_SKIP_S",
     "SECONDS_PER_DAY",
+    "STATUS_RECENT_EVENTS",
     "THRESHOLD_TOLERANCE",
     "TRIVIAL_NUMBER",
     "AgerCount",
@@ -101,6 +106,19 @@ EVENT_PARTITION_MARGIN = timedelta(days=7)
 PARTITION_SWAP_LOCK_TIMEOUT_S = 0.05
 PARTITION_SWAP_TRIES = 200
 PARTITION_SWAP_PAUSE_S = 0.005
+
+# Read replicas (contract §12): a replica lagging more than REPLICA_MAX_LAG_S seconds, or
+# failing, is skipped for REPLICA_SKIP_S seconds; its replay position and lag are trusted
+# for REPLICA_CHECK_S seconds before they are read again; connecting to one gives up after
+# REPLICA_CONNECT_TIMEOUT_S seconds (then the read goes to the primary).
+REPLICA_MAX_LAG_S = 5.0
+REPLICA_SKIP_S = 30.0
+REPLICA_CHECK_S = 1.0
+REPLICA_CONNECT_TIMEOUT_S = 2
+
+# The status on PostgreSQL finds the latest passings among this many newest events (by id),
+# instead of reading every event (contract §12).
+STATUS_RECENT_EVENTS = 10_000
 # apply_ager: how long one batch holds its locks (seconds), each batch its own transaction,
 # so that a writer behind the ager waits for one batch at most (SQLite: the write lock;
 # PostgreSQL: the batch's rows only). While writers are about (one waited for a batch, or

@@ -14,8 +14,8 @@ from typing import Any
 
 from .clock import Clock, read_clock, utc_now
 from .errors import InvalidInput
-from .rules import Recorder
-from .validation import check_batch_rows, check_lock_timeout, check_recorder
+from .rules import REPLICA_MAX_LAG_S, REPLICA_SKIP_S, Recorder
+from .validation import check_batch_rows, check_lock_timeout, check_recorder, check_seconds
 
 __all__ = ["DEFAULT_SETTINGS", "Settings", "settings_of"]
 
@@ -32,7 +32,11 @@ class Settings:
       take about :func:`~mnestoma.rules.ager_batch_target` (short while writers are about);
     - ``lock_timeout``: seconds a write waits for a lock before ``WriteLockTimeout``, from 0
       to one day (:data:`~mnestoma.rules.LOCK_TIMEOUT_MAX_S`); None takes
-      ``MNESTOMA_LOCK_TIMEOUT``, else 60.
+      ``MNESTOMA_LOCK_TIMEOUT``, else 60;
+    - ``replica_max_lag``: seconds a read replica may lag before it is skipped
+      (:data:`~mnestoma.rules.REPLICA_MAX_LAG_S`);
+    - ``replica_skip``: seconds a replica that failed or lagged is left alone
+      (:data:`~mnestoma.rules.REPLICA_SKIP_S`).
 
     Checked when built: a bad value is :class:`~mnestoma.InvalidInput` at once, never at
     the first call that reads it.
@@ -42,6 +46,8 @@ class Settings:
     recorder: str = Recorder.CALL.value
     ager_batch_rows: int | None = None
     lock_timeout: float | None = None
+    replica_max_lag: float = REPLICA_MAX_LAG_S
+    replica_skip: float = REPLICA_SKIP_S
 
     def __post_init__(self) -> None:
         if not callable(self.clock):
@@ -51,6 +57,8 @@ class Settings:
         if self.lock_timeout is not None:
             seconds = check_lock_timeout(self.lock_timeout, "lock_timeout")
             object.__setattr__(self, "lock_timeout", seconds)
+        for name in ("replica_max_lag", "replica_skip"):
+            object.__setattr__(self, name, check_seconds(getattr(self, name), name))
 
     def now(self) -> datetime:
         """The clock's now, checked (aware, an instant the store can work at), in UTC."""

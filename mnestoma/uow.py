@@ -137,6 +137,9 @@ class UnitOfWork:
             )
         self._factory = session_factory
         self.settings = settings_of(settings, clock=clock, recorder=recorder)
+        # Called with the session's connection after each commit (a facade with read
+        # replicas notes the WAL position its writes reached, contract §12).
+        self._after_commit: Callable[[Session], object] | None = None
 
     def __enter__(self) -> Self:
         session = self._factory()
@@ -160,6 +163,9 @@ class UnitOfWork:
         """Commit the work done so far; a later operation starts a new transaction."""
         with translate_errors():
             self.session.commit()
+        if self._after_commit is not None:
+            self._after_commit(self.session)
+            self.session.rollback()
 
     def rollback(self) -> None:
         """Throw away the work done since the last commit."""
@@ -280,14 +286,18 @@ def written(
     work: Callable[[ConnectionUnitOfWork], T],
     *,
     settings: Settings | None = None,
+    after_commit: Callable[[Connection], object] | None = None,
 ) -> T:
     """Run ``work`` in a connection unit of work of its own on ``bind`` and commit it, as
-    one write transaction; transient failures retried (:func:`with_retries`)."""
+    one write transaction; transient failures retried (:func:`with_retries`).
+    ``after_commit(connection)`` runs after the commit, on the same connection."""
 
     def once() -> T:
         with ConnectionUnitOfWork(bind, settings=settings) as unit:
             result = work(unit)
             unit.commit()
+            if after_commit is not None:  # must not raise: the write is committed
+                after_commit(unit.connection)
             return result
 
     return with_retries(once)

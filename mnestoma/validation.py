@@ -30,6 +30,7 @@ __all__ = [
     "check_positive_int",
     "check_progress",
     "check_recorder",
+    "check_seconds",
     "check_state",
     "check_states",
     "check_weight_threshold",
@@ -176,6 +177,21 @@ def check_positive_int(value: Any, what: str, *, maximum: int | None = None) -> 
     if value > top:
         raise InvalidInput(f"{what} must be at most {top}, got {_int_text(value)}")
     return value
+
+
+def check_seconds(value: object, what: str) -> float:
+    """A duration in seconds: a finite number from 0 to one day (bools and text refused)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise InvalidInput(f"{what} must be a number of seconds, got {type(value).__name__}")
+    try:
+        seconds = float(value)
+    except OverflowError:
+        seconds = math.inf
+    if not 0 <= seconds <= LOCK_TIMEOUT_MAX_S:  # nan and inf fail
+        raise InvalidInput(
+            f"{what} must be from 0 to {LOCK_TIMEOUT_MAX_S:g} seconds, got {value!r}"
+        )
+    return seconds
 
 
 def check_lock_timeout(value: object, what: str) -> float:

@@ -51,6 +51,7 @@ from .options import (
     parse_endpoint,
     parse_instant,
     parse_tags,
+    replicas_of,
     url_option_callback,
 )
 from .progress import batch_progress, progress_bar, spinner
@@ -89,7 +90,9 @@ def _store(
     Only a writing command may create a missing SQLite store; a reading one says there is
     no store there and creates nothing.
     """
-    store = Mnestoma(command_url(database_url), clock=clock, recorder=recorder, create=write)
+    url = command_url(database_url)
+    replicas = None if write else replicas_of(url)
+    store = Mnestoma(url, clock=clock, recorder=recorder, create=write, replicas=replicas)
     try:
         yield store
     finally:

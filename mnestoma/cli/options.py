@@ -8,13 +8,17 @@ A parser raises ``InvalidInput`` (exit status 2) with one line that names the ar
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import click
+from sqlalchemy.engine import URL
 
+from ..config import ENV_REPLICA_URLS, resolve_database_url
 from ..errors import InvalidInput
+from ..replicas import replica_urls
 from ..types import EARLIEST_CLOCK, ensure_instant
 from .errors import remember_secret
 
@@ -89,6 +93,16 @@ def command_url(database_url: str | None) -> str | None:
     ctx = click.get_current_context(silent=True)
     root = ctx.find_root() if ctx is not None else None
     return root.params.get("database_url") if root is not None else None
+
+
+def replicas_of(database_url: str | None) -> list[URL] | None:
+    """The read replicas of ``MNESTOMA_REPLICA_URLS`` (comma-separated), checked against the
+    store's URL (a SQLite store has none: :class:`InvalidInput` naming the variable)."""
+    given = os.environ.get(ENV_REPLICA_URLS, "")
+    urls = [part.strip() for part in given.split(",") if part.strip()]
+    if not urls:
+        return None
+    return replica_urls(resolve_database_url(database_url), urls, from_env=True)
 
 
 def parse_endpoint(value: str, what: str, *, version_required: bool) -> tuple[str, str | None]:
