@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, insert, inspect, text
 from sqlalchemy.exc import IntegrityError
 from test_live_upgrade import Writers
@@ -16,11 +17,20 @@ from test_live_upgrade import Writers
 import mnestoma
 from mnestoma import Mnestoma, Passing
 from mnestoma.config import make_engine
-from mnestoma.migration import current_revision, head_revision
+from mnestoma.migration import alembic_config, current_revision, head_revision
 from mnestoma.models import Event
 from mnestoma.partitions import forget_partitions
 from mnestoma.testing.clock import MovableClock
 
+
+def _before_0011() -> str:
+    """The revision 0011 follows."""
+    down = ScriptDirectory.from_config(alembic_config()).get_revision("0011").down_revision
+    assert isinstance(down, str)
+    return down
+
+
+BEFORE = _before_0011()
 PASSING_EVENT = (
     "INSERT INTO events (mnest_id, kind, ts, turn_id) VALUES (:m, 'reinforced', :ts, :t)"
 )
@@ -161,13 +171,13 @@ def test_pruning_across_partitions_keeps_live_mnests_created_events_and_frees_tu
 
 
 def test_the_revision_partitions_events_while_writers_write(pg_empty_db_url: str) -> None:
-    """0009 → head on a store with events while writers of the previous release insert
-    passings: no writer fails, every event is kept in the partitioned table, every
-    passing with a turn has its row in event_turn_edges, and the old rule's index is
-    gone."""
+    """From the revision before 0011 to head on a store with events, while writers of the
+    previous release insert passings: no writer fails, every event is kept in the
+    partitioned table, every passing with a turn has its row in event_turn_edges, and the
+    old rule's index is gone."""
     engine = make_engine(pg_empty_db_url)
     try:
-        mnestoma.upgrade(engine, "0009")
+        mnestoma.upgrade(engine, BEFORE)
         now = datetime.now(UTC)
         with engine.begin() as conn:
             conn.execute(
@@ -207,13 +217,13 @@ def test_the_revision_partitions_events_while_writers_write(pg_empty_db_url: str
         engine.dispose()
 
 
-def test_downgrade_to_0009_gives_one_table_back_with_every_event(pg_empty_db_url: str) -> None:
+def test_downgrade_below_0011_gives_one_table_back_with_every_event(pg_empty_db_url: str) -> None:
     engine = make_engine(pg_empty_db_url)
     try:
         mnestoma.upgrade(engine)
         with Mnestoma(engine, clock=MovableClock(datetime(2031, 6, 1, tzinfo=UTC))) as m:
             m.record_turn("t-1", [Passing("a", "1", "b", "1"), Passing("b", "1", "c", "1")])
-        mnestoma.downgrade(engine, "0009")
+        mnestoma.downgrade(engine, BEFORE)
         insp = inspect(engine)
         assert "event_turn_edges" not in insp.get_table_names()
         assert "ux_events_turn_edge" in {i["name"] for i in insp.get_indexes("events")}
