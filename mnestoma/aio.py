@@ -60,6 +60,7 @@ from .locking import (
 )
 from .migration import sqlite_store_missing
 from .models import CanonicalQuery
+from .partitions import FIRST_TURN_EDGE
 from .replicas import NOT_READY, ReplicaSet, replica_connect_args, replica_urls
 from .repository import CanonicalQueryRepository, MnestRepository, QueryFrequency
 from .rules import EVENT_PRUNE_BATCH, AgerReport, batch_pause, event_batches
@@ -776,13 +777,15 @@ class AsyncMnestoma(_MnestOperations):
         dropped = await self._call(lambda r: r.drop_event_partitions(before), write=True)
         for name in dropped.detached:
             await self._call(lambda r, name=name: r.drop_detached_partition(name), write=True)  # type: ignore[misc]
-        end = dropped.end
+        end, after = dropped.end, FIRST_TURN_EDGE
         while end is not None:
-            gone = await self._call(
-                lambda r: r.prune_turn_edges(end, EVENT_PRUNE_BATCH), write=True
+            _, last = await self._call(
+                lambda r, a=after: r.prune_turn_edges(end, a, EVENT_PRUNE_BATCH),  # type: ignore[misc]
+                write=True,
             )
-            if gone < EVENT_PRUNE_BATCH:
+            if last is None:
                 break
+            after = last
         return dropped.deleted
 
     async def top_queries(self, *, limit: int = 10) -> list[QueryFrequency]:

@@ -35,6 +35,7 @@ from .errors import (
 from .locking import LOCK_TIMEOUT_OPTION, ager_run_lock, pause_on
 from .migration import ensure_at_head, sqlite_store_missing
 from .models import CanonicalQuery
+from .partitions import FIRST_TURN_EDGE
 from .replicas import NOT_READY, ReplicaSet, replica_connect_args, replica_urls
 from .repository import MnestRepository, QueryFrequency
 from .rules import (
@@ -293,11 +294,14 @@ class Mnestoma:
         dropped = self._write(lambda u: u.mnests.drop_event_partitions(before))
         for name in dropped.detached:
             self._write(lambda u, name=name: u.mnests.drop_detached_partition(name))  # type: ignore[misc]
-        end = dropped.end
+        end, after = dropped.end, FIRST_TURN_EDGE
         while end is not None:
-            gone = self._write(lambda u: u.mnests.prune_turn_edges(end, EVENT_PRUNE_BATCH))
-            if gone < EVENT_PRUNE_BATCH:
+            _, last = self._write(
+                lambda u, a=after: u.mnests.prune_turn_edges(end, a, EVENT_PRUNE_BATCH)  # type: ignore[misc]
+            )
+            if last is None:
                 break
+            after = last
         return dropped.deleted
 
     def log_canonical_query(

@@ -34,7 +34,9 @@ from .sql import partitions as sq
 from .sql.partitions import ENSURE_PARTITIONS, HAS_PARTITIONS, PARTITION_BOUNDS
 
 __all__ = [
+    "FIRST_TURN_EDGE",
     "Dropped",
+    "TurnEdgeKey",
     "drop_old_partitions",
     "ensure_partitions",
     "forget_partitions",
@@ -102,6 +104,12 @@ def ensure_partitions(conn: Connection, now: datetime) -> None:
 
 
 # --- retention: whole months dropped ---------------------------------------------------------
+
+
+# A row of event_turn_edges in retention's order: (ts, turn_id, mnest_id).
+TurnEdgeKey = tuple[datetime, str, str]
+# Before every row of event_turn_edges.
+FIRST_TURN_EDGE: TurnEdgeKey = (datetime(1000, 1, 1, tzinfo=UTC), "", "")
 
 
 @dataclass(frozen=True, slots=True)

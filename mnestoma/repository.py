@@ -39,7 +39,7 @@ from .errors import (
 from .graph import GraphReads
 from .locking import take_write_lock
 from .models import CanonicalQuery, Event, Mnest
-from .partitions import Dropped, drop_old_partitions, ensure_partitions
+from .partitions import Dropped, TurnEdgeKey, drop_old_partitions, ensure_partitions
 from .rules import (
     DEFAULT_DECAY_LAMBDA,
     INITIAL_WEIGHT,
@@ -869,13 +869,23 @@ class MnestRepository(GraphReads):
         operating system."""
         self._write_ex().execute(partitions_sql.drop_table(partitions_sql.detached(name)))
 
-    def prune_turn_edges(self, end: datetime, limit: int) -> int:
-        """Delete up to ``limit`` rows of ``event_turn_edges`` before ``end`` whose passing
-        went with a dropped partition; how many were."""
-        params = {"end": _cutoff(end), "n": int(limit)}
-        return int(
-            self._write_ex().execute(partitions_sql.DELETE_ORPHAN_TURN_EDGES, params).rowcount
-        )
+    def prune_turn_edges(
+        self, end: datetime, after: TurnEdgeKey, limit: int
+    ) -> tuple[int, TurnEdgeKey | None]:
+        """One batch of the rows of ``event_turn_edges`` before ``end`` after ``after`` (in
+        (ts, turn_id, mnest_id) order): those whose passing went with a dropped partition
+        are deleted. How many were, and the last row looked at (None: none was left)."""
+        params = {
+            "end": _cutoff(end),
+            "ts": after[0],
+            "turn": after[1],
+            "mnest": after[2],
+            "n": int(limit),
+        }
+        row = self._write_ex().first(partitions_sql.PRUNE_TURN_EDGES_BATCH, params)
+        assert row is not None
+        deleted, seen, ts, turn, mnest = row
+        return int(deleted), (None if not seen else (ts, turn, mnest))
 
     # --- query log --------------------------------------------------------------------
 

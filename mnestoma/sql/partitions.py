@@ -312,13 +312,26 @@ def drop_table(name: str) -> TextClause:
     return text(f"DROP TABLE IF EXISTS {name}")
 
 
-# One batch of the rows of event_turn_edges whose passing is gone (dropped with its
-# partition), among those before :end; the event is looked up by its ts too, so that only
-# its partition is searched.
-DELETE_ORPHAN_TURN_EDGES: Final[TextClause] = text(
-    "DELETE FROM event_turn_edges WHERE ctid IN ("
-    " SELECT s.ctid FROM event_turn_edges s WHERE s.ts < :end AND NOT EXISTS ("
-    "  SELECT 1 FROM events e WHERE e.ts = s.ts AND e.turn_id = s.turn_id"
-    f"  AND e.mnest_id = s.mnest_id AND e.{_PASSING})"
-    " LIMIT :n)"
-).bindparams(bindparam("end", type_=UTCDateTime()), bindparam("n"))
+# One batch of the rows of event_turn_edges before :end, in (ts, turn_id, mnest_id) order
+# after the last one seen (:ts, :turn, :mnest): those whose passing is gone (dropped with its
+# partition) are deleted; the event is looked up by its ts too, so that only its partition
+# is searched. Returns how many were deleted, how many were looked at, and the last one.
+PRUNE_TURN_EDGES_BATCH: Final[TextClause] = text(
+    "WITH batch AS ("
+    " SELECT s.ctid AS row, s.ts, s.turn_id, s.mnest_id FROM event_turn_edges s"
+    " WHERE s.ts < :end AND (s.ts, s.turn_id, s.mnest_id) > (:ts, :turn, :mnest)"
+    " ORDER BY s.ts, s.turn_id, s.mnest_id LIMIT :n),"
+    " gone AS (DELETE FROM event_turn_edges t USING batch b WHERE t.ctid = b.row"
+    "  AND NOT EXISTS (SELECT 1 FROM events e WHERE e.ts = b.ts AND e.turn_id = b.turn_id"
+    f"  AND e.mnest_id = b.mnest_id AND e.{_PASSING}) RETURNING 1),"
+    " last AS (SELECT ts, turn_id, mnest_id FROM batch"
+    "  ORDER BY ts DESC, turn_id DESC, mnest_id DESC LIMIT 1)"
+    " SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM batch),"
+    " last.ts, last.turn_id, last.mnest_id FROM (SELECT 1) one LEFT JOIN last ON true"
+).bindparams(
+    bindparam("end", type_=UTCDateTime()),
+    bindparam("ts", type_=UTCDateTime()),
+    bindparam("turn"),
+    bindparam("mnest"),
+    bindparam("n"),
+)
