@@ -115,6 +115,7 @@ class Settings:
     shape: str = "mixed"
     ager_days: float = 30.0
     events_per_row: int = 10
+    event_turns: bool = False  # the loaded reinforced events carry a turn id each
     edges_per_writer: int = 500
     lock_timeout: float | None = None  # upgrade's; None: the package's default
     from_revision: str = OLD_REVISION  # where the upgrade phase starts
@@ -535,9 +536,10 @@ def _disk_while(
 # --- stores and writers ---------------------------------------------------------------------
 
 
-def _events_sql(per_row: int, dialect: str) -> list[str]:
+def _events_sql(per_row: int, dialect: str, turns: bool = False) -> list[str]:
     """Statements that give each row of ``mnests`` a ``created`` event at ``ts_first`` and
-    ``per_row - 1`` ``reinforced`` events at ``ts_last``; columns of revision 0002 and head."""
+    ``per_row - 1`` ``reinforced`` events at ``ts_last`` (with ``turns``, each with a turn
+    id of its own); columns of revision 0002 and head."""
     created = (
         "INSERT INTO events (mnest_id, kind, ts, weight_after, state_after)"
         " SELECT id, 'created', ts_first, weight, state FROM mnests"
@@ -553,11 +555,18 @@ def _events_sql(per_row: int, dialect: str) -> list[str]:
             f"(WITH RECURSIVE s(k) AS (SELECT 1 UNION ALL SELECT k + 1 FROM s"
             f" WHERE k < {per_row - 1}) SELECT k FROM s)"
         )
+    if turns:
+        cols += ", turn_id"
+        pick += (
+            ", 'turn-' || s.k || '-' || m.id"
+            if dialect == "sqlite"
+            else ", 'turn-' || s || '-' || m.id"
+        )
     reinforced = f"INSERT INTO events ({cols}) SELECT {pick} FROM mnests m CROSS JOIN {series} AS s"
     return [created, reinforced]
 
 
-def add_events(url: str, per_row: int) -> int:
+def add_events(url: str, per_row: int, turns: bool = False) -> int:
     """Load ``per_row`` events per row of ``mnests`` (see :func:`_events_sql`); how many
     events the store then holds. PostgreSQL: then VACUUM ANALYZE, as autovacuum would (so
     that it does not start in the middle of a measurement), and a CHECKPOINT; on both, the
@@ -571,7 +580,7 @@ def add_events(url: str, per_row: int) -> int:
         with engine.begin() as conn:
             if dialect == "sqlite":
                 conn.exec_driver_sql("PRAGMA synchronous = OFF")
-            for stmt in _events_sql(per_row, dialect):
+            for stmt in _events_sql(per_row, dialect, turns):
                 conn.execute(text(stmt))
             count = int(conn.execute(text("SELECT count(*) FROM events")).scalar_one())
         with engine.connect() as conn:
@@ -761,7 +770,7 @@ def run_engine(
         say(f"{engine} {n:,}: building a store at {s.from_revision}")
         url = sides.build(engine, f"wl-old-{s.shape}-{n}", rows, s.from_revision)
         try:
-            events = add_events(url, s.events_per_row)
+            events = add_events(url, s.events_per_row, s.event_turns)
             out.append(_upgrade_phase(engine, n, url, events, clock, s, say))
         finally:
             sides.discard(engine, url)
@@ -1096,6 +1105,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--events-per-row", type=int, help="events loaded per mnest (10)")
     p.add_argument("--lock-timeout", type=float, help="the upgrade's lock timeout (s)")
     p.add_argument(
+        "--event-turns",
+        action="store_true",
+        default=None,
+        help="give each loaded reinforced event a turn id (the upgrade phase)",
+    )
+    p.add_argument(
         "--from-revision", help=f"the revision the upgrade phase starts from ({OLD_REVISION})"
     )
     p.add_argument("--maintenance-in", choices=("process", "thread"))
@@ -1115,6 +1130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "events_per_row": a.events_per_row,
         "lock_timeout": a.lock_timeout,
         "from_revision": a.from_revision,
+        "event_turns": a.event_turns,
         "maintenance_in": a.maintenance_in,
         "phases": tuple(x.strip() for x in a.phases.split(",") if x.strip()) if a.phases else None,
     }

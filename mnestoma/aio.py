@@ -253,6 +253,9 @@ class AsyncMnestRepository(_OnAsyncSession[MnestRepository], _MnestOperations):
     prune_events = _awaited(MnestRepository.prune_events, write=True)
     prunable_event_ids = _awaited(MnestRepository.prunable_event_ids)
     prune_event_batch = _awaited(MnestRepository.prune_event_batch, write=True)
+    drop_event_partitions = _awaited(MnestRepository.drop_event_partitions, write=True)
+    drop_detached_partition = _awaited(MnestRepository.drop_detached_partition, write=True)
+    prune_turn_edges = _awaited(MnestRepository.prune_turn_edges, write=True)
 
 
 class AsyncCanonicalQueryRepository(_OnAsyncSession[CanonicalQueryRepository]):
