@@ -28,7 +28,7 @@ from .config import (
     resolve_database_url,
 )
 from .errors import ConflictError, InvalidInput, MnestomaError, StoreError, translate_errors
-from .rules import REPLICA_CHECK_S, REPLICA_CONNECT_TIMEOUT_S
+from .rules import REPLICA_CHECK_S, REPLICA_CONFIRM_S, REPLICA_CONNECT_TIMEOUT_S
 from .settings import Settings
 from .sql.replication import REPLICA_PROBE, WAL_POSITION
 
@@ -110,6 +110,7 @@ class ReplicaState:
     checked: float = -1e18  # time.monotonic() of that answer
     skipped_until: float = 0.0
     reason: str | None = None  # why it was last skipped
+    lagging_since: float | None = None  # a lag past the bound seen, not yet confirmed
     reads: int = 0
     skips: int = 0
 
@@ -203,6 +204,9 @@ class ReplicaSet:
         bad input raises as it would on the primary."""
         state = self.states[i]
         try:
+            lagging = state.lagging_since
+            if lagging is not None and time.monotonic() - lagging < REPLICA_CONFIRM_S:
+                return NOT_READY  # to be confirmed: the primary meanwhile
             if not self._fresh(state):
                 with translate_errors():
                     standby, replayed, lag = conn.execute(REPLICA_PROBE).one()
@@ -214,12 +218,17 @@ class ReplicaSet:
                     state.lag_s = None if lag is None else float(lag)
                     state.checked = time.monotonic()
                 if state.lag_s is not None and state.lag_s > self.settings.replica_max_lag:
+                    if state.lagging_since is None:
+                        state.lagging_since = time.monotonic()
+                        state.checked = -1e18
+                        return NOT_READY
                     self.skip(
                         i,
                         f"it lags {state.lag_s:.1f} s, more than "
                         f"{self.settings.replica_max_lag:g} s",
                     )
                     return NOT_READY
+                state.lagging_since = None
                 with self._lock:
                     behind = not self._caught_up(state)
                     if behind:
@@ -251,6 +260,7 @@ class ReplicaSet:
                 return  # another read found it first: one warning
             state.skipped_until = now + self.settings.replica_skip
             state.checked = -1e18
+            state.lagging_since = None
             state.reason = reason
             state.skips += 1
         logger.warning(

@@ -42,10 +42,12 @@ __all__ = [
     "RECURRING_MIN_WEIGHT",
     "REINFORCEMENT",
     "REPLICA_CHECK_S",
+    "REPLICA_CONFIRM_S",
     "REPLICA_CONNECT_TIMEOUT_S",
     "REPLICA_MAX_LAG_S",
     "REPLICA_SKIP_S",
     "SECONDS_PER_DAY",
+    "STATUS_ESTIMATE_FROM",
     "STATUS_RECENT_EVENTS",
     "THRESHOLD_TOLERANCE",
     "TRIVIAL_NUMBER",
@@ -115,9 +117,18 @@ REPLICA_MAX_LAG_S = 5.0
 REPLICA_SKIP_S = 30.0
 REPLICA_CHECK_S = 1.0
 REPLICA_CONNECT_TIMEOUT_S = 2
+# A lag past the bound is confirmed by a second reading at least REPLICA_CONFIRM_S later
+# before the replica is skipped (its reads go to the primary meanwhile): a standby measures
+# its lag from the commit time of the last transaction it replayed, so the first WAL after
+# the primary was idle reads as a lag as long as the idle time, for the milliseconds it
+# takes to replay it.
+REPLICA_CONFIRM_S = 0.1
 
-# The status on PostgreSQL finds the latest passings among this many newest events (by id),
-# instead of reading every event (contract §12).
+# The status on PostgreSQL (contract §12): from this many events (by the catalogue's
+# estimate) its counts of events are estimates, below it they are counted (three scans of
+# 200k events take about 0.1 s); the recorders' shares and the latest passings come from
+# the STATUS_RECENT_EVENTS newest events (by id) instead of every event.
+STATUS_ESTIMATE_FROM = 200_000
 STATUS_RECENT_EVENTS = 10_000
 # apply_ager: how long one batch holds its locks (seconds), each batch its own transaction,
 # so that a writer behind the ager waits for one batch at most (SQLite: the write lock;

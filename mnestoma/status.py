@@ -8,6 +8,7 @@ sentence about recording is chosen by the rows: the status never claims a feed t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timedelta
 from typing import Any
@@ -19,15 +20,19 @@ from sqlalchemy.orm import Session
 from .clock import Clock, read_clock, utc_now
 from .config import make_engine, redact_url, resolve_database_url
 from .display import recorder_name
-from .errors import translate_errors
+from .errors import MnestomaError, translate_errors
 from .locking import ager_running
 from .migration import head_revision, known_revisions, read_revision, sqlite_store_missing
 from .models import Mnest
+from .replicas import replica_connect_args
 from .repository import MnestRepository
 from .rules import (
     AUTOMATIC_RECORDERS,
+    PASSING,
     RECURRING_MIN_USES,
     RECURRING_MIN_WEIGHT,
+    STATUS_ESTIMATE_FROM,
+    STATUS_RECENT_EVENTS,
     AgerReport,
     EventKind,
     MnestState,
@@ -35,6 +40,7 @@ from .rules import (
 )
 from .settings import Settings
 from .sql import status as sql
+from .sql.replication import REPLICA_PROBE
 from .sql.tables import AGER_PROGRESS, AGER_RUNS, EVENTS, MNESTS, QUERIES
 from .timefmt import ago, iso_utc, short_utc
 from .types import parse_sqlite_timestamp
@@ -45,6 +51,7 @@ __all__ = [
     "READING_STATEMENT",
     "AgerRunFacts",
     "RecorderFacts",
+    "ReplicaFacts",
     "StoreStatus",
     "collect_status",
     "render_status",
@@ -122,6 +129,38 @@ class AgerProgressFacts:
         }
 
 
+@dataclass(frozen=True)
+class ReplicaFacts:
+    """What a read replica says of itself: whether it is a standby (None: it did not answer,
+    ``error`` says why) and its lag in seconds (0 when it has replayed all it received)."""
+
+    database: str
+    standby: bool | None
+    lag_s: float | None = None
+    error: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready."""
+        return {
+            "database": self.database,
+            "standby": self.standby,
+            "lag_s": self.lag_s,
+            "error": self.error,
+        }
+
+    def line(self) -> str:
+        """The ``replica`` line of the status."""
+        if self.standby is None:
+            return f"replica    {self.database}: does not answer ({self.error})"
+        if not self.standby:
+            return f"replica    {self.database}: not a standby (promoted?): not used for reads"
+        return f"replica    {self.database}: standby, lag {_fmt_lag(self.lag_s)}"
+
+
+def _fmt_lag(lag: float | None) -> str:
+    return "not known" if lag is None else f"{lag:.1f} s"
+
+
 @dataclass
 class StoreStatus:
     """The facts ``mnestoma status`` reports.
@@ -137,6 +176,12 @@ class StoreStatus:
     ``events_kept_from``: every event since this instant is kept (the oldest event other
     than a ``created`` one: ``prune_events`` deletes those before its cutoff and keeps the
     created event of each live row); ``oldest_event``: the oldest of all.
+    ``estimated`` (PostgreSQL, unless ``exact``): the counts of ``events`` and of the query
+    log are the catalogue's estimates, the recorders' shares and the latest passings those of
+    the newest events, ``oldest_event`` the first by id and ``events_kept_from`` not known.
+    ``scanned``: the counts were asked exact, and every row was read.
+    ``standby``: this database is a hot standby (a read replica), ``standby_lag_s`` its
+    lag; ``replicas``: what each read replica given says of itself.
     """
 
     database: str
@@ -162,6 +207,15 @@ class StoreStatus:
     last_ager_run: AgerRunFacts | None = None
     ager_unfinished: list[AgerProgressFacts] | None = None
     outcomes_recorded: bool = False
+    estimated: bool = False
+    scanned: bool = False
+    standby: bool = False
+    standby_lag_s: float | None = None
+    replicas: list[ReplicaFacts] | None = None
+
+    def count(self, n: int) -> str:
+        """A count as the status shows it: "about N" when it is an estimate."""
+        return f"about {n}" if self.estimated else str(n)
 
     @property
     def ager_interrupted(self) -> list[AgerProgressFacts]:
@@ -224,7 +278,7 @@ class StoreStatus:
                 "(ok) or failed (error)"
             )
         return "reported by " + "; ".join(
-            f"{recorder_name(name)}: {f.with_outcome} of {f.passings} "
+            f"{recorder_name(name)}: {self.count(f.with_outcome)} of {self.count(f.passings)} "
             f"passing{'s' if f.passings != 1 else ''} ({f.ok} ok, {f.error} error)"
             for name, f in self.reporting_outcomes.items()
         )
@@ -239,7 +293,7 @@ class StoreStatus:
             )
         if not fed:
             others = [
-                f"{recorder_name(name)} ({f.passings})"
+                f"{recorder_name(name)} ({self.count(f.passings)})"
                 for name, f in (self.passings_by_recorder or {}).items()
                 if f.passings
             ]
@@ -253,7 +307,7 @@ class StoreStatus:
             if facts.passings:
                 n = facts.passings
                 parts.append(
-                    f"{n} passing{'s' if n != 1 else ''} by {name}, "
+                    f"{self.count(n)} passing{'s' if n != 1 else ''} by {name}, "
                     f"last at {_fmt_time(facts.last)} ({ago(facts.last, self.at)})"
                 )
             else:
@@ -347,6 +401,11 @@ class StoreStatus:
             "reading": READING_STATEMENT,
             "outcomes_reported": self.outcomes_reported,
             "outcomes": self.outcomes(),
+            "estimated": self.estimated,
+            "scanned": self.scanned,
+            "standby": self.standby,
+            "standby_lag_s": self.standby_lag_s,
+            "replicas": None if self.replicas is None else [r.as_dict() for r in self.replicas],
         }
 
 
@@ -354,31 +413,62 @@ _NONE = RecorderFacts()
 
 
 def collect_status(
-    url_or_engine: str | URL | Engine | None = None, *, clock: Clock | None = None
+    url_or_engine: str | URL | Engine | None = None,
+    *,
+    clock: Clock | None = None,
+    exact: bool = False,
+    replicas: Sequence[str | URL] | None = None,
 ) -> StoreStatus:
     """Read the facts of a store without migrating or creating anything.
 
     ``clock`` is the status's now: the recurring protos' weights and the ager's "last 30
-    days" are counted from it.
+    days" are counted from it. On PostgreSQL the counts of ``events`` are the catalogue's
+    estimates unless ``exact`` (which reads every event; contract §12). ``replicas``: read
+    replicas of this database, each asked for its lag.
     """
     now = read_clock(clock or utc_now)
     head = head_revision()
     if isinstance(url_or_engine, Engine):
-        return _collect(url_or_engine, head, now, clock)
-    url = resolve_database_url(url_or_engine)
+        status = _collect(url_or_engine, head, now, clock, exact)
+    else:
+        url = resolve_database_url(url_or_engine)
+        where = redact_url(url)
+        if sqlite_store_missing(url):
+            return StoreStatus(where, "sqlite", "missing", None, head, now)
+        engine = make_engine(url)
+        try:
+            status = _collect(engine, head, now, clock, exact)
+        finally:
+            engine.dispose()
+    status.scanned = exact
+    if replicas:
+        status.replicas = [_replica_facts(resolve_database_url(r)) for r in replicas]
+    return status
+
+
+def _replica_facts(url: URL) -> ReplicaFacts:
+    """What the replica at ``url`` says of itself (it not answering is a fact, not an error)."""
     where = redact_url(url)
-    if sqlite_store_missing(url):
-        return StoreStatus(where, "sqlite", "missing", None, head, now)
-    engine = make_engine(url)
+    engine = make_engine(url, connect_args=replica_connect_args(url))
     try:
-        return _collect(engine, head, now, clock)
+        with translate_errors(), engine.connect() as conn:
+            standby, _replayed, lag = conn.execute(REPLICA_PROBE).one()
+    except MnestomaError as err:
+        return ReplicaFacts(where, None, error=str(err))
     finally:
         engine.dispose()
+    return ReplicaFacts(where, bool(standby), None if lag is None else float(lag))
 
 
-def _collect(engine: Engine, head: str, now: datetime, clock: Clock | None) -> StoreStatus:
+def _collect(
+    engine: Engine, head: str, now: datetime, clock: Clock | None, exact: bool
+) -> StoreStatus:
     status = StoreStatus(redact_url(engine.url), engine.dialect.name, "none", None, head, now)
     with translate_errors(), engine.connect() as conn:
+        if conn.dialect.name == "postgresql":
+            standby, _replayed, lag = conn.execute(REPLICA_PROBE).one()
+            status.standby = bool(standby)
+            status.standby_lag_s = None if lag is None or not standby else float(lag)
         status.revision = read_revision(conn)
         inspector = inspect(conn)
         tables = set(inspector.get_table_names())
@@ -396,7 +486,8 @@ def _collect(engine: Engine, head: str, now: datetime, clock: Clock | None) -> S
             else set()
         )
         status.outcomes_recorded = "outcome" in event_columns
-        _count(conn, tables, status, by_recorder="recorder" in event_columns)
+        estimate = conn.dialect.name == "postgresql" and not exact
+        _count(conn, tables, status, by_recorder="recorder" in event_columns, estimate=estimate)
         if AGER_RUNS.name in tables:
             _count_ager_runs(conn, status)
         if AGER_PROGRESS.name in tables:
@@ -411,15 +502,26 @@ def _collect(engine: Engine, head: str, now: datetime, clock: Clock | None) -> S
     return status
 
 
-def _count(conn: Connection, tables: set[str], status: StoreStatus, *, by_recorder: bool) -> None:
+def _count(
+    conn: Connection, tables: set[str], status: StoreStatus, *, by_recorder: bool, estimate: bool
+) -> None:
     """Rows per state and kind, the passings and the query log; the passings per recorder
-    where the store has ``events.recorder`` (revision 0003 on)."""
+    where the store has ``events.recorder`` (revision 0003 on). With ``estimate`` (and a
+    store with recorders and outcomes), the counts of events and of the query log are the
+    catalogue's estimates where it has any (:func:`_estimate_events`)."""
     if MNESTS.name in tables:
         by_state = dict.fromkeys((s.value for s in MnestState), 0)
         for state, n in conn.execute(sql.MNESTS_BY_STATE):
             by_state[state] = int(n)
         status.mnests_by_state = by_state
-    if EVENTS.name in tables:
+    estimated = (
+        estimate
+        and EVENTS.name in tables
+        and by_recorder
+        and status.outcomes_recorded
+        and _estimate_events(conn, status)
+    )
+    if EVENTS.name in tables and not estimated:
         by_kind = dict.fromkeys((k.value for k in EventKind), 0)
         for kind, n in conn.execute(sql.EVENTS_BY_KIND):
             by_kind[kind] = int(n)
@@ -435,7 +537,102 @@ def _count(conn: Connection, tables: set[str], status: StoreStatus, *, by_record
             status.passings_with_turn = int(with_turn)
             status.last_turn_passing = _as_utc(last_with_turn)
     if QUERIES.name in tables:
-        status.query_log = int(conn.execute(sql.QUERY_LOG_COUNT).scalar_one())
+        rows = _estimated_rows(conn, QUERIES.name) if estimated else None
+        if rows is None:
+            rows = int(conn.execute(sql.QUERY_LOG_COUNT).scalar_one())
+        status.query_log = rows
+
+
+def _leaves(conn: Connection, name: str) -> dict[tuple[str, str], float | None]:
+    """The relations holding table ``name``'s rows (itself, or its leaf partitions), each
+    with the catalogue's estimate of its rows (None: never analysed since it was made or
+    truncated)."""
+    return {
+        (schema, relname): None if tuples < 0 else float(tuples)
+        for schema, relname, tuples in conn.execute(sql.TABLE_LEAVES, {"table": name})
+    }
+
+
+def _rows(
+    conn: Connection, leaves: dict[tuple[str, str], float | None]
+) -> dict[tuple[str, str], float]:
+    """The rows of each leaf: the catalogue's estimate, or a count where it has none (a
+    relation never analysed is a young one: autovacuum analyses a table after 50 rows
+    and a tenth of it have changed)."""
+    return {
+        leaf: float(conn.execute(sql.leaf_count(*leaf)).scalar_one()) if n is None else n
+        for leaf, n in leaves.items()
+    }
+
+
+def _estimated_rows(conn: Connection, name: str) -> int | None:
+    """The rows of table ``name`` by the catalogue (summed over its partitions)."""
+    leaves = _leaves(conn, name)
+    return round(sum(_rows(conn, leaves).values())) if leaves else None
+
+
+def _estimate_events(conn: Connection, status: StoreStatus) -> bool:
+    """The status's facts about ``events`` without reading them all (PostgreSQL): the
+    rows and their kinds from the catalogue (``reltuples``, each relation's ``pg_stats``
+    shares of ``kind``, summed over the partitions), the recorders, outcomes and turns as
+    their shares among the passings of the newest :data:`~mnestoma.rules.STATUS_RECENT_EVENTS`
+    events. False (nothing set) when the catalogue has no statistics of ``events`` yet (a
+    table autovacuum has never analysed is a small one) or estimates fewer than
+    :data:`~mnestoma.rules.STATUS_ESTIMATE_FROM` events: the caller counts them."""
+    known = _leaves(conn, EVENTS.name)
+    if sum(n or 0.0 for n in known.values()) < STATUS_ESTIMATE_FROM:
+        return False
+    leaves = _rows(conn, known)
+    schemas = sorted({schema for schema, _ in leaves})
+    names = sorted({name for _, name in leaves})
+    shares: dict[tuple[str, str], dict[str, float]] = {}
+    params = {"schemas": schemas, "tables": names, "columns": ["kind"]}
+    for schema, relname, _attname, _nulls, values, freqs in conn.execute(sql.COLUMN_SHARES, params):
+        if known.get((schema, relname)) is not None and values is not None:
+            shares[(schema, relname)] = dict(zip(values, freqs, strict=True))
+    analysed = sum(leaves[leaf] for leaf in shares)
+    if analysed <= 0:
+        return False
+    total = sum(leaves.values())
+    by_kind = dict.fromkeys((k.value for k in EventKind), 0.0)
+    for leaf, freqs in shares.items():
+        for kind, freq in freqs.items():
+            by_kind[kind] = by_kind.get(kind, 0.0) + leaves[leaf] * freq
+    status.events_by_kind = {kind: round(n * total / analysed) for kind, n in by_kind.items()}
+    status.events = round(total)
+    status.passings = sum(status.events_by_kind.get(kind, 0) for kind in PASSING)
+    _recent_shares(conn, status)
+    status.oldest_event = _as_utc(conn.execute(sql.OLDEST_EVENT).scalar())
+    status.events_kept_from = None
+    status.estimated = True
+    return True
+
+
+def _recent_shares(conn: Connection, status: StoreStatus) -> None:
+    """Each recorder's share of the passings, with outcomes and turns, and the latest
+    passings, from the newest events; applied to the estimated count of passings."""
+    found = {r.value: RecorderFacts(ok=0, error=0) for r in Recorder}
+    rows = conn.execute(sql.RECENT_PASSINGS_BY_RECORDER, {"n": STATUS_RECENT_EVENTS}).all()
+    seen = sum(int(row[1]) for row in rows)
+    scale = status.passings / seen if seen else 0.0
+    lasts: list[datetime] = []
+    turn_lasts: list[datetime] = []
+    with_turn = 0
+    for recorder, n, last, turns, last_turn, ok, error in rows:
+        if not n:
+            continue
+        found[str(recorder)] = RecorderFacts(
+            round(n * scale), _as_utc(last), round(ok * scale), round(error * scale)
+        )
+        with_turn += int(turns)
+        if last is not None:
+            lasts.append(parse_sqlite_timestamp(last))
+        if last_turn is not None:
+            turn_lasts.append(parse_sqlite_timestamp(last_turn))
+    status.passings_with_turn = round(with_turn * scale)
+    status.last_passing = max(lasts, default=None)
+    status.last_turn_passing = max(turn_lasts, default=None)
+    status.passings_by_recorder = found
 
 
 def _count_passings_by_recorder(conn: Connection, status: StoreStatus) -> None:
@@ -507,6 +704,11 @@ def _render_retention(status: StoreStatus) -> str | None:
     oldest, since = status.oldest_event, status.events_kept_from
     if oldest is None:
         return None
+    if status.estimated:
+        return (
+            f"kept       events from {_fmt_time(oldest)} (the oldest by id); "
+            "`--exact` says from when every event is kept"
+        )
     if since is None:
         return f"kept       only created events, the oldest at {_fmt_time(oldest)}"
     line = f"kept       every event since {_fmt_time(since)}"
@@ -525,7 +727,7 @@ def _render_recorders(status: StoreStatus) -> str | None:
     if not wrote:
         return None
     return "recorders  " + ", ".join(
-        f"{name} {f.passings} (last {_fmt_time(f.last)})" for name, f in wrote
+        f"{name} {status.count(f.passings)} (last {_fmt_time(f.last)})" for name, f in wrote
     )
 
 
@@ -561,6 +763,13 @@ def _render_ager(status: StoreStatus) -> list[str]:
 def render_status(status: StoreStatus) -> str:
     """The status as a few readable lines."""
     lines = [f"database   {status.database}"]
+    if status.standby:
+        lines.append(
+            "role       this is a read replica (a hot standby of a primary, read-only), "
+            f"lag {_fmt_lag(status.standby_lag_s)}"
+        )
+    for replica in status.replicas or []:
+        lines.append(replica.line())
     if status.schema == "head":
         lines.append(f"schema     revision {status.revision} (head)")
     elif status.schema == "missing":
@@ -579,14 +788,18 @@ def render_status(status: StoreStatus) -> str:
         else:
             states = ", ".join(f"{k} {v}" for k, v in status.mnests_by_state.items())
             lines.append(f"mnests     {status.mnests} ({states})")
-            kinds = ", ".join(f"{k} {v}" for k, v in status.events_by_kind.items() if v)
-            lines.append(f"events     {status.events}" + (f" ({kinds})" if kinds else ""))
+            kinds = ", ".join(
+                f"{k} {status.count(v)}" for k, v in status.events_by_kind.items() if v
+            )
+            lines.append(
+                f"events     {status.count(status.events)}" + (f" ({kinds})" if kinds else "")
+            )
             retention = _render_retention(status)
             if retention:
                 lines.append(retention)
             lines.append(
-                f"passings   {status.passings} (created/reinforced events), "
-                f"{status.passings_with_turn} with a turn_id"
+                f"passings   {status.count(status.passings)} (created/reinforced events), "
+                f"{status.count(status.passings_with_turn)} with a turn_id"
             )
             if status.passings_with_turn:
                 lines.append(
@@ -604,7 +817,14 @@ def render_status(status: StoreStatus) -> str:
             outcomes = status.outcomes()
             if outcomes:
                 lines.append(f"outcomes   {outcomes}")
-            lines.append(f"query log  {status.query_log} entries")
+            lines.append(f"query log  {status.count(status.query_log)} entries")
+            if status.scanned:
+                lines.append("counts     exact: every row read (--exact scans the tables)")
+            if status.estimated:
+                lines.append(
+                    "counts     about: the catalogue's estimates, and the shares of the newest "
+                    f"{STATUS_RECENT_EVENTS} events; `mnestoma status --exact` reads every row"
+                )
         lines.extend(_render_ager(status))
         if status.schema == "head":
             lines.append(

@@ -15,7 +15,9 @@ import re
 import secrets
 import shutil
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,9 +28,12 @@ from sqlalchemy.engine import URL, make_url  # noqa: E402
 
 import mnestoma  # noqa: E402
 from mnestoma.config import make_engine  # noqa: E402
+from mnestoma.rules import DEFAULT_DECAY_LAMBDA, new_mnest_id  # noqa: E402
 from mnestoma.testing.clock import MovableClock  # noqa: E402
 
 pytest_plugins = ["mnestoma.testing"]
+
+REPO = Path(__file__).resolve().parent.parent  # the checkout: README.md, docs/, tests/
 
 PG_ADMIN_URL = os.environ.get(
     "MNESTOMA_TEST_PG_ADMIN_URL", "postgresql+psycopg://root@127.0.0.1:5432/test"
@@ -127,6 +132,28 @@ def _reset_pg(url: URL) -> None:
     engine.dispose()
 
 
+@pytest.fixture(scope="module", params=ENGINES)
+def module_store_url(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    _sqlite_template: Path,
+) -> Iterator[str]:
+    """A store at head that one test module shares, on each engine (dropped after it)."""
+    prefix = "mnestoma_" + request.module.__name__.rpartition(".")[2].removeprefix("test_")
+    if request.param == "sqlite":
+        path = tmp_path_factory.mktemp(prefix) / "store.sqlite"
+        shutil.copy(_sqlite_template, path)
+        yield f"sqlite:///{path}"
+        return
+    pg = create_pg_database(prefix[:30])
+    try:
+        url = pg.render_as_string(hide_password=False)
+        mnestoma.upgrade(url)
+        yield url
+    finally:
+        drop_pg_database(pg)
+
+
 @pytest.fixture(params=ENGINES)
 def engine_name(request: pytest.FixtureRequest) -> str:
     """The engine a parametrised test runs on."""
@@ -199,6 +226,26 @@ def pg_empty_db_url() -> Iterator[str]:
         yield url.render_as_string(hide_password=False)
     finally:
         drop_pg_database(url)
+
+
+def mnest_row(when: datetime, **values: Any) -> dict[str, Any]:
+    """A ``mnests`` row as plain values: an active edge a@1 -> b@1 of weight 0.5, used once,
+    every timestamp ``when``, the default decay; ``values`` replace any of them."""
+    row: dict[str, Any] = {
+        "id": new_mnest_id(),
+        "src_executor": "a",
+        "src_version": "1",
+        "dst_executor": "b",
+        "dst_version": "1",
+        "weight": 0.5,
+        "uses": 1,
+        "ts_first": when,
+        "ts_last": when,
+        "ts_weight": when,
+        "decay_lambda": DEFAULT_DECAY_LAMBDA,
+        "state": "active",
+    }
+    return row | values
 
 
 # --- markers: `-m "not postgresql"` and `-m "not slow"` select what they say ----------------

@@ -1,4 +1,5 @@
-"""Worker functions run in child processes (spawn context) by the reliability tests.
+"""Worker functions run in child processes (spawn context) by the reliability tests, and
+``run_python``, which runs code in a fresh interpreter.
 
 Each child builds its own ``Mnestoma(url)``; results travel back through a queue as plain
 dicts: how many passings each edge key was given, and every exception seen (as text).
@@ -9,11 +10,14 @@ from __future__ import annotations
 import os
 import random
 import signal
+import subprocess
+import sys
 import threading
 import time
 import traceback
 from collections import Counter
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 HOT_EDGE = ("hot", "1", "sink", "1")
@@ -243,3 +247,18 @@ def turn_loop_process(url: str, prefix: str, size: int, ready: Any) -> None:
 def format_exception(err: BaseException) -> str:
     """The full traceback text of ``err`` (to check that no secret leaks through it)."""
     return "".join(traceback.format_exception(err))
+
+
+def run_python(
+    code: str, cwd: Path | str | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """``code`` run by this interpreter in a fresh process (in ``cwd``), its output captured
+    as text; the caller judges the exit code."""
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )

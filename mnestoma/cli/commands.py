@@ -138,12 +138,20 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
 @cli.command()
 @json_option
 @database_url_option
-def status(as_json: bool, database_url: str | None) -> None:
+@click.option(
+    "--exact",
+    is_flag=True,
+    help="Count every event exactly (PostgreSQL: a scan of the events; by default the "
+    "counts are the catalogue's estimates, shown as 'about N').",
+)
+def status(as_json: bool, database_url: str | None, exact: bool) -> None:
     """Where the store is, what it holds, who recorded its passings, whether the ager runs.
 
-    From the rows only; it reads, never migrates or creates anything.
+    From the rows only; it reads, never migrates or creates anything. With
+    MNESTOMA_REPLICA_URLS, the lag of each read replica.
     """
-    st = collect_status(command_url(database_url))
+    url = command_url(database_url)
+    st = collect_status(url, exact=exact, replicas=replicas_of(url))
     if as_json:
         echo_json(st.as_dict())
     else:

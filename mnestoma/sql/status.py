@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Final
 
-from sqlalchemy import Select, bindparam, func, select
+from sqlalchemy import Select, TextClause, bindparam, func, select, table, text
 
 from ..rules import PASSING, EventKind, Outcome
 from .tables import AGER_PROGRESS as P
@@ -24,14 +24,19 @@ from .tables import QUERIES as Q
 __all__ = [
     "AGER_PROGRESS_ROWS",
     "AGER_RUN_COUNTS",
+    "COLUMN_SHARES",
     "EVENTS_BY_KIND",
     "EVENTS_KEPT_FROM",
     "LAST_AGER_RUN",
     "MNESTS_BY_STATE",
+    "OLDEST_EVENT",
     "PASSINGS",
     "PASSINGS_BY_RECORDER",
     "PASSINGS_BY_RECORDER_WITH_OUTCOMES",
     "QUERY_LOG_COUNT",
+    "RECENT_PASSINGS_BY_RECORDER",
+    "TABLE_LEAVES",
+    "leaf_count",
 ]
 
 _passing = E.c.kind.in_(PASSING)
@@ -93,3 +98,58 @@ AGER_RUN_COUNTS: Final[Select[int, int]] = select(
 LAST_AGER_RUN: Final[Select[Any]] = select(R).order_by(R.c.ts.desc(), R.c.id.desc()).limit(1)
 # The runs of the ager begun and not completed (revision 0007 on), oldest first.
 AGER_PROGRESS_ROWS: Final[Select[Any]] = select(P).order_by(P.c.id)
+
+
+# --- estimates (PostgreSQL, contract §12): the catalogue's, never a scan of ``events`` -------
+
+# The relations that hold a table's rows: the table itself, or (partitioned) its leaf
+# partitions, with the planner's estimate of their rows (-1: never analysed).
+TABLE_LEAVES: Final[TextClause] = text(
+    "WITH RECURSIVE tree(oid) AS ("
+    " SELECT to_regclass(:table)::oid"
+    " UNION ALL SELECT i.inhrelid FROM pg_inherits i JOIN tree t ON i.inhparent = t.oid)"
+    " SELECT n.nspname, c.relname, c.reltuples::float8 FROM tree"
+    " JOIN pg_class c ON c.oid = tree.oid JOIN pg_namespace n ON n.oid = c.relnamespace"
+    " WHERE c.relkind = 'r'"
+)
+
+# The analysed values of some columns of those relations: the most common values and their
+# shares (each relation's own statistics, not those of an inheritance tree).
+COLUMN_SHARES: Final[TextClause] = text(
+    "SELECT schemaname, tablename, attname, null_frac::float8,"
+    " most_common_vals::text::text[], most_common_freqs::float8[]"
+    " FROM pg_stats WHERE schemaname = ANY(:schemas) AND tablename = ANY(:tables)"
+    " AND attname = ANY(:columns) AND NOT inherited"
+)
+
+
+def leaf_count(schema: str, name: str) -> Select[int]:
+    """The exact rows of one relation (a leaf never analysed: a young, small one)."""
+    return select(func.count()).select_from(table(name, schema=schema))
+
+
+# The newest events by id (``:n`` of them), per recorder: the passings, the last, those with
+# a turn and the last of those, those with each outcome. The shares among passings that the
+# estimated status applies to the catalogue's count of passings.
+_recent = (
+    select(E.c.recorder, E.c.kind, E.c.ts, E.c.turn_id, E.c.outcome)
+    .order_by(E.c.id.desc())
+    .limit(bindparam("n"))
+    .subquery("recent")
+)
+_recent_passing = _recent.c.kind.in_(PASSING)
+_recent_turn = _recent_passing & _recent.c.turn_id.is_not(None)
+RECENT_PASSINGS_BY_RECORDER: Final[
+    Select[str, int, datetime | None, int, datetime | None, int, int]
+] = select(
+    _recent.c.recorder,
+    func.count().filter(_recent_passing),
+    func.max(_recent.c.ts).filter(_recent_passing),
+    func.count().filter(_recent_turn),
+    func.max(_recent.c.ts).filter(_recent_turn),
+    func.count().filter(_recent_passing & (_recent.c.outcome == Outcome.OK.value)),
+    func.count().filter(_recent_passing & (_recent.c.outcome == Outcome.ERROR.value)),
+).group_by(_recent.c.recorder)
+
+# The oldest event by id (the first kept), without reading the others.
+OLDEST_EVENT: Final[Select[datetime]] = select(E.c.ts).order_by(E.c.id).limit(1)

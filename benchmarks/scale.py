@@ -1,0 +1,324 @@
+"""The store past one server: status, and reads through a replica, on a large PostgreSQL store
+with writers running, open loop.
+
+``python -m benchmarks.scale [--events N | --large | --huge] [--only NAME[,NAME]]
+[--writers W] [--period-ms MS] [--seconds S] [--sqlite] [--json FILE]``
+
+It starts a PostgreSQL primary and a streaming replica of its own (``benchmarks.replication``:
+the server's binaries, free ports, a temporary folder), builds on the primary a store of
+``N / 33`` mnests and ``N`` events in SQL (1M by default, a few minutes here; ``--large``
+10M, ``--huge`` 100M), lets the replica catch up, then runs each measurement of
+:data:`MEASUREMENTS` in turn. Each is a function ``(Context) -> dict`` of figures; another
+measurement is one more function and one more entry.
+
+- ``status``: ``collect_status`` (the catalogue's estimates) and ``collect_status(exact=True)``
+  (a scan), interleaved, while ``W`` writers record passings; the ratio is exact / estimated.
+  With ``--sqlite``, the same store's events in a SQLite file, whose status is exact;
+- ``replica_reads``: ``vet`` of a 4-step chain and ``suggest_next`` through a facade with the
+  replica, and the same through its ``primary`` view, interleaved, while ``W`` writers
+  saturate the primary (a call due every ``MS`` ms each): p50 / p99 of each, and the ratio;
+- ``replica_lag``: the replica's lag (seconds, as the package measures it, and WAL bytes
+  behind the primary) sampled every 50 ms during a burst of ``W`` writers, and the time it
+  takes to catch up after it.
+
+Figures on a shared machine are noisy: compare the ratios, not the times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .data import graph_rows, load_postgresql, load_sqlite
+from .replication import Cluster, binaries_missing
+from .writer_latency import OpenLoop, add_events, api_writer, percentile, pick_edges, summarize
+
+EVENTS_PER_MNEST = 33  # 10M events on 300k mnests, as the issue measured
+DEGREE = 10  # edges per executor in the built graph
+
+
+@dataclass
+class Context:
+    """What every measurement works on: the pair, its store and the run's settings."""
+
+    cluster: Cluster
+    events: int
+    mnests: int
+    writers: int
+    period_s: float
+    seconds: float
+    sqlite: bool
+    workdir: Path
+    edges: list[tuple[str, str, str, str, str]] = field(default_factory=list)
+
+
+def build(ctx: Context) -> dict[str, Any]:
+    """The store on the primary: ``mnests`` active edges by COPY, ``events`` in SQL (each
+    row's created event and its reinforcements), VACUUM ANALYZE; the replica caught up."""
+    started = time.perf_counter()
+    executors = max(ctx.mnests // DEGREE, DEGREE + 2)
+    rows = load_postgresql(ctx.cluster.primary_url, graph_rows(executors, DEGREE))
+    events = add_events(ctx.cluster.primary_url, max(1, round(ctx.events / rows)))
+    ctx.cluster.wait_caught_up(timeout=3600)
+    ctx.edges = pick_edges(ctx.cluster.primary_url, 400)
+    return {"mnests": rows, "events": events, "build_s": round(time.perf_counter() - started, 1)}
+
+
+# While ``status`` is measured: the issue's writers, 4 threads each due every 10 ms.
+STATUS_WRITERS, STATUS_PERIOD_S = 4, 0.010
+
+
+def _writers(
+    ctx: Context, writers: int | None = None, period_s: float | None = None
+) -> tuple[OpenLoop, Any]:
+    """Open-loop writers (``ctx.writers`` each due every ``ctx.period_s`` unless given)
+    recording passings through a facade of their own."""
+    from mnestoma import Mnestoma
+
+    n = writers or ctx.writers
+    store = Mnestoma(ctx.cluster.primary_url)
+    loop = OpenLoop(api_writer(store, ctx.edges, n), n, period_s or ctx.period_s)
+    return loop, store
+
+
+def _ms(values: Sequence[float]) -> dict[str, float | None]:
+    ordered = sorted(values)
+    p50, p99 = percentile(ordered, 0.5), percentile(ordered, 0.99)
+    return {
+        "n": len(ordered),
+        "p50_ms": None if p50 is None else round(p50 * 1e3, 2),
+        "p99_ms": None if p99 is None else round(p99 * 1e3, 2),
+        "max_ms": round(ordered[-1] * 1e3, 2) if ordered else None,
+    }
+
+
+def _timed(call: Callable[[], object]) -> float:
+    started = time.perf_counter()
+    call()
+    return time.perf_counter() - started
+
+
+def measure_status(ctx: Context) -> dict[str, Any]:
+    """``status`` estimated and exact, interleaved, with writers running."""
+    from mnestoma.status import collect_status
+
+    url = ctx.cluster.primary_url
+    loop, store = _writers(ctx, STATUS_WRITERS, STATUS_PERIOD_S)
+    t0 = loop.start()
+    estimated: list[float] = []
+    exact: list[float] = []
+    shown = collect_status(url)
+    try:
+        for _ in range(3):
+            estimated.append(_timed(lambda: collect_status(url)))
+            exact.append(_timed(lambda: collect_status(url, exact=True)))
+            estimated.append(_timed(lambda: collect_status(url)))
+    finally:
+        calls = loop.stop(time.monotonic())
+        store.close()
+    figures: dict[str, Any] = {
+        "estimated": shown.estimated,
+        "events_shown": shown.events,
+        "estimated_s": round(statistics.median(estimated), 3),
+        "exact_s": round(statistics.median(exact), 3),
+        "ratio_exact_to_estimated": round(
+            statistics.median(exact) / statistics.median(estimated), 1
+        ),
+        "writers": _window(summarize(calls, t0)),
+    }
+    if ctx.sqlite:
+        figures["sqlite"] = _sqlite_status(ctx)
+    return figures
+
+
+def _sqlite_status(ctx: Context) -> dict[str, Any]:
+    """The same numbers of mnests and events in a SQLite file; its (exact) status."""
+    import mnestoma
+    from mnestoma.status import collect_status
+
+    path = ctx.workdir / "scale.sqlite"
+    url = f"sqlite:///{path}"
+    mnestoma.upgrade(url)
+    executors = max(ctx.mnests // DEGREE, DEGREE + 2)
+    rows = load_sqlite(str(path), graph_rows(executors, DEGREE))
+    add_events(url, max(1, round(ctx.events / rows)))
+    times = [_timed(lambda: collect_status(url)) for _ in range(3)]
+    return {"events": collect_status(url).events, "status_s": round(statistics.median(times), 3)}
+
+
+def _window(w: Any) -> dict[str, Any]:
+    return {
+        "calls": w.calls,
+        "p50_ms": w.p50_ms and round(w.p50_ms, 2),
+        "p99_ms": w.p99_ms and round(w.p99_ms, 2),
+        "max_ms": w.max_ms and round(w.max_ms, 2),
+        "errors": w.errors,
+    }
+
+
+def _chain(store: Any) -> list[str]:
+    """A 4-step chain the store knows (3 active edges in a row)."""
+    for edge in store.edges(limit=50):
+        for path in store.walk(edge.src_executor, max_depth=3):
+            if len(path) == 3:
+                return [path[0].src_executor, *(m.dst_executor for m in path)]
+    raise RuntimeError("no path of 3 edges in the store")
+
+
+def measure_replica_reads(ctx: Context) -> dict[str, Any]:
+    """``vet`` of a 4-step chain and ``suggest_next`` on the replica and on the primary,
+    interleaved, while the writers saturate the primary."""
+    from mnestoma import Mnestoma
+
+    reader = Mnestoma(ctx.cluster.primary_url, replicas=[ctx.cluster.replica_url])
+    chain = _chain(reader.primary)
+    src = chain[0]
+    reads: dict[str, list[float]] = {
+        "vet_replica": [],
+        "vet_primary": [],
+        "suggest_replica": [],
+        "suggest_primary": [],
+    }
+    loop, store = _writers(ctx)
+    t0 = loop.start()
+    end = time.monotonic() + ctx.seconds
+    try:
+        while time.monotonic() < end:
+            reads["vet_replica"].append(_timed(lambda: reader.vet(chain)))
+            reads["vet_primary"].append(_timed(lambda: reader.primary.vet(chain)))
+            reads["suggest_replica"].append(_timed(lambda: reader.suggest_next(src, "1")))
+            reads["suggest_primary"].append(_timed(lambda: reader.primary.suggest_next(src, "1")))
+    finally:
+        calls = loop.stop(time.monotonic())
+        store.close()
+    stats = reader.replica_stats()
+    reader.close()
+    figures: dict[str, Any] = {name: _ms(values) for name, values in reads.items()}
+    for what in ("vet", "suggest"):
+        primary, replica = figures[f"{what}_primary"], figures[f"{what}_replica"]
+        if primary["p99_ms"] and replica["p99_ms"]:
+            figures[f"{what}_p99_replica_to_primary"] = round(
+                replica["p99_ms"] / primary["p99_ms"], 2
+            )
+    figures["replica_served"] = stats["replicas"][0]["reads"]
+    figures["primary_served"] = stats["primary_reads"]
+    figures["writers"] = _window(summarize(calls, t0))
+    return figures
+
+
+def measure_replica_lag(ctx: Context) -> dict[str, Any]:
+    """The replica's lag, sampled every 50 ms during a write burst, and its catch-up."""
+    from sqlalchemy import create_engine, text
+
+    from mnestoma.sql.replication import REPLICA_PROBE
+
+    primary = create_engine(ctx.cluster.primary_url, isolation_level="AUTOCOMMIT")
+    replica = create_engine(ctx.cluster.replica_url, isolation_level="AUTOCOMMIT")
+    lags: list[float] = []
+    behind: list[int] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        with primary.connect() as p, replica.connect() as r:
+            while not stop.is_set():
+                here = p.execute(text("SELECT pg_current_wal_lsn()::text")).scalar_one()
+                _standby, replayed, lag = r.execute(REPLICA_PROBE).one()
+                diff = r.execute(
+                    text("SELECT pg_wal_lsn_diff(:a, :b)"), {"a": here, "b": replayed}
+                ).scalar_one()
+                lags.append(float(lag or 0.0))
+                behind.append(int(diff))
+                time.sleep(0.05)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    loop, store = _writers(ctx)
+    sampler.start()
+    t0 = loop.start()
+    time.sleep(ctx.seconds)
+    calls = loop.stop(time.monotonic())
+    store.close()
+    stop.set()
+    sampler.join()
+    caught = _timed(lambda: ctx.cluster.wait_caught_up(timeout=600))
+    primary.dispose()
+    replica.dispose()
+    ordered_lag, ordered_bytes = sorted(lags), sorted(behind)
+    return {
+        "samples": len(lags),
+        "lag_p50_s": percentile(ordered_lag, 0.5),
+        "lag_p99_s": percentile(ordered_lag, 0.99),
+        "lag_max_s": ordered_lag[-1] if lags else None,
+        "behind_p99_bytes": percentile(ordered_bytes, 0.99),
+        "behind_max_bytes": ordered_bytes[-1] if behind else None,
+        "catch_up_after_s": round(caught, 3),
+        "writers": _window(summarize(calls, t0)),
+    }
+
+
+# Each measurement: its name and its function (Context -> figures). More are added here.
+MEASUREMENTS: dict[str, Callable[[Context], dict[str, Any]]] = {
+    "status": measure_status,
+    "replica_reads": measure_replica_reads,
+    "replica_lag": measure_replica_lag,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.scale", description=__doc__)
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--events", type=int, default=1_000_000, help="events in the store")
+    size.add_argument("--large", action="store_const", const=10_000_000, dest="events")
+    size.add_argument("--huge", action="store_const", const=100_000_000, dest="events")
+    parser.add_argument("--only", default=",".join(MEASUREMENTS), help="measurements to run")
+    parser.add_argument("--writers", type=int, default=8)
+    parser.add_argument("--period-ms", type=float, default=10.0, help="each writer's period")
+    parser.add_argument("--seconds", type=float, default=10.0, help="length of a read/lag run")
+    parser.add_argument("--sqlite", action="store_true", help="also SQLite's status")
+    parser.add_argument("--json", type=Path, help="write the figures there too")
+    args = parser.parse_args(argv)
+    missing = binaries_missing()
+    if missing is not None:
+        print(f"cannot start a primary and a replica: {missing}", file=sys.stderr)
+        return 2
+    chosen = [name.strip() for name in args.only.split(",") if name.strip()]
+    unknown = [name for name in chosen if name not in MEASUREMENTS]
+    if unknown:
+        parser.error(f"unknown measurement(s): {', '.join(unknown)}")
+    cluster = Cluster()
+    report: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="mnestoma-scale-") as workdir:
+        try:
+            cluster.start()
+            ctx = Context(
+                cluster,
+                args.events,
+                max(args.events // EVENTS_PER_MNEST, 100),
+                args.writers,
+                args.period_ms / 1e3,
+                args.seconds,
+                args.sqlite,
+                Path(workdir),
+            )
+            report["store"] = build(ctx)
+            print(json.dumps({"store": report["store"]}), flush=True)
+            for name in chosen:
+                report[name] = MEASUREMENTS[name](ctx)
+                print(json.dumps({name: report[name]}), flush=True)
+        finally:
+            cluster.stop()
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

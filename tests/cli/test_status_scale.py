@@ -1,0 +1,110 @@
+"""A status that does not read every event (contract §12): on PostgreSQL, from
+``STATUS_ESTIMATE_FROM`` events, the catalogue's estimates shown as "about N"; ``--exact``
+counts and says it scans; below it, and on SQLite, exact counts as before."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from sqlalchemy import create_engine, text
+
+from mnestoma import Mnestoma, Passing
+from mnestoma import status as status_module
+from mnestoma.cli import cli
+from mnestoma.rules import Recorder
+from mnestoma.status import collect_status, render_status
+
+
+def _fill(url: str) -> None:
+    """40 passings (30 by calls, 10 by the tracer, 8 of them with an outcome) and a query."""
+    with Mnestoma(url) as store:
+        for i in range(30):
+            store.record_passing(f"a{i % 4}", "1", f"b{i % 5}", "1", turn_id=f"t{i}")
+        for i in range(10):
+            outcome = "ok" if i < 6 else ("error" if i < 8 else None)
+            store.record_turn(
+                f"u{i}",
+                [Passing(f"c{i % 2}", "1", "d", "1", outcome=outcome)],
+                recorder=Recorder.TRACER,
+            )
+        store.log_canonical_query("q", "q")
+
+
+def _analyse(url: str) -> None:
+    engine = create_engine(url, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.execute(text("ANALYZE events"))
+        conn.execute(text("ANALYZE canonical_query_log"))
+    engine.dispose()
+
+
+def _counts(st: Any) -> tuple[Any, ...]:
+    by = st.passings_by_recorder or {}
+    return (
+        st.events,
+        st.events_by_kind,
+        st.passings,
+        st.passings_with_turn,
+        st.query_log,
+        {name: (f.passings, f.ok, f.error) for name, f in by.items()},
+    )
+
+
+def test_a_store_below_the_bound_is_counted_exactly_on_both_engines(store_url: str) -> None:
+    _fill(store_url)
+    if store_url.startswith("postgresql"):
+        _analyse(store_url)
+    st = collect_status(store_url)
+    assert not st.estimated and st.events == 40  # each a passing: created or reinforced
+    assert st.passings == 40 and st.events_kept_from is not None
+    assert "about" not in render_status(st)
+
+
+def test_a_large_postgresql_store_reads_its_counts_from_the_catalogue_and_says_about(
+    pg_store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _fill(pg_store_url)
+    exact = collect_status(pg_store_url, exact=True)
+    monkeypatch.setattr(status_module, "STATUS_ESTIMATE_FROM", 1)
+    not_analysed = collect_status(pg_store_url)
+    assert not not_analysed.estimated  # no statistics yet: counted
+    _analyse(pg_store_url)
+    st = collect_status(pg_store_url)
+    assert st.estimated and not exact.estimated
+    # a table this small is sampled whole: the estimates are the counts
+    assert _counts(st) == _counts(exact)
+    assert st.last_passing == exact.last_passing
+    assert st.oldest_event == exact.oldest_event and st.events_kept_from is None
+    shown = render_status(st)
+    assert f"events     about {exact.events} " in shown
+    assert "passings   about 40" in shown and "`mnestoma status --exact` reads" in shown
+    assert "about" not in render_status(exact)
+    assert "exact: every row read" in render_status(exact)
+    result = CliRunner().invoke(cli, ["status", "--exact", "--database-url", pg_store_url])
+    assert result.exit_code == 0, result.output
+    assert "events     40 " in result.output and "--exact scans" in result.output
+    as_json = CliRunner().invoke(cli, ["status", "--json", "--database-url", pg_store_url])
+    assert '"estimated": true' in as_json.output
+
+
+def test_the_estimate_of_a_partitioned_table_sums_its_partitions(pg_store_url: str) -> None:
+    engine = create_engine(pg_store_url, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.execute(text("DROP TABLE IF EXISTS status_parts"))
+        conn.execute(text("CREATE TABLE status_parts (n int) PARTITION BY RANGE (n)"))
+        for name, bounds in (("status_low", "(0) TO (100)"), ("status_high", "(100) TO (1000)")):
+            conn.execute(
+                text(f"CREATE TABLE {name} PARTITION OF status_parts FOR VALUES FROM {bounds}")
+            )
+        conn.execute(text("INSERT INTO status_parts SELECT g FROM generate_series(1, 250) g"))
+        try:
+            # one partition analysed (its estimate), the other not yet (counted)
+            conn.execute(text("ANALYZE status_low"))
+            assert status_module._estimated_rows(conn, "status_parts") == 250
+            conn.execute(text("ANALYZE status_high"))
+            assert status_module._estimated_rows(conn, "status_parts") == 250
+        finally:
+            conn.execute(text("DROP TABLE status_parts"))
+    engine.dispose()

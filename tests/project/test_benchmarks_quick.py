@@ -1,0 +1,222 @@
+"""The benchmark suite's quick mode keeps working, and its baseline keeps agreeing.
+
+No timing is asserted here: these tests only check that ``python -m benchmarks --quick``
+completes and that the package and the hand-written ``sqlite3`` baseline leave the same rows,
+weights, events and paths after the same work.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+ROOT = REPO
+if str(ROOT) not in sys.path:  # ``benchmarks`` lives at the top of the checkout
+    sys.path.insert(0, str(ROOT))
+
+from conftest import PG_ADMIN_URL, require_postgresql  # noqa: E402
+
+from benchmarks import run as bench  # noqa: E402
+from benchmarks import workloads as w  # noqa: E402
+from benchmarks.baseline import Baseline  # noqa: E402
+from benchmarks.data import NOW, FixedClock, SqliteFiles  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def quick_report(tmp_path_factory: pytest.TempPathFactory) -> bench.Report:
+    """One quick run of every workload on SQLite (package and baseline)."""
+    return bench.run(quick=True, workdir=str(tmp_path_factory.mktemp("bench")))
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> SqliteFiles:
+    """Migrated SQLite files in a temporary folder."""
+    return SqliteFiles(tmp_path)
+
+
+def test_quick_mode_runs_every_workload(quick_report: bench.Report) -> None:
+    assert list(dict.fromkeys(r.workload for r in quick_report.results)) == list(bench.WORKLOADS)
+    assert [(c["shape"], c["rows"]) for c in quick_report.curve] == [
+        (shape, n) for shape in bench.AGER_SHAPES for n in bench.QUICK.ager_sizes
+    ]
+    for r in quick_report.results:
+        assert r.values["package"] and r.values["baseline"], r
+
+
+def test_package_and_baseline_agree_after_the_same_work(quick_report: bench.Report) -> None:
+    disagreements = [f"{c.name}: {c.detail}" for c in quick_report.checks if not c.ok]
+    assert disagreements == []
+    names = " ".join(c.name for c in quick_report.checks)
+    for what in (
+        "record_passing",
+        "record_turn rows",
+        "record_turn into a big",
+        "apply_ager",
+        "walk",
+        "suggest",
+    ):
+        assert what in names
+
+
+def test_walk_returns_the_same_number_of_paths_on_both(quick_report: bench.Report) -> None:
+    (walk,) = [r for r in quick_report.results if r.workload == "walk"]
+    counts = walk.details["paths_per_walk"]
+    assert counts["package"] == counts["baseline"]
+    # Out-degree 10, depth 3: about 10 + 100 + 1,000 simple paths per walk.
+    assert all(1_000 <= n <= 1_110 for n in counts["package"])
+
+
+def test_concurrent_writers_lose_no_update(quick_report: bench.Report) -> None:
+    (writers,) = [r for r in quick_report.results if r.workload == "writers"]
+    for impl, outcome in writers.details["outcome"].items():
+        assert outcome["failed"] == 0, impl
+        assert outcome["lost"] == 0, impl
+        for one in outcome["rounds"]:
+            assert one["uses"] == 1 + one["calls"], impl
+
+
+def test_the_writers_rate_is_the_median_of_interleaved_rounds(tmp_path: Path) -> None:
+    report = bench.run(quick=True, only=["writers"], rounds=3, workdir=str(tmp_path))
+    (writers,) = [r for r in report.results if r.workload == "writers"]
+    for impl, outcome in writers.details["outcome"].items():
+        rates = sorted(one["calls_per_s"] for one in outcome["rounds"])
+        assert len(rates) == 3, impl
+        assert writers.values[impl] == outcome["calls_per_s"] == rates[1], impl
+    names = [c.name for c in report.checks if c.name.startswith("writers")]
+    assert sum("round 3" in n for n in names) == 2  # the package and the baseline
+
+
+def test_every_target_gets_a_verdict_line(quick_report: bench.Report) -> None:
+    text = bench.format_report(quick_report, with_pg=False)
+    assert "| target" in text
+    assert "PostgreSQL 8 writers" in text
+    assert len(quick_report.verdicts) == 11
+
+
+def test_baseline_follows_the_contract_numbers(files: SqliteFiles) -> None:
+    path = str(files.clone("empty"))
+    clock = FixedClock(NOW)
+    base = Baseline(path, clock=clock)
+    first = base.record_passing("a", "1", "b", "1")
+    second = base.record_passing("a", "1", "b", "1")
+    proto = base.record_passing("a", "1", "c", dst_exists=False)
+    base.close()
+    assert (first[5], first[6]) == (0.30, 1)
+    assert (second[5], second[6]) == (pytest.approx(0.45), 2)
+    assert (proto[4], proto[11]) == (None, "proto")
+    assert second[9] == "2026-06-01 12:00:00.000000"  # naive UTC text, as the package stores
+
+
+def test_baseline_and_package_age_a_store_alike(files: SqliteFiles) -> None:
+    clock = FixedClock(NOW)
+    outcome = {}
+    for impl in ("package", "baseline"):
+        where = str(files.clone("empty"))
+        clock.now = NOW
+        store = w.open_store(impl, where, clock)
+        store.record_passing("a", "1", "b", "1")
+        store.record_passing("a", "1", "c", dst_exists=False)
+        store.record_turn("t1", [("a", "1", "b", "1"), ("b", "1", "c", "1")])
+        store.record_turn("t1", [("a", "1", "b", "1")])  # a retried turn counts once
+        clock.now = NOW + timedelta(days=60)
+        report = store.apply_ager()
+        store.close()
+        fields = report if isinstance(report, dict) else w._report_dict(report)
+        outcome[impl] = (fields, w.edge_snapshot(impl, where), w.summary(impl, where))
+    assert outcome["package"] == outcome["baseline"]
+    assert outcome["package"][0]["to_decaying"] == 2  # 0.45 and 0.30, decayed 60 days
+
+
+def test_the_package_ager_in_batches_or_in_one_transaction_ends_alike(
+    files: SqliteFiles, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``ager_once`` times the facade's batched run, or with ``one_transaction`` the run in
+    a unit of work (``ager_curve --one-transaction``): the same report and end state."""
+    import mnestoma
+    from benchmarks.data import ager_rows, load_sqlite
+
+    outcome = []
+    for one_transaction in (False, True):
+        where = str(files.clone("empty"))
+        load_sqlite(where, ager_rows(3_000))
+        if one_transaction:  # the facade's batched run is not the one timed
+            monkeypatch.setattr(mnestoma.Mnestoma, "apply_ager", None)
+        got = w.ager_once("package", where, one_transaction=one_transaction)
+        outcome.append((got["report"], w.ager_summary("package", where)))
+    assert outcome[0] == outcome[1]
+    assert outcome[0][0]["to_decaying"] > 0 and outcome[0][0]["merged"] > 0
+
+
+def test_command_line_quick_subset_exits_zero(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--quick", "--only", "record_passing,walk",
+         "--workdir", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "record_passing" in proc.stdout and "walk" in proc.stdout
+    assert "consistency checks: " in proc.stdout
+
+
+def test_unknown_workload_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown workload"):
+        bench.run(quick=True, only=["nope"])
+
+
+@pytest.mark.postgresql
+def test_quick_mode_on_postgresql(tmp_path: Path) -> None:
+    require_postgresql()  # skips on a machine without a server; fails in CI
+    report = bench.run(
+        quick=True,
+        postgresql=PG_ADMIN_URL,
+        only=["record_passing", "record_turn", "apply_ager", "walk", "writers"],
+        workdir=str(tmp_path),
+    )
+    assert [f"{c.name}: {c.detail}" for c in report.checks if not c.ok] == []
+    assert any("package-pg" in c.name for c in report.checks)
+    # the ager on PostgreSQL leaves the same rows and events as the sqlite3 baseline, on
+    # both data shapes
+    for shape in ("mixed store", "mostly-demoting store"):
+        assert any(
+            c.name.startswith(f"apply_ager {shape}") and "package-pg" in c.name
+            for c in report.checks
+        ), shape
+    (writers,) = [r for r in report.results if r.workload == "writers"]
+    for impl in ("package-pg", "baseline-pg"):
+        assert writers.details["outcome"][impl]["lost"] == 0, impl
+        assert writers.details["outcome"][impl]["failed"] == 0, impl
+    assert "package PostgreSQL / baseline psycopg" in writers.note
+    (verdict,) = [v for v in report.verdicts if v.target.startswith("PostgreSQL")]
+    assert "psycopg by hand" in verdict.measured
+
+
+@pytest.mark.postgresql
+def test_psycopg_reference_follows_the_contract_numbers(tmp_path: Path) -> None:
+    require_postgresql()
+    from benchmarks.baseline_pg import PgBaseline
+    from benchmarks.data import PostgresServer
+
+    server = PostgresServer(PG_ADMIN_URL)
+    try:
+        url = server.url(server.clone("empty"))
+        clock = FixedClock(NOW)
+        ref = PgBaseline(url, clock=clock)
+        first = ref.record_passing("a", "1", "b", "1")
+        assert ref.record_passing("a", "1", "b", "1") == first
+        clock.now = NOW + timedelta(days=10)
+        ref.record_passing("a", "1", "b", "1")
+        ref.close()
+        (row,) = w.edge_snapshot("baseline-pg", url)
+        events = w.summary("baseline-pg", url)["events"]
+    finally:
+        server.close()
+    # 0.30, +0.15 → 0.45; ten days at 0.018/day, then +0.15
+    assert row[4:6] == ("active", 3)
+    assert row[6] == pytest.approx(0.45 * math.exp(-0.018 * 10) + 0.15)
+    assert events == {"created": 1, "reinforced": 2}

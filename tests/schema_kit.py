@@ -1,0 +1,46 @@
+"""What the schema tests share: how the migrated database differs from the models, and what
+``create_all`` builds next to what the revisions build."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import Connection
+
+import mnestoma
+from mnestoma.config import make_engine
+from mnestoma.migration import VERSION_TABLE, compared_objects
+from mnestoma.models import Base
+
+T = TypeVar("T")
+
+
+def schema_diff(conn: Connection) -> list[Any]:
+    """Alembic's differences between the database and the models (the view, and what one
+    engine builds beside the models' tables, left aside: see ``compared_objects``)."""
+    ctx = MigrationContext.configure(
+        conn,
+        opts={
+            "version_table": VERSION_TABLE,
+            "compare_type": True,
+            "include_object": compared_objects(conn.dialect.name),
+        },
+    )
+    return list(compare_metadata(ctx, Base.metadata))
+
+
+def built_then_migrated(empty_url: str, read: Callable[[str], T]) -> tuple[T, T]:
+    """``read`` of what ``create_all`` builds in the empty database at ``empty_url``, then,
+    the tables dropped, of what the revisions build there."""
+    engine = make_engine(empty_url)
+    try:
+        Base.metadata.create_all(engine)
+        built = read(empty_url)
+        Base.metadata.drop_all(engine)
+    finally:
+        engine.dispose()
+    mnestoma.upgrade(empty_url)
+    return built, read(empty_url)
