@@ -231,6 +231,8 @@ class Baseline:
         con.execute("PRAGMA journal_mode = WAL")
         con.execute("PRAGMA synchronous = NORMAL")
         self._con = con
+        # Set by the writers workload (benchmarks.lock_hold): marks each hold of the lock.
+        self.holds: Any = None
 
     # --- plumbing ---------------------------------------------------------------------
 
@@ -239,13 +241,20 @@ class Baseline:
 
     def _write(self, work: Callable[[], Any]) -> Any:
         con = self._con
+        holds = self.holds
         con.execute("BEGIN IMMEDIATE")
+        if holds is not None:
+            holds.taken()
         try:
             result = work()
         except BaseException:
             con.execute("ROLLBACK")
+            if holds is not None:
+                holds.released()
             raise
         con.execute("COMMIT")
+        if holds is not None:
+            holds.released()
         return result
 
     # --- recording --------------------------------------------------------------------

@@ -62,6 +62,8 @@ class PgBaseline:
         conninfo = make_url(url).set(drivername="postgresql").render_as_string(False)
         self._con = psycopg.connect(conninfo)
         self._clock: Clock = clock or _utc_now
+        # Set by the writers workload (benchmarks.lock_hold): marks each hold of the row lock.
+        self.holds: Any = None
 
     def record_passing(
         self, src_executor: str, src_version: str, dst_executor: str, dst_version: str
@@ -69,23 +71,33 @@ class PgBaseline:
         """Create (weight 0.30) or reinforce (+0.15 on the decayed weight) one active edge."""
         con = self._con
         key = (src_executor, src_version, dst_executor, dst_version)
-        with con.transaction():
-            while True:
-                row = con.execute(_SEL_ACTIVE, key).fetchone()
-                now = self._clock()  # read once the row lock is held
-                if row is not None:
-                    mid, weight, lam, ts_weight = row
-                    before, after = reinforce(weight, lam, (now - ts_weight).total_seconds())
-                    params = {"id": mid, "now": now, "before": before, "after": after}
-                    con.execute(_REINFORCE, params)
-                    return str(mid)
-                mid = "mn_" + secrets.token_urlsafe(12)
-                values = dict(zip(("s", "sv", "d", "dv"), key, strict=True))
-                values |= {"id": mid, "w": INITIAL_WEIGHT, "now": now, "lam": DEFAULT_DECAY_LAMBDA}
-                if con.execute(_CREATE, values).fetchone() is not None:
-                    con.execute(_CREATED_EVENT, (mid, now, INITIAL_WEIGHT))
-                    return mid
-                # another writer created it first: lock that row and reinforce it
+        holds = self.holds
+        try:
+            with con.transaction():
+                return self._record(con, key, holds)
+        finally:
+            if holds is not None:
+                holds.released()
+
+    def _record(self, con: Any, key: tuple[str, str, str, str], holds: Any) -> str:
+        while True:
+            row = con.execute(_SEL_ACTIVE, key).fetchone()
+            if holds is not None and row is not None:
+                holds.taken()
+            now = self._clock()  # read once the row lock is held
+            if row is not None:
+                mid, weight, lam, ts_weight = row
+                before, after = reinforce(weight, lam, (now - ts_weight).total_seconds())
+                params = {"id": mid, "now": now, "before": before, "after": after}
+                con.execute(_REINFORCE, params)
+                return str(mid)
+            mid = "mn_" + secrets.token_urlsafe(12)
+            values = dict(zip(("s", "sv", "d", "dv"), key, strict=True))
+            values |= {"id": mid, "w": INITIAL_WEIGHT, "now": now, "lam": DEFAULT_DECAY_LAMBDA}
+            if con.execute(_CREATE, values).fetchone() is not None:
+                con.execute(_CREATED_EVENT, (mid, now, INITIAL_WEIGHT))
+                return mid
+            # another writer created it first: lock that row and reinforce it
 
     def suggest_next(self, src_executor: str, k: int = 5) -> list[tuple[Any, ...]]:
         """The k strongest active edges out of a source (used to open the connection)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import resource
+import statistics
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -23,6 +24,7 @@ from mnestoma.repository import MAX_WALK_LIMIT
 from .baseline import Baseline
 from .baseline_pg import PgBaseline
 from .data import NOW, FixedClock
+from .lock_hold import HoldTimes, timing_lock_holds
 
 __all__ = [
     "Edge",
@@ -266,33 +268,74 @@ def _report_dict(report: Any) -> dict[str, int]:
 
 
 def _writer(
-    impl: str, where: str, calls: int, barrier: Any, results: Any, use_real_clock: bool
+    impl: str,
+    where: str,
+    calls: int,
+    barrier: Any,
+    results: Any,
+    use_real_clock: bool,
+    timed_here: bool,
 ) -> None:
+    """One writer: ``calls`` passings on the hot edge; puts (ok, failed, start, end, holds)
+    on ``results``. ``timed_here``: this writer times its own lock holds (a process); the
+    threads of one process are timed by :func:`run_writers` instead."""
     from datetime import UTC
 
     clock = (lambda: datetime.now(UTC)) if use_real_clock else None
     store = open_store(impl, where, clock)
     ok = failed = 0
+    holds: list[float] = []
     try:
         store.suggest_next("warm-up")
-        barrier.wait()
-        start = time.perf_counter()
-        for _ in range(calls):
-            try:
-                store.record_passing(*HOT_EDGE)
-                ok += 1
-            except Exception:
-                failed += 1
-        end = time.perf_counter()
+        with _timed(impl, store, timed_here) as times:
+            barrier.wait()
+            start = time.perf_counter()
+            for _ in range(calls):
+                try:
+                    store.record_passing(*HOT_EDGE)
+                    ok += 1
+                except Exception:
+                    failed += 1
+            end = time.perf_counter()
+            if times is not None:
+                holds = list(times.holds)
     finally:
         store.close()
-    results.put((ok, failed, start, end))
+    results.put((ok, failed, start, end, holds))
+
+
+@contextmanager
+def _timed(impl: str, store: Any, timed_here: bool) -> Iterator[HoldTimes | None]:
+    """This writer's lock holds, timed for the block when ``timed_here`` (a process); a
+    baseline's thread marks them into its run's shared record (see :func:`run_writers`)."""
+    if timed_here:
+        with timing_lock_holds(impl, store) as times:
+            yield times
+        return
+    shared = _RUN_HOLDS.get(impl)
+    if shared is not None:
+        store.holds = shared
+    yield None
+
+
+# The lock holds of a run of writer threads, per implementation (see run_writers).
+_RUN_HOLDS: dict[str, HoldTimes] = {}
+
+
+def _spread(xs: Sequence[float]) -> dict[str, float]:
+    """Median, 10th and 90th percentile of ``xs`` (nan when empty)."""
+    if not xs:
+        return {"median": float("nan"), "p10": float("nan"), "p90": float("nan")}
+    ys = sorted(xs)
+    at = lambda q: ys[min(len(ys) - 1, int(q * len(ys)))]  # noqa: E731
+    return {"median": statistics.median(ys), "p10": at(0.1), "p90": at(0.9)}
 
 
 def run_writers(
     impl: str, where: str, writers: int, calls: int, *, processes: bool = True
 ) -> dict[str, Any]:
-    """``writers`` concurrent writers on one hot edge; calls/s and the lost-update check."""
+    """``writers`` concurrent writers on one hot edge; calls/s, the lost-update check, and
+    how long each call held the write lock (:mod:`benchmarks.lock_hold`)."""
     import multiprocessing
     import queue as queue_mod
 
@@ -303,23 +346,34 @@ def run_writers(
         ctx = multiprocessing.get_context("spawn")
         barrier, results = ctx.Barrier(writers), ctx.Queue()
         workers: list[Any] = [
-            ctx.Process(target=_writer, args=(impl, where, calls, barrier, results, True))
+            ctx.Process(target=_writer, args=(impl, where, calls, barrier, results, True, True))
             for _ in range(writers)
         ]
+        for w in workers:
+            w.start()
+        outcomes = [results.get(timeout=600) for _ in workers]
+        for w in workers:
+            w.join()
     else:
         barrier, results = threading.Barrier(writers), queue_mod.Queue()
         workers = [
-            threading.Thread(target=_writer, args=(impl, where, calls, barrier, results, True))
+            threading.Thread(
+                target=_writer, args=(impl, where, calls, barrier, results, True, False)
+            )
             for _ in range(writers)
         ]
-    for w in workers:
-        w.start()
-    outcomes = [results.get(timeout=600) for _ in workers]
-    for w in workers:
-        w.join()
+        with _threads_timed(impl) as times:
+            for w in workers:
+                w.start()
+            outcomes = [results.get(timeout=600) for _ in workers]
+            for w in workers:
+                w.join()
+        outcomes = [(*o[:4], []) for o in outcomes]
+        outcomes[0] = (*outcomes[0][:4], list(times.holds))
     ok = sum(o[0] for o in outcomes)
     failed = sum(o[1] for o in outcomes)
     elapsed = max(o[3] for o in outcomes) - min(o[2] for o in outcomes)
+    holds = [h for o in outcomes for h in o[4]]
     from sqlalchemy import text
 
     with _reading(impl, where) as conn:
@@ -341,7 +395,24 @@ def run_writers(
         "uses": uses,
         "lost": (1 + ok) - uses,
         "reinforced_events": reinforced,
+        "hold_us": {k: v * 1e6 for k, v in _spread(holds).items()},
+        "holds": len(holds),
     }
+
+
+@contextmanager
+def _threads_timed(impl: str) -> Iterator[HoldTimes]:
+    """The lock holds of a run of writer threads in this process: the package's functions
+    wrapped once for all of them, the baselines' threads marking into one shared record."""
+    if impl in ("baseline", "baseline-pg"):
+        times = _RUN_HOLDS[impl] = HoldTimes()
+        try:
+            yield times
+        finally:
+            del _RUN_HOLDS[impl]
+        return
+    with timing_lock_holds(impl) as times:
+        yield times
 
 
 # --- what a run left behind -----------------------------------------------------------------

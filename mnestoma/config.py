@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from .errors import InvalidInput, MissingExtra
 from .locking import (
     ENV_LOCK_TIMEOUT,
+    RESTS_AT_STATEMENTS,
     SNAPSHOT_INFO,
     busy_timeout_ms,
     driver_in_transaction,
@@ -27,6 +28,7 @@ from .locking import (
     is_transaction_control,
     is_write_statement,
     lock_timeout_seconds,
+    rest_before_statement,
     rest_busy_timeout,
     take_write_lock,
     track_writes,
@@ -545,15 +547,19 @@ def _configure_sqlite(engine: Engine, *, busy_timeout_ms: int) -> None:
     # retval=True keeps the function itself in the listener list, where the statement runner
     # recognises it as the package's own (see runner.unobserved)
     event.listen(engine, "before_cursor_execute", _before_execute, retval=True)
+    setattr(engine.dialect, RESTS_AT_STATEMENTS, True)  # see _begin_for
 
 
 def _begin_for(conn: Connection, statement: str) -> None:
     """Begin SQLite's transaction the way ``statement`` needs: the write lock before a write,
     a read snapshot before a read (see :mod:`mnestoma.locking`)."""
-    if not conn.in_transaction():
-        return
     dbapi_conn = conn.connection.dbapi_connection
     if dbapi_conn is None:
+        return
+    # A write of the package's that held the lock left its short busy timeout: every other
+    # statement waits the lock timeout (the write's own statements do not come here).
+    rest_before_statement(dbapi_conn, conn.connection.info)
+    if not conn.in_transaction():
         return
     if driver_in_transaction(dbapi_conn):
         if is_write_statement(statement):

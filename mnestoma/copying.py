@@ -15,7 +15,8 @@ held by both stores (src_executor, src_version, dst_executor, dst_version, state
 is merged into the target's row with the ager's rule (contract §4):
 
 - uses summed, except that a turn both stores counted on this edge (same turn_id) counts
-  once; ts_first = the earlier, ts_last = the later;
+  once; ts_first = the earlier, ts_last = the later; decayed_uses: each row's decayed to
+  that ts_last and summed (``rules.merged_count``), less the share of the turns counted once;
 - weight = the larger of the two effective weights at the copy's now, ts_weight = now (the
   target's, if later); decay_lambda, tags and desired_sig: the target's (tags and
   desired_sig: the source's where the target's is null);
@@ -82,7 +83,9 @@ from .rules import (
     Recorder,
     advance,
     clamp_weight,
+    decayed_count,
     decayed_weight,
+    merged_count,
     outcome_counts,
 )
 from .sql.copying import (
@@ -418,6 +421,8 @@ class _Job:
     # (target mnest id, counter of SUMMED_ON_MERGE) -> what the source's passings of turns
     # the target already counted added to that counter: those passings count once
     counted_once: Counter[tuple[str, str]] = field(default_factory=Counter)
+    # target mnest id -> the instants of those passings (their share of decayed_uses)
+    counted_once_at: dict[str, list[datetime]] = field(default_factory=dict)
     now: datetime = field(init=False)  # read once the target's write lock is held
     next_event_id: int = field(init=False)  # the merge events' ids, after the copied ones
     advance: Callable[[int], Any] = field(init=False)
@@ -568,6 +573,7 @@ class _Job:
                 # one use, and the outcome it carried (SUMMED_ON_MERGE: uses, ok_count, error_count)
                 added = zip(SUMMED_ON_MERGE, (1, *outcome_counts(row["outcome"])), strict=True)
                 self.counted_once.update({(target_id, c): n for c, n in added})
+                self.counted_once_at.setdefault(target_id, []).append(row["ts"])
                 continue
             row["mnest_id"] = target_id
 
@@ -608,9 +614,18 @@ class _Job:
         merged.update({c: dst[c] + src[c] - once[(dst["id"], c)] for c in SUMMED_ON_MERGE})
         # a passing is never counted less often than either store counted it
         merged["uses"] = max(merged["uses"], dst["uses"], src["uses"])
+        # the decayed counts summed at the later ts_last (rules.merged_count), less what the
+        # passings counted once added to the source's, and never below either's
+        dst_count = (dst["decayed_uses"], dst["decay_lambda"], dst["ts_last"])
+        src_count = (src["decayed_uses"], src["decay_lambda"], src["ts_last"])
+        count, last = merged_count(dst_count, src_count)
+        for ts in self.counted_once_at.get(dst["id"], ()):
+            count -= decayed_count(1.0, src["decay_lambda"], ts, last)
+        both = (decayed_count(*c, last) for c in (dst_count, src_count))
         merged.update(
+            decayed_uses=max(count, *both),
             ts_first=min(dst["ts_first"], src["ts_first"]),
-            ts_last=max(dst["ts_last"], src["ts_last"]),
+            ts_last=last,
             weight=clamp_weight(max(eff_dst, eff_src)),
             ts_weight=advance(dst["ts_weight"], now),
             tags=dst["tags"] if dst["tags"] is not None else src["tags"],

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from typing import Any, Literal
 
 from sqlalchemy import exc as sa_exc
 
@@ -104,26 +104,37 @@ def _message(err: sa_exc.DBAPIError) -> str:
     return redact_text(text[0]) if text else type(orig).__name__
 
 
-@contextlib.contextmanager
-def translate_errors() -> Iterator[None]:
+class _Translating:
+    """The context manager :func:`translate_errors` returns: a class, not a generator, since
+    every statement of the hot paths enters one (a generator's set-up costs more)."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, _type: Any, err: BaseException | None, _tb: Any) -> Literal[False]:
+        if err is None or isinstance(err, MnestomaError):
+            return False
+        if isinstance(err, sa_exc.StatementError) and isinstance(err.orig, MnestomaError):
+            # raised by one of our column types while binding a parameter
+            raise err.orig from None
+        if not isinstance(err, sa_exc.SQLAlchemyError):
+            return False
+        _scrub(err)
+        raise translate(err) from err
+
+
+_TRANSLATING = _Translating()
+
+
+def translate_errors() -> contextlib.AbstractContextManager[None]:
     """Turn SQLAlchemy/driver exceptions raised inside the block into this package's errors.
 
     The package error chains the original (for its type, SQLSTATE and traceback), scrubbed
     of secrets first, so that a traceback shown in full repeats none.
     """
-    try:
-        yield
-    except MnestomaError:
-        raise
-    except sa_exc.StatementError as err:
-        if isinstance(err.orig, MnestomaError):
-            # raised by one of our column types while binding a parameter
-            raise err.orig from None
-        _scrub(err)
-        raise translate(err) from err
-    except sa_exc.SQLAlchemyError as err:
-        _scrub(err)
-        raise translate(err) from err
+    return _TRANSLATING
 
 
 def _scrub(err: BaseException) -> None:

@@ -43,6 +43,7 @@ __all__ = [
     "ENV_LOCK_TIMEOUT",
     "LOCK_TIMEOUT_OPTION",
     "MAX_BUSY_TIMEOUT_MS",
+    "RESTS_AT_STATEMENTS",
     "SNAPSHOT_INFO",
     "STORE_FILE_SUFFIXES",
     "WRITE_LOCK_POLL_S",
@@ -60,6 +61,7 @@ __all__ = [
     "lock_timeout_seconds",
     "open_beside_store",
     "pause_on",
+    "rest_before_statement",
     "rest_busy_timeout",
     "saying_it_waits",
     "store_files",
@@ -83,6 +85,8 @@ MAX_BUSY_TIMEOUT_MS = 2**31 - 1
 # gives it the lock timeout when it connects), and the one it has now.
 _BUSY_REST_INFO = "mnestoma_busy_timeout_ms"
 _BUSY_NOW_INFO = "mnestoma_busy_timeout_now_ms"
+# Connection info key: True once the connection has seen its store in WAL mode.
+_WAL_INFO = "mnestoma_wal"
 # Any 64-bit number is fine as long as it is this package's alone: "mnestoma" in ASCII.
 MIGRATION_LOCK_KEY = 0x6D6E6573746F6D61
 # The ager's run lock (PostgreSQL advisory lock): the next number.
@@ -187,17 +191,48 @@ def take_write_lock(conn: Connection) -> None:
         # A snapshot that has only read: end it (nothing to lose) rather than upgrade it,
         # which fails once another writer has committed since it began.
         dbapi.execute("COMMIT")
+    info = conn.connection.info
     try:
         _begin_immediate(
             dbapi,
-            conn.connection.info,
+            info,
             lock_timeout(conn),
             waiting=lambda: waiting_file(conn.engine.url),
+            rest_after=_rests_after_write(conn, dbapi, info),
         )
     except BaseException:
         _end_write(dbapi)  # no transaction: the lock was not taken
         raise
-    conn.connection.info.pop(SNAPSHOT_INFO, None)
+    info.pop(SNAPSHOT_INFO, None)
+
+
+def _rests_after_write(conn: Connection, dbapi: Any, info: dict[Any, Any]) -> bool:
+    """True when the write about to begin may keep its short busy timeout (the lock's poll)
+    until its transaction ends, the resting one put back then (see :func:`track_writes`)
+    rather than once the lock is held, while other writers queue for it: its engine's
+    transactions are tracked, and the store is in WAL mode, where a statement of a
+    transaction that holds the write lock, its COMMIT included, never waits for another
+    connection. Read once per connection: a store cannot leave WAL mode while another
+    connection to it is open."""
+    if not getattr(conn.dialect, "_mnestoma_tracks_writes", False) or not isinstance(
+        dbapi, sqlite3.Connection
+    ):
+        return False
+    wal = info.get(_WAL_INFO)
+    if wal is None:
+        wal = info[_WAL_INFO] = _journal_mode(dbapi) == "wal"
+    return bool(wal)
+
+
+def _journal_mode(dbapi: Any) -> str:
+    """The journal mode of the connection's store (lower case)."""
+    cursor = dbapi.cursor()
+    try:
+        cursor.execute("PRAGMA journal_mode")
+        row = cursor.fetchone()
+    finally:
+        cursor.close()
+    return str(row[0]).lower() if row else ""
 
 
 def use_wal(conn: Connection) -> None:
@@ -209,6 +244,7 @@ def use_wal(conn: Connection) -> None:
     if dbapi is None or str(conn.exec_driver_sql("PRAGMA journal_mode").scalar()).lower() == "wal":
         return
     _execute_waiting(dbapi, conn.connection.info, "PRAGMA journal_mode = WAL", lock_timeout(conn))
+    conn.connection.info[_WAL_INFO] = True
 
 
 def _begin_immediate(
@@ -217,10 +253,14 @@ def _begin_immediate(
     timeout: float,
     *,
     waiting: Callable[[], str | None] | None = None,
+    rest_after: bool = False,
 ) -> None:
     """``BEGIN IMMEDIATE`` within ``timeout`` seconds in all, or WriteLockTimeout (see
-    :func:`_execute_waiting`)."""
-    _execute_waiting(dbapi, info, "BEGIN IMMEDIATE", timeout, waiting=waiting)
+    :func:`_execute_waiting`); with ``rest_after``, the resting busy timeout is put back
+    when the transaction ends, not once the lock is held (see :func:`_rests_after_write`)."""
+    _execute_waiting(
+        dbapi, info, "BEGIN IMMEDIATE", timeout, waiting=waiting, rest_after=rest_after
+    )
 
 
 def _execute_waiting(
@@ -230,6 +270,7 @@ def _execute_waiting(
     timeout: float,
     *,
     waiting: Callable[[], str | None] | None = None,
+    rest_after: bool = False,
 ) -> None:
     """``statement``, which needs SQLite's write lock, within ``timeout`` seconds in all, or
     WriteLockTimeout.
@@ -239,13 +280,16 @@ def _execute_waiting(
     busy timeout is put back afterwards (unchanged when it is the lock timeout already).
     From its first attempt that finds the lock taken until it has it, the write says that
     it waits (a shared ``flock`` on the file ``waiting()`` names, see
-    :class:`WaitingWriters`), so that an ager between two batches lets it in.
+    :class:`WaitingWriters`), so that an ager between two batches lets it in. With
+    ``rest_after``, a statement that succeeded leaves the resting busy timeout to be put
+    back when its transaction ends (:func:`track_writes`).
     """
     if _BUSY_REST_INFO not in info:  # a connection make_engine did not open
         rest_busy_timeout(info, _read_busy_timeout(dbapi))
     deadline = time.monotonic() + timeout
     left = timeout
     said = -1  # the descriptor holding the shared flock once the write says it waits
+    done = False
     try:
         while True:
             # Each try waits in SQLite's busy handler for WRITE_LOCK_POLL_S at most (it then
@@ -254,6 +298,7 @@ def _execute_waiting(
             tried = time.monotonic()
             try:
                 dbapi.execute(statement)
+                done = True
                 return
             except sqlite3.OperationalError as err:
                 text_ = str(err).lower()
@@ -272,8 +317,37 @@ def _execute_waiting(
                 left = max(0.0, deadline - time.monotonic())
     finally:
         _stop_saying(said)  # releases the flock: no longer waiting
-        with contextlib.suppress(sqlite3.Error):  # never hide the error that ended the wait
-            _set_busy_timeout(dbapi, info, info[_BUSY_REST_INFO])
+        if not (done and rest_after):
+            with contextlib.suppress(sqlite3.Error):  # never hide the error that ended the wait
+                _set_busy_timeout(dbapi, info, info[_BUSY_REST_INFO])
+
+
+# Dialect attribute: its engine's listener runs rest_before_statement before each statement.
+RESTS_AT_STATEMENTS = "_mnestoma_rests_at_statements"
+
+
+def rest_before_statement(dbapi: Any, info: dict[Any, Any]) -> None:
+    """Before a statement SQLAlchemy (or the statement runner, for a transaction that does
+    not hold the write lock) runs on a SQLite connection: the connection's resting busy
+    timeout, should a write have left it the short one (see :func:`take_write_lock`)."""
+    rest = info.get(_BUSY_REST_INFO)
+    if rest is not None and info.get(_BUSY_NOW_INFO) != rest:
+        _set_busy_timeout(dbapi, info, rest)
+
+
+def _rest_busy_timeout(dbapi: Any) -> None:
+    """Once a transaction has ended: the connection's resting busy timeout back, when its
+    write kept the short one (``dbapi`` is the pool's proxy of the driver's connection,
+    which carries the connection's ``info``)."""
+    try:
+        info = dbapi.info
+    except (AttributeError, NotImplementedError):  # a bare connection, SQLAlchemy's first one
+        return
+    if _BUSY_REST_INFO not in info:
+        return
+    if info.get(_BUSY_NOW_INFO) != info[_BUSY_REST_INFO]:
+        with contextlib.suppress(sqlite3.Error):
+            _set_busy_timeout(_driver_of(dbapi), info, info[_BUSY_REST_INFO])
 
 
 def _say_waiting(path: str | None) -> int:
@@ -521,8 +595,13 @@ def _file_key(path: str) -> tuple[int, int] | None:
 def track_writes(engine: Any) -> None:
     """Have the transactions of ``engine`` (a SQLite one; a sync Engine) end the writes
     :func:`write_begins` noted, once they have ended: SQLAlchemy commits, rolls back and
-    closes through its dialect. In a child forked mid-write, the connection of that write
-    is left alone: committing, rolling back or closing it would act on the parent's write.
+    closes through its dialect. A write that kept its short busy timeout to the end (see
+    :func:`take_write_lock`) gets the resting one back there, once the lock is released,
+    unless the engine's own listener puts it back before the next statement that is not
+    that of a write holding the lock (:func:`rest_before_statement`, a ``make_engine``
+    engine): a connection that only writes then never changes it again.
+    In a child forked mid-write, the connection of that write is left alone: committing,
+    rolling back or closing it would act on the parent's write.
     """
     dialect = engine.dialect
     if dialect.name != "sqlite" or getattr(dialect, "_mnestoma_tracks_writes", False):
@@ -534,12 +613,16 @@ def track_writes(engine: Any) -> None:
             _refuse_if_forked_mid_write(_driver_of(dbapi), engine.url)
         commit(dbapi)
         _end_write(dbapi)
+        if not getattr(dialect, RESTS_AT_STATEMENTS, False):
+            _rest_busy_timeout(dbapi)
 
     def do_rollback(dbapi: Any) -> None:
         if _inherited_writes and id(_driver_of(dbapi)) in _inherited_writes:
             return
         rollback(dbapi)
         _end_write(dbapi)
+        if not getattr(dialect, RESTS_AT_STATEMENTS, False):
+            _rest_busy_timeout(dbapi)
 
     def do_close(dbapi: Any) -> None:
         if _inherited_writes and id(_driver_of(dbapi)) in _inherited_writes:

@@ -43,6 +43,7 @@ from .rules import (
     MnestState,
     Outcome,
     Recorder,
+    decayed_count,
     decayed_weight,
     sql_list,
     sql_literal,
@@ -132,6 +133,9 @@ class Mnest(Base):
     # without a known outcome count in neither); never part of the weight.
     ok_count: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
     error_count: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    # The decayed count of passings at ts_last (contract §12, rules.decayed_count): +1 a
+    # passing, decayed with decay_lambda, never clamped; what order_by="decayed_uses" reads.
+    decayed_uses: Mapped[float] = mapped_column(Float, default=1.0, server_default=text("1.0"))
 
     __table_args__ = (
         CheckConstraint("substr(id, 1, 3) = 'mn_' AND length(id) >= 15", name="id_format"),
@@ -149,6 +153,7 @@ class Mnest(Base):
         CheckConstraint("decay_lambda >= 0 AND decay_lambda <= 1e300", name="decay_lambda_nonneg"),
         CheckConstraint(f"state IN ({STATES_SQL})", name="state_known"),
         CheckConstraint("ok_count >= 0 AND error_count >= 0", name="outcome_counts_nonneg"),
+        CheckConstraint("decayed_uses >= 0", name="decayed_uses_nonneg"),
         CheckConstraint(
             f"(state = {sql_literal(MnestState.PROTO)} AND dst_version IS NULL)"
             f" OR (state IN ({sql_list(VERSIONED_STATES)}) AND dst_version IS NOT NULL)"
@@ -181,6 +186,15 @@ class Mnest(Base):
 
         return decayed_weight(
             self.weight, self.decay_lambda, self.ts_weight, ensure_aware_utc(at, "at")
+        )
+
+    def decayed_uses_at(self, at: datetime) -> float:
+        """The decayed count of passings at instant ``at``: ``decayed_uses × exp(−decay_lambda
+        × days(at − ts_last))`` (:func:`mnestoma.rules.decayed_count`)."""
+        from .types import ensure_aware_utc
+
+        return decayed_count(
+            self.decayed_uses, self.decay_lambda, self.ts_last, ensure_aware_utc(at, "at")
         )
 
     @property

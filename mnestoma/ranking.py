@@ -8,7 +8,10 @@ SQLite may lack ``ln``; Python does it, once, here.
 
 Each ranked candidate also carries ``success`` (contract §11), the
 :func:`mnestoma.rules.success_rate` of its edge's outcomes; ``rank`` orders by it only
-when asked (``order_by="success"``).
+when asked (``order_by="success"``), and ``decayed_uses`` (contract §12), the decayed count
+of the edge's passings (:func:`mnestoma.rules.decayed_count`), which ``rank`` and
+``suggest_next`` order by when asked (``order_by="decayed_uses"``): the highest count first,
+ties broken as the weight's order is.
 """
 
 from __future__ import annotations
@@ -20,14 +23,23 @@ from typing import Any
 
 from .errors import InvalidInput
 from .models import Mnest
-from .rules import activation, ranking_key, success_rate
+from .rules import (
+    DECAYED_USES_ORDER,
+    activation,
+    decayed_count,
+    ranking_key,
+    spread_count,
+    success_rate,
+)
 from .validation import check_name
 
 __all__ = [
     "ORDER_BY",
+    "SUGGEST_ORDER_BY",
     "Candidate",
     "Ranked",
     "check_order_by",
+    "check_suggest_order_by",
     "edge_key",
     "normalise_candidates",
     "order_edges",
@@ -36,9 +48,12 @@ __all__ = [
 
 Candidate = str | tuple[str, str]
 
-# What ``rank`` may order by: the effective weight (the default, contract §9), or the
-# success of what followed the edge (contract §11), then the weight's order.
-ORDER_BY = ("weight", "success")
+# What ``rank`` may order by: the effective weight (the default, contract §9), the success
+# of what followed the edge (contract §11), then the weight's order, or the decayed count of
+# passings (contract §12), then the weight's order.
+ORDER_BY = ("weight", "success", DECAYED_USES_ORDER)
+# What ``suggest_next`` may order by: the weight (the default), or the decayed count.
+SUGGEST_ORDER_BY = ("weight", DECAYED_USES_ORDER)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +66,8 @@ class Ranked:
     versions when the candidate names no version), or None. ``success`` is
     :func:`~mnestoma.rules.success_rate` of that edge's ``ok_count`` and ``error_count``
     (``success_rate(0, 0)`` without an edge): evidence of what followed, not of weight.
+    ``decayed_uses`` is the edge's decayed count of passings now
+    (:func:`~mnestoma.rules.decayed_count`; 0.0 without an edge).
     """
 
     candidate: Candidate
@@ -62,6 +79,7 @@ class Ranked:
     success: float
     mnest: Mnest | None
     reason: str
+    decayed_uses: float = 0.0
 
     @property
     def mnest_id(self) -> str | None:
@@ -82,6 +100,7 @@ class Ranked:
             "success": self.success,
             "mnest_id": self.mnest_id,
             "reason": self.reason,
+            "decayed_uses": self.decayed_uses,
         }
 
 
@@ -95,6 +114,19 @@ def edge_key(m: Mnest, effective: float, now: datetime) -> tuple[Any, ...]:
         m.src_version,
         m.id,
     )
+
+
+def count_key(m: Mnest, effective: float, count: float, now: datetime) -> tuple[Any, ...]:
+    """Sort key of one active edge by its decayed count ``count``, best first; the weight's
+    order (:func:`edge_key`) among equal counts."""
+    return (-count, *edge_key(m, effective, now))
+
+
+def order_by_count(
+    edges: Iterable[tuple[Mnest, float, float]], now: datetime
+) -> list[tuple[Mnest, float, float]]:
+    """Active edges with their effective weights and decayed counts, highest count first."""
+    return sorted(edges, key=lambda e: count_key(e[0], e[1], e[2], now))
 
 
 def order_edges(edges: Iterable[tuple[Mnest, float]], now: datetime) -> list[tuple[Mnest, float]]:
@@ -143,36 +175,47 @@ def normalise_candidates(candidates: Any) -> list[tuple[Candidate, str, str | No
     return out
 
 
-def check_order_by(value: object) -> str:
-    """One of :data:`ORDER_BY`, else InvalidInput."""
-    if isinstance(value, str) and value in ORDER_BY:
+def check_order_by(value: object, allowed: tuple[str, ...] = ORDER_BY) -> str:
+    """One of ``allowed`` (:data:`ORDER_BY`), else InvalidInput."""
+    if isinstance(value, str) and value in allowed:
         return value
-    raise InvalidInput(f"unknown order {value!r}; expected one of {', '.join(ORDER_BY)}")
+    raise InvalidInput(f"unknown order {value!r}; expected one of {', '.join(allowed)}")
+
+
+def check_suggest_order_by(value: object) -> str:
+    """One of :data:`SUGGEST_ORDER_BY`, else InvalidInput."""
+    return check_order_by(value, SUGGEST_ORDER_BY)
 
 
 def rank_candidates(
     src_executor: str,
     candidates: Sequence[tuple[Candidate, str, str | None]],
-    edges: Iterable[tuple[Mnest, float]],
+    edges: Iterable[tuple[Mnest, float] | tuple[Mnest, float, float]],
     now: datetime,
     order_by: str = "weight",
 ) -> list[Ranked]:
     """Rank ``candidates`` from the active edges of the source to them (see :class:`Ranked`).
 
-    A candidate without a version is scored by its best edge over every version; those
-    without any edge follow the others in the order given. With ``order_by="success"``,
-    the same list is sorted again by ``success``, highest first, keeping that order among
-    equals: a candidate without an edge (success 0.5) then goes before an edge whose
-    errors outnumber its successes, and after one whose successes outnumber its errors.
+    Each edge comes with its effective weight now, and may come with its decayed count
+    (computed by the SQL; else here, from the row). A candidate without a version is scored
+    by its best edge over every version; those without any edge follow the others in the
+    order given. With ``order_by="success"``, the same list is sorted again by ``success``,
+    highest first, keeping that order among equals: a candidate without an edge (success 0.5)
+    then goes before an edge whose errors outnumber its successes, and after one whose
+    successes outnumber its errors. With ``order_by="decayed_uses"``, the highest decayed
+    count first (its best edge over the versions likewise), the weight's order among equals.
     """
     order = check_order_by(order_by)
-    best: dict[tuple[str, str | None], tuple[tuple[Any, ...], Mnest, float]] = {}
-    for m, eff in edges:
-        key = edge_key(m, eff, now)
+    by_count = order == DECAYED_USES_ORDER
+    best: dict[tuple[str, str | None], tuple[tuple[Any, ...], Mnest, float, float]] = {}
+    for edge in edges:
+        m, eff = edge[0], edge[1]
+        count = edge[2] if len(edge) > 2 else _count_of(m, now)
+        key = count_key(m, eff, count, now) if by_count else edge_key(m, eff, now)
         for ident in ((m.dst_executor, None), (m.dst_executor, m.dst_version)):
             held = best.get(ident)
             if held is None or key < held[0]:
-                best[ident] = (key, m, eff)
+                best[ident] = (key, m, eff, count)
     scored: list[tuple[tuple[Any, ...], Ranked]] = []
     missing: list[Ranked] = []
     for given, executor, version in candidates:
@@ -183,23 +226,34 @@ def rank_candidates(
                 Ranked(given, executor, version, 0.0, 0.0, None, success_rate(0, 0), None, why)
             )
             continue
-        key, m, eff = found
-        act = -key[1]
+        key, m, eff, count = found
+        act = -key[2] if by_count else -key[1]  # the activation, from the key
         why = (
             f"{m.src_executor}@{m.src_version} -> {m.dst_executor}@{m.dst_version}: "
             f"effective weight {eff:.4f}, activation {act:.3f} "
             f"({m.uses} use{'' if m.uses == 1 else 's'}, last {_age(m.ts_last, now)} ago)"
         )
+        if by_count:
+            why = f"decayed count {count:.3f}; " + why
         success = success_rate(m.ok_count, m.error_count)
         if m.ok_count or m.error_count:
             why += f"; {m.ok_count} ok, {m.error_count} error: success {success:.3f}"
-        ranked = Ranked(given, executor, m.dst_version, eff, eff, act, success, m, why)
+        ranked = Ranked(given, executor, m.dst_version, eff, eff, act, success, m, why, count)
         scored.append((key, ranked))
     scored.sort(key=lambda s: s[0])
     ranked_list = [r for _, r in scored] + missing
     if order == "success":
         ranked_list.sort(key=lambda r: -r.success)  # stable: the weight's order among equals
     return ranked_list
+
+
+def _count_of(m: Mnest, now: datetime) -> float:
+    """The edge's decayed count at ``now``; a transient row not yet given one (its column
+    unset before a flush) counts its uses as revision 0010 does (:func:`spread_count`)."""
+    count = m.decayed_uses
+    if count is None:
+        count = spread_count(m.uses, m.decay_lambda, m.ts_first, m.ts_last)
+    return decayed_count(count, m.decay_lambda, m.ts_last, now)
 
 
 def _label(executor: str, version: str | None) -> str:

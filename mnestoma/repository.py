@@ -7,13 +7,14 @@ and executed with bound parameters on the session's connection.
 
 from __future__ import annotations
 
+import functools
 import hashlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Executable
 from sqlalchemy.orm import Session, scoped_session
 
 from . import ranking
@@ -41,6 +42,7 @@ from .locking import take_write_lock
 from .models import CanonicalQuery, Event, Mnest
 from .partitions import Dropped, TurnEdgeKey, drop_old_partitions, ensure_partitions
 from .rules import (
+    DECAYED_USES_ORDER,
     DEFAULT_DECAY_LAMBDA,
     INITIAL_WEIGHT,
     RECURRING_MIN_USES,
@@ -50,6 +52,7 @@ from .rules import (
     MnestState,
     advance,
     check_transition,
+    counted_passing,
     decayed_weight,
     new_mnest_id,
     outcome_counts,
@@ -82,7 +85,9 @@ from .validation import (
 )
 from .vetting import Verdict, normalise_steps, vet_chain
 
-__all__ = ["CanonicalQueryRepository", "MnestRepository", "QueryFrequency"]
+__all__ = ["CanonicalQueryRepository", "MnestRepository", "QueryFrequency", "built"]
+
+T = TypeVar("T")
 
 MAX_WALK_DEPTH = 16
 # walk(): the paths returned by default (best first), and the most a caller may ask for.
@@ -114,9 +119,38 @@ _WEIGHT, _LAMBDA, _TS_WEIGHT, _TS_LAST = (
 )
 _TAGS, _SIG = _COL["tags"], _COL["desired_sig"]
 _OK, _ERROR = _COL["ok_count"], _COL["error_count"]
+_DECAYED_USES = _COL["decayed_uses"]
 Row = tuple[Any, ...]
+_REINFORCED = EventKind.REINFORCED.value
 # Where PostgreSQL's one-statement reinforcement finds its event values in an event tuple.
 _PG_REINFORCE_EVENT_AT = tuple(rec.EVENT_ROW.index(n) for n in rec.PG_REINFORCE_EVENT_PARAMS)
+
+
+# The statements a write will run, per dialect: looked up before it takes the write lock.
+Plans = Mapping[str, Sequence[tuple[Executable, tuple[str, ...]]]]
+
+
+def _one_passing_plans(proto: bool) -> Plans:
+    """What :meth:`MnestRepository._record_one` runs, on each engine."""
+    sel: Executable = rec.SELECT_ONE_PROTO if proto else rec.SELECT_ONE_ACTIVE
+    event = (rec.INSERT_EVENT, rec.EVENT_ROW)
+    return {
+        "sqlite": (
+            (sel, ()),
+            (rec.UPDATE_REINFORCE, rec.REINFORCE_ROW),
+            event,
+            (rec.INSERT_MNEST_LOCKED, MNEST_COLUMNS),
+        ),
+        "postgresql": (
+            (sel, ()),
+            (rec.PG_REINFORCE_WITH_EVENT, rec.PG_REINFORCE_ROW),
+            event,
+            (rec.insert_mnest("postgresql"), ()),
+        ),
+    }
+
+
+_ONE_PASSING_PLANS = {proto: _one_passing_plans(proto) for proto in (False, True)}
 
 
 def _key(p: Passing) -> Key:
@@ -195,6 +229,7 @@ class MnestRepository(GraphReads):
         self._session = _check_session(session, type(self).__name__)
         self.settings = settings_of(settings, clock=clock, recorder=recorder)
         self._before_write = before_write
+        self._after_commit = False
 
     # --- plumbing ---------------------------------------------------------------------
 
@@ -206,10 +241,10 @@ class MnestRepository(GraphReads):
     def _ex(self) -> StatementRunner:
         return runner_for(_connection_of(self._session))
 
-    def _write_ex(self) -> StatementRunner:
-        conn = _write_connection(self._session, self._before_write)
-        ensure_partitions(conn, self._now())  # PostgreSQL: events' month exists (§12)
-        return runner_for(conn)
+    def _write_ex(self, plans: Plans | None = None) -> StatementRunner:
+        ex = _write_runner(self._session, self._before_write, plans)
+        ensure_partitions(ex.conn, self._now())  # PostgreSQL: events' month exists (§12)
+        return ex
 
     def _now(self) -> datetime:
         return self.settings.now()
@@ -250,7 +285,7 @@ class MnestRepository(GraphReads):
         )
         turn = check_optional_name(turn_id, "turn_id")
         who = self._who(recorder)
-        return self._record_one(passing, turn, who)
+        return self._result(self._record_one(passing, turn, who))
 
     def record_proto(
         self,
@@ -295,14 +330,16 @@ class MnestRepository(GraphReads):
         if not items:
             return []
         if len(items) == 1:
-            return [self._record_one(items[0], turn, who)]
+            return [self._record_one(items[0], turn, who)()]
         return self._record_many(items, turn, who)
 
-    def _record_one(self, p: Passing, turn_id: str | None, recorder: str) -> Mnest:
-        ex = self._write_ex()
+    def _record_one(self, p: Passing, turn_id: str | None, recorder: str) -> Callable[[], Mnest]:
+        """Record one passing; what builds its snapshot (a step left out of the write lock
+        where the unit of work builds it after the commit, see :meth:`_result`)."""
         proto = not p.dst_exists
         sel = rec.SELECT_ONE_PROTO if proto else rec.SELECT_ONE_ACTIVE
         params = _key_params(_key(p))
+        ex = self._write_ex(_ONE_PASSING_PLANS[proto])
         for _ in range(RACE_ROUNDS):
             row = ex.first(sel, params)
             now = self._now()  # read once the write lock is held
@@ -311,7 +348,7 @@ class MnestRepository(GraphReads):
                     ex.first(rec.TURN_COUNTED_ONE, {"turn_id": turn_id, "mid": row[_ID]})
                     is not None
                 ):
-                    return snap.mnest(row)
+                    return functools.partial(snap.mnest, row)
                 values, ev = self._reinforcement(row, p, turn_id, now, recorder)
                 if ex.dialect == "postgresql":
                     both = values + tuple(ev[i] for i in _PG_REINFORCE_EVENT_AT)
@@ -319,18 +356,33 @@ class MnestRepository(GraphReads):
                 else:
                     ex.many(rec.UPDATE_REINFORCE, [values], rec.REINFORCE_ROW)
                     ex.many(rec.INSERT_EVENT, [ev], rec.EVENT_ROW)
-                return snap.mnest(_reinforced(row, values))
+                return functools.partial(_reinforced_mnest, row, values)
             values, ev = self._creation(p, turn_id, now, recorder)
             if ex.dialect == "sqlite":
                 ex.many(rec.INSERT_MNEST_LOCKED, [values], MNEST_COLUMNS)  # under the write lock
                 ex.many(rec.INSERT_EVENT, [ev], rec.EVENT_ROW)
-                return snap.mnest(values)
+                return functools.partial(snap.mnest, values)
             (new_row,) = as_mappings(MNEST_COLUMNS, [values])
             if ex.first(rec.insert_mnest(ex.dialect), new_row) is not None:
                 ex.many(rec.INSERT_EVENT, [ev], rec.EVENT_ROW)
-                return snap.mnest(values)
+                return functools.partial(snap.mnest, values)
             # Another transaction created the row first: lock it and reinforce instead.
         raise RaceLost("could not record the passing: the edge kept changing under us")
+
+    def _result(self, build: Callable[[], T]) -> T:
+        """The result ``build`` makes: now, or, where the unit of work asked for it
+        (:meth:`_build_results_after_commit`), once it has committed, outside the write lock
+        (:func:`built`)."""
+        if self._after_commit:
+            return cast(T, _AfterCommit(build))
+        return build()
+
+    def _build_results_after_commit(self) -> None:
+        """Have the writes that return a snapshot leave it to be built once the unit of work
+        has committed (:func:`built`): building it is Python work other writers would wait
+        for while the write lock is held. For a unit of work that resolves every result it
+        returns; a caller of the repository gets the snapshots themselves."""
+        self._after_commit = True
 
     def _record_many(self, items: list[Passing], turn_id: str, recorder: str) -> list[Mnest]:
         ex = self._write_ex()
@@ -446,31 +498,36 @@ class MnestRepository(GraphReads):
         self, row: Row, p: Passing, turn_id: str | None, now: datetime, recorder: str
     ) -> tuple[Row, Row]:
         """A reinforcement's UPDATE_REINFORCE values (:data:`~mnestoma.sql.record.REINFORCE_ROW`
-        order) and its event."""
+        order) and its event (:func:`_event`'s tuple, written out: this runs while the write
+        lock is held)."""
         ts_last = advance(row[_TS_LAST], now)
         ts_weight = advance(row[_TS_WEIGHT], now)
         before = decayed_weight(row[_WEIGHT], row[_LAMBDA], row[_TS_WEIGHT], ts_weight)
         after = reinforce(before)
+        mnest_id, state, outcome = row[_ID], row[_STATE], p.outcome
         values = (
-            row[_ID],
+            mnest_id,
             after,
             ts_last,
             ts_weight,
             p.tags if p.tags is not None else row[_TAGS],
             p.desired_sig if p.desired_sig is not None else row[_SIG],
-            *outcome_counts(p.outcome),
+            *outcome_counts(outcome),
+            counted_passing(row[_DECAYED_USES], row[_LAMBDA], row[_TS_LAST], ts_last),
         )
-        ev = _event(
-            row[_ID],
-            EventKind.REINFORCED,
+        ev = (
+            mnest_id,
+            _REINFORCED,
             ts_last,
-            turn_id=turn_id,
-            weight_before=before,
-            weight_after=after,
-            state_before=row[_STATE],
-            state_after=row[_STATE],
-            recorder=recorder,
-            outcome=p.outcome,
+            turn_id,
+            before,
+            after,
+            state,
+            state,
+            None,  # reason
+            None,  # related_id
+            recorder,
+            outcome,
         )
         return values, ev
 
@@ -497,6 +554,7 @@ class MnestRepository(GraphReads):
             p.tags,
             p.desired_sig,
             *outcome_counts(p.outcome),
+            1.0,  # decayed_uses: one passing, now
         )
         ev = _event(
             mnest_id,
@@ -624,29 +682,42 @@ class MnestRepository(GraphReads):
         return out
 
     def suggest_next(
-        self, src_executor: str, src_version: str | None = None, *, k: int = 5
+        self,
+        src_executor: str,
+        src_version: str | None = None,
+        *,
+        k: int = 5,
+        order_by: str = "weight",
     ) -> list[tuple[Mnest, float]]:
-        """The k active edges out of the source that a planner should try first.
+        """The k active edges out of the source that a planner should try first, each with
+        the value it was ordered by.
 
         Highest effective weight first, ties broken by activation (more uses, more recent
-        use), then by name: the ordering of :meth:`rank` (see :mod:`mnestoma.ranking`).
+        use), then by name: the ordering of :meth:`rank` (see :mod:`mnestoma.ranking`). With
+        ``order_by="decayed_uses"``, the highest decayed count of passings first (contract
+        §12), that order among equal counts; each edge then comes with its count.
         """
         src = check_name(src_executor, "src_executor")
         version = check_optional_name(src_version, "src_version")
         limit = check_positive_int(k, "k", maximum=10_000)
+        by_count = ranking.check_suggest_order_by(order_by) == DECAYED_USES_ORDER
         ex = self._ex()
         now = self._now()
         params: dict[str, Any] = {"src": src, "k": limit + 1, "now": now}
         if version is not None:
             params["sv"] = version
-        stmt = rd.suggest_statement(ex.dialect, version is not None)
+        with_version = version is not None
+        stmt = rd.suggest_statement(ex.dialect, with_version, by_count=by_count)
         rows = ex.rows(stmt, params)
         if len(rows) > limit and rows[limit][-1] == rows[limit - 1][-1]:
             # a tie across the k-th place: read every edge of that strength, so that the
             # activation (not the SQL's order) decides which of them make the cut
             params["floor"] = rows[limit - 1][-1]
-            stmt = rd.suggest_statement(ex.dialect, version is not None, ties=True)
+            stmt = rd.suggest_statement(ex.dialect, with_version, ties=True, by_count=by_count)
             rows = ex.rows(stmt, params)
+        if by_count:
+            counted = [(snap.mnest(r), float(r[-2]), float(r[-1])) for r in rows]
+            return [(m, count) for m, _, count in ranking.order_by_count(counted, now)[:limit]]
         edges = [(snap.mnest(r), float(r[-1])) for r in rows]
         return ranking.order_edges(edges, now)[:limit]
 
@@ -660,7 +731,8 @@ class MnestRepository(GraphReads):
     ) -> list[ranking.Ranked]:
         """The candidates (names, or (name, version) pairs) in the order a planner should
         try them after ``src_executor``, each with its score and why (contract §9); with
-        ``order_by="success"``, the most successful edges first (contract §11)."""
+        ``order_by="success"``, the most successful edges first (contract §11); with
+        ``order_by="decayed_uses"``, the highest decayed count of passings first (§12)."""
         src = check_name(src_executor, "src_executor")
         version = check_optional_name(src_version, "src_version")
         by = ranking.check_order_by(order_by)
@@ -903,10 +975,32 @@ def _cutoff(before: Any) -> datetime:
     return ensure_instant(before, "before")
 
 
+def _reinforced_mnest(row: Row, values: Row) -> Mnest:
+    """The snapshot of a reinforced row (see :func:`_reinforced`)."""
+    return snap.mnest(_reinforced(row, values))
+
+
+class _AfterCommit:
+    """A result to be built once its unit of work has committed (see
+    :meth:`MnestRepository._build_results_after_commit`)."""
+
+    __slots__ = ("build",)
+
+    def __init__(self, build: Callable[[], Any]) -> None:
+        self.build = build
+
+
+def built(result: T) -> T:
+    """``result`` as the caller gets it: a result left for after the commit, built now."""
+    if isinstance(result, _AfterCommit):
+        return cast(T, result.build())
+    return result
+
+
 def _reinforced(row: Row, values: Row) -> Row:
     """The row as :data:`~mnestoma.sql.record.UPDATE_REINFORCE` leaves it, given that
     statement's values (:data:`~mnestoma.sql.record.REINFORCE_ROW` order)."""
-    _, weight, ts_last, ts_weight, tags, sig, ok, error = values
+    _, weight, ts_last, ts_weight, tags, sig, ok, error, count = values
     return _with(
         row,
         {
@@ -918,6 +1012,7 @@ def _reinforced(row: Row, values: Row) -> Row:
             _USES: row[_USES] + 1,
             _OK: row[_OK] + ok,
             _ERROR: row[_ERROR] + error,
+            _DECAYED_USES: count,
         },
     )
 
@@ -940,17 +1035,29 @@ def _connection_of(session: Session | Connection) -> Connection:
         return session.connection()
 
 
-def _write_connection(
-    session: Session | Connection, before_write: Callable[[], None] | None
-) -> Connection:
-    """The connection, in a transaction that holds the write lock (SQLite) before the first
-    statement of a write: see :mod:`mnestoma.locking`."""
+def _write_runner(
+    session: Session | Connection,
+    before_write: Callable[[], None] | None,
+    plans: Plans | None = None,
+) -> StatementRunner:
+    """A statement runner on the connection, in a transaction that holds the write lock
+    (SQLite) before the first statement of a write: see :mod:`mnestoma.locking`. What the
+    runner's first statement would do (look whether anybody observes the statements, begin
+    SQLAlchemy's transaction) and finding the compiled statements of ``plans`` (per
+    dialect) are done before the lock is taken: other writers queue for as long as it is
+    held."""
     if before_write is not None:
         before_write()
     conn = _connection_of(session)
+    ex = runner_for(conn)
+    ex.ready()
+    if plans is not None:
+        for stmt, columns in plans.get(ex.dialect, ()):
+            ex.plan(stmt, columns)
     with translate_errors():
         take_write_lock(conn)
-    return conn
+    ex.lock_held()
+    return ex
 
 
 def _sort_key(ident: tuple[bool, Key]) -> tuple[str, str, str, str, bool]:
@@ -1002,7 +1109,7 @@ class CanonicalQueryRepository:
             "canonical_query": canonical,
             "canonical_hash": digest,
         }
-        ex = runner_for(_write_connection(self._session, self._before_write))
+        ex = _write_runner(self._session, self._before_write)
         new_id = ex.execute(rec.INSERT_QUERY, values).scalar_one()
         return snap.query_from({"id": new_id, **values})
 

@@ -511,6 +511,69 @@ def ranking_key(effective_weight: float, activation_value: float) -> tuple[float
 
 
 # =============================================================================================
+# The decayed count of passings (contract §12, "Orders for a planner"): ``decayed_uses``, what
+# ``rank(order_by="decayed_uses")`` and ``suggest_next(order_by="decayed_uses")`` order by.
+# Each passing adds 1; the sum decays with the row's own ``decay_lambda`` (the weight's λ),
+# and nothing clamps it, so an edge passed 500 times stays ahead of one passed 5 times where
+# the weight (clamped at 1) saw them equal, while a new habit overtakes an old one as the old
+# one's passings fade. It refers to the row's ``ts_last`` (the instant of its last passing),
+# so that a passing updates it in place and reading it needs no scan of the events:
+#     count(now) = decayed_uses × exp(−decay_lambda × days(now − ts_last))
+# The weight, its clamp and its numbers (§4) do not depend on it.
+# =============================================================================================
+
+DECAYED_USES_ORDER = "decayed_uses"
+# A backfilled count (revision 0010) treats a gap of λ·days between two passings this small
+# as none: the closed form of spread_count loses its digits there, and ``uses`` is as good.
+SPREAD_NEGLIGIBLE = 1e-9
+
+__all__ += [
+    "DECAYED_USES_ORDER",
+    "counted_passing",
+    "decayed_count",
+    "merged_count",
+    "spread_count",
+]
+
+
+def decayed_count(count: float, decay_lambda: float, ts_last: datetime, now: datetime) -> float:
+    """A row's decayed count of passings at ``now``: ``count × exp(−λ × days(now − ts_last))``
+    (the weight's decay, without its clamp)."""
+    return decayed_weight(count, decay_lambda, ts_last, now)
+
+
+def counted_passing(count: float, decay_lambda: float, ts_last: datetime, now: datetime) -> float:
+    """The decayed count after one more passing at ``now`` (the row's ``ts_last`` then moves to
+    ``max(ts_last, now)``): the count decayed to that instant, plus one."""
+    return decayed_count(count, decay_lambda, ts_last, now) + 1.0
+
+
+def merged_count(
+    a: tuple[float, float, datetime], b: tuple[float, float, datetime]
+) -> tuple[float, datetime]:
+    """Two rows of one edge merged (the ager's demotion merges, ``copy --append``): each
+    ``(decayed_uses, decay_lambda, ts_last)`` decayed to the later ``ts_last`` and summed, as
+    ``uses`` is summed; the merged row's ``ts_last`` is that later instant."""
+    last = advance(a[2], b[2])
+    return decayed_count(a[0], a[1], a[2], last) + decayed_count(b[0], b[1], b[2], last), last
+
+
+def spread_count(uses: int, decay_lambda: float, ts_first: datetime, ts_last: datetime) -> float:
+    """The decayed count of a row recorded before the count existed (revision 0010), from what
+    the row itself holds: its ``uses`` passings spread evenly from ``ts_first`` to ``ts_last``,
+    at ``ts_last``. With a gap ``x = λ·days(ts_last − ts_first)/(uses − 1)`` between two of
+    them, ``Σ_{j<uses} e^{−jx} = (1 − e^{−x·uses}) / (1 − e^{−x})``; one use, or a gap of
+    :data:`SPREAD_NEGLIGIBLE` or less: ``uses``. The revision computes the same in SQL
+    (exponents capped at 200, as the SQL twins do)."""
+    if uses <= 1:
+        return float(uses)
+    gap = min(decay_lambda * days_between(ts_first, ts_last) / (uses - 1), 200.0)
+    if gap <= SPREAD_NEGLIGIBLE:
+        return float(uses)
+    return (1.0 - math.exp(-min(gap * uses, 200.0))) / (1.0 - math.exp(-gap))
+
+
+# =============================================================================================
 # The ager (contract §4) as pure functions over plain rows: the reference model that its
 # set-based SQL (mnestoma.sql.ager) must agree with, row by row and count by count.
 # =============================================================================================
@@ -614,6 +677,7 @@ class AgerRow:
     decay_lambda: float = DEFAULT_DECAY_LAMBDA
     ok_count: int = 0
     error_count: int = 0
+    decayed_uses: float = 1.0
 
     @classmethod
     def of(cls, row: AgerRow | Mapping[str, Any]) -> AgerRow:
@@ -648,15 +712,21 @@ SUMMED_ON_MERGE: tuple[str, ...] = ("uses", "ok_count", "error_count")
 
 def merge_demoted(active: AgerRow, decaying: AgerRow, now: datetime) -> AgerRow:
     """The decaying row after an active row of the same key, demoted at ``now``, merged into
-    it: uses and outcome counts summed, ts_first the earlier, ts_last the later, weight the
+    it: uses and outcome counts summed, the decayed counts summed at the later ts_last
+    (:func:`merged_count`), ts_first the earlier, ts_last the later, weight the
     larger of the two effective weights, ts_weight moved to now (never backwards). The
     active row is deleted."""
     summed = {c: getattr(decaying, c) + getattr(active, c) for c in SUMMED_ON_MERGE}
+    count, last = merged_count(
+        (decaying.decayed_uses, decaying.decay_lambda, decaying.ts_last),
+        (active.decayed_uses, active.decay_lambda, active.ts_last),
+    )
     return replace(
         decaying,
         **summed,
+        decayed_uses=count,
         ts_first=min(decaying.ts_first, active.ts_first),
-        ts_last=max(decaying.ts_last, active.ts_last),
+        ts_last=last,
         weight=max(active.effective_weight(now), decaying.effective_weight(now)),
         ts_weight=advance(decaying.ts_weight, now),
     )

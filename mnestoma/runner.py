@@ -20,6 +20,7 @@ SQLAlchemy again and is seen there (SQLite: ``exec_driver_sql``; PostgreSQL: Cor
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import operator
 import sqlite3
@@ -39,6 +40,7 @@ from sqlalchemy.sql.elements import ClauseElement
 from sqlalchemy.types import TypeEngine
 
 from .errors import StoreError, translate, translate_errors
+from .types import UTCDateTime
 
 __all__ = [
     "MAX_PREPARED",
@@ -66,6 +68,16 @@ class StatementRunner:
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
         self.dialect: str = conn.dialect.name
+
+    def ready(self) -> None:
+        """Do now what the first statement would do before running (nothing here)."""
+
+    def lock_held(self) -> None:
+        """The operation's transaction holds the write lock from now on (nothing here)."""
+
+    def plan(self, stmt: Executable, columns: tuple[str, ...] = ()) -> None:
+        """Compile ``stmt`` now for the rows this runner will give it (``columns``: tuples in
+        that order; () for a read or mappings): nothing to do here."""
 
     def execute(
         self, stmt: Executable, params: Params | Sequence[Params] | None = None
@@ -124,7 +136,9 @@ class _Prepared:
     sql: str
     names: tuple[str, ...]
     defaults: dict[str, Any]
-    converting: tuple[tuple[int, Processor], ...]  # (position, bind processor)
+    # (position, bind processor, whether the parameter is an instant: a UTCDateTime, whose
+    # processor gives the same for the same instant, in any statement of one dialect)
+    converting: tuple[tuple[int, Processor, bool], ...]
     result_types: tuple[TypeEngine[Any], ...]
     dialect: Dialect
     named: bool  # the driver takes a dict (psycopg's ``%(name)s``), else a tuple
@@ -144,7 +158,7 @@ class _Prepared:
 
     def args(self, values: Params, seen: dict[datetime, Any]) -> tuple[Any, ...] | dict[str, Any]:
         """One row of parameters as the driver takes them; ``seen`` converts each instant
-        once per batch."""
+        once (per operation)."""
         defaults = self.defaults
         return self.converted([values[n] if n in values else defaults[n] for n in self.names], seen)
 
@@ -188,12 +202,12 @@ class _Prepared:
         self, out: list[Any], seen: dict[datetime, Any]
     ) -> tuple[Any, ...] | dict[str, Any]:
         """Parameters in statement order, converted by their types' bind processors, as the
-        driver takes them; ``seen`` converts each instant once per batch."""
-        for i, convert in self.converting:
+        driver takes them; ``seen`` converts each instant once (per operation)."""
+        for i, convert, instant in self.converting:
             value = out[i]
             if value is None:
                 continue
-            if isinstance(value, datetime):
+            if instant and isinstance(value, datetime):
                 done = seen.get(value)
                 if done is None:
                     done = seen[value] = convert(value)
@@ -257,9 +271,10 @@ def _compile(stmt: Executable, dialect: Dialect, column_keys: tuple[str, ...]) -
     result_types = tuple(c.type for c in getattr(stmt, "exported_columns", ()))
     converting = []
     for i, name in enumerate(names):
-        process = binds[name].type.dialect_impl(dialect).bind_processor(dialect)
+        type_ = binds[name].type
+        process = type_.dialect_impl(dialect).bind_processor(dialect)
         if process is not None:
-            converting.append((i, process))
+            converting.append((i, process, isinstance(type_, UTCDateTime)))
     # Columns whose Python-side default SQLAlchemy computes at execution: a constant is
     # written in like a literal; any other default must be given by the rows.
     defaults = dict(compiled.params)
@@ -290,13 +305,14 @@ def _compile(stmt: Executable, dialect: Dialect, column_keys: tuple[str, ...]) -
 def _prepare(conn: Connection, stmt: Executable, column_keys: tuple[str, ...]) -> _Prepared | None:
     dialect = conn.dialect
     # the same statement compiles differently for another dialect, driver or server
-    flavour = (type(dialect), dialect.paramstyle, dialect.server_version_info)
-    key = (id(stmt), column_keys, flavour)
-    with _PREPARED_LOCK:
-        entry = _PREPARED.get(key)
-        if entry is not None and entry[0] is stmt:
+    key = (id(stmt), column_keys, type(dialect), dialect.paramstyle, dialect.server_version_info)
+    # A hit takes no lock (each OrderedDict call is atomic); an entry another thread evicted
+    # meanwhile is still the right one to use.
+    entry = _PREPARED.get(key)
+    if entry is not None and entry[0] is stmt:
+        with contextlib.suppress(KeyError):
             _PREPARED.move_to_end(key)
-            return entry[1]
+        return entry[1]
     prepared = _compile(stmt, conn.dialect, column_keys)
     with _PREPARED_LOCK:
         _PREPARED[key] = (stmt, prepared)
@@ -344,7 +360,15 @@ class DriverRunner(StatementRunner):
     (a passing, a turn's batched writes, the rows a turn or a walk reads) SQLAlchemy's
     per-statement and per-row processing costs more than the database's own work."""
 
-    __slots__ = ("_core_fallback", "_dbapi", "_own", "_unobserved")
+    __slots__ = (
+        "_core_fallback",
+        "_dbapi",
+        "_instants",
+        "_locked",
+        "_own",
+        "_plans",
+        "_unobserved",
+    )
 
     def __init__(self, conn: Connection) -> None:
         super().__init__(conn)
@@ -356,6 +380,39 @@ class DriverRunner(StatementRunner):
         self._unobserved: bool | None = None
         self._dbapi: Any = None
         self._own: tuple[Callable[..., Any], ...] = ()
+        self._locked = False
+        # Each instant bound by the operation's statements, converted once: a passing binds
+        # its now three times (ts_last, ts_weight, the event's ts).
+        self._instants: dict[datetime, Any] = {}
+        # Statements compiled (found in the cache) before the write lock was taken.
+        self._plans: dict[tuple[int, tuple[str, ...]], _Prepared | None] = {}
+
+    def plan(self, stmt: Executable, columns: tuple[str, ...] = ()) -> None:
+        """Find ``stmt`` compiled (or compile it) now, for rows in ``columns`` order (() for a
+        read, or mappings named as the statement's first row names them): a write looks its
+        statements up before it takes the lock."""
+        self._plans[(id(stmt), columns)] = _prepare(self.conn, stmt, columns)
+
+    def _planned(self, stmt: Executable, columns: tuple[str, ...]) -> _Prepared | None:
+        plans = self._plans
+        key = (id(stmt), columns)
+        if key in plans:
+            return plans[key]
+        return _prepare(self.conn, stmt, columns)
+
+    def ready(self) -> None:
+        """Look now whether a statement may run at the driver, and begin SQLAlchemy's
+        transaction: before a write takes its lock, so that none of it is done while other
+        writers wait."""
+        self._driver()
+
+    def lock_held(self) -> None:
+        """The transaction holds the write lock (``BEGIN IMMEDIATE`` on SQLite, see
+        :func:`~mnestoma.locking.take_write_lock`): the package's own listeners, which only
+        begin the transaction a statement needs and note the write, have nothing left to do
+        for the statements of this operation, and are no longer run before each."""
+        self._own = ()
+        self._locked = True
 
     def _driver(self) -> Any:
         """The driver's connection when a statement may run on it directly, else None."""
@@ -371,8 +428,9 @@ class DriverRunner(StatementRunner):
             return None
         # Only the package's own listeners are left (SQLite's, which begins the driver's
         # transaction the way each statement needs): they run before each statement here,
-        # as SQLAlchemy would run them.
-        self._own = tuple(conn.dispatch.before_cursor_execute)
+        # as SQLAlchemy would run them, until the write lock is held.
+        if not self._locked:
+            self._own = tuple(conn.dispatch.before_cursor_execute)
         if not conn.in_transaction():
             with translate_errors():
                 conn.begin()  # what the first statement would do: commit() must see it
@@ -416,11 +474,11 @@ class DriverRunner(StatementRunner):
             raise translate(wrapped) from wrapped
 
     def rows(self, stmt: Executable, params: Params | None = None) -> list[tuple[Any, ...]]:
-        prepared = _prepare(self.conn, stmt, ())
+        prepared = self._planned(stmt, ())
         dbapi = None if prepared is None else self._driver()
         if prepared is None or (dbapi is None and self._core_fallback):
             return super().rows(stmt, params)
-        args = prepared.args(params or {}, {})
+        args = prepared.args(params or {}, self._instants)
         if dbapi is not None:
             return self._at_driver(dbapi, prepared, args, False)
         with translate_errors():
@@ -434,12 +492,12 @@ class DriverRunner(StatementRunner):
         if not rows:
             return
         keys = columns if columns is not None else tuple(cast(Params, rows[0]))
-        prepared = _prepare(self.conn, stmt, keys)
+        prepared = self._planned(stmt, keys)
         dbapi = None if prepared is None else self._driver()
         if prepared is None or (dbapi is None and self._core_fallback):
             super().many(stmt, rows, columns)
             return
-        seen: dict[datetime, Any] = {}
+        seen = self._instants
         if columns is not None:
             pick, convert = prepared.picker(), prepared.converted
             data = [convert(pick(r), seen) for r in cast(Sequence[Sequence[Any]], rows)]

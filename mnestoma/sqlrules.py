@@ -20,8 +20,10 @@ __all__ = [
     "below",
     "days_since",
     "decayed",
+    "decayed_count",
     "greatest",
     "least",
+    "merged_count",
     "now_param",
     "safe_product",
 ]
@@ -88,3 +90,21 @@ def safe_product(a: Any, b: Any) -> Any:
     """``a × b`` for weights in [0, 1], 0 where the product would underflow."""
     tiny = literal(1e-150, Float)
     return case((or_(a < tiny, b < tiny), literal(0.0, Float)), else_=a * b)
+
+
+def decayed_count(dialect: str, count: Any, decay_lambda: Any, ts_last: Any, now: Any) -> Any:
+    """A row's decayed count of passings at ``now``, twin of
+    :func:`mnestoma.rules.decayed_count`: the weight's decay, anchored at ``ts_last``."""
+    return decayed(dialect, count, decay_lambda, ts_last, now)
+
+
+def merged_count(
+    dialect: str, a: tuple[Any, Any, Any], b: tuple[Any, Any, Any]
+) -> ColumnElement[float]:
+    """Two rows' ``(decayed_uses, decay_lambda, ts_last)`` merged, twin of
+    :func:`mnestoma.rules.merged_count`: each decayed to the later ``ts_last``, summed."""
+    last = greatest(dialect, a[2], b[2])
+    total: ColumnElement[float] = decayed_count(dialect, *a[:2], a[2], last) + decayed_count(
+        dialect, *b[:2], b[2], last
+    )
+    return total

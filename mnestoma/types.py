@@ -71,8 +71,11 @@ def ensure_instant(
 
 
 def sqlite_timestamp_text(value: datetime) -> str:
-    """What a timestamp is on SQLite: naive UTC text with microseconds (sorts as it should)."""
-    return f"{ensure_instant(value):%Y-%m-%d %H:%M:%S.%f}"
+    """What a timestamp is on SQLite: naive UTC text with microseconds (sorts as it should),
+    ``YYYY-MM-DD HH:MM:SS.ffffff``. An instant the store holds has a four-digit year, so its
+    ISO form in UTC is that text followed by ``+00:00`` (read a tenth of the time strftime's
+    format takes)."""
+    return ensure_instant(value).isoformat(" ", "microseconds")[:26]
 
 
 def ensure_unicode_text(value: str, what: str) -> None:

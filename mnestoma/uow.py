@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session, SessionTransaction, sessionmaker
 
 from .errors import InvalidInput, MnestomaError, is_retryable, translate_errors
 from .locking import take_write_lock
-from .repository import CanonicalQueryRepository, MnestRepository
+from .repository import CanonicalQueryRepository, MnestRepository, built
 from .settings import Settings, settings_of
 from .validation import Clock
 
@@ -294,10 +294,11 @@ def written(
 
     def once() -> T:
         with ConnectionUnitOfWork(bind, settings=settings) as unit:
+            unit.mnests._build_results_after_commit()
             result = work(unit)
             unit.commit()
             if after_commit is not None:  # must not raise: the write is committed
                 after_commit(unit.connection)
-            return result
+        return built(result)  # a snapshot is built outside the write lock
 
     return with_retries(once)

@@ -30,6 +30,7 @@ MNEST_KEYS = [
     "desired_sig",
     "ok_count",
     "error_count",
+    "decayed_uses",
     "effective_weight",
 ]
 

@@ -56,7 +56,7 @@ from ..rules import (
     MnestState,
     Recorder,
 )
-from ..sqlrules import advanced, below, decayed, greatest, least, now_param
+from ..sqlrules import advanced, below, decayed, greatest, least, merged_count, now_param
 from ..types import UTCDateTime
 from .tables import AGER_PROGRESS as P
 from .tables import EVENT_ROW, EventRow
@@ -119,6 +119,8 @@ PAIRS = Table(
     *(Column(f"a_{c}", Integer, nullable=False) for c in SUMMED_ON_MERGE),
     Column("a_first", UTCDateTime, nullable=False),
     Column("a_last", UTCDateTime, nullable=False),
+    Column("a_decayed_uses", Float, nullable=False),
+    Column("a_lambda", Float, nullable=False),
     schema="temp",
 )
 
@@ -224,6 +226,8 @@ def _sqlite_pairs(now: Any, batched: bool) -> Any:
             *(a.c[c].label(f"a_{c}") for c in SUMMED_ON_MERGE),
             a.c.ts_first.label("a_first"),
             a.c.ts_last.label("a_last"),
+            a.c.decayed_uses.label("a_decayed_uses"),
+            a.c.decay_lambda.label("a_lambda"),
         )
         .select_from(joined)
         .where(*where, below(eff_a, DECAYING_BELOW))
@@ -252,6 +256,8 @@ def _postgresql_pairs(now: Any) -> Any:
             *(of(active, M.c[c]).label(f"a_{c}") for c in SUMMED_ON_MERGE),
             of(active, M.c.ts_first).label("a_first"),
             of(active, M.c.ts_last).label("a_last"),
+            of(active, M.c.decayed_uses).label("a_decayed_uses"),
+            of(active, M.c.decay_lambda).label("a_lambda"),
         )
         .where(
             _any_versioned_decaying(),
@@ -299,6 +305,8 @@ def _postgresql_batch_pairs(now: Any) -> Any:
             *(a.c[c].label(f"a_{c}") for c in SUMMED_ON_MERGE),
             a.c.ts_first.label("a_first"),
             a.c.ts_last.label("a_last"),
+            a.c.decayed_uses.label("a_decayed_uses"),
+            a.c.decay_lambda.label("a_lambda"),
         )
         .select_from(a.join(twin, literal(True)))
         .where(
@@ -331,6 +339,11 @@ def _merge_values(dialect: str, now: Any, pairs: Any) -> dict[str, Any]:
         **{c: M.c[c] + pairs.c[f"a_{c}"] for c in SUMMED_ON_MERGE},
         "ts_first": least(dialect, M.c.ts_first, pairs.c.a_first),
         "ts_last": greatest(dialect, M.c.ts_last, pairs.c.a_last),
+        "decayed_uses": merged_count(
+            dialect,
+            (M.c.decayed_uses, M.c.decay_lambda, M.c.ts_last),
+            (pairs.c.a_decayed_uses, pairs.c.a_lambda, pairs.c.a_last),
+        ),
         "weight": _merged_weight(dialect, pairs),
         "ts_weight": advanced(M.c.ts_weight, now),
     }

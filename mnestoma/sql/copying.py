@@ -67,6 +67,7 @@ PROTO_KEY: Final = ("src_executor", "src_version", "dst_executor", "state")  # d
 # What a merge changes in the target's row.
 MERGED_COLUMNS: Final = (
     *SUMMED_ON_MERGE,
+    "decayed_uses",
     "ts_first",
     "ts_last",
     "weight",

@@ -25,7 +25,7 @@ from sqlalchemy import (
 from sqlalchemy.sql.selectable import NamedFromClause
 
 from ..rules import MnestState
-from ..sqlrules import decayed, now_param, safe_product
+from ..sqlrules import decayed, decayed_count, now_param, safe_product
 from .tables import EVENTS as E
 from .tables import MNESTS as M
 from .tables import QUERIES as Q
@@ -215,14 +215,24 @@ def _out_of_source(table: FromClause, with_version: bool) -> list[ColumnElement[
 
 
 @functools.cache
-def suggest_statement(dialect: str, with_version: bool, *, ties: bool = False) -> Select[Any]:
+def suggest_statement(
+    dialect: str, with_version: bool, *, ties: bool = False, by_count: bool = False
+) -> Select[Any]:
     """The candidates of ``suggest_next``, with their effective weight.
 
     Plain: the ``:k`` strongest active edges out of the source. With ``ties``: every one at
     least as strong as ``:floor``, asked for when the k-th and the next one tie, so that
-    Python can break the tie with the activation (:mod:`mnestoma.ranking`).
+    Python can break the tie with the activation (:mod:`mnestoma.ranking`). With
+    ``by_count``, each row ends with the edge's decayed count of passings as well, and
+    "strongest" means the highest count (then the highest effective weight).
     """
     eff = decayed(dialect, M.c.weight, M.c.decay_lambda, M.c.ts_weight, now_param())
+    if by_count:
+        count = decayed_count(dialect, M.c.decayed_uses, M.c.decay_lambda, M.c.ts_last, now_param())
+        stmt = select(M, eff.label("effective"), count.label("counted"))
+        stmt = stmt.where(*_out_of_source(M, with_version))
+        stmt = stmt.order_by(count.desc(), eff.desc(), M.c.uses.desc(), M.c.id)
+        return stmt.where(count >= bindparam("floor")) if ties else stmt.limit(bindparam("k"))
     stmt = select(M, eff.label("effective")).where(*_out_of_source(M, with_version))
     stmt = stmt.order_by(eff.desc(), M.c.uses.desc(), M.c.id)
     stmt = stmt.where(eff >= bindparam("floor")) if ties else stmt.limit(bindparam("k"))

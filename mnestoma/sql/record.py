@@ -9,6 +9,7 @@ import functools
 from typing import Any
 
 from sqlalchemy import (
+    Float,
     Insert,
     Integer,
     Select,
@@ -121,6 +122,7 @@ REINFORCE_ROW = (
     "b_desired_sig",
     "b_ok",
     "b_error",
+    "b_decayed_uses",
 )
 UPDATE_REINFORCE = (
     update(M)
@@ -134,6 +136,7 @@ UPDATE_REINFORCE = (
         desired_sig=bindparam("b_desired_sig"),
         ok_count=M.c.ok_count + bindparam("b_ok", type_=Integer),
         error_count=M.c.error_count + bindparam("b_error", type_=Integer),
+        decayed_uses=bindparam("b_decayed_uses", type_=Float),
     )
 )
 _INSERT_MNEST = {

@@ -26,7 +26,14 @@ from sqlalchemy.orm import Session
 
 from ..clock import Clock
 from ..models import CanonicalQuery, Event, Mnest
-from ..rules import DEFAULT_DECAY_LAMBDA, INITIAL_WEIGHT, EventKind, MnestState, new_mnest_id
+from ..rules import (
+    DEFAULT_DECAY_LAMBDA,
+    INITIAL_WEIGHT,
+    EventKind,
+    MnestState,
+    new_mnest_id,
+    spread_count,
+)
 from ..types import ensure_aware_utc
 
 __all__ = [
@@ -151,6 +158,10 @@ class MnestFactory(_MnestomaFactory):
     )
     ts_weight = factory.SelfAttribute("ts_last")
     decay_lambda = DEFAULT_DECAY_LAMBDA
+    # its uses spread evenly from ts_first to ts_last, as revision 0010 fills older rows
+    decayed_uses = factory.LazyAttribute(
+        lambda o: spread_count(o.uses, o.decay_lambda, o.ts_first, o.ts_last)
+    )
     state = MnestState.ACTIVE.value
     tags: Any = None
     desired_sig: Any = None

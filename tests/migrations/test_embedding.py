@@ -318,7 +318,7 @@ def test_the_testing_kit_under_pytest_xdist_passes_a_downstream_suite(
         env["MNESTOMA_TEST_DATABASE_URL"] = db.render_as_string(hide_password=False)
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "4"],
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2"],
             cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False, env=env,
         )  # fmt: skip
     finally:

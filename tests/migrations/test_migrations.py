@@ -48,7 +48,19 @@ def test_the_scripts_have_exactly_one_head() -> None:
 def test_revisions_tell_the_story_in_order() -> None:
     script = ScriptDirectory.from_config(alembic_config())
     chain = [rev.revision for rev in script.walk_revisions()]
-    assert chain == ["0011", "0009", "0008", "0007", "0006", "0005", "0004", "0003", "0002", "0001"]
+    assert chain == [
+        "0011",
+        "0010",
+        "0009",
+        "0008",
+        "0007",
+        "0006",
+        "0005",
+        "0004",
+        "0003",
+        "0002",
+        "0001",
+    ]
 
 
 def test_upgrade_builds_tables_view_and_stamps_head(empty_db_url: str) -> None:
@@ -107,7 +119,7 @@ def test_downgrade_to_0001_and_back_keeps_every_constraint_name(empty_db_url: st
     mnestoma.downgrade(empty_db_url, "0001")
     at_0001 = _schema_names(empty_db_url)
     assert "ts_weight" not in at_0001["mnests"][0]
-    added_later = {"ck_mnests_outcome_counts_nonneg"}  # 0008
+    added_later = {"ck_mnests_outcome_counts_nonneg", "ck_mnests_decayed_uses_nonneg"}  # 0008, 0010
     assert at_0001["mnests"][1] == sorted(set(at_head["mnests"][1]) - added_later)
     mnestoma.upgrade(empty_db_url)
     assert _schema_names(empty_db_url) == at_head

@@ -96,7 +96,7 @@ def test_every_target_gets_a_verdict_line(quick_report: bench.Report) -> None:
     text = bench.format_report(quick_report, with_pg=False)
     assert "| target" in text
     assert "PostgreSQL 8 writers" in text
-    assert len(quick_report.verdicts) == 11
+    assert len(quick_report.verdicts) == 14
 
 
 def test_baseline_follows_the_contract_numbers(files: SqliteFiles) -> None:

@@ -30,6 +30,7 @@ MNEST = {
     "desired_sig": None,
     "ok_count": 1,
     "error_count": 0,
+    "decayed_uses": 1.75,
 }
 
 

@@ -40,7 +40,7 @@ MARK = "Zq9SECRET"
 # The characters that ended the hidden part before, and others libpq or a URL treat apart
 NASTY = ",;&)(\"'\\ \t=%+#?@/:*<>|!$`~[]{}é\u00a0"
 PIECE = st.text(alphabet=NASTY + "abcXYZ019", max_size=6)
-FAST = settings(max_examples=400, deadline=None)
+FAST = settings(max_examples=200, deadline=None)
 LIVE = settings(
     max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )

@@ -104,6 +104,47 @@ def test_sql_decay_is_the_pure_decayed_weight(
     assert got == pytest.approx(expected, rel=WEIGHT_REL, abs=WEIGHT_ABS)
 
 
+@SETTINGS
+@given(c=st.floats(0, 1e6), lam=lambdas, since=instants, now=instants)
+def test_sql_decayed_count_is_the_pure_one(
+    engine: Engine, c: float, lam: float, since: datetime, now: datetime
+) -> None:
+    got = _eval(
+        engine,
+        lambda d: sqlrules.decayed_count(d, W, LAM, SINCE, sqlrules.now_param()),
+        w=c,
+        lam=lam,
+        since=since,
+        now=now,
+    )
+    expected = rules.decayed_count(c, lam, since, now)
+    assert got == pytest.approx(expected, rel=WEIGHT_REL, abs=WEIGHT_ABS)
+
+
+C1, C2 = bindparam("c1", type_=Float()), bindparam("c2", type_=Float())
+L1, L2 = bindparam("l1", type_=Float()), bindparam("l2", type_=Float())
+
+
+@SETTINGS
+@given(c1=st.floats(0, 1e3), c2=st.floats(0, 1e3), l1=lambdas, l2=lambdas, a=instants, b=instants)
+def test_sql_merged_count_is_the_pure_one(
+    engine: Engine, c1: float, c2: float, l1: float, l2: float, a: datetime, b: datetime
+) -> None:
+    got = _eval(
+        engine,
+        lambda d: sqlrules.merged_count(d, (C1, L1, A), (C2, L2, B)),
+        c1=c1,
+        c2=c2,
+        l1=l1,
+        l2=l2,
+        a=a,
+        b=b,
+    )
+    expected, last = rules.merged_count((c1, l1, a), (c2, l2, b))
+    assert last == max(a, b)
+    assert got == pytest.approx(expected, rel=WEIGHT_REL, abs=WEIGHT_ABS)
+
+
 @pytest.mark.parametrize(("w", "lam"), [(5e-324, 50.0), (1.0, 50.0), (1e-120, 0.0)])
 def test_sql_decay_of_vanishing_weights_is_zero_not_an_underflow(
     engine: Engine, w: float, lam: float
@@ -215,6 +256,7 @@ def _rows_of(draw: st.DrawFn, key: tuple[str, str, str, str | None], state: str)
         "ts_last": last,
         "ts_weight": draw(ago),
         "decay_lambda": draw(st.one_of(st.just(rules.DEFAULT_DECAY_LAMBDA), st.floats(0, 0.2))),
+        "decayed_uses": draw(st.floats(0, 50)),
     }
 
 
@@ -249,6 +291,7 @@ def _assert_same_rows(got: list[AgerRow], expected: list[AgerRow]) -> None:
             e.ts_weight,
         ), g.id
         assert g.weight == pytest.approx(e.weight, rel=WEIGHT_REL, abs=WEIGHT_ABS), g.id
+        assert g.decayed_uses == pytest.approx(e.decayed_uses, rel=WEIGHT_REL, abs=WEIGHT_ABS)
 
 
 @SETTINGS
