@@ -14,6 +14,7 @@ from typing import Final
 
 from sqlalchemy import TextClause, bindparam, text
 
+from ..rules import PASSING_KINDS, EventKind, sql_list, sql_literal
 from ..types import UTCDateTime
 
 __all__ = [
@@ -25,7 +26,9 @@ __all__ = [
     "PARTITION_BOUNDS",
 ]
 
-_PASSING = "kind IN ('created', 'reinforced')"
+_PASSING = f"kind IN ({sql_list(PASSING_KINDS)})"
+# The same, inside a string literal of PL/pgSQL.
+_PASSING_QUOTED = sql_list(PASSING_KINDS).replace("'", "''")
 
 SIDE_TABLE = """CREATE TABLE event_turn_edges (
     turn_id TEXT NOT NULL,
@@ -69,7 +72,12 @@ LANGUAGE sql STABLE AS $fn$
     CROSS JOIN LATERAL (SELECT pg_get_expr(c.relpartbound, c.oid) AS expr) b
     WHERE i.inhparent = 'events'::regclass AND b.expr <> 'DEFAULT'
 $fn$"""
-PARTITIONS = """CREATE OR REPLACE FUNCTION mnestoma_events_partitions(at timestamptz, ahead integer)
+_PARTITIONS_HEAD = (
+    "CREATE OR REPLACE FUNCTION mnestoma_events_partitions(at timestamptz, ahead integer)"
+)
+PARTITIONS = (
+    _PARTITIONS_HEAD
+    + f"""
 RETURNS timestamptz LANGUAGE plpgsql AS $fn$
 DECLARE
     first_month timestamp := date_trunc('month', at AT TIME ZONE 'UTC');
@@ -102,7 +110,7 @@ BEGIN
                 EXECUTE format(
                     'INSERT INTO event_turn_edges (turn_id, mnest_id, ts)'
                     ' SELECT turn_id, mnest_id, ts FROM %I'
-                    ' WHERE turn_id IS NOT NULL AND kind IN (''created'', ''reinforced'')'
+                    ' WHERE turn_id IS NOT NULL AND kind IN ({_PASSING_QUOTED})'
                     ' ON CONFLICT DO NOTHING', part);
             ELSE
                 EXECUTE format(
@@ -116,6 +124,7 @@ BEGIN
     RETURN (first_month + make_interval(months => ahead + 1)) AT TIME ZONE 'UTC';
 END
 $fn$"""
+)
 
 _ROW_TRIGGERS = tuple(
     f"CREATE TRIGGER {name} AFTER {op} ON events FOR EACH ROW"
@@ -204,7 +213,10 @@ def partition(name: str) -> str:
     return name
 
 
-_KEPT = "kind = 'created' AND EXISTS (SELECT 1 FROM mnests m WHERE m.id = {table}.mnest_id)"
+_KEPT = (
+    f"kind = {sql_literal(EventKind.CREATED)}"
+    " AND EXISTS (SELECT 1 FROM mnests m WHERE m.id = {table}.mnest_id)"
+)
 
 
 def lock_old(name: str) -> TextClause:
