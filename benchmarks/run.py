@@ -45,7 +45,15 @@ LABELS = {
     PG: "package PostgreSQL",
     BASE_PG: "baseline psycopg",
 }
-WORKLOADS = ("record_passing", "record_turn", "apply_ager", "walk", "suggest_next", "writers")
+WORKLOADS = (
+    "record_passing",
+    "record_turn",
+    "apply_ager",
+    "ager_batches",
+    "walk",
+    "suggest_next",
+    "writers",
+)
 
 
 @dataclass(frozen=True)
@@ -60,6 +68,7 @@ class Sizes:
     turn_pool: int
     ager_sizes: tuple[int, ...]
     ager_rounds: int
+    batches_sizes: tuple[int, ...]  # the ager's default run against its one-batch run
     graph_executors: int
     walk_sources: int
     big_turns: int
@@ -79,6 +88,7 @@ FULL = Sizes(
     turn_pool=2_000,
     ager_sizes=(100_000, 300_000, 1_000_000),
     ager_rounds=3,
+    batches_sizes=(200_000, 1_000_000),
     graph_executors=100_000,
     walk_sources=5,
     big_turns=20,
@@ -97,6 +107,7 @@ QUICK = Sizes(
     turn_pool=120,
     ager_sizes=(2_000, 5_000, 10_000),
     ager_rounds=1,
+    batches_sizes=(5_000,),
     graph_executors=1_000,
     walk_sources=2,
     big_turns=2,
@@ -341,8 +352,10 @@ def _record_turn_into_big_store(b: Bench, report: Report) -> None:
     _compare(report, "record_turn into a big store", sums, _same_summary)
 
 
-def _ager_job(impl: str, where: str, one_transaction: bool = False) -> dict[str, Any]:
-    return w.ager_once(impl, where, one_transaction=one_transaction)
+def _ager_job(
+    impl: str, where: str, one_transaction: bool = False, batch_rows: int | None = None
+) -> dict[str, Any]:
+    return w.ager_once(impl, where, one_transaction=one_transaction, batch_rows=batch_rows)
 
 
 def _same_summary(a: dict[str, Any], b: dict[str, Any]) -> bool:
@@ -455,6 +468,120 @@ def _sync() -> None:
     sync = getattr(os, "sync", None)
     if sync is not None:
         sync()
+
+
+# The ager's run in one batch: batch_rows larger than any store, one transaction per run
+# through the facade's batched path (its run lock, progress row and bounds read included).
+ONE_BATCH_ROWS = 10**9
+DEFAULT, ONE_BATCH = "default", "one batch"
+
+
+def sync_seconds(folder: Path, rounds: int = 200) -> float:
+    """The disk's sync time under ``folder``: median seconds of ``rounds`` 8 kB writes each
+    followed by ``fdatasync`` (what a commit or a checkpoint waits for)."""
+    path = folder / "fdatasync.probe"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    times = []
+    try:
+        block = b"\0" * 8192
+        for _ in range(rounds):
+            os.pwrite(fd, block, 0)
+            start = time.perf_counter()
+            (getattr(os, "fdatasync", None) or os.fsync)(fd)
+            times.append(time.perf_counter() - start)
+    finally:
+        os.close(fd)
+        path.unlink()
+    return statistics.median(times)
+
+
+def run_ager_vs_one_batch(
+    b: Bench, shape: str, n: int, impl: str, pool: Any, rounds: int
+) -> dict[str, Any]:
+    """``rounds`` runs each of the package's ager as the facade runs it by default and in
+    one batch (:data:`ONE_BATCH_ROWS`), interleaved (the order alternates), each on a fresh
+    copy of one template: the seconds of each, and whether the two left equal reports and
+    tables (first round)."""
+    name = f"ager-{shape}-{n}"
+    rows = ager_rows_of(shape, n)
+    b.shared(impl, name, rows)
+    sizes = {DEFAULT: None, ONE_BATCH: ONE_BATCH_ROWS}
+    seconds: dict[str, list[float]] = {v: [] for v in sizes}
+    reports: dict[str, Any] = {}
+    states: dict[str, Any] = {}
+    for r in range(rounds):
+        for variant in b.order(r, list(sizes)):
+            where = b.fresh(impl, name, rows)
+            _sync()
+            if pool is not None:
+                got = pool.submit(_ager_job, impl, where, False, sizes[variant]).result()
+            else:
+                got = w.ager_once(impl, where, batch_rows=sizes[variant])
+            seconds[variant].append(got["seconds"])
+            if r == 0:
+                reports[variant] = got["report"]
+                states[variant] = w.ager_summary(impl, where)
+            b.discard(impl, where)
+    return {"seconds": seconds, "report": reports, "state": states}
+
+
+def bench_ager_batches(b: Bench, report: Report) -> None:
+    """The ager's default run (online, in batches) against the same run in one batch, both
+    shapes, SQLite and (with --postgresql) PostgreSQL, with the disk's sync time stated."""
+    s = b.sizes
+    sync_ms = sync_seconds(b.files.folder) * 1000
+    pool = (
+        ProcessPoolExecutor(1, mp_context=get_context("spawn"), max_tasks_per_child=1)
+        if s.isolate
+        else None
+    )
+    impls = [PKG] + ([PG] if b.pg else [])
+    try:
+        for impl in impls:
+            for shape in AGER_SHAPES:
+                for n in s.batches_sizes:
+                    got = run_ager_vs_one_batch(b, shape, n, impl, pool, s.ager_rounds)
+                    default = _median(got["seconds"][DEFAULT])
+                    one = _median(got["seconds"][ONE_BATCH])
+                    ratio = default / one if one else None
+                    label = f"{AGER_SHAPES[shape][0]}, {n:,} rows, {LABELS[impl]}"
+                    report.results.append(
+                        Result(
+                            "ager_batches",
+                            f"apply_ager default / one batch, {label}",
+                            {impl: default},
+                            ratio,
+                            f"seconds default {_fmt(default)} against one batch {_fmt(one)}"
+                            f" (medians of {s.ager_rounds} interleaved rounds: "
+                            f"{', '.join(_fmt(x) for x in got['seconds'][DEFAULT])} / "
+                            f"{', '.join(_fmt(x) for x in got['seconds'][ONE_BATCH])});"
+                            f" the disk's fdatasync of 8 kB: {sync_ms:.2f} ms median",
+                            details=got,
+                        )
+                    )
+                    report.verdicts.append(
+                        Verdict(
+                            f"apply_ager default ≤ 1.2× one batch, {label}",
+                            f"{_fmt(ratio, '×')} (sync {sync_ms:.2f} ms)",
+                            _le(ratio, 1.2),
+                        )
+                    )
+                    for what, same in (
+                        ("report", lambda a, b_: a == b_),
+                        ("state", _same_ager_state),
+                    ):
+                        x, y = got[what][DEFAULT], got[what][ONE_BATCH]
+                        ok = same(x, y)
+                        report.checks.append(
+                            Check(
+                                f"apply_ager {label} {what}: default agrees with one batch",
+                                ok,
+                                "" if ok else f"{_short(x)} vs {_short(y)}",
+                            )
+                        )
+    finally:
+        if pool is not None:
+            pool.shutdown()
 
 
 def _ager_size(b: Bench, report: Report, shape: str, n: int, pool: Any) -> None:
@@ -774,6 +901,7 @@ STEPS: dict[str, Callable[[Bench, Report], None]] = {
     "record_passing": bench_record_passing,
     "record_turn": bench_record_turn,
     "apply_ager": bench_apply_ager,
+    "ager_batches": bench_ager_batches,
     "walk": bench_walk,
     "suggest_next": bench_suggest_next,
     "writers": bench_writers,

@@ -35,6 +35,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
@@ -77,17 +78,54 @@ def build(ctx: Context) -> dict[str, Any]:
 STATUS_WRITERS, STATUS_PERIOD_S = 4, 0.010
 
 
-def _writers(
-    ctx: Context, writers: int | None = None, period_s: float | None = None
-) -> tuple[OpenLoop, Any]:
-    """Open-loop writers (``ctx.writers`` each due every ``ctx.period_s`` unless given)
-    recording passings through a facade of their own."""
+def _writer_process(url: str, edges: list[Any], n: int, period: float, stop: Any, out: Any) -> None:
+    """In a process of its own (the writers must not share the GIL with what is measured):
+    ``n`` open-loop writers until ``stop`` is set; their window sent back on ``out``."""
     from mnestoma import Mnestoma
 
-    n = writers or ctx.writers
-    store = Mnestoma(ctx.cluster.primary_url)
-    loop = OpenLoop(api_writer(store, ctx.edges, n), n, period_s or ctx.period_s)
-    return loop, store
+    store = Mnestoma(url)
+    loop = OpenLoop(api_writer(store, edges, n), n, period)
+    t0 = loop.start()
+    out.send("started")
+    stop.wait()
+    calls = loop.stop(time.monotonic())
+    store.close()
+    out.send(_window(summarize(calls, t0)))
+
+
+class Writers:
+    """Open-loop writers recording passings through a facade of their own, in a child
+    process: ``with Writers(...) as w: ...``, then ``w.figures``."""
+
+    def __init__(self, ctx: Context, writers: int | None = None, period_s: float | None = None):
+        spawn = get_context("spawn")
+        self._stop = spawn.Event()
+        self._receive, send = spawn.Pipe(duplex=False)
+        args = (
+            ctx.cluster.primary_url,
+            ctx.edges,
+            writers or ctx.writers,
+            period_s or ctx.period_s,
+            self._stop,
+            send,
+        )
+        self._process = spawn.Process(target=_writer_process, args=args, daemon=True)
+        self.figures: dict[str, Any] = {}
+
+    def __enter__(self) -> Writers:
+        self._process.start()
+        # the measurement begins once the writers run (a loaded machine takes seconds to
+        # start a Python process)
+        if not self._receive.poll(300) or self._receive.recv() != "started":
+            raise RuntimeError("the writers' process did not start")
+        time.sleep(1.0)  # their first calls: the primary is busy before the measurement
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._receive.poll(900):
+            self.figures = self._receive.recv()
+        self._process.join(30)
 
 
 def _ms(values: Sequence[float]) -> dict[str, float | None]:
@@ -112,19 +150,14 @@ def measure_status(ctx: Context) -> dict[str, Any]:
     from mnestoma.status import collect_status
 
     url = ctx.cluster.primary_url
-    loop, store = _writers(ctx, STATUS_WRITERS, STATUS_PERIOD_S)
-    t0 = loop.start()
     estimated: list[float] = []
     exact: list[float] = []
     shown = collect_status(url)
-    try:
+    with Writers(ctx, STATUS_WRITERS, STATUS_PERIOD_S) as writers:
         for _ in range(3):
             estimated.append(_timed(lambda: collect_status(url)))
             exact.append(_timed(lambda: collect_status(url, exact=True)))
             estimated.append(_timed(lambda: collect_status(url)))
-    finally:
-        calls = loop.stop(time.monotonic())
-        store.close()
     figures: dict[str, Any] = {
         "estimated": shown.estimated,
         "events_shown": shown.events,
@@ -133,7 +166,7 @@ def measure_status(ctx: Context) -> dict[str, Any]:
         "ratio_exact_to_estimated": round(
             statistics.median(exact) / statistics.median(estimated), 1
         ),
-        "writers": _window(summarize(calls, t0)),
+        "writers": writers.figures,
     }
     if ctx.sqlite:
         figures["sqlite"] = _sqlite_status(ctx)
@@ -152,7 +185,14 @@ def _sqlite_status(ctx: Context) -> dict[str, Any]:
     rows = load_sqlite(str(path), graph_rows(executors, DEGREE))
     add_events(url, max(1, round(ctx.events / rows)))
     times = [_timed(lambda: collect_status(url)) for _ in range(3)]
-    return {"events": collect_status(url).events, "status_s": round(statistics.median(times), 3)}
+    exact = _timed(lambda: collect_status(url, exact=True))
+    shown = collect_status(url)
+    return {
+        "estimated": shown.estimated,
+        "events_shown": shown.events,
+        "status_s": round(statistics.median(times), 3),
+        "exact_s": round(exact, 3),
+    }
 
 
 def _window(w: Any) -> dict[str, Any]:
@@ -188,18 +228,13 @@ def measure_replica_reads(ctx: Context) -> dict[str, Any]:
         "suggest_replica": [],
         "suggest_primary": [],
     }
-    loop, store = _writers(ctx)
-    t0 = loop.start()
-    end = time.monotonic() + ctx.seconds
-    try:
+    with Writers(ctx) as writers:
+        end = time.monotonic() + ctx.seconds
         while time.monotonic() < end:
             reads["vet_replica"].append(_timed(lambda: reader.vet(chain)))
             reads["vet_primary"].append(_timed(lambda: reader.primary.vet(chain)))
             reads["suggest_replica"].append(_timed(lambda: reader.suggest_next(src, "1")))
             reads["suggest_primary"].append(_timed(lambda: reader.primary.suggest_next(src, "1")))
-    finally:
-        calls = loop.stop(time.monotonic())
-        store.close()
     stats = reader.replica_stats()
     reader.close()
     figures: dict[str, Any] = {name: _ms(values) for name, values in reads.items()}
@@ -211,7 +246,7 @@ def measure_replica_reads(ctx: Context) -> dict[str, Any]:
             )
     figures["replica_served"] = stats["replicas"][0]["reads"]
     figures["primary_served"] = stats["primary_reads"]
-    figures["writers"] = _window(summarize(calls, t0))
+    figures["writers"] = writers.figures
     return figures
 
 
@@ -231,7 +266,7 @@ def measure_replica_lag(ctx: Context) -> dict[str, Any]:
         with primary.connect() as p, replica.connect() as r:
             while not stop.is_set():
                 here = p.execute(text("SELECT pg_current_wal_lsn()::text")).scalar_one()
-                _standby, replayed, lag = r.execute(REPLICA_PROBE).one()
+                _standby, replayed, _received, lag = r.execute(REPLICA_PROBE).one()
                 diff = r.execute(
                     text("SELECT pg_wal_lsn_diff(:a, :b)"), {"a": here, "b": replayed}
                 ).scalar_one()
@@ -240,12 +275,9 @@ def measure_replica_lag(ctx: Context) -> dict[str, Any]:
                 time.sleep(0.05)
 
     sampler = threading.Thread(target=sample, daemon=True)
-    loop, store = _writers(ctx)
-    sampler.start()
-    t0 = loop.start()
-    time.sleep(ctx.seconds)
-    calls = loop.stop(time.monotonic())
-    store.close()
+    with Writers(ctx) as writers:
+        sampler.start()
+        time.sleep(ctx.seconds)
     stop.set()
     sampler.join()
     caught = _timed(lambda: ctx.cluster.wait_caught_up(timeout=600))
@@ -260,7 +292,7 @@ def measure_replica_lag(ctx: Context) -> dict[str, Any]:
         "behind_p99_bytes": percentile(ordered_bytes, 0.99),
         "behind_max_bytes": ordered_bytes[-1] if behind else None,
         "catch_up_after_s": round(caught, 3),
-        "writers": _window(summarize(calls, t0)),
+        "writers": writers.figures,
     }
 
 

@@ -228,11 +228,17 @@ class PeakMemory:
 
 
 def ager_once(
-    impl: str, where: str, now: datetime = NOW, *, one_transaction: bool = False
+    impl: str,
+    where: str,
+    now: datetime = NOW,
+    *,
+    one_transaction: bool = False,
+    batch_rows: int | None = None,
 ) -> dict[str, Any]:
     """Open a store, run the ager once; seconds, peak-RSS growth (MB) and its report. The
-    package's facade runs it in batches; with ``one_transaction``, a unit of work runs it
-    whole, as before batches (the baseline always runs one transaction).
+    package's facade runs it in batches (of ``batch_rows`` rows when given); with
+    ``one_transaction``, a unit of work runs it whole, as before batches (the baseline
+    always runs one transaction).
 
     Run it in a fresh process to read the memory figure: ``ru_maxrss`` is a high-water mark.
     """
@@ -245,6 +251,8 @@ def ager_once(
                 with store.unit_of_work() as unit:
                     report = unit.mnests.apply_ager()
                     unit.commit()
+            elif batch_rows is not None:
+                report = store.apply_ager(batch_rows=batch_rows)
             else:
                 report = store.apply_ager()
             seconds = time.perf_counter() - start

@@ -4,6 +4,9 @@
 The facades run it in batches instead (:func:`begin_batched_run`, :func:`age_batch`,
 :func:`end_batched_run`): each batch covers a range of the table's own order (SQLite rowids,
 PostgreSQL pages) and is its own transaction, so a writer waits for one batch, not the run.
+While no writer is about a batch grows, step after step, until one waits for it
+(:class:`BatchGrowth`); what a run keeps on its connection from batch to batch is an
+:class:`AgerSession`.
 
 Why batches add up to the one-transaction run: every step is decided row by row at the
 run's ``now`` and none undoes another. A decayed row has ``ts_weight = now`` and is not
@@ -16,9 +19,11 @@ completed by the next run at the same ``now``.
 
 from __future__ import annotations
 
+import os
+import struct
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -26,36 +31,44 @@ from typing import Any, NamedTuple
 from sqlalchemy import Connection
 from sqlalchemy.sql import Executable
 
+from .errors import translate_errors
 from .locking import WaitingWriters, pause_on
 from .rules import (
+    AGER_BATCH_GROWN_MAX_S,
+    AGER_BATCH_QUIET_TARGET_S,
     AGER_WRITERS_PATIENCE_S,
     AGER_WRITERS_POLL_S,
     AgerCount,
     AgerReport,
+    ager_next_step,
+    ager_wal_checkpoints,
     archive_cutoff,
 )
-from .runner import StatementRunner
+from .runner import StatementRunner, _prepare
 from .sql.ager import (
-    MERGE,
+    PAIRS_STEP,
     PROGRESS_BEGIN,
     PROGRESS_DONE,
     PROGRESS_MOVE,
     AgerChange,
+    SQLiteAgerStatements,
     ager_statements,
     cache_size_pragma,
     postgresql_ager_statements,
     sqlite_ager_statements,
+    wal_autocheckpoint_pragma,
 )
 from .sql.tables import AGER_RUNS
 
 __all__ = [
     "AGER_CACHE_KIB",
     "AgerBounds",
+    "AgerSession",
+    "BatchGrowth",
     "BatchedRun",
     "TableWriters",
     "age_batch",
     "ager_bounds",
-    "ager_page_cache",
     "ager_writers",
     "archive_candidates",
     "begin_batched_run",
@@ -76,16 +89,32 @@ def _run(conn: Connection, stmt: Executable, params: Any = None) -> Any:
     return StatementRunner(conn).execute(stmt, params)
 
 
+_ROWCOUNT = {"preserve_rowcount": True}
+
+
+def _count(conn: Connection, stmt: Executable, params: dict[str, Any]) -> int:
+    """Run ``stmt`` and return its row count, compiled once per dialect (the runner's cache
+    of prepared statements) and run as the driver's SQL: a run executes the same few large
+    statements at every step, and Core's per-execution work on them (their cache key, their
+    parameters) cost a fifth of a run of short steps."""
+    prepared = _prepare(conn, stmt, ())
+    if prepared is None:
+        return int(_run(conn, stmt, params).rowcount)
+    with translate_errors():
+        args = prepared.args(params, {})
+        return int(conn.exec_driver_sql(prepared.sql, args, _ROWCOUNT).rowcount)
+
+
 def run_ager(conn: Connection, now: datetime) -> AgerReport:
     """Run the ager at ``now`` on ``conn``, whose transaction (holding the write lock) the
     caller owns; set-based SQL, so memory does not grow with the number of rows."""
     started = time.perf_counter()
     p = {"now": now, "cutoff": archive_cutoff(now)}
     if conn.dialect.name == "postgresql":
-        report = _run_postgresql(conn, p, batched=False)
+        report = _run_postgresql(conn, p)
     else:
         with _page_cache(conn, AGER_CACHE_KIB):
-            report = _run_sqlite(conn, p, batched=False)
+            report = _run_sqlite(conn, p)
     # One row per run, in the run's transaction: it exists exactly when the run commits.
     _record_run(conn, now, time.perf_counter() - started, report)
     return report
@@ -98,8 +127,8 @@ def _record_run(conn: Connection, now: datetime, duration_s: float, report: Ager
 
 class AgerBounds(NamedTuple):
     """What a run in batches covers: positions ``[first, end)`` holding ``rows`` rows; and
-    whether its batches must look for merge pairs (``merges``: on PostgreSQL, whether the
-    store held a versioned decaying row when they were read; always on SQLite)."""
+    whether its batches must look for merge pairs (``merges``: whether the store held a
+    versioned decaying row when they were read)."""
 
     first: int
     end: int
@@ -162,20 +191,44 @@ def age_batch(
     at: datetime,
     *,
     writers_about: bool = True,
+    session: AgerSession | None = None,
+    growth: BatchGrowth | None = None,
 ) -> AgerReport:
     """Age the rows of one batch (positions ``[lo, hi)``) at the run's ``now``, in the
     caller's transaction, and move the run's progress row to it (batch ``number``, at
     wall-clock ``at``). The report's ``archive_candidates`` is 0: it is counted once, at the
     end (:func:`archive_candidates`). On PostgreSQL, with ``writers_about``, the batch hands
     the pages it writes out to the disk as it goes; without, it commits without waiting for
-    its WAL flush."""
-    p = {"now": run.now, "lo": lo, "hi": hi}
-    if conn.dialect.name == "postgresql":
-        report = _run_postgresql(conn, p, batched=True, flush=writers_about, merges=run.merges)
-    else:
-        report = _run_sqlite(conn, p, batched=True)
+    its WAL flush. With ``growth`` the batch goes on past ``hi``, step after step, for as
+    long as ``growth`` says (its ``end``: where the batch ended); with ``session``, the run's
+    (:class:`AgerSession`), it uses what the session keeps and says whether its commit
+    checkpoints."""
+    postgresql = conn.dialect.name == "postgresql"
+    if session is not None:
+        session.batch_begins()
+    if postgresql:
+        _batch_settings(conn, flush=writers_about)
+    pairs_ready = session is not None and session.pairs_ready
+    report = AgerReport()
+    if growth is not None:
+        growth.begins(hi)
+    while True:
+        p = {"now": run.now, "lo": lo, "hi": hi}
+        took = time.perf_counter()
+        if postgresql:
+            report += _batch_postgresql(conn, p, merges=run.merges)
+        else:
+            report += _batch_sqlite(conn, p, merges=run.merges, pairs_ready=pairs_ready)
+        if growth is None:
+            break
+        following = growth.next_end(lo, hi, time.perf_counter() - took)
+        if following is None:
+            break
+        lo, hi = hi, following
     move = {"run_id": run.run_id, "batches": number, "position": hi, "updated": at}
-    _run(conn, PROGRESS_MOVE, move)
+    _count(conn, PROGRESS_MOVE, move)
+    if session is not None:
+        session.batch_commits(writers_about)
     return report
 
 
@@ -211,40 +264,96 @@ def end_batched_run(
     _run(conn, PROGRESS_DONE, {"run_id": run.run_id})
 
 
-def _run_postgresql(
-    conn: Connection, p: dict[str, Any], *, batched: bool, flush: bool = True, merges: bool = True
-) -> AgerReport:
-    """A whole run, or with ``batched`` one batch (no archive count), in the caller's
-    transaction (a batch with ``flush`` false commits without waiting for its WAL flush).
-    A whole run locks the table; a batch locks only the rows it changes, so
-    writers of other rows go on meanwhile (each statement decides row by row on the latest
-    committed version of a row it must wait for), and gives up on a row it waited for too
-    long (:data:`~mnestoma.rules.AGER_ROW_LOCK_TIMEOUT_S`; the facades try it again). A
-    batch with ``flush`` also hands the pages it writes out to the disk as it goes
-    (:data:`~mnestoma.rules.AGER_FLUSH_AFTER_KIB`)."""
-    s = postgresql_ager_statements(batched)
-    if batched:
-        _run(conn, s.table_locks)
-        _run(conn, s.row_lock_timeout)
-        # While writers are about, a batch commits as any write does, waiting for its WAL
-        # to reach the disk: that paces the run by the disk it shares with them. (Committed
-        # without waiting, batches left their WAL for the writers' commits to flush, and on
-        # a slow disk the writers fell seconds behind.) It also hands the pages it writes
-        # out to the disk as it goes, not in a later burst their commits would queue
-        # behind. With none about, it does neither: nobody's commits wait for the disk.
-        if flush:
-            _run(conn, s.write_behind)
-        else:
-            _run(conn, s.async_commit)
+def _run_postgresql(conn: Connection, p: dict[str, Any]) -> AgerReport:
+    """A whole run in the caller's transaction. It locks the table (one lock order with
+    writers: they wait for the run instead of deadlocking)."""
+    s = postgresql_ager_statements(False)
+    _run(conn, s.lock)
+    return _changed(conn, s.changes, s.archive_count, p, batched=False)
+
+
+def _batch_settings(conn: Connection, *, flush: bool) -> None:
+    """PostgreSQL, at the start of a batch's transaction: its table locks and its row lock
+    timeout, and (``flush``) its pages written behind it or (not) its commit not waiting for
+    its WAL flush.
+
+    A batch locks only the rows it changes, so writers of other rows go on meanwhile (each
+    statement decides row by row on the latest committed version of a row it must wait
+    for), and gives up on a row it waited for too long
+    (:data:`~mnestoma.rules.AGER_ROW_LOCK_TIMEOUT_S`; the facades try it again)."""
+    s = postgresql_ager_statements(True)
+    _run(conn, s.table_locks)
+    _run(conn, s.row_lock_timeout)
+    # While writers are about, a batch commits as any write does, waiting for its WAL to
+    # reach the disk: that paces the run by the disk it shares with them. (Committed without
+    # waiting, batches left their WAL for the writers' commits to flush, and on a slow disk
+    # the writers fell seconds behind.) It also hands the pages it writes out to the disk as
+    # it goes (AGER_FLUSH_AFTER_KIB), not in a later burst their commits would queue behind.
+    # With none about, it does neither: nobody's commits wait for the disk.
+    if flush:
+        _run(conn, s.write_behind)
     else:
-        # One lock order with writers: they wait for the run instead of deadlocking.
-        _run(conn, s.lock)
+        _run(conn, s.async_commit)
+
+
+def _batch_postgresql(conn: Connection, p: dict[str, Any], *, merges: bool) -> AgerReport:
+    """One step of a batch (positions ``p["lo"]`` to ``p["hi"]``), no archive count, in the
+    caller's transaction (see :func:`_batch_settings`)."""
+    s = postgresql_ager_statements(True)
     # A batch of a run that began with no decaying row to merge into skips the merge: the
     # rows the run demotes are the only rows of their keys, and a twin made since (by an
     # operator's transition) fails the batch's demotion, which the run then retries with
     # the merge (see mnestoma.facade.age_in_batches).
-    changes = s.changes if merges else tuple(c for c in s.changes if c.name != MERGE)
-    return _changed(conn, changes, s.archive_count, p, batched=batched)
+    return _changed(conn, s.changes, s.archive_count, p, batched=True, merges=merges)
+
+
+class BatchGrowth:
+    """How far one batch of a run goes while no writer is about: step after step of
+    positions, each sized to take :data:`~mnestoma.rules.AGER_BATCH_QUIET_TARGET_S` (a
+    writer that comes waits for one step), in the batch's one transaction, until a writer
+    waits for it (:meth:`~mnestoma.locking.WaitingWriters.waiting_now`), the run's caller
+    asks it to stop (``go_on``), :data:`~mnestoma.rules.AGER_BATCH_GROWN_MAX_S` has gone by,
+    or the run's positions end (``run_end``). What the next batch starts from: ``step``;
+    where the batch ended: ``end``; whether a writer came: ``writers_came``."""
+
+    def __init__(
+        self,
+        writers: WaitingWriters | TableWriters,
+        run_end: int,
+        step: int,
+        go_on: Callable[[], bool] | None = None,
+    ) -> None:
+        self._writers = writers
+        self._run_end = run_end
+        self._go_on = go_on
+        self._first_step = step
+        self._deadline = 0.0
+        self.step = step
+        self.end = 0
+        self.writers_came = False
+
+    def begins(self, hi: int) -> None:
+        """The batch's transaction begins (again, when a first attempt failed), its first
+        step ending at ``hi``."""
+        self._deadline = time.monotonic() + AGER_BATCH_GROWN_MAX_S
+        self.step = self._first_step
+        self.end = hi
+        self.writers_came = False
+
+    def next_end(self, lo: int, hi: int, took_s: float) -> int | None:
+        """After a step ``[lo, hi)`` that took ``took_s`` seconds: the end of the next step
+        of this batch, or None when the batch commits now."""
+        self.end = hi
+        target = AGER_BATCH_QUIET_TARGET_S
+        self.step = ager_next_step(hi - lo, took_s, target, target)
+        if hi >= self._run_end or time.monotonic() >= self._deadline:
+            return None
+        if self._writers.waiting_now():
+            self.writers_came = True
+            return None
+        if self._go_on is not None and not self._go_on():
+            return None
+        return min(hi + self.step, self._run_end)
 
 
 class TableWriters:
@@ -273,7 +382,12 @@ class TableWriters:
 
     def _writers_about(self) -> bool:
         with self._conn.begin():
-            return bool(_run(self._conn, self._writers_in).scalar_one())
+            return self.waiting_now()
+
+    def waiting_now(self) -> bool:
+        """Whether writers are in a transaction on ``mnests`` now, asked in the caller's
+        transaction (a batch's, between two of its steps)."""
+        return bool(_run(self._conn, self._writers_in).scalar_one())
 
     def close(self) -> None:
         """Nothing to release."""
@@ -294,13 +408,44 @@ def ager_writers(conn: Connection) -> WaitingWriters | TableWriters:
     return WaitingWriters(conn)
 
 
-def _run_sqlite(conn: Connection, p: dict[str, Any], *, batched: bool) -> AgerReport:
-    """A whole run, or with ``batched`` one batch (no archive count), in the caller's
-    transaction."""
-    s = sqlite_ager_statements(batched)
+def _run_sqlite(conn: Connection, p: dict[str, Any]) -> AgerReport:
+    """A whole run in the caller's transaction."""
+    s = sqlite_ager_statements(False)
+    return _with_pairs(
+        conn, s, lambda: _changed(conn, s.changes, s.archive_count, p, batched=False)
+    )
+
+
+def _batch_sqlite(
+    conn: Connection, p: dict[str, Any], *, merges: bool, pairs_ready: bool
+) -> AgerReport:
+    """One step of a batch (rowids ``p["lo"]`` to ``p["hi"]``), no archive count, in the
+    caller's transaction; with ``pairs_ready`` in the temporary table of pairs the run's
+    session keeps (emptied first: a step that failed may have left some), else in one of
+    its own. A run that began with no versioned decaying row skips the merge (see
+    :func:`_batch_postgresql`)."""
+    s = sqlite_ager_statements(True)
+
+    def changed() -> AgerReport:
+        return _changed(conn, s.changes, s.archive_count, p, batched=True, merges=merges)
+
+    if not merges:
+        return changed()
+    if pairs_ready:
+        _count(conn, s.pairs_clear, p)
+        return changed()
+    return _with_pairs(conn, s, changed)
+
+
+def _with_pairs(
+    conn: Connection, s: SQLiteAgerStatements, changes: Callable[[], AgerReport]
+) -> AgerReport:
+    """``changes()`` with the temporary table of pairs created for it and dropped after (a
+    table the connection kept, from a run in batches stopped before its end, is emptied)."""
     _run(conn, s.pairs_create)
+    _run(conn, s.pairs_clear)
     try:
-        report = _changed(conn, s.changes, s.archive_count, p, batched=batched)
+        report = changes()
     except BaseException:
         _cleanup(conn, s.pairs_drop)
         raise
@@ -315,12 +460,19 @@ def _changed(
     p: dict[str, Any],
     *,
     batched: bool,
+    merges: bool = True,
 ) -> AgerReport:
     """Run a dialect's changes in their order, each row count added to the report's counts
-    the change names; with ``batched``, no archive count (counted once, at the end)."""
+    the change names; with ``batched``, no archive count (counted once, at the end). The
+    steps of the merge are skipped without ``merges``, and on SQLite (after its pairs step)
+    when there is no pair to merge."""
     counts = dict.fromkeys(AgerCount, 0)
     for change in changes:
-        changed = _run(conn, change.statement, p).rowcount
+        if change.merging and not merges:
+            continue
+        changed = _count(conn, change.statement, p)
+        if change.name == PAIRS_STEP and not changed:
+            merges = False  # no pair: nothing for the other merge steps
         for name in change.counts:
             counts[name] += changed
     if not batched:
@@ -335,15 +487,130 @@ def _cleanup(conn: Connection, stmt: Executable) -> None:
         conn.execute(stmt)
 
 
-@contextmanager
-def ager_page_cache(conn: Connection) -> Iterator[None]:
-    """SQLite: the ager's page cache (:data:`AGER_CACHE_KIB`) on ``conn`` for a whole run in
-    batches, set back afterwards; nothing on PostgreSQL."""
-    if conn.dialect.name != "sqlite":
-        yield
-        return
-    with _page_cache(conn, AGER_CACHE_KIB):
-        yield
+class AgerSession:
+    """What a run in batches keeps on its connection from its first batch to its last
+    (SQLite; nothing on PostgreSQL), each set back at its end, also on error:
+
+    - the ager's page cache (:data:`AGER_CACHE_KIB`);
+    - the temporary table of merge pairs, created once (each step empties it);
+    - the WAL's automatic checkpoints held back: a batch's commit checkpoints (PASSIVE, at
+      the connection's own ``wal_autocheckpoint``) only when
+      :func:`~mnestoma.rules.ager_wal_checkpoints` says so (writers about, or the WAL at
+      :data:`~mnestoma.rules.AGER_WAL_CHECKPOINT_MIB`), and the run's last commit does,
+      after :meth:`release`. The WAL's size is read from its index (the ``-shm`` file's
+      header, as SQLite's file format documents it); where there is none to read (no such
+      file, checkpoints off already), nothing is held back.
+    """
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self._stack = ExitStack()
+        self._autocheckpoint = 0  # the connection's own; 0: nothing held back
+        self._now = 0  # the setting the connection has now
+        self._wal_index = -1
+        self._frame_bytes = 0
+        self.pairs_ready = False
+
+    def __enter__(self) -> AgerSession:
+        if self._conn.dialect.name != "sqlite":
+            return self
+        try:
+            self._stack.enter_context(_page_cache(self._conn, AGER_CACHE_KIB))
+            self._hold_checkpoints()
+            self._create_pairs()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _hold_checkpoints(self) -> None:
+        conn, s = self._conn, sqlite_ager_statements(True)
+        pages = int(_run(conn, s.wal_autocheckpoint).scalar_one())
+        database = conn.engine.url.database
+        if pages <= 0 or not database or database.startswith("file:"):
+            return
+        try:
+            fd = os.open(
+                f"{os.path.abspath(database)}-shm", os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
+            )
+        except OSError:
+            return  # not in WAL mode, or the index is not in a file: nothing held back
+        self._wal_index = fd
+        self._frame_bytes = int(_run(conn, s.page_size).scalar_one()) + _WAL_FRAME_HEADER
+        self._autocheckpoint = self._now = pages
+        self._set_autocheckpoint(0)
+
+    def _create_pairs(self) -> None:
+        _run(self._conn, sqlite_ager_statements(True).pairs_create)
+        self._conn.commit()
+        self.pairs_ready = True
+
+    def wal_bytes(self) -> int:
+        """The bytes the WAL holds now (its last valid frame, from its index's header)."""
+        try:
+            header = os.pread(self._wal_index, 4, _WAL_INDEX_MX_FRAME)
+        except OSError:
+            return 0
+        if len(header) < 4:
+            return 0
+        return int(struct.unpack("=I", header)[0]) * self._frame_bytes
+
+    def batch_begins(self) -> None:
+        """At the start of a batch's transaction: its commit does not checkpoint (unless
+        :meth:`batch_commits` says otherwise)."""
+        if self._autocheckpoint:
+            self._set_autocheckpoint(0)
+
+    def batch_commits(self, writers_about: bool) -> None:
+        """Before a batch's commit: whether it checkpoints the WAL (see the class)."""
+        if self._autocheckpoint and ager_wal_checkpoints(self.wal_bytes(), writers_about):
+            self._set_autocheckpoint(self._autocheckpoint)
+
+    def release(self) -> None:
+        """Before the run's last transaction: the connection's own checkpoints back, so that
+        its commit checkpoints the WAL (PASSIVE) as a commit of the connection would."""
+        if self._autocheckpoint:
+            self._set_autocheckpoint(self._autocheckpoint)
+            self._autocheckpoint = 0
+
+    def _set_autocheckpoint(self, pages: int) -> None:
+        if pages != self._now:
+            _run(self._conn, wal_autocheckpoint_pragma(pages))
+            self._now = pages
+
+    def close(self) -> None:
+        """Set back what the session changed on the connection (errors here would only hide
+        the one that ended the run, if any)."""
+        conn = self._conn
+        if self.pairs_ready:
+            self.pairs_ready = False
+            with suppress(Exception):
+                if conn.in_transaction():
+                    conn.rollback()
+                # at the driver, outside a transaction: dropping a temporary table takes
+                # no lock of the database, where the package's write would wait for one
+                drop = str(sqlite_ager_statements(True).pairs_drop.compile(dialect=conn.dialect))
+                cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+                try:
+                    cursor.execute(drop)
+                finally:
+                    cursor.close()
+        if self._wal_index >= 0:
+            with suppress(Exception):
+                self.release()
+            os.close(self._wal_index)
+            self._wal_index = -1
+        self._stack.close()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# The WAL index's header (SQLite's file format, "the WAL-index header"): mxFrame, the WAL's
+# last valid frame, a 32-bit integer in the machine's byte order at this offset; each frame
+# is a page and a header of this many bytes.
+_WAL_INDEX_MX_FRAME = 16
+_WAL_FRAME_HEADER = 24
 
 
 @contextmanager

@@ -202,8 +202,12 @@ def is_lock_not_available(err: BaseException) -> bool:
 
 def is_unique_violation(err: BaseException) -> bool:
     """True when ``err`` (a driver error, or this package's error standing for one) is
-    PostgreSQL's ``unique_violation``."""
-    return getattr(_driver_error(err), "sqlstate", None) == UNIQUE_VIOLATION
+    PostgreSQL's ``unique_violation`` or SQLite's ``SQLITE_CONSTRAINT_UNIQUE``."""
+    orig = _driver_error(err)
+    return (
+        getattr(orig, "sqlstate", None) == UNIQUE_VIOLATION
+        or getattr(orig, "sqlite_errorname", None) == "SQLITE_CONSTRAINT_UNIQUE"
+    )
 
 
 def is_retryable(err: BaseException) -> bool:

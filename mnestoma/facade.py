@@ -14,7 +14,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import URL
 
-from .ager import BatchedRun, ager_page_cache, ager_writers
+from .ager import AgerSession, BatchedRun, BatchGrowth, ager_writers
 from .config import (
     is_sqlite,
     make_engine,
@@ -42,8 +42,10 @@ from .rules import (
     AGER_BATCH_ROWS,
     AGER_STOP_POLL_S,
     AGER_WAIT_WARN_S,
+    AGER_WRITERS_SEEN_S,
     EVENT_PRUNE_BATCH,
     AgerReport,
+    ager_batch_grows,
     ager_batch_retry_pause,
     ager_batch_target,
     ager_next_step,
@@ -231,13 +233,15 @@ class Mnestoma:
     ) -> AgerReport:
         """Run the ager at the clock's now; ``dry_run`` reports and rolls everything back.
 
-        Online: the run commits in batches, each its own short transaction, so a writer
-        waits for one batch, not the run. By default each batch is sized to hold its locks
-        :data:`~mnestoma.rules.AGER_BATCH_TARGET_S` (15 ms) while writers are about,
-        :data:`~mnestoma.rules.AGER_BATCH_QUIET_TARGET_S` (75 ms) once none has been seen
-        for a second; ``batch_rows`` fixes about how many rows each covers instead.
-        ``progress(done, total)`` is called after each batch. A second run at once waits for
-        the first. A dry run is one transaction, rolled back.
+        Online: the run commits in batches, each its own transaction, so a writer waits for
+        one batch, not the run. By default each batch is sized to hold its locks
+        :data:`~mnestoma.rules.AGER_BATCH_TARGET_S` (15 ms) while writers are about; once
+        none has been seen for a second a batch grows, in steps of
+        :data:`~mnestoma.rules.AGER_BATCH_QUIET_TARGET_S` (75 ms), until a writer waits for
+        it (at most :data:`~mnestoma.rules.AGER_BATCH_GROWN_MAX_S`): a writer that comes
+        waits for one step. ``batch_rows`` fixes about how many rows each batch covers
+        instead. ``progress(done, total)`` is called after each batch's commit. A second run
+        at once waits for the first. A dry run is one transaction, rolled back.
         """
         # every argument checked before the first batch: a bad one refused writes nothing
         rows, dry, progress = check_ager_call(dry_run, batch_rows, progress)
@@ -389,10 +393,12 @@ def age_in_batches(
     """One run of the ager on ``conn``, each batch a unit of work of its own (retried when
     transient), under the database's ager lock; the report of the whole run. Batches of
     ``batch_rows`` rows (None: the settings' ``ager_batch_rows``; None there too: batches
-    sized as the run goes to take about :func:`~mnestoma.rules.ager_batch_target` each: short
-    while writers are about, longer once none has been seen for a while).
-    ``progress(done, total)`` after each batch (the total an estimate while the batches are
-    being sized). ``go_on()`` false stops the run before its next batch (:class:`RunStopped`).
+    sized as the run goes to take about :func:`~mnestoma.rules.ager_batch_target` each while
+    writers are about, and growing until a writer waits once none has been seen for a while,
+    :class:`~mnestoma.ager.BatchGrowth`). ``progress(done, total)`` after each batch (the
+    total an estimate while the batches are being sized). ``go_on()`` false stops the run
+    before its next batch, and a growing batch at its next step (:class:`RunStopped`).
+    What the run keeps on its connection meanwhile: :class:`~mnestoma.ager.AgerSession`.
 
     Before each batch the writers get in first: on SQLite the writes that wait for the lock
     (:class:`~mnestoma.locking.WaitingWriters`), on PostgreSQL, where a batch locks only its
@@ -406,24 +412,36 @@ def age_in_batches(
         batch_rows = settings.ager_batch_rows
     write = functools.partial(written, conn, settings=settings)
     waits = _Waits(conn, go_on)
-    with ager_run_lock(conn), ager_page_cache(conn), ager_writers(conn) as writers:
+    with ager_run_lock(conn), AgerSession(conn) as session, ager_writers(conn) as writers:
         waits.go_on()
         with ConnectionUnitOfWork(conn, settings=settings) as unit:
             bounds = unit.mnests.ager_bounds()
         run = write(lambda u: u.mnests.begin_ager_run(batch_rows or AGER_BATCH_ROWS, bounds))
         report = AgerReport()
         lo, step, number = run.first, run.step, 0
-        writers_seen = time.monotonic()  # until a second has gone by without one
+        # none seen yet: the first batch grows unless a writer is about when it begins (a
+        # writer that comes meanwhile waits for one step of it)
+        writers_seen = time.monotonic() - AGER_WRITERS_SEEN_S
         target = ager_batch_target(0.0)
         while lo < run.end:
             waits.go_on()
             hi = min(lo + step, run.end)
             if writers.let_in():
                 writers_seen = time.monotonic()
-            about = ager_writers_about(time.monotonic() - writers_seen)
+            since = time.monotonic() - writers_seen
+            grows = batch_rows is None and ager_batch_grows(since)
+            growth = BatchGrowth(writers, run.end, step, waits.asked) if grows else None
             try:
                 batch, hi, took = _age_batch_waiting(
-                    write, waits, run=run, lo=lo, hi=hi, number=number + 1, writers_about=about
+                    write,
+                    waits,
+                    run=run,
+                    lo=lo,
+                    hi=hi,
+                    number=number + 1,
+                    writers_about=ager_writers_about(since),
+                    session=session,
+                    growth=growth,
                 )
             except MnestomaError as err:
                 if run.merges or not is_unique_violation(err):
@@ -434,18 +452,26 @@ def age_in_batches(
                 continue
             number += 1
             report += batch
-            if batch_rows is None:
+            width = hi - lo
+            if growth is not None:
+                if growth.writers_came:
+                    writers_seen = time.monotonic()
+                target = ager_batch_target(time.monotonic() - writers_seen)
+                step = growth.step
+            elif batch_rows is None:
                 last = target
                 target = ager_batch_target(time.monotonic() - writers_seen)
-                step = ager_next_step(hi - lo, took, target, last)
+                step = ager_next_step(width, took, target, last)
+                width = step
             else:  # back to the planned batches, at twice a shrunk one at a time
-                step = ager_regrown_step(hi - lo, run.step)
+                step = width = ager_regrown_step(width, run.step)
             lo = hi
             if progress is not None:
-                progress(number, number + -(-(run.end - lo) // step))
+                progress(number, number + -(-(run.end - lo) // max(1, width)))
         with ConnectionUnitOfWork(conn, settings=settings) as unit:
             archive = unit.mnests.archive_candidates(run.now)
         report = replace(report, archive_candidates=archive)
+        session.release()  # the last commit checkpoints the WAL
         write(lambda u: u.mnests.end_ager_run(run, report, time.perf_counter() - started))
     waits.log_run(run, number)
     return report
@@ -467,8 +493,12 @@ class _Waits:
 
     def go_on(self) -> None:
         """Raise :class:`RunStopped` when the run's caller asked it to stop."""
-        if self._go_on is not None and not self._go_on():
+        if not self.asked():
             raise RunStopped("the run of the ager was stopped before its next batch")
+
+    def asked(self) -> bool:
+        """False once the run's caller asked it to stop."""
+        return self._go_on is None or bool(self._go_on())
 
     def pause(self, seconds: float) -> None:
         """Wait ``seconds`` before a batch is tried again, asking now and then whether to go
@@ -522,8 +552,12 @@ def _age_batch(
     hi: int,
     number: int,
     writers_about: bool,
+    session: AgerSession | None = None,
+    growth: BatchGrowth | None = None,
 ) -> AgerReport:
-    return unit.mnests.age_batch(run, lo, hi, number, writers_about=writers_about)
+    return unit.mnests.age_batch(
+        run, lo, hi, number, writers_about=writers_about, session=session, growth=growth
+    )
 
 
 def _age_batch_waiting(
@@ -539,7 +573,7 @@ def _age_batch_waiting(
     lock (PostgreSQL: a writer held a row it wanted, while waiting for one of the batch's, or
     writers queued on it for longer than the batch's lock timeout) rolled back and let the
     writers go on; it is tried again on half its positions (down to one,
-    :func:`~mnestoma.rules.ager_shrunk_end`) after
+    :func:`~mnestoma.rules.ager_shrunk_end`), no longer growing (writers are about), after
     :func:`~mnestoma.rules.ager_batch_retry_pause`, for as long as it takes: a run never
     fails because writers are busy. Other transient failures (a key another transaction
     made a twin of meanwhile) are retried by ``write`` itself."""
@@ -555,12 +589,15 @@ def _age_batch_waiting(
             waits.gave_up(lo, hi, time.perf_counter() - first, attempt + 1)
             waits.pause(ager_batch_retry_pause(attempt))
             hi = ager_shrunk_end(lo, hi)
+            batch["growth"] = None
+            batch["writers_about"] = True
             attempt += 1
             continue
         done = time.perf_counter()
         if attempt:
             waits.got_in(done - first)
-        return report, hi, done - took
+        growth = batch.get("growth")
+        return report, hi if growth is None else growth.end, done - took
 
 
 def with_lock_timeout(engine: Engine, seconds: float | None) -> Engine:

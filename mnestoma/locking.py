@@ -727,6 +727,11 @@ class WaitingWriters:
             self.close()
         return False
 
+    def waiting_now(self) -> bool:
+        """Whether some write waits for the write lock now (asked between two steps of a
+        batch that holds it): :meth:`waiting`."""
+        return self.waiting()
+
     def let_in(self) -> bool:
         """Between two batches: let the waiting writes in (see the class). True when some
         write waited, or when this cannot be seen (no lock file): writers are about."""

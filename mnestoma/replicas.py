@@ -111,6 +111,7 @@ class ReplicaState:
     skipped_until: float = 0.0
     reason: str | None = None  # why it was last skipped
     lagging_since: float | None = None  # a lag past the bound seen, not yet confirmed
+    lagging_received: int = -1  # the WAL position it had received then
     reads: int = 0
     skips: int = 0
 
@@ -209,7 +210,7 @@ class ReplicaSet:
                 return NOT_READY  # to be confirmed: the primary meanwhile
             if not self._fresh(state):
                 with translate_errors():
-                    standby, replayed, lag = conn.execute(REPLICA_PROBE).one()
+                    standby, replayed, received, lag = conn.execute(REPLICA_PROBE).one()
                 if not standby:
                     self.skip(i, "it is not a standby (promoted, or not a replica)")
                     return NOT_READY
@@ -220,14 +221,18 @@ class ReplicaSet:
                 if state.lag_s is not None and state.lag_s > self.settings.replica_max_lag:
                     if state.lagging_since is None:
                         state.lagging_since = time.monotonic()
+                        state.lagging_received = lsn_of(received)
                         state.checked = -1e18
                         return NOT_READY
-                    self.skip(
-                        i,
-                        f"it lags {state.lag_s:.1f} s, more than "
-                        f"{self.settings.replica_max_lag:g} s",
-                    )
-                    return NOT_READY
+                    if state.replayed < state.lagging_received:
+                        self.skip(
+                            i,
+                            f"it lags {state.lag_s:.1f} s, more than "
+                            f"{self.settings.replica_max_lag:g} s",
+                        )
+                        return NOT_READY
+                    # it has replayed what it had received: it goes on, the lag was only the
+                    # time since the last commit it replayed (an idle primary)
                 state.lagging_since = None
                 with self._lock:
                     behind = not self._caught_up(state)

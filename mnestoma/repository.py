@@ -21,7 +21,9 @@ from . import ranking
 from . import snapshots as snap
 from .ager import (
     AgerBounds,
+    AgerSession,
     BatchedRun,
+    BatchGrowth,
     age_batch,
     ager_bounds,
     archive_candidates,
@@ -881,13 +883,32 @@ class MnestRepository(GraphReads):
         return begin_batched_run(conn, self._now(), batch_rows, utc_now(), bounds)
 
     def age_batch(
-        self, run: BatchedRun, lo: int, hi: int, number: int, *, writers_about: bool = True
+        self,
+        run: BatchedRun,
+        lo: int,
+        hi: int,
+        number: int,
+        *,
+        writers_about: bool = True,
+        session: AgerSession | None = None,
+        growth: BatchGrowth | None = None,
     ) -> AgerReport:
         """Age one batch of ``run`` (positions ``[lo, hi)``, batch ``number`` from 1); on
         PostgreSQL, with ``writers_about``, its pages written behind it, without, committed
-        without waiting for its WAL."""
+        without waiting for its WAL. With ``growth``, on past ``hi`` for as long as it says;
+        with ``session``, in the run's session (see :func:`mnestoma.ager.age_batch`)."""
         conn = self._write_ex().conn
-        return age_batch(conn, run, lo, hi, number, utc_now(), writers_about=writers_about)
+        return age_batch(
+            conn,
+            run,
+            lo,
+            hi,
+            number,
+            utc_now(),
+            writers_about=writers_about,
+            session=session,
+            growth=growth,
+        )
 
     def archive_candidates(self, now: datetime) -> int:
         """How many decaying rows the ager counts as archive candidates at ``now`` (on

@@ -11,6 +11,7 @@ from enum import StrEnum
 from typing import Any
 
 __all__ = [
+    "AGER_BATCH_GROWN_MAX_S",
     "AGER_BATCH_QUIET_TARGET_S",
     "AGER_BATCH_ROWS",
     "AGER_BATCH_TARGET_S",
@@ -20,6 +21,7 @@ __all__ = [
     "AGER_ROW_LOCK_TIMEOUT_S",
     "AGER_STOP_POLL_S",
     "AGER_WAIT_WARN_S",
+    "AGER_WAL_CHECKPOINT_MIB",
     "AGER_WRITERS_PATIENCE_S",
     "AGER_WRITERS_POLL_S",
     "AGER_WRITERS_SEEN_S",
@@ -49,6 +51,7 @@ __all__ = [
     "SECONDS_PER_DAY",
     "STATUS_ESTIMATE_FROM",
     "STATUS_RECENT_EVENTS",
+    "STATUS_SAMPLED_IDS",
     "THRESHOLD_TOLERANCE",
     "TRIVIAL_NUMBER",
     "AgerCount",
@@ -57,11 +60,13 @@ __all__ = [
     "MnestState",
     "Outcome",
     "Recorder",
+    "ager_batch_grows",
     "ager_batch_retry_pause",
     "ager_batch_target",
     "ager_next_step",
     "ager_regrown_step",
     "ager_shrunk_end",
+    "ager_wal_checkpoints",
     "ager_writers_about",
     "batch_pause",
     "check_transition",
@@ -118,10 +123,11 @@ REPLICA_SKIP_S = 30.0
 REPLICA_CHECK_S = 1.0
 REPLICA_CONNECT_TIMEOUT_S = 2
 # A lag past the bound is confirmed by a second reading at least REPLICA_CONFIRM_S later
-# before the replica is skipped (its reads go to the primary meanwhile): a standby measures
-# its lag from the commit time of the last transaction it replayed, so the first WAL after
-# the primary was idle reads as a lag as long as the idle time, for the milliseconds it
-# takes to replay it.
+# before the replica is skipped (its reads go to the primary meanwhile): confirmed when the
+# replica has not yet replayed what it had received at the first. A standby measures its lag
+# from the commit time of the last transaction it replayed, so WAL that follows an idle
+# spell (or that holds no commit, a vacuum's) reads as a lag as long as that spell, while
+# the standby replays it at once.
 REPLICA_CONFIRM_S = 0.1
 
 # The status on PostgreSQL (contract §12): from this many events (by the catalogue's
@@ -130,6 +136,9 @@ REPLICA_CONFIRM_S = 0.1
 # the STATUS_RECENT_EVENTS newest events (by id) instead of every event.
 STATUS_ESTIMATE_FROM = 200_000
 STATUS_RECENT_EVENTS = 10_000
+# SQLite has no catalogue of estimates: its status estimates the events from this many ids
+# drawn at random between the lowest and the highest (each looked up in the primary key).
+STATUS_SAMPLED_IDS = 4_000
 # apply_ager: how long one batch holds its locks (seconds), each batch its own transaction,
 # so that a writer behind the ager waits for one batch at most (SQLite: the write lock;
 # PostgreSQL: the batch's rows only). While writers are about (one waited for a batch, or
@@ -143,6 +152,27 @@ AGER_BATCH_TARGET_S = 0.015
 AGER_BATCH_QUIET_TARGET_S = 0.075
 AGER_WRITERS_SEEN_S = 1.0
 AGER_BATCH_ROWS = 500
+# apply_ager, sized by the run (no batch_rows), while no writer is about: a batch grows, step
+# after step of AGER_BATCH_QUIET_TARGET_S, in one transaction, and commits only when a writer
+# waits for it (SQLite: a write of this package waiting for the lock; PostgreSQL: a session
+# holding a writer's lock on mnests), when the run's caller asks it to stop, or after
+# AGER_BATCH_GROWN_MAX_S. A writer that comes waits for one step and the commit, as it would
+# behind one quiet batch. The bound is for the writers that cannot say they wait (a
+# service's own code writing the same SQLite file: it waits this long at most, well inside
+# any busy timeout), for a stopped run (it stops within a step of being asked, but its
+# caller sees the progress only at each commit), and for the work a PostgreSQL batch that
+# gives up on a row lock throws away. A commit costs little once the checkpoints are out
+# of the way (below): 1 s of work, tens of thousands of rows, makes the commits a few
+# percent of a run.
+AGER_BATCH_GROWN_MAX_S = 1.0
+# apply_ager on SQLite: a run holds back the WAL's automatic checkpoints of its own
+# connection while no writer is about (each checkpoint waits for the disk twice, and a run
+# of small batches made one after nearly every batch), and lets its commit checkpoint as
+# usual (PASSIVE, at the connection's own wal_autocheckpoint) when writers are about, when
+# the WAL has reached this size (MiB; read from the WAL index) and at its last commit. The
+# WAL so holds at most this much plus one batch's pages while the run goes on (the next
+# write after a checkpoint starts it again from its beginning).
+AGER_WAL_CHECKPOINT_MIB = 256
 # SQLite: a pause (seconds) in which writers waiting for the write lock take it (they try
 # again every 2 ms at most, see mnestoma.locking): prune_events pauses this long between
 # every two batches (batch_pause); the ager now and then, or between every two batches
@@ -342,6 +372,19 @@ def ager_writers_about(since_writers_s: float) -> bool:
     """Whether the ager counts writers as about, ``since_writers_s`` seconds after it last
     saw one: within :data:`AGER_WRITERS_SEEN_S`."""
     return since_writers_s < AGER_WRITERS_SEEN_S
+
+
+def ager_batch_grows(since_writers_s: float) -> bool:
+    """Whether the ager's next batch (sized by the run) grows until a writer waits for it,
+    ``since_writers_s`` seconds after it last saw a writer about: when none is about."""
+    return not ager_writers_about(since_writers_s)
+
+
+def ager_wal_checkpoints(wal_bytes: int, writers_about: bool) -> bool:
+    """Whether a commit of the ager on SQLite checkpoints the WAL (holding ``wal_bytes``):
+    while writers are about (as their commits would), or once the WAL holds
+    :data:`AGER_WAL_CHECKPOINT_MIB`."""
+    return writers_about or wal_bytes >= AGER_WAL_CHECKPOINT_MIB * 1024 * 1024
 
 
 def ager_batch_target(since_writers_s: float) -> float:

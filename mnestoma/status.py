@@ -33,6 +33,7 @@ from .rules import (
     RECURRING_MIN_WEIGHT,
     STATUS_ESTIMATE_FROM,
     STATUS_RECENT_EVENTS,
+    STATUS_SAMPLED_IDS,
     AgerReport,
     EventKind,
     MnestState,
@@ -452,7 +453,7 @@ def _replica_facts(url: URL) -> ReplicaFacts:
     engine = make_engine(url, connect_args=replica_connect_args(url))
     try:
         with translate_errors(), engine.connect() as conn:
-            standby, _replayed, lag = conn.execute(REPLICA_PROBE).one()
+            standby, _replayed, _received, lag = conn.execute(REPLICA_PROBE).one()
     except MnestomaError as err:
         return ReplicaFacts(where, None, error=str(err))
     finally:
@@ -466,7 +467,7 @@ def _collect(
     status = StoreStatus(redact_url(engine.url), engine.dialect.name, "none", None, head, now)
     with translate_errors(), engine.connect() as conn:
         if conn.dialect.name == "postgresql":
-            standby, _replayed, lag = conn.execute(REPLICA_PROBE).one()
+            standby, _replayed, _received, lag = conn.execute(REPLICA_PROBE).one()
             status.standby = bool(standby)
             status.standby_lag_s = None if lag is None or not standby else float(lag)
         status.revision = read_revision(conn)
@@ -486,7 +487,7 @@ def _collect(
             else set()
         )
         status.outcomes_recorded = "outcome" in event_columns
-        estimate = conn.dialect.name == "postgresql" and not exact
+        estimate = not exact
         _count(conn, tables, status, by_recorder="recorder" in event_columns, estimate=estimate)
         if AGER_RUNS.name in tables:
             _count_ager_runs(conn, status)
@@ -519,7 +520,11 @@ def _count(
         and EVENTS.name in tables
         and by_recorder
         and status.outcomes_recorded
-        and _estimate_events(conn, status)
+        and (
+            _estimate_events(conn, status)
+            if conn.dialect.name == "postgresql"
+            else _sample_events(conn, status)
+        )
     )
     if EVENTS.name in tables and not estimated:
         by_kind = dict.fromkeys((k.value for k in EventKind), 0)
@@ -537,7 +542,8 @@ def _count(
             status.passings_with_turn = int(with_turn)
             status.last_turn_passing = _as_utc(last_with_turn)
     if QUERIES.name in tables:
-        rows = _estimated_rows(conn, QUERIES.name) if estimated else None
+        on_pg = conn.dialect.name == "postgresql"
+        rows = _estimated_rows(conn, QUERIES.name) if estimated and on_pg else None
         if rows is None:
             rows = int(conn.execute(sql.QUERY_LOG_COUNT).scalar_one())
         status.query_log = rows
@@ -601,6 +607,35 @@ def _estimate_events(conn: Connection, status: StoreStatus) -> bool:
     status.events_by_kind = {kind: round(n * total / analysed) for kind, n in by_kind.items()}
     status.events = round(total)
     status.passings = sum(status.events_by_kind.get(kind, 0) for kind in PASSING)
+    _recent_shares(conn, status)
+    status.oldest_event = _as_utc(conn.execute(sql.OLDEST_EVENT).scalar())
+    status.events_kept_from = None
+    status.estimated = True
+    return True
+
+
+def _sample_events(conn: Connection, status: StoreStatus) -> bool:
+    """The status's facts about ``events`` without reading them all (SQLite, which keeps no
+    estimates): the rows and their kinds from :data:`~mnestoma.rules.STATUS_SAMPLED_IDS`
+    ids drawn at random between the lowest and the highest, the rest as on PostgreSQL
+    (:func:`_recent_shares`). False (nothing set) below
+    :data:`~mnestoma.rules.STATUS_ESTIMATE_FROM` events: the caller counts them."""
+    lo, hi = conn.execute(sql.EVENT_ID_RANGE).one()
+    if lo is None or hi is None or hi - lo + 1 < STATUS_ESTIMATE_FROM:
+        return False
+    span = int(hi) - int(lo) + 1
+    n = STATUS_SAMPLED_IDS
+    params = {"lo": int(lo), "span": span, "n": n}
+    found: dict[str, int] = {str(k): int(c) for k, c in conn.execute(sql.SAMPLED_KINDS, params)}
+    total = span * sum(found.values()) / n
+    if total < STATUS_ESTIMATE_FROM:
+        return False
+    by_kind = dict.fromkeys((k.value for k in EventKind), 0)
+    for kind, count in found.items():
+        by_kind[str(kind)] = round(span * int(count) / n)
+    status.events_by_kind = by_kind
+    status.events = round(total)
+    status.passings = sum(by_kind.get(kind, 0) for kind in PASSING)
     _recent_shares(conn, status)
     status.oldest_event = _as_utc(conn.execute(sql.OLDEST_EVENT).scalar())
     status.events_kept_from = None

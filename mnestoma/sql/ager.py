@@ -71,6 +71,7 @@ if TYPE_CHECKING:
 __all__ = [
     "MERGE",
     "PAIRS",
+    "PAIRS_STEP",
     "PROGRESS_BEGIN",
     "PROGRESS_DONE",
     "PROGRESS_MOVE",
@@ -80,6 +81,7 @@ __all__ = [
     "cache_size_pragma",
     "postgresql_ager_statements",
     "sqlite_ager_statements",
+    "wal_autocheckpoint_pragma",
 ]
 
 # A run's row in ager_progress: inserted when it begins (its id returned), moved on by each
@@ -99,6 +101,9 @@ PROGRESS_DONE = delete(P).where(P.c.id <= bindparam("run_id"))
 
 # The name of PostgreSQL's merge step, which a batch skips when its run needs no merge.
 MERGE = "merge"
+# The name of SQLite's first merge step (the pairs into PAIRS): when it finds none, the
+# batch skips the other merge steps.
+PAIRS_STEP = "pairs"
 
 ACTIVE = MnestState.ACTIVE.value
 PROTO = MnestState.PROTO.value
@@ -106,7 +111,7 @@ DECAYING = MnestState.DECAYING.value
 
 # SQLite: the run's merge pairs, keyed by the decaying row's rowid (a key has at most one
 # active and one decaying row, so either rowid identifies a pair). Created and dropped by
-# each run, inside its transaction.
+# a run in one transaction, inside it; by a run in batches once, emptied before each step.
 PAIRS = Table(
     "mnestoma_ager_pairs",
     MetaData(),
@@ -269,10 +274,12 @@ def _postgresql_pairs(now: Any) -> Any:
     )
 
 
-def _any_versioned_decaying() -> Any:
+def _any_versioned_decaying(table: NamedFromClause = M) -> Any:
     """Whether the store holds a decaying row with a version, the only rows a merge pairs an
-    active row with: a scan that stops at the first (the whole table when there is none)."""
-    return select(M.c.id).where(M.c.state == DECAYING, M.c.dst_version.is_not(None)).exists()
+    active row with: a scan that stops at the first (the whole table when there is none).
+    ``table``: ``mnests`` or an alias of it (inside a query that reads ``mnests`` itself)."""
+    t = table.c
+    return select(t.id).where(t.state == DECAYING, t.dst_version.is_not(None)).exists()
 
 
 def _postgresql_batch_pairs(now: Any) -> Any:
@@ -384,6 +391,7 @@ class AgerChange:
     name: str
     statement: Executable
     counts: tuple[AgerCount, ...] = ()
+    merging: bool = False  # a step of the merge: skipped when the run needs no merge
 
 
 @dataclass(frozen=True, slots=True)
@@ -392,13 +400,15 @@ class SQLiteAgerStatements:
     the temporary :data:`PAIRS`, the events of prunes and demotions in one scan before the
     rows change), and what plans a run: its rowids and rows, the page cache's size."""
 
-    pairs_create: CreateTable
     changes: tuple[AgerChange, ...]
     archive_count: Select[int]
     pairs_drop: DropTable
-    bounds: Select[int, int, int, bool]  # (first rowid, last rowid + 1, rows, true)
+    bounds: Select[int, int, int, bool]  # (first rowid, last rowid + 1, rows, any decaying)
     cache_size: TextClause
     page_size: TextClause
+    pairs_create: CreateTable  # IF NOT EXISTS: a run in batches keeps it for the run
+    pairs_clear: Executable
+    wal_autocheckpoint: TextClause
 
 
 @dataclass(frozen=True, slots=True)
@@ -463,23 +473,25 @@ def _sqlite(now: Any, batched: bool) -> SQLiteAgerStatements:
         )
     )
     return SQLiteAgerStatements(
-        pairs_create=CreateTable(p),
         changes=(
             AgerChange(
-                "pairs",
-                insert(p).from_select(
-                    [c.name for c in p.columns], _pairs_select("sqlite", now, batched)
-                ),
+                PAIRS_STEP,
+                insert(p)
+                .from_select([c.name for c in p.columns], _pairs_select("sqlite", now, batched))
+                .execution_options(preserve_rowcount=True),
+                merging=True,
             ),
-            AgerChange("merge_events", _insert_events(union_all(absorbed, target))),
+            AgerChange("merge_events", _insert_events(union_all(absorbed, target)), merging=True),
             AgerChange(
                 "merge_update",
                 update(M).where(_rowid(M).in_(select(p.c.d_rowid))).values(merge_values),
+                merging=True,
             ),
             AgerChange(
                 "merge_delete",
                 delete(M).where(_rowid(M).in_(select(p.c.a_rowid))),
                 counts=(AgerCount.MERGED, AgerCount.TO_DECAYING),
+                merging=True,
             ),
             AgerChange("moves_events", _insert_events(moves_events)),
             AgerChange(
@@ -507,13 +519,19 @@ def _sqlite(now: Any, batched: bool) -> SQLiteAgerStatements:
         ),
         archive_count=_archive_count("sqlite", now, state),
         pairs_drop=DropTable(p, if_exists=True),
-        # The run's rowids (those the table has when it begins) and its rows.
-        # (SQLite batches always look for merge pairs: the fourth column is always true)
+        # The run's rowids (those the table has when it begins), its rows, and whether a
+        # merge can be needed (a versioned decaying row: see _any_versioned_decaying).
         bounds=select(
-            func.min(_rowid(M)), func.max(_rowid(M)) + 1, func.count(), literal(True)
+            func.min(_rowid(M)),
+            func.max(_rowid(M)) + 1,
+            func.count(),
+            _any_versioned_decaying(M.alias("dec")),
         ).select_from(M),
         cache_size=text("PRAGMA cache_size"),
         page_size=text("PRAGMA page_size"),
+        pairs_create=CreateTable(p, if_not_exists=True),
+        pairs_clear=delete(p),
+        wal_autocheckpoint=text("PRAGMA wal_autocheckpoint"),
     )
 
 
@@ -617,14 +635,19 @@ def _postgresql(now: Any, batched: bool) -> PostgreSQLAgerStatements:
         # Other sessions holding a writer's lock on mnests now (a writer in a transaction:
         # ROW SHARE for SELECT ... FOR UPDATE, ROW EXCLUSIVE for a write; not a reader's
         # ACCESS SHARE, nor (auto)vacuum's SHARE UPDATE EXCLUSIVE): whether writers are
-        # about, which the run lets in first.
+        # about, which the run lets in first. Of this database only: pg_locks shows the
+        # whole server's, and a database made from the same template has its tables under
+        # the same oids.
         writers_in=text(
             "SELECT count(*) FROM pg_locks"
             " WHERE relation = 'mnests'::regclass AND pid <> pg_backend_pid() AND granted"
             " AND mode IN ('RowShareLock', 'RowExclusiveLock')"
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
         ),
         changes=(
-            AgerChange(MERGE, merge, counts=(AgerCount.MERGED, AgerCount.TO_DECAYING)),
+            AgerChange(
+                MERGE, merge, counts=(AgerCount.MERGED, AgerCount.TO_DECAYING), merging=True
+            ),
             AgerChange("prune", prune, counts=(AgerCount.PROTOS_PRUNED,)),
             AgerChange("decay", decay, counts=(AgerCount.DECAYED,)),
             AgerChange("demote", demote, counts=(AgerCount.TO_DECAYING,)),
@@ -640,6 +663,11 @@ def _postgresql(now: Any, batched: bool) -> PostgreSQLAgerStatements:
             _any_versioned_decaying(),
         ),
     )
+
+
+def wal_autocheckpoint_pragma(pages: int) -> TextClause:
+    """``PRAGMA wal_autocheckpoint = pages`` (SQLite; 0: none)."""
+    return text(f"PRAGMA wal_autocheckpoint = {int(pages)}")
 
 
 def cache_size_pragma(value: int) -> TextClause:

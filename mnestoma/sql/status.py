@@ -27,6 +27,7 @@ __all__ = [
     "COLUMN_SHARES",
     "EVENTS_BY_KIND",
     "EVENTS_KEPT_FROM",
+    "EVENT_ID_RANGE",
     "LAST_AGER_RUN",
     "MNESTS_BY_STATE",
     "OLDEST_EVENT",
@@ -35,6 +36,7 @@ __all__ = [
     "PASSINGS_BY_RECORDER_WITH_OUTCOMES",
     "QUERY_LOG_COUNT",
     "RECENT_PASSINGS_BY_RECORDER",
+    "SAMPLED_KINDS",
     "TABLE_LEAVES",
     "leaf_count",
 ]
@@ -153,3 +155,22 @@ RECENT_PASSINGS_BY_RECORDER: Final[
 
 # The oldest event by id (the first kept), without reading the others.
 OLDEST_EVENT: Final[Select[datetime]] = select(E.c.ts).order_by(E.c.id).limit(1)
+
+
+# --- estimates (SQLite): a sample of the ids, never a scan of ``events`` ----------------------
+
+# The lowest and the highest event id, each from one end of the primary key.
+EVENT_ID_RANGE: Final[Select[int | None, int | None]] = select(
+    select(func.min(E.c.id)).scalar_subquery(), select(func.max(E.c.id)).scalar_subquery()
+)
+
+# ``:n`` ids drawn at random in ``[:lo, :lo + :span)``, looked up one by one: the events found,
+# per kind. Each id exists with the density of the events over the range (prunes leave
+# gaps), so ``span × found / n`` estimates the events and the kinds' shares are those of a
+# uniform sample of them.
+SAMPLED_KINDS: Final[TextClause] = text(
+    "WITH RECURSIVE probe(k, id) AS ("
+    " SELECT 1, :lo + abs(random() % :span)"
+    " UNION ALL SELECT k + 1, :lo + abs(random() % :span) FROM probe WHERE k < :n)"
+    " SELECT e.kind, count(*) FROM probe JOIN events e ON e.id = probe.id GROUP BY e.kind"
+)

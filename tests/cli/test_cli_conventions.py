@@ -412,11 +412,8 @@ def _collected(*args: str) -> list[str]:
 
 
 def test_not_postgresql_deselects_every_test_that_needs_the_server() -> None:
-    files = [
-        "tests/store/test_record.py",
-        "tests/store/test_bad_input.py",
-        "tests/store/test_open_errors.py",
-    ]
+    files = ("tests/store/test_record.py", "tests/store/test_bad_input.py")
+    files += ("tests/store/test_open_errors.py",)
     kept = _collected("-m", "not postgresql", *files)
     on_pg = _collected("-m", "postgresql", *files)
     assert kept and on_pg and not set(kept) & set(on_pg)
@@ -432,11 +429,8 @@ def test_rendering_postgresql_sql_needs_no_server_and_stays_selected() -> None:
 
 
 def test_not_slow_deselects_tests_that_spawn_processes_or_build_wheels() -> None:
-    files = [
-        "tests/project/test_packaging.py",
-        "tests/races/test_faults.py",
-        "tests/project/test_readme.py",
-    ]
+    files = ("tests/project/test_packaging.py", "tests/races/test_faults.py")
+    files += ("tests/project/test_readme.py",)
     slow = _collected("-m", "slow", *files)
     assert any("installed_wheel" in i for i in slow)  # builds a wheel
     assert any("killed_after_any_statement" in i for i in slow)  # through a helper

@@ -1,6 +1,6 @@
-"""A status that does not read every event (contract §12): on PostgreSQL, from
-``STATUS_ESTIMATE_FROM`` events, the catalogue's estimates shown as "about N"; ``--exact``
-counts and says it scans; below it, and on SQLite, exact counts as before."""
+"""A status that does not read every event (contract §12): from ``STATUS_ESTIMATE_FROM``
+events, estimates shown as "about N" (PostgreSQL: the catalogue's; SQLite: a sample of the
+ids); ``--exact`` counts and says it scans; below it, exact counts as before."""
 
 from __future__ import annotations
 
@@ -108,3 +108,21 @@ def test_the_estimate_of_a_partitioned_table_sums_its_partitions(pg_store_url: s
         finally:
             conn.execute(text("DROP TABLE status_parts"))
     engine.dispose()
+
+
+def test_a_large_sqlite_store_samples_its_events_and_says_about(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"sqlite:///{tmp_path}/store.sqlite"
+    _fill(url)
+    exact = collect_status(url, exact=True)
+    monkeypatch.setattr(status_module, "STATUS_ESTIMATE_FROM", 1)
+    monkeypatch.setattr(status_module, "STATUS_SAMPLED_IDS", 4000)
+    st = collect_status(url)
+    assert st.estimated and not exact.estimated
+    # 4000 ids drawn among 40: each event found about 100 times
+    assert abs(st.events - 40) <= 8 and abs(st.passings - 40) <= 8
+    assert set(st.automatic) == {"tracer"} and st.last_passing == exact.last_passing
+    assert f"events     about {st.events} " in render_status(st)
+    result = CliRunner().invoke(cli, ["status", "--exact", "--database-url", url])
+    assert "events     40 " in result.output and "--exact scans" in result.output

@@ -922,3 +922,159 @@ def test_status_says_a_run_is_running_while_it_holds_the_lock(store_url: str) ->
 
         store.apply_ager(batch_rows=50, progress=progress)
     assert seen == [[(True, 2)]]
+
+
+# --- batches that grow while no writer is about --------------------------------------------
+
+
+def statements_seen(engine: Engine, *heads: str) -> list[str]:
+    """The heads (of ``heads``) of the statements run on ``engine`` from now on, in order."""
+    seen: list[str] = []
+
+    def spy(conn: Any, cursor: Any, statement: str, *rest: Any) -> None:
+        for head in heads:
+            if statement.lstrip().startswith(head):
+                seen.append(head)
+
+    event.listen(engine, "before_cursor_execute", spy)
+    return seen
+
+
+def test_with_no_writer_about_a_batch_grows_and_commits_once(store_url: str) -> None:
+    """By default, with nobody writing, the run's batch goes on step after step in one
+    transaction (one progress move, one progress call) instead of committing every step;
+    the result equals the run in one transaction."""
+    expected, left = one_transaction(store_url)
+    reset(store_url)
+    seen: list[tuple[int, int]] = []
+    with Mnestoma(store_url, clock=StoppedClock()) as store:
+        heads = statements_seen(store.engine, "UPDATE ager_progress", "UPDATE mnests")
+        assert store.apply_ager(progress=lambda d, t: seen.append((d, t))) == expected
+        assert snapshot(store.engine) == left
+    assert seen == [(1, 1)]
+    assert heads.count("UPDATE ager_progress") == 1
+    assert heads.count("UPDATE mnests") >= 2  # more than one step
+
+
+def test_a_growing_batch_commits_at_the_step_a_writer_comes(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer that comes while a batch grows (SQLite: a write waiting for the lock;
+    PostgreSQL: a transaction holding a writer's lock on mnests) ends the batch at the next
+    step: the run commits there, lets the writer in, and goes on. (Without the writer this
+    run is one batch: its bound is made longer than the run.)"""
+    monkeypatch.setattr(ager, "AGER_BATCH_QUIET_TARGET_S", 1e-6)  # steps of a few rows
+    monkeypatch.setattr(ager, "AGER_BATCH_GROWN_MAX_S", 600.0)
+    monkeypatch.setattr(mnestoma.facade, "AGER_BATCH_ROWS", 8)
+    expected, _ = one_transaction(store_url)
+    reset(store_url)
+    batches: list[tuple[int, bool]] = []
+    done = threading.Event()
+    with Mnestoma(store_url, clock=StoppedClock()) as store:
+        store.record_passing("mid", "1", "run", "1")  # a pooled connection, ready
+        holder = store.engine.connect() if store.engine.dialect.name != "sqlite" else None
+        started: list[bool] = []
+
+        def write() -> None:
+            store.record_passing("mid", "1", "run", "1")
+            done.set()
+
+        def in_step(conn: Any, cursor: Any, statement: str, *rest: Any) -> None:
+            if started or not statement.startswith("UPDATE mnests"):
+                return
+            started.append(True)
+            if holder is None:
+                threading.Thread(target=write).start()
+                deadline = time.monotonic() + 10
+                with WaitingWriters(conn) as writers:
+                    while not writers.waiting() and time.monotonic() < deadline:
+                        time.sleep(0.001)
+            else:  # a writer in a transaction on mnests, until the first batch is done
+                holder.execute(text("SELECT id FROM mnests WHERE src_executor = 'mid' FOR UPDATE"))
+
+        def progress(number: int, total: int) -> None:
+            if holder is not None and number == 1:
+                holder.rollback()
+                done.set()
+            batches.append((number, done.is_set()))
+
+        event.listen(store.engine, "before_cursor_execute", in_step)
+        assert store.apply_ager(progress=progress) == expected
+        if holder is not None:
+            holder.close()
+    assert started and done.is_set()
+    assert len(batches) >= 2
+    assert batches[1] == (2, True)  # the writer got in between the first two batches
+
+
+@pytest.mark.parametrize("when", ["quiet", "writers about", "at the WAL's bound"])
+def test_a_sqlite_run_checkpoints_only_with_writers_about_at_its_bound_and_at_its_end(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, when: str
+) -> None:
+    """The connection checkpoints at every commit (``wal_autocheckpoint = 1``): while no
+    writer is about the run holds that back, so its WAL grows from batch to batch; with
+    writers about, or once the WAL reaches AGER_WAL_CHECKPOINT_MIB, each commit checkpoints.
+    The last commit always does, and the connection gets its own setting back."""
+    url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    Mnestoma(url).close()  # migrated
+    reset(url)
+    if when == "writers about":
+        monkeypatch.setattr(mnestoma.facade, "ager_writers_about", lambda since: True)
+    if when == "at the WAL's bound":
+        monkeypatch.setattr(rules, "AGER_WAL_CHECKPOINT_MIB", 1 / 1024 / 1024)
+    shm = f"{tmp_path / 'store.sqlite'}-shm"
+
+    def wal() -> tuple[int, int]:
+        """(frames in the WAL, frames checkpointed), from the WAL index's header."""
+        with open(shm, "rb") as f:
+            header = f.read(100)
+        return int.from_bytes(header[16:20], sys.byteorder), int.from_bytes(
+            header[96:100], sys.byteorder
+        )
+
+    seen: list[tuple[int, int]] = []
+    with Mnestoma(url, clock=StoppedClock()) as store:
+
+        @event.listens_for(store.engine, "connect")
+        def each_commit(dbapi: Any, record: Any) -> None:
+            dbapi.execute("PRAGMA wal_autocheckpoint = 1")
+
+        store.engine.dispose()
+        store.record_passing("a", "1", "b", "1")
+        store.apply_ager(batch_rows=50, progress=lambda d, t: seen.append(wal()))
+        after = wal()
+        with store.engine.connect() as conn:
+            assert conn.exec_driver_sql("PRAGMA wal_autocheckpoint").scalar() == 1
+    assert len(seen) > 5
+    checkpointed = [frames == backfilled for frames, backfilled in seen]
+    if when == "quiet":
+        assert not any(checkpointed)
+        assert [f for f, _ in seen] == sorted(f for f, _ in seen)  # the WAL only grew
+    else:
+        assert all(checkpointed)
+    assert after[0] == after[1]  # the last commit checkpointed
+
+
+def test_a_sqlite_run_makes_its_pairs_table_once_and_skips_the_merge_when_none_can_be(
+    tmp_path: Any,
+) -> None:
+    """The temporary table of merge pairs is created and dropped once per run, not per
+    batch; a run that begins with no versioned decaying row looks for no pair at all."""
+    sqlite_store_url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    Mnestoma(sqlite_store_url).close()  # migrated
+    for rows, merges in ((demoting_store(600, seed=11), False), (ROWS, True)):
+        expected, left = one_transaction(sqlite_store_url, rows)
+        reset(sqlite_store_url, rows)
+        with Mnestoma(sqlite_store_url, clock=StoppedClock()) as store:
+            heads = statements_seen(
+                store.engine,
+                "CREATE TABLE",
+                'INSERT INTO "temp"',
+                "UPDATE ager_progress",
+            )
+            assert store.apply_ager(batch_rows=20) == expected
+            assert snapshot(store.engine) == left
+        batches = heads.count("UPDATE ager_progress")
+        assert batches > 10
+        assert heads.count("CREATE TABLE") == 1  # dropped once too, at the driver
+        assert heads.count('INSERT INTO "temp"') == (batches if merges else 0)

@@ -216,7 +216,8 @@ def test_the_ager_runs_the_same_few_statements_whatever_the_row_count(
     store: Mnestoma, clock
 ) -> None:
     """Set-based: within a batch, the number of statements does not grow with the number of
-    rows (both runs here fit in one batch; a run's statements grow with its batches only)."""
+    rows (both runs here fit in one batch; a run's statements grow with its batches only;
+    on SQLite about ten of them set the run's connection up and back)."""
     from sqlalchemy import event
 
     def statements_for_one_run() -> int:
@@ -242,4 +243,4 @@ def test_the_ager_runs_the_same_few_statements_whatever_the_row_count(
     store.record_turn("w", [(f"p{i}", "1", "wish", None, False) for i in range(100)])
     clock.advance(days=60)
     many = statements_for_one_run()
-    assert many == few <= 20
+    assert many == few <= 30
