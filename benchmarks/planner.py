@@ -22,7 +22,8 @@ planner asks what follows the previous call:
   training calls: popularity (the most called functions first) and the undecayed count of
   successors (what followed the previous call most often; popularity breaks its ties);
 - ``vet`` on each held-out chain against the same chain corrupted (one step replaced by
-  another function; two steps swapped): the share of pairs whose real chain scores higher
+  another function; two steps swapped), the chains being whole conversations and, apart,
+  each turn's calls (what one request plans): the share of pairs whose real chain scores higher
   (ties count half) by ``Verdict.score`` alone (0 as soon as one link is unknown), and by
   the number of unknown links first, then the score; and how often ``Verdict.weakest`` is a
   link that touches a corrupted step;
@@ -304,13 +305,19 @@ def vet_separation(
     """How ``vet`` tells real held-out chains from corrupted ones, per kind of corruption."""
     rng = random.Random(seed + 1)
     out: dict[str, dict[str, float]] = {}
-    for kind in ("one step replaced", "two steps swapped"):
+    # A conversation's whole chain of calls, and each turn's own (what one request plans).
+    units = {
+        "": [conv.calls for conv in test],
+        ", a turn's calls": [list(turn) for conv in test for turn in conv.turns],
+    }
+    for (unit, chains), kind in itertools.product(
+        units.items(), ("one step replaced", "two steps swapped")
+    ):
         wins = 0.0
         evidence = 0.0
         pointed = 0
         n = 0
-        for conv in test:
-            chain = conv.calls
+        for chain in chains:
             if len(chain) < 2:
                 continue
             corrupted = list(chain)
@@ -331,7 +338,7 @@ def vet_separation(
             wins += _beats((real.score,), (fake.score,))
             evidence += _beats((-len(real.unknown), real.score), (-len(fake.unknown), fake.score))
             pointed += fake.weakest in touched
-        out[kind] = {
+        out[kind + unit] = {
             "separation": wins / max(n, 1),
             "separation_unknown_then_score": evidence / max(n, 1),
             "weakest_on_corrupted_step": pointed / max(n, 1),

@@ -64,6 +64,9 @@ def test_the_benchmark_runs_on_the_fixture_and_reports_every_order(tmp_path: Pat
         assert hits["n"] == report["held_out_calls"] > 0
         assert 0.0 <= hits["hit@1"] <= hits["hit@3"] <= 1.0
     for kind in ("one step replaced", "two steps swapped"):
+        for unit in ("", ", a turn's calls"):
+            vet = report["vet"][kind + unit]
+            assert vet["pairs"] > 0 and 0.0 <= vet["separation"] <= 1.0
         vet = report["vet"][kind]
         assert vet["pairs"] > 0 and 0.0 <= vet["separation"] <= 1.0
     drift = report["drift"]
