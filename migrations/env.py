@@ -31,7 +31,6 @@ from mnestoma.migration import (
     HANDED,
     VERSION_TABLE,
     checkout_database_url,
-    compared_objects,
     handed_connection,
     lock_timeout_sql,
     migration_lock_timeout,
@@ -39,7 +38,7 @@ from mnestoma.migration import (
     retry_lock_timeouts,
     revision_session,
 )
-from mnestoma.models import Base
+from mnestoma.models import VIEW_NAME, Base
 
 config = context.config
 if config.config_file_name is not None and not config.attributes.get("skip_logging"):
@@ -51,10 +50,8 @@ target_metadata = Base.metadata
 def include_object(
     obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any
 ) -> bool:
-    """Leave out of autogenerate the view (managed by hand in the revisions) and what the
-    models build on another engine only (see :func:`mnestoma.migration.compared_objects`)."""
-    dialect = context.get_context().dialect.name
-    return compared_objects(dialect)(obj, name, type_, reflected, compare_to)
+    """Leave the view out of autogenerate: it is managed by hand in the revisions."""
+    return not (type_ == "table" and name == VIEW_NAME)
 
 
 def _configure(connection: Connection, *, per_revision: bool = False) -> None:
