@@ -27,6 +27,7 @@ from sqlalchemy.exc import ArgumentError
 from sqlalchemy.orm import Session
 from sqlalchemy.util import greenlet_spawn
 
+from .ager import BatchProgress, age_in_batches, check_ager_call
 from .config import (
     async_database_url,
     is_sqlite,
@@ -43,14 +44,7 @@ from .errors import (
     StoreError,
     translate_errors,
 )
-from .facade import (
-    BatchProgress,
-    PruneProgress,
-    age_in_batches,
-    check_ager_call,
-    check_prune_call,
-    ensure_schema,
-)
+from .facade import PruneProgress, check_prune_call, ensure_schema
 from .locking import (
     LOCK_TIMEOUT_OPTION,
     lock_timeout_of,
@@ -244,11 +238,6 @@ class AsyncMnestRepository(_OnAsyncSession[MnestRepository], _MnestOperations):
 
     # the shared table (_MnestOperations), and the repository's own:
     apply_ager = _awaited(MnestRepository.apply_ager, write=True)
-    ager_bounds = _awaited(MnestRepository.ager_bounds)
-    begin_ager_run = _awaited(MnestRepository.begin_ager_run, write=True)
-    age_batch = _awaited(MnestRepository.age_batch, write=True)
-    archive_candidates = _awaited(MnestRepository.archive_candidates)
-    end_ager_run = _awaited(MnestRepository.end_ager_run, write=True)
     prune_events = _awaited(MnestRepository.prune_events, write=True)
     prunable_event_ids = _awaited(MnestRepository.prunable_event_ids)
     prune_event_batch = _awaited(MnestRepository.prune_event_batch, write=True)

@@ -19,18 +19,7 @@ from sqlalchemy.orm import Session, scoped_session
 
 from . import ranking
 from . import snapshots as snap
-from .ager import (
-    AgerBounds,
-    AgerSession,
-    BatchedRun,
-    BatchGrowth,
-    age_batch,
-    ager_bounds,
-    archive_candidates,
-    begin_batched_run,
-    end_batched_run,
-    run_ager,
-)
+from .ager import run_ager
 from .errors import (
     ConflictError,
     InvalidInput,
@@ -81,7 +70,6 @@ from .validation import (
     check_weight_threshold,
     normalise_passing,
     shorten,
-    utc_now,
 )
 from .vetting import Verdict, normalise_steps, vet_chain
 
@@ -862,58 +850,8 @@ class MnestRepository(GraphReads):
     def apply_ager(self) -> AgerReport:
         """Decay, demote, merge, prune and count archive candidates, in set-based SQL, all
         in this unit's transaction; the facades run it in batches instead, each its own
-        transaction (:meth:`begin_ager_run`, :meth:`age_batch`, :meth:`end_ager_run`)."""
+        transaction (:func:`mnestoma.ager.age_in_batches`)."""
         return run_ager(self._write_ex().conn, self._now())
-
-    def ager_bounds(self) -> AgerBounds:
-        """What a run of the ager in batches begun now would cover (a read, which takes no
-        lock: read before the run's first write; on PostgreSQL the rest of the transaction
-        runs without parallel workers)."""
-        return ager_bounds(self._ex().conn)
-
-    def begin_ager_run(self, batch_rows: int, bounds: AgerBounds) -> BatchedRun:
-        """Begin a run of the ager in batches at the clock's now (read once, here) over
-        ``bounds`` (:meth:`ager_bounds`): plan its batches of about ``batch_rows`` rows and
-        note it in ``ager_progress``."""
-        conn = self._write_ex().conn
-        return begin_batched_run(conn, self._now(), batch_rows, utc_now(), bounds)
-
-    def age_batch(
-        self,
-        run: BatchedRun,
-        lo: int,
-        hi: int,
-        number: int,
-        *,
-        writers_about: bool = True,
-        session: AgerSession | None = None,
-        growth: BatchGrowth | None = None,
-    ) -> AgerReport:
-        """Age one batch of ``run`` (positions ``[lo, hi)``, batch ``number`` from 1); on
-        PostgreSQL, with ``writers_about``, its pages written behind it, without, committed
-        without waiting for its WAL. With ``growth``, on past ``hi`` for as long as it says;
-        with ``session``, in the run's session (see :func:`mnestoma.ager.age_batch`)."""
-        conn = self._write_ex().conn
-        return age_batch(
-            conn,
-            run,
-            lo,
-            hi,
-            number,
-            utc_now(),
-            writers_about=writers_about,
-            session=session,
-            growth=growth,
-        )
-
-    def archive_candidates(self, now: datetime) -> int:
-        """How many decaying rows the ager counts as archive candidates at ``now`` (on
-        PostgreSQL the rest of the transaction runs without parallel workers)."""
-        return archive_candidates(self._ex().conn, now)
-
-    def end_ager_run(self, run: BatchedRun, report: AgerReport, duration_s: float) -> None:
-        """Complete ``run``: its ``ager_runs`` row, its progress row cleared."""
-        end_batched_run(self._write_ex().conn, run, report, duration_s)
 
     # --- retention --------------------------------------------------------------------
 

@@ -17,11 +17,11 @@ from sqlalchemy import Connection, Engine, inspect
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
+from .ager import ager_running
 from .clock import Clock, read_clock, utc_now
 from .config import make_engine, redact_url, resolve_database_url
 from .display import recorder_name
 from .errors import MnestomaError, translate_errors
-from .locking import ager_running
 from .migration import head_revision, known_revisions, read_revision, sqlite_store_missing
 from .models import Mnest
 from .replicas import replica_connect_args

@@ -5,7 +5,8 @@
 - :class:`ConnectionUnitOfWork`: one transaction on one Core connection, what the facade
   (and the async door) run each call in, because a Session adds only bookkeeping to Core
   statements;
-- :func:`with_retries`: a write retried when it failed transiently, bounded.
+- :func:`with_retries` (from :mod:`mnestoma.retrying`): a write retried when it failed
+  transiently, bounded.
 
 Repositories never commit; these do.
 """
@@ -13,17 +14,16 @@ Repositories never commit; these do.
 from __future__ import annotations
 
 import inspect
-import random
-import time
 from collections.abc import Callable, Iterator
 from typing import Any, Self, TypeVar
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session, SessionTransaction, sessionmaker
 
-from .errors import InvalidInput, MnestomaError, is_retryable, translate_errors
+from .errors import InvalidInput, translate_errors
 from .locking import take_write_lock
 from .repository import CanonicalQueryRepository, MnestRepository, built
+from .retrying import MAX_ATTEMPTS, retry_pause, with_retries
 from .settings import Settings, settings_of
 from .validation import Clock
 
@@ -38,9 +38,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-# A write that fails transiently (a conflict, a lock timeout, a serialisation failure) is
-# run again, in a new transaction, up to this many times in all.
-MAX_ATTEMPTS = 8
 
 
 class JoinedUnitOfWork:
@@ -226,15 +223,6 @@ class ConnectionUnitOfWork:
                 self.connection.close()
 
 
-def retry_pause(attempt: int, err: BaseException) -> float | None:
-    """Seconds to wait before retrying a write whose attempt ``attempt`` (from 0) failed
-    with ``err``; None when it must not be retried (not transient, or attempts spent).
-    The pause is random and grows with each attempt, so that colliding writers spread out."""
-    if attempt + 1 < MAX_ATTEMPTS and is_retryable(err):
-        return random.uniform(0, 0.002 * 2**attempt)
-    return None
-
-
 # The parameters of write operations that take a collection of items: a generator given
 # there is read once, before the first attempt, so that a retry replays the same items.
 ITEM_PARAMETERS = frozenset({"passings"})
@@ -264,21 +252,6 @@ def repository_call(
 
 def _listed(value: Any) -> Any:
     return list(value) if isinstance(value, Iterator) else value
-
-
-def with_retries(attempt_once: Callable[[], T]) -> T:
-    """Run ``attempt_once`` (which opens, commits and closes its own unit of work) until it
-    succeeds, retrying transient failures after :func:`retry_pause`."""
-    attempt = 0
-    while True:
-        try:
-            return attempt_once()
-        except MnestomaError as err:
-            pause = retry_pause(attempt, err)
-            if pause is None:
-                raise
-            time.sleep(pause)
-            attempt += 1
 
 
 def written(

@@ -7,8 +7,7 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import Engine, func, select, text
 
-from mnestoma import MnestRepository, UnitOfWork, make_engine, make_session_factory
-from mnestoma import uow as uow_module
+from mnestoma import MnestRepository, UnitOfWork, make_engine, make_session_factory, retrying
 from mnestoma.errors import ConflictError, InvalidInput, RaceLost
 from mnestoma.models import Mnest
 from mnestoma.testing import MnestFactory, bind_factories
@@ -171,7 +170,7 @@ def test_a_connection_unit_on_a_callers_connection_leaves_it_open(engine: Engine
 def test_with_retries_runs_a_transient_failure_again_up_to_max_attempts(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(uow_module.time, "sleep", lambda _: None)
+    monkeypatch.setattr(retrying.time, "sleep", lambda _: None)
     calls = []
 
     def always_conflicting() -> None:
