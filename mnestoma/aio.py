@@ -13,7 +13,6 @@ async mode.
 from __future__ import annotations
 
 import asyncio
-import copy
 import functools
 import time
 import weakref
@@ -36,6 +35,7 @@ from .config import (
     redact_url,
     refuse_memory_sqlite,
 )
+from .doors import FacadeBase, PruneProgress, check_prune_call, ensure_schema
 from .errors import (
     InvalidInput,
     MissingExtra,
@@ -44,7 +44,6 @@ from .errors import (
     StoreError,
     translate_errors,
 )
-from .facade import PruneProgress, check_prune_call, ensure_schema
 from .locking import (
     LOCK_TIMEOUT_OPTION,
     lock_timeout_of,
@@ -447,7 +446,7 @@ class AsyncUnitOfWork:
 # --- the facade -------------------------------------------------------------------------
 
 
-class AsyncMnestoma(_MnestOperations):
+class AsyncMnestoma(FacadeBase, _MnestOperations):
     """The store for async services: every operation of :class:`~mnestoma.Mnestoma`, awaited,
     one transaction per call, with the same retry of transient conflicts.
 
@@ -505,16 +504,6 @@ class AsyncMnestoma(_MnestOperations):
         if urls:
             engines = [make_async_engine(u, connect_args=replica_connect_args(u)) for u in urls]
             self._replicas = ReplicaSet(engines, urls, self.settings)
-
-    @property
-    def clock(self) -> Clock:
-        """The clock of this store's settings: its only source of "now"."""
-        return self.settings.clock
-
-    @property
-    def recorder(self) -> str:
-        """Who this store's events say recorded them, unless a call says otherwise."""
-        return self.settings.recorder
 
     # --- transactions -----------------------------------------------------------------------
 
@@ -655,22 +644,6 @@ class AsyncMnestoma(_MnestOperations):
         """The sync side of one read on a replica's connection."""
         with ConnectionUnitOfWork(conn, settings=self.settings) as unit:
             return op(unit.mnests)
-
-    @property
-    def primary(self) -> AsyncMnestoma:
-        """This facade with every read on the primary (for a read that must see another
-        process's latest write). Its writes are this facade's, and close() leaves the
-        engines to it."""
-        view = copy.copy(self)
-        view._on_primary = True
-        view._owns_engine = False
-        view._owns_replicas = False
-        return view
-
-    def replica_stats(self) -> dict[str, Any]:
-        """How this facade's reads were routed (see :meth:`mnestoma.Mnestoma.replica_stats`);
-        empty without replicas."""
-        return {} if self._replicas is None else self._replicas.stats()
 
     # --- the contract's operations: the shared table (_MnestOperations), and these ----------
 

@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import copy
 import functools
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Concatenate, ParamSpec, TypeVar
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import URL
 
 from .ager import BatchProgress, age_in_batches, check_ager_call
 from .config import (
-    is_sqlite,
     make_engine,
     make_session_factory,
     own_pool_after_fork,
@@ -22,16 +20,22 @@ from .config import (
     refuse_memory_sqlite,
     resolve_database_url,
 )
+from .doors import (
+    FacadeBase,
+    PruneProgress,
+    check_prune_call,
+    ensure_schema,
+    with_lock_timeout,
+)
 from .errors import SchemaError, StoreError, translate_errors
-from .locking import LOCK_TIMEOUT_OPTION
-from .migration import ensure_at_head, sqlite_store_missing
+from .migration import sqlite_store_missing
 from .models import CanonicalQuery
 from .replicas import NOT_READY, ReplicaSet, replica_connect_args, replica_urls
 from .repository import MnestRepository, QueryFrequency
 from .rules import AgerReport, batch_pause, event_batches
 from .settings import Settings, settings_of
 from .uow import ConnectionUnitOfWork, UnitOfWork, repository_call, written
-from .validation import Clock, check_dry_run, check_progress
+from .validation import Clock
 
 __all__ = ["Mnestoma"]
 
@@ -59,7 +63,7 @@ def _in_one_transaction(
     return method
 
 
-class Mnestoma:
+class Mnestoma(FacadeBase):
     """The store, ready to use: ``Mnestoma()`` opens the default SQLite file.
 
     A new or empty SQLite database is migrated to head on first use; any other database
@@ -112,16 +116,6 @@ class Mnestoma:
             raise
         self._writes = make_session_factory(self._bind)
 
-    @property
-    def clock(self) -> Clock:
-        """The clock of this store's settings: its only source of "now"."""
-        return self.settings.clock
-
-    @property
-    def recorder(self) -> str:
-        """Who this store's events say recorded them, unless a call says otherwise."""
-        return self.settings.recorder
-
     # --- transaction helpers --------------------------------------------------------------
 
     def _unit(self) -> ConnectionUnitOfWork:
@@ -154,24 +148,6 @@ class Mnestoma:
     def _in_read(self, work: Callable[[ConnectionUnitOfWork], T], conn: Connection) -> T:
         with ConnectionUnitOfWork(conn, settings=self.settings) as unit:
             return work(unit)
-
-    @property
-    def primary(self) -> Mnestoma:
-        """This facade with every read on the primary (for a read that must see another
-        process's latest write). Its writes are this facade's, and close() leaves the
-        engines to it."""
-        view = copy.copy(self)
-        view._on_primary = True
-        view._owns_engine = False
-        view._owns_replicas = False
-        return view
-
-    def replica_stats(self) -> dict[str, Any]:
-        """How this facade's reads were routed (contract §12): each replica's reads, skips,
-        last lag and whether it is skipped now; the reads the primary served, how many
-        because no replica had replayed this facade's writes, how many after a replica
-        failed. Empty without replicas."""
-        return {} if self._replicas is None else self._replicas.stats()
 
     # --- the contract's operations, each the repository's in one transaction -------------
 
@@ -300,35 +276,3 @@ class Mnestoma:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-# --- shared with the async door (mnestoma.aio) ----------------------------------------------
-
-
-# Called as a prune of events goes: (batches done, batches in all, events deleted so far).
-PruneProgress = Callable[[int, int, int], object]
-
-
-def check_prune_call(dry_run: object, progress: object) -> tuple[bool, PruneProgress | None]:
-    """The arguments of ``prune_events`` (both doors), checked before its first batch."""
-    return check_dry_run(dry_run), check_progress(progress, "done, total, deleted")
-
-
-def with_lock_timeout(engine: Engine, seconds: float | None) -> Engine:
-    """``engine``, or (a lock timeout given) a view of it whose connections wait that long
-    for a lock: the same pool, its own execution option (see :mod:`mnestoma.locking`)."""
-    if seconds is None:
-        return engine
-    return engine.execution_options(**{LOCK_TIMEOUT_OPTION: seconds})
-
-
-def ensure_schema(engine: Engine) -> None:
-    """A new or empty SQLite store is migrated to head; any other must already be there."""
-    ensure_at_head(engine, auto_migrate=is_sqlite(engine) and _is_empty(engine))
-
-
-def _is_empty(engine: Engine) -> bool:
-    from sqlalchemy import inspect
-
-    with translate_errors():
-        return not inspect(engine).get_table_names()
