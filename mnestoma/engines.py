@@ -13,6 +13,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.orm import Session, sessionmaker
 
+from ._sqla_compat import replace_dialect_method
 from .errors import InvalidInput, MissingExtra
 from .forking import own_pool_after_fork
 from .listeners import configure_sqlite
@@ -66,7 +67,7 @@ def _scrub_connect_errors(engine: Engine, secrets: list[str]) -> None:
             raise
 
     # after the do_connect listeners (a service's token provider), which the pool calls first
-    setattr(dialect, "connect", connect_scrubbed)  # noqa: B010 - mypy refuses a method assignment
+    replace_dialect_method(dialect, "connect", connect_scrubbed)
 
 
 def _create_engine(url: URL, **kwargs: Any) -> Engine:

@@ -28,6 +28,7 @@ from urllib.parse import unquote
 from sqlalchemy import URL, Connection, text
 from sqlalchemy.engine.interfaces import AdaptedConnection
 
+from ._sqla_compat import replace_dialect_method
 from .errors import InvalidInput, StoreError, WriteLockTimeout
 from .rules import (
     AGER_YIELD_EVERY_S,
@@ -632,11 +633,10 @@ def track_writes(engine: Any) -> None:
         finally:
             _end_write(dbapi)
 
-    # setattr: mypy refuses a method assignment
-    setattr(dialect, "do_commit", do_commit)  # noqa: B010
-    setattr(dialect, "do_rollback", do_rollback)  # noqa: B010
-    setattr(dialect, "do_close", do_close)  # noqa: B010
-    setattr(dialect, "_mnestoma_tracks_writes", True)  # noqa: B010
+    replace_dialect_method(dialect, "do_commit", do_commit)
+    replace_dialect_method(dialect, "do_rollback", do_rollback)
+    replace_dialect_method(dialect, "do_close", do_close)
+    dialect._mnestoma_tracks_writes = True  # the package's own mark on the dialect
 
 
 def _before_fork() -> None:
