@@ -24,9 +24,10 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.orm import Session
-from sqlalchemy.util import greenlet_spawn
 
+from ._sqla_compat import ASYNC_ENGINE_OPTION, greenlet_spawn
 from .ager import BatchProgress, age_in_batches, check_ager_call
+from .clock import Clock
 from .config import (
     async_database_url,
     is_sqlite,
@@ -58,7 +59,6 @@ from .repository import CanonicalQueryRepository, MnestRepository, QueryFrequenc
 from .rules import AgerReport, batch_pause, event_batches
 from .settings import Settings, settings_of
 from .uow import ConnectionUnitOfWork, JoinedUnitOfWork, repository_call, retry_pause
-from .validation import Clock
 
 try:
     from sqlalchemy.ext.asyncio import (
@@ -99,7 +99,7 @@ def make_async_engine(url: str | URL | None = None, **kwargs: Any) -> AsyncEngin
     resolved = async_database_url(url)
     try:
         # What create_async_engine does: a sync Engine on the async dialect, wrapped.
-        sync_engine = make_engine(resolved, _is_async=True, **kwargs)
+        sync_engine = make_engine(resolved, **{ASYNC_ENGINE_OPTION: True}, **kwargs)
     except MissingExtra as err:
         raise MissingExtra(f'{err} (the async door: pip install "mnestoma[async]")') from err
     try:

@@ -14,13 +14,14 @@ from typing import Any, Self
 
 from sqlalchemy import Engine, inspect
 
+from .clock import Clock
 from .errors import translate_errors
 from .locking import LOCK_TIMEOUT_OPTION
 from .migration import ensure_at_head
 from .replicas import ReplicaSet
 from .settings import Settings
 from .urls import is_sqlite
-from .validation import Clock, check_dry_run, check_progress
+from .validation import check_dry_run, check_progress
 
 __all__ = [
     "FacadeBase",

@@ -12,6 +12,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import URL
 
 from .ager import BatchProgress, age_in_batches, check_ager_call
+from .clock import Clock
 from .config import (
     make_engine,
     make_session_factory,
@@ -35,7 +36,6 @@ from .repository import MnestRepository, QueryFrequency
 from .rules import AgerReport, batch_pause, event_batches
 from .settings import Settings, settings_of
 from .uow import ConnectionUnitOfWork, UnitOfWork, repository_call, written
-from .validation import Clock
 
 __all__ = ["Mnestoma"]
 

@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session, scoped_session
 from . import ranking
 from . import snapshots as snap
 from .ager import run_ager
+from .clock import Clock
 from .errors import (
     ConflictError,
     InvalidInput,
@@ -56,7 +57,6 @@ from .sql import retention as ret
 from .sql.tables import MNEST_COLUMNS, Key
 from .types import ensure_instant
 from .validation import (
-    Clock,
     Passing,
     check_dry_run,
     check_mnest_id,

@@ -428,9 +428,11 @@ def collect_status(
     replicas of this database, each asked for its lag.
     """
     now = read_clock(clock or utc_now)
+    # folded once: the status's reads take their now from it (the given clock, else now)
+    settings = Settings(clock=clock or (lambda: now))
     head = head_revision()
     if isinstance(url_or_engine, Engine):
-        status = _collect(url_or_engine, head, now, clock, exact)
+        status = _collect(url_or_engine, head, now, settings, exact)
     else:
         url = resolve_database_url(url_or_engine)
         where = redact_url(url)
@@ -438,7 +440,7 @@ def collect_status(
             return StoreStatus(where, "sqlite", "missing", None, head, now)
         engine = make_engine(url)
         try:
-            status = _collect(engine, head, now, clock, exact)
+            status = _collect(engine, head, now, settings, exact)
         finally:
             engine.dispose()
     status.scanned = exact
@@ -462,7 +464,7 @@ def _replica_facts(url: URL) -> ReplicaFacts:
 
 
 def _collect(
-    engine: Engine, head: str, now: datetime, clock: Clock | None, exact: bool
+    engine: Engine, head: str, now: datetime, settings: Settings, exact: bool
 ) -> StoreStatus:
     status = StoreStatus(redact_url(engine.url), engine.dialect.name, "none", None, head, now)
     with translate_errors(), engine.connect() as conn:
@@ -495,7 +497,7 @@ def _collect(
             _unfinished_ager_runs(conn, status)
         if status.schema == "head":
             with Session(bind=conn) as session:
-                repo = MnestRepository(session, settings=Settings(clock=clock or (lambda: now)))
+                repo = MnestRepository(session, settings=settings)
                 status.recurring_protos = repo.recurring_protos(
                     min_uses=RECURRING_MIN_USES, min_weight=RECURRING_MIN_WEIGHT
                 )

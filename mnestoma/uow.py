@@ -20,12 +20,12 @@ from typing import Any, Self, TypeVar
 from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session, SessionTransaction, sessionmaker
 
+from .clock import Clock
 from .errors import InvalidInput, translate_errors
 from .locking import take_write_lock
 from .repository import CanonicalQueryRepository, MnestRepository, built
 from .retrying import MAX_ATTEMPTS, retry_pause, with_retries
 from .settings import Settings, settings_of
-from .validation import Clock
 
 __all__ = [
     "MAX_ATTEMPTS",
@@ -189,11 +189,9 @@ class ConnectionUnitOfWork:
         bind: Engine | Connection,
         *,
         settings: Settings | None = None,
-        clock: Clock | None = None,
-        recorder: str | None = None,
     ) -> None:
         self._bind = bind
-        self.settings = settings_of(settings, clock=clock, recorder=recorder)
+        self.settings = settings_of(settings)
 
     def __enter__(self) -> Self:
         if isinstance(self._bind, Engine):
