@@ -4,62 +4,21 @@ names, each from the module that holds it (:mod:`mnestoma.urls`, :mod:`mnestoma.
 
 from __future__ import annotations
 
+from . import redaction, urls
 from .engines import PRIVATE_FOLDER_MODE, make_engine, make_session_factory
 from .forking import own_pool_after_fork
 from .listeners import WRITE_OPTION
 from .locking import is_memory_sqlite
-from .redaction import (
-    MIN_BARE_SECRET_CHARS,
-    REDACTED,
-    carries_secret,
-    is_secret_key,
-    redact_text,
-    redact_url,
-    scrub_exception,
-    secrets_of,
-    split_url_secrets,
-)
-from .urls import (
-    ASYNC_DRIVERS,
-    ENV_DATABASE_URL,
-    ENV_DB_PATH,
-    ENV_REPLICA_URLS,
-    ENV_WORKSPACE,
-    SYNC_DRIVERS,
-    async_database_url,
-    default_sqlite_path,
-    is_sqlite,
-    refuse_memory_sqlite,
-    resolve_database_url,
-    sync_database_url,
-)
+from .redaction import *  # noqa: F403 - its public names are this module's too
+from .urls import *  # noqa: F403 - its public names are this module's too
 
 __all__ = [
-    "ASYNC_DRIVERS",
-    "ENV_DATABASE_URL",
-    "ENV_DB_PATH",
-    "ENV_REPLICA_URLS",
-    "ENV_WORKSPACE",
-    "MIN_BARE_SECRET_CHARS",
     "PRIVATE_FOLDER_MODE",
-    "REDACTED",
-    "SYNC_DRIVERS",
     "WRITE_OPTION",
-    "async_database_url",
-    "carries_secret",
-    "default_sqlite_path",
     "is_memory_sqlite",
-    "is_secret_key",
-    "is_sqlite",
     "make_engine",
     "make_session_factory",
     "own_pool_after_fork",
-    "redact_text",
-    "redact_url",
-    "refuse_memory_sqlite",
-    "resolve_database_url",
-    "scrub_exception",
-    "secrets_of",
-    "split_url_secrets",
-    "sync_database_url",
 ]
+__all__ += redaction.__all__
+__all__ += urls.__all__

@@ -227,13 +227,19 @@ def _rests_after_write(conn: Connection, dbapi: Any, info: dict[Any, Any]) -> bo
 
 def _journal_mode(dbapi: Any) -> str:
     """The journal mode of the connection's store (lower case)."""
+    mode = _pragma(dbapi, "journal_mode")
+    return "" if mode is None else str(mode).lower()
+
+
+def _pragma(dbapi: Any, name: str) -> Any:
+    """The value SQLite's ``PRAGMA name`` reads on the driver connection (None: no row)."""
     cursor = dbapi.cursor()
     try:
-        cursor.execute("PRAGMA journal_mode")
+        cursor.execute(f"PRAGMA {name}")
         row = cursor.fetchone()
     finally:
         cursor.close()
-    return str(row[0]).lower() if row else ""
+    return row[0] if row else None
 
 
 def use_wal(conn: Connection) -> None:
@@ -567,6 +573,11 @@ def _end_write(dbapi: Any) -> None:
             _FORK.notify_all()
 
 
+def _inherited(dbapi: Any) -> bool:
+    """Whether ``dbapi`` holds a write this forked child inherited from its parent."""
+    return bool(_inherited_writes) and id(_driver_of(dbapi)) in _inherited_writes
+
+
 def _driver_of(dbapi: Any) -> Any:
     """The driver's connection: SQLAlchemy's dialect is handed the pool's proxy of it on
     commit and rollback, the connection itself on close."""
@@ -609,24 +620,25 @@ def track_writes(engine: Any) -> None:
         return
     commit, rollback, close = dialect.do_commit, dialect.do_rollback, dialect.do_close
 
+    def ended(dbapi: Any) -> None:
+        """After a commit or rollback: the write over, the resting busy timeout back."""
+        _end_write(dbapi)
+        if not getattr(dialect, RESTS_AT_STATEMENTS, False):
+            _rest_busy_timeout(dbapi)
+
     def do_commit(dbapi: Any) -> None:
-        if _inherited_writes and id(_driver_of(dbapi)) in _inherited_writes:
+        if _inherited(dbapi):
             _refuse_if_forked_mid_write(_driver_of(dbapi), engine.url)
         commit(dbapi)
-        _end_write(dbapi)
-        if not getattr(dialect, RESTS_AT_STATEMENTS, False):
-            _rest_busy_timeout(dbapi)
+        ended(dbapi)
 
     def do_rollback(dbapi: Any) -> None:
-        if _inherited_writes and id(_driver_of(dbapi)) in _inherited_writes:
-            return
-        rollback(dbapi)
-        _end_write(dbapi)
-        if not getattr(dialect, RESTS_AT_STATEMENTS, False):
-            _rest_busy_timeout(dbapi)
+        if not _inherited(dbapi):
+            rollback(dbapi)
+            ended(dbapi)
 
     def do_close(dbapi: Any) -> None:
-        if _inherited_writes and id(_driver_of(dbapi)) in _inherited_writes:
+        if _inherited(dbapi):
             return
         try:
             close(dbapi)
@@ -781,13 +793,7 @@ def _set_busy_timeout(dbapi: Any, info: dict[Any, Any], ms: int) -> None:
 
 def _read_busy_timeout(dbapi: Any) -> int:
     """The busy timeout (ms) a connection has now."""
-    cursor = dbapi.cursor()
-    try:
-        cursor.execute("PRAGMA busy_timeout")
-        row = cursor.fetchone()
-    finally:
-        cursor.close()
-    return int(row[0])
+    return int(_pragma(dbapi, "busy_timeout"))
 
 
 def pause_on(conn: Connection, seconds: float) -> None:

@@ -141,13 +141,8 @@ class ReplicaFacts:
     error: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON-ready."""
-        return {
-            "database": self.database,
-            "standby": self.standby,
-            "lag_s": self.lag_s,
-            "error": self.error,
-        }
+        """JSON-ready: its fields."""
+        return asdict(self)
 
     def line(self) -> str:
         """The ``replica`` line of the status."""
@@ -606,14 +601,8 @@ def _estimate_events(conn: Connection, status: StoreStatus) -> bool:
     for leaf, freqs in shares.items():
         for kind, freq in freqs.items():
             by_kind[kind] = by_kind.get(kind, 0.0) + leaves[leaf] * freq
-    status.events_by_kind = {kind: round(n * total / analysed) for kind, n in by_kind.items()}
-    status.events = round(total)
-    status.passings = sum(status.events_by_kind.get(kind, 0) for kind in PASSING)
-    _recent_shares(conn, status)
-    status.oldest_event = _as_utc(conn.execute(sql.OLDEST_EVENT).scalar())
-    status.events_kept_from = None
-    status.estimated = True
-    return True
+    estimated = {kind: round(n * total / analysed) for kind, n in by_kind.items()}
+    return _estimated(conn, status, estimated, total)
 
 
 def _sample_events(conn: Connection, status: StoreStatus) -> bool:
@@ -635,6 +624,14 @@ def _sample_events(conn: Connection, status: StoreStatus) -> bool:
     by_kind = dict.fromkeys((k.value for k in EventKind), 0)
     for kind, count in found.items():
         by_kind[str(kind)] = round(span * int(count) / n)
+    return _estimated(conn, status, by_kind, total)
+
+
+def _estimated(
+    conn: Connection, status: StoreStatus, by_kind: dict[str, int], total: float
+) -> bool:
+    """Set the status's estimated facts about ``events`` (PostgreSQL's catalogue, SQLite's
+    sample): ``total`` rows, ``by_kind``, the rest from the newest events. True."""
     status.events_by_kind = by_kind
     status.events = round(total)
     status.passings = sum(by_kind.get(kind, 0) for kind in PASSING)
