@@ -355,7 +355,7 @@ def _batch_postgresql(conn: Connection, p: dict[str, Any], *, merges: bool) -> A
     # A batch of a run that began with no decaying row to merge into skips the merge: the
     # rows the run demotes are the only rows of their keys, and a twin made since (by an
     # operator's transition) fails the batch's demotion, which the run then retries with
-    # the merge (see mnestoma.facade.age_in_batches).
+    # the merge (see :func:`age_in_batches`).
     return _changed(conn, s.changes, s.archive_count, p, batched=True, merges=merges)
 
 
@@ -717,7 +717,7 @@ def age_in_batches(
     progress: BatchProgress | None = None,
     go_on: GoOn | None = None,
 ) -> AgerReport:
-    """One run of the ager on ``conn``, each batch a unit of work of its own (retried when
+    """One run of the ager on ``conn``, each batch a transaction of its own (retried when
     transient, :func:`~mnestoma.retrying.with_retries`), under the database's ager lock
     (:func:`ager_run_lock`); the report of the whole run. Batches of
     ``batch_rows`` rows (None: the settings' ``ager_batch_rows``; None there too: batches
