@@ -90,14 +90,27 @@ class JoinedUnitOfWork:
         self.rollback()
 
     def commit(self) -> None:
-        """Release the savepoint into the caller's transaction (nothing to do after reads)."""
+        """Release the savepoint into the caller's transaction (nothing to do after reads).
+
+        Returns:
+            None.
+
+        Raises:
+            ConflictError: releasing the savepoint broke a constraint of the store.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
+        """
         if self._savepoint is not None and self._savepoint.is_active:
             with translate_errors():
                 self._savepoint.commit()
         self._savepoint = None
 
     def rollback(self) -> None:
-        """Roll back to the savepoint taken before the first write."""
+        """Roll back to the savepoint taken before the first write.
+
+        Returns:
+            None.
+        """
         if self._savepoint is not None and self._savepoint.is_active:
             self._savepoint.rollback()
         self._savepoint = None
@@ -157,7 +170,17 @@ class UnitOfWork:
             self.session.close()
 
     def commit(self) -> None:
-        """Commit the work done so far; a later operation starts a new transaction."""
+        """Commit the work done so far; a later operation starts a new transaction.
+
+        Returns:
+            None.
+
+        Raises:
+            ConflictError: the commit broke a constraint of the store, or lost to another
+                writer.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
+        """
         with translate_errors():
             self.session.commit()
         if self._after_commit is not None:
@@ -165,7 +188,11 @@ class UnitOfWork:
             self.session.rollback()
 
     def rollback(self) -> None:
-        """Throw away the work done since the last commit."""
+        """Throw away the work done since the last commit.
+
+        Returns:
+            None.
+        """
         self.session.rollback()
 
     # ``UnitOfWork.joining(session, *, settings=None, clock=None, recorder=None)``: a unit of
