@@ -232,6 +232,10 @@ class _MnestOperations(_AsyncDoor[MnestRepository]):
 class AsyncMnestRepository(_OnAsyncSession[MnestRepository], _MnestOperations):
     """Every operation of :class:`~mnestoma.MnestRepository` on an ``AsyncSession`` (or
     ``AsyncConnection``), awaited: ``await repo.record_passing(...)``. Flushes, never commits.
+
+    Raises:
+        InvalidInput: ``session`` is neither an ``AsyncSession`` nor an
+            ``AsyncConnection``, or settings are refused.
     """
 
     def __init__(
@@ -256,7 +260,12 @@ class AsyncMnestRepository(_OnAsyncSession[MnestRepository], _MnestOperations):
 
 
 class AsyncCanonicalQueryRepository(_OnAsyncSession[CanonicalQueryRepository]):
-    """The query log of :class:`~mnestoma.CanonicalQueryRepository` on an async session."""
+    """The query log of :class:`~mnestoma.CanonicalQueryRepository` on an async session.
+
+    Raises:
+        InvalidInput: ``session`` is neither an ``AsyncSession`` nor an
+            ``AsyncConnection``, or settings are refused.
+    """
 
     def __init__(
         self,
@@ -336,6 +345,9 @@ class AsyncJoinedUnitOfWork:
     It is :class:`~mnestoma.JoinedUnitOfWork` on the session's sync proxy: the savepoint is
     taken before the first write (after the write lock on SQLite), ``commit()`` releases it
     into the caller's transaction, leaving without it rolls back to it.
+
+    Raises:
+        InvalidInput: ``session`` is not an ``AsyncSession``, or settings are refused.
     """
 
     mnests: AsyncMnestRepository
@@ -399,6 +411,11 @@ class AsyncUnitOfWork:
     >>> async with AsyncUnitOfWork(make_async_session_factory(engine)) as uow:
     ...     await uow.mnests.record_passing("search", "1", "read", "2")
     ...     await uow.commit()
+
+    Raises:
+        InvalidInput: ``async_session_factory`` is not an async session factory, or
+            (on enter) returned something else than an ``AsyncSession``; or settings are
+            refused.
     """
 
     mnests: AsyncMnestRepository
@@ -494,6 +511,13 @@ class AsyncMnestoma(FacadeBase, _MnestOperations):
     ``async with``): a new or empty SQLite store is migrated to head, any other database
     must already be there, else :class:`~mnestoma.SchemaError`. Safe to share between the
     tasks of one event loop.
+
+    Raises:
+        InvalidInput: a URL, engine, setting or replica the contract refuses, or an
+            in-memory SQLite database (when it is built).
+        MissingExtra: the async driver is not installed (extra ``mnestoma[async]``).
+        SchemaError: with ``create=False`` there is no SQLite store at its path (when it
+            is built); the database is not at head (on first use).
     """
 
     def __init__(

@@ -34,6 +34,9 @@ class MovableClock:
 
     >>> clock = MovableClock()
     >>> clock.advance(days=30)  # thirty days later, for the ager
+
+    Raises:
+        InvalidInput: ``start`` is a naive datetime, or not a datetime.
     """
 
     def __init__(self, start: datetime | None = None) -> None:

@@ -75,6 +75,15 @@ class Mnestoma(FacadeBase):
     may go (contract §12): never a stale read after this facade's own write; a replica that
     fails or lags is skipped and the primary serves the read. ``store.primary`` reads on
     the primary only; ``replica_stats()`` counts what went where.
+
+    Raises:
+        InvalidInput: a URL, setting or replica the contract refuses, or an in-memory
+            SQLite database (it cannot be shared).
+        MissingExtra: the URL's driver is not installed (the message names the extra).
+        SchemaError: the database is not at head (a new or empty SQLite store is migrated
+            instead), or with ``create=False`` there is no SQLite store at its path.
+        StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+            be reached).
     """
 
     def __init__(

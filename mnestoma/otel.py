@@ -294,6 +294,11 @@ class MnestomaSpanProcessor(SpanProcessor):
     :class:`mnestoma.writer.Writer`): it records what is queued at :meth:`shutdown`, and at
     interpreter exit or the end of a multiprocessing child waits at most ``exit_timeout``
     seconds for it.
+
+    Raises:
+        InvalidInput: a bound is not a positive integer, ``version_of`` neither a mapping
+            nor a callable, ``default_version`` a version the contract refuses, or
+            ``store`` async.
     """
 
     def __init__(

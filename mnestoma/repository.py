@@ -203,6 +203,9 @@ class MnestRepository(GraphReads):
 
     A bare ``Connection`` is accepted too (the facade's connection units use one: a Session
     adds nothing to Core statements but its own bookkeeping).
+
+    Raises:
+        InvalidInput: ``session`` is neither a Session nor a Connection, or settings are refused.
     """
 
     def __init__(
@@ -1202,7 +1205,11 @@ class QueryFrequency:
 
 
 class CanonicalQueryRepository:
-    """The request-normalisation log; it never touches ``mnests`` or ``events``."""
+    """The request-normalisation log; it never touches ``mnests`` or ``events``.
+
+    Raises:
+        InvalidInput: ``session`` is neither a Session nor a Connection, or settings are refused.
+    """
 
     def __init__(
         self,

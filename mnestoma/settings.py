@@ -40,6 +40,9 @@ class Settings:
 
     Checked when built: a bad value is :class:`~mnestoma.InvalidInput` at once, never at
     the first call that reads it.
+
+    Raises:
+        InvalidInput: a field its check refuses (each is checked when built).
     """
 
     clock: Clock = utc_now

@@ -310,6 +310,10 @@ class Turn:
     ``store.record_turn(turn_id, passings, recorder="tracer")`` once, or to ``writer``.
     A store failure is logged on ``mnestoma.tracing`` and counted, and raised only with
     ``strict=True`` when the traced code itself did not raise.
+
+    Raises:
+        InvalidInput: ``turn_id`` or ``max_outputs`` is refused, or neither a store nor
+            a writer is given (or a writer with another store).
     """
 
     def __init__(
@@ -704,7 +708,6 @@ def wish(name: str, consumed: Any, *, desired_sig: Any = None) -> list[Passing]:
     that produced ``consumed`` to ``name``; ``desired_sig`` says what the missing executor
     should do.
     Outside a turn, or when no traced call produced ``consumed``, nothing is recorded.
-    Returns the passings recorded.
 
     Returns:
         The proto passings recorded (an empty list when none was).
@@ -763,6 +766,10 @@ class BackgroundWriter(Writer[_Queued]):
 
     The thread, queue and counters are :class:`mnestoma.writer.Writer`'s, which the
     OpenTelemetry span processor uses too; this class adds turns and the tracer's counters.
+
+    Raises:
+        InvalidInput: ``maxsize`` or ``exit_timeout`` is refused, or ``store`` is async
+            (the writer records from a thread of its own).
     """
 
     def __init__(

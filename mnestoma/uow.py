@@ -48,6 +48,9 @@ class JoinedUnitOfWork:
     releases the savepoint: the work becomes part of the caller's transaction, which the
     caller commits or rolls back. Leaving without ``commit()``, or by an exception, rolls
     back to the savepoint and leaves the caller's own work untouched.
+
+    Raises:
+        InvalidInput: ``session`` is not a SQLAlchemy Session, or settings are refused.
     """
 
     mnests: MnestRepository
@@ -122,6 +125,11 @@ class UnitOfWork:
     >>> with UnitOfWork(session_factory) as uow:
     ...     uow.mnests.record_passing("search", "1", "read", "2")
     ...     uow.commit()
+
+    Raises:
+        InvalidInput: ``session_factory`` is not a session factory (an Engine, a
+            Connection or a Session was given), or (on enter) returned something else than a
+            Session; or settings are refused.
     """
 
     mnests: MnestRepository

@@ -8,6 +8,7 @@ import importlib
 import inspect
 import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from conftest import REPO
@@ -16,6 +17,7 @@ import mnestoma
 from mnestoma import errors
 
 API = REPO / "docs" / "api"
+PACKAGE = Path(mnestoma.__file__).parent
 
 # ``.. autoclass:: mnestoma.X`` / ``autofunction`` / ``automodule`` with its indented options.
 DIRECTIVE = re.compile(r"^\.\. auto(class|function|module):: ([\w.]+)\n((?:   .*\n)*)", re.M)
@@ -130,6 +132,35 @@ def documented_callables() -> dict[str, Any]:
     return found
 
 
+def _written_constructor(cls: type) -> bool:
+    """Does building ``cls`` run code of the package (an ``__init__`` or ``__post_init__``
+    written in its source, not one that ``dataclass`` or ``NamedTuple`` generated)?"""
+    for name in ("__init__", "__post_init__"):
+        code = getattr(getattr(cls, name, None), "__code__", None)
+        if code is not None and Path(code.co_filename).is_relative_to(PACKAGE):
+            return True
+    return False
+
+
+def documented_constructors() -> dict[str, type]:
+    """Every class the reference documents whose constructor is the package's own code."""
+    found: dict[str, type] = {}
+    for page in sorted(API.glob("*.rst")):
+        for kind, target, options in DIRECTIVE.findall(page.read_text()):
+            obj = _resolve(target)
+            if kind == "class":
+                found[target] = obj
+            elif kind == "module" and ":members:" in options:
+                listed = re.search(r":members:(.*?)(?=^   :|\Z)", options, re.M | re.S)
+                names = (re.findall(r"\w+", listed.group(1)) if listed else []) or obj.__all__
+                found |= {f"{target}.{n}": getattr(obj, n) for n in names}
+    return {
+        name: cls
+        for name, cls in found.items()
+        if inspect.isclass(cls) and not issubclass(cls, BaseException) and _written_constructor(cls)
+    }
+
+
 def _section(doc: str, title: str) -> str | None:
     """The body of a Google-style section of ``doc`` (napoleon's), or None without one."""
     match = re.search(rf"^{title}:\n((?:[ \t]+.*\n?|\n)+)", doc, re.M)
@@ -168,15 +199,30 @@ def test_every_documented_method_that_can_fail_says_what_it_raises() -> None:
         if name not in RAISES_NOTHING and _section(inspect.getdoc(value) or "", "Raises") is None
     ]
     assert not lacking, f"no 'Raises:' section (or list it in RAISES_NOTHING): {sorted(lacking)}"
-    stale = RAISES_NOTHING - set(found)
+    stale = RAISES_NOTHING - set(found) - set(documented_constructors())
     assert not stale, f"RAISES_NOTHING names what the reference no longer documents: {stale}"
-    contradicted = [n for n in RAISES_NOTHING if _section(inspect.getdoc(found[n]) or "", "Raises")]
+    every = {**found, **documented_constructors()}
+    contradicted = [n for n in RAISES_NOTHING if _section(inspect.getdoc(every[n]) or "", "Raises")]
     assert not contradicted, f"in RAISES_NOTHING yet with a 'Raises:' section: {contradicted}"
+
+
+def test_every_documented_class_says_what_building_it_raises() -> None:
+    """A constructor has no "Returns:" (it builds the class); its errors are in the class's
+    docstring, where napoleon shows them."""
+    found = documented_constructors()
+    lacking = [
+        name
+        for name, cls in found.items()
+        if name not in RAISES_NOTHING and _section(inspect.getdoc(cls) or "", "Raises") is None
+    ]
+    assert not lacking, f"no 'Raises:' section in the class docstring: {sorted(lacking)}"
+    assert "mnestoma.Mnestoma" in found and "mnestoma.Settings" in found
 
 
 def test_every_raises_section_names_errors_that_exist() -> None:
     unknown: list[str] = []
-    for name, value in documented_callables().items():
+    documented = {**documented_callables(), **documented_constructors()}
+    for name, value in documented.items():
         body = _section(inspect.getdoc(value) or "", "Raises") or ""
         entries = re.findall(r"^    (\w+):", body, re.M)
         assert body == "" or entries, f"{name}: a 'Raises:' section without an entry"
