@@ -70,7 +70,11 @@ class FacadeBase:
         """How this facade's reads were routed (contract §12): each replica's reads, skips,
         last lag and whether it is skipped now; the reads the primary served, how many
         because no replica had replayed this facade's writes, how many after a replica
-        failed. Empty without replicas."""
+        failed. Empty without replicas.
+
+        Returns:
+            The counts, by replica and for the primary, as a dict.
+        """
         return {} if self._replicas is None else self._replicas.stats()
 
 

@@ -34,6 +34,14 @@ def make_engine(url: str | URL | None = None, **kwargs: Any) -> Engine:
     SQLite: the parent folder is created (0700), a busy timeout, foreign keys, and every
     write transaction begins with ``BEGIN IMMEDIATE`` (see :mod:`mnestoma.locking`); reads
     take no lock. PostgreSQL: psycopg 3 with pre-ping.
+
+    Returns:
+        The configured ``Engine``.
+
+    Raises:
+        InvalidInput: ``url`` is an engine, empty or not a database URL, or its SQLite
+            folder cannot be created.
+        MissingExtra: the URL's driver is not installed (the message names the extra).
     """
     if isinstance(url, Engine):
         raise InvalidInput("make_engine takes a URL; this is already an Engine: use it as it is")
@@ -127,7 +135,11 @@ def _make_sqlite_engine(url: URL, **kwargs: Any) -> Engine:
 
 def make_session_factory(engine: Engine, **kwargs: Any) -> sessionmaker[Session]:
     """A ``sessionmaker`` bound to ``engine``; objects stay readable after commit, and its
-    sessions refuse a bulk INSERT into the read-only view."""
+    sessions refuse a bulk INSERT into the read-only view.
+
+    Returns:
+        The ``sessionmaker``.
+    """
     kwargs.setdefault("expire_on_commit", False)
     factory = sessionmaker(bind=engine, **kwargs)
     event.listen(factory, "do_orm_execute", refuse_view_inserts)

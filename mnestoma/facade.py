@@ -75,6 +75,15 @@ class Mnestoma(FacadeBase):
     may go (contract §12): never a stale read after this facade's own write; a replica that
     fails or lags is skipped and the primary serves the read. ``store.primary`` reads on
     the primary only; ``replica_stats()`` counts what went where.
+
+    Raises:
+        InvalidInput: a URL, setting or replica the contract refuses, or an in-memory
+            SQLite database (it cannot be shared).
+        MissingExtra: the URL's driver is not installed (the message names the extra).
+        SchemaError: the database is not at head (a new or empty SQLite store is migrated
+            instead), or with ``create=False`` there is no SQLite store at its path.
+        StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+            be reached).
     """
 
     def __init__(
@@ -190,6 +199,18 @@ class Mnestoma(FacadeBase):
         waits for one step. ``batch_rows`` fixes about how many rows each batch covers
         instead. ``progress(done, total)`` is called after each batch's commit. A second run
         at once waits for the first. A dry run is one transaction, rolled back.
+
+        Returns:
+            The :class:`~mnestoma.AgerReport` of the run (with ``dry_run``: of what it would do).
+
+        Raises:
+            InvalidInput: ``dry_run`` is not a bool, ``batch_rows`` not a positive integer,
+                or ``progress`` not callable; nothing is then written.
+            ConflictError: a batch could not have the write lock within the lock timeout
+                (:class:`WriteLockTimeout`), retries spent; the batches before it stay committed
+                and the next run completes the interrupted one.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
         """
         # every argument checked before the first batch: a bad one refused writes nothing
         rows, dry, progress = check_ager_call(dry_run, batch_rows, progress)
@@ -216,6 +237,17 @@ class Mnestoma(FacadeBase):
         which waiting writers take the lock), so a writer waits for one batch at most.
         ``progress(done, total, deleted)`` is called once the batches are known (done 0),
         then after each. A dry run counts them in one read transaction, which takes no lock.
+
+        Returns:
+            How many events were deleted (with ``dry_run``: would be).
+
+        Raises:
+            InvalidInput: ``before`` is not an aware datetime the store can hold, ``dry_run``
+                not a bool, or ``progress`` not callable; nothing is then deleted.
+            ConflictError: a batch could not have the write lock within the lock timeout,
+                retries spent; the batches before it stay deleted.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
         """
         dry, report = check_prune_call(dry_run, progress)
         if dry:
@@ -240,20 +272,53 @@ class Mnestoma(FacadeBase):
     def log_canonical_query(
         self, raw_query: str, canonical_query: str, *, turn_id: str | None = None
     ) -> CanonicalQuery:
-        """Append one normalised request to the query log."""
+        """Append one normalised request to the query log.
+
+        Returns:
+            The new entry of the log.
+
+        Raises:
+            InvalidInput: an empty or over-long text, or a ``turn_id`` the contract refuses.
+            ConflictError: the write lock was not had within the lock timeout
+                (:class:`WriteLockTimeout`), or other writers kept changing the rows it needed.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
+        """
         return self._write(lambda u: u.queries.log(raw_query, canonical_query, turn_id=turn_id))
 
     def top_queries(self, *, limit: int = 10) -> list[QueryFrequency]:
-        """The most frequent canonical forms."""
+        """The most frequent canonical forms.
+
+        Returns:
+            At most ``limit`` :class:`~mnestoma.QueryFrequency` items, most frequent first.
+
+        Raises:
+            InvalidInput: ``limit`` is not a positive integer up to 100,000.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
+        """
         return self._read(lambda u: u.queries.top(limit=limit))
 
     def recent_queries(self, *, limit: int = 20) -> list[CanonicalQuery]:
-        """The latest query-log entries, newest first."""
+        """The latest query-log entries, newest first.
+
+        Returns:
+            At most ``limit`` entries, newest first.
+
+        Raises:
+            InvalidInput: ``limit`` is not a positive integer up to 100,000.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
+        """
         return self._read(lambda u: u.queries.recent(limit=limit))
 
     def unit_of_work(self) -> UnitOfWork:
         """A unit of work on this store's engine and settings, for several operations; on
-        the primary only, reads included (contract §12)."""
+        the primary only, reads included (contract §12).
+
+        Returns:
+            A new :class:`~mnestoma.UnitOfWork`, not yet entered.
+        """
         unit = UnitOfWork(self._writes, settings=self.settings)
         if self._replicas is not None:
             unit._after_commit = self._replicas.note_write
@@ -261,7 +326,11 @@ class Mnestoma(FacadeBase):
 
     def close(self) -> None:
         """Release the connections (the engine too, when this facade created it, and the
-        replicas' engines)."""
+        replicas' engines).
+
+        Returns:
+            None.
+        """
         if self._owns_engine:
             self.engine.dispose()
         if self._replicas is not None and self._owns_replicas:

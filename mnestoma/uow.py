@@ -48,6 +48,9 @@ class JoinedUnitOfWork:
     releases the savepoint: the work becomes part of the caller's transaction, which the
     caller commits or rolls back. Leaving without ``commit()``, or by an exception, rolls
     back to the savepoint and leaves the caller's own work untouched.
+
+    Raises:
+        InvalidInput: ``session`` is not a SQLAlchemy Session, or settings are refused.
     """
 
     mnests: MnestRepository
@@ -90,14 +93,27 @@ class JoinedUnitOfWork:
         self.rollback()
 
     def commit(self) -> None:
-        """Release the savepoint into the caller's transaction (nothing to do after reads)."""
+        """Release the savepoint into the caller's transaction (nothing to do after reads).
+
+        Returns:
+            None.
+
+        Raises:
+            ConflictError: releasing the savepoint broke a constraint of the store.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
+        """
         if self._savepoint is not None and self._savepoint.is_active:
             with translate_errors():
                 self._savepoint.commit()
         self._savepoint = None
 
     def rollback(self) -> None:
-        """Roll back to the savepoint taken before the first write."""
+        """Roll back to the savepoint taken before the first write.
+
+        Returns:
+            None.
+        """
         if self._savepoint is not None and self._savepoint.is_active:
             self._savepoint.rollback()
         self._savepoint = None
@@ -109,6 +125,11 @@ class UnitOfWork:
     >>> with UnitOfWork(session_factory) as uow:
     ...     uow.mnests.record_passing("search", "1", "read", "2")
     ...     uow.commit()
+
+    Raises:
+        InvalidInput: ``session_factory`` is not a session factory (an Engine, a
+            Connection or a Session was given), or (on enter) returned something else than a
+            Session; or settings are refused.
     """
 
     mnests: MnestRepository
@@ -157,7 +178,17 @@ class UnitOfWork:
             self.session.close()
 
     def commit(self) -> None:
-        """Commit the work done so far; a later operation starts a new transaction."""
+        """Commit the work done so far; a later operation starts a new transaction.
+
+        Returns:
+            None.
+
+        Raises:
+            ConflictError: the commit broke a constraint of the store, or lost to another
+                writer.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
+        """
         with translate_errors():
             self.session.commit()
         if self._after_commit is not None:
@@ -165,7 +196,11 @@ class UnitOfWork:
             self.session.rollback()
 
     def rollback(self) -> None:
-        """Throw away the work done since the last commit."""
+        """Throw away the work done since the last commit.
+
+        Returns:
+            None.
+        """
         self.session.rollback()
 
     # ``UnitOfWork.joining(session, *, settings=None, clock=None, recorder=None)``: a unit of

@@ -47,6 +47,12 @@ def resolve_database_url(url: str | URL | None = None) -> URL:
 
     Only None falls back: an empty or blank string given by the caller (an unset shell
     variable, say) is :class:`InvalidInput`, never a silent switch to another store.
+
+    Returns:
+        The URL.
+
+    Raises:
+        InvalidInput: ``url`` (or the environment's URL) is empty or not a database URL.
     """
     if url is not None:
         if isinstance(url, str) and not url.strip():
