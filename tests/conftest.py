@@ -359,3 +359,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.postgresql)
         if _spawns_processes(item):
             item.add_marker(pytest.mark.slow)
+    # The longest tests first (those that start processes, then those on a server), so that
+    # xdist's workers end together on short tests rather than one of them on a long one.
+    items.sort(key=_longest_first)
+
+
+def _longest_first(item: pytest.Item) -> int:
+    """0 for a test that starts processes, 1 for one on PostgreSQL, 2 for the rest."""
+    if item.get_closest_marker("slow"):
+        return 0
+    return 1 if item.get_closest_marker("postgresql") else 2
