@@ -38,10 +38,6 @@ def quick_report(tmp_path_factory: pytest.TempPathFactory) -> bench.Report:
         return bench.run(quick=True, workdir=str(tmp_path_factory.mktemp("bench")))
 
 
-# the tests of the one quick run go to one xdist worker (``--dist loadgroup``): it runs once
-SHARES_THE_REPORT = pytest.mark.xdist_group("benchmarks_quick_report")
-
-
 def _no_sync() -> None:
     """Stands in for the flush to disk before each timed ager run: no timing is asserted here,
     and on a busy machine each flush takes a good part of a second."""
@@ -53,7 +49,6 @@ def files(tmp_path: Path) -> SqliteFiles:
     return SqliteFiles(tmp_path)
 
 
-@SHARES_THE_REPORT
 def test_quick_mode_runs_every_workload(quick_report: bench.Report) -> None:
     assert list(dict.fromkeys(r.workload for r in quick_report.results)) == list(bench.WORKLOADS)
     assert [(c["shape"], c["rows"]) for c in quick_report.curve] == [
@@ -67,7 +62,6 @@ def test_quick_mode_runs_every_workload(quick_report: bench.Report) -> None:
             assert r.values["package"] and r.values["baseline"], r
 
 
-@SHARES_THE_REPORT
 def test_package_and_baseline_agree_after_the_same_work(quick_report: bench.Report) -> None:
     disagreements = [f"{c.name}: {c.detail}" for c in quick_report.checks if not c.ok]
     assert disagreements == []
@@ -83,7 +77,6 @@ def test_package_and_baseline_agree_after_the_same_work(quick_report: bench.Repo
         assert what in names
 
 
-@SHARES_THE_REPORT
 def test_walk_returns_the_same_number_of_paths_on_both(quick_report: bench.Report) -> None:
     (walk,) = [r for r in quick_report.results if r.workload == "walk"]
     counts = walk.details["paths_per_walk"]
@@ -92,7 +85,6 @@ def test_walk_returns_the_same_number_of_paths_on_both(quick_report: bench.Repor
     assert all(1_000 <= n <= 1_110 for n in counts["package"])
 
 
-@SHARES_THE_REPORT
 def test_concurrent_writers_lose_no_update(quick_report: bench.Report) -> None:
     (writers,) = [r for r in quick_report.results if r.workload == "writers"]
     for impl, outcome in writers.details["outcome"].items():
@@ -113,7 +105,6 @@ def test_the_writers_rate_is_the_median_of_interleaved_rounds(tmp_path: Path) ->
     assert sum("round 3" in n for n in names) == 2  # the package and the baseline
 
 
-@SHARES_THE_REPORT
 def test_every_target_gets_a_verdict_line(quick_report: bench.Report) -> None:
     text = bench.format_report(quick_report, with_pg=False)
     assert "| target" in text
