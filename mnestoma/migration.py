@@ -88,6 +88,8 @@ DEFAULT_MIGRATION_LOCK_TIMEOUT_S = 3.0
 MIGRATION_LOCK_RETRIES = 10
 FIRST_RETRY_PAUSE_S = 0.1
 LONGEST_RETRY_PAUSE_S = 3.0
+# How often a migrator waiting for another's migration lock asks for it again (PostgreSQL).
+MIGRATION_LOCK_POLL_S = 0.1
 
 logger = logging.getLogger(__name__)
 
@@ -210,7 +212,11 @@ def checkout_database_url(x_url: str | None, ini_url: str | None) -> URL:
 
 
 def head_revision() -> str:
-    """The revision the package's models describe."""
+    """The revision the package's models describe.
+
+    Returns:
+        The revision id.
+    """
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()
     assert head is not None
     return head
@@ -364,14 +370,20 @@ def lock_timeout_sql(seconds: float) -> str:
 @contextmanager
 def revision_session(conn: Connection, lock_timeout: float) -> Iterator[None]:
     """PostgreSQL, revisions committed one by one: hold the migration lock for the whole
-    session (``pg_advisory_lock``; a second migrator waits here, without a timeout, then
-    finds the revisions done) and give every revision's statements ``lock_timeout``. At the
-    end the lock is released and the session's own ``lock_timeout`` put back; a connection
-    that cannot be cleaned so is invalidated (its session, and the lock, end with it)."""
+    session (a second migrator waits here, without a timeout, then finds the revisions
+    done) and give every revision's statements ``lock_timeout``. At the end the lock is
+    released and the session's own ``lock_timeout`` put back; a connection that cannot be
+    cleaned so is invalidated (its session, and the lock, end with it).
+
+    The wait polls ``pg_try_advisory_lock`` between short transactions: a migrator blocked
+    in ``pg_advisory_lock`` would hold a snapshot, which the first one's ``CREATE INDEX
+    CONCURRENTLY`` waits for: a deadlock."""
     key = {"key": MIGRATION_LOCK_KEY}
     old: str | None = None
     try:
-        conn.execute(text("SELECT pg_advisory_lock(:key)"), key)
+        while not conn.execute(text("SELECT pg_try_advisory_lock(:key)"), key).scalar_one():
+            conn.rollback()
+            time.sleep(MIGRATION_LOCK_POLL_S)
         old = str(conn.execute(text("SELECT current_setting('lock_timeout')")).scalar_one())
         conn.execute(
             text("SELECT set_config('lock_timeout', :t, false)"),
@@ -458,6 +470,14 @@ def current_revision(url_or_engine: str | URL | Engine | None = None) -> str | N
     """The revision stamped in the database, or None for a database never migrated.
 
     Reads only: a SQLite file that does not exist is not created (there is no store there).
+
+    Returns:
+        The revision id, or None.
+
+    Raises:
+        InvalidInput: ``url_or_engine`` is not a database URL.
+        StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+            be reached).
     """
     if not isinstance(url_or_engine, Engine) and sqlite_store_missing(
         sync_database_url(url_or_engine)
@@ -495,6 +515,19 @@ def upgrade(
     caller ends (commit or roll back). Concurrent migrations of one database are serialised:
     each ends at ``revision``. The package's revision lives in ``mnestoma_alembic_version``;
     a service's own ``alembic_version`` is left alone.
+
+    Returns:
+        None.
+
+    Raises:
+        InvalidInput: ``revision`` is empty or unknown, or no database is named (the
+            URL is empty or not a database URL).
+        SchemaError: the database is at a revision this release does not know (written
+            by a newer one).
+        ConflictError: a revision could not have its locks within ``lock_timeout``,
+            retries spent; the revisions before it stay applied.
+        StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+            be reached).
     """
     check_name(revision, "revision")
     seconds = migration_lock_timeout(lock_timeout)
@@ -561,7 +594,20 @@ def downgrade(
     url_or_engine: str | URL | Engine | None, revision: str, *, lock_timeout: float | None = None
 ) -> None:
     """Migrate the database down to ``revision`` (on PostgreSQL one revision a transaction,
-    under ``lock_timeout`` and retried as :func:`upgrade` does)."""
+    under ``lock_timeout`` and retried as :func:`upgrade` does).
+
+    Returns:
+        None.
+
+    Raises:
+        InvalidInput: ``revision`` is empty or unknown, or the URL is not a database URL.
+        SchemaError: the database is at a revision this release does not know (written
+            by a newer one).
+        ConflictError: a revision could not have its locks within ``lock_timeout``,
+            retries spent.
+        StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+            be reached).
+    """
     check_name(revision, "revision")
     seconds = migration_lock_timeout(lock_timeout)
     with _engine_for(url_or_engine) as engine, translate_errors(), _revision_errors():

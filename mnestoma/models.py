@@ -7,7 +7,6 @@ Alembic revisions are the source of schema truth; these models describe the head
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -32,6 +31,7 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import DeclarativeBase, Mapped, Mapper, ORMExecuteState, mapped_column
 from sqlalchemy.sql.compiler import SQLCompiler
 
+from ._sqla_compat import compiling_dml_target, retype, visit_table
 from .errors import ReadOnlyError
 from .rules import (
     DEFAULT_DECAY_LAMBDA,
@@ -339,9 +339,7 @@ class _ReadOnlyView(Table):
 def _is_the_write_target(compiler: SQLCompiler) -> bool:
     """True while the compiler renders the target of an UPDATE or DELETE that is the view
     or an alias of it (a SELECT inside the statement has a stack entry of its own)."""
-    if not compiler.stack:
-        return False
-    statement = compiler.stack[-1]["selectable"]
+    statement = compiling_dml_target(compiler)
     target = getattr(statement, "table", None) if getattr(statement, "is_dml", False) else None
     while target is not None and not isinstance(target, _ReadOnlyView):
         target = getattr(target, "element", None)
@@ -352,12 +350,10 @@ def _is_the_write_target(compiler: SQLCompiler) -> bool:
 def _compile_view(view: _ReadOnlyView, compiler: SQLCompiler, **kw: Any) -> str:
     if _is_the_write_target(compiler):
         raise ReadOnlyError(f"{VIEW_NAME} is read-only; write through Mnest instead")
-    visit_table: Callable[..., str] = compiler.visit_table  # how any Table is compiled
-    return visit_table(view, **kw)
+    return visit_table(compiler, view, **kw)  # how any Table is compiled
 
 
-view_table = create_view.table
-view_table.__class__ = _ReadOnlyView  # CreateView builds a plain Table; the same object refuses
+view_table = retype(create_view.table, _ReadOnlyView)  # the same object, refusing writes
 
 
 class MnestomaView(Base):
