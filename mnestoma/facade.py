@@ -35,6 +35,7 @@ from .errors import (
 from .locking import LOCK_TIMEOUT_OPTION, ager_run_lock, pause_on
 from .migration import ensure_at_head, sqlite_store_missing
 from .models import CanonicalQuery
+from .partitions import FIRST_TURN_EDGE
 from .replicas import NOT_READY, ReplicaSet, replica_connect_args, replica_urls
 from .repository import MnestRepository, QueryFrequency
 from .rules import (
@@ -42,6 +43,7 @@ from .rules import (
     AGER_STOP_POLL_S,
     AGER_WAIT_WARN_S,
     AGER_WRITERS_SEEN_S,
+    EVENT_PRUNE_BATCH,
     AgerReport,
     ager_batch_grows,
     ager_batch_retry_pause,
@@ -270,11 +272,11 @@ class Mnestoma:
         dry, report = check_prune_call(dry_run, progress)
         if dry:
             return self._read(lambda u: u.mnests.prune_events(before, dry_run=True), primary=True)
+        deleted = self._drop_partitions(before)
         found = self._read(lambda u: u.mnests.prunable_event_ids(before), primary=True)
         batches = list(event_batches(found))
-        deleted = 0
-        if report is not None and batches:
-            report(0, len(batches), 0)
+        if report is not None and (batches or deleted):
+            report(0, len(batches), deleted)
         for i, (first, last) in enumerate(batches):
             if i:
                 time.sleep(batch_pause(self.engine.dialect.name))
@@ -286,6 +288,25 @@ class Mnestoma:
     def _prune_batch(self, before: datetime, first: int, last: int) -> int:
         """One batch of a prune (the events with ids in [first, last]), one transaction."""
         return self._write(lambda u: u.mnests.prune_event_batch(before, first, last))
+
+    def _drop_partitions(self, before: datetime) -> int:
+        """PostgreSQL, events partitioned: the whole months before ``before`` dropped (the
+        swap one transaction, each drop another), then the rows of ``event_turn_edges``
+        their passings had, in batches; how many events went. Nothing elsewhere."""
+        if self.engine.dialect.name != "postgresql":
+            return 0
+        dropped = self._write(lambda u: u.mnests.drop_event_partitions(before))
+        for name in dropped.detached:
+            self._write(lambda u, name=name: u.mnests.drop_detached_partition(name))  # type: ignore[misc]
+        end, after = dropped.end, FIRST_TURN_EDGE
+        while end is not None:
+            _, last = self._write(
+                lambda u, a=after: u.mnests.prune_turn_edges(end, a, EVENT_PRUNE_BATCH)  # type: ignore[misc]
+            )
+            if last is None:
+                break
+            after = last
+        return dropped.deleted
 
     def log_canonical_query(
         self, raw_query: str, canonical_query: str, *, turn_id: str | None = None

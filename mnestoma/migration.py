@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -40,6 +41,7 @@ from .errors import (
 from .locking import MIGRATION_LOCK_KEY, lock_for_migration, use_wal
 from .models import VIEW_NAME, Base
 from .seed_repair import repair_before_upgrade
+from .sql.partitions import LAYOUT_NAMES, PARTITION_NAME
 from .validation import check_name
 
 __all__ = [
@@ -53,6 +55,7 @@ __all__ = [
     "adopt_legacy_version",
     "alembic_config",
     "checkout_database_url",
+    "compared_objects",
     "current_revision",
     "downgrade",
     "ensure_at_head",
@@ -116,6 +119,28 @@ def include_object(
         return name not in STORE_NAMES
     table = getattr(obj, "table", None)
     return getattr(table, "name", None) not in STORE_NAMES
+
+
+def compared_objects(dialect: str) -> Callable[[Any, str | None, str, bool, Any], bool]:
+    """The ``include_object`` hook of a comparison of the models with a store (autogenerate,
+    ``compare_metadata``) on ``dialect``: the view is left out (the revisions manage it by
+    hand), and so is what exists on one engine only. On PostgreSQL the partitions of
+    ``events`` and ``event_turn_edges`` are built beside the models' tables (revision 0011,
+    or ``create_all`` through the models' DDL events; a test compares the two), and an
+    index or constraint the models give another engine only (``ux_events_turn_edge``,
+    SQLite's) is not expected."""
+    partition = re.compile(PARTITION_NAME)
+
+    def include(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
+        if type_ == "table" and name == VIEW_NAME:
+            return False
+        layout = name is not None and (name in LAYOUT_NAMES or partition.match(name))
+        if type_ == "table" and reflected and layout:
+            return False
+        ddl_if = getattr(obj, "_ddl_if", None)
+        return not (ddl_if is not None and ddl_if.dialect not in (None, dialect))
+
+    return include
 
 
 def migrations_path() -> Path:

@@ -42,6 +42,7 @@ from .errors import (
 from .graph import GraphReads
 from .locking import take_write_lock
 from .models import CanonicalQuery, Event, Mnest
+from .partitions import Dropped, TurnEdgeKey, drop_old_partitions, ensure_partitions
 from .rules import (
     DECAYED_USES_ORDER,
     DEFAULT_DECAY_LAMBDA,
@@ -61,6 +62,7 @@ from .rules import (
 )
 from .runner import StatementRunner, as_mappings, runner_for
 from .settings import Settings, settings_of
+from .sql import partitions as partitions_sql
 from .sql import read as rd
 from .sql import record as rec
 from .sql import retention as ret
@@ -242,7 +244,9 @@ class MnestRepository(GraphReads):
         return runner_for(_connection_of(self._session))
 
     def _write_ex(self, plans: Plans | None = None) -> StatementRunner:
-        return _write_runner(self._session, self._before_write, plans)
+        ex = _write_runner(self._session, self._before_write, plans)
+        ensure_partitions(ex.conn, self._now())  # PostgreSQL: events' month exists (§12)
+        return ex
 
     def _now(self) -> datetime:
         return self.settings.now()
@@ -943,6 +947,38 @@ class MnestRepository(GraphReads):
         ``[first, last]``: one batch of a prune; how many were deleted."""
         params = {"before": _cutoff(before), "first": int(first), "last": int(last)}
         return int(self._write_ex().execute(ret.DELETE_PRUNABLE_BATCH, params).rowcount)
+
+    def drop_event_partitions(self, before: datetime) -> Dropped:
+        """PostgreSQL, events partitioned: detach the partitions whose months all lie before
+        ``before``, keeping the ``created`` events of the rows still stored (see
+        :func:`mnestoma.partitions.drop_old_partitions`); nothing elsewhere. The caller
+        commits, then drops what was detached (:meth:`drop_detached_partition`)."""
+        conn = self._write_ex().conn
+        with translate_errors():
+            return drop_old_partitions(conn, _cutoff(before))
+
+    def drop_detached_partition(self, name: str) -> None:
+        """Drop a table :meth:`drop_event_partitions` detached: its space goes back to the
+        operating system."""
+        self._write_ex().execute(partitions_sql.drop_table(partitions_sql.detached(name)))
+
+    def prune_turn_edges(
+        self, end: datetime, after: TurnEdgeKey, limit: int
+    ) -> tuple[int, TurnEdgeKey | None]:
+        """One batch of the rows of ``event_turn_edges`` before ``end`` after ``after`` (in
+        (ts, turn_id, mnest_id) order): those whose passing went with a dropped partition
+        are deleted. How many were, and the last row looked at (None: none was left)."""
+        params = {
+            "end": _cutoff(end),
+            "ts": after[0],
+            "turn": after[1],
+            "mnest": after[2],
+            "n": int(limit),
+        }
+        row = self._write_ex().first(partitions_sql.PRUNE_TURN_EDGES_BATCH, params)
+        assert row is not None
+        deleted, seen, ts, turn, mnest = row
+        return int(deleted), (None if not seen else (ts, turn, mnest))
 
     # --- query log --------------------------------------------------------------------
 
