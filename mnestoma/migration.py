@@ -41,7 +41,7 @@ from .errors import (
 from .locking import MIGRATION_LOCK_KEY, lock_for_migration, use_wal
 from .models import VIEW_NAME, Base
 from .seed_repair import repair_before_upgrade
-from .sql.partitions import LAYOUT_NAMES, PARTITION_NAME
+from .sql.partitions import LAYOUT_NAMES, PARTITION_NAME, is_layout_name
 from .validation import check_name
 
 __all__ = [
@@ -64,6 +64,7 @@ __all__ = [
     "include_name",
     "include_object",
     "is_lock_not_available",
+    "is_store_name",
     "lock_timeout_sql",
     "migration_lock_timeout",
     "migrations_path",
@@ -95,19 +96,28 @@ LONGEST_RETRY_PAUSE_S = 3.0
 logger = logging.getLogger(__name__)
 
 # Every name the store owns in a database: its tables (from the models, so that a table
-# added there is covered), its view and its version table.
+# added there is covered), its view and its version table. On PostgreSQL it owns what it
+# builds beside them too (see is_store_name).
 STORE_NAMES = frozenset(Base.metadata.tables) | {VIEW_NAME, VERSION_TABLE}
+
+
+def is_store_name(name: str | None) -> bool:
+    """True for a table or view of the store's: :data:`STORE_NAMES`, and on PostgreSQL
+    ``event_turn_edges``, the partitions of ``events`` (``events_YYYYMM``,
+    ``events_to_YYYYMM``, ``events_default``) and the tables a prune left behind if it
+    stopped halfway (contract §12)."""
+    return name is not None and (name in STORE_NAMES or is_layout_name(name))
 
 
 def include_name(name: str | None, type_: str, parent_names: dict[str, str | None]) -> bool:
     """Alembic's ``include_name`` hook for a service's own ``env.py``: its autogenerate
-    then skips the store's tables (their columns, indexes, constraints), view and version
-    table, and still sees everything else."""
+    then skips the store's tables (their columns, indexes, constraints), view, version
+    table and partitions (:func:`is_store_name`), and still sees everything else."""
     if type_ == "schema":
         return True
     if type_ == "table":
-        return name not in STORE_NAMES
-    return parent_names.get("table_name") not in STORE_NAMES
+        return not is_store_name(name)
+    return not is_store_name(parent_names.get("table_name"))
 
 
 def include_object(
@@ -116,9 +126,9 @@ def include_object(
     """Alembic's ``include_object`` hook for a service's own ``env.py``: the same choice as
     :func:`include_name`, made on the objects themselves."""
     if type_ == "table":
-        return name not in STORE_NAMES
+        return not is_store_name(name)
     table = getattr(obj, "table", None)
-    return getattr(table, "name", None) not in STORE_NAMES
+    return not is_store_name(getattr(table, "name", None))
 
 
 def compared_objects(dialect: str) -> Callable[[Any, str | None, str, bool, Any], bool]:

@@ -1,63 +1,103 @@
 """PostgreSQL: the partitions of ``events`` for the coming months, made before a write
 needs them (contract §12).
 
-Every write, run of the ager and prune goes through :func:`ensure_partitions` with its
-clock's now. Per engine it remembers the months it last made sure of; only when now leaves
-them, or comes within :data:`~mnestoma.rules.EVENT_PARTITION_MARGIN` of their end, does it
-call ``mnestoma_events_partitions`` (revision 0011), in the write's own transaction: that
-makes the partitions of now's month and :data:`~mnestoma.rules.EVENT_PARTITIONS_AHEAD`
-months after it, those missing (an instant's exclusive lock on ``events`` for each made).
-A store whose ``events`` is not partitioned (SQLite, or a PostgreSQL store not yet at 0011)
-is looked at again after a minute at most.
+Partitions are made in short transactions of their own, never inside a write: a write's
+locks are never held while ``events`` is locked to attach one, and a turn's lock order is
+the same as on a store whose events are one table.
+
+- Before a write takes its locks (:func:`upkeep_before_write`), on a connection that is in
+  no transaction (or one of the engine's own when the caller's session is in none): the
+  partitions of the current month (the system's time) and of
+  :data:`~mnestoma.rules.EVENT_PARTITIONS_AHEAD` months after it. Per engine the months
+  made are remembered: nothing is run unless the time comes within
+  :data:`~mnestoma.rules.EVENT_PARTITION_MARGIN` of their end.
+- A write notes the clock's now it writes at (:func:`note_written`, no statement): a month
+  not known made is made right after the write's commit (:func:`upkeep_after_commit`), or
+  before the next write. Meanwhile the default partition holds its rows; making the month
+  moves them into its partition.
+
+Making a month is ``mnestoma_events_partitions`` (revision 0011): an instant's exclusive
+lock on ``events`` per month made, waited for
+:data:`~mnestoma.rules.PARTITION_UPKEEP_LOCK_TIMEOUT_S` at most; when that runs out it is
+tried again :data:`~mnestoma.rules.PARTITION_UPKEEP_RETRY_S` later, and the write goes on.
+No month past the last the store holds (:data:`~mnestoma.types.INSTANTS_END`) is made.
+A store whose ``events`` is not partitioned (a PostgreSQL store not yet at 0011) is looked
+at again after :data:`~mnestoma.rules.PARTITIONS_RECHECK_S`; SQLite has nothing of this.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 from weakref import WeakKeyDictionary
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
-from .errors import is_lock_not_available, translate_errors
+from .clock import utc_now
+from .errors import MnestomaError, is_lock_not_available, translate_errors
 from .rules import (
     EVENT_PARTITION_MARGIN,
     EVENT_PARTITIONS_AHEAD,
     PARTITION_SWAP_LOCK_TIMEOUT_S,
     PARTITION_SWAP_PAUSE_S,
     PARTITION_SWAP_TRIES,
+    PARTITION_UPKEEP_LOCK_TIMEOUT_S,
+    PARTITION_UPKEEP_RETRY_S,
+    PARTITIONS_RECHECK_S,
 )
 from .sql import partitions as sq
 from .sql.partitions import ENSURE_PARTITIONS, HAS_PARTITIONS, PARTITION_BOUNDS
+from .types import INSTANTS_END
 
 __all__ = [
     "FIRST_TURN_EDGE",
     "Dropped",
     "TurnEdgeKey",
     "drop_old_partitions",
-    "ensure_partitions",
     "forget_partitions",
     "month_start",
+    "months_made_ahead",
+    "note_written",
+    "upkeep",
+    "upkeep_after_commit",
+    "upkeep_before_write",
 ]
 
-# Seconds before a store found without partitions is looked at again.
-RECHECK_S = 60.0
+logger = logging.getLogger(__name__)
+
+# The ranges of months remembered per engine (the oldest forgotten first).
+_RANGES_KEPT = 16
+_LAST_MONTH = INSTANTS_END.year * 12 + INSTANTS_END.month - 1
 
 
-@dataclass(frozen=True, slots=True)
-class _Known:
-    """The months an engine's store was last made sure of: [start, end); None when its
-    events were not partitioned at ``checked`` (a monotonic instant)."""
+@dataclass(slots=True)
+class _Upkeep:
+    """What is known of one engine's store: whether its events are partitioned (None: not
+    looked at yet; ``checked``: when, monotonic), the ranges [start, end) of months known
+    made, the months written at that are not known made, and when a failed try may be
+    made again (monotonic)."""
 
-    start: datetime | None
-    end: datetime | None
-    checked: float
+    partitioned: bool | None = None
+    checked: float = 0.0
+    made: list[tuple[datetime, datetime]] = field(default_factory=list)
+    pending: set[datetime] = field(default_factory=set)
+    retry_after: float = 0.0
+
+    def covers(self, at: datetime) -> bool:
+        """True when ``at``'s month is made and the end of the months made is not within
+        the margin of ``at`` (or is the end of what the store holds)."""
+        return any(
+            start <= at and (end >= INSTANTS_END or at < end - EVENT_PARTITION_MARGIN)
+            for start, end in self.made
+        )
 
 
-_known: WeakKeyDictionary[Engine, _Known] = WeakKeyDictionary()
+_state: WeakKeyDictionary[Engine, _Upkeep] = WeakKeyDictionary()
 _lock = threading.Lock()
 
 
@@ -67,40 +107,150 @@ def month_start(at: datetime) -> datetime:
     return datetime(u.year, u.month, 1, tzinfo=UTC)
 
 
+def months_made_ahead(month: datetime) -> int:
+    """How many months after ``month`` are made with it: :data:`EVENT_PARTITIONS_AHEAD`,
+    fewer where they would pass the last month the store holds."""
+    return max(0, min(EVENT_PARTITIONS_AHEAD, _LAST_MONTH - (month.year * 12 + month.month - 1)))
+
+
 def forget_partitions(engine: Engine | None = None) -> None:
     """Forget what was made sure of (for one engine, or all): the next write asks again."""
     with _lock:
         if engine is None:
-            _known.clear()
+            _state.clear()
         else:
-            _known.pop(engine, None)
+            _state.pop(engine, None)
 
 
-def ensure_partitions(conn: Connection, now: datetime) -> None:
-    """Make sure the partitions of ``now``'s month and the next ones exist before a write
-    at ``now`` on ``conn`` (PostgreSQL; nothing elsewhere). Cheap when they do: no
-    statement unless ``now`` left the months last made sure of."""
+def _of(engine: Engine) -> _Upkeep:
+    """The engine's state (the caller holds ``_lock``)."""
+    state = _state.get(engine)
+    if state is None:
+        state = _state[engine] = _Upkeep()
+    return state
+
+
+def note_written(conn: Connection, at: datetime) -> None:
+    """A write on ``conn`` writes events at ``at`` (its clock's now): when ``at``'s month
+    is not known made, it is made after the commit. No statement; nothing off PostgreSQL."""
     if conn.dialect.name != "postgresql":
         return
+    with _lock:
+        state = _of(conn.engine)
+        if state.partitioned is not False and not state.covers(at):
+            state.pending.add(month_start(at))
+
+
+def _due(engine: Engine, now: datetime | None) -> list[datetime] | None:
+    """The months to make on ``engine`` (with ``now``: the system's time's too), an empty
+    list when only whether its events are partitioned must be looked at; None: nothing."""
+    with _lock:
+        state = _of(engine)
+        clock = time.monotonic()
+        if clock < state.retry_after:
+            return None
+        if state.partitioned is False:
+            return [] if clock - state.checked >= PARTITIONS_RECHECK_S else None
+        months = set(state.pending)
+        if now is not None and not state.covers(now):
+            months.add(month_start(now))
+        if not months and state.partitioned is not None:
+            return None
+        return sorted(months)
+
+
+def _run(conn: Connection, months: list[datetime]) -> None:
+    """Make ``months`` (and those ahead of each) on ``conn``, in a transaction of its own."""
     engine = conn.engine
     with _lock:
-        known = _known.get(engine)
-    if known is not None:
-        if known.end is None or known.start is None:
-            if time.monotonic() - known.checked < RECHECK_S:
-                return
-        elif known.start <= now and now + EVENT_PARTITION_MARGIN < known.end:
-            return
-    with translate_errors():
-        if not conn.execute(HAS_PARTITIONS).scalar_one():
-            found = _Known(None, None, time.monotonic())
-        else:
-            end = conn.execute(
-                ENSURE_PARTITIONS, {"at": now, "ahead": EVENT_PARTITIONS_AHEAD}
-            ).scalar_one()
-            found = _Known(month_start(now), end, time.monotonic())
+        known = _of(engine).partitioned
+    made: list[tuple[datetime, datetime]] = []
+    try:
+        with translate_errors(), conn.begin():
+            conn.execute(
+                sq.LOCAL_LOCK_TIMEOUT,
+                {"t": f"{max(1, round(PARTITION_UPKEEP_LOCK_TIMEOUT_S * 1000))}ms"},
+            )
+            partitioned = known or bool(conn.execute(HAS_PARTITIONS).scalar_one())
+            for month in months if partitioned else ():
+                if any(start <= month < end for start, end in made):
+                    continue
+                params = {"at": month, "ahead": months_made_ahead(month), "cap": INSTANTS_END}
+                made.append((month, conn.execute(ENSURE_PARTITIONS, params).scalar_one()))
+    except MnestomaError as err:
+        with _lock:
+            state = _of(engine)
+            state.retry_after = time.monotonic() + PARTITION_UPKEEP_RETRY_S
+            if not is_lock_not_available(err):
+                state.partitioned = None  # looked at again (a store downgraded meanwhile?)
+                raise
+        logger.debug("partitions of events not made yet (a lock was busy): tried again soon")
+        return
     with _lock:
-        _known[engine] = found
+        state = _of(engine)
+        state.partitioned, state.checked = partitioned, time.monotonic()
+        if not partitioned:
+            state.made.clear()
+            state.pending.clear()
+            return
+        state.made = [*state.made, *made][-_RANGES_KEPT:]
+        state.pending = {m for m in state.pending if not state.covers(m)}
+
+
+def upkeep(target: Engine | Connection, *, now: datetime | None = None) -> None:
+    """Make the months due on ``target``'s store (noted by writes; with ``now``, the
+    current one too): on ``target`` if it is an idle connection, else on a connection of
+    its own if ``target`` is an engine; nothing on a connection in a transaction, nor off
+    PostgreSQL, nor when nothing is due (no statement then)."""
+    engine = target if isinstance(target, Engine) else target.engine
+    if engine.dialect.name != "postgresql":
+        return
+    months = _due(engine, now)
+    if months is None:
+        return
+    if isinstance(target, Connection):
+        if not target.in_transaction():
+            _run(target, months)
+        return
+    with translate_errors(), target.connect() as conn:
+        _run(conn, months)
+
+
+def _bind_of(session: Any) -> Engine | Connection | None:
+    """What ``session`` (a Connection, or a Session in no transaction) would write through."""
+    if isinstance(session, Connection):
+        return session
+    if session.in_transaction():
+        return None
+    try:
+        bind = session.get_bind()
+    except Exception:  # an unbound session: its first statement will say so
+        return None
+    return bind if isinstance(bind, Engine | Connection) else None
+
+
+def upkeep_before_write(session: Any) -> None:
+    """Before a write on ``session`` (a Connection or Session) takes its locks: the months
+    due, the current one's among them, made where ``session`` is in no transaction yet."""
+    bind = _bind_of(session)
+    if bind is None:
+        return
+    try:
+        upkeep(bind, now=utc_now())
+    except MnestomaError as err:  # the write goes on: the default partition takes its rows
+        logger.warning("partitions of events not made before a write, tried again later: %s", err)
+
+
+def upkeep_after_commit(session: Any) -> None:
+    """After a commit on ``session``: the months its writes reached that are not made yet.
+    Never raises (the write is committed): a failure is logged and tried again later."""
+    bind = _bind_of(session)
+    if bind is None:
+        return
+    try:
+        upkeep(bind)
+    except MnestomaError as err:
+        logger.warning("partitions of events not made after a commit, tried again later: %s", err)
 
 
 # --- retention: whole months dropped ---------------------------------------------------------
@@ -137,7 +287,7 @@ def drop_old_partitions(conn: Connection, before: datetime) -> Dropped:
     at most."""
     if conn.dialect.name != "postgresql" or not conn.execute(HAS_PARTITIONS).scalar_one():
         return Dropped()
-    whole = [(str(n), up) for n, up in conn.execute(PARTITION_BOUNDS) if up <= before]
+    whole = [(str(n), up) for n, up in conn.execute(PARTITION_BOUNDS, {"before": before})]
     if not whole:
         return Dropped()
     end = max(up for _, up in whole)

@@ -42,7 +42,13 @@ from .errors import (
 from .graph import GraphReads
 from .locking import take_write_lock
 from .models import CanonicalQuery, Event, Mnest
-from .partitions import Dropped, TurnEdgeKey, drop_old_partitions, ensure_partitions
+from .partitions import (
+    Dropped,
+    TurnEdgeKey,
+    drop_old_partitions,
+    note_written,
+    upkeep_before_write,
+)
 from .rules import (
     DECAYED_USES_ORDER,
     DEFAULT_DECAY_LAMBDA,
@@ -244,12 +250,17 @@ class MnestRepository(GraphReads):
         return runner_for(_connection_of(self._session))
 
     def _write_ex(self, plans: Plans | None = None) -> StatementRunner:
-        ex = _write_runner(self._session, self._before_write, plans)
-        ensure_partitions(ex.conn, self._now())  # PostgreSQL: events' month exists (§12)
-        return ex
+        return _write_runner(self._session, self._before_write, plans)
 
     def _now(self) -> datetime:
         return self.settings.now()
+
+    def _write_now(self, ex: StatementRunner) -> datetime:
+        """The clock's now for a write's events, read once its locks are held; on
+        PostgreSQL, a month whose partition is not known made is made after the commit."""
+        now = self._now()
+        note_written(ex.conn, now)
+        return now
 
     def _who(self, recorder: str | None) -> str:
         """Who a call's events say recorded them: the call's ``recorder``, else the settings'."""
@@ -344,7 +355,7 @@ class MnestRepository(GraphReads):
         ex = self._write_ex(_ONE_PASSING_PLANS[proto])
         for _ in range(RACE_ROUNDS):
             row = ex.first(sel, params)
-            now = self._now()  # read once the write lock is held
+            now = self._write_now(ex)  # read once the write lock is held
             if row is not None:
                 if turn_id is not None and (
                     ex.first(rec.TURN_COUNTED_ONE, {"turn_id": turn_id, "mid": row[_ID]})
@@ -443,7 +454,7 @@ class MnestRepository(GraphReads):
         """One attempt at a turn; None when another transaction created one of its keys."""
         result: dict[tuple[bool, Key], Mnest] = {}
         rows = self._lock_keys(ex, list(pending))
-        now = self._now()
+        now = self._write_now(ex)
         found = {(r[_STATE] == MnestState.ACTIVE, _row_key(r)): r for r in rows}
         done: set[str] = set()
         if found and ex.first(rec.TURN_SEEN, {"turn_id": turn_id}) is not None:
@@ -846,7 +857,7 @@ class MnestRepository(GraphReads):
         reason: str | None = None,
     ) -> None:
         """The event of a state change of a locked row; the weight is untouched."""
-        now = advance(row[_TS_LAST], self._now())
+        now = advance(row[_TS_LAST], self._write_now(ex))
         eff = decayed_weight(row[_WEIGHT], row[_LAMBDA], row[_TS_WEIGHT], now)
         event_row = _event(
             row[_ID],
@@ -867,7 +878,8 @@ class MnestRepository(GraphReads):
         """Decay, demote, merge, prune and count archive candidates, in set-based SQL, all
         in this unit's transaction; the facades run it in batches instead, each its own
         transaction (:meth:`begin_ager_run`, :meth:`age_batch`, :meth:`end_ager_run`)."""
-        return run_ager(self._write_ex().conn, self._now())
+        ex = self._write_ex()
+        return run_ager(ex.conn, self._write_now(ex))
 
     def ager_bounds(self) -> AgerBounds:
         """What a run of the ager in batches begun now would cover (a read, which takes no
@@ -879,8 +891,8 @@ class MnestRepository(GraphReads):
         """Begin a run of the ager in batches at the clock's now (read once, here) over
         ``bounds`` (:meth:`ager_bounds`): plan its batches of about ``batch_rows`` rows and
         note it in ``ager_progress``."""
-        conn = self._write_ex().conn
-        return begin_batched_run(conn, self._now(), batch_rows, utc_now(), bounds)
+        ex = self._write_ex()
+        return begin_batched_run(ex.conn, self._write_now(ex), batch_rows, utc_now(), bounds)
 
     def age_batch(
         self,
@@ -1067,6 +1079,7 @@ def _write_runner(
     SQLAlchemy's transaction) and finding the compiled statements of ``plans`` (per
     dialect) are done before the lock is taken: other writers queue for as long as it is
     held."""
+    upkeep_before_write(session)  # PostgreSQL: the months' partitions, before any lock (§12)
     if before_write is not None:
         before_write()
     conn = _connection_of(session)

@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session, SessionTransaction, sessionmaker
 
 from .errors import InvalidInput, MnestomaError, is_retryable, translate_errors
 from .locking import take_write_lock
+from .partitions import upkeep_after_commit
 from .repository import CanonicalQueryRepository, MnestRepository, built
 from .settings import Settings, settings_of
 from .validation import Clock
@@ -166,6 +167,7 @@ class UnitOfWork:
         if self._after_commit is not None:
             self._after_commit(self.session)
             self.session.rollback()
+        upkeep_after_commit(self.session)  # PostgreSQL: months its writes reached (§12)
 
     def rollback(self) -> None:
         """Throw away the work done since the last commit."""
@@ -209,9 +211,11 @@ class ConnectionUnitOfWork:
         return self
 
     def commit(self) -> None:
-        """Commit the work done so far."""
+        """Commit the work done so far (then, on PostgreSQL, make the partitions of the
+        months its writes reached that were not made: contract §12)."""
         with translate_errors():
             self.connection.commit()
+        upkeep_after_commit(self.connection)
 
     def rollback(self) -> None:
         """Throw away the work done since the last commit."""

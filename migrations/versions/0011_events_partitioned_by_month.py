@@ -107,7 +107,8 @@ $fn$"""
 
 # The partitions of the months from ``at``'s (UTC) to ``ahead`` months after it, those not
 # covered yet; the rows of such a month that the default partition caught move into its
-# new partition. Returns the end of the last month ensured.
+# new partition. Returns the end of the partitions that follow on from at's month without
+# a gap (at least the end of the last month ensured).
 PARTITIONS = """CREATE OR REPLACE FUNCTION mnestoma_events_partitions(at timestamptz, ahead integer)
 RETURNS timestamptz LANGUAGE plpgsql AS $fn$
 DECLARE
@@ -115,6 +116,8 @@ DECLARE
     lo timestamptz;
     hi timestamptz;
     part text;
+    made_to timestamptz;
+    next_end timestamptz;
 BEGIN
     FOR i IN 0..ahead LOOP
         lo := (first_month + make_interval(months => i)) AT TIME ZONE 'UTC';
@@ -152,7 +155,15 @@ BEGIN
             NULL;  -- another session made it meanwhile
         END;
     END LOOP;
-    RETURN (first_month + make_interval(months => ahead + 1)) AT TIME ZONE 'UTC';
+    -- The end of the partitions that follow on from at's month without a gap.
+    made_to := (first_month + make_interval(months => ahead + 1)) AT TIME ZONE 'UTC';
+    LOOP
+        SELECT b.upper INTO next_end FROM mnestoma_events_bounds() b
+        WHERE b.lower <= made_to AND made_to < b.upper;
+        EXIT WHEN next_end IS NULL OR next_end = 'infinity';
+        made_to := next_end;
+    END LOOP;
+    RETURN made_to;
 END
 $fn$"""
 

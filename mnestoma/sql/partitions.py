@@ -12,7 +12,7 @@ import re
 from datetime import UTC, datetime
 from typing import Final
 
-from sqlalchemy import TextClause, bindparam, text
+from sqlalchemy import DateTime, TextClause, bindparam, text
 
 from ..rules import PASSING_KINDS, EventKind, sql_list, sql_literal
 from ..types import UTCDateTime
@@ -24,6 +24,8 @@ __all__ = [
     "HAS_PARTITIONS",
     "LAYOUT_NAMES",
     "PARTITION_BOUNDS",
+    "PARTITION_NAME",
+    "is_layout_name",
 ]
 
 _PASSING = f"kind IN ({sql_list(PASSING_KINDS)})"
@@ -84,6 +86,8 @@ DECLARE
     lo timestamptz;
     hi timestamptz;
     part text;
+    made_to timestamptz;
+    next_end timestamptz;
 BEGIN
     FOR i IN 0..ahead LOOP
         lo := (first_month + make_interval(months => i)) AT TIME ZONE 'UTC';
@@ -121,7 +125,15 @@ BEGIN
             NULL;  -- another session made it meanwhile
         END;
     END LOOP;
-    RETURN (first_month + make_interval(months => ahead + 1)) AT TIME ZONE 'UTC';
+    -- The end of the partitions that follow on from at's month without a gap.
+    made_to := (first_month + make_interval(months => ahead + 1)) AT TIME ZONE 'UTC';
+    LOOP
+        SELECT b.upper INTO next_end FROM mnestoma_events_bounds() b
+        WHERE b.lower <= made_to AND made_to < b.upper;
+        EXIT WHEN next_end IS NULL OR next_end = 'infinity';
+        made_to := next_end;
+    END LOOP;
+    RETURN made_to;
 END
 $fn$"""
 )
@@ -183,26 +195,44 @@ AFTER_DROP: Final[tuple[str, ...]] = (
 # The names of the layout that are not the models' own tables: the side table, and the
 # partitions of events (events_YYYYMM, events_to_YYYYMM, events_default).
 SIDE_TABLE_NAME = "event_turn_edges"
-PARTITION_NAME = r"^events_(to_)?[0-9]{6}$|^events_default$"
+# A month is named by its year (four digits, five from year 10000 on: the month of the
+# store's last instants ends there) and its month.
+PARTITION_NAME = r"^events_(to_)?[0-9]{4,5}(0[1-9]|1[0-2])$|^events_default$"
 LAYOUT_NAMES = (SIDE_TABLE_NAME,)
+# The tables a prune builds or detaches for an instant (left behind only if it stopped).
+RETENTION_NAME = r"^events_keep_[0-9]{6,7}$|^events_(to_)?[0-9]{6,7}_dropped$"
+_LAYOUT = re.compile(f"{PARTITION_NAME}|{RETENTION_NAME}")
+
+
+def is_layout_name(name: str) -> bool:
+    """True for a table the store builds beside the models' on PostgreSQL: the side table,
+    a partition of events, or a table of retention's."""
+    return name in LAYOUT_NAMES or bool(_LAYOUT.match(name))
+
 
 # Is events partitioned here (the function revision 0011 creates is there)?
 HAS_PARTITIONS: Final[TextClause] = text(
     "SELECT to_regprocedure('mnestoma_events_partitions(timestamptz, integer)') IS NOT NULL"
 )
-# Make the partitions of :at's month and :ahead months after it; the end of the last one.
+# Make the partitions of :at's month and :ahead months after it; the end of the partitions
+# that follow on from :at's month, :cap at most (an instant Python holds, where the last
+# month the store holds ends in year 10000).
 ENSURE_PARTITIONS: Final[TextClause] = text(
-    "SELECT mnestoma_events_partitions(:at, :ahead)"
-).bindparams(bindparam("at", type_=UTCDateTime()), bindparam("ahead"))
-# Each partition but the default, with the end of its range, oldest first.
-PARTITION_BOUNDS: Final[TextClause] = text(
-    "SELECT part::text, upper FROM mnestoma_events_bounds() ORDER BY lower"
+    "SELECT least(mnestoma_events_partitions(:at, :ahead), :cap)"
+).bindparams(
+    bindparam("at", type_=UTCDateTime()),
+    bindparam("ahead"),
+    bindparam("cap", type_=DateTime(timezone=True)),  # INSTANTS_END: not a stored instant
 )
+# Each partition but the default whose range ends by :before, with that end, oldest first.
+PARTITION_BOUNDS: Final[TextClause] = text(
+    "SELECT part::text, upper FROM mnestoma_events_bounds() WHERE upper <= :before ORDER BY lower"
+).bindparams(bindparam("before", type_=UTCDateTime()))
 
 
 # --- retention: dropping whole months ---------------------------------------------------------
 
-_NAME = re.compile(r"^events_(to_)?[0-9]{6}$|^events_default$")
+_NAME = re.compile(PARTITION_NAME)
 
 
 def partition(name: str) -> str:
@@ -315,7 +345,7 @@ def turn_edges_of(final: str) -> TextClause:
 def detached(name: str) -> str:
     """``name``, checked to be a partition retention detached (or the table it builds)."""
     base = name.removesuffix("_dropped")
-    if not (_NAME.match(base) or re.match(r"^events_keep_[0-9]{6}$", base)):
+    if not (_NAME.match(base) or re.match(r"^events_keep_[0-9]{6,7}$", base)):
         raise ValueError(f"not a table of retention's: {name!r}")
     return name
 

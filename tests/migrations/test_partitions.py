@@ -17,10 +17,11 @@ from test_live_upgrade import Writers
 import mnestoma
 from mnestoma import Mnestoma, Passing
 from mnestoma.config import make_engine
-from mnestoma.migration import alembic_config, current_revision, head_revision
+from mnestoma.migration import alembic_config, current_revision, head_revision, is_store_name
 from mnestoma.models import Event
 from mnestoma.partitions import forget_partitions
 from mnestoma.testing.clock import MovableClock
+from mnestoma.types import INSTANTS_END
 
 
 def _before_0011() -> str:
@@ -99,7 +100,9 @@ def test_a_turn_counts_once_per_edge_across_a_month_boundary(
 
 def test_partitions_are_made_ahead_across_a_year_boundary(pg_store_url: str) -> None:
     """Writes whose clock walks from November into the next year find their month's
-    partition made before them: never the default one."""
+    partition made before them: never the default one. (The first write's clock jumped
+    years past the partitions the store has: its row waits in the default partition until
+    its commit has made its month, three ahead with it.)"""
     engine = make_engine(pg_store_url)
     clock = MovableClock(datetime(2033, 11, 20, tzinfo=UTC))
     try:
@@ -111,12 +114,99 @@ def test_partitions_are_made_ahead_across_a_year_boundary(pg_store_url: str) -> 
             assert "events_203403" not in made
             for day in (30, 41, 60, 72, 100):  # 2033-12-20 ... 2034-02-28
                 clock.set(datetime(2033, 11, 20, tzinfo=UTC) + timedelta(days=day))
+                assert f"events_{clock():%Y%m}" in _partitions(engine)  # before the write
                 m.record_passing("a", "1", "b", "1")
+                assert [p for p, _ in _where(engine)][-1] == f"events_{clock():%Y%m}"
             made = _partitions(engine)
         assert "events_203405" in made  # made when 2034-02-28 came within a week of March
         where = [p for p, _ in _where(engine)]
         months = ("203311", "203312", "203312", "203401", "203401", "203402")
         assert where == [f"events_{m}" for m in months]
+    finally:
+        engine.dispose()
+        forget_partitions()
+
+
+def test_a_write_never_waits_for_a_partition_nor_fails_for_one_missing(
+    pg_store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader holds events while a write's clock reaches a month not made: making it
+    (an exclusive lock on events, in a transaction of its own after the write's commit)
+    gives up after its short lock timeout, the write is done with its row in the default
+    partition, and the next write once the reader is gone makes the month and moves it."""
+    from mnestoma import partitions
+
+    monkeypatch.setattr(partitions, "PARTITION_UPKEEP_RETRY_S", 0.0)
+    engine = make_engine(pg_store_url)
+    clock = MovableClock(datetime(2045, 7, 3, tzinfo=UTC))
+    try:
+        with Mnestoma(pg_store_url, clock=clock) as m:
+            reader = engine.connect()
+            reader.execute(text("SELECT count(*) FROM events"))  # holds ACCESS SHARE
+            started = time.monotonic()
+            m.record_turn("t-busy", [Passing("a", "1", "b", "1"), Passing("b", "1", "c", "1")])
+            took = time.monotonic() - started
+            assert "events_204507" not in _partitions(engine)
+            reader.rollback()
+            reader.close()
+            assert [p for p, _ in _where(engine)] == ["events_default"] * 2
+            clock.advance(days=1)
+            m.record_passing("a", "1", "b", "1", turn_id="t-later")
+        assert [p for p, _ in _where(engine)] == ["events_204507"] * 3
+        assert took < 5.0
+        with pytest.raises(IntegrityError), engine.begin() as conn:  # the turn's rule moved too
+            conn.execute(
+                text(PASSING_EVENT),
+                {"m": _where(engine)[0][1], "ts": clock(), "t": "t-busy"},
+            )
+    finally:
+        engine.dispose()
+        forget_partitions()
+
+
+def test_the_stores_last_month_has_its_partition_and_none_past_it(pg_store_url: str) -> None:
+    """A clock at the last instant the store holds (9999-12-30, the month's partition
+    ending in year 10000): its write lands in that month's partition, no partition of year
+    10000 is made, and retention still reads every partition's bounds."""
+    engine = make_engine(pg_store_url)
+    last = INSTANTS_END - timedelta(microseconds=1)
+    try:
+        for _ in range(2):  # a second facade (engine) finds it made, and says so
+            with Mnestoma(pg_store_url, clock=lambda: last) as m:
+                m.record_passing("a", "1", "b", "1")
+        made = _partitions(engine)
+        assert made["events_999912"].endswith("TO ('10000-01-01 00:00:00+00')")
+        assert not any(len(n) > len("events_999912") and n[7].isdigit() for n in made)
+        assert [p for p, _ in _where(engine)] == ["events_999912"] * 2
+        with Mnestoma(pg_store_url, clock=MovableClock()) as m:
+            assert m.prune_events(datetime(2030, 1, 1, tzinfo=UTC)) == 0
+            assert len(m.events()) == 2
+    finally:
+        engine.dispose()
+        forget_partitions()
+
+
+def test_the_revision_partitions_a_store_with_an_event_in_its_last_month(
+    pg_empty_db_url: str,
+) -> None:
+    """An event at 9999-12-30 puts the revision's bound at 10000-01-01: the partition of
+    everything before and those made ahead are named with a five-digit year, are the
+    store's names, and writes and retention go on."""
+    engine = make_engine(pg_empty_db_url)
+    far = INSTANTS_END - timedelta(days=1)
+    try:
+        mnestoma.upgrade(engine, BEFORE)
+        with engine.begin() as conn:
+            conn.execute(text(PASSING_EVENT), {"m": "mn_far", "ts": far, "t": "t-far"})
+        mnestoma.upgrade(engine)
+        made = _partitions(engine)
+        assert "events_to_1000001" in made and "events_1000001" in made
+        assert all(is_store_name(n) for n in made)
+        with Mnestoma(engine, clock=lambda: far) as m:
+            m.record_passing("a", "1", "b", "1")
+        with Mnestoma(engine, clock=MovableClock()) as m:
+            assert m.prune_events(datetime(2030, 1, 1, tzinfo=UTC)) == 0
+        assert [p for p, _ in _where(engine)] == ["events_to_1000001"] * 2
     finally:
         engine.dispose()
         forget_partitions()
