@@ -166,17 +166,32 @@ def _run(conn: Connection, months: list[datetime]) -> None:
         known = _of(engine).partitioned
     made: list[tuple[datetime, datetime]] = []
     try:
-        with translate_errors(), conn.begin():
-            conn.execute(
-                sq.LOCAL_LOCK_TIMEOUT,
-                {"t": f"{max(1, round(PARTITION_UPKEEP_LOCK_TIMEOUT_S * 1000))}ms"},
-            )
-            partitioned = known or bool(conn.execute(HAS_PARTITIONS).scalar_one())
-            for month in months if partitioned else ():
-                if any(start <= month < end for start, end in made):
-                    continue
-                params = {"at": month, "ahead": months_made_ahead(month), "cap": INSTANTS_END}
-                made.append((month, conn.execute(ENSURE_PARTITIONS, params).scalar_one()))
+        with translate_errors():
+            transaction = conn.begin()
+            try:
+                conn.execute(
+                    sq.LOCAL_LOCK_TIMEOUT,
+                    {"t": f"{max(1, round(PARTITION_UPKEEP_LOCK_TIMEOUT_S * 1000))}ms"},
+                )
+                partitioned = known or bool(conn.execute(HAS_PARTITIONS).scalar_one())
+                changed = False
+                for month in months if partitioned else ():
+                    if any(start <= month < end for start, end in made):
+                        continue
+                    ahead = months_made_ahead(month)
+                    params = {"at": month, "ahead": ahead, "cap": INSTANTS_END}
+                    end, changed_now = conn.execute(ENSURE_PARTITIONS, params).one()
+                    made.append((month, end))
+                    changed = changed or bool(changed_now)
+            except BaseException:
+                transaction.rollback()
+                raise
+            # Committed only when a partition was made: a look that found every month made
+            # commits nothing (a dry run stays one transaction rolled back).
+            if changed:
+                transaction.commit()
+            else:
+                transaction.rollback()
     except MnestomaError as err:
         with _lock:
             state = _of(engine)

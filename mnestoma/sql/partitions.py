@@ -216,9 +216,11 @@ HAS_PARTITIONS: Final[TextClause] = text(
 )
 # Make the partitions of :at's month and :ahead months after it; the end of the partitions
 # that follow on from :at's month, :cap at most (an instant Python holds, where the last
-# month the store holds ends in year 10000).
+# month the store holds ends in year 10000), and whether the transaction has changed
+# anything so far (made a partition; evaluated after, the subquery being kept apart).
 ENSURE_PARTITIONS: Final[TextClause] = text(
-    "SELECT least(mnestoma_events_partitions(:at, :ahead), :cap)"
+    "SELECT made, txid_current_if_assigned() IS NOT NULL FROM"
+    " (SELECT least(mnestoma_events_partitions(:at, :ahead), :cap) AS made OFFSET 0) ensured"
 ).bindparams(
     bindparam("at", type_=UTCDateTime()),
     bindparam("ahead"),
