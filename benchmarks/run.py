@@ -1060,6 +1060,19 @@ def run(
     return report
 
 
+def _json_ready(value: Any) -> Any:
+    """``value`` with every mapping's keys made strings (a tuple key joined by "/"), so that
+    a report whose figures are keyed by (workload, size) pairs can be written as JSON."""
+    if isinstance(value, dict):
+        return {
+            "/".join(map(str, k)) if isinstance(k, tuple) else k: _json_ready(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [_json_ready(v) for v in value]
+    return value
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line; exit status 1 when the implementations disagree."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
@@ -1090,5 +1103,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(err))
     print(format_report(report, with_pg=bool(args.postgresql)))
     if args.json:
-        Path(args.json).write_text(json.dumps(asdict(report), indent=2, default=str))
+        Path(args.json).write_text(json.dumps(_json_ready(asdict(report)), indent=2, default=str))
     return 0 if report.consistent else 1

@@ -20,6 +20,7 @@ from ..display import PICTURE_STATES, STATE_STYLES
 from ..errors import InvalidInput, InvalidTransition
 from ..facade import Mnestoma
 from ..locking import DEFAULT_LOCK_TIMEOUT_S, ENV_LOCK_TIMEOUT, store_files
+from ..ranking import SUGGEST_ORDER_BY
 from ..repository import WALK_LIMIT
 from ..rules import (
     AGER_BATCH_QUIET_TARGET_S,
@@ -296,15 +297,25 @@ def walk(
 @cli.command()
 @click.argument("src", metavar="SRC[@VERSION]")
 @click.option("-k", "k", default=5, show_default=True, type=int, help="How many suggestions.")
+@click.option(
+    "--order",
+    "order_by",
+    type=click.Choice(SUGGEST_ORDER_BY),
+    default="weight",
+    show_default=True,
+    help="weight: effective weight first; decayed_uses: decayed count of passings first.",
+)
 @json_option
 @database_url_option
-def suggest(src: str, k: int, as_json: bool, database_url: str | None) -> None:
+def suggest(src: str, k: int, order_by: str, as_json: bool, database_url: str | None) -> None:
     """The K active edges out of SRC a planner should try first: highest effective weight
-    (SCORE), ties broken by ACTIVATION (more uses, more recent use)."""
+    (SCORE), ties broken by ACTIVATION (more uses, more recent use); with --order
+    decayed_uses, the highest decayed count of passings (COUNT) first."""
     executor, version = parse_endpoint(src, "SRC", version_required=False)
     now = utc_now()
     with _store(database_url, clock=lambda: now) as store:
-        render_suggestions(store.suggest_next(executor, version, k=k), now, as_json)
+        suggestions = store.suggest_next(executor, version, k=k, order_by=order_by)
+        render_suggestions(suggestions, now, as_json, order_by=order_by)
 
 
 @cli.command()

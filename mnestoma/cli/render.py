@@ -23,7 +23,7 @@ from ..errors import InvalidInput
 from ..models import CanonicalQuery, Event, Mnest
 from ..records import mnest_record, row_record
 from ..repository import QueryFrequency
-from ..rules import AgerReport, activation
+from ..rules import DECAYED_USES_ORDER, AgerReport, activation
 from ..timefmt import iso_utc, short_utc
 from .errors import CliFailure
 
@@ -167,18 +167,25 @@ def render_walk(paths: Sequence[Sequence[Mnest]], at: datetime, as_json: bool) -
 
 
 def render_suggestions(
-    suggestions: Sequence[tuple[Mnest, float]], at: datetime, as_json: bool
+    suggestions: Sequence[tuple[Mnest, float]],
+    at: datetime,
+    as_json: bool,
+    *,
+    order_by: str = "weight",
 ) -> None:
-    """Print what a planner would be told to try next, best first: the score (effective
-    weight) and the activation that breaks its ties."""
+    """Print what a planner would be told to try next, best first: the value it was ordered
+    by (the effective weight as SCORE, or the decayed count of passings as COUNT) and the
+    activation that breaks ties."""
+    by_count = order_by == DECAYED_USES_ORDER
     records: list[dict[str, Any]] = [
         {
             "rank": i,
-            **mnest_record(m, at, effective=w),
-            "score": w,
+            **mnest_record(m, at, effective=None if by_count else v),
+            "order_by": order_by,
+            "score": v,
             "activation": activation(m.uses, m.ts_first, m.ts_last, at),
         }
-        for i, (m, w) in enumerate(suggestions, 1)
+        for i, (m, v) in enumerate(suggestions, 1)
     ]
     if as_json:
         echo_json(records)
@@ -190,7 +197,7 @@ def render_suggestions(
         (
             r["rank"],
             endpoint(m.dst_executor, m.dst_version),
-            _fmt_weight(r["score"]),
+            f"{r['score']:.3f}" if by_count else _fmt_weight(r["score"]),
             f"{r['activation']:.3f}",
             m.uses,
             short_utc(m.ts_last),
@@ -198,8 +205,9 @@ def render_suggestions(
         )
         for r, (m, _) in zip(records, suggestions, strict=True)
     ]
-    headers = ("RANK", "NEXT", "SCORE", "ACTIVATION", "USES", "LAST", "ID")
-    click.echo(table(headers, rows, {"RANK", "SCORE", "ACTIVATION", "USES"}))
+    value = "COUNT" if by_count else "SCORE"
+    headers = ("RANK", "NEXT", value, "ACTIVATION", "USES", "LAST", "ID")
+    click.echo(table(headers, rows, {"RANK", value, "ACTIVATION", "USES"}))
 
 
 def render_verdict(verdict: Verdict, as_json: bool) -> None:

@@ -403,6 +403,34 @@ def test_suggest_ranks_next_steps_with_or_without_version(seeded: dict[str, Any]
     assert "summarise@1" in run_ok("suggest", "fetch@2", "--database-url", url).stdout
 
 
+def test_suggest_order_decayed_uses_puts_the_long_habit_before_the_recent_edge(
+    store_url: str,
+) -> None:
+    now = datetime.now(UTC)
+    clock = Clock(now - timedelta(days=30, hours=1))
+    m = mnestoma.Mnestoma(store_url, clock=clock)
+    for _ in range(20):  # a habit: weight clamped at 1, 20 passings, then 30 days of fading
+        clock.now += timedelta(seconds=30)
+        m.record_passing("plan", "1", "habit", "1")
+    clock.now = now - timedelta(minutes=5)
+    for _ in range(5):  # recent: weight 0.30 + 4 × 0.15 = 0.90, five passings
+        clock.now += timedelta(seconds=30)
+        m.record_passing("plan", "1", "fresh", "1")
+    m.close()
+    by_weight = run_json("suggest", "plan@1", "--database-url", store_url)
+    assert [r["dst_executor"] for r in by_weight] == ["fresh", "habit"]
+    assert {r["order_by"] for r in by_weight} == {"weight"}
+    by_count = run_json("suggest", "plan@1", "--order", "decayed_uses", "--database-url", store_url)
+    assert [r["dst_executor"] for r in by_count] == ["habit", "fresh"]
+    habit, fresh = by_count
+    assert 20 * 0.5 < habit["score"] < 20 and 4.9 < fresh["score"] <= 5
+    assert habit["effective_weight"] == pytest.approx(by_weight[1]["effective_weight"], rel=1e-3)
+    text = run_ok("suggest", "plan@1", "--order", "decayed_uses", "--database-url", store_url)
+    assert "COUNT" in text.stdout and text.stdout.index("habit@1") < text.stdout.index("fresh@1")
+    bad = run("suggest", "plan@1", "--order", "uses", "--database-url", store_url)
+    assert bad.exit_code == 2 and "decayed_uses" in bad.stderr
+
+
 def test_protos_lists_recurring_protos_with_their_summary(seeded: dict[str, Any]) -> None:
     url = seeded["url"]
     rows = run_json("protos", "--database-url", url)

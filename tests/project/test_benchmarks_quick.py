@@ -7,9 +7,11 @@ weights, events and paths after the same work.
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
+from dataclasses import asdict
 from datetime import timedelta
 from pathlib import Path
 
@@ -225,3 +227,11 @@ def test_psycopg_reference_follows_the_contract_numbers(tmp_path: Path) -> None:
     assert row[4:6] == ("active", 3)
     assert row[6] == pytest.approx(0.45 * math.exp(-0.018 * 10) + 0.15)
     assert events == {"created": 1, "reinforced": 2}
+
+
+def test_quick_report_is_written_as_json_with_every_workload(
+    quick_report: bench.Report,
+) -> None:
+    written = json.loads(json.dumps(bench._json_ready(asdict(quick_report)), default=str))
+    assert [r["workload"] for r in written["results"]] == [r.workload for r in quick_report.results]
+    assert all(isinstance(k, str) for r in written["results"] for k in r["details"])
