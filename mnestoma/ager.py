@@ -1,12 +1,15 @@
-"""The ager: decay, demote, merge, prune and count archive candidates.
+"""The ager: decay, demote, merge, prune and count archive candidates; the whole of it but its
+rules (:mod:`mnestoma.rules`) and its statements (:mod:`mnestoma.sql.ager`).
 
 :func:`run_ager` does a whole run in the caller's transaction (a unit of work's, a dry run's).
-The facades run it in batches instead (:func:`begin_batched_run`, :func:`age_batch`,
-:func:`end_batched_run`): each batch covers a range of the table's own order (SQLite rowids,
-PostgreSQL pages) and is its own transaction, so a writer waits for one batch, not the run.
-While no writer is about a batch grows, step after step, until one waits for it
-(:class:`BatchGrowth`); what a run keeps on its connection from batch to batch is an
-:class:`AgerSession`.
+Both facades run it in batches instead, through :func:`age_in_batches`: the run's lock
+(:func:`ager_run_lock`), its loop, each batch (:func:`begin_batched_run`, :func:`age_batch`,
+:func:`end_batched_run`) its own transaction retried when transient, a batch that waited for
+writers' rows tried again smaller after a pause, the run's progress and its stop. Each batch
+covers a range of the table's own order (SQLite rowids, PostgreSQL pages), so a writer waits
+for one batch, not the run. While no writer is about a batch grows, step after step, until
+one waits for it (:class:`BatchGrowth`); what a run keeps on its connection from batch to
+batch is an :class:`AgerSession`.
 
 Why batches add up to the one-transaction run: every step is decided row by row at the
 run's ``now`` and none undoes another. A decayed row has ``ts_weight = now`` and is not
@@ -19,33 +22,67 @@ completed by the next run at the same ``now``.
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
 import struct
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager, suppress
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from sqlalchemy import Connection
 from sqlalchemy.sql import Executable
 
-from .errors import translate_errors
-from .locking import WaitingWriters, pause_on
+from .clock import utc_now
+from .errors import (
+    MnestomaError,
+    StoreError,
+    is_lock_not_available,
+    is_unique_violation,
+    translate_errors,
+)
+from .locking import (
+    MIGRATION_LOCK_KEY,
+    WaitingWriters,
+    beside_store,
+    open_beside_store,
+    pause_on,
+    take_write_lock,
+    try_flock,
+)
+from .partitions import note_written, upkeep_after_commit, upkeep_before_write
+from .retrying import with_retries
 from .rules import (
     AGER_BATCH_GROWN_MAX_S,
     AGER_BATCH_QUIET_TARGET_S,
+    AGER_BATCH_ROWS,
+    AGER_STOP_POLL_S,
+    AGER_WAIT_WARN_S,
     AGER_WRITERS_PATIENCE_S,
     AGER_WRITERS_POLL_S,
+    AGER_WRITERS_SEEN_S,
     AgerCount,
     AgerReport,
+    ager_batch_grows,
+    ager_batch_retry_pause,
+    ager_batch_target,
     ager_next_step,
+    ager_regrown_step,
+    ager_shrunk_end,
     ager_wal_checkpoints,
+    ager_writers_about,
     archive_cutoff,
 )
-from .runner import StatementRunner, _prepare
+from .runner import StatementRunner, _prepare, runner_for
+from .settings import Settings
 from .sql.ager import (
+    ADVISORY_HELD,
+    ADVISORY_LOCK,
+    ADVISORY_UNLOCK,
     PAIRS_STEP,
     PROGRESS_BEGIN,
     PROGRESS_DONE,
@@ -59,22 +96,38 @@ from .sql.ager import (
     wal_autocheckpoint_pragma,
 )
 from .sql.tables import AGER_RUNS
+from .validation import check_batch_rows, check_dry_run, check_progress
 
 __all__ = [
     "AGER_CACHE_KIB",
+    "AGER_LOCK_KEY",
     "AgerBounds",
     "AgerSession",
     "BatchGrowth",
+    "BatchProgress",
     "BatchedRun",
+    "GoOn",
+    "RunStopped",
     "TableWriters",
     "age_batch",
+    "age_in_batches",
     "ager_bounds",
+    "ager_run_lock",
+    "ager_running",
     "ager_writers",
     "archive_candidates",
     "begin_batched_run",
+    "check_ager_call",
     "end_batched_run",
     "run_ager",
 ]
+
+logger = logging.getLogger("mnestoma.ager")
+
+# The ager's run lock (PostgreSQL advisory lock): the number after the migrations' lock.
+AGER_LOCK_KEY = MIGRATION_LOCK_KEY + 1
+# How often a second run of the ager looks whether the first has ended (SQLite).
+AGER_LOCK_POLL_S = 0.05
 
 _INSERT_AGER_RUN = AGER_RUNS.insert()
 
@@ -303,7 +356,7 @@ def _batch_postgresql(conn: Connection, p: dict[str, Any], *, merges: bool) -> A
     # A batch of a run that began with no decaying row to merge into skips the merge: the
     # rows the run demotes are the only rows of their keys, and a twin made since (by an
     # operator's transition) fails the batch's demotion, which the run then retries with
-    # the merge (see mnestoma.facade.age_in_batches).
+    # the merge (see :func:`age_in_batches`).
     return _changed(conn, s.changes, s.archive_count, p, batched=True, merges=merges)
 
 
@@ -631,3 +684,368 @@ def _page_cache(conn: Connection, at_least_kib: int) -> Iterator[None]:
         _cleanup(conn, cache_size_pragma(before))
         raise
     _run(conn, cache_size_pragma(before))
+
+
+# --- a run in batches, as both facades run it ------------------------------------------------
+
+
+# Called after each batch of a run of the ager: (batches done, batches in the run).
+BatchProgress = Callable[[int, int], object]
+
+
+def check_ager_call(
+    dry_run: object, batch_rows: object, progress: object
+) -> tuple[int | None, bool, BatchProgress | None]:
+    """The arguments of ``apply_ager`` (both doors), each checked before the run writes
+    anything: a bad one found after the first batch would leave an interrupted run."""
+    return check_batch_rows(batch_rows), check_dry_run(dry_run), check_progress(progress)
+
+
+class RunStopped(Exception):
+    """A run of the ager stopped before its next batch because its caller asked it to (an
+    async caller cancelled): an interrupted run, which the next completes."""
+
+
+# Asked before each batch, and while a batch waits to be tried again: False stops the run.
+GoOn = Callable[[], bool]
+
+
+def age_in_batches(
+    conn: Connection,
+    *,
+    settings: Settings,
+    batch_rows: int | None = None,
+    progress: BatchProgress | None = None,
+    go_on: GoOn | None = None,
+) -> AgerReport:
+    """One run of the ager on ``conn``, each batch a transaction of its own (retried when
+    transient, :func:`~mnestoma.retrying.with_retries`), under the database's ager lock
+    (:func:`ager_run_lock`); the report of the whole run. Batches of
+    ``batch_rows`` rows (None: the settings' ``ager_batch_rows``; None there too: batches
+    sized as the run goes to take about :func:`~mnestoma.rules.ager_batch_target` each while
+    writers are about, and growing until a writer waits once none has been seen for a while,
+    :class:`BatchGrowth`). ``progress(done, total)`` after each batch (the
+    total an estimate while the batches are being sized). ``go_on()`` false stops the run
+    before its next batch, and a growing batch at its next step (:class:`RunStopped`).
+    What the run keeps on its connection meanwhile: :class:`AgerSession`.
+
+    Before each batch the writers get in first: on SQLite the writes that wait for the lock
+    (:class:`~mnestoma.locking.WaitingWriters`), on PostgreSQL, where a batch locks only its
+    rows, the writers in a transaction on ``mnests`` (:class:`TableWriters`);
+    there a batch that gave up waiting for a row a writer held is tried again, smaller,
+    until it gets its rows (:func:`_age_batch_waiting`). The bounds of the run are read
+    before its first write, so that no lock is held meanwhile.
+    """
+    started = time.perf_counter()
+    if batch_rows is None:
+        batch_rows = settings.ager_batch_rows
+    write = functools.partial(_written, conn)
+    waits = _Waits(conn, go_on)
+    with ager_run_lock(conn), AgerSession(conn) as session, ager_writers(conn) as writers:
+        waits.go_on()
+        bounds = _read(conn, ager_bounds)
+        rows = batch_rows or AGER_BATCH_ROWS
+        run = write(
+            lambda c: begin_batched_run(c, _written_at(c, settings), rows, utc_now(), bounds)
+        )
+        report = AgerReport()
+        lo, step, number = run.first, run.step, 0
+        # none seen yet: the first batch grows unless a writer is about when it begins (a
+        # writer that comes meanwhile waits for one step of it)
+        writers_seen = time.monotonic() - AGER_WRITERS_SEEN_S
+        target = ager_batch_target(0.0)
+        while lo < run.end:
+            waits.go_on()
+            hi = min(lo + step, run.end)
+            if writers.let_in():
+                writers_seen = time.monotonic()
+            since = time.monotonic() - writers_seen
+            grows = batch_rows is None and ager_batch_grows(since)
+            growth = BatchGrowth(writers, run.end, step, waits.asked) if grows else None
+            try:
+                batch, hi, took = _age_batch_waiting(
+                    write,
+                    waits,
+                    run=run,
+                    lo=lo,
+                    hi=hi,
+                    number=number + 1,
+                    writers_about=ager_writers_about(since),
+                    session=session,
+                    growth=growth,
+                )
+            except MnestomaError as err:
+                if run.merges or not is_unique_violation(err):
+                    raise
+                # A twin made since the run began (an operator's transition): this batch,
+                # and every one after it, looks for merge pairs again.
+                run = replace(run, merges=True)
+                continue
+            number += 1
+            report += batch
+            width = hi - lo
+            if growth is not None:
+                if growth.writers_came:
+                    writers_seen = time.monotonic()
+                target = ager_batch_target(time.monotonic() - writers_seen)
+                step = growth.step
+            elif batch_rows is None:
+                last = target
+                target = ager_batch_target(time.monotonic() - writers_seen)
+                step = ager_next_step(width, took, target, last)
+                width = step
+            else:  # back to the planned batches, at twice a shrunk one at a time
+                step = width = ager_regrown_step(width, run.step)
+            lo = hi
+            if progress is not None:
+                progress(number, number + -(-(run.end - lo) // max(1, width)))
+        archive = _read(conn, lambda c: archive_candidates(c, run.now))
+        report = replace(report, archive_candidates=archive)
+        session.release()  # the last commit checkpoints the WAL
+        write(lambda c: end_batched_run(c, run, report, time.perf_counter() - started))
+    waits.log_run(run, number)
+    return report
+
+
+class _Waits:
+    """What a run of the ager waited for writers' rows (PostgreSQL): the batches it tried
+    again, the longest a batch waited, its smallest batch; said in the log at the run's
+    end, and at once by a batch that has waited :data:`~mnestoma.rules.AGER_WAIT_WARN_S`.
+    Also where the run asks whether to go on (:meth:`go_on`), before each batch and while it
+    waits."""
+
+    def __init__(self, conn: Connection, go_on: GoOn | None) -> None:
+        self._conn = conn
+        self._go_on = go_on
+        self.retries = 0  # attempts that gave up, each tried again
+        self.longest_s = 0.0
+        self.smallest: int | None = None
+
+    def go_on(self) -> None:
+        """Raise :class:`RunStopped` when the run's caller asked it to stop."""
+        if not self.asked():
+            raise RunStopped("the run of the ager was stopped before its next batch")
+
+    def asked(self) -> bool:
+        """False once the run's caller asked it to stop."""
+        return self._go_on is None or bool(self._go_on())
+
+    def pause(self, seconds: float) -> None:
+        """Wait ``seconds`` before a batch is tried again, asking now and then whether to go
+        on (a run stopped while it waits stops within :data:`~mnestoma.rules.AGER_STOP_POLL_S`)."""
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            pause_on(self._conn, min(left, AGER_STOP_POLL_S))
+            self.go_on()
+
+    def gave_up(self, lo: int, hi: int, waited_s: float, attempts: int) -> None:
+        """A batch ``[lo, hi)`` gave up waiting for a row, ``waited_s`` after its first try."""
+        self.retries += 1
+        self.smallest = hi - lo if self.smallest is None else min(self.smallest, hi - lo)
+        if self.longest_s < AGER_WAIT_WARN_S <= waited_s:
+            logger.warning(
+                "the ager has waited %.1f s for rows that writers hold (positions %d-%d, "
+                "%d attempts); it goes on waiting",
+                waited_s,
+                lo,
+                hi,
+                attempts,
+            )
+        self.longest_s = max(self.longest_s, waited_s)
+
+    def got_in(self, waited_s: float) -> None:
+        """A batch that had to wait got its rows, ``waited_s`` after its first try."""
+        self.longest_s = max(self.longest_s, waited_s)
+
+    def log_run(self, run: BatchedRun, batches: int) -> None:
+        """The run's waits, in the log: a warning when a batch waited long, else info."""
+        if not self.retries:
+            return
+        logger.log(
+            logging.WARNING if self.longest_s >= AGER_WAIT_WARN_S else logging.INFO,
+            "the ager's run at %s waited for rows that writers held: %d times a batch gave "
+            "up and was tried again (%d batches in all), a batch waited %.2f s at most, "
+            "positions in the smallest batch: %d",
+            run.now.isoformat(),
+            self.retries,
+            batches,
+            self.longest_s,
+            self.smallest or 0,
+        )
+
+
+def _age_batch(conn: Connection, *, run: BatchedRun, lo: int, hi: int, **batch: Any) -> AgerReport:
+    """One attempt at a batch, in the transaction :func:`_written` began on ``conn``."""
+    return age_batch(conn, run, lo, hi, at=utc_now(), **batch)
+
+
+def _age_batch_waiting(
+    write: Callable[[Callable[[Connection], AgerReport]], AgerReport],
+    waits: _Waits,
+    *,
+    lo: int,
+    hi: int,
+    **batch: Any,
+) -> tuple[AgerReport, int, float]:
+    """One batch (its own transaction, through ``write``), the end of the positions it
+    covered and the seconds its last attempt took. A batch that gave up waiting for a row
+    lock (PostgreSQL: a writer held a row it wanted, while waiting for one of the batch's, or
+    writers queued on it for longer than the batch's lock timeout) rolled back and let the
+    writers go on; it is tried again on half its positions (down to one,
+    :func:`~mnestoma.rules.ager_shrunk_end`), no longer growing (writers are about), after
+    :func:`~mnestoma.rules.ager_batch_retry_pause`, for as long as it takes: a run never
+    fails because writers are busy. Other transient failures (a key another transaction
+    made a twin of meanwhile) are retried by ``write`` itself."""
+    attempt = 0
+    first = time.perf_counter()
+    while True:
+        took = time.perf_counter()
+        try:
+            report = write(functools.partial(_age_batch, lo=lo, hi=hi, **batch))
+        except MnestomaError as err:
+            if not is_lock_not_available(err):
+                raise
+            waits.gave_up(lo, hi, time.perf_counter() - first, attempt + 1)
+            waits.pause(ager_batch_retry_pause(attempt))
+            hi = ager_shrunk_end(lo, hi)
+            batch["growth"] = None
+            batch["writers_about"] = True
+            attempt += 1
+            continue
+        done = time.perf_counter()
+        if attempt:
+            waits.got_in(done - first)
+        growth = batch.get("growth")
+        return report, hi if growth is None else growth.end, done - took
+
+
+T = TypeVar("T")
+
+
+def _read(conn: Connection, read: Callable[[Connection], T]) -> T:
+    """``read(conn)`` in a transaction of its own on ``conn``, rolled back after: a read,
+    which takes no lock."""
+    try:
+        return read(conn)
+    finally:
+        if conn.in_transaction():
+            conn.rollback()
+
+
+def _written_at(conn: Connection, settings: Settings) -> datetime:
+    """The clock's now a run writes its events at, read in its first write; on PostgreSQL a
+    month whose partition is not known made is made after the commit (contract §12)."""
+    now = settings.now()
+    note_written(conn, now)
+    return now
+
+
+def _written(conn: Connection, write: Callable[[Connection], T]) -> T:
+    """``write(conn)`` in a write transaction of its own on ``conn`` (SQLite: holding the
+    write lock from its start, :func:`~mnestoma.locking.take_write_lock`), committed;
+    transient failures tried again (:func:`~mnestoma.retrying.with_retries`)."""
+
+    def once() -> T:
+        try:
+            upkeep_before_write(conn)  # PostgreSQL: the months' partitions, before any lock
+            runner_for(conn).ready()  # SQLAlchemy's transaction begun before the lock
+            with translate_errors():
+                take_write_lock(conn)
+            result = write(conn)
+            with translate_errors():
+                conn.commit()
+            upkeep_after_commit(conn)
+            return result
+        finally:
+            if conn.in_transaction():
+                conn.rollback()
+
+    return with_retries(once)
+
+
+# --- the run's lock: one run at a time per database -----------------------------------------
+
+
+@contextmanager
+def ager_run_lock(conn: Connection) -> Iterator[None]:
+    """Hold the database's ager lock for the block: a second run waits for the first.
+
+    PostgreSQL: a session advisory lock on ``conn`` (the run's own connection, committed
+    so that it outlives each batch's transaction); it goes with the session when the run's
+    process dies or its connection drops. SQLite: an exclusive ``flock`` on a file beside
+    the database (``<file>-ager.lock``), released by the system when the process dies
+    (StoreError, before the run begins, when that is not a regular file it can open: see
+    :func:`open_beside_store`); an in-memory database, whose runs share one process, a lock
+    of this process.
+    """
+    if conn.dialect.name == "postgresql":
+        conn.execute(ADVISORY_LOCK, {"key": AGER_LOCK_KEY})
+        conn.commit()
+        try:
+            yield
+        finally:
+            _release_advisory(conn)
+        return
+    path = _ager_lock_path(conn)
+    if path is None:
+        with _memory_ager_lock(conn):
+            yield
+        return
+    fd = open_beside_store(path, "the ager's lock file")
+    try:
+        while not try_flock(fd, exclusive=True):
+            pause_on(conn, AGER_LOCK_POLL_S)
+        yield
+    finally:
+        os.close(fd)  # releases the flock
+
+
+def ager_running(conn: Connection) -> bool:
+    """True while some process holds this database's ager lock (a run is under way)."""
+    if conn.dialect.name == "postgresql":
+        key = {"hi": AGER_LOCK_KEY >> 32, "lo": AGER_LOCK_KEY & 0xFFFFFFFF}
+        held = conn.execute(ADVISORY_HELD, key).scalar_one()
+        return bool(held)
+    path = _ager_lock_path(conn)
+    if path is None:
+        lock = _MEMORY_AGER_LOCKS.get(_memory_key(conn))
+        return lock is not None and lock.locked()
+    try:
+        fd = open_beside_store(path, "the ager's lock file", create=False)
+    except StoreError:
+        return False  # no run ever took the lock here (or could: not a file it can lock)
+    try:
+        return not try_flock(fd, exclusive=False)
+    finally:
+        os.close(fd)
+
+
+def _release_advisory(conn: Connection) -> None:
+    """End the run's transaction and release its advisory lock; a connection that cannot
+    say it released it is thrown away (the lock goes with its session), never pooled."""
+    try:
+        if conn.in_transaction():
+            conn.rollback()
+        conn.execute(ADVISORY_UNLOCK, {"key": AGER_LOCK_KEY})
+        conn.commit()
+    except Exception:
+        conn.invalidate()
+
+
+def _ager_lock_path(conn: Connection) -> str | None:
+    """The ager lock file of a SQLite file database, None for an in-memory one."""
+    return beside_store(conn.engine.url, "-ager.lock")
+
+
+_MEMORY_AGER_LOCKS: dict[int, threading.Lock] = {}
+
+
+def _memory_key(conn: Connection) -> int:
+    return id(conn.engine.pool)
+
+
+@contextmanager
+def _memory_ager_lock(conn: Connection) -> Iterator[None]:
+    lock = _MEMORY_AGER_LOCKS.setdefault(_memory_key(conn), threading.Lock())
+    with lock:
+        yield

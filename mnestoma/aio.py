@@ -13,7 +13,6 @@ async mode.
 from __future__ import annotations
 
 import asyncio
-import copy
 import functools
 import time
 import weakref
@@ -25,8 +24,10 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.orm import Session
-from sqlalchemy.util import greenlet_spawn
 
+from ._sqla_compat import ASYNC_ENGINE_OPTION, greenlet_spawn
+from .ager import BatchProgress, age_in_batches, check_ager_call
+from .clock import Clock
 from .config import (
     async_database_url,
     is_sqlite,
@@ -35,6 +36,7 @@ from .config import (
     redact_url,
     refuse_memory_sqlite,
 )
+from .doors import FacadeBase, PruneProgress, check_prune_call, ensure_schema
 from .errors import (
     InvalidInput,
     MissingExtra,
@@ -42,14 +44,6 @@ from .errors import (
     SchemaError,
     StoreError,
     translate_errors,
-)
-from .facade import (
-    BatchProgress,
-    PruneProgress,
-    age_in_batches,
-    check_ager_call,
-    check_prune_call,
-    ensure_schema,
 )
 from .locking import (
     LOCK_TIMEOUT_OPTION,
@@ -66,7 +60,6 @@ from .repository import CanonicalQueryRepository, MnestRepository, QueryFrequenc
 from .rules import EVENT_PRUNE_BATCH, AgerReport, batch_pause, event_batches
 from .settings import Settings, settings_of
 from .uow import ConnectionUnitOfWork, JoinedUnitOfWork, repository_call, retry_pause
-from .validation import Clock
 
 try:
     from sqlalchemy.ext.asyncio import (
@@ -101,13 +94,22 @@ P = ParamSpec("P")
 def make_async_engine(url: str | URL | None = None, **kwargs: Any) -> AsyncEngine:
     """An AsyncEngine for ``url`` (or the resolved default), configured as :func:`make_engine`
     configures a sync one: the same SQLite folder, busy timeout, pragmas and transaction
-    listeners (registered on its ``sync_engine``), the same PostgreSQL options."""
+    listeners (registered on its ``sync_engine``), the same PostgreSQL options.
+
+    Returns:
+        The configured ``AsyncEngine``.
+
+    Raises:
+        InvalidInput: ``url`` is an engine, not a database URL, or names a driver that
+            is not async.
+        MissingExtra: the async driver is not installed (extra ``mnestoma[async]``).
+    """
     if isinstance(url, Engine | AsyncEngine):
         raise InvalidInput("make_async_engine takes a URL; this is already an engine")
     resolved = async_database_url(url)
     try:
         # What create_async_engine does: a sync Engine on the async dialect, wrapped.
-        sync_engine = make_engine(resolved, _is_async=True, **kwargs)
+        sync_engine = make_engine(resolved, **{ASYNC_ENGINE_OPTION: True}, **kwargs)
     except MissingExtra as err:
         raise MissingExtra(f'{err} (the async door: pip install "mnestoma[async]")') from err
     try:
@@ -120,7 +122,11 @@ def make_async_engine(url: str | URL | None = None, **kwargs: Any) -> AsyncEngin
 def make_async_session_factory(
     engine: AsyncEngine, **kwargs: Any
 ) -> async_sessionmaker[AsyncSession]:
-    """An ``async_sessionmaker`` bound to ``engine``; objects stay readable after commit."""
+    """An ``async_sessionmaker`` bound to ``engine``; objects stay readable after commit.
+
+    Returns:
+        The ``async_sessionmaker``.
+    """
     kwargs.setdefault("expire_on_commit", False)
     return async_sessionmaker(engine, **kwargs)
 
@@ -227,6 +233,10 @@ class _MnestOperations(_AsyncDoor[MnestRepository]):
 class AsyncMnestRepository(_OnAsyncSession[MnestRepository], _MnestOperations):
     """Every operation of :class:`~mnestoma.MnestRepository` on an ``AsyncSession`` (or
     ``AsyncConnection``), awaited: ``await repo.record_passing(...)``. Flushes, never commits.
+
+    Raises:
+        InvalidInput: ``session`` is neither an ``AsyncSession`` nor an
+            ``AsyncConnection``, or settings are refused.
     """
 
     def __init__(
@@ -245,11 +255,6 @@ class AsyncMnestRepository(_OnAsyncSession[MnestRepository], _MnestOperations):
 
     # the shared table (_MnestOperations), and the repository's own:
     apply_ager = _awaited(MnestRepository.apply_ager, write=True)
-    ager_bounds = _awaited(MnestRepository.ager_bounds)
-    begin_ager_run = _awaited(MnestRepository.begin_ager_run, write=True)
-    age_batch = _awaited(MnestRepository.age_batch, write=True)
-    archive_candidates = _awaited(MnestRepository.archive_candidates)
-    end_ager_run = _awaited(MnestRepository.end_ager_run, write=True)
     prune_events = _awaited(MnestRepository.prune_events, write=True)
     prunable_event_ids = _awaited(MnestRepository.prunable_event_ids)
     prune_event_batch = _awaited(MnestRepository.prune_event_batch, write=True)
@@ -259,7 +264,12 @@ class AsyncMnestRepository(_OnAsyncSession[MnestRepository], _MnestOperations):
 
 
 class AsyncCanonicalQueryRepository(_OnAsyncSession[CanonicalQueryRepository]):
-    """The query log of :class:`~mnestoma.CanonicalQueryRepository` on an async session."""
+    """The query log of :class:`~mnestoma.CanonicalQueryRepository` on an async session.
+
+    Raises:
+        InvalidInput: ``session`` is neither an ``AsyncSession`` nor an
+            ``AsyncConnection``, or settings are refused.
+    """
 
     def __init__(
         self,
@@ -339,6 +349,9 @@ class AsyncJoinedUnitOfWork:
     It is :class:`~mnestoma.JoinedUnitOfWork` on the session's sync proxy: the savepoint is
     taken before the first write (after the write lock on SQLite), ``commit()`` releases it
     into the caller's transaction, leaving without it rolls back to it.
+
+    Raises:
+        InvalidInput: ``session`` is not an ``AsyncSession``, or settings are refused.
     """
 
     mnests: AsyncMnestRepository
@@ -372,12 +385,25 @@ class AsyncJoinedUnitOfWork:
         await _to_the_end(self.rollback())
 
     async def commit(self) -> None:
-        """Release the savepoint into the caller's transaction (nothing to do after reads)."""
+        """Release the savepoint into the caller's transaction (nothing to do after reads).
+
+        Returns:
+            None.
+
+        Raises:
+            ConflictError: releasing the savepoint broke a constraint of the store.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
+        """
         await _settled(self.session)
         await _on_session(self.session, self.session.run_sync(lambda _s: self._joined.commit()))
 
     async def rollback(self) -> None:
-        """Roll back to the savepoint taken before the first write."""
+        """Roll back to the savepoint taken before the first write.
+
+        Returns:
+            None.
+        """
         await _settled(self.session)
         await _on_session(self.session, self.session.run_sync(lambda _s: self._joined.rollback()))
 
@@ -389,6 +415,11 @@ class AsyncUnitOfWork:
     >>> async with AsyncUnitOfWork(make_async_session_factory(engine)) as uow:
     ...     await uow.mnests.record_passing("search", "1", "read", "2")
     ...     await uow.commit()
+
+    Raises:
+        InvalidInput: ``async_session_factory`` is not an async session factory, or
+            (on enter) returned something else than an ``AsyncSession``; or settings are
+            refused.
     """
 
     mnests: AsyncMnestRepository
@@ -441,7 +472,17 @@ class AsyncUnitOfWork:
             await self.session.close()
 
     async def commit(self) -> None:
-        """Commit the work done so far; a later operation starts a new transaction."""
+        """Commit the work done so far; a later operation starts a new transaction.
+
+        Returns:
+            None.
+
+        Raises:
+            ConflictError: the commit broke a constraint of the store, or lost to another
+                writer.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
+        """
         with translate_errors():
             await _on_session(self.session, self.session.commit())
         after = self._after_commit
@@ -450,7 +491,11 @@ class AsyncUnitOfWork:
             await self.session.rollback()
 
     async def rollback(self) -> None:
-        """Throw away the work done since the last commit."""
+        """Throw away the work done since the last commit.
+
+        Returns:
+            None.
+        """
         await _settled(self.session)
         await self.session.rollback()
 
@@ -462,7 +507,7 @@ class AsyncUnitOfWork:
 # --- the facade -------------------------------------------------------------------------
 
 
-class AsyncMnestoma(_MnestOperations):
+class AsyncMnestoma(FacadeBase, _MnestOperations):
     """The store for async services: every operation of :class:`~mnestoma.Mnestoma`, awaited,
     one transaction per call, with the same retry of transient conflicts.
 
@@ -470,6 +515,13 @@ class AsyncMnestoma(_MnestOperations):
     ``async with``): a new or empty SQLite store is migrated to head, any other database
     must already be there, else :class:`~mnestoma.SchemaError`. Safe to share between the
     tasks of one event loop.
+
+    Raises:
+        InvalidInput: a URL, engine, setting or replica the contract refuses, or an
+            in-memory SQLite database (when it is built).
+        MissingExtra: the async driver is not installed (extra ``mnestoma[async]``).
+        SchemaError: with ``create=False`` there is no SQLite store at its path (when it
+            is built); the database is not at head (on first use).
     """
 
     def __init__(
@@ -520,16 +572,6 @@ class AsyncMnestoma(_MnestOperations):
         if urls:
             engines = [make_async_engine(u, connect_args=replica_connect_args(u)) for u in urls]
             self._replicas = ReplicaSet(engines, urls, self.settings)
-
-    @property
-    def clock(self) -> Clock:
-        """The clock of this store's settings: its only source of "now"."""
-        return self.settings.clock
-
-    @property
-    def recorder(self) -> str:
-        """Who this store's events say recorded them, unless a call says otherwise."""
-        return self.settings.recorder
 
     # --- transactions -----------------------------------------------------------------------
 
@@ -671,22 +713,6 @@ class AsyncMnestoma(_MnestOperations):
         with ConnectionUnitOfWork(conn, settings=self.settings) as unit:
             return op(unit.mnests)
 
-    @property
-    def primary(self) -> AsyncMnestoma:
-        """This facade with every read on the primary (for a read that must see another
-        process's latest write). Its writes are this facade's, and close() leaves the
-        engines to it."""
-        view = copy.copy(self)
-        view._on_primary = True
-        view._owns_engine = False
-        view._owns_replicas = False
-        return view
-
-    def replica_stats(self) -> dict[str, Any]:
-        """How this facade's reads were routed (see :meth:`mnestoma.Mnestoma.replica_stats`);
-        empty without replicas."""
-        return {} if self._replicas is None else self._replicas.stats()
-
     # --- the contract's operations: the shared table (_MnestOperations), and these ----------
 
     async def apply_ager(
@@ -703,7 +729,20 @@ class AsyncMnestoma(_MnestOperations):
         this facade (see :meth:`_unit`). A cancelled caller stops waiting at once; the run
         finishes the batch it is in (or, waiting to try one again, stops waiting), stops
         before the next and gives its connection back: it is an interrupted run, which the
-        next completes."""
+        next completes.
+
+        Returns:
+            The :class:`~mnestoma.AgerReport` of the run (with ``dry_run``: of what it would do).
+
+        Raises:
+            InvalidInput: ``dry_run`` is not a bool, ``batch_rows`` not a positive integer,
+                or ``progress`` not callable; nothing is then written.
+            SchemaError: on this facade's first use, the database is not at head.
+            ConflictError: a batch could not have the write lock within the lock timeout,
+                retries spent; the batches before it stay committed.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
+        """
         rows, dry, progress = check_ager_call(dry_run, batch_rows, progress)
         await self._ready()
         if dry:
@@ -749,7 +788,20 @@ class AsyncMnestoma(_MnestOperations):
     ) -> int:
         """Delete the events older than ``before`` in batches, each its own transaction, with
         ``progress(done, total, deleted)`` as it goes (see
-        :meth:`mnestoma.Mnestoma.prune_events`); ``dry_run`` counts them, in one read."""
+        :meth:`mnestoma.Mnestoma.prune_events`); ``dry_run`` counts them, in one read.
+
+        Returns:
+            How many events were deleted (with ``dry_run``: would be).
+
+        Raises:
+            InvalidInput: ``before`` is not an aware datetime the store can hold, ``dry_run``
+                not a bool, or ``progress`` not callable; nothing is then deleted.
+            SchemaError: on this facade's first use, the database is not at head.
+            ConflictError: a batch could not have the write lock within the lock timeout,
+                retries spent; the batches before it stay deleted.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
+        """
         dry, report = check_prune_call(dry_run, progress)
         if dry:
             return await self._call(
@@ -792,16 +844,40 @@ class AsyncMnestoma(_MnestOperations):
         return dropped.deleted
 
     async def top_queries(self, *, limit: int = 10) -> list[QueryFrequency]:
-        """The most frequent canonical forms."""
+        """The most frequent canonical forms.
+
+        Returns:
+            At most ``limit`` :class:`~mnestoma.QueryFrequency` items, most frequent first.
+
+        Raises:
+            InvalidInput: ``limit`` is not a positive integer up to 100,000.
+            SchemaError: on this facade's first use, the database is not at head.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
+        """
         return await self._call(lambda r: _queries(r).top(limit=limit), write=False)
 
     async def recent_queries(self, *, limit: int = 20) -> list[CanonicalQuery]:
-        """The latest query-log entries, newest first."""
+        """The latest query-log entries, newest first.
+
+        Returns:
+            At most ``limit`` entries, newest first.
+
+        Raises:
+            InvalidInput: ``limit`` is not a positive integer up to 100,000.
+            SchemaError: on this facade's first use, the database is not at head.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
+        """
         return await self._call(lambda r: _queries(r).recent(limit=limit), write=False)
 
     def unit_of_work(self) -> AsyncUnitOfWork:
         """An async unit of work on this store's engine, clock and recorder; on the primary
-        only, reads included (contract §12)."""
+        only, reads included (contract §12).
+
+        Returns:
+            A new :class:`AsyncUnitOfWork`, not yet entered.
+        """
         unit = AsyncUnitOfWork(make_async_session_factory(self._bind), settings=self.settings)
         if self._replicas is not None:
             unit._after_commit = self._replicas.note_write
@@ -809,7 +885,11 @@ class AsyncMnestoma(_MnestOperations):
 
     async def close(self) -> None:
         """Release the connections (the engine too, when this facade created it), once the
-        units of cancelled callers have ended."""
+        units of cancelled callers have ended.
+
+        Returns:
+            None.
+        """
         ending = [f for f in _ENDING if f.get_loop() is asyncio.get_running_loop()]
         if ending:
             await asyncio.wait(ending)

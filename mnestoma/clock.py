@@ -34,6 +34,9 @@ class MovableClock:
 
     >>> clock = MovableClock()
     >>> clock.advance(days=30)  # thirty days later, for the ager
+
+    Raises:
+        InvalidInput: ``start`` is a naive datetime, or not a datetime.
     """
 
     def __init__(self, start: datetime | None = None) -> None:
@@ -44,7 +47,14 @@ class MovableClock:
 
     def advance(self, days: float = 0.0, **kwargs: float) -> datetime:
         """Move forward (or back, with negative values) by ``timedelta(days=..., **kwargs)``;
-        a move past the years 1 to 9999 is :class:`~mnestoma.errors.InvalidInput`."""
+        a move past the years 1 to 9999 is :class:`~mnestoma.errors.InvalidInput`.
+
+        Returns:
+            The clock's new now.
+
+        Raises:
+            InvalidInput: the move leaves the years 1 to 9999.
+        """
         try:
             self.now = self.now + timedelta(days=days, **kwargs)
         except OverflowError:
@@ -54,7 +64,14 @@ class MovableClock:
         return self.now
 
     def set(self, when: datetime) -> datetime:
-        """Jump to ``when``; a naive datetime is refused like everywhere in the store."""
+        """Jump to ``when``; a naive datetime is refused like everywhere in the store.
+
+        Returns:
+            The clock's new now, in UTC.
+
+        Raises:
+            InvalidInput: ``when`` is a naive datetime, or not a datetime.
+        """
         self.now = ensure_aware_utc(when, "when")
         return self.now
 

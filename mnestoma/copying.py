@@ -55,7 +55,7 @@ from sqlalchemy import Connection, Engine, RowMapping, Select, Table, inspect
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import IntegrityError
 
-from .clock import Clock, read_clock, utc_now
+from .clock import Clock
 from .config import is_memory_sqlite, make_engine, redact_url, resolve_database_url
 from .errors import (
     ConflictError,
@@ -88,6 +88,7 @@ from .rules import (
     merged_count,
     outcome_counts,
 )
+from .settings import Settings, settings_of
 from .sql.copying import (
     KEY,
     KEYS,
@@ -104,7 +105,6 @@ from .sql.copying import (
 )
 from .sql.tables import EVENTS, MNESTS, EventRow
 from .types import JSONDocument
-from .validation import check_recorder
 
 __all__ = [
     "CHUNK_SIZE",
@@ -348,7 +348,7 @@ def copy_store(
     """
     if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
         raise InvalidInput("chunk_size must be a positive integer")
-    recorder = check_recorder(recorder).value
+    settings = settings_of(clock=clock, recorder=recorder)  # checked before anything opens
     src_url = resolve_database_url(source)
     dst_url = resolve_database_url(target)
     if _same_database(src_url, dst_url):
@@ -366,7 +366,7 @@ def copy_store(
         _check_revision("source", src_url, current_revision(src_engine), at_head=True)
         if new_file is None:
             _check_revision("target", dst_url, current_revision(dst_engine), at_head=False)
-        job = _Job(append, chunk_size, progress or _no_progress, clock or utc_now, recorder)
+        job = _Job(append, chunk_size, progress or _no_progress, settings)
         try:
             with translate_errors():
                 return job.run(src_engine, dst_engine)
@@ -413,8 +413,7 @@ class _Job:
     append: bool
     chunk_size: int
     progress: Progress
-    clock: Clock
-    recorder: str
+    settings: Settings
     expected: dict[str, _Digest] = field(default_factory=dict)
     offsets: dict[str, int] = field(default_factory=dict)
     pairs: dict[str, str] = field(default_factory=dict)  # source mnest id -> target mnest id
@@ -447,7 +446,7 @@ class _Job:
                 if before[MNESTS.name] or before[EVENTS.name]:
                     self._create_keys(tconn)
                     _refuse_shared_rows(sconn, tconn)
-                self.now = read_clock(self.clock)
+                self.now = self.settings.now()
                 counts = {
                     t.name: int(sconn.execute(statements(t).count).scalar_one()) for t, _ in TABLES
                 }
@@ -656,7 +655,7 @@ class _Job:
             state_after=row["state"],
             reason=reason,
             related_id=related_id,
-            recorder=self.recorder,
+            recorder=self.settings.recorder,
         )
         return {"id": event_id, **event.as_dict()}
 

@@ -7,6 +7,8 @@ from typing import Any, Literal
 
 from sqlalchemy import exc as sa_exc
 
+from .redaction import redact_text, scrub_exception
+
 __all__ = [
     "LOCK_NOT_AVAILABLE",
     "ConflictError",
@@ -97,8 +99,6 @@ class CopyVerificationError(MnestomaError):
 def _message(err: sa_exc.DBAPIError) -> str:
     """The driver's first line, without SQL text or parameters (they may carry secrets), and
     with any secret the server echoed (a database name holding a password) hidden."""
-    from .config import redact_text  # config builds on this module: imported when needed
-
     orig = err.orig if err.orig is not None else err
     text = str(orig).strip().splitlines()
     return redact_text(text[0]) if text else type(orig).__name__
@@ -138,8 +138,6 @@ def translate_errors() -> contextlib.AbstractContextManager[None]:
 
 
 def _scrub(err: BaseException) -> None:
-    from .config import scrub_exception  # config builds on this module: imported when needed
-
     scrub_exception(err)
 
 

@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import copy
 import functools
-import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from datetime import datetime
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Concatenate, ParamSpec, TypeVar
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import URL
 
-from .ager import AgerSession, BatchedRun, BatchGrowth, ager_writers
+from .ager import BatchProgress, age_in_batches, check_ager_call
+from .clock import Clock
 from .config import (
-    is_sqlite,
     make_engine,
     make_session_factory,
     own_pool_after_fork,
@@ -24,44 +21,24 @@ from .config import (
     refuse_memory_sqlite,
     resolve_database_url,
 )
-from .errors import (
-    MnestomaError,
-    SchemaError,
-    StoreError,
-    is_lock_not_available,
-    is_unique_violation,
-    translate_errors,
+from .doors import (
+    FacadeBase,
+    PruneProgress,
+    check_prune_call,
+    ensure_schema,
+    with_lock_timeout,
 )
-from .locking import LOCK_TIMEOUT_OPTION, ager_run_lock, pause_on
-from .migration import ensure_at_head, sqlite_store_missing
+from .errors import SchemaError, StoreError, translate_errors
+from .migration import sqlite_store_missing
 from .models import CanonicalQuery
 from .partitions import FIRST_TURN_EDGE
 from .replicas import NOT_READY, ReplicaSet, replica_connect_args, replica_urls
 from .repository import MnestRepository, QueryFrequency
-from .rules import (
-    AGER_BATCH_ROWS,
-    AGER_STOP_POLL_S,
-    AGER_WAIT_WARN_S,
-    AGER_WRITERS_SEEN_S,
-    EVENT_PRUNE_BATCH,
-    AgerReport,
-    ager_batch_grows,
-    ager_batch_retry_pause,
-    ager_batch_target,
-    ager_next_step,
-    ager_regrown_step,
-    ager_shrunk_end,
-    ager_writers_about,
-    batch_pause,
-    event_batches,
-)
+from .rules import EVENT_PRUNE_BATCH, AgerReport, batch_pause, event_batches
 from .settings import Settings, settings_of
 from .uow import ConnectionUnitOfWork, UnitOfWork, repository_call, written
-from .validation import Clock, check_batch_rows, check_dry_run, check_progress
 
 __all__ = ["Mnestoma"]
-
-logger = logging.getLogger("mnestoma.ager")
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -87,7 +64,7 @@ def _in_one_transaction(
     return method
 
 
-class Mnestoma:
+class Mnestoma(FacadeBase):
     """The store, ready to use: ``Mnestoma()`` opens the default SQLite file.
 
     A new or empty SQLite database is migrated to head on first use; any other database
@@ -99,6 +76,15 @@ class Mnestoma:
     may go (contract §12): never a stale read after this facade's own write; a replica that
     fails or lags is skipped and the primary serves the read. ``store.primary`` reads on
     the primary only; ``replica_stats()`` counts what went where.
+
+    Raises:
+        InvalidInput: a URL, setting or replica the contract refuses, or an in-memory
+            SQLite database (it cannot be shared).
+        MissingExtra: the URL's driver is not installed (the message names the extra).
+        SchemaError: the database is not at head (a new or empty SQLite store is migrated
+            instead), or with ``create=False`` there is no SQLite store at its path.
+        StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+            be reached).
     """
 
     def __init__(
@@ -140,16 +126,6 @@ class Mnestoma:
             raise
         self._writes = make_session_factory(self._bind)
 
-    @property
-    def clock(self) -> Clock:
-        """The clock of this store's settings: its only source of "now"."""
-        return self.settings.clock
-
-    @property
-    def recorder(self) -> str:
-        """Who this store's events say recorded them, unless a call says otherwise."""
-        return self.settings.recorder
-
     # --- transaction helpers --------------------------------------------------------------
 
     def _unit(self) -> ConnectionUnitOfWork:
@@ -182,24 +158,6 @@ class Mnestoma:
     def _in_read(self, work: Callable[[ConnectionUnitOfWork], T], conn: Connection) -> T:
         with ConnectionUnitOfWork(conn, settings=self.settings) as unit:
             return work(unit)
-
-    @property
-    def primary(self) -> Mnestoma:
-        """This facade with every read on the primary (for a read that must see another
-        process's latest write). Its writes are this facade's, and close() leaves the
-        engines to it."""
-        view = copy.copy(self)
-        view._on_primary = True
-        view._owns_engine = False
-        view._owns_replicas = False
-        return view
-
-    def replica_stats(self) -> dict[str, Any]:
-        """How this facade's reads were routed (contract §12): each replica's reads, skips,
-        last lag and whether it is skipped now; the reads the primary served, how many
-        because no replica had replayed this facade's writes, how many after a replica
-        failed. Empty without replicas."""
-        return {} if self._replicas is None else self._replicas.stats()
 
     # --- the contract's operations, each the repository's in one transaction -------------
 
@@ -242,6 +200,18 @@ class Mnestoma:
         waits for one step. ``batch_rows`` fixes about how many rows each batch covers
         instead. ``progress(done, total)`` is called after each batch's commit. A second run
         at once waits for the first. A dry run is one transaction, rolled back.
+
+        Returns:
+            The :class:`~mnestoma.AgerReport` of the run (with ``dry_run``: of what it would do).
+
+        Raises:
+            InvalidInput: ``dry_run`` is not a bool, ``batch_rows`` not a positive integer,
+                or ``progress`` not callable; nothing is then written.
+            ConflictError: a batch could not have the write lock within the lock timeout
+                (:class:`WriteLockTimeout`), retries spent; the batches before it stay committed
+                and the next run completes the interrupted one.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
         """
         # every argument checked before the first batch: a bad one refused writes nothing
         rows, dry, progress = check_ager_call(dry_run, batch_rows, progress)
@@ -268,6 +238,17 @@ class Mnestoma:
         which waiting writers take the lock), so a writer waits for one batch at most.
         ``progress(done, total, deleted)`` is called once the batches are known (done 0),
         then after each. A dry run counts them in one read transaction, which takes no lock.
+
+        Returns:
+            How many events were deleted (with ``dry_run``: would be).
+
+        Raises:
+            InvalidInput: ``before`` is not an aware datetime the store can hold, ``dry_run``
+                not a bool, or ``progress`` not callable; nothing is then deleted.
+            ConflictError: a batch could not have the write lock within the lock timeout,
+                retries spent; the batches before it stay deleted.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
         """
         dry, report = check_prune_call(dry_run, progress)
         if dry:
@@ -311,20 +292,53 @@ class Mnestoma:
     def log_canonical_query(
         self, raw_query: str, canonical_query: str, *, turn_id: str | None = None
     ) -> CanonicalQuery:
-        """Append one normalised request to the query log."""
+        """Append one normalised request to the query log.
+
+        Returns:
+            The new entry of the log.
+
+        Raises:
+            InvalidInput: an empty or over-long text, or a ``turn_id`` the contract refuses.
+            ConflictError: the write lock was not had within the lock timeout
+                (:class:`WriteLockTimeout`), or other writers kept changing the rows it needed.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
+        """
         return self._write(lambda u: u.queries.log(raw_query, canonical_query, turn_id=turn_id))
 
     def top_queries(self, *, limit: int = 10) -> list[QueryFrequency]:
-        """The most frequent canonical forms."""
+        """The most frequent canonical forms.
+
+        Returns:
+            At most ``limit`` :class:`~mnestoma.QueryFrequency` items, most frequent first.
+
+        Raises:
+            InvalidInput: ``limit`` is not a positive integer up to 100,000.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
+        """
         return self._read(lambda u: u.queries.top(limit=limit))
 
     def recent_queries(self, *, limit: int = 20) -> list[CanonicalQuery]:
-        """The latest query-log entries, newest first."""
+        """The latest query-log entries, newest first.
+
+        Returns:
+            At most ``limit`` entries, newest first.
+
+        Raises:
+            InvalidInput: ``limit`` is not a positive integer up to 100,000.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
+        """
         return self._read(lambda u: u.queries.recent(limit=limit))
 
     def unit_of_work(self) -> UnitOfWork:
         """A unit of work on this store's engine and settings, for several operations; on
-        the primary only, reads included (contract §12)."""
+        the primary only, reads included (contract §12).
+
+        Returns:
+            A new :class:`~mnestoma.UnitOfWork`, not yet entered.
+        """
         unit = UnitOfWork(self._writes, settings=self.settings)
         if self._replicas is not None:
             unit._after_commit = self._replicas.note_write
@@ -332,7 +346,11 @@ class Mnestoma:
 
     def close(self) -> None:
         """Release the connections (the engine too, when this facade created it, and the
-        replicas' engines)."""
+        replicas' engines).
+
+        Returns:
+            None.
+        """
         if self._owns_engine:
             self.engine.dispose()
         if self._replicas is not None and self._owns_replicas:
@@ -347,274 +365,3 @@ class Mnestoma:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-# --- shared with the async door (mnestoma.aio) ----------------------------------------------
-
-
-# Called after each batch of a run of the ager: (batches done, batches in the run).
-BatchProgress = Callable[[int, int], object]
-
-
-# Called as a prune of events goes: (batches done, batches in all, events deleted so far).
-PruneProgress = Callable[[int, int, int], object]
-
-
-def check_prune_call(dry_run: object, progress: object) -> tuple[bool, PruneProgress | None]:
-    """The arguments of ``prune_events`` (both doors), checked before its first batch."""
-    return check_dry_run(dry_run), check_progress(progress, "done, total, deleted")
-
-
-def check_ager_call(
-    dry_run: object, batch_rows: object, progress: object
-) -> tuple[int | None, bool, BatchProgress | None]:
-    """The arguments of ``apply_ager`` (both doors), each checked before the run writes
-    anything: a bad one found after the first batch would leave an interrupted run."""
-    return check_batch_rows(batch_rows), check_dry_run(dry_run), check_progress(progress)
-
-
-class RunStopped(Exception):
-    """A run of the ager stopped before its next batch because its caller asked it to (an
-    async caller cancelled): an interrupted run, which the next completes."""
-
-
-# Asked before each batch, and while a batch waits to be tried again: False stops the run.
-GoOn = Callable[[], bool]
-
-
-def age_in_batches(
-    conn: Connection,
-    *,
-    settings: Settings,
-    batch_rows: int | None = None,
-    progress: BatchProgress | None = None,
-    go_on: GoOn | None = None,
-) -> AgerReport:
-    """One run of the ager on ``conn``, each batch a unit of work of its own (retried when
-    transient), under the database's ager lock; the report of the whole run. Batches of
-    ``batch_rows`` rows (None: the settings' ``ager_batch_rows``; None there too: batches
-    sized as the run goes to take about :func:`~mnestoma.rules.ager_batch_target` each while
-    writers are about, and growing until a writer waits once none has been seen for a while,
-    :class:`~mnestoma.ager.BatchGrowth`). ``progress(done, total)`` after each batch (the
-    total an estimate while the batches are being sized). ``go_on()`` false stops the run
-    before its next batch, and a growing batch at its next step (:class:`RunStopped`).
-    What the run keeps on its connection meanwhile: :class:`~mnestoma.ager.AgerSession`.
-
-    Before each batch the writers get in first: on SQLite the writes that wait for the lock
-    (:class:`~mnestoma.locking.WaitingWriters`), on PostgreSQL, where a batch locks only its
-    rows, the writers in a transaction on ``mnests`` (:class:`~mnestoma.ager.TableWriters`);
-    there a batch that gave up waiting for a row a writer held is tried again, smaller,
-    until it gets its rows (:func:`_age_batch_waiting`). The bounds of the run are read
-    before its first write, so that no lock is held meanwhile.
-    """
-    started = time.perf_counter()
-    if batch_rows is None:
-        batch_rows = settings.ager_batch_rows
-    write = functools.partial(written, conn, settings=settings)
-    waits = _Waits(conn, go_on)
-    with ager_run_lock(conn), AgerSession(conn) as session, ager_writers(conn) as writers:
-        waits.go_on()
-        with ConnectionUnitOfWork(conn, settings=settings) as unit:
-            bounds = unit.mnests.ager_bounds()
-        run = write(lambda u: u.mnests.begin_ager_run(batch_rows or AGER_BATCH_ROWS, bounds))
-        report = AgerReport()
-        lo, step, number = run.first, run.step, 0
-        # none seen yet: the first batch grows unless a writer is about when it begins (a
-        # writer that comes meanwhile waits for one step of it)
-        writers_seen = time.monotonic() - AGER_WRITERS_SEEN_S
-        target = ager_batch_target(0.0)
-        while lo < run.end:
-            waits.go_on()
-            hi = min(lo + step, run.end)
-            if writers.let_in():
-                writers_seen = time.monotonic()
-            since = time.monotonic() - writers_seen
-            grows = batch_rows is None and ager_batch_grows(since)
-            growth = BatchGrowth(writers, run.end, step, waits.asked) if grows else None
-            try:
-                batch, hi, took = _age_batch_waiting(
-                    write,
-                    waits,
-                    run=run,
-                    lo=lo,
-                    hi=hi,
-                    number=number + 1,
-                    writers_about=ager_writers_about(since),
-                    session=session,
-                    growth=growth,
-                )
-            except MnestomaError as err:
-                if run.merges or not is_unique_violation(err):
-                    raise
-                # A twin made since the run began (an operator's transition): this batch,
-                # and every one after it, looks for merge pairs again.
-                run = replace(run, merges=True)
-                continue
-            number += 1
-            report += batch
-            width = hi - lo
-            if growth is not None:
-                if growth.writers_came:
-                    writers_seen = time.monotonic()
-                target = ager_batch_target(time.monotonic() - writers_seen)
-                step = growth.step
-            elif batch_rows is None:
-                last = target
-                target = ager_batch_target(time.monotonic() - writers_seen)
-                step = ager_next_step(width, took, target, last)
-                width = step
-            else:  # back to the planned batches, at twice a shrunk one at a time
-                step = width = ager_regrown_step(width, run.step)
-            lo = hi
-            if progress is not None:
-                progress(number, number + -(-(run.end - lo) // max(1, width)))
-        with ConnectionUnitOfWork(conn, settings=settings) as unit:
-            archive = unit.mnests.archive_candidates(run.now)
-        report = replace(report, archive_candidates=archive)
-        session.release()  # the last commit checkpoints the WAL
-        write(lambda u: u.mnests.end_ager_run(run, report, time.perf_counter() - started))
-    waits.log_run(run, number)
-    return report
-
-
-class _Waits:
-    """What a run of the ager waited for writers' rows (PostgreSQL): the batches it tried
-    again, the longest a batch waited, its smallest batch; said in the log at the run's
-    end, and at once by a batch that has waited :data:`~mnestoma.rules.AGER_WAIT_WARN_S`.
-    Also where the run asks whether to go on (:meth:`go_on`), before each batch and while it
-    waits."""
-
-    def __init__(self, conn: Connection, go_on: GoOn | None) -> None:
-        self._conn = conn
-        self._go_on = go_on
-        self.retries = 0  # attempts that gave up, each tried again
-        self.longest_s = 0.0
-        self.smallest: int | None = None
-
-    def go_on(self) -> None:
-        """Raise :class:`RunStopped` when the run's caller asked it to stop."""
-        if not self.asked():
-            raise RunStopped("the run of the ager was stopped before its next batch")
-
-    def asked(self) -> bool:
-        """False once the run's caller asked it to stop."""
-        return self._go_on is None or bool(self._go_on())
-
-    def pause(self, seconds: float) -> None:
-        """Wait ``seconds`` before a batch is tried again, asking now and then whether to go
-        on (a run stopped while it waits stops within :data:`~mnestoma.rules.AGER_STOP_POLL_S`)."""
-        end = time.monotonic() + seconds
-        while (left := end - time.monotonic()) > 0:
-            pause_on(self._conn, min(left, AGER_STOP_POLL_S))
-            self.go_on()
-
-    def gave_up(self, lo: int, hi: int, waited_s: float, attempts: int) -> None:
-        """A batch ``[lo, hi)`` gave up waiting for a row, ``waited_s`` after its first try."""
-        self.retries += 1
-        self.smallest = hi - lo if self.smallest is None else min(self.smallest, hi - lo)
-        if self.longest_s < AGER_WAIT_WARN_S <= waited_s:
-            logger.warning(
-                "the ager has waited %.1f s for rows that writers hold (positions %d-%d, "
-                "%d attempts); it goes on waiting",
-                waited_s,
-                lo,
-                hi,
-                attempts,
-            )
-        self.longest_s = max(self.longest_s, waited_s)
-
-    def got_in(self, waited_s: float) -> None:
-        """A batch that had to wait got its rows, ``waited_s`` after its first try."""
-        self.longest_s = max(self.longest_s, waited_s)
-
-    def log_run(self, run: BatchedRun, batches: int) -> None:
-        """The run's waits, in the log: a warning when a batch waited long, else info."""
-        if not self.retries:
-            return
-        logger.log(
-            logging.WARNING if self.longest_s >= AGER_WAIT_WARN_S else logging.INFO,
-            "the ager's run at %s waited for rows that writers held: %d times a batch gave "
-            "up and was tried again (%d batches in all), a batch waited %.2f s at most, "
-            "positions in the smallest batch: %d",
-            run.now.isoformat(),
-            self.retries,
-            batches,
-            self.longest_s,
-            self.smallest or 0,
-        )
-
-
-def _age_batch(
-    unit: ConnectionUnitOfWork,
-    *,
-    run: BatchedRun,
-    lo: int,
-    hi: int,
-    number: int,
-    writers_about: bool,
-    session: AgerSession | None = None,
-    growth: BatchGrowth | None = None,
-) -> AgerReport:
-    return unit.mnests.age_batch(
-        run, lo, hi, number, writers_about=writers_about, session=session, growth=growth
-    )
-
-
-def _age_batch_waiting(
-    write: Callable[[Callable[[ConnectionUnitOfWork], AgerReport]], AgerReport],
-    waits: _Waits,
-    *,
-    lo: int,
-    hi: int,
-    **batch: Any,
-) -> tuple[AgerReport, int, float]:
-    """One batch (its own transaction, through ``write``), the end of the positions it
-    covered and the seconds its last attempt took. A batch that gave up waiting for a row
-    lock (PostgreSQL: a writer held a row it wanted, while waiting for one of the batch's, or
-    writers queued on it for longer than the batch's lock timeout) rolled back and let the
-    writers go on; it is tried again on half its positions (down to one,
-    :func:`~mnestoma.rules.ager_shrunk_end`), no longer growing (writers are about), after
-    :func:`~mnestoma.rules.ager_batch_retry_pause`, for as long as it takes: a run never
-    fails because writers are busy. Other transient failures (a key another transaction
-    made a twin of meanwhile) are retried by ``write`` itself."""
-    attempt = 0
-    first = time.perf_counter()
-    while True:
-        took = time.perf_counter()
-        try:
-            report = write(functools.partial(_age_batch, lo=lo, hi=hi, **batch))
-        except MnestomaError as err:
-            if not is_lock_not_available(err):
-                raise
-            waits.gave_up(lo, hi, time.perf_counter() - first, attempt + 1)
-            waits.pause(ager_batch_retry_pause(attempt))
-            hi = ager_shrunk_end(lo, hi)
-            batch["growth"] = None
-            batch["writers_about"] = True
-            attempt += 1
-            continue
-        done = time.perf_counter()
-        if attempt:
-            waits.got_in(done - first)
-        growth = batch.get("growth")
-        return report, hi if growth is None else growth.end, done - took
-
-
-def with_lock_timeout(engine: Engine, seconds: float | None) -> Engine:
-    """``engine``, or (a lock timeout given) a view of it whose connections wait that long
-    for a lock: the same pool, its own execution option (see :mod:`mnestoma.locking`)."""
-    if seconds is None:
-        return engine
-    return engine.execution_options(**{LOCK_TIMEOUT_OPTION: seconds})
-
-
-def ensure_schema(engine: Engine) -> None:
-    """A new or empty SQLite store is migrated to head; any other must already be there."""
-    ensure_at_head(engine, auto_migrate=is_sqlite(engine) and _is_empty(engine))
-
-
-def _is_empty(engine: Engine) -> bool:
-    from sqlalchemy import inspect
-
-    with translate_errors():
-        return not inspect(engine).get_table_names()

@@ -142,7 +142,13 @@ def _as_networkx(read: Callable[P, MnestGraph]) -> Callable[P, Any]:
     to_networkx_of.__doc__ = (
         "The graph as a ``networkx.MultiDiGraph`` (extra ``mnestoma[graph]``): nodes "
         '``"executor@version"``, one edge per mnest keyed by its id, with its columns, '
-        "``effective_weight`` and ``failing`` (see :meth:`graph` for the arguments)."
+        "``effective_weight`` and ``failing`` (see :meth:`graph` for the arguments).\n\n"
+        "Returns:\n"
+        "    The ``networkx.MultiDiGraph``.\n\n"
+        "Raises:\n"
+        "    MissingExtra: networkx is not installed (extra ``mnestoma[graph]``).\n"
+        "    InvalidInput: an argument :meth:`graph` refuses.\n"
+        "    StoreError: the database failed.\n"
     )
     return to_networkx_of
 
@@ -170,6 +176,16 @@ class GraphReads:
         edges in ``states`` out of the nodes that ``src_executor`` (at ``src_version``, else
         any version) reaches through at most ``depth − 1`` active edges, as ``walk`` follows
         them, so that ``depth`` = 1 shows the edges out of the source only.
+
+        Returns:
+            The :class:`MnestGraph`: its nodes and edges, with each edge's effective weight
+            at that now.
+
+        Raises:
+            InvalidInput: ``src_version`` without ``src_executor``, or a name, version, state
+                or ``depth`` the contract refuses.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
         """
         at = self.settings.now()
         chosen = check_states(states)

@@ -28,6 +28,7 @@ from urllib.parse import unquote
 from sqlalchemy import URL, Connection, text
 from sqlalchemy.engine.interfaces import AdaptedConnection
 
+from ._sqla_compat import replace_dialect_method
 from .errors import InvalidInput, StoreError, WriteLockTimeout
 from .rules import (
     AGER_YIELD_EVERY_S,
@@ -48,8 +49,7 @@ __all__ = [
     "STORE_FILE_SUFFIXES",
     "WRITE_LOCK_POLL_S",
     "WaitingWriters",
-    "ager_run_lock",
-    "ager_running",
+    "beside_store",
     "busy_timeout_ms",
     "driver_in_transaction",
     "is_memory_sqlite",
@@ -67,6 +67,7 @@ __all__ = [
     "store_files",
     "take_write_lock",
     "track_writes",
+    "try_flock",
     "use_wal",
     "waiting_file",
     "write_begins",
@@ -89,14 +90,10 @@ _BUSY_NOW_INFO = "mnestoma_busy_timeout_now_ms"
 _WAL_INFO = "mnestoma_wal"
 # Any 64-bit number is fine as long as it is this package's alone: "mnestoma" in ASCII.
 MIGRATION_LOCK_KEY = 0x6D6E6573746F6D61
-# The ager's run lock (PostgreSQL advisory lock): the next number.
-AGER_LOCK_KEY = MIGRATION_LOCK_KEY + 1
 # A write waiting for SQLite's lock tries again at least this often (seconds). SQLite's own
 # busy handler sleeps up to 100 ms between its tries once it has waited a while: a writer
 # behind the ager would miss the short pause between two batches and wait for the run.
 WRITE_LOCK_POLL_S = 0.005
-# How often a second run of the ager looks whether the first has ended (SQLite).
-AGER_LOCK_POLL_S = 0.05
 
 # Connection info key: the driver-level transaction is a read snapshot this package began.
 SNAPSHOT_INFO = "mnestoma_snapshot_only"
@@ -230,13 +227,19 @@ def _rests_after_write(conn: Connection, dbapi: Any, info: dict[Any, Any]) -> bo
 
 def _journal_mode(dbapi: Any) -> str:
     """The journal mode of the connection's store (lower case)."""
+    mode = _pragma(dbapi, "journal_mode")
+    return "" if mode is None else str(mode).lower()
+
+
+def _pragma(dbapi: Any, name: str) -> Any:
+    """The value SQLite's ``PRAGMA name`` reads on the driver connection (None: no row)."""
     cursor = dbapi.cursor()
     try:
-        cursor.execute("PRAGMA journal_mode")
+        cursor.execute(f"PRAGMA {name}")
         row = cursor.fetchone()
     finally:
         cursor.close()
-    return str(row[0]).lower() if row else ""
+    return row[0] if row else None
 
 
 def use_wal(conn: Connection) -> None:
@@ -363,7 +366,7 @@ def _say_waiting(path: str | None) -> int:
     if fd < 0:
         return -1
     try:
-        if _try_flock(fd, exclusive=False):
+        if try_flock(fd, exclusive=False):
             _SAYING.add(fd)
             return fd
     except OSError:  # no flock on this file system: the ager's pauses let the write in
@@ -570,6 +573,11 @@ def _end_write(dbapi: Any) -> None:
             _FORK.notify_all()
 
 
+def _inherited(dbapi: Any) -> bool:
+    """Whether ``dbapi`` holds a write this forked child inherited from its parent."""
+    return bool(_inherited_writes) and id(_driver_of(dbapi)) in _inherited_writes
+
+
 def _driver_of(dbapi: Any) -> Any:
     """The driver's connection: SQLAlchemy's dialect is handed the pool's proxy of it on
     commit and rollback, the connection itself on close."""
@@ -577,7 +585,7 @@ def _driver_of(dbapi: Any) -> Any:
 
 
 def _refuse_if_forked_mid_write(dbapi: Any, url: URL) -> None:
-    path = _beside(url, "")
+    path = beside_store(url, "")
     key = _file_key(path) if path is not None else None
     if id(dbapi) in _inherited_writes or (key is not None and key in _forked_mid_write):
         where = _forked_mid_write.get(key, path) if key is not None else path
@@ -612,35 +620,35 @@ def track_writes(engine: Any) -> None:
         return
     commit, rollback, close = dialect.do_commit, dialect.do_rollback, dialect.do_close
 
+    def ended(dbapi: Any) -> None:
+        """After a commit or rollback: the write over, the resting busy timeout back."""
+        _end_write(dbapi)
+        if not getattr(dialect, RESTS_AT_STATEMENTS, False):
+            _rest_busy_timeout(dbapi)
+
     def do_commit(dbapi: Any) -> None:
-        if _inherited_writes and id(_driver_of(dbapi)) in _inherited_writes:
+        if _inherited(dbapi):
             _refuse_if_forked_mid_write(_driver_of(dbapi), engine.url)
         commit(dbapi)
-        _end_write(dbapi)
-        if not getattr(dialect, RESTS_AT_STATEMENTS, False):
-            _rest_busy_timeout(dbapi)
+        ended(dbapi)
 
     def do_rollback(dbapi: Any) -> None:
-        if _inherited_writes and id(_driver_of(dbapi)) in _inherited_writes:
-            return
-        rollback(dbapi)
-        _end_write(dbapi)
-        if not getattr(dialect, RESTS_AT_STATEMENTS, False):
-            _rest_busy_timeout(dbapi)
+        if not _inherited(dbapi):
+            rollback(dbapi)
+            ended(dbapi)
 
     def do_close(dbapi: Any) -> None:
-        if _inherited_writes and id(_driver_of(dbapi)) in _inherited_writes:
+        if _inherited(dbapi):
             return
         try:
             close(dbapi)
         finally:
             _end_write(dbapi)
 
-    # setattr: mypy refuses a method assignment
-    setattr(dialect, "do_commit", do_commit)  # noqa: B010
-    setattr(dialect, "do_rollback", do_rollback)  # noqa: B010
-    setattr(dialect, "do_close", do_close)  # noqa: B010
-    setattr(dialect, "_mnestoma_tracks_writes", True)  # noqa: B010
+    replace_dialect_method(dialect, "do_commit", do_commit)
+    replace_dialect_method(dialect, "do_rollback", do_rollback)
+    replace_dialect_method(dialect, "do_close", do_close)
+    dialect._mnestoma_tracks_writes = True  # the package's own mark on the dialect
 
 
 def _before_fork() -> None:
@@ -683,7 +691,7 @@ def _after_fork_in_child() -> None:
     _FORK = threading.Condition(threading.Lock())  # another thread may have held it
     _forking = None
     for write in _at_fork:
-        path = _beside(write.url, "")
+        path = beside_store(write.url, "")
         key = _file_key(path) if path is not None else None
         if key is not None and path is not None:
             _forked_mid_write[key] = path
@@ -724,7 +732,7 @@ class WaitingWriters:
         if self._fd < 0:
             return False
         try:
-            if not _try_flock(self._fd, exclusive=True):
+            if not try_flock(self._fd, exclusive=True):
                 return True
             _fcntl.flock(self._fd, _fcntl.LOCK_UN)
         except OSError:  # no flock on this file system: fixed pauses from now on
@@ -785,13 +793,7 @@ def _set_busy_timeout(dbapi: Any, info: dict[Any, Any], ms: int) -> None:
 
 def _read_busy_timeout(dbapi: Any) -> int:
     """The busy timeout (ms) a connection has now."""
-    cursor = dbapi.cursor()
-    try:
-        cursor.execute("PRAGMA busy_timeout")
-        row = cursor.fetchone()
-    finally:
-        cursor.close()
-    return int(row[0])
+    return int(_pragma(dbapi, "busy_timeout"))
 
 
 def pause_on(conn: Connection, seconds: float) -> None:
@@ -809,89 +811,11 @@ def _pause(dbapi: Any, seconds: float) -> None:
         time.sleep(seconds)
 
 
-@contextlib.contextmanager
-def ager_run_lock(conn: Connection) -> Iterator[None]:
-    """Hold the database's ager lock for the block: a second run waits for the first.
-
-    PostgreSQL: a session advisory lock on ``conn`` (the run's own connection, committed
-    so that it outlives each batch's transaction); it goes with the session when the run's
-    process dies or its connection drops. SQLite: an exclusive ``flock`` on a file beside
-    the database (``<file>-ager.lock``), released by the system when the process dies
-    (StoreError, before the run begins, when that is not a regular file it can open: see
-    :func:`open_beside_store`); an in-memory database, whose runs share one process, a lock
-    of this process.
-    """
-    if conn.dialect.name == "postgresql":
-        conn.execute(text("SELECT pg_advisory_lock(:key)"), {"key": AGER_LOCK_KEY})
-        conn.commit()
-        try:
-            yield
-        finally:
-            _release_advisory(conn)
-        return
-    path = _ager_lock_path(conn)
-    if path is None:
-        with _memory_ager_lock(conn):
-            yield
-        return
-    fd = open_beside_store(path, "the ager's lock file")
-    try:
-        while not _try_flock(fd, exclusive=True):
-            pause_on(conn, AGER_LOCK_POLL_S)
-        yield
-    finally:
-        os.close(fd)  # releases the flock
-
-
-def ager_running(conn: Connection) -> bool:
-    """True while some process holds this database's ager lock (a run is under way)."""
-    if conn.dialect.name == "postgresql":
-        held = conn.execute(
-            text(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
-                " AND database = (SELECT oid FROM pg_database"
-                " WHERE datname = current_database())"
-                " AND classid::bigint = :hi AND objid::bigint = :lo AND objsubid = 1"
-            ),
-            {"hi": AGER_LOCK_KEY >> 32, "lo": AGER_LOCK_KEY & 0xFFFFFFFF},
-        ).scalar_one()
-        return bool(held)
-    path = _ager_lock_path(conn)
-    if path is None:
-        lock = _MEMORY_AGER_LOCKS.get(_memory_key(conn))
-        return lock is not None and lock.locked()
-    try:
-        fd = open_beside_store(path, "the ager's lock file", create=False)
-    except StoreError:
-        return False  # no run ever took the lock here (or could: not a file it can lock)
-    try:
-        return not _try_flock(fd, exclusive=False)
-    finally:
-        os.close(fd)
-
-
-def _release_advisory(conn: Connection) -> None:
-    """End the run's transaction and release its advisory lock; a connection that cannot
-    say it released it is thrown away (the lock goes with its session), never pooled."""
-    try:
-        if conn.in_transaction():
-            conn.rollback()
-        conn.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": AGER_LOCK_KEY})
-        conn.commit()
-    except Exception:
-        conn.invalidate()
-
-
-def _ager_lock_path(conn: Connection) -> str | None:
-    """The ager lock file of a SQLite file database, None for an in-memory one."""
-    return _beside(conn.engine.url, "-ager.lock")
-
-
 def waiting_file(url: URL) -> str | None:
     """The file on which the writes that wait for the write lock of the SQLite file database
     at ``url`` say so (see :class:`WaitingWriters`); None for an in-memory one or another
     engine's database."""
-    return _beside(url, "-writers.lock")
+    return beside_store(url, "-writers.lock")
 
 
 # What lies beside a SQLite database: SQLite's own journals, then this package's lock files.
@@ -902,7 +826,7 @@ def store_files(url: URL) -> tuple[str, ...]:
     """Every file of the SQLite file database at ``url``: the database, then what lies
     beside it (:data:`STORE_FILE_SUFFIXES`), each at the path the URL names and, when that
     is a link, beside the file it leads to; () for an in-memory or a PostgreSQL database."""
-    database = _beside(url, "")
+    database = beside_store(url, "")
     if database is None:
         return ()
     bases = dict.fromkeys([database, os.path.realpath(database)])
@@ -942,7 +866,7 @@ def _listed(values: str | tuple[str, ...]) -> tuple[str, ...]:
     return (values,) if isinstance(values, str) else values
 
 
-def _beside(url: URL, suffix: str) -> str | None:
+def beside_store(url: URL, suffix: str) -> str | None:
     """A file beside the SQLite file database at ``url`` (its path and ``suffix``), None for
     an in-memory one and for a database of another engine."""
     if url.get_backend_name() != "sqlite" or is_memory_sqlite(url):
@@ -953,27 +877,13 @@ def _beside(url: URL, suffix: str) -> str | None:
     return os.path.abspath(database) + suffix
 
 
-_MEMORY_AGER_LOCKS: dict[int, threading.Lock] = {}
-
-
-def _memory_key(conn: Connection) -> int:
-    return id(conn.engine.pool)
-
-
-@contextlib.contextmanager
-def _memory_ager_lock(conn: Connection) -> Iterator[None]:
-    lock = _MEMORY_AGER_LOCKS.setdefault(_memory_key(conn), threading.Lock())
-    with lock:
-        yield
-
-
 try:
     import fcntl as _fcntl
 except ImportError:  # pragma: no cover - a system without flock: fixed pauses
     _fcntl = None  # type: ignore[assignment]
 
 
-def _try_flock(fd: int, *, exclusive: bool) -> bool:
+def try_flock(fd: int, *, exclusive: bool) -> bool:
     """Take ``flock`` on ``fd`` without waiting; False when another holds it."""
     if _fcntl is None:  # pragma: no cover
         raise ImportError("flock needs the fcntl module, which this system does not have")

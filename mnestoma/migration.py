@@ -245,7 +245,11 @@ def checkout_database_url(x_url: str | None, ini_url: str | None) -> URL:
 
 
 def head_revision() -> str:
-    """The revision the package's models describe."""
+    """The revision the package's models describe.
+
+    Returns:
+        The revision id.
+    """
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()
     assert head is not None
     return head
@@ -493,6 +497,14 @@ def current_revision(url_or_engine: str | URL | Engine | None = None) -> str | N
     """The revision stamped in the database, or None for a database never migrated.
 
     Reads only: a SQLite file that does not exist is not created (there is no store there).
+
+    Returns:
+        The revision id, or None.
+
+    Raises:
+        InvalidInput: ``url_or_engine`` is not a database URL.
+        StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+            be reached).
     """
     if not isinstance(url_or_engine, Engine) and sqlite_store_missing(
         sync_database_url(url_or_engine)
@@ -530,6 +542,19 @@ def upgrade(
     caller ends (commit or roll back). Concurrent migrations of one database are serialised:
     each ends at ``revision``. The package's revision lives in ``mnestoma_alembic_version``;
     a service's own ``alembic_version`` is left alone.
+
+    Returns:
+        None.
+
+    Raises:
+        InvalidInput: ``revision`` is empty or unknown, or no database is named (the
+            URL is empty or not a database URL).
+        SchemaError: the database is at a revision this release does not know (written
+            by a newer one).
+        ConflictError: a revision could not have its locks within ``lock_timeout``,
+            retries spent; the revisions before it stay applied.
+        StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+            be reached).
     """
     check_name(revision, "revision")
     seconds = migration_lock_timeout(lock_timeout)
@@ -596,7 +621,20 @@ def downgrade(
     url_or_engine: str | URL | Engine | None, revision: str, *, lock_timeout: float | None = None
 ) -> None:
     """Migrate the database down to ``revision`` (on PostgreSQL one revision a transaction,
-    under ``lock_timeout`` and retried as :func:`upgrade` does)."""
+    under ``lock_timeout`` and retried as :func:`upgrade` does).
+
+    Returns:
+        None.
+
+    Raises:
+        InvalidInput: ``revision`` is empty or unknown, or the URL is not a database URL.
+        SchemaError: the database is at a revision this release does not know (written
+            by a newer one).
+        ConflictError: a revision could not have its locks within ``lock_timeout``,
+            retries spent.
+        StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+            be reached).
+    """
     check_name(revision, "revision")
     seconds = migration_lock_timeout(lock_timeout)
     with _engine_for(url_or_engine) as engine, translate_errors(), _revision_errors():

@@ -7,7 +7,6 @@ Alembic revisions are the source of schema truth; these models describe the head
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from datetime import datetime
 from typing import Any, cast
 
@@ -32,6 +31,7 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import DeclarativeBase, Mapped, Mapper, ORMExecuteState, mapped_column
 from sqlalchemy.sql.compiler import SQLCompiler
 
+from ._sqla_compat import compiling_dml_target, retype, visit_table
 from .errors import ReadOnlyError
 from .rules import (
     DEFAULT_DECAY_LAMBDA,
@@ -48,7 +48,6 @@ from .rules import (
     sql_list,
     sql_literal,
 )
-from .sql import partitions as partitions_sql
 from .types import JSONDocument, UTCDateTime
 
 __all__ = [
@@ -267,23 +266,9 @@ _events = cast(Table, Event.__table__)
 # each partition has its own on id, which the sequence keeps unique across them. The mapper
 # still identifies an event by its id.
 _events.primary_key.ddl_if(dialect="sqlite")
-
-
-def _partitioned_layout(statements: tuple[str, ...]) -> Callable[..., None]:
-    """A DDL listener running ``statements`` on PostgreSQL: what revision 0011 builds beside
-    the table (partitions, event_turn_edges, its triggers and functions)."""
-
-    def run(target: Table, connection: Connection, **kw: Any) -> None:
-        if connection.dialect.name != "postgresql":
-            return
-        for statement in statements:
-            connection.execute(text(statement))
-
-    return run
-
-
-event.listen(_events, "after_create", _partitioned_layout(partitions_sql.AFTER_CREATE))
-event.listen(_events, "after_drop", _partitioned_layout(partitions_sql.AFTER_DROP))
+# What revision 0011 builds beside the table on PostgreSQL (partitions, event_turn_edges, its
+# triggers and functions) is built after the table's CREATE by listeners that
+# mnestoma.sql.partitions puts on it.
 
 
 class CanonicalQuery(Base):
@@ -368,9 +353,7 @@ class _ReadOnlyView(Table):
 def _is_the_write_target(compiler: SQLCompiler) -> bool:
     """True while the compiler renders the target of an UPDATE or DELETE that is the view
     or an alias of it (a SELECT inside the statement has a stack entry of its own)."""
-    if not compiler.stack:
-        return False
-    statement = compiler.stack[-1]["selectable"]
+    statement = compiling_dml_target(compiler)
     target = getattr(statement, "table", None) if getattr(statement, "is_dml", False) else None
     while target is not None and not isinstance(target, _ReadOnlyView):
         target = getattr(target, "element", None)
@@ -381,12 +364,10 @@ def _is_the_write_target(compiler: SQLCompiler) -> bool:
 def _compile_view(view: _ReadOnlyView, compiler: SQLCompiler, **kw: Any) -> str:
     if _is_the_write_target(compiler):
         raise ReadOnlyError(f"{VIEW_NAME} is read-only; write through Mnest instead")
-    visit_table: Callable[..., str] = compiler.visit_table  # how any Table is compiled
-    return visit_table(view, **kw)
+    return visit_table(compiler, view, **kw)  # how any Table is compiled
 
 
-view_table = create_view.table
-view_table.__class__ = _ReadOnlyView  # CreateView builds a plain Table; the same object refuses
+view_table = retype(create_view.table, _ReadOnlyView)  # the same object, refusing writes
 
 
 class MnestomaView(Base):

@@ -92,7 +92,19 @@ class TurnRecorder(Protocol):
     """What the processor needs of a store: ``Mnestoma.record_turn`` with its recorder."""
 
     def record_turn(self, turn_id: str, passings: Iterable[Passing], *, recorder: str) -> Any:
-        """Record the passings of one turn in one transaction."""
+        """Record the passings of one turn in one transaction.
+
+        Returns:
+            What the store returns (the processor ignores it).
+
+        Raises:
+            InvalidInput: a passing the store refuses; the processor logs and counts it,
+                as any error of the store.
+            ConflictError: the write lock was not had within the lock timeout
+                (:class:`WriteLockTimeout`), or other writers kept changing the rows it needed.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
+        """
         ...
 
 
@@ -214,6 +226,9 @@ def value_digests(value: Any, *, max_leaves: int = 256) -> tuple[frozenset[bytes
 
     A string holding JSON is parsed (nested JSON strings too, to ``MAX_DEPTH``); other
     strings and numbers are one leaf each. Only digests leave this function.
+
+    Returns:
+        The pair (the leaves' digests, whether the walk stopped at a bound).
     """
     found: set[bytes] = set()
     truncated = False
@@ -279,6 +294,11 @@ class MnestomaSpanProcessor(SpanProcessor):
     :class:`mnestoma.writer.Writer`): it records what is queued at :meth:`shutdown`, and at
     interpreter exit or the end of a multiprocessing child waits at most ``exit_timeout``
     seconds for it.
+
+    Raises:
+        InvalidInput: a bound is not a positive integer, ``version_of`` neither a mapping
+            nor a callable, ``default_version`` a version the contract refuses, or
+            ``store`` async.
     """
 
     def __init__(
@@ -343,13 +363,21 @@ class MnestomaSpanProcessor(SpanProcessor):
     # -- the instrumented program's threads: look, enqueue, return -------------------------
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
-        """Note a local root's start, so that a trace with two local roots waits for both."""
+        """Note a local root's start, so that a trace with two local roots waits for both.
+
+        Returns:
+            None.
+        """
         parent = span.parent
         if not self._writer.closed and (parent is None or parent.is_remote):
             self._writer.put(_RootStarted(span.context.trace_id))
 
     def on_end(self, span: ReadableSpan) -> None:
-        """Hand a tool span, or the end of a local root, to the writer thread."""
+        """Hand a tool span, or the end of a local root, to the writer thread.
+
+        Returns:
+            None.
+        """
         if self._writer.closed:
             return
         context = span.context
@@ -385,11 +413,19 @@ class MnestomaSpanProcessor(SpanProcessor):
     # -- lifecycle --------------------------------------------------------------------------
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        """Wait until every span handed over so far has been processed (and recorded)."""
+        """Wait until every span handed over so far has been processed (and recorded).
+
+        Returns:
+            True when everything was processed within ``timeout_millis``, else False.
+        """
         return self._writer.flush(timeout_millis / 1000)
 
     def shutdown(self) -> None:
-        """Process what is queued, forget traces whose root never ended, stop the writer."""
+        """Process what is queued, forget traces whose root never ended, stop the writer.
+
+        Returns:
+            None.
+        """
         if not self._writer.closed:
             self._writer.stop(30.0, "at shutdown")
 

@@ -19,18 +19,8 @@ from sqlalchemy.orm import Session, scoped_session
 
 from . import ranking
 from . import snapshots as snap
-from .ager import (
-    AgerBounds,
-    AgerSession,
-    BatchedRun,
-    BatchGrowth,
-    age_batch,
-    ager_bounds,
-    archive_candidates,
-    begin_batched_run,
-    end_batched_run,
-    run_ager,
-)
+from .ager import run_ager
+from .clock import Clock
 from .errors import (
     ConflictError,
     InvalidInput,
@@ -75,7 +65,6 @@ from .sql import retention as ret
 from .sql.tables import MNEST_COLUMNS, Key
 from .types import ensure_instant
 from .validation import (
-    Clock,
     Passing,
     check_dry_run,
     check_mnest_id,
@@ -89,7 +78,6 @@ from .validation import (
     check_weight_threshold,
     normalise_passing,
     shorten,
-    utc_now,
 )
 from .vetting import Verdict, normalise_steps, vet_chain
 
@@ -223,6 +211,9 @@ class MnestRepository(GraphReads):
 
     A bare ``Connection`` is accepted too (the facade's connection units use one: a Session
     adds nothing to Core statements but its own bookkeeping).
+
+    Raises:
+        InvalidInput: ``session`` is neither a Session nor a Connection, or settings are refused.
     """
 
     def __init__(
@@ -283,7 +274,19 @@ class MnestRepository(GraphReads):
         outcome: str | None = None,
     ) -> Mnest:
         """Create or reinforce the edge of one passing (see contract §4); ``outcome`` ("ok",
-        "error" or None: unknown) is counted beside ``uses`` and never changes the weight."""
+        "error" or None: unknown) is counted beside ``uses`` and never changes the weight.
+
+        Returns:
+            The edge's row after the passing (created, or reinforced), a detached snapshot.
+
+        Raises:
+            InvalidInput: a name or version, ``tags``, ``desired_sig``, ``recorder`` or
+                ``outcome`` the contract refuses (contract §5).
+            ConflictError: the write lock was not had within the lock timeout
+                (:class:`WriteLockTimeout`), or other writers kept changing the rows it needed.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
+        """
         passing = normalise_passing(
             Passing(
                 src_executor,
@@ -313,7 +316,19 @@ class MnestRepository(GraphReads):
     ) -> Mnest:
         """Record a passing to an executor that does not exist yet: the proto row of
         (src, src_version, dst), created at 0.30 or reinforced. The same as
-        ``record_passing(..., None, dst_exists=False, ...)``, with the same checks."""
+        ``record_passing(..., None, dst_exists=False, ...)``, with the same checks.
+
+        Returns:
+            The proto row after the passing (created, or reinforced).
+
+        Raises:
+            InvalidInput: a name or version, ``tags``, ``desired_sig`` or ``recorder`` the
+                contract refuses.
+            ConflictError: the write lock was not had within the lock timeout
+                (:class:`WriteLockTimeout`), or other writers kept changing the rows it needed.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
+        """
         return self.record_passing(
             src_executor,
             src_version,
@@ -334,7 +349,20 @@ class MnestRepository(GraphReads):
         recorder: str | None = None,
     ) -> list[Mnest]:
         """Record every passing of one turn; each edge counts once per turn (its outcome too:
-        the last one given for the edge in the turn)."""
+        the last one given for the edge in the turn).
+
+        Returns:
+            The row of each passing's edge after the turn, in the order the passings were
+            given (an empty list for none).
+
+        Raises:
+            InvalidInput: ``turn_id``, ``recorder``, ``passings`` or one of its passings is
+                refused; nothing of the turn is then recorded.
+            ConflictError: the write lock was not had within the lock timeout
+                (:class:`WriteLockTimeout`), or other writers kept changing the rows it needed.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
+        """
         turn = check_name(turn_id, "turn_id")
         who = self._who(recorder)
         if isinstance(passings, str | bytes) or not isinstance(passings, Iterable):
@@ -586,7 +614,16 @@ class MnestRepository(GraphReads):
     # --- reading ----------------------------------------------------------------------
 
     def get(self, mnest_id: str) -> Mnest | None:
-        """The mnest with this id, or None."""
+        """The mnest with this id, or None.
+
+        Returns:
+            The mnest, or None when no row has this id.
+
+        Raises:
+            InvalidInput: ``mnest_id`` is not a non-empty string.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
+        """
         check_mnest_id(mnest_id)
         row = self._ex().first(rd.SELECT_BY_ID, {"id": mnest_id})
         return snap.mnest(row) if row is not None else None
@@ -599,7 +636,16 @@ class MnestRepository(GraphReads):
         dst_version: str | None,
         state: str = MnestState.ACTIVE,
     ) -> Mnest | None:
-        """The row with this key and state, or None."""
+        """The row with this key and state, or None.
+
+        Returns:
+            The row, or None when no row has this key in this state.
+
+        Raises:
+            InvalidInput: a name or version, or a state, the contract refuses.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
+        """
         key = (
             check_name(src_executor, "src_executor"),
             check_name(src_version, "src_version"),
@@ -619,7 +665,17 @@ class MnestRepository(GraphReads):
         limit: int | None = None,
     ) -> list[Mnest]:
         """Rows filtered by source, destination and states (None: every state), oldest
-        first; at most ``limit`` of them (in the SQL, so a big store is not read whole)."""
+        first; at most ``limit`` of them (in the SQL, so a big store is not read whole).
+
+        Returns:
+            The rows, oldest first.
+
+        Raises:
+            InvalidInput: a name, a state, or a ``limit`` that is not a positive integer
+                within the package's maximum.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
+        """
         params: dict[str, Any] = {}
         if src_executor is not None:
             params["src"] = check_name(src_executor, "src_executor")
@@ -643,7 +699,16 @@ class MnestRepository(GraphReads):
         limit: int | None = None,
     ) -> list[Event]:
         """Events, oldest first, optionally for one mnest and/or one turn; at most
-        ``limit`` of them (in the SQL)."""
+        ``limit`` of them (in the SQL).
+
+        Returns:
+            The events, oldest first.
+
+        Raises:
+            InvalidInput: ``mnest_id``, ``turn_id`` or ``limit`` is refused.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
+        """
         params: dict[str, Any] = {}
         if mnest_id is not None:
             params["mnest_id"] = check_mnest_id(mnest_id)
@@ -669,6 +734,15 @@ class MnestRepository(GraphReads):
         weight is at least ``min_weight``; paths are ordered by the product of weights, best
         first, and only the first ``limit`` are computed (the work grows with ``limit``,
         not with the number of paths a dense graph has).
+
+        Returns:
+            The paths, each the list of its edges from the source, best first.
+
+        Raises:
+            InvalidInput: ``src_executor``, ``max_depth``, ``min_weight`` (a weight from 0 to
+                1) or ``limit`` is refused.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
         """
         src = check_name(src_executor, "src_executor")
         depth = check_positive_int(max_depth, "max_depth", maximum=MAX_WALK_DEPTH)
@@ -709,6 +783,15 @@ class MnestRepository(GraphReads):
         use), then by name: the ordering of :meth:`rank` (see :mod:`mnestoma.ranking`). With
         ``order_by="decayed_uses"``, the highest decayed count of passings first (contract
         §12), that order among equal counts; each edge then comes with its count.
+
+        Returns:
+            At most ``k`` pairs (edge, the value it was ordered by: its effective weight, or
+            its decayed count of passings), best first.
+
+        Raises:
+            InvalidInput: a name or version, ``k`` or ``order_by`` is refused.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
         """
         src = check_name(src_executor, "src_executor")
         version = check_optional_name(src_version, "src_version")
@@ -745,7 +828,17 @@ class MnestRepository(GraphReads):
         """The candidates (names, or (name, version) pairs) in the order a planner should
         try them after ``src_executor``, each with its score and why (contract §9); with
         ``order_by="success"``, the most successful edges first (contract §11); with
-        ``order_by="decayed_uses"``, the highest decayed count of passings first (§12)."""
+        ``order_by="decayed_uses"``, the highest decayed count of passings first (§12).
+
+        Returns:
+            One :class:`~mnestoma.ranking.Ranked` per candidate, best first (an empty list
+            for no candidates).
+
+        Raises:
+            InvalidInput: a name or version, a candidate or ``order_by`` is refused.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
+        """
         src = check_name(src_executor, "src_executor")
         version = check_optional_name(src_version, "src_version")
         by = ranking.check_order_by(order_by)
@@ -773,14 +866,34 @@ class MnestRepository(GraphReads):
         ``(name, version)`` pair): per link whether an active edge was seen, how strong and
         how successful, and for the chain its score, weakest and unknown links, read in one
         statement (see :mod:`mnestoma.vetting`). Evidence, never proof: a link never seen
-        is unknown, not wrong."""
+        is unknown, not wrong.
+
+        Returns:
+            The :class:`~mnestoma.Verdict` of the chain, and of each of its links.
+
+        Raises:
+            InvalidInput: a step that is neither a name nor a (name, version) pair, or a
+                chain shorter than one link or longer than the package's maximum.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
+        """
         chain = normalise_steps(steps)
         return vet_chain(self._ex(), chain, self._now())
 
     def recurring_protos(
         self, *, min_uses: int = RECURRING_MIN_USES, min_weight: float = RECURRING_MIN_WEIGHT
     ) -> list[Mnest]:
-        """Protos with at least ``min_uses`` uses and effective weight ≥ ``min_weight``."""
+        """Protos with at least ``min_uses`` uses and effective weight ≥ ``min_weight``.
+
+        Returns:
+            The protos that qualify, as a list (empty when none does).
+
+        Raises:
+            InvalidInput: ``min_uses`` is not a positive integer, or ``min_weight`` not a
+                weight from 0 to 1.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
+        """
         uses = check_positive_int(min_uses, "min_uses")
         floor = check_weight_threshold(min_weight, "min_weight")
         ex = self._ex()
@@ -809,7 +922,20 @@ class MnestRepository(GraphReads):
     def transition_state(
         self, mnest_id: str, new_state: str, *, reason: str | None = None
     ) -> Mnest:
-        """Move a row to another state, with a ``transition`` event (same state: no-op)."""
+        """Move a row to another state, with a ``transition`` event (same state: no-op).
+
+        Returns:
+            The row in its new state (as it was, when it was in that state already).
+
+        Raises:
+            InvalidInput: ``mnest_id``, ``new_state`` or ``reason`` is refused.
+            NotFound: no mnest has this id.
+            InvalidTransition: the contract's transition table does not allow the change.
+            ConflictError: another row of the same key is in ``new_state`` already, or the
+                write lock was not had within the lock timeout.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
+        """
         target = check_state(new_state)
         if reason is not None:
             reason = check_text(reason, "reason", max_length=2_000)
@@ -830,7 +956,20 @@ class MnestRepository(GraphReads):
         return snap.mnest(_with(row, {_STATE: target.value}))
 
     def promote_proto_to_active(self, mnest_id: str, dst_version: str) -> Mnest:
-        """Give a proto its destination version and make it active (event ``promoted``)."""
+        """Give a proto its destination version and make it active (event ``promoted``).
+
+        Returns:
+            The row, now active with ``dst_version``.
+
+        Raises:
+            InvalidInput: ``mnest_id`` or ``dst_version`` is refused.
+            NotFound: no mnest has this id.
+            InvalidTransition: the row is not a proto.
+            ConflictError: an active edge with the same key and ``dst_version`` exists, or
+                the write lock was not had within the lock timeout.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
+        """
         version = check_name(dst_version, "dst_version")
         ex = self._write_ex()
         row = self._locked(ex, mnest_id)
@@ -877,59 +1016,19 @@ class MnestRepository(GraphReads):
     def apply_ager(self) -> AgerReport:
         """Decay, demote, merge, prune and count archive candidates, in set-based SQL, all
         in this unit's transaction; the facades run it in batches instead, each its own
-        transaction (:meth:`begin_ager_run`, :meth:`age_batch`, :meth:`end_ager_run`)."""
+        transaction (:func:`mnestoma.ager.age_in_batches`).
+
+        Returns:
+            The :class:`~mnestoma.AgerReport`: how many rows each step changed.
+
+        Raises:
+            ConflictError: the write lock was not had within the lock timeout
+                (:class:`WriteLockTimeout`), or other writers kept changing the rows it needed.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
+        """
         ex = self._write_ex()
         return run_ager(ex.conn, self._write_now(ex))
-
-    def ager_bounds(self) -> AgerBounds:
-        """What a run of the ager in batches begun now would cover (a read, which takes no
-        lock: read before the run's first write; on PostgreSQL the rest of the transaction
-        runs without parallel workers)."""
-        return ager_bounds(self._ex().conn)
-
-    def begin_ager_run(self, batch_rows: int, bounds: AgerBounds) -> BatchedRun:
-        """Begin a run of the ager in batches at the clock's now (read once, here) over
-        ``bounds`` (:meth:`ager_bounds`): plan its batches of about ``batch_rows`` rows and
-        note it in ``ager_progress``."""
-        ex = self._write_ex()
-        return begin_batched_run(ex.conn, self._write_now(ex), batch_rows, utc_now(), bounds)
-
-    def age_batch(
-        self,
-        run: BatchedRun,
-        lo: int,
-        hi: int,
-        number: int,
-        *,
-        writers_about: bool = True,
-        session: AgerSession | None = None,
-        growth: BatchGrowth | None = None,
-    ) -> AgerReport:
-        """Age one batch of ``run`` (positions ``[lo, hi)``, batch ``number`` from 1); on
-        PostgreSQL, with ``writers_about``, its pages written behind it, without, committed
-        without waiting for its WAL. With ``growth``, on past ``hi`` for as long as it says;
-        with ``session``, in the run's session (see :func:`mnestoma.ager.age_batch`)."""
-        conn = self._write_ex().conn
-        return age_batch(
-            conn,
-            run,
-            lo,
-            hi,
-            number,
-            utc_now(),
-            writers_about=writers_about,
-            session=session,
-            growth=growth,
-        )
-
-    def archive_candidates(self, now: datetime) -> int:
-        """How many decaying rows the ager counts as archive candidates at ``now`` (on
-        PostgreSQL the rest of the transaction runs without parallel workers)."""
-        return archive_candidates(self._ex().conn, now)
-
-    def end_ager_run(self, run: BatchedRun, report: AgerReport, duration_s: float) -> None:
-        """Complete ``run``: its ``ager_runs`` row, its progress row cleared."""
-        end_batched_run(self._write_ex().conn, run, report, duration_s)
 
     # --- retention --------------------------------------------------------------------
 
@@ -939,6 +1038,17 @@ class MnestRepository(GraphReads):
 
         All in this unit's transaction; the facades delete in batches instead, each its own
         transaction (:meth:`prunable_event_ids`, :meth:`prune_event_batch`).
+
+        Returns:
+            How many events were deleted (with ``dry_run``: would be).
+
+        Raises:
+            InvalidInput: ``before`` is not an aware datetime the store can hold, or
+                ``dry_run`` not a bool.
+            ConflictError: the write lock was not had within the lock timeout
+                (:class:`WriteLockTimeout`), or other writers kept changing the rows it needed.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
         """
         params = {"before": _cutoff(before)}
         if check_dry_run(dry_run):
@@ -948,7 +1058,16 @@ class MnestRepository(GraphReads):
 
     def prunable_event_ids(self, before: datetime) -> tuple[int, int] | None:
         """The lowest and highest id of the events a prune at ``before`` would delete now,
-        or None when there is none: the range the batches of a prune cover."""
+        or None when there is none: the range the batches of a prune cover.
+
+        Returns:
+            The pair (lowest id, highest id), or None when there is nothing to delete.
+
+        Raises:
+            InvalidInput: ``before`` is not an aware datetime the store can hold.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
+        """
         row = self._ex().first(ret.PRUNABLE_ID_RANGE, {"before": _cutoff(before)})
         if row is None or row[0] is None or row[1] is None:
             return None
@@ -956,7 +1075,18 @@ class MnestRepository(GraphReads):
 
     def prune_event_batch(self, before: datetime, first: int, last: int) -> int:
         """Delete the events :meth:`prune_events` would, among those whose ids lie in
-        ``[first, last]``: one batch of a prune; how many were deleted."""
+        ``[first, last]``: one batch of a prune; how many were deleted.
+
+        Returns:
+            How many events were deleted.
+
+        Raises:
+            InvalidInput: ``before`` is not an aware datetime the store can hold.
+            ConflictError: the write lock was not had within the lock timeout
+                (:class:`WriteLockTimeout`), or other writers kept changing the rows it needed.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
+        """
         params = {"before": _cutoff(before), "first": int(first), "last": int(last)}
         return int(self._write_ex().execute(ret.DELETE_PRUNABLE_BATCH, params).rowcount)
 
@@ -997,7 +1127,18 @@ class MnestRepository(GraphReads):
     def log_canonical_query(
         self, raw_query: str, canonical_query: str, *, turn_id: str | None = None
     ) -> CanonicalQuery:
-        """Append to the canonical query log (touches no mnest)."""
+        """Append to the canonical query log (touches no mnest).
+
+        Returns:
+            The new entry of the log.
+
+        Raises:
+            InvalidInput: an empty or over-long text, or a ``turn_id`` the contract refuses.
+            ConflictError: the write lock was not had within the lock timeout
+                (:class:`WriteLockTimeout`), or other writers kept changing the rows it needed.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
+        """
         return CanonicalQueryRepository(
             self._session, settings=self.settings, before_write=self._before_write
         ).log(raw_query, canonical_query, turn_id=turn_id)
@@ -1113,7 +1254,11 @@ class QueryFrequency:
 
 
 class CanonicalQueryRepository:
-    """The request-normalisation log; it never touches ``mnests`` or ``events``."""
+    """The request-normalisation log; it never touches ``mnests`` or ``events``.
+
+    Raises:
+        InvalidInput: ``session`` is neither a Session nor a Connection, or settings are refused.
+    """
 
     def __init__(
         self,
@@ -1130,7 +1275,18 @@ class CanonicalQueryRepository:
     def log(
         self, raw_query: str, canonical_query: str, *, turn_id: str | None = None
     ) -> CanonicalQuery:
-        """Append one normalised request; the hash is SHA-256 of the canonical form."""
+        """Append one normalised request; the hash is SHA-256 of the canonical form.
+
+        Returns:
+            The new entry of the log.
+
+        Raises:
+            InvalidInput: an empty or over-long text, or a ``turn_id`` the contract refuses.
+            ConflictError: the write lock was not had within the lock timeout
+                (:class:`WriteLockTimeout`), or other writers kept changing the rows it needed.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
+        """
         raw = check_text(raw_query, "raw_query")
         canonical = check_text(canonical_query, "canonical_query")
         turn = check_optional_name(turn_id, "turn_id")
@@ -1148,13 +1304,31 @@ class CanonicalQueryRepository:
         return snap.query_from({"id": new_id, **values})
 
     def recent(self, *, limit: int = 20) -> list[CanonicalQuery]:
-        """The latest entries, newest first."""
+        """The latest entries, newest first.
+
+        Returns:
+            At most ``limit`` entries, newest first.
+
+        Raises:
+            InvalidInput: ``limit`` is not a positive integer up to 100,000.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
+        """
         n = check_positive_int(limit, "limit", maximum=100_000)
         rows = runner_for(_connection_of(self._session)).rows(rd.QUERY_RECENT, {"limit": n})
         return [snap.query(r) for r in rows]
 
     def top(self, *, limit: int = 10) -> list[QueryFrequency]:
-        """The most frequent canonical forms, most frequent first."""
+        """The most frequent canonical forms, most frequent first.
+
+        Returns:
+            At most ``limit`` :class:`QueryFrequency` items, most frequent first.
+
+        Raises:
+            InvalidInput: ``limit`` is not a positive integer up to 100,000.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
+        """
         n = check_positive_int(limit, "limit", maximum=100_000)
         rows = runner_for(_connection_of(self._session)).rows(rd.QUERY_TOP, {"limit": n})
         return [QueryFrequency(r[0], r[1], int(r[2]), r[3]) for r in rows]

@@ -39,6 +39,7 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import ClauseElement
 from sqlalchemy.types import TypeEngine
 
+from ._sqla_compat import connection_listeners, dialect_error_hooks, prefetch_columns
 from .errors import StoreError, translate, translate_errors
 from .types import UTCDateTime
 
@@ -279,8 +280,9 @@ def _compile(stmt: Executable, dialect: Dialect, column_keys: tuple[str, ...]) -
     # written in like a literal; any other default must be given by the rows.
     defaults = dict(compiled.params)
     computed = set()
-    for column in (*compiled.insert_prefetch, *compiled.update_prefetch):
-        default = column.default if column in compiled.insert_prefetch else column.onupdate
+    inserted, updated = prefetch_columns(compiled)
+    for column in (*inserted, *updated):
+        default = column.default if column in inserted else column.onupdate
         if isinstance(default, ColumnDefault) and default.is_scalar:
             defaults[column.key] = default.arg
         else:
@@ -345,12 +347,12 @@ def own_listener(fn: Callable[..., Any]) -> Callable[..., Any]:
 def unobserved(conn: Connection) -> bool:
     """True when nobody but the package watches this connection's statements: no engine
     or connection event listener of a service, no ``handle_error`` hook, no SQL logging."""
-    dispatch = conn.dispatch
+    dispatch = connection_listeners(conn)
     if any(getattr(dispatch, name) for name in _OBSERVING_EVENTS):
         return False
     if any(fn not in _OWN_LISTENERS for fn in dispatch.before_cursor_execute):
         return False
-    if conn.dialect.dispatch.handle_error:  # an engine's handle_error hooks live here
+    if dialect_error_hooks(conn):
         return False
     return not conn.engine.logger.isEnabledFor(logging.INFO)
 
@@ -430,7 +432,7 @@ class DriverRunner(StatementRunner):
         # transaction the way each statement needs): they run before each statement here,
         # as SQLAlchemy would run them, until the write lock is held.
         if not self._locked:
-            self._own = tuple(conn.dispatch.before_cursor_execute)
+            self._own = tuple(connection_listeners(conn).before_cursor_execute)
         if not conn.in_transaction():
             with translate_errors():
                 conn.begin()  # what the first statement would do: commit() must see it

@@ -40,6 +40,9 @@ class Settings:
 
     Checked when built: a bad value is :class:`~mnestoma.InvalidInput` at once, never at
     the first call that reads it.
+
+    Raises:
+        InvalidInput: a field its check refuses (each is checked when built).
     """
 
     clock: Clock = utc_now
@@ -61,11 +64,26 @@ class Settings:
             object.__setattr__(self, name, check_seconds(getattr(self, name), name))
 
     def now(self) -> datetime:
-        """The clock's now, checked (aware, an instant the store can work at), in UTC."""
+        """The clock's now, checked (aware, an instant the store can work at), in UTC.
+
+        Returns:
+            The clock's now, an aware datetime in UTC.
+
+        Raises:
+            InvalidInput: the clock returned something else than an aware datetime, or an
+                instant the store cannot hold.
+        """
         return read_clock(self.clock)
 
     def but(self, **changes: Any) -> Settings:
-        """These settings with some fields changed (checked again)."""
+        """These settings with some fields changed (checked again).
+
+        Returns:
+            New settings; these are left as they are.
+
+        Raises:
+            InvalidInput: a changed field its check refuses.
+        """
         return replace(self, **changes)
 
 

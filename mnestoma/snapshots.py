@@ -11,12 +11,12 @@ the mechanism fails a test, not a user.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from sqlalchemy import inspect
 from sqlalchemy.orm import ClassManager, configure_mappers
-from sqlalchemy.orm.attributes import instance_state
 
+from ._sqla_compat import class_manager, detached
 from .models import CanonicalQuery, Event, Mnest
 from .sql.tables import EVENT_COLUMNS, MNEST_COLUMNS, QUERY_COLUMNS
 
@@ -35,17 +35,14 @@ def _manager(cls: type[Any]) -> ClassManager[Any]:
         mapper = inspect(cls)
         if not mapper.configured:
             configure_mappers()
-        manager = _MANAGERS[cls] = cast(ClassManager[Any], mapper.class_manager)
+        manager = _MANAGERS[cls] = class_manager(mapper)
     return manager
 
 
 def _build(cls: type[T], columns: Sequence[str], values: Sequence[Any]) -> T:
     """A detached ``cls`` with ``columns`` set to ``values``, without ``__init__`` or events."""
-    obj: T = _manager(cls).new_instance()
-    state = instance_state(obj)
-    state.dict.update(zip(columns, values, strict=True))
-    state.key = (cls, (state.dict["id"],), None)  # mapper.identity_key_from_primary_key's
-    return obj
+    loaded = dict(zip(columns, values, strict=True))
+    return detached(_manager(cls), cls, loaded, loaded["id"])
 
 
 def mnest(values: Sequence[Any]) -> Mnest:

@@ -17,11 +17,11 @@ from sqlalchemy import Connection, Engine, inspect
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
+from .ager import ager_running
 from .clock import Clock, read_clock, utc_now
 from .config import make_engine, redact_url, resolve_database_url
 from .display import recorder_name
 from .errors import MnestomaError, translate_errors
-from .locking import ager_running
 from .migration import head_revision, known_revisions, read_revision, sqlite_store_missing
 from .models import Mnest
 from .replicas import replica_connect_args
@@ -141,13 +141,8 @@ class ReplicaFacts:
     error: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON-ready."""
-        return {
-            "database": self.database,
-            "standby": self.standby,
-            "lag_s": self.lag_s,
-            "error": self.error,
-        }
+        """JSON-ready: its fields."""
+        return asdict(self)
 
     def line(self) -> str:
         """The ``replica`` line of the status."""
@@ -428,9 +423,11 @@ def collect_status(
     replicas of this database, each asked for its lag.
     """
     now = read_clock(clock or utc_now)
+    # folded once: the status's reads take their now from it (the given clock, else now)
+    settings = Settings(clock=clock or (lambda: now))
     head = head_revision()
     if isinstance(url_or_engine, Engine):
-        status = _collect(url_or_engine, head, now, clock, exact)
+        status = _collect(url_or_engine, head, now, settings, exact)
     else:
         url = resolve_database_url(url_or_engine)
         where = redact_url(url)
@@ -438,7 +435,7 @@ def collect_status(
             return StoreStatus(where, "sqlite", "missing", None, head, now)
         engine = make_engine(url)
         try:
-            status = _collect(engine, head, now, clock, exact)
+            status = _collect(engine, head, now, settings, exact)
         finally:
             engine.dispose()
     status.scanned = exact
@@ -462,7 +459,7 @@ def _replica_facts(url: URL) -> ReplicaFacts:
 
 
 def _collect(
-    engine: Engine, head: str, now: datetime, clock: Clock | None, exact: bool
+    engine: Engine, head: str, now: datetime, settings: Settings, exact: bool
 ) -> StoreStatus:
     status = StoreStatus(redact_url(engine.url), engine.dialect.name, "none", None, head, now)
     with translate_errors(), engine.connect() as conn:
@@ -495,7 +492,7 @@ def _collect(
             _unfinished_ager_runs(conn, status)
         if status.schema == "head":
             with Session(bind=conn) as session:
-                repo = MnestRepository(session, settings=Settings(clock=clock or (lambda: now)))
+                repo = MnestRepository(session, settings=settings)
                 status.recurring_protos = repo.recurring_protos(
                     min_uses=RECURRING_MIN_USES, min_weight=RECURRING_MIN_WEIGHT
                 )
@@ -604,14 +601,8 @@ def _estimate_events(conn: Connection, status: StoreStatus) -> bool:
     for leaf, freqs in shares.items():
         for kind, freq in freqs.items():
             by_kind[kind] = by_kind.get(kind, 0.0) + leaves[leaf] * freq
-    status.events_by_kind = {kind: round(n * total / analysed) for kind, n in by_kind.items()}
-    status.events = round(total)
-    status.passings = sum(status.events_by_kind.get(kind, 0) for kind in PASSING)
-    _recent_shares(conn, status)
-    status.oldest_event = _as_utc(conn.execute(sql.OLDEST_EVENT).scalar())
-    status.events_kept_from = None
-    status.estimated = True
-    return True
+    estimated = {kind: round(n * total / analysed) for kind, n in by_kind.items()}
+    return _estimated(conn, status, estimated, total)
 
 
 def _sample_events(conn: Connection, status: StoreStatus) -> bool:
@@ -633,6 +624,14 @@ def _sample_events(conn: Connection, status: StoreStatus) -> bool:
     by_kind = dict.fromkeys((k.value for k in EventKind), 0)
     for kind, count in found.items():
         by_kind[str(kind)] = round(span * int(count) / n)
+    return _estimated(conn, status, by_kind, total)
+
+
+def _estimated(
+    conn: Connection, status: StoreStatus, by_kind: dict[str, int], total: float
+) -> bool:
+    """Set the status's estimated facts about ``events`` (PostgreSQL's catalogue, SQLite's
+    sample): ``total`` rows, ``by_kind``, the rest from the newest events. True."""
     status.events_by_kind = by_kind
     status.events = round(total)
     status.passings = sum(by_kind.get(kind, 0) for kind in PASSING)

@@ -114,18 +114,30 @@ class TracerStats:
     )
 
     def add(self, **counts: int) -> None:
-        """Add to some counters at once, under the lock."""
+        """Add to some counters at once, under the lock.
+
+        Returns:
+            None.
+        """
         with self._lock:
             for name, n in counts.items():
                 setattr(self, name, getattr(self, name) + n)
 
     def snapshot(self) -> dict[str, int]:
-        """The counters as a plain dict."""
+        """The counters as a plain dict.
+
+        Returns:
+            The counters by name.
+        """
         with self._lock:
             return {name: getattr(self, name) for name in _COUNTERS}
 
     def reset(self) -> None:
-        """Set every counter back to zero."""
+        """Set every counter back to zero.
+
+        Returns:
+            None.
+        """
         with self._lock:
             for name in _COUNTERS:
                 setattr(self, name, 0)
@@ -266,7 +278,11 @@ _CURRENT: ContextVar[Turn | None] = ContextVar("mnestoma_tracing_turn", default=
 
 
 def current_turn() -> Turn | None:
-    """The turn the calling code runs in, or None."""
+    """The turn the calling code runs in, or None.
+
+    Returns:
+        The current :class:`Turn`, or None outside a turn.
+    """
     return _CURRENT.get()
 
 
@@ -294,6 +310,10 @@ class Turn:
     ``store.record_turn(turn_id, passings, recorder="tracer")`` once, or to ``writer``.
     A store failure is logged on ``mnestoma.tracing`` and counted, and raised only with
     ``strict=True`` when the traced code itself did not raise.
+
+    Raises:
+        InvalidInput: ``turn_id`` or ``max_outputs`` is refused, or neither a store nor
+            a writer is given (or a writer with another store).
     """
 
     def __init__(
@@ -625,6 +645,14 @@ def executor(name: str, version: str) -> Callable[[F], F]:
     Inside a turn each call records a passing from every executor whose output it received,
     with the call's outcome ("ok" if it returned, "error" if it raised); its return value is
     remembered for later calls. Outside a turn it is a plain call.
+
+    Returns:
+        A decorator that returns the callable wrapped (the same kind: sync or async,
+        function or method).
+
+    Raises:
+        InvalidInput: ``name`` or ``version`` is refused, or what is decorated is not
+            callable.
     """
     ident: Executor = (check_name(name, "executor name"), check_name(version, "executor version"))
 
@@ -680,7 +708,13 @@ def wish(name: str, consumed: Any, *, desired_sig: Any = None) -> list[Passing]:
     that produced ``consumed`` to ``name``; ``desired_sig`` says what the missing executor
     should do.
     Outside a turn, or when no traced call produced ``consumed``, nothing is recorded.
-    Returns the passings recorded.
+
+    Returns:
+        The proto passings recorded (an empty list when none was).
+
+    Raises:
+        InvalidInput: ``name`` is refused, or ``desired_sig`` is not JSON; the
+            ``consumed`` value itself is never refused.
     """
     dst = check_name(name, "wished executor name")
     sig = ensure_json(desired_sig, "desired_sig")
@@ -698,6 +732,9 @@ def propagate(fn: Callable[P, R]) -> Callable[P, R]:
     Call it where the turn is current: ``pool.submit(propagate(fn), x)`` or
     ``pool.map(propagate(fn), xs)``. Each call runs in its own copy of that context, so
     one propagated function may run in several threads at once.
+
+    Returns:
+        ``fn`` wrapped: the same signature and result.
     """
     ctx = contextvars.copy_context()
 
@@ -729,6 +766,10 @@ class BackgroundWriter(Writer[_Queued]):
 
     The thread, queue and counters are :class:`mnestoma.writer.Writer`'s, which the
     OpenTelemetry span processor uses too; this class adds turns and the tracer's counters.
+
+    Raises:
+        InvalidInput: ``maxsize`` or ``exit_timeout`` is refused, or ``store`` is async
+            (the writer records from a thread of its own).
     """
 
     def __init__(
@@ -746,7 +787,11 @@ class BackgroundWriter(Writer[_Queued]):
         )
 
     def submit(self, turn_id: str, passings: Iterable[Passing]) -> bool:
-        """Queue a turn's passings; False (and counted) when the queue is full or closed."""
+        """Queue a turn's passings; False (and counted) when the queue is full or closed.
+
+        Returns:
+            True when the turn was queued, False when it was dropped.
+        """
         return self.put((turn_id, list(passings)))
 
     def _write(self, queued: _Queued) -> None:

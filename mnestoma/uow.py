@@ -5,7 +5,8 @@
 - :class:`ConnectionUnitOfWork`: one transaction on one Core connection, what the facade
   (and the async door) run each call in, because a Session adds only bookkeeping to Core
   statements;
-- :func:`with_retries`: a write retried when it failed transiently, bounded.
+- :func:`with_retries` (from :mod:`mnestoma.retrying`): a write retried when it failed
+  transiently, bounded.
 
 Repositories never commit; these do.
 """
@@ -13,20 +14,19 @@ Repositories never commit; these do.
 from __future__ import annotations
 
 import inspect
-import random
-import time
 from collections.abc import Callable, Iterator
 from typing import Any, Self, TypeVar
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session, SessionTransaction, sessionmaker
 
-from .errors import InvalidInput, MnestomaError, is_retryable, translate_errors
+from .clock import Clock
+from .errors import InvalidInput, translate_errors
 from .locking import take_write_lock
 from .partitions import upkeep_after_commit
 from .repository import CanonicalQueryRepository, MnestRepository, built
+from .retrying import MAX_ATTEMPTS, retry_pause, with_retries
 from .settings import Settings, settings_of
-from .validation import Clock
 
 __all__ = [
     "MAX_ATTEMPTS",
@@ -39,9 +39,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-# A write that fails transiently (a conflict, a lock timeout, a serialisation failure) is
-# run again, in a new transaction, up to this many times in all.
-MAX_ATTEMPTS = 8
 
 
 class JoinedUnitOfWork:
@@ -52,6 +49,9 @@ class JoinedUnitOfWork:
     releases the savepoint: the work becomes part of the caller's transaction, which the
     caller commits or rolls back. Leaving without ``commit()``, or by an exception, rolls
     back to the savepoint and leaves the caller's own work untouched.
+
+    Raises:
+        InvalidInput: ``session`` is not a SQLAlchemy Session, or settings are refused.
     """
 
     mnests: MnestRepository
@@ -94,14 +94,27 @@ class JoinedUnitOfWork:
         self.rollback()
 
     def commit(self) -> None:
-        """Release the savepoint into the caller's transaction (nothing to do after reads)."""
+        """Release the savepoint into the caller's transaction (nothing to do after reads).
+
+        Returns:
+            None.
+
+        Raises:
+            ConflictError: releasing the savepoint broke a constraint of the store.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
+        """
         if self._savepoint is not None and self._savepoint.is_active:
             with translate_errors():
                 self._savepoint.commit()
         self._savepoint = None
 
     def rollback(self) -> None:
-        """Roll back to the savepoint taken before the first write."""
+        """Roll back to the savepoint taken before the first write.
+
+        Returns:
+            None.
+        """
         if self._savepoint is not None and self._savepoint.is_active:
             self._savepoint.rollback()
         self._savepoint = None
@@ -113,6 +126,11 @@ class UnitOfWork:
     >>> with UnitOfWork(session_factory) as uow:
     ...     uow.mnests.record_passing("search", "1", "read", "2")
     ...     uow.commit()
+
+    Raises:
+        InvalidInput: ``session_factory`` is not a session factory (an Engine, a
+            Connection or a Session was given), or (on enter) returned something else than a
+            Session; or settings are refused.
     """
 
     mnests: MnestRepository
@@ -161,7 +179,17 @@ class UnitOfWork:
             self.session.close()
 
     def commit(self) -> None:
-        """Commit the work done so far; a later operation starts a new transaction."""
+        """Commit the work done so far; a later operation starts a new transaction.
+
+        Returns:
+            None.
+
+        Raises:
+            ConflictError: the commit broke a constraint of the store, or lost to another
+                writer.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
+        """
         with translate_errors():
             self.session.commit()
         if self._after_commit is not None:
@@ -170,7 +198,11 @@ class UnitOfWork:
         upkeep_after_commit(self.session)  # PostgreSQL: months its writes reached (§12)
 
     def rollback(self) -> None:
-        """Throw away the work done since the last commit."""
+        """Throw away the work done since the last commit.
+
+        Returns:
+            None.
+        """
         self.session.rollback()
 
     # ``UnitOfWork.joining(session, *, settings=None, clock=None, recorder=None)``: a unit of
@@ -194,11 +226,9 @@ class ConnectionUnitOfWork:
         bind: Engine | Connection,
         *,
         settings: Settings | None = None,
-        clock: Clock | None = None,
-        recorder: str | None = None,
     ) -> None:
         self._bind = bind
-        self.settings = settings_of(settings, clock=clock, recorder=recorder)
+        self.settings = settings_of(settings)
 
     def __enter__(self) -> Self:
         if isinstance(self._bind, Engine):
@@ -230,15 +260,6 @@ class ConnectionUnitOfWork:
                 self.connection.close()
 
 
-def retry_pause(attempt: int, err: BaseException) -> float | None:
-    """Seconds to wait before retrying a write whose attempt ``attempt`` (from 0) failed
-    with ``err``; None when it must not be retried (not transient, or attempts spent).
-    The pause is random and grows with each attempt, so that colliding writers spread out."""
-    if attempt + 1 < MAX_ATTEMPTS and is_retryable(err):
-        return random.uniform(0, 0.002 * 2**attempt)
-    return None
-
-
 # The parameters of write operations that take a collection of items: a generator given
 # there is read once, before the first attempt, so that a retry replays the same items.
 ITEM_PARAMETERS = frozenset({"passings"})
@@ -268,21 +289,6 @@ def repository_call(
 
 def _listed(value: Any) -> Any:
     return list(value) if isinstance(value, Iterator) else value
-
-
-def with_retries(attempt_once: Callable[[], T]) -> T:
-    """Run ``attempt_once`` (which opens, commits and closes its own unit of work) until it
-    succeeds, retrying transient failures after :func:`retry_pause`."""
-    attempt = 0
-    while True:
-        try:
-            return attempt_once()
-        except MnestomaError as err:
-            pause = retry_pause(attempt, err)
-            if pause is None:
-                raise
-            time.sleep(pause)
-            attempt += 1
 
 
 def written(

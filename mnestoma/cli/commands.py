@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 
 import click
 
-from ..clock import Clock, utc_now
+from ..clock import utc_now
 from ..config import resolve_database_url
 from ..display import PICTURE_STATES, STATE_STYLES
 from ..errors import InvalidInput, InvalidTransition
@@ -36,6 +36,7 @@ from ..rules import (
     Recorder,
     check_transition,
 )
+from ..settings import DEFAULT_SETTINGS, Settings
 from ..status import collect_status, render_status
 from ..validation import check_positive_int
 from ..vetting import normalise_steps
@@ -78,22 +79,26 @@ from .render import (
 __all__ = ["cli", "main"]
 
 
+# The settings of a command that writes: its events say the command line recorded them.
+_WRITES = Settings(recorder=Recorder.CLI.value)
+
+
 @contextlib.contextmanager
 def _store(
     database_url: str | None,
-    clock: Clock | None = None,
+    settings: Settings = DEFAULT_SETTINGS,
     *,
-    recorder: str = Recorder.CALL.value,
     write: bool = False,
 ) -> Iterator[Mnestoma]:
-    """The store of this command; ``recorder`` is written on its events (``cli`` for writes).
+    """The store of this command, with ``settings`` (:data:`_WRITES`' recorder, ``cli``, on
+    the events of a writing command).
 
     Only a writing command may create a missing SQLite store; a reading one says there is
     no store there and creates nothing.
     """
     url = command_url(database_url)
     replicas = None if write else replicas_of(url)
-    store = Mnestoma(url, clock=clock, recorder=recorder, create=write, replicas=replicas)
+    store = Mnestoma(url, settings=settings, create=write, replicas=replicas)
     try:
         yield store
     finally:
@@ -204,7 +209,7 @@ def record(
         if summary is not None or sig_json is not None:
             raise InvalidInput("--summary and --sig describe a missing executor: add --proto")
         dst_exec, dst_version = parse_endpoint(dst, "DST", version_required=True)
-    with _store(database_url, recorder=Recorder.CLI.value, write=True) as store:
+    with _store(database_url, _WRITES, write=True) as store:
         m = store.record_passing(
             src_exec,
             src_version or "",
@@ -313,7 +318,7 @@ def suggest(src: str, k: int, order_by: str, as_json: bool, database_url: str | 
     decayed_uses, the highest decayed count of passings (COUNT) first."""
     executor, version = parse_endpoint(src, "SRC", version_required=False)
     now = utc_now()
-    with _store(database_url, clock=lambda: now) as store:
+    with _store(database_url, Settings(clock=lambda: now)) as store:
         suggestions = store.suggest_next(executor, version, k=k, order_by=order_by)
         render_suggestions(suggestions, now, as_json, order_by=order_by)
 
@@ -336,7 +341,7 @@ def vet(steps: tuple[str, ...], at: str | None, as_json: bool, database_url: str
         [parse_endpoint(s, f"STEP {i + 1}", version_required=False) for i, s in enumerate(steps)]
     )  # checked before the store is opened: bad input reads nothing
     now = utc_now() if at is None else parse_instant(at, "--at")
-    with _store(database_url, clock=lambda: now) as store:
+    with _store(database_url, Settings(clock=lambda: now)) as store:
         render_verdict(store.vet(chain), as_json)
 
 
@@ -413,7 +418,7 @@ def graph_cmd(
         executor, version = parse_endpoint(src, "SRC", version_required=False)
     files = store_files(resolve_database_url(command_url(database_url)))
     target = None if output is None else check_output_path(output, files)
-    with _store(database_url, clock=lambda: now) as store:
+    with _store(database_url, Settings(clock=lambda: now)) as store:
         picture = store.graph(
             executor,
             src_version=version,
@@ -487,7 +492,7 @@ def queries(top: int | None, recent: int | None, as_json: bool, database_url: st
 @database_url_option
 def promote(mnest_id: str, version: str, as_json: bool, database_url: str | None) -> None:
     """The executor a proto wished for now exists at VERSION: make the edge active."""
-    with _store(database_url, recorder=Recorder.CLI.value, write=True) as store:
+    with _store(database_url, _WRITES, write=True) as store:
         m = store.promote_proto_to_active(mnest_id, version)
         render_one(m, as_json)
 
@@ -519,7 +524,7 @@ def transition(
     mnest_id: str, state: str, reason: str | None, as_json: bool, database_url: str | None
 ) -> None:
     """``mnestoma transition``; its help, built above, names the states the rules allow."""
-    with _store(database_url, recorder=Recorder.CLI.value, write=True) as store:
+    with _store(database_url, _WRITES, write=True) as store:
         try:
             m = store.transition_state(mnest_id, state, reason=reason)
         except InvalidTransition as err:

@@ -69,6 +69,9 @@ if TYPE_CHECKING:
     from sqlalchemy.sql.selectable import NamedFromClause
 
 __all__ = [
+    "ADVISORY_HELD",
+    "ADVISORY_LOCK",
+    "ADVISORY_UNLOCK",
     "MERGE",
     "PAIRS",
     "PAIRS_STEP",
@@ -87,6 +90,15 @@ __all__ = [
 # A run's row in ager_progress: inserted when it begins (its id returned), moved on by each
 # batch in the batch's transaction, deleted with the rows of the runs before it (which the
 # run completed, as it holds the run lock) in the transaction that writes its ager_runs row.
+# The ager's run lock on PostgreSQL: a session advisory lock (``key``), and whether some
+# session of this database holds it (``hi``, ``lo``: the key's halves, as pg_locks shows it).
+ADVISORY_LOCK = text("SELECT pg_advisory_lock(:key)")
+ADVISORY_UNLOCK = text("SELECT pg_advisory_unlock(:key)")
+ADVISORY_HELD = text(
+    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
+    " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+    " AND classid::bigint = :hi AND objid::bigint = :lo AND objsubid = 1"
+)
 PROGRESS_BEGIN = insert(P).returning(P.c.id)
 PROGRESS_MOVE = (
     update(P)

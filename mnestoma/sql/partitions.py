@@ -9,11 +9,13 @@ what ``create_all`` and the revisions build).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Final
+from typing import Any, Final
 
-from sqlalchemy import DateTime, TextClause, bindparam, text
+from sqlalchemy import Connection, DateTime, Table, TextClause, bindparam, event, text
 
+from ..models import Event
 from ..rules import PASSING_KINDS, EventKind, sql_list, sql_literal
 from ..types import UTCDateTime
 
@@ -379,3 +381,23 @@ PRUNE_TURN_EDGES_BATCH: Final[TextClause] = text(
     bindparam("mnest"),
     bindparam("n"),
 )
+
+
+# --- create_all: the layout built beside the models' events ----------------------------------
+
+
+def _partitioned_layout(statements: tuple[str, ...]) -> Callable[..., None]:
+    """A DDL listener running ``statements`` on PostgreSQL: what revision 0011 builds beside
+    the table (partitions, event_turn_edges, its triggers and functions)."""
+
+    def run(target: Table, connection: Connection, **kw: Any) -> None:
+        if connection.dialect.name != "postgresql":
+            return
+        for statement in statements:
+            connection.execute(text(statement))
+
+    return run
+
+
+event.listen(Event.__table__, "after_create", _partitioned_layout(AFTER_CREATE))
+event.listen(Event.__table__, "after_drop", _partitioned_layout(AFTER_DROP))

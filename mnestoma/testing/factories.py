@@ -67,6 +67,9 @@ def bind_factories(
 
     ``session`` may be a Session or a zero-argument callable returning one (asked for only
     when a factory first creates a row). The previous binding is restored on exit.
+
+    Returns:
+        A context manager: the binding holds inside its block.
     """
     provider: SessionProvider | None
     if session is None or isinstance(session, Session):
@@ -82,7 +85,14 @@ def bind_factories(
 
 
 def bound_session() -> Session:
-    """The session the factories write through; a clear error when none is bound."""
+    """The session the factories write through; a clear error when none is bound.
+
+    Returns:
+        The bound Session.
+
+    Raises:
+        RuntimeError: no session is bound (not a package error: a set-up mistake).
+    """
     if _binding.session is None:
         raise RuntimeError(
             "no session for mnestoma factories: use them inside a test of a suite with "
@@ -92,7 +102,14 @@ def bound_session() -> Session:
 
 
 def factory_now() -> datetime:
-    """The bound clock's now (the plugin binds ``mnestoma_clock``), else the system's UTC now."""
+    """The bound clock's now (the plugin binds ``mnestoma_clock``), else the system's UTC now.
+
+    Returns:
+        An aware datetime in UTC.
+
+    Raises:
+        InvalidInput: the bound clock returned a naive datetime, or not a datetime.
+    """
     clock = _binding.clock
     return ensure_aware_utc(clock() if clock is not None else datetime.now(UTC), "clock()")
 

@@ -214,6 +214,14 @@ def mnestoma_engine(
     in it because each one is rolled back. Under pytest-xdist each worker gets its own,
     created here and dropped at the end of the session: ``<database>_<worker>``
     (``myservice_test_gw0``), or ``<stem>_<worker>.sqlite`` beside a SQLite URL's file.
+
+    Yields:
+        The Engine, for the whole session (fixture).
+
+    Raises:
+        SchemaError: the test database is at a revision this release does not know.
+        StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+            be reached).
     """
     try:
         with _test_database_url(request.config, tmp_path_factory) as url:
@@ -237,6 +245,9 @@ def mnestoma_session(mnestoma_engine: Engine) -> Iterator[Session]:
     lock for the whole test: code that opens its own connections to the same file (the
     ``Mnestoma`` facade, another engine) would wait for it; drive such code through this
     session instead.
+
+    Yields:
+        The Session of the test (fixture).
     """
     connection = mnestoma_engine.connect()
     outer = connection.begin()
@@ -258,6 +269,9 @@ def mnestoma_clock() -> MovableClock:
 
     The factories and ``mnestoma_uow`` read "now" from it. Override this fixture to start
     elsewhere.
+
+    Returns:
+        A new :class:`~mnestoma.testing.MovableClock` (fixture).
     """
     return MovableClock()
 
@@ -271,6 +285,9 @@ def mnestoma_uow(mnestoma_session: Session, mnestoma_clock: MovableClock) -> Ite
     (which only releases its SAVEPOINT: rolled back after the test all the same),
     ``uow.rollback()`` drops the work since the last commit, factory rows included.
     ``uow.mnests`` and ``uow.queries`` see what the factories flushed.
+
+    Yields:
+        The entered unit of work (fixture).
     """
     factory = cast("sessionmaker[Session]", lambda: mnestoma_session)
     with UnitOfWork(factory, settings=Settings(clock=mnestoma_clock)) as uow:
@@ -279,7 +296,11 @@ def mnestoma_uow(mnestoma_session: Session, mnestoma_clock: MovableClock) -> Ite
 
 @pytest.fixture
 def mnestoma_repository(mnestoma_session: Session, mnestoma_clock: MovableClock) -> MnestRepository:
-    """A :class:`~mnestoma.MnestRepository` on ``mnestoma_session`` with ``mnestoma_clock``."""
+    """A :class:`~mnestoma.MnestRepository` on ``mnestoma_session`` with ``mnestoma_clock``.
+
+    Returns:
+        The repository (fixture).
+    """
     return MnestRepository(mnestoma_session, settings=Settings(clock=mnestoma_clock))
 
 

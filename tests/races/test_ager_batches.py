@@ -375,7 +375,7 @@ def test_a_postgresql_batch_waits_behind_a_table_lock_instead_of_giving_up(
     reset(pg_store_url)
     pauses: list[int] = []
     monkeypatch.setattr(
-        mnestoma.facade, "ager_batch_retry_pause", lambda a: pauses.append(a) or 0.001
+        mnestoma.ager, "ager_batch_retry_pause", lambda a: pauses.append(a) or 0.001
     )
     with Mnestoma(pg_store_url, clock=StoppedClock()) as store:
         with store.engine.connect() as other:
@@ -425,7 +425,7 @@ def test_a_postgresql_batch_crossing_a_writer_gives_up_and_is_tried_again(
     early, late = decayed[0]["id"], decayed[-1]["id"]  # both changed in place, in that order
     pauses: list[float] = []
     monkeypatch.setattr(
-        mnestoma.facade, "ager_batch_retry_pause", lambda a: pauses.append(a) or 0.005
+        mnestoma.ager, "ager_batch_retry_pause", lambda a: pauses.append(a) or 0.005
     )
     bump = "UPDATE mnests SET uses = uses + 1 WHERE id = :id"
     failures: list[BaseException] = []
@@ -613,12 +613,10 @@ def test_a_postgresql_twin_made_after_the_run_began_is_merged_by_the_batch_that_
     store's 40 twins, hidden from the run's first read) fails the batch's demotion with a
     unique violation, and that batch and every later one look for pairs again: the run
     completes, equal to the one-transaction run."""
-    from mnestoma import repository
-
     expected, left = one_transaction(pg_store_url)
     reset(pg_store_url)
-    real = repository.ager_bounds
-    monkeypatch.setattr(repository, "ager_bounds", lambda conn: real(conn)._replace(merges=False))
+    real = ager.ager_bounds
+    monkeypatch.setattr(ager, "ager_bounds", lambda conn: real(conn)._replace(merges=False))
     violations: list[str] = []
 
     def failed(context: Any) -> None:
@@ -712,7 +710,7 @@ def test_without_flock_on_the_file_system_writes_and_the_ager_fall_back_to_pause
             def no_flock(fd: int, *, exclusive: bool) -> bool:
                 raise OSError(37, "No locks available")
 
-            monkeypatch.setattr(locking, "_try_flock", no_flock)
+            monkeypatch.setattr(locking, "try_flock", no_flock)
             assert locking._say_waiting(path) == -1 and not locking._SAYING
             pauses: list[float] = []
             monkeypatch.setattr(locking, "pause_on", lambda c, seconds: pauses.append(seconds))
@@ -965,7 +963,7 @@ def test_a_growing_batch_commits_at_the_step_a_writer_comes(
     run is one batch: its bound is made longer than the run.)"""
     monkeypatch.setattr(ager, "AGER_BATCH_QUIET_TARGET_S", 1e-6)  # steps of a few rows
     monkeypatch.setattr(ager, "AGER_BATCH_GROWN_MAX_S", 600.0)
-    monkeypatch.setattr(mnestoma.facade, "AGER_BATCH_ROWS", 8)
+    monkeypatch.setattr(mnestoma.ager, "AGER_BATCH_ROWS", 8)
     expected, _ = one_transaction(store_url)
     reset(store_url)
     batches: list[tuple[int, bool]] = []
@@ -1019,7 +1017,7 @@ def test_a_sqlite_run_checkpoints_only_with_writers_about_at_its_bound_and_at_it
     Mnestoma(url).close()  # migrated
     reset(url)
     if when == "writers about":
-        monkeypatch.setattr(mnestoma.facade, "ager_writers_about", lambda since: True)
+        monkeypatch.setattr(mnestoma.ager, "ager_writers_about", lambda since: True)
     if when == "at the WAL's bound":
         monkeypatch.setattr(rules, "AGER_WAL_CHECKPOINT_MIB", 1 / 1024 / 1024)
     shm = f"{tmp_path / 'store.sqlite'}-shm"

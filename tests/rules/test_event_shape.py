@@ -18,6 +18,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from mnestoma import copying, seed_repair
 from mnestoma.repository import _event
 from mnestoma.rules import EventKind, Recorder
+from mnestoma.settings import Settings
 from mnestoma.sql import ager, record
 from mnestoma.sql.tables import EVENT_COLUMNS, EVENT_ROW, EVENTS, EventRow
 
@@ -81,7 +82,8 @@ def test_every_event_the_ager_writes_names_every_column_of_the_shape(
 
 
 def test_a_copys_merged_event_has_every_column() -> None:
-    job = SimpleNamespace(next_event_id=7, pairs={"mn_s": "mn_t"}, now=T, recorder="cli")
+    settings = Settings(recorder="cli")
+    job = SimpleNamespace(next_event_id=7, pairs={"mn_s": "mn_t"}, now=T, settings=settings)
     row = copying._Job._merged_event(job, "mn_s", "mn_t", 0.4, 0.5, {"state": "active"})
     assert set(row) == set(EVENT_COLUMNS)
     assert (row["id"], row["state_before"], row["related_id"]) == (7, None, "mn_t")

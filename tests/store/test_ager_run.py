@@ -21,6 +21,7 @@ from mnestoma.ager import AGER_CACHE_KIB
 from mnestoma.errors import MnestomaError
 from mnestoma.models import Mnest
 from mnestoma.rules import AgerRow, age
+from mnestoma.settings import Settings
 from mnestoma.sql.ager import AgerChange, sqlite_ager_statements
 from mnestoma.uow import ConnectionUnitOfWork
 
@@ -74,7 +75,7 @@ def test_the_run_raises_the_page_cache_and_sets_it_back(sqlite_engine: Engine) -
         conn.exec_driver_sql("PRAGMA cache_size = -3000")
         conn.commit()
         seen = statements_of(conn)
-        with ConnectionUnitOfWork(conn, clock=StoppedClock()) as unit:
+        with ConnectionUnitOfWork(conn, settings=Settings(clock=StoppedClock())) as unit:
             report = unit.mnests.apply_ager()
             unit.commit()
         assert report.merged == 20
@@ -89,7 +90,7 @@ def test_a_larger_cache_of_the_caller_is_left_alone(sqlite_engine: Engine) -> No
         conn.exec_driver_sql(f"PRAGMA cache_size = {-2 * AGER_CACHE_KIB}")
         conn.commit()
         seen = statements_of(conn)
-        with ConnectionUnitOfWork(conn, clock=StoppedClock()) as unit:
+        with ConnectionUnitOfWork(conn, settings=Settings(clock=StoppedClock())) as unit:
             unit.mnests.apply_ager()
             unit.commit()
         assert not [s for s in seen if s.startswith("PRAGMA cache_size =")]
@@ -114,7 +115,7 @@ def test_a_failed_run_sets_the_cache_back_drops_its_table_and_changes_nothing(
         conn.commit()
         with (
             pytest.raises(MnestomaError),
-            ConnectionUnitOfWork(conn, clock=StoppedClock()) as unit,
+            ConnectionUnitOfWork(conn, settings=Settings(clock=StoppedClock())) as unit,
         ):
             unit.mnests.apply_ager()
         assert cache_size(conn) == default
@@ -256,7 +257,10 @@ def test_the_merge_pairs_of_a_hub_cost_the_same_per_pair(
     event.listen(sqlite_engine, "before_cursor_execute", watch)
     clock = StoppedClock(T0 + timedelta(days=1))
     try:
-        with sqlite_engine.connect() as conn, ConnectionUnitOfWork(conn, clock=clock) as unit:
+        with (
+            sqlite_engine.connect() as conn,
+            ConnectionUnitOfWork(conn, settings=Settings(clock=clock)) as unit,
+        ):
             report = unit.mnests.apply_ager()
             unit.commit()
     finally:

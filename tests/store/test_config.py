@@ -114,7 +114,7 @@ def test_a_store_folder_another_process_made_meanwhile_is_used_as_it_is(
 ) -> None:
     """Two processes opening new stores side by side: the one that finds a folder made
     under its feet goes on in it."""
-    from mnestoma import config
+    from mnestoma import engines
 
     made = tmp_path / "shared"
     real_mkdir = os.mkdir
@@ -124,7 +124,7 @@ def test_a_store_folder_another_process_made_meanwhile_is_used_as_it_is(
             real_mkdir(path, 0o750)  # the other process, first
         real_mkdir(path, mode)
 
-    monkeypatch.setattr(config.os, "mkdir", racing_mkdir)
+    monkeypatch.setattr(engines.os, "mkdir", racing_mkdir)
     engine = make_engine(f"sqlite:///{made / 'inner' / 'mnest.sqlite'}")
     engine.dispose()
     assert stat.S_IMODE(made.stat().st_mode) == 0o750

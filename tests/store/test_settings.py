@@ -61,6 +61,42 @@ def test_inside_the_package_settings_travel_whole_never_as_clock_or_recorder() -
     assert offenders == []
 
 
+# The doors a user calls with ``clock=`` / ``recorder=`` (contract §5), which fold them into
+# the settings once; every other constructor or function takes ``settings=`` alone.
+USER_DOORS = {
+    "Mnestoma",
+    "AsyncMnestoma",
+    "UnitOfWork",
+    "JoinedUnitOfWork",
+    "AsyncUnitOfWork",
+    "AsyncJoinedUnitOfWork",
+    "MnestRepository",
+    "CanonicalQueryRepository",
+    "AsyncMnestRepository",
+    "AsyncCanonicalQueryRepository",
+    "settings_of",
+}
+
+
+def test_only_the_doors_a_user_calls_take_settings_beside_a_clock_or_recorder() -> None:
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for owner in tree.body:  # the module's functions and classes (each class's methods)
+            if not isinstance(owner, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            functions = [owner] if not isinstance(owner, ast.ClassDef) else owner.body
+            for fn in functions:
+                if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                    continue
+                args = fn.args
+                names = {a.arg for a in [*args.args, *args.kwonlyargs]}
+                door = owner.name if fn.name == "__init__" else fn.name
+                if "settings" in names and names & {"clock", "recorder"} and door not in USER_DOORS:
+                    offenders.append(f"{path.relative_to(PACKAGE)}:{fn.lineno} {door}")
+    assert offenders == []
+
+
 def test_the_facades_settings_reach_every_unit_and_repository(store_url: str) -> None:
     clock = MovableClock(datetime(2026, 5, 1, tzinfo=UTC))
     settings = Settings(clock=clock, recorder="tracer", ager_batch_rows=7)

@@ -7,10 +7,10 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import Engine, func, select, text
 
-from mnestoma import MnestRepository, UnitOfWork, make_engine, make_session_factory
-from mnestoma import uow as uow_module
+from mnestoma import MnestRepository, UnitOfWork, make_engine, make_session_factory, retrying
 from mnestoma.errors import ConflictError, InvalidInput, RaceLost
 from mnestoma.models import Mnest
+from mnestoma.settings import Settings
 from mnestoma.testing import MnestFactory, bind_factories
 from mnestoma.uow import MAX_ATTEMPTS, ConnectionUnitOfWork, with_retries
 
@@ -137,14 +137,14 @@ def test_joining_leaves_the_session_open(engine: Engine, clock) -> None:
 
 
 def test_a_connection_unit_keeps_committed_work(engine: Engine, clock) -> None:
-    with ConnectionUnitOfWork(engine, clock=clock) as unit:
+    with ConnectionUnitOfWork(engine, settings=Settings(clock=clock)) as unit:
         unit.mnests.record_passing("a", "1", "b", "1")
         unit.commit()
     assert _count(engine) == 1
 
 
 def test_a_connection_unit_rolls_back_uncommitted_work_by_default(engine: Engine, clock) -> None:
-    with ConnectionUnitOfWork(engine, clock=clock) as unit:
+    with ConnectionUnitOfWork(engine, settings=Settings(clock=clock)) as unit:
         unit.mnests.record_passing("a", "1", "b", "1")
     assert _count(engine) == 0
 
@@ -152,7 +152,10 @@ def test_a_connection_unit_rolls_back_uncommitted_work_by_default(engine: Engine
 def test_a_connection_unit_rolls_back_on_error_and_returns_its_connection(
     engine: Engine, clock
 ) -> None:
-    with pytest.raises(RuntimeError), ConnectionUnitOfWork(engine, clock=clock) as unit:
+    with (
+        pytest.raises(RuntimeError),
+        ConnectionUnitOfWork(engine, settings=Settings(clock=clock)) as unit,
+    ):
         unit.mnests.record_passing("a", "1", "b", "1")
         raise RuntimeError("boom")
     assert _count(engine) == 0
@@ -161,7 +164,7 @@ def test_a_connection_unit_rolls_back_on_error_and_returns_its_connection(
 
 def test_a_connection_unit_on_a_callers_connection_leaves_it_open(engine: Engine, clock) -> None:
     with engine.connect() as conn:
-        with ConnectionUnitOfWork(conn, clock=clock) as unit:
+        with ConnectionUnitOfWork(conn, settings=Settings(clock=clock)) as unit:
             unit.mnests.record_passing("a", "1", "b", "1")
             unit.commit()
         assert not conn.closed
@@ -171,7 +174,7 @@ def test_a_connection_unit_on_a_callers_connection_leaves_it_open(engine: Engine
 def test_with_retries_runs_a_transient_failure_again_up_to_max_attempts(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(uow_module.time, "sleep", lambda _: None)
+    monkeypatch.setattr(retrying.time, "sleep", lambda _: None)
     calls = []
 
     def always_conflicting() -> None:

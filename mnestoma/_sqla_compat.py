@@ -1,0 +1,115 @@
+"""Every use of SQLAlchemy's private or undocumented API, in one place.
+
+Each one says why the package needs it; ``tests/project/test_sqla_compat.py`` exercises each
+against the installed SQLAlchemy, so that a release that changes one fails a test here, not
+a user, and checks that no other module of the package reaches past SQLAlchemy's public API.
+Imports nothing of the package: it sits at the bottom of the layers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar, cast
+
+from sqlalchemy import Column, Connection, Table
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import ClassManager, Mapper
+from sqlalchemy.orm.attributes import instance_state
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.util import greenlet_spawn
+
+__all__ = [
+    "ASYNC_ENGINE_OPTION",
+    "class_manager",
+    "compiling_dml_target",
+    "connection_listeners",
+    "detached",
+    "dialect_error_hooks",
+    "greenlet_spawn",
+    "prefetch_columns",
+    "replace_dialect_method",
+    "retype",
+    "visit_table",
+]
+
+T = TypeVar("T")
+
+# create_engine's private flag that builds the sync Engine under an AsyncEngine: what
+# create_async_engine passes, for make_async_engine to configure that engine as make_engine
+# configures any other (its listeners on the sync engine).
+ASYNC_ENGINE_OPTION = "_is_async"
+
+# greenlet_spawn (sqlalchemy.util, not public): runs sync code that awaits the async driver
+# inside the event loop, the schema check of the async door (the asyncio extension's own
+# way of running sync work, which run_sync does only for a connection or session).
+
+
+def prefetch_columns(compiled: SQLCompiler) -> tuple[Sequence[Column[Any]], Sequence[Column[Any]]]:
+    """The columns whose Python-side default (INSERT) or onupdate (UPDATE) SQLAlchemy computes
+    at execution, which a statement run at the driver must be given by its rows
+    (``insert_prefetch``, ``update_prefetch``: attributes of the compiler, not documented)."""
+    return compiled.insert_prefetch, compiled.update_prefetch
+
+
+def connection_listeners(conn: Connection) -> Any:
+    """The connection's event dispatcher (``conn.dispatch``, undocumented): whether anybody
+    observes its statements, in which case they must go through Core, not the driver."""
+    return conn.dispatch
+
+
+def dialect_error_hooks(conn: Connection) -> bool:
+    """Whether the engine has ``handle_error`` listeners (they live on the dialect's own
+    dispatcher, undocumented): a statement run at the driver would skip them."""
+    return bool(conn.dialect.dispatch.handle_error)
+
+
+def replace_dialect_method(dialect: Dialect, name: str, method: Callable[..., Any]) -> None:
+    """Replace ``dialect.<name>`` on this dialect instance (``connect``, ``do_commit``, ...):
+    the pool calls them, after the events, with no public hook at that point (a failed
+    connection's error scrubbed of secrets before the pool logs it; SQLite's write
+    bookkeeping at the driver's commit). An attribute set on the instance, which mypy
+    refuses as a method assignment."""
+    setattr(dialect, name, method)
+
+
+def compiling_dml_target(compiler: SQLCompiler) -> Any:
+    """The statement the compiler is rendering now (the top of its ``stack``, undocumented):
+    whether a table is being compiled as the target of an UPDATE or DELETE (the read-only
+    view refuses that at compile time, whoever executes the statement)."""
+    if not compiler.stack:
+        return None
+    return compiler.stack[-1]["selectable"]
+
+
+def visit_table(compiler: SQLCompiler, table: Table, **kw: Any) -> str:
+    """How the compiler renders any Table (``visit_table``, its visitor method): the view's
+    own compilation falls back to it."""
+    visit: Callable[..., str] = compiler.visit_table
+    return visit(table, **kw)
+
+
+def retype(obj: Any, cls: type[T]) -> T:
+    """``obj`` made an instance of ``cls`` in place (``__class__`` assigned): the view's
+    Table, which ``CreateView`` builds as a plain Table, becomes the read-only subclass
+    whose compilation refuses writes, the same object the metadata holds."""
+    obj.__class__ = cls
+    return cast(T, obj)
+
+
+def class_manager(mapper: Mapper[Any]) -> ClassManager[Any]:
+    """The mapper's class manager (``mapper.class_manager``), which builds instances without
+    ``__init__`` or attribute events (:func:`detached`)."""
+    return mapper.class_manager
+
+
+def detached(manager: ClassManager[Any], cls: type[T], values: dict[str, Any], ident: Any) -> T:
+    """A detached instance of ``cls`` with ``values`` loaded as committed and identity
+    ``ident``: the textbook ``cls(**values)`` then ``make_transient_to_detached`` fires an
+    event per column (10× slower). ``new_instance``, the instance state's ``dict`` and
+    ``key`` are SQLAlchemy's internals; the key is what ``mapper.identity_key_from_primary_key``
+    builds."""
+    obj: T = manager.new_instance()
+    state = instance_state(obj)
+    state.dict.update(values)
+    state.key = (cls, (ident,), None)
+    return obj
