@@ -1094,14 +1094,37 @@ class MnestRepository(GraphReads):
         """PostgreSQL, events partitioned: detach the partitions whose months all lie before
         ``before``, keeping the ``created`` events of the rows still stored (see
         :func:`mnestoma.partitions.drop_old_partitions`); nothing elsewhere. The caller
-        commits, then drops what was detached (:meth:`drop_detached_partition`)."""
+        commits, then drops what was detached (:meth:`drop_detached_partition`).
+
+        Returns:
+            A :class:`~mnestoma.partitions.Dropped`: how many events went, the tables
+            detached, and the instant before which every event lay in them.
+
+        Raises:
+            InvalidInput: ``before`` is not an aware datetime the store can hold.
+            ConflictError: the write lock was not had within the lock timeout
+                (:class:`WriteLockTimeout`), or a lock it needed stayed busy.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
+        """
         conn = self._write_ex().conn
         with translate_errors():
             return drop_old_partitions(conn, _cutoff(before))
 
     def drop_detached_partition(self, name: str) -> None:
         """Drop a table :meth:`drop_event_partitions` detached: its space goes back to the
-        operating system."""
+        operating system.
+
+        Returns:
+            None.
+
+        Raises:
+            ValueError: ``name`` is not a table retention detached.
+            ConflictError: the write lock was not had within the lock timeout
+                (:class:`WriteLockTimeout`), or a lock it needed stayed busy.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
+        """
         self._write_ex().execute(partitions_sql.drop_table(partitions_sql.detached(name)))
 
     def prune_turn_edges(
@@ -1109,7 +1132,18 @@ class MnestRepository(GraphReads):
     ) -> tuple[int, TurnEdgeKey | None]:
         """One batch of the rows of ``event_turn_edges`` before ``end`` after ``after`` (in
         (ts, turn_id, mnest_id) order): those whose passing went with a dropped partition
-        are deleted. How many were, and the last row looked at (None: none was left)."""
+        are deleted.
+
+        Returns:
+            How many were deleted, and the last row looked at (None: none was left).
+
+        Raises:
+            InvalidInput: ``end`` is not an aware datetime the store can hold.
+            ConflictError: the write lock was not had within the lock timeout
+                (:class:`WriteLockTimeout`), or a lock it needed stayed busy.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
+        """
         params = {
             "end": _cutoff(end),
             "ts": after[0],
