@@ -92,6 +92,8 @@ DEFAULT_MIGRATION_LOCK_TIMEOUT_S = 3.0
 MIGRATION_LOCK_RETRIES = 10
 FIRST_RETRY_PAUSE_S = 0.1
 LONGEST_RETRY_PAUSE_S = 3.0
+# How often a migrator waiting for another's migration lock asks for it again (PostgreSQL).
+MIGRATION_LOCK_POLL_S = 0.1
 
 logger = logging.getLogger(__name__)
 
@@ -403,14 +405,20 @@ def lock_timeout_sql(seconds: float) -> str:
 @contextmanager
 def revision_session(conn: Connection, lock_timeout: float) -> Iterator[None]:
     """PostgreSQL, revisions committed one by one: hold the migration lock for the whole
-    session (``pg_advisory_lock``; a second migrator waits here, without a timeout, then
-    finds the revisions done) and give every revision's statements ``lock_timeout``. At the
-    end the lock is released and the session's own ``lock_timeout`` put back; a connection
-    that cannot be cleaned so is invalidated (its session, and the lock, end with it)."""
+    session (a second migrator waits here, without a timeout, then finds the revisions
+    done) and give every revision's statements ``lock_timeout``. At the end the lock is
+    released and the session's own ``lock_timeout`` put back; a connection that cannot be
+    cleaned so is invalidated (its session, and the lock, end with it).
+
+    The wait polls ``pg_try_advisory_lock`` between short transactions: a migrator blocked
+    in ``pg_advisory_lock`` would hold a snapshot, which the first one's ``CREATE INDEX
+    CONCURRENTLY`` waits for: a deadlock."""
     key = {"key": MIGRATION_LOCK_KEY}
     old: str | None = None
     try:
-        conn.execute(text("SELECT pg_advisory_lock(:key)"), key)
+        while not conn.execute(text("SELECT pg_try_advisory_lock(:key)"), key).scalar_one():
+            conn.rollback()
+            time.sleep(MIGRATION_LOCK_POLL_S)
         old = str(conn.execute(text("SELECT current_setting('lock_timeout')")).scalar_one())
         conn.execute(
             text("SELECT set_config('lock_timeout', :t, false)"),

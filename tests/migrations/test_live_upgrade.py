@@ -375,9 +375,11 @@ def test_db_upgrade_lock_timeout_option_bounds_each_try_and_says_where_the_store
 
 
 def test_db_sql_for_postgresql_opens_each_revision_with_set_lock_timeout() -> None:
+    """0006's script: its transaction, its concurrent index statements (outside any
+    transaction, under the session's lock_timeout), then the transaction of its stamp."""
     result = CliRunner().invoke(cli, ["db", "sql", "--dialect", "postgresql", "0005:0006"])
     assert result.exit_code == 0, result.output
-    assert result.output.count("SET lock_timeout = '3s';") == 1
+    assert result.output.count("SET lock_timeout = '3s';") == result.output.count("BEGIN;") == 2
     begin = result.output.index("BEGIN;")
     assert result.output.index("SET lock_timeout", begin) < result.output.index("-- Running")
 
@@ -389,8 +391,10 @@ def test_db_sql_for_postgresql_sets_the_lock_timeout_in_every_revisions_transact
     result = CliRunner().invoke(cli, ["db", "sql", "--dialect", "postgresql", "0003:0006"])
     assert result.exit_code == 0, result.output
     out = result.output
-    assert out.count("BEGIN;") == out.count("COMMIT;") == 3
-    assert out.count("SET lock_timeout = '250ms';") == 3
+    # each revision commits its first transaction before the statements that run outside
+    # one (a validation, a concurrent index build), then stamps in a second
+    assert out.count("BEGIN;") == out.count("COMMIT;") == 6
+    assert out.count("SET lock_timeout = '250ms';") == 6
     given = CliRunner().invoke(
         cli, ["db", "sql", "--dialect", "postgresql", "--lock-timeout", "10", "0005:0006"]
     )
