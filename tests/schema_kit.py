@@ -12,8 +12,8 @@ from sqlalchemy import Connection, text
 
 import mnestoma
 from mnestoma.config import make_engine
-from mnestoma.migration import VERSION_TABLE
-from mnestoma.models import VIEW_NAME, Base
+from mnestoma.migration import VERSION_TABLE, compared_objects
+from mnestoma.models import Base
 
 T = TypeVar("T")
 
@@ -35,15 +35,14 @@ def insert_old_mnests(conn: Connection, rows: list[dict[str, Any]]) -> None:
 
 
 def schema_diff(conn: Connection) -> list[Any]:
-    """Alembic's differences between the database and the models (the view left aside)."""
+    """Alembic's differences between the database and the models (the view, and what one
+    engine builds beside the models' tables, left aside: see ``compared_objects``)."""
     ctx = MigrationContext.configure(
         conn,
         opts={
             "version_table": VERSION_TABLE,
             "compare_type": True,
-            "include_object": lambda o, name, type_, r, c: (
-                not (type_ == "table" and name == VIEW_NAME)
-            ),
+            "include_object": compared_objects(conn.dialect.name),
         },
     )
     return list(compare_metadata(ctx, Base.metadata))
