@@ -2,7 +2,7 @@
 
 ``python -m benchmarks.writer_latency [--engines sqlite,postgresql] [--sizes N,N]
 [--quick] [--writers W] [--period-ms MS] [--phases idle,ager,disk,retention,upgrade]
-[--postgresql URL] [--json FILE] [...]``
+[--from-revision REV] [--postgresql URL] [--json FILE] [...]``
 
 ``W`` writer threads (4 by default) each have a call due every ``period`` (10 ms); a call
 records a passing through the public API (``Mnestoma.record_passing``) on an active edge of
@@ -23,7 +23,13 @@ the errors by type:
   disk (``--workdir``);
 - ``retention``: during ``Mnestoma.prune_events(before)``, which deletes the events loaded
   with the store (about 9 in 10 of them; each live row keeps its ``created`` event);
-- ``upgrade`` (PostgreSQL only): ``mnestoma.upgrade(url)`` from revision 0002 to head on a
+- ``drop`` (PostgreSQL only, when asked for): ``Mnestoma.prune_events(before)`` on a store
+  whose events are spread evenly over twelve monthly partitions (each row's ``created``
+  event in the first), ``before`` in the middle: the older half goes as whole partitions
+  dropped, each live row's ``created`` event kept; the writers' clock is past the twelve
+  months. The database's size before and after is reported;
+- ``upgrade`` (PostgreSQL only): ``mnestoma.upgrade(url)`` from revision 0002 (or
+  ``--from-revision``) to head on a
   store of N mnests and ``--events-per-row`` × N events, while writers "of the previous
   version" run raw SQL valid on both schemas (``UPDATE mnests`` + ``INSERT INTO events`` in
   one transaction).
@@ -87,7 +93,7 @@ __all__ = [
 ]
 
 PHASES = ("idle", "ager", "retention", "upgrade")  # what a run measures unless told
-OPTIONAL_PHASES = ("disk",)  # measured only when asked for
+OPTIONAL_PHASES = ("disk", "drop")  # measured only when asked for
 ENGINES = ("sqlite", "postgresql")
 SIZES = (300_000, 1_000_000)
 QUICK_SIZES = (5_000,)
@@ -109,8 +115,10 @@ class Settings:
     shape: str = "mixed"
     ager_days: float = 30.0
     events_per_row: int = 10
+    event_turns: bool = False  # the loaded reinforced events carry a turn id each
     edges_per_writer: int = 500
     lock_timeout: float | None = None  # upgrade's; None: the package's default
+    from_revision: str = OLD_REVISION  # where the upgrade phase starts
     maintenance_in: str = "process"
     phases: tuple[str, ...] = PHASES
 
@@ -528,9 +536,10 @@ def _disk_while(
 # --- stores and writers ---------------------------------------------------------------------
 
 
-def _events_sql(per_row: int, dialect: str) -> list[str]:
+def _events_sql(per_row: int, dialect: str, turns: bool = False) -> list[str]:
     """Statements that give each row of ``mnests`` a ``created`` event at ``ts_first`` and
-    ``per_row - 1`` ``reinforced`` events at ``ts_last``; columns of revision 0002 and head."""
+    ``per_row - 1`` ``reinforced`` events at ``ts_last`` (with ``turns``, each with a turn
+    id of its own); columns of revision 0002 and head."""
     created = (
         "INSERT INTO events (mnest_id, kind, ts, weight_after, state_after)"
         " SELECT id, 'created', ts_first, weight, state FROM mnests"
@@ -546,11 +555,18 @@ def _events_sql(per_row: int, dialect: str) -> list[str]:
             f"(WITH RECURSIVE s(k) AS (SELECT 1 UNION ALL SELECT k + 1 FROM s"
             f" WHERE k < {per_row - 1}) SELECT k FROM s)"
         )
+    if turns:
+        cols += ", turn_id"
+        pick += (
+            ", 'turn-' || s.k || '-' || m.id"
+            if dialect == "sqlite"
+            else ", 'turn-' || s || '-' || m.id"
+        )
     reinforced = f"INSERT INTO events ({cols}) SELECT {pick} FROM mnests m CROSS JOIN {series} AS s"
     return [created, reinforced]
 
 
-def add_events(url: str, per_row: int) -> int:
+def add_events(url: str, per_row: int, turns: bool = False) -> int:
     """Load ``per_row`` events per row of ``mnests`` (see :func:`_events_sql`); how many
     events the store then holds. PostgreSQL: then VACUUM ANALYZE, as autovacuum would (so
     that it does not start in the middle of a measurement), and a CHECKPOINT; on both, the
@@ -564,7 +580,7 @@ def add_events(url: str, per_row: int) -> int:
         with engine.begin() as conn:
             if dialect == "sqlite":
                 conn.exec_driver_sql("PRAGMA synchronous = OFF")
-            for stmt in _events_sql(per_row, dialect):
+            for stmt in _events_sql(per_row, dialect, turns):
                 conn.execute(text(stmt))
             count = int(conn.execute(text("SELECT count(*) FROM events")).scalar_one())
         with engine.connect() as conn:
@@ -743,11 +759,18 @@ def run_engine(
             out += _live_phases(engine, n, url, events, clock, s, live, say, sides.files.folder)
         finally:
             sides.discard(engine, url)
-    if "upgrade" in s.phases and engine == "postgresql":
-        say(f"{engine} {n:,}: building a store at {OLD_REVISION}")
-        url = sides.build(engine, f"wl-old-{s.shape}-{n}", rows, OLD_REVISION)
+    if "drop" in s.phases and engine == "postgresql":
+        say(f"{engine} {n:,}: building a store whose events fill twelve months")
+        url = sides.build(engine, f"wl-drop-{s.shape}-{n}", rows)
         try:
-            events = add_events(url, s.events_per_row)
+            out.append(_drop_phase(engine, n, url, s, say))
+        finally:
+            sides.discard(engine, url)
+    if "upgrade" in s.phases and engine == "postgresql":
+        say(f"{engine} {n:,}: building a store at {s.from_revision}")
+        url = sides.build(engine, f"wl-old-{s.shape}-{n}", rows, s.from_revision)
+        try:
+            events = add_events(url, s.events_per_row, s.event_turns)
             out.append(_upgrade_phase(engine, n, url, events, clock, s, say))
         finally:
             sides.discard(engine, url)
@@ -812,6 +835,98 @@ def _live_phases(
     return out
 
 
+DROP_MONTHS = 12  # the drop phase's events fill this many monthly partitions
+
+
+def _database_mb(url: str) -> float:
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            size = conn.execute(text("SELECT pg_database_size(current_database())")).scalar_one()
+            return round(int(size) / 1e6, 1)
+    finally:
+        engine.dispose()
+
+
+def add_months_of_events(url: str, per_row: int) -> tuple[int, datetime]:
+    """PostgreSQL, events partitioned: the partitions of :data:`DROP_MONTHS` months from the
+    first month after the one of every earlier ts, each row's ``created`` event at that
+    month's start and ``per_row - 1`` ``reinforced`` events spread evenly over the months;
+    how many events, and the first month's start."""
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(url)
+    try:
+        with engine.begin() as conn:
+            first = conn.execute(
+                text("SELECT max(upper) FROM mnestoma_events_bounds() WHERE lower = '-infinity'")
+            ).scalar_one()
+            conn.execute(
+                text("SELECT mnestoma_events_partitions(:at, :ahead)"),
+                {"at": first, "ahead": DROP_MONTHS - 1},
+            )
+            span = f"interval '{DROP_MONTHS * 30} days'"
+            conn.execute(
+                text(
+                    "INSERT INTO events (mnest_id, kind, ts, weight_after, state_after)"
+                    " SELECT id, 'created', :first, weight, state FROM mnests"
+                ),
+                {"first": first},
+            )
+            conn.execute(
+                text(
+                    "INSERT INTO events (mnest_id, kind, ts, weight_before, weight_after,"
+                    " state_before, state_after) SELECT m.id, 'reinforced',"
+                    f" :first + {span} * s / :per_row, m.weight, m.weight, m.state, m.state"
+                    " FROM mnests m CROSS JOIN generate_series(1, :more) AS s"
+                ),
+                {"first": first, "per_row": per_row, "more": per_row - 1},
+            )
+            count = int(conn.execute(text("SELECT count(*) FROM events")).scalar_one())
+        with engine.connect() as conn:
+            conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+            conn.execute(text("VACUUM ANALYZE mnests, events"))
+            conn.execute(text("CHECKPOINT"))
+        if hasattr(os, "sync"):
+            os.sync()
+        return count, first
+    finally:
+        engine.dispose()
+
+
+def _drop_phase(
+    engine: str, n: int, url: str, s: Settings, say: Callable[[str], None]
+) -> PhaseResult:
+    import mnestoma
+
+    events, first = add_months_of_events(url, s.events_per_row)
+    half = first.month - 1 + DROP_MONTHS // 2  # the older half: the first six months
+    before = first.replace(year=first.year + half // 12, month=half % 12 + 1)
+    clock = RunningClock(first + timedelta(days=DROP_MONTHS * 31), time.monotonic())
+    edges = pick_edges(url, s.writers * s.edges_per_writer)
+    size_before = _database_mb(url)
+    say(f"{engine} {n:,}: drop (events before {before:%Y-%m-%d}, {events:,} events)")
+    store = mnestoma.Mnestoma(url, clock=clock)
+    try:
+        call = api_writer(store, edges, s.writers)
+        job = Maintenance("retention", s.maintenance_in, url=url, before=before)
+        measured = measure(call, s, job.prepare())
+    finally:
+        store.close()
+    return _result(
+        engine,
+        n,
+        "drop",
+        measured,
+        events=events,
+        edges=len(edges),
+        database_mb_before=size_before,
+        database_mb_after=_database_mb(url),
+    )
+
+
 def _upgrade_phase(
     engine: str,
     n: int,
@@ -824,7 +939,7 @@ def _upgrade_phase(
     from sqlalchemy import create_engine
 
     ids = [e[0] for e in pick_edges(url, s.writers * s.edges_per_writer)]
-    say(f"{engine} {n:,}: upgrade {OLD_REVISION} → head")
+    say(f"{engine} {n:,}: upgrade {s.from_revision} → head")
     job = Maintenance("upgrade", s.maintenance_in, url=url, lock_timeout=s.lock_timeout)
     job.prepare()
     eng = create_engine(url, pool_size=s.writers, max_overflow=0)
@@ -943,6 +1058,11 @@ def format_notes(results: Sequence[PhaseResult]) -> list[str]:
         line = f"- {r.engine} {r.rows:,} {r.phase}: {what}"
         if r.phase == "upgrade":
             line += f"; lock timeout {r.detail.get('lock_timeout_s')} s"
+        if "database_mb_before" in r.detail:
+            line += (
+                f"; database {r.detail['database_mb_before']:,} MB before,"
+                f" {r.detail['database_mb_after']:,} MB after"
+            )
         if "disk_mb" in r.detail:
             line += f"; the disk wrote {r.detail['disk_mb']:,} MB for it"
         if r.errors_outside_window:
@@ -984,6 +1104,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--ager-days", type=float, help="the clock, days past the data (30)")
     p.add_argument("--events-per-row", type=int, help="events loaded per mnest (10)")
     p.add_argument("--lock-timeout", type=float, help="the upgrade's lock timeout (s)")
+    p.add_argument(
+        "--event-turns",
+        action="store_true",
+        default=None,
+        help="give each loaded reinforced event a turn id (the upgrade phase)",
+    )
+    p.add_argument(
+        "--from-revision", help=f"the revision the upgrade phase starts from ({OLD_REVISION})"
+    )
     p.add_argument("--maintenance-in", choices=("process", "thread"))
     p.add_argument("--postgresql", default=DEFAULT_POSTGRESQL, metavar="URL")
     p.add_argument("--workdir", help="folder for the SQLite files (default: temp)")
@@ -1000,6 +1129,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "ager_days": a.ager_days,
         "events_per_row": a.events_per_row,
         "lock_timeout": a.lock_timeout,
+        "from_revision": a.from_revision,
+        "event_turns": a.event_turns,
         "maintenance_in": a.maintenance_in,
         "phases": tuple(x.strip() for x in a.phases.split(",") if x.strip()) if a.phases else None,
     }

@@ -31,6 +31,7 @@ from mnestoma.migration import (
     HANDED,
     VERSION_TABLE,
     checkout_database_url,
+    compared_objects,
     handed_connection,
     lock_timeout_sql,
     migration_lock_timeout,
@@ -38,7 +39,7 @@ from mnestoma.migration import (
     retry_lock_timeouts,
     revision_session,
 )
-from mnestoma.models import VIEW_NAME, Base
+from mnestoma.models import Base
 
 config = context.config
 if config.config_file_name is not None and not config.attributes.get("skip_logging"):
@@ -50,8 +51,10 @@ target_metadata = Base.metadata
 def include_object(
     obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any
 ) -> bool:
-    """Leave the view out of autogenerate: it is managed by hand in the revisions."""
-    return not (type_ == "table" and name == VIEW_NAME)
+    """Leave out of autogenerate the view (managed by hand in the revisions) and what the
+    models build on another engine only (see :func:`mnestoma.migration.compared_objects`)."""
+    dialect = context.get_context().dialect.name
+    return compared_objects(dialect)(obj, name, type_, reflected, compare_to)
 
 
 def _configure(connection: Connection, *, per_revision: bool = False) -> None:

@@ -54,6 +54,7 @@ from .locking import (
     take_write_lock,
     try_flock,
 )
+from .partitions import note_written, upkeep_after_commit, upkeep_before_write
 from .retrying import with_retries
 from .rules import (
     AGER_BATCH_GROWN_MAX_S,
@@ -744,7 +745,9 @@ def age_in_batches(
         waits.go_on()
         bounds = _read(conn, ager_bounds)
         rows = batch_rows or AGER_BATCH_ROWS
-        run = write(lambda c: begin_batched_run(c, settings.now(), rows, utc_now(), bounds))
+        run = write(
+            lambda c: begin_batched_run(c, _written_at(c, settings), rows, utc_now(), bounds)
+        )
         report = AgerReport()
         lo, step, number = run.first, run.step, 0
         # none seen yet: the first batch grows unless a writer is about when it begins (a
@@ -929,6 +932,14 @@ def _read(conn: Connection, read: Callable[[Connection], T]) -> T:
             conn.rollback()
 
 
+def _written_at(conn: Connection, settings: Settings) -> datetime:
+    """The clock's now a run writes its events at, read in its first write; on PostgreSQL a
+    month whose partition is not known made is made after the commit (contract §12)."""
+    now = settings.now()
+    note_written(conn, now)
+    return now
+
+
 def _written(conn: Connection, write: Callable[[Connection], T]) -> T:
     """``write(conn)`` in a write transaction of its own on ``conn`` (SQLite: holding the
     write lock from its start, :func:`~mnestoma.locking.take_write_lock`), committed;
@@ -936,12 +947,14 @@ def _written(conn: Connection, write: Callable[[Connection], T]) -> T:
 
     def once() -> T:
         try:
+            upkeep_before_write(conn)  # PostgreSQL: the months' partitions, before any lock
             runner_for(conn).ready()  # SQLAlchemy's transaction begun before the lock
             with translate_errors():
                 take_write_lock(conn)
             result = write(conn)
             with translate_errors():
                 conn.commit()
+            upkeep_after_commit(conn)
             return result
         finally:
             if conn.in_transaction():

@@ -54,9 +54,10 @@ from .locking import (
 )
 from .migration import sqlite_store_missing
 from .models import CanonicalQuery
+from .partitions import FIRST_TURN_EDGE
 from .replicas import NOT_READY, ReplicaSet, replica_connect_args, replica_urls
 from .repository import CanonicalQueryRepository, MnestRepository, QueryFrequency
-from .rules import AgerReport, batch_pause, event_batches
+from .rules import EVENT_PRUNE_BATCH, AgerReport, batch_pause, event_batches
 from .settings import Settings, settings_of
 from .uow import ConnectionUnitOfWork, JoinedUnitOfWork, repository_call, retry_pause
 
@@ -257,6 +258,9 @@ class AsyncMnestRepository(_OnAsyncSession[MnestRepository], _MnestOperations):
     prune_events = _awaited(MnestRepository.prune_events, write=True)
     prunable_event_ids = _awaited(MnestRepository.prunable_event_ids)
     prune_event_batch = _awaited(MnestRepository.prune_event_batch, write=True)
+    drop_event_partitions = _awaited(MnestRepository.drop_event_partitions, write=True)
+    drop_detached_partition = _awaited(MnestRepository.drop_detached_partition, write=True)
+    prune_turn_edges = _awaited(MnestRepository.prune_turn_edges, write=True)
 
 
 class AsyncCanonicalQueryRepository(_OnAsyncSession[CanonicalQueryRepository]):
@@ -803,11 +807,11 @@ class AsyncMnestoma(FacadeBase, _MnestOperations):
             return await self._call(
                 lambda r: r.prune_events(before, dry_run=True), write=False, primary=True
             )
+        deleted = await self._drop_partitions(before)
         found = await self._call(lambda r: r.prunable_event_ids(before), write=False, primary=True)
         batches = list(event_batches(found))
-        deleted = 0
-        if report is not None and batches:
-            report(0, len(batches), 0)
+        if report is not None and (batches or deleted):
+            report(0, len(batches), deleted)
         for i, (first, last) in enumerate(batches):
             if i:
                 await asyncio.sleep(batch_pause(self.engine.dialect.name))
@@ -819,6 +823,25 @@ class AsyncMnestoma(FacadeBase, _MnestOperations):
     async def _prune_batch(self, before: datetime, first: int, last: int) -> int:
         """One batch of a prune (the events with ids in [first, last]), one transaction."""
         return await self._call(lambda r: r.prune_event_batch(before, first, last), write=True)
+
+    async def _drop_partitions(self, before: datetime) -> int:
+        """PostgreSQL, events partitioned: the whole months before ``before`` dropped, as
+        :meth:`mnestoma.Mnestoma.prune_events` drops them; how many events went."""
+        if self.engine.dialect.name != "postgresql":
+            return 0
+        dropped = await self._call(lambda r: r.drop_event_partitions(before), write=True)
+        for name in dropped.detached:
+            await self._call(lambda r, name=name: r.drop_detached_partition(name), write=True)  # type: ignore[misc]
+        end, after = dropped.end, FIRST_TURN_EDGE
+        while end is not None:
+            _, last = await self._call(
+                lambda r, a=after: r.prune_turn_edges(end, a, EVENT_PRUNE_BATCH),  # type: ignore[misc]
+                write=True,
+            )
+            if last is None:
+                break
+            after = last
+        return dropped.deleted
 
     async def top_queries(self, *, limit: int = 10) -> list[QueryFrequency]:
         """The most frequent canonical forms.

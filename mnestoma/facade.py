@@ -31,9 +31,10 @@ from .doors import (
 from .errors import SchemaError, StoreError, translate_errors
 from .migration import sqlite_store_missing
 from .models import CanonicalQuery
+from .partitions import FIRST_TURN_EDGE
 from .replicas import NOT_READY, ReplicaSet, replica_connect_args, replica_urls
 from .repository import MnestRepository, QueryFrequency
-from .rules import AgerReport, batch_pause, event_batches
+from .rules import EVENT_PRUNE_BATCH, AgerReport, batch_pause, event_batches
 from .settings import Settings, settings_of
 from .uow import ConnectionUnitOfWork, UnitOfWork, repository_call, written
 
@@ -252,11 +253,11 @@ class Mnestoma(FacadeBase):
         dry, report = check_prune_call(dry_run, progress)
         if dry:
             return self._read(lambda u: u.mnests.prune_events(before, dry_run=True), primary=True)
+        deleted = self._drop_partitions(before)
         found = self._read(lambda u: u.mnests.prunable_event_ids(before), primary=True)
         batches = list(event_batches(found))
-        deleted = 0
-        if report is not None and batches:
-            report(0, len(batches), 0)
+        if report is not None and (batches or deleted):
+            report(0, len(batches), deleted)
         for i, (first, last) in enumerate(batches):
             if i:
                 time.sleep(batch_pause(self.engine.dialect.name))
@@ -268,6 +269,25 @@ class Mnestoma(FacadeBase):
     def _prune_batch(self, before: datetime, first: int, last: int) -> int:
         """One batch of a prune (the events with ids in [first, last]), one transaction."""
         return self._write(lambda u: u.mnests.prune_event_batch(before, first, last))
+
+    def _drop_partitions(self, before: datetime) -> int:
+        """PostgreSQL, events partitioned: the whole months before ``before`` dropped (the
+        swap one transaction, each drop another), then the rows of ``event_turn_edges``
+        their passings had, in batches; how many events went. Nothing elsewhere."""
+        if self.engine.dialect.name != "postgresql":
+            return 0
+        dropped = self._write(lambda u: u.mnests.drop_event_partitions(before))
+        for name in dropped.detached:
+            self._write(lambda u, name=name: u.mnests.drop_detached_partition(name))  # type: ignore[misc]
+        end, after = dropped.end, FIRST_TURN_EDGE
+        while end is not None:
+            _, last = self._write(
+                lambda u, a=after: u.mnests.prune_turn_edges(end, a, EVENT_PRUNE_BATCH)  # type: ignore[misc]
+            )
+            if last is None:
+                break
+            after = last
+        return dropped.deleted
 
     def log_canonical_query(
         self, raw_query: str, canonical_query: str, *, turn_id: str | None = None

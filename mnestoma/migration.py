@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -40,6 +41,7 @@ from .errors import (
 from .locking import MIGRATION_LOCK_KEY, lock_for_migration, use_wal
 from .models import VIEW_NAME, Base
 from .seed_repair import repair_before_upgrade
+from .sql.partitions import LAYOUT_NAMES, PARTITION_NAME, is_layout_name
 from .validation import check_name
 
 __all__ = [
@@ -53,6 +55,7 @@ __all__ = [
     "adopt_legacy_version",
     "alembic_config",
     "checkout_database_url",
+    "compared_objects",
     "current_revision",
     "downgrade",
     "ensure_at_head",
@@ -61,6 +64,7 @@ __all__ = [
     "include_name",
     "include_object",
     "is_lock_not_available",
+    "is_store_name",
     "lock_timeout_sql",
     "migration_lock_timeout",
     "migrations_path",
@@ -94,19 +98,28 @@ MIGRATION_LOCK_POLL_S = 0.1
 logger = logging.getLogger(__name__)
 
 # Every name the store owns in a database: its tables (from the models, so that a table
-# added there is covered), its view and its version table.
+# added there is covered), its view and its version table. On PostgreSQL it owns what it
+# builds beside them too (see is_store_name).
 STORE_NAMES = frozenset(Base.metadata.tables) | {VIEW_NAME, VERSION_TABLE}
+
+
+def is_store_name(name: str | None) -> bool:
+    """True for a table or view of the store's: :data:`STORE_NAMES`, and on PostgreSQL
+    ``event_turn_edges``, the partitions of ``events`` (``events_YYYYMM``,
+    ``events_to_YYYYMM``, ``events_default``) and the tables a prune left behind if it
+    stopped halfway (contract §12)."""
+    return name is not None and (name in STORE_NAMES or is_layout_name(name))
 
 
 def include_name(name: str | None, type_: str, parent_names: dict[str, str | None]) -> bool:
     """Alembic's ``include_name`` hook for a service's own ``env.py``: its autogenerate
-    then skips the store's tables (their columns, indexes, constraints), view and version
-    table, and still sees everything else."""
+    then skips the store's tables (their columns, indexes, constraints), view, version
+    table and partitions (:func:`is_store_name`), and still sees everything else."""
     if type_ == "schema":
         return True
     if type_ == "table":
-        return name not in STORE_NAMES
-    return parent_names.get("table_name") not in STORE_NAMES
+        return not is_store_name(name)
+    return not is_store_name(parent_names.get("table_name"))
 
 
 def include_object(
@@ -115,9 +128,31 @@ def include_object(
     """Alembic's ``include_object`` hook for a service's own ``env.py``: the same choice as
     :func:`include_name`, made on the objects themselves."""
     if type_ == "table":
-        return name not in STORE_NAMES
+        return not is_store_name(name)
     table = getattr(obj, "table", None)
-    return getattr(table, "name", None) not in STORE_NAMES
+    return not is_store_name(getattr(table, "name", None))
+
+
+def compared_objects(dialect: str) -> Callable[[Any, str | None, str, bool, Any], bool]:
+    """The ``include_object`` hook of a comparison of the models with a store (autogenerate,
+    ``compare_metadata``) on ``dialect``: the view is left out (the revisions manage it by
+    hand), and so is what exists on one engine only. On PostgreSQL the partitions of
+    ``events`` and ``event_turn_edges`` are built beside the models' tables (revision 0011,
+    or ``create_all`` through the models' DDL events; a test compares the two), and an
+    index or constraint the models give another engine only (``ux_events_turn_edge``,
+    SQLite's) is not expected."""
+    partition = re.compile(PARTITION_NAME)
+
+    def include(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
+        if type_ == "table" and name == VIEW_NAME:
+            return False
+        layout = name is not None and (name in LAYOUT_NAMES or partition.match(name))
+        if type_ == "table" and reflected and layout:
+            return False
+        ddl_if = getattr(obj, "_ddl_if", None)
+        return not (ddl_if is not None and ddl_if.dialect not in (None, dialect))
+
+    return include
 
 
 def migrations_path() -> Path:

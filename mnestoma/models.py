@@ -8,7 +8,7 @@ Alembic revisions are the source of schema truth; these models describe the head
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import (
     BigInteger,
@@ -243,10 +243,14 @@ class Event(Base):
         Index("ix_events_mnest_id", "mnest_id"),
         # Only events with a turn: lookups by turn imply it, and the ager's events have none.
         _partial_index("ix_events_turn_id", "turn_id", where="turn_id IS NOT NULL"),
-        # A turn reinforces (or creates) a given row at most once: safe retries.
+        # A turn reinforces (or creates) a given row at most once: safe retries. SQLite's
+        # index; on PostgreSQL, whose unique indexes on a partitioned table must hold the
+        # partition key, event_turn_edges keeps the rule (see _partitioned_layout).
         _partial_index(
             "ux_events_turn_edge", "turn_id", "mnest_id", where=_TURN_EDGE_WHERE, unique=True
-        ),
+        ).ddl_if(dialect="sqlite"),
+        # PostgreSQL: a partition per month of ts (contract §12).
+        {"postgresql_partition_by": "RANGE (ts)"},
     )
 
     def as_dict(self) -> dict[str, Any]:
@@ -255,6 +259,16 @@ class Event(Base):
 
     def __repr__(self) -> str:
         return f"<Event {self.id} {self.kind} {self.mnest_id} turn={self.turn_id}>"
+
+
+_events = cast(Table, Event.__table__)
+# PostgreSQL: no table-wide primary key on the partitioned events (it would have to hold ts);
+# each partition has its own on id, which the sequence keeps unique across them. The mapper
+# still identifies an event by its id.
+_events.primary_key.ddl_if(dialect="sqlite")
+# What revision 0011 builds beside the table on PostgreSQL (partitions, event_turn_edges, its
+# triggers and functions) is built after the table's CREATE by listeners that
+# mnestoma.sql.partitions puts on it.
 
 
 class CanonicalQuery(Base):

@@ -32,6 +32,13 @@ from .errors import (
 from .graph import GraphReads
 from .locking import take_write_lock
 from .models import CanonicalQuery, Event, Mnest
+from .partitions import (
+    Dropped,
+    TurnEdgeKey,
+    drop_old_partitions,
+    note_written,
+    upkeep_before_write,
+)
 from .rules import (
     DECAYED_USES_ORDER,
     DEFAULT_DECAY_LAMBDA,
@@ -51,6 +58,7 @@ from .rules import (
 )
 from .runner import StatementRunner, as_mappings, runner_for
 from .settings import Settings, settings_of
+from .sql import partitions as partitions_sql
 from .sql import read as rd
 from .sql import record as rec
 from .sql import retention as ret
@@ -238,6 +246,13 @@ class MnestRepository(GraphReads):
     def _now(self) -> datetime:
         return self.settings.now()
 
+    def _write_now(self, ex: StatementRunner) -> datetime:
+        """The clock's now for a write's events, read once its locks are held; on
+        PostgreSQL, a month whose partition is not known made is made after the commit."""
+        now = self._now()
+        note_written(ex.conn, now)
+        return now
+
     def _who(self, recorder: str | None) -> str:
         """Who a call's events say recorded them: the call's ``recorder``, else the settings'."""
         return self.settings.recorder if recorder is None else check_recorder(recorder).value
@@ -368,7 +383,7 @@ class MnestRepository(GraphReads):
         ex = self._write_ex(_ONE_PASSING_PLANS[proto])
         for _ in range(RACE_ROUNDS):
             row = ex.first(sel, params)
-            now = self._now()  # read once the write lock is held
+            now = self._write_now(ex)  # read once the write lock is held
             if row is not None:
                 if turn_id is not None and (
                     ex.first(rec.TURN_COUNTED_ONE, {"turn_id": turn_id, "mid": row[_ID]})
@@ -467,7 +482,7 @@ class MnestRepository(GraphReads):
         """One attempt at a turn; None when another transaction created one of its keys."""
         result: dict[tuple[bool, Key], Mnest] = {}
         rows = self._lock_keys(ex, list(pending))
-        now = self._now()
+        now = self._write_now(ex)
         found = {(r[_STATE] == MnestState.ACTIVE, _row_key(r)): r for r in rows}
         done: set[str] = set()
         if found and ex.first(rec.TURN_SEEN, {"turn_id": turn_id}) is not None:
@@ -981,7 +996,7 @@ class MnestRepository(GraphReads):
         reason: str | None = None,
     ) -> None:
         """The event of a state change of a locked row; the weight is untouched."""
-        now = advance(row[_TS_LAST], self._now())
+        now = advance(row[_TS_LAST], self._write_now(ex))
         eff = decayed_weight(row[_WEIGHT], row[_LAMBDA], row[_TS_WEIGHT], now)
         event_row = _event(
             row[_ID],
@@ -1012,7 +1027,8 @@ class MnestRepository(GraphReads):
             StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
                 be reached).
         """
-        return run_ager(self._write_ex().conn, self._now())
+        ex = self._write_ex()
+        return run_ager(ex.conn, self._write_now(ex))
 
     # --- retention --------------------------------------------------------------------
 
@@ -1073,6 +1089,72 @@ class MnestRepository(GraphReads):
         """
         params = {"before": _cutoff(before), "first": int(first), "last": int(last)}
         return int(self._write_ex().execute(ret.DELETE_PRUNABLE_BATCH, params).rowcount)
+
+    def drop_event_partitions(self, before: datetime) -> Dropped:
+        """PostgreSQL, events partitioned: detach the partitions whose months all lie before
+        ``before``, keeping the ``created`` events of the rows still stored (see
+        :func:`mnestoma.partitions.drop_old_partitions`); nothing elsewhere. The caller
+        commits, then drops what was detached (:meth:`drop_detached_partition`).
+
+        Returns:
+            A :class:`~mnestoma.partitions.Dropped`: how many events went, the tables
+            detached, and the instant before which every event lay in them.
+
+        Raises:
+            InvalidInput: ``before`` is not an aware datetime the store can hold.
+            ConflictError: the write lock was not had within the lock timeout
+                (:class:`WriteLockTimeout`), or a lock it needed stayed busy.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
+        """
+        conn = self._write_ex().conn
+        with translate_errors():
+            return drop_old_partitions(conn, _cutoff(before))
+
+    def drop_detached_partition(self, name: str) -> None:
+        """Drop a table :meth:`drop_event_partitions` detached: its space goes back to the
+        operating system.
+
+        Returns:
+            None.
+
+        Raises:
+            ValueError: ``name`` is not a table retention detached.
+            ConflictError: the write lock was not had within the lock timeout
+                (:class:`WriteLockTimeout`), or a lock it needed stayed busy.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
+        """
+        self._write_ex().execute(partitions_sql.drop_table(partitions_sql.detached(name)))
+
+    def prune_turn_edges(
+        self, end: datetime, after: TurnEdgeKey, limit: int
+    ) -> tuple[int, TurnEdgeKey | None]:
+        """One batch of the rows of ``event_turn_edges`` before ``end`` after ``after`` (in
+        (ts, turn_id, mnest_id) order): those whose passing went with a dropped partition
+        are deleted.
+
+        Returns:
+            How many were deleted, and the last row looked at (None: none was left).
+
+        Raises:
+            InvalidInput: ``end`` is not an aware datetime the store can hold.
+            ConflictError: the write lock was not had within the lock timeout
+                (:class:`WriteLockTimeout`), or a lock it needed stayed busy.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
+        """
+        params = {
+            "end": _cutoff(end),
+            "ts": after[0],
+            "turn": after[1],
+            "mnest": after[2],
+            "n": int(limit),
+        }
+        row = self._write_ex().first(partitions_sql.PRUNE_TURN_EDGES_BATCH, params)
+        assert row is not None
+        deleted, seen, ts, turn, mnest = row
+        return int(deleted), (None if not seen else (ts, turn, mnest))
 
     # --- query log --------------------------------------------------------------------
 
@@ -1172,6 +1254,7 @@ def _write_runner(
     SQLAlchemy's transaction) and finding the compiled statements of ``plans`` (per
     dialect) are done before the lock is taken: other writers queue for as long as it is
     held."""
+    upkeep_before_write(session)  # PostgreSQL: the months' partitions, before any lock (§12)
     if before_write is not None:
         before_write()
     conn = _connection_of(session)

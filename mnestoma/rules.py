@@ -101,6 +101,26 @@ LOCK_TIMEOUT_MAX_S = SECONDS_PER_DAY
 # range this wide is deleted in a few tens of milliseconds (SQLite and PostgreSQL, every
 # event prunable), so a writer waits for one batch at most.
 EVENT_PRUNE_BATCH = 5000
+# PostgreSQL, events partitioned by month (contract §12): before a write takes its locks,
+# in a short transaction of its own, the partitions of the current month and of this many
+# months after it are made, again whenever the time comes within EVENT_PARTITION_MARGIN of
+# the last month made; a write whose clock reached a month not made yet has them made
+# right after its commit. Making one waits PARTITION_UPKEEP_LOCK_TIMEOUT_S at most for its
+# instant's exclusive lock on events (writers queue behind it for as long), else is tried
+# again PARTITION_UPKEEP_RETRY_S later (the default partition holds the rows meanwhile). A
+# store whose events is not partitioned is looked at again after PARTITIONS_RECHECK_S.
+EVENT_PARTITIONS_AHEAD = 3
+EVENT_PARTITION_MARGIN = timedelta(days=7)
+PARTITION_UPKEEP_LOCK_TIMEOUT_S = 0.05
+PARTITION_UPKEEP_RETRY_S = 1.0
+PARTITIONS_RECHECK_S = 60.0
+# prune_events on PostgreSQL swaps the partitions it drops for the one that keeps the live
+# mnests' created events under this lock timeout (seconds), tried again up to this many
+# times, pausing this long more after each failed try (0.2 s at most): writers wait for
+# one try at most.
+PARTITION_SWAP_LOCK_TIMEOUT_S = 0.05
+PARTITION_SWAP_TRIES = 200
+PARTITION_SWAP_PAUSE_S = 0.005
 
 # Read replicas (contract §12): a replica lagging more than REPLICA_MAX_LAG_S seconds, or
 # failing, is skipped for REPLICA_SKIP_S seconds; its replay position and lag are trusted

@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session, SessionTransaction, sessionmaker
 from .clock import Clock
 from .errors import InvalidInput, translate_errors
 from .locking import take_write_lock
+from .partitions import upkeep_after_commit
 from .repository import CanonicalQueryRepository, MnestRepository, built
 from .retrying import MAX_ATTEMPTS, retry_pause, with_retries
 from .settings import Settings, settings_of
@@ -194,6 +195,7 @@ class UnitOfWork:
         if self._after_commit is not None:
             self._after_commit(self.session)
             self.session.rollback()
+        upkeep_after_commit(self.session)  # PostgreSQL: months its writes reached (§12)
 
     def rollback(self) -> None:
         """Throw away the work done since the last commit.
@@ -239,9 +241,11 @@ class ConnectionUnitOfWork:
         return self
 
     def commit(self) -> None:
-        """Commit the work done so far."""
+        """Commit the work done so far (then, on PostgreSQL, make the partitions of the
+        months its writes reached that were not made: contract §12)."""
         with translate_errors():
             self.connection.commit()
+        upkeep_after_commit(self.connection)
 
     def rollback(self) -> None:
         """Throw away the work done since the last commit."""

@@ -20,6 +20,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+# Plugins that packages of the test extra install and that no child pytest of the suite uses:
+# a child that loaded them would spend seconds importing them for nothing it tests.
+PLUGINS_OFF = tuple(
+    arg
+    for name in ("langsmith_plugin", "faker", "anyio", "hypothesispytest", "pytest_alembic")
+    for arg in ("-p", f"no:{name}")
+)
+
 HOT_EDGE = ("hot", "1", "sink", "1")
 HOT_PROTO = ("hot", "1", "wish", None)
 COLD_EDGES = 48

@@ -402,9 +402,11 @@ def test_help_states_the_exit_statuses() -> None:
 
 
 def _collected(*args: str) -> list[str]:
-    """The test ids pytest selects for ``args`` (collection only, in a fresh process)."""
+    """The test ids pytest selects for ``args`` (collection only, in a fresh process; one
+    process, as xdist's workers would each collect the same again)."""
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args],
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+         "-n", "0", *args],
         cwd=REPO, capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     assert done.returncode in (0, 5), done.stdout + done.stderr  # 5: nothing selected

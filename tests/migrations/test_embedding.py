@@ -20,6 +20,7 @@ import pytest
 from alembic import command
 from click.testing import CliRunner
 from conftest import create_pg_database, drop_pg_database
+from helpers_proc import PLUGINS_OFF
 from service_patterns import (
     SERVICE_TABLE,
     migrate_main,
@@ -318,7 +319,8 @@ def test_the_testing_kit_under_pytest_xdist_passes_a_downstream_suite(
         env["MNESTOMA_TEST_DATABASE_URL"] = db.render_as_string(hide_password=False)
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2"],
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2",
+             *PLUGINS_OFF],
             cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False, env=env,
         )  # fmt: skip
     finally:

@@ -42,13 +42,25 @@ def _diff(url: str) -> list:
 def test_the_scripts_have_exactly_one_head() -> None:
     script = ScriptDirectory.from_config(alembic_config())
     assert script.get_heads() == [head_revision()]
-    assert head_revision() == "0010"
+    assert head_revision() == "0011"
 
 
 def test_revisions_tell_the_story_in_order() -> None:
     script = ScriptDirectory.from_config(alembic_config())
     chain = [rev.revision for rev in script.walk_revisions()]
-    assert chain == ["0010", "0009", "0008", "0007", "0006", "0005", "0004", "0003", "0002", "0001"]
+    assert chain == [
+        "0011",
+        "0010",
+        "0009",
+        "0008",
+        "0007",
+        "0006",
+        "0005",
+        "0004",
+        "0003",
+        "0002",
+        "0001",
+    ]
 
 
 def test_upgrade_builds_tables_view_and_stamps_head(empty_db_url: str) -> None:

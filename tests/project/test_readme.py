@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 import pytest
 from conftest import REPO
-from helpers_proc import run_python
+from helpers_proc import PLUGINS_OFF, run_python
 
 from mnestoma.cli import cli
 
@@ -63,7 +63,8 @@ def test_a_readme_example_runs(page: str, number: int, block: str, tmp_path: Pat
         (tmp_path / "test_example.py").write_text(block)
         env = {k: v for k, v in os.environ.items() if not k.startswith("MNESTOMA_")}
         done = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *PLUGINS_OFF,
+             str(tmp_path)],
             cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False, env=env,
         )  # fmt: skip
         assert done.returncode == 0, done.stdout + done.stderr

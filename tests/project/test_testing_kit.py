@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
+from helpers_proc import PLUGINS_OFF
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
@@ -127,7 +128,7 @@ def test_one_line_conftest_isolates_a_downstream_suite_that_commits(
     pytester.makeconftest(DOWNSTREAM_CONFTEST)
     pytester.makepyfile(test_downstream=DOWNSTREAM_TESTS)
 
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-q")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-q", *PLUGINS_OFF)
 
     result.assert_outcomes(passed=4, failed=1)
     result.stdout.fnmatch_lines(["*deliberate failure after a commit*"])
@@ -154,7 +155,7 @@ def test_without_the_env_variable_the_suite_gets_a_temporary_sqlite_file(
             assert mnestoma.current_revision(mnestoma_engine) == mnestoma.head_revision()
         """
     )
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-q")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-q", *PLUGINS_OFF)
     result.assert_outcomes(passed=1)
 
 

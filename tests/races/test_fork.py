@@ -83,24 +83,32 @@ def in_forked_child(work: Callable[[], Any]) -> Any:
 
 
 @contextlib.contextmanager
-def held_by_another_thread(lock: Any) -> Iterator[None]:
-    """Hold ``lock`` (a lock or a condition) in another thread for the block's duration."""
-    taken = threading.Event()
+def another_thread(body: Callable[[threading.Event, threading.Event], None]) -> Iterator[None]:
+    """Run ``body(inside, release)`` in another thread for the block: the block begins once
+    the thread has set ``inside``; at its end ``release`` is set and the thread joined."""
+    inside = threading.Event()
     release = threading.Event()
-
-    def hold() -> None:
-        with lock:
-            taken.set()
-            release.wait(CHILD_TIMEOUT)
-
-    holder = threading.Thread(target=hold, daemon=True)
-    holder.start()
-    assert taken.wait(CHILD_TIMEOUT)
+    thread = threading.Thread(target=body, args=(inside, release), daemon=True)
+    thread.start()
+    assert inside.wait(CHILD_TIMEOUT)
     try:
         yield
     finally:
         release.set()
-        holder.join(CHILD_TIMEOUT)
+        thread.join(CHILD_TIMEOUT)
+
+
+@contextlib.contextmanager
+def held_by_another_thread(lock: Any) -> Iterator[None]:
+    """Hold ``lock`` (a lock or a condition) in another thread for the block's duration."""
+
+    def hold(taken: threading.Event, release: threading.Event) -> None:
+        with lock:
+            taken.set()
+            release.wait(CHILD_TIMEOUT)
+
+    with another_thread(hold):
+        yield
 
 
 def traced_turns(store: FakeStore, n: int = 3) -> tuple[list[str], list[list[Passing]]]:
@@ -427,11 +435,9 @@ def _answer_of(pid: int, receive: Any) -> Any:
 def write_in_another_thread(store: mnestoma.Mnestoma, hold_s: float) -> Iterator[None]:
     """Another thread inside a write of the store (a unit of work that has written) for the
     block, committing ``hold_s`` seconds after the block began (or at its end, if sooner)."""
-    inside = threading.Event()
-    done = threading.Event()
     failed: list[BaseException] = []
 
-    def write() -> None:
+    def write(inside: threading.Event, done: threading.Event) -> None:
         try:
             with store.unit_of_work() as uow:
                 uow.mnests.record_passing("parent", "1", "thread", "1")
@@ -442,14 +448,8 @@ def write_in_another_thread(store: mnestoma.Mnestoma, hold_s: float) -> Iterator
             failed.append(err)
             inside.set()
 
-    writer = threading.Thread(target=write, daemon=True)
-    writer.start()
-    assert inside.wait(CHILD_TIMEOUT)
-    try:
+    with another_thread(write):
         yield
-    finally:
-        done.set()
-        writer.join(CHILD_TIMEOUT)
     assert not failed, failed
 
 

@@ -234,6 +234,7 @@ def _bulk_events(url: str, n: int) -> None:
     engine.dispose()
 
 
+@pytest.mark.slow  # seconds by design: out of the quick tier
 def test_copy_of_a_large_store_shows_progress_and_copies_in_chunks(
     sqlite_url: Callable[[str], str], empty_db_url: str
 ) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from opentelemetry.trace import Tracer
 from otel_kit import Setup, otel_setup  # noqa: F401  (the setup fixture)
+from schema_kit import insert_old_mnests
 from sqlalchemy import select, text
 
 import mnestoma
@@ -384,13 +385,8 @@ def test_upgrading_a_store_of_0009_fills_the_counts_from_uses(empty_db_url: str)
     engine = make_engine(empty_db_url)
     try:
         with engine.begin() as conn:
-            conn.execute(
-                text(
-                    "INSERT INTO mnests (id, src_executor, src_version, dst_executor,"
-                    " dst_version, weight, uses, ts_first, ts_last, ts_weight, decay_lambda,"
-                    " state) VALUES (:id, 'plan', '1', :dst, '1', 0.45, :uses, :first, :last,"
-                    " :last, :lam, 'active')"
-                ),
+            insert_old_mnests(
+                conn,
                 [
                     {
                         "id": rid,

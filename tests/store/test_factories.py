@@ -38,25 +38,18 @@ def _count(session: Session, model: type[Base]) -> int:
     return session.scalar(select(func.count()).select_from(model)) or 0
 
 
-# (factory, traits) pairs a batch is drawn from.
+# Each factory's traits ("" for none); a batch draws (factory, traits) pairs from them.
+TRAITS: dict[Any, list[str]] = {
+    MnestFactory: ["", "strong", "weak", "old", "superseded"],
+    ProtoMnestFactory: ["", "recurring", "old", "superseded"],
+    DecayingMnestFactory: ["", "old"],
+    EventFactory: ["", "reinforced", "transition", "promoted", "pruned"],
+    CanonicalQueryFactory: [""],
+}
 RECIPES: list[tuple[Any, dict[str, bool]]] = [
-    (MnestFactory, {}),
-    (MnestFactory, {"strong": True}),
-    (MnestFactory, {"weak": True}),
-    (MnestFactory, {"old": True}),
-    (MnestFactory, {"superseded": True}),
-    (ProtoMnestFactory, {}),
-    (ProtoMnestFactory, {"recurring": True}),
-    (ProtoMnestFactory, {"old": True}),
-    (ProtoMnestFactory, {"superseded": True}),
-    (DecayingMnestFactory, {}),
-    (DecayingMnestFactory, {"old": True}),
-    (EventFactory, {}),
-    (EventFactory, {"reinforced": True}),
-    (EventFactory, {"transition": True}),
-    (EventFactory, {"promoted": True}),
-    (EventFactory, {"pruned": True}),
-    (CanonicalQueryFactory, {}),
+    (factory, {trait: True} if trait else {})
+    for factory, traits in TRAITS.items()
+    for trait in traits
 ]
 
 # PostgreSQL's JSONB cannot hold U+0000 (the store refuses it there with a StoreError).

@@ -595,10 +595,13 @@ def test_graph_output_that_fails_while_writing_exits_1_in_plain_words(
 # (SQLite only: a PostgreSQL store has no file that -o could name)
 
 
-def _sqlite_store(tmp_path: Path) -> tuple[str, Path]:
+@pytest.fixture
+def graph_store(tmp_path: Path, _sqlite_template: Path) -> tuple[str, Path]:
+    """The URL and file of a SQLite store in ``tmp_path`` holding the fixture graph."""
     path = tmp_path / "store.sqlite"
+    shutil.copy(_sqlite_template, path)
     url = f"sqlite:///{path}"
-    with Mnestoma(url, create=True) as store:
+    with Mnestoma(url) as store:
         _fixture_graph(store)
     return url, path
 
@@ -614,9 +617,9 @@ STORE_SUFFIXES = ["", "-wal", "-shm", "-journal", "-writers.lock", "-ager.lock"]
 @pytest.mark.parametrize("how", ["its path", "a symlink", "a path through ..", "a link's path"])
 @pytest.mark.parametrize("suffix", STORE_SUFFIXES, ids=lambda s: s or "database")
 def test_graph_output_onto_a_file_of_the_store_is_refused_and_the_store_still_opens(
-    tmp_path: Path, suffix: str, how: str
+    tmp_path: Path, graph_store: tuple[str, Path], suffix: str, how: str
 ) -> None:
-    url, path = _sqlite_store(tmp_path)
+    url, path = graph_store
     rows, content = _rows(url), path.read_bytes()
     named = path.with_name(path.name + suffix)
     (tmp_path / "sub").mkdir()
@@ -638,8 +641,10 @@ def test_graph_output_onto_a_file_of_the_store_is_refused_and_the_store_still_op
     assert expected >= {p.name for p in tmp_path.iterdir()}  # nothing else made
 
 
-def test_graph_output_onto_a_hard_link_of_the_store_is_refused(tmp_path: Path) -> None:
-    url, path = _sqlite_store(tmp_path)
+def test_graph_output_onto_a_hard_link_of_the_store_is_refused(
+    tmp_path: Path, graph_store: tuple[str, Path]
+) -> None:
+    url, path = graph_store
     rows, content = _rows(url), path.read_bytes()
     other = tmp_path / "elsewhere.dot"
     other.hardlink_to(path)
@@ -650,9 +655,9 @@ def test_graph_output_onto_a_hard_link_of_the_store_is_refused(tmp_path: Path) -
 
 
 def test_graph_output_onto_the_default_store_is_refused(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, graph_store: tuple[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    url, path = _sqlite_store(tmp_path)
+    url, path = graph_store
     monkeypatch.setenv("MNESTOMA_DB_PATH", str(path))
     monkeypatch.delenv("MNESTOMA_DATABASE_URL", raising=False)
     result = run("graph", "-o", str(path))
@@ -661,12 +666,12 @@ def test_graph_output_onto_the_default_store_is_refused(
 
 
 def test_graph_output_that_fails_while_writing_leaves_the_file_as_it_was(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, graph_store: tuple[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The picture goes to a new file beside the target and is renamed over it once whole."""
     from mnestoma.cli import render
 
-    url, _ = _sqlite_store(tmp_path)
+    url, _ = graph_store
     target = tmp_path / "out" / "g.dot"
     target.parent.mkdir()
     target.write_text("the last picture", encoding="utf-8")
@@ -682,8 +687,10 @@ def test_graph_output_that_fails_while_writing_leaves_the_file_as_it_was(
     assert [p.name for p in target.parent.iterdir()] == ["g.dot"]  # no partial file left
 
 
-def test_graph_output_replaces_the_file_whole_keeping_its_mode_and_links(tmp_path: Path) -> None:
-    url, _ = _sqlite_store(tmp_path)
+def test_graph_output_replaces_the_file_whole_keeping_its_mode_and_links(
+    tmp_path: Path, graph_store: tuple[str, Path]
+) -> None:
+    url, _ = graph_store
     target = tmp_path / "g.dot"
     target.write_text("old " * 10_000, encoding="utf-8")
     target.chmod(0o640)

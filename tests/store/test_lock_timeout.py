@@ -51,6 +51,7 @@ def seconds_to_fail(write: object) -> float:
     return time.monotonic() - started
 
 
+@pytest.mark.slow  # seconds by design: out of the quick tier
 def test_a_write_gives_up_after_a_lock_timeout_shorter_than_30_s(
     held_lock: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -60,6 +61,7 @@ def test_a_write_gives_up_after_a_lock_timeout_shorter_than_30_s(
     assert 1.5 <= waited < 4
 
 
+@pytest.mark.slow  # seconds by design: out of the quick tier
 def test_an_async_write_gives_up_after_a_lock_timeout_shorter_than_30_s(
     held_lock: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -84,6 +86,7 @@ def test_a_zero_lock_timeout_fails_at_once(held_lock: str, monkeypatch: pytest.M
         assert seconds_to_fail(lambda: store.record_passing("a", "1", "b", "1")) < 0.5
 
 
+@pytest.mark.slow  # seconds by design: out of the quick tier
 def test_a_longer_busy_timeout_given_by_the_caller_does_not_stretch_the_lock_timeout(
     held_lock: str,
 ) -> None:
@@ -135,6 +138,7 @@ def test_a_connection_waits_for_sqlites_locks_as_long_as_the_lock_timeout(
     assert first_busy_timeout_ms(store_url) == 3000
 
 
+@pytest.mark.slow  # seconds by design: out of the quick tier
 def test_a_write_on_a_callers_own_engine_waits_the_lock_timeout_and_leaves_its_busy_timeout(
     held_lock: str,
 ) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from invariants import check_invariants
+from schema_kit import insert_old_mnests
 from sqlalchemy import exc as sa_exc
 from sqlalchemy import select, text
 
@@ -238,14 +239,12 @@ def test_upgrading_a_store_of_0007_gives_its_rows_zero_counts_and_unknown_outcom
     engine = make_engine(empty_db_url)
     try:
         with engine.begin() as conn:
-            conn.execute(
-                text(
-                    "INSERT INTO mnests (id, src_executor, src_version, dst_executor,"
-                    " dst_version, weight, uses, ts_first, ts_last, ts_weight, decay_lambda,"
-                    " state) VALUES ('mn_old_row_000001', 'plan', '1', 'search', '2', 0.45,"
-                    " 2, :t, :t, :t, 0.018, 'active')"
-                ),
-                {"t": T0},
+            insert_old_mnests(
+                conn,
+                [
+                    {"id": "mn_old_row_000001", "dst": "search", "dst_version": "2"}
+                    | {"uses": 2, "first": T0, "last": T0, "lam": 0.018}
+                ],
             )
             conn.execute(
                 text(

@@ -42,6 +42,7 @@ def test_the_compiled_statement_cache_is_bounded(tmp_path: Path) -> None:
         engine.dispose()
 
 
+@pytest.mark.slow  # seconds by design: out of the quick tier
 def test_turns_of_more_shapes_than_the_caches_hold_all_succeed(
     store: mnestoma.Mnestoma, monkeypatch: pytest.MonkeyPatch
 ) -> None:
