@@ -6,6 +6,7 @@ import io
 import logging
 import os
 import re
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -246,21 +247,51 @@ def checkout_database_url(x_url: str | None, ini_url: str | None) -> URL:
     )
 
 
+def _scripts_stamp(folder: Path) -> tuple[tuple[str, int], ...]:
+    """What the scripts' folder holds: each revision file's name and modification time."""
+    versions = folder / "versions"
+    with os.scandir(versions) as entries:
+        return tuple(
+            sorted((e.name, e.stat().st_mtime_ns) for e in entries if e.name.endswith(".py"))
+        )
+
+
+# The revisions the scripts define, per folder and stamp: loading every script takes about
+# 30 ms, and every store that opens asks for the head. A script added or changed makes a
+# new stamp, so the cache never answers for scripts that are not there any more.
+_REVISIONS: dict[tuple[str, tuple[tuple[str, int], ...]], tuple[str, frozenset[str]]] = {}
+_REVISIONS_LOCK = threading.Lock()
+
+
+def _revisions() -> tuple[str, frozenset[str]]:
+    """The head and every revision of the package's scripts, loaded once per stamp."""
+    folder = migrations_path()
+    key = (str(folder), _scripts_stamp(folder))
+    found = _REVISIONS.get(key)
+    if found is not None:
+        return found
+    with _REVISIONS_LOCK:
+        script = ScriptDirectory.from_config(alembic_config())
+        head = script.get_current_head()
+        assert head is not None
+        found = (head, frozenset(rev.revision for rev in script.walk_revisions()))
+        _REVISIONS.clear()
+        _REVISIONS[key] = found
+    return found
+
+
 def head_revision() -> str:
     """The revision the package's models describe.
 
     Returns:
         The revision id.
     """
-    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
-    assert head is not None
-    return head
+    return _revisions()[0]
 
 
 def known_revisions() -> set[str]:
     """Every revision this package's scripts know."""
-    script = ScriptDirectory.from_config(alembic_config())
-    return {rev.revision for rev in script.walk_revisions()}
+    return set(_revisions()[1])
 
 
 @contextmanager
