@@ -128,8 +128,11 @@ _RESTART_SEQUENCES = text(
     " WHERE d.classid = 'pg_class'::regclass AND d.deptype IN ('a', 'i')"
     " AND d.refobjid = ANY(CAST(:tables AS regclass[]))"
 )
+# A partitioned table (events) holds no page itself: its partitions' pages count.
 _WRITTEN_TABLES = text(
     "SELECT t FROM unnest(CAST(:tables AS text[])) AS t WHERE pg_relation_size(t) > 0"
+    " OR EXISTS (SELECT 1 FROM pg_partition_tree(CAST(t AS regclass)) AS p"
+    " WHERE pg_relation_size(p.relid) > 0)"
 )
 
 
