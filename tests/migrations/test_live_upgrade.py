@@ -194,8 +194,9 @@ def _seed_at_0002(engine: Engine, rows: int) -> list[str]:
 class Writers:
     """Threads writing until stopped; each write's duration and any error are kept."""
 
-    def __init__(self, write: Callable[[int], None], count: int) -> None:
+    def __init__(self, write: Callable[[int], None], count: int, settle: float = 0.2) -> None:
         self.write = write
+        self.settle = settle  # how long the writers go on once the block is done
         self.stop = threading.Event()
         self.errors: list[BaseException] = []
         self.longest = 0.0
@@ -222,7 +223,7 @@ class Writers:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        time.sleep(0.2)  # a few writes on the migrated schema too
+        time.sleep(self.settle)  # a few writes on the migrated schema too
         self.stop.set()
         for t in self.threads:
             t.join(30)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -19,6 +18,7 @@ import pytest
 from conftest import create_pg_database, drop_pg_database
 from sqlalchemy import Connection, Engine, event, text
 from sqlalchemy.engine import URL
+from test_live_upgrade import Writers
 
 import mnestoma
 from mnestoma.config import make_engine
@@ -151,21 +151,21 @@ def test_the_early_revisions_take_no_lock_that_holds_writers_for_a_scan_or_a_bui
             assert "CONCURRENTLY" in s, s
 
 
-class OldWriters:
+class OldWriters(Writers):
     """Threads writing as a release at 0002 did (a reinforcement and its event, one
     transaction each) until stopped; the longest write and any error are kept."""
 
     def __init__(self, engine: Engine, count: int, mnests: int) -> None:
         self.engine = engine
         self.mnests = mnests
-        self.stop = threading.Event()
-        self.errors: list[BaseException] = []
-        self.longest = 0.0
-        self.writes = 0
-        self.lock = threading.Lock()
-        self.threads = [threading.Thread(target=self.run, args=(i,)) for i in range(count)]
+        self._next = [i * 7919 for i in range(count)]  # each thread's own run of rows
+        super().__init__(self._write_next, count, settle=0.0)
 
-    def write(self, n: int) -> None:
+    def _write_next(self, i: int) -> None:
+        self.write_row(self._next[i])
+        self._next[i] += 1
+
+    def write_row(self, n: int) -> None:
         mid = f"mn_early{n % self.mnests + 1:010d}"
         with self.engine.begin() as conn:
             now = datetime.now(UTC)
@@ -181,31 +181,6 @@ class OldWriters:
                 ),
                 {"id": mid, "now": now, "turn": f"w{time.monotonic_ns()}"},
             )
-
-    def run(self, i: int) -> None:
-        n = i * 7919
-        while not self.stop.is_set():
-            began = time.monotonic()
-            try:
-                self.write(n)
-            except BaseException as err:  # every failure counts, whatever its kind
-                with self.lock:
-                    self.errors.append(err)
-                return
-            n += 1
-            with self.lock:
-                self.longest = max(self.longest, time.monotonic() - began)
-                self.writes += 1
-
-    def __enter__(self) -> OldWriters:
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join()
 
 
 # The statements of 0003 and 0005 that read all of ``events``: the CHECK's scan (its
