@@ -7,6 +7,7 @@ dicts: how many passings each edge key was given, and every exception seen (as t
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import signal
@@ -58,11 +59,14 @@ def writer_process(
     out: Any,
     seed: int = 0,
     budget: float = 600.0,
+    until: Any = None,
 ) -> None:
     """``threads`` threads each make ``calls`` calls: hot edge, hot proto, cold edges, turns.
 
     A thread stops early once ``budget`` seconds have passed (a bound for CI, should the
-    store slow down); every call it made is counted.
+    store slow down); every call it made is counted. With ``until`` (an event), it goes on
+    past ``calls``, on the hot edge, until the event is set, so that what it races has the
+    time to run.
     """
     import mnestoma
     from mnestoma import Passing
@@ -76,10 +80,13 @@ def writer_process(
     def work(thread: int) -> None:
         rng = random.Random(seed * 1_000_003 + proc * 1009 + thread)
         mine: Counter[str] = Counter()
-        for i in range(calls):
+        for i in itertools.count():
             if time.monotonic() > t0 + budget:
                 break
-            choice = i % 4
+            if i >= calls and (until is None or until.is_set()):
+                break
+            choice = i % 4 if i < calls else 0  # going on: the hot edge only, so that
+            # the cold edges keep the few uses that leave the ager something to demote
             try:
                 if choice == 0:
                     store.record_passing(*HOT_EDGE)
@@ -132,8 +139,10 @@ def ager_process(
     out: Any,
     max_runs: int = 1_000_000,
     budget: float = 600.0,
+    ran: Any = None,
 ) -> None:
-    """Run the ager with a clock ``offset_days`` ahead until ``stop`` is set or ``max_runs``."""
+    """Run the ager with a clock ``offset_days`` ahead until ``stop`` is set or ``max_runs``;
+    ``ran`` (an event) is set once two runs are done."""
     import mnestoma
 
     def clock() -> datetime:
@@ -159,6 +168,8 @@ def ager_process(
         except Exception as err:
             errors.append(_error_text(err))
         runs = len(reports) + len(errors)
+        if ran is not None and runs >= 2:
+            ran.set()
         if stop.is_set() or runs >= max_runs or time.monotonic() > t0 + budget:
             break
         time.sleep(0.02)

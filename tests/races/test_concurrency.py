@@ -177,15 +177,16 @@ def test_the_ager_among_writers_loses_no_reinforcement_and_its_reports_add_up(
 ) -> None:
     before = deadlocks(store_url)
     start, stop, out, ager_out = CTX.Event(), CTX.Event(), CTX.Queue(), CTX.Queue()
+    ran = CTX.Event()  # the writers go on until the ager has run twice among them
     writers = 3
     ager = CTX.Process(
         target=ager_process,
-        args=(store_url, 60.0, start, stop, ager_out, AGER_RUNS, BUDGET),
+        args=(store_url, 60.0, start, stop, ager_out, AGER_RUNS, BUDGET, ran),
         daemon=True,
     )
     ager.start()
     targets = [
-        (writer_process, (store_url, p, THREADS, CALLS, start, out, 7, BUDGET))
+        (writer_process, (store_url, p, THREADS, CALLS, start, out, 7, BUDGET, ran))
         for p in range(writers)
     ]
     results = run_children(targets, start, out)
