@@ -267,8 +267,8 @@ class AsyncCanonicalQueryRepository(_OnAsyncSession[CanonicalQueryRepository]):
     """The query log of :class:`~mnestoma.CanonicalQueryRepository` on an async session.
 
     Raises:
-        InvalidInput: ``session`` is neither an ``AsyncSession`` nor an
-            ``AsyncConnection``, or settings are refused.
+        InvalidInput: a ``session`` that is not an ``AsyncSession`` or an ``AsyncConnection``;
+            refused settings.
     """
 
     def __init__(
@@ -861,13 +861,12 @@ class AsyncMnestoma(FacadeBase, _MnestOperations):
         """The latest query-log entries, newest first.
 
         Returns:
-            At most ``limit`` entries, newest first.
+            The ``limit`` newest entries at most.
 
         Raises:
-            InvalidInput: ``limit`` is not a positive integer up to 100,000.
-            SchemaError: on this facade's first use, the database is not at head.
-            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
-                be reached).
+            InvalidInput: a ``limit`` that is not a whole number from 1 to 100,000.
+            SchemaError: a database not at head, found on this facade's first use.
+            StoreError: the store could not be read.
         """
         return await self._call(lambda r: _queries(r).recent(limit=limit), write=False)
 

@@ -292,17 +292,15 @@ class Mnestoma(FacadeBase):
     def log_canonical_query(
         self, raw_query: str, canonical_query: str, *, turn_id: str | None = None
     ) -> CanonicalQuery:
-        """Append one normalised request to the query log.
+        """Append one normalised request to the query log, in a transaction of its own.
 
         Returns:
-            The new entry of the log.
+            The entry written.
 
         Raises:
-            InvalidInput: an empty or over-long text, or a ``turn_id`` the contract refuses.
-            ConflictError: the write lock was not had within the lock timeout
-                (:class:`WriteLockTimeout`), or other writers kept changing the rows it needed.
-            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
-                be reached).
+            InvalidInput: a text or turn id refused.
+            ConflictError: the write lock not had in time.
+            StoreError: the database failed.
         """
         return self._write(lambda u: u.queries.log(raw_query, canonical_query, turn_id=turn_id))
 
@@ -310,12 +308,11 @@ class Mnestoma(FacadeBase):
         """The most frequent canonical forms.
 
         Returns:
-            At most ``limit`` :class:`~mnestoma.QueryFrequency` items, most frequent first.
+            The ``limit`` most frequent forms at most, as :class:`~mnestoma.QueryFrequency`.
 
         Raises:
-            InvalidInput: ``limit`` is not a positive integer up to 100,000.
-            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
-                be reached).
+            InvalidInput: a bad ``limit``.
+            StoreError: the database failed.
         """
         return self._read(lambda u: u.queries.top(limit=limit))
 
@@ -323,12 +320,11 @@ class Mnestoma(FacadeBase):
         """The latest query-log entries, newest first.
 
         Returns:
-            At most ``limit`` entries, newest first.
+            The ``limit`` newest entries at most.
 
         Raises:
-            InvalidInput: ``limit`` is not a positive integer up to 100,000.
-            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
-                be reached).
+            InvalidInput: a ``limit`` that is not a whole number from 1 to 100,000.
+            StoreError: the store could not be read.
         """
         return self._read(lambda u: u.queries.recent(limit=limit))
 

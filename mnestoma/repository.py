@@ -1161,17 +1161,16 @@ class MnestRepository(GraphReads):
     def log_canonical_query(
         self, raw_query: str, canonical_query: str, *, turn_id: str | None = None
     ) -> CanonicalQuery:
-        """Append to the canonical query log (touches no mnest).
+        """Append to the canonical query log (touches no mnest), as
+        :meth:`CanonicalQueryRepository.log` does, in this repository's transaction.
 
         Returns:
-            The new entry of the log.
+            The log's new entry.
 
         Raises:
-            InvalidInput: an empty or over-long text, or a ``turn_id`` the contract refuses.
-            ConflictError: the write lock was not had within the lock timeout
-                (:class:`WriteLockTimeout`), or other writers kept changing the rows it needed.
-            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
-                be reached).
+            InvalidInput: an empty or too long text, or a turn id that is refused.
+            ConflictError: no write lock within the lock timeout, or rows kept changing.
+            StoreError: the database failed or was unreachable.
         """
         return CanonicalQueryRepository(
             self._session, settings=self.settings, before_write=self._before_write
@@ -1291,7 +1290,7 @@ class CanonicalQueryRepository:
     """The request-normalisation log; it never touches ``mnests`` or ``events``.
 
     Raises:
-        InvalidInput: ``session`` is neither a Session nor a Connection, or settings are refused.
+        InvalidInput: a ``session`` that is not a Session or a Connection; refused settings.
     """
 
     def __init__(
