@@ -54,7 +54,7 @@ from .locking import (
 )
 from .migration import sqlite_store_missing
 from .models import CanonicalQuery
-from .partitions import FIRST_TURN_EDGE
+from .partitions import FIRST_TURN_EDGE, upkeep_after_commit, upkeep_due_after_commit
 from .replicas import NOT_READY, ReplicaSet, replica_connect_args, replica_urls
 from .repository import CanonicalQueryRepository, MnestRepository, QueryFrequency
 from .rules import EVENT_PRUNE_BATCH, AgerReport, batch_pause, event_batches
@@ -489,6 +489,9 @@ class AsyncUnitOfWork:
         if after is not None:
             await _on_session(self.session, self.session.run_sync(after))
             await self.session.rollback()
+        if upkeep_due_after_commit(self.session.sync_session):
+            # PostgreSQL: the months its writes reached that were not made (§12)
+            await _on_session(self.session, self.session.run_sync(upkeep_after_commit))
 
     async def rollback(self) -> None:
         """Throw away the work done since the last commit.

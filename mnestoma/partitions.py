@@ -66,6 +66,7 @@ __all__ = [
     "upkeep",
     "upkeep_after_commit",
     "upkeep_before_write",
+    "upkeep_due_after_commit",
 ]
 
 logger = logging.getLogger(__name__)
@@ -266,6 +267,16 @@ def upkeep_after_commit(session: Any) -> None:
         upkeep(bind)
     except MnestomaError as err:
         logger.warning("partitions of events not made after a commit, tried again later: %s", err)
+
+
+def upkeep_due_after_commit(session: Any) -> bool:
+    """Would :func:`upkeep_after_commit` on ``session`` run a statement? No statement: an
+    async door asks before it enters the session's greenlet for nothing."""
+    bind = _bind_of(session)
+    if bind is None or bind.dialect.name != "postgresql":
+        return False
+    engine = bind if isinstance(bind, Engine) else bind.engine
+    return _due(engine, None) is not None
 
 
 # --- retention: whole months dropped ---------------------------------------------------------

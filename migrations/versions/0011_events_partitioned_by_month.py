@@ -13,11 +13,14 @@ has its own on ``id``, which the sequence keeps unique across them.
 
 Steps, each its own transaction and each safe to run again over what a stopped run left:
 the side table, functions and triggers (an instant's lock on ``events``); the side table
-filled from the existing events (reads only); the CHECK ``ts < bound`` added NOT VALID (the
-bound: the month after next week's, or after the newest event's if later; reading it scans
-under ``ACCESS SHARE``) and validated (``SHARE UPDATE EXCLUSIVE``: writers go on); the
-swap, catalogue changes only, under ``lock_timeout = 50ms`` tried again up to 200 times
-(writers wait 50 ms at most per try); the old unique index dropped ``CONCURRENTLY``.
+filled from the existing events (reads only; online, in batches of ids with pauses between
+them, so that its writes never take the disk from the writers' commits); the CHECK
+``ts < bound`` added NOT VALID (the bound: the month after next week's, or after the
+newest event's if later; reading it scans under ``ACCESS SHARE``) and validated (``SHARE
+UPDATE EXCLUSIVE``: writers go on); the swap, catalogue changes only; the old unique index
+dropped ``CONCURRENTLY``. Each step that locks writers out (the triggers, the CHECK, the
+swap) waits ``lock_timeout = 50ms`` at most for its lock and is tried again, up to 200
+times: writers never queue behind it for longer, even while autovacuum holds ``events``.
 
 SQLite: nothing changes (one table, ``ux_events_turn_edge`` stays).
 
@@ -31,9 +34,11 @@ Create Date: 2026-12-10
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 from alembic import op
+from sqlalchemy import text
 
 revision: str = "0011"
 down_revision: str | Sequence[str] | None = "0010"
@@ -47,6 +52,11 @@ _TURN_EDGE_WHERE = f"turn_id IS NOT NULL AND {_PASSING}"
 AHEAD = 3
 SWAP_LOCK_TIMEOUT = "50ms"
 SWAP_TRIES = 200
+# The backfill online: the ids of events one transaction reads, and the pause after each
+# batch as a share of its own time (its WAL would otherwise take the disk from the writers'
+# commits: one statement stalled them for seconds).
+BACKFILL_SPAN = 20_000
+BACKFILL_PAUSE = 1.0
 
 WHY_NEW = (
     "-- A new table, empty: created, and its index built, in an instant.\n"
@@ -199,13 +209,36 @@ def _drop_triggers() -> str:
 
 _IS_PARTITIONED = "(SELECT relkind FROM pg_class WHERE oid = 'events'::regclass) = 'p'"
 
+
+def _retried(body: str) -> str:
+    """PL/pgSQL running ``body`` under ``lock_timeout = SWAP_LOCK_TIMEOUT``, tried again
+    (after a short pause) up to ``SWAP_TRIES`` times while its lock is busy, and the lock
+    timeout as it was after: writers queue behind a lock it waits for that long at most,
+    whoever holds ``events`` (a writer, or autovacuum for minutes)."""
+    return f"""    tries := 0;
+    LOOP
+        BEGIN
+            PERFORM set_config('lock_timeout', '{SWAP_LOCK_TIMEOUT}', true);
+{body}
+            EXIT;
+        EXCEPTION WHEN lock_not_available THEN
+            tries := tries + 1;
+            IF tries >= {SWAP_TRIES} THEN RAISE; END IF;
+            PERFORM pg_sleep(least(0.005 * tries, 0.2));
+        END;
+    END LOOP;
+    PERFORM set_config('lock_timeout', waited, true);"""
+
+
 # Before the swap: the triggers on the plain table, so that every passing written from now
 # on has its row in event_turn_edges (the old unique index still refuses a duplicate).
 TRIGGERS_ON_THE_TABLE = f"""DO $do$
+DECLARE
+    tries integer;
+    waited text := current_setting('lock_timeout');
 BEGIN
     IF {_IS_PARTITIONED} THEN RETURN; END IF;
-{_drop_triggers()}
-{_create_triggers()}
+{_retried(_drop_triggers() + chr(10) + _create_triggers())}
 END
 $do$"""
 
@@ -223,19 +256,33 @@ $do$"""
 # The bound: the first of the month after next week's (UTC), so that no writer of the old
 # table reaches it before the swap, or after the newest event's month if that is later (a
 # store written with a clock ahead). Reading max(ts) scans the table under ACCESS SHARE.
+# The same, one range of ids at a time (each batch its own transaction, online).
+BACKFILL_BATCH = (
+    "INSERT INTO event_turn_edges (turn_id, mnest_id, ts)"
+    " SELECT turn_id, mnest_id, ts FROM events"
+    f" WHERE id >= :lo AND id < :hi AND {_TURN_EDGE_WHERE}"
+    " ON CONFLICT DO NOTHING"
+)
+EVENTS_PARTITIONED = f"SELECT {_IS_PARTITIONED}"
+EVENT_IDS = "SELECT min(id), max(id) FROM events"
+
+_BOUND_ADDED = """            ALTER TABLE events DROP CONSTRAINT IF EXISTS events_partition_bound;
+            EXECUTE format(
+                'ALTER TABLE events ADD CONSTRAINT events_partition_bound CHECK (ts < %L)'
+                ' NOT VALID',
+                greatest(soon, (date_trunc('month', newest AT TIME ZONE 'UTC')
+                                + interval '1 month') AT TIME ZONE 'UTC'));"""
 ADD_BOUND = f"""DO $do$
 DECLARE
     soon timestamptz := (date_trunc('month', (now() + interval '7 days') AT TIME ZONE 'UTC')
                          + interval '1 month') AT TIME ZONE 'UTC';
     newest timestamptz;
+    tries integer;
+    waited text := current_setting('lock_timeout');
 BEGIN
     IF {_IS_PARTITIONED} THEN RETURN; END IF;
     SELECT max(ts) INTO newest FROM events;
-    ALTER TABLE events DROP CONSTRAINT IF EXISTS events_partition_bound;
-    EXECUTE format(
-        'ALTER TABLE events ADD CONSTRAINT events_partition_bound CHECK (ts < %L) NOT VALID',
-        greatest(soon, (date_trunc('month', newest AT TIME ZONE 'UTC') + interval '1 month')
-                       AT TIME ZONE 'UTC'));
+{_retried(_BOUND_ADDED)}
 END
 $do$"""
 
@@ -315,7 +362,6 @@ PG_FIRST = (
 # Each in a transaction of its own (the last drops the old unique index, now on the
 # partition that holds the old rows, without blocking its readers or writers).
 PG_THEN = (
-    f"{WHY_DO}{BACKFILL}",
     f"{WHY_DO}{ADD_BOUND}",
     f"{WHY_DO}{VALIDATE_BOUND}",
     f"{WHY_DO}{SWAP}",
@@ -338,16 +384,40 @@ def _own_transactions() -> bool:
     return bool(op.get_context().opts.get("transaction_per_migration"))
 
 
+def _backfill_in_batches() -> None:
+    """The side table's rows of the passings already there, :data:`BACKFILL_SPAN` ids of
+    ``events`` per transaction with a pause after each; the rows written meanwhile have
+    theirs from the triggers. Nothing once ``events`` is partitioned (a run resumed)."""
+    with op.get_context().autocommit_block():
+        conn = op.get_bind()
+        if conn.execute(text(EVENTS_PARTITIONED)).scalar():
+            return
+        lo, hi = conn.execute(text(EVENT_IDS)).one()
+        if lo is None:
+            return
+        batch = text(BACKFILL_BATCH)
+        for start in range(int(lo), int(hi) + 1, BACKFILL_SPAN):
+            began = time.monotonic()
+            conn.execute(batch, {"lo": start, "hi": start + BACKFILL_SPAN})
+            time.sleep((time.monotonic() - began) * BACKFILL_PAUSE)
+
+
 def upgrade() -> None:
     if not _postgresql():
         return
     for statement in PG_FIRST:
         op.execute(statement)
     if not _own_transactions():
+        op.execute(f"{WHY_DO}{BACKFILL}")
         for statement in PG_THEN:
             op.execute(statement)
         op.execute(DROP_OLD_UNIQUE_IN_TRANSACTION)
         return
+    if op.get_context().as_sql:  # the offline script: the backfill as one statement
+        with op.get_context().autocommit_block():
+            op.execute(f"{WHY_DO}{BACKFILL}")
+    else:
+        _backfill_in_batches()
     for statement in PG_THEN:
         with op.get_context().autocommit_block():
             op.execute(statement)

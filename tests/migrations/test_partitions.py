@@ -127,6 +127,37 @@ def test_partitions_are_made_ahead_across_a_year_boundary(pg_store_url: str) -> 
         forget_partitions()
 
 
+def test_an_async_unit_of_work_makes_the_month_its_commit_reached(pg_store_url: str) -> None:
+    """An async unit of work's clock reaches a month not made: its row waits in the default
+    partition only until its commit, which makes the month (and moves the row there),
+    as the sync unit of work does."""
+    import asyncio
+
+    from mnestoma.aio import AsyncUnitOfWork, make_async_engine, make_async_session_factory
+
+    engine = make_engine(pg_store_url)
+    clock = MovableClock(datetime(2046, 3, 9, tzinfo=UTC))
+
+    async def write() -> None:
+        async_engine = make_async_engine(pg_store_url)
+        try:
+            factory = make_async_session_factory(async_engine)
+            async with AsyncUnitOfWork(factory, clock=clock) as uow:
+                await uow.mnests.record_passing("a", "1", "b", "1", turn_id="t-async")
+                assert "events_204603" not in _partitions(engine)  # not before the commit
+                await uow.commit()
+        finally:
+            await async_engine.dispose()
+
+    try:
+        asyncio.run(write())
+        assert "events_204603" in _partitions(engine)
+        assert [p for p, _ in _where(engine)] == ["events_204603"]
+    finally:
+        engine.dispose()
+        forget_partitions()
+
+
 def test_a_write_never_waits_for_a_partition_nor_fails_for_one_missing(
     pg_store_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -303,6 +334,43 @@ def test_the_revision_partitions_events_while_writers_write(pg_empty_db_url: str
         assert "ux_events_turn_edge" not in {
             i["name"] for i in inspect(engine).get_indexes("events")
         }
+    finally:
+        engine.dispose()
+
+
+def test_the_revisions_backfill_reads_events_in_batches_of_ids_and_misses_none(
+    pg_empty_db_url: str,
+) -> None:
+    """Passings with a turn at the first, the last and either side of each batch's bound
+    of ids (and a batch with none): after 0011 each has its row in event_turn_edges, and
+    a passing without a turn or an event that is not a passing has none."""
+    span = ScriptDirectory.from_config(alembic_config()).get_revision("0011").module.BACKFILL_SPAN
+    engine = make_engine(pg_empty_db_url)
+    try:
+        mnestoma.upgrade(engine, BEFORE)
+        ids = sorted({1, span - 1, span, span + 1, 2 * span - 1, 2 * span, 4 * span + 7})
+        now = datetime.now(UTC)
+        with engine.begin() as conn:
+            for i in ids:
+                conn.execute(
+                    text(
+                        "INSERT INTO events (id, mnest_id, kind, ts, turn_id)"
+                        " VALUES (:id, :m, 'reinforced', :ts, :t)"
+                    ),
+                    {"id": i, "m": f"mn_{i}", "ts": now, "t": f"t{i}"},
+                )
+            conn.execute(
+                text(
+                    "INSERT INTO events (id, mnest_id, kind, ts, turn_id) VALUES"
+                    " (:a, 'mn_x', 'reinforced', :ts, NULL), (:b, 'mn_y', 'transition', :ts, 'ty')"
+                ),
+                {"a": span + 2, "b": span + 3, "ts": now},
+            )
+            conn.execute(text("SELECT setval('events_id_seq', :n)"), {"n": 5 * span})
+        mnestoma.upgrade(engine)
+        with engine.connect() as conn:
+            found = conn.execute(text("SELECT turn_id, mnest_id FROM event_turn_edges")).all()
+        assert sorted(found) == sorted((f"t{i}", f"mn_{i}") for i in ids)
     finally:
         engine.dispose()
 
