@@ -19,7 +19,18 @@ measurement is one more function and one more entry.
   saturate the primary (a call due every ``MS`` ms each): p50 / p99 of each, and the ratio;
 - ``replica_lag``: the replica's lag (seconds, as the package measures it, and WAL bytes
   behind the primary) sampled every 50 ms during a burst of ``W`` writers, and the time it
-  takes to catch up after it.
+  takes to catch up after it;
+- ``retention``: ``prune_events`` of the older half (the first six of the store's twelve
+  months, dropped whole; the ``created`` events of the edges among them kept), while 4
+  writers record passings at the store's newest month: its time, the writers' p50 / p99 /
+  max, and the database's size before and after (the disk given back);
+- ``upgrade``: item 4 of the scale issue, ``upgrade`` 0002 → head of a store of its own on
+  the primary (300,000 mnests and ``N`` events, 10M with ``--large``) while writers of the
+  previous release write raw SQL (``benchmarks.writer_latency``'s upgrade phase).
+
+The store's events span twelve months (partitioned by month): each edge's ``created`` event
+at an instant of its own drawn over the year, its reinforcements spread from there to the
+year's end.
 
 Figures on a shared machine are noisy: compare the ratios, not the times.
 """
@@ -35,13 +46,22 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
 from .data import graph_rows, load_postgresql, load_sqlite
 from .replication import Cluster, binaries_missing
-from .writer_latency import OpenLoop, add_events, api_writer, percentile, pick_edges, summarize
+from .writer_latency import (
+    OpenLoop,
+    RunningClock,
+    add_events,
+    api_writer,
+    percentile,
+    pick_edges,
+    summarize,
+)
 
 EVENTS_PER_MNEST = 33  # 10M events on 300k mnests, as the issue measured
 DEGREE = 10  # edges per executor in the built graph
@@ -60,44 +80,121 @@ class Context:
     sqlite: bool
     workdir: Path
     edges: list[tuple[str, str, str, str, str]] = field(default_factory=list)
+    first: datetime = datetime(2000, 1, 1, tzinfo=UTC)  # the first month of the events
 
 
 def build(ctx: Context) -> dict[str, Any]:
-    """The store on the primary: ``mnests`` active edges by COPY, ``events`` in SQL (each
-    row's created event and its reinforcements), VACUUM ANALYZE; the replica caught up."""
+    """The store on the primary: ``mnests`` active edges by COPY, ``events`` in SQL over
+    :data:`MONTHS` months (:func:`add_year_of_events`), VACUUM ANALYZE; the replica caught
+    up."""
     started = time.perf_counter()
     executors = max(ctx.mnests // DEGREE, DEGREE + 2)
     rows = load_postgresql(ctx.cluster.primary_url, graph_rows(executors, DEGREE))
-    events = add_events(ctx.cluster.primary_url, max(1, round(ctx.events / rows)))
+    per_row = max(1, round(ctx.events / rows))
+    events, ctx.first = add_year_of_events(ctx.cluster.primary_url, per_row)
     ctx.cluster.wait_caught_up(timeout=3600)
     ctx.edges = pick_edges(ctx.cluster.primary_url, 400)
-    return {"mnests": rows, "events": events, "build_s": round(time.perf_counter() - started, 1)}
+    return {
+        "mnests": rows,
+        "events": events,
+        "months": MONTHS,
+        "first_month": ctx.first.isoformat(),
+        "build_s": round(time.perf_counter() - started, 1),
+    }
+
+
+MONTHS = 12  # the months the built store's events span
+_SPAN = f"interval '{MONTHS * 30} days'"
+# Each edge's created event at an instant of its own over the months (from its id's hash).
+_CREATED_AT = (
+    "SELECT id, weight, state, :first + " + _SPAN + " * ((hashtext(id)::bigint & 65535)"
+    " / 65536.0) AS t0 FROM mnests"
+)
+
+
+def add_year_of_events(url: str, per_row: int) -> tuple[int, datetime]:
+    """Events over :data:`MONTHS` months from the first month the store's partitions
+    leave free (every partition made first): each row's ``created`` event at its own
+    instant, and ``per_row - 1`` ``reinforced`` events spread from there to the end; then
+    VACUUM ANALYZE and a CHECKPOINT. How many events, and the first month's start."""
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(url)
+    try:
+        with engine.begin() as conn:
+            first = conn.execute(
+                text("SELECT max(upper) FROM mnestoma_events_bounds() WHERE lower = '-infinity'")
+            ).scalar_one()
+            conn.execute(
+                text("SELECT mnestoma_events_partitions(:at, :ahead)"),
+                {"at": first, "ahead": MONTHS - 1},
+            )
+            conn.execute(
+                text(
+                    f"WITH c AS ({_CREATED_AT}) INSERT INTO events (mnest_id, kind, ts,"
+                    " weight_after, state_after) SELECT id, 'created', t0, weight, state FROM c"
+                ),
+                {"first": first},
+            )
+            conn.execute(
+                text(
+                    f"WITH c AS ({_CREATED_AT}) INSERT INTO events (mnest_id, kind, ts,"
+                    " weight_before, weight_after, state_before, state_after)"
+                    f" SELECT c.id, 'reinforced', c.t0 + (:first + {_SPAN} - c.t0)"
+                    " * (s::float8 / :per_row), c.weight, c.weight, c.state, c.state"
+                    " FROM c CROSS JOIN generate_series(1, :more) AS s"
+                ),
+                {"first": first, "per_row": per_row, "more": per_row - 1},
+            )
+            count = int(conn.execute(text("SELECT count(*) FROM events")).scalar_one())
+        with engine.connect() as conn:
+            conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+            conn.execute(text("VACUUM ANALYZE mnests, events"))
+            conn.execute(text("CHECKPOINT"))
+        return count, first
+    finally:
+        engine.dispose()
 
 
 # While ``status`` is measured: the issue's writers, 4 threads each due every 10 ms.
 STATUS_WRITERS, STATUS_PERIOD_S = 4, 0.010
 
 
-def _writer_process(url: str, edges: list[Any], n: int, period: float, stop: Any, out: Any) -> None:
+def _writer_process(
+    url: str,
+    edges: list[Any],
+    n: int,
+    period: float,
+    stop: Any,
+    out: Any,
+    at: datetime | None = None,
+) -> None:
     """In a process of its own (the writers must not share the GIL with what is measured):
-    ``n`` open-loop writers until ``stop`` is set; their window sent back on ``out``."""
+    ``n`` open-loop writers until ``stop`` is set; their window sent back on ``out``. With
+    ``at``, their clock starts there (else the system's)."""
     from mnestoma import Mnestoma
 
-    store = Mnestoma(url)
+    store = Mnestoma(url, clock=None if at is None else RunningClock(at, time.monotonic()))
     loop = OpenLoop(api_writer(store, edges, n), n, period)
     t0 = loop.start()
     out.send("started")
     stop.wait()
     calls = loop.stop(time.monotonic())
     store.close()
-    out.send(_window(summarize(calls, t0)))
+    out.send((t0, calls))
 
 
 class Writers:
     """Open-loop writers recording passings through a facade of their own, in a child
     process: ``with Writers(...) as w: ...``, then ``w.figures``."""
 
-    def __init__(self, ctx: Context, writers: int | None = None, period_s: float | None = None):
+    def __init__(
+        self,
+        ctx: Context,
+        writers: int | None = None,
+        period_s: float | None = None,
+        at: datetime | None = None,
+    ):
         spawn = get_context("spawn")
         self._stop = spawn.Event()
         self._receive, send = spawn.Pipe(duplex=False)
@@ -108,9 +205,11 @@ class Writers:
             period_s or ctx.period_s,
             self._stop,
             send,
+            at,
         )
         self._process = spawn.Process(target=_writer_process, args=args, daemon=True)
         self.figures: dict[str, Any] = {}
+        self.calls: list[Any] = []
 
     def __enter__(self) -> Writers:
         self._process.start()
@@ -124,8 +223,13 @@ class Writers:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         if self._receive.poll(900):
-            self.figures = self._receive.recv()
+            t0, self.calls = self._receive.recv()
+            self.figures = _window(summarize(self.calls, t0))
         self._process.join(30)
+
+    def window(self, lo: float, hi: float) -> dict[str, Any]:
+        """The writers' figures for the calls due between ``lo`` and ``hi`` (monotonic)."""
+        return _window(summarize(self.calls, lo, hi))
 
 
 def _ms(values: Sequence[float]) -> dict[str, float | None]:
@@ -297,10 +401,82 @@ def measure_replica_lag(ctx: Context) -> dict[str, Any]:
 
 
 # Each measurement: its name and its function (Context -> figures). More are added here.
+def _database_mb(url: str) -> float:
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            size = conn.execute(text("SELECT pg_database_size(current_database())")).scalar_one()
+    finally:
+        engine.dispose()
+    return round(int(size) / 2**20, 1)
+
+
+def _month(first: datetime, months: int) -> datetime:
+    """The start of the month ``months`` after ``first``'s."""
+    k = first.month - 1 + months
+    return first.replace(year=first.year + k // 12, month=k % 12 + 1)
+
+
+def measure_retention(ctx: Context) -> dict[str, Any]:
+    """``prune_events`` of the older half of the months, with writers at the newest."""
+    from mnestoma import Mnestoma
+
+    url = ctx.cluster.primary_url
+    before = _month(ctx.first, MONTHS // 2)
+    newest = _month(ctx.first, MONTHS - 1) + timedelta(days=3)
+    size_before = _database_mb(url)
+    store = Mnestoma(url)
+    try:
+        with Writers(ctx, STATUS_WRITERS, STATUS_PERIOD_S, at=newest) as writers:
+            started = time.monotonic()
+            deleted = store.prune_events(before)
+            ended = time.monotonic()
+            time.sleep(0.5)  # the writers' calls the drop delayed end before they stop
+    finally:
+        store.close()
+    return {
+        "before": before.isoformat(),
+        "deleted": deleted,
+        "prune_s": round(ended - started, 2),
+        "database_mb_before": size_before,
+        "database_mb_after": _database_mb(url),
+        "writers_during": writers.window(started, ended),
+        "writers": writers.figures,
+    }
+
+
+UPGRADE_MNESTS = 300_000  # the issue's store for item 4
+
+
+def measure_upgrade(ctx: Context) -> dict[str, Any]:
+    """``upgrade`` 0002 → head of a store of its own on the primary (``UPGRADE_MNESTS``
+    mnests and the run's events), writers of the previous release running."""
+    from .writer_latency import Settings, run
+
+    per_row = max(1, round(ctx.events / UPGRADE_MNESTS))
+    found = run(
+        ["postgresql"],
+        [UPGRADE_MNESTS],
+        Settings(phases=("upgrade",), events_per_row=per_row),
+        postgresql=ctx.cluster.primary_url,
+    )
+    (result,) = found["results"]
+    return {
+        "events": result.detail.get("events"),
+        "upgrade_s": None if result.maintenance_s is None else round(result.maintenance_s, 1),
+        "writers": _window(result.window),
+        "result": result.detail.get("result"),
+    }
+
+
 MEASUREMENTS: dict[str, Callable[[Context], dict[str, Any]]] = {
     "status": measure_status,
     "replica_reads": measure_replica_reads,
     "replica_lag": measure_replica_lag,
+    "retention": measure_retention,
+    "upgrade": measure_upgrade,
 }
 
 

@@ -204,6 +204,7 @@ class StoreStatus:
     ager_unfinished: list[AgerProgressFacts] | None = None
     outcomes_recorded: bool = False
     estimated: bool = False
+    mnests_estimated: bool = False
     scanned: bool = False
     standby: bool = False
     standby_lag_s: float | None = None
@@ -212,6 +213,10 @@ class StoreStatus:
     def count(self, n: int) -> str:
         """A count as the status shows it: "about N" when it is an estimate."""
         return f"about {n}" if self.estimated else str(n)
+
+    def mnest_count(self, n: int) -> str:
+        """A count of mnests as the status shows it: "about N" when it is an estimate."""
+        return f"about {n}" if self.mnests_estimated else str(n)
 
     @property
     def ager_interrupted(self) -> list[AgerProgressFacts]:
@@ -398,6 +403,7 @@ class StoreStatus:
             "outcomes_reported": self.outcomes_reported,
             "outcomes": self.outcomes(),
             "estimated": self.estimated,
+            "mnests_estimated": self.mnests_estimated,
             "scanned": self.scanned,
             "standby": self.standby,
             "standby_lag_s": self.standby_lag_s,
@@ -507,7 +513,8 @@ def _count(
     where the store has ``events.recorder`` (revision 0003 on). With ``estimate`` (and a
     store with recorders and outcomes), the counts of events and of the query log are the
     catalogue's estimates where it has any (:func:`_estimate_events`)."""
-    if MNESTS.name in tables:
+    on_pg = conn.dialect.name == "postgresql"
+    if MNESTS.name in tables and not (estimate and on_pg and _estimate_mnests(conn, status)):
         by_state = dict.fromkeys((s.value for s in MnestState), 0)
         for state, n in conn.execute(sql.MNESTS_BY_STATE):
             by_state[state] = int(n)
@@ -517,11 +524,7 @@ def _count(
         and EVENTS.name in tables
         and by_recorder
         and status.outcomes_recorded
-        and (
-            _estimate_events(conn, status)
-            if conn.dialect.name == "postgresql"
-            else _sample_events(conn, status)
-        )
+        and (_estimate_events(conn, status) if on_pg else _sample_events(conn, status))
     )
     if EVENTS.name in tables and not estimated:
         by_kind = dict.fromkeys((k.value for k in EventKind), 0)
@@ -539,7 +542,6 @@ def _count(
             status.passings_with_turn = int(with_turn)
             status.last_turn_passing = _as_utc(last_with_turn)
     if QUERIES.name in tables:
-        on_pg = conn.dialect.name == "postgresql"
         rows = _estimated_rows(conn, QUERIES.name) if estimated and on_pg else None
         if rows is None:
             rows = int(conn.execute(sql.QUERY_LOG_COUNT).scalar_one())
@@ -574,6 +576,45 @@ def _estimated_rows(conn: Connection, name: str) -> int | None:
     return round(sum(_rows(conn, leaves).values())) if leaves else None
 
 
+def _column_shares(
+    conn: Connection, leaves: dict[tuple[str, str], float | None], column: str
+) -> dict[tuple[str, str], dict[str, float]]:
+    """Each analysed leaf's shares of the values of ``column`` (``pg_stats``' most common
+    values and their frequencies)."""
+    schemas = sorted({schema for schema, _ in leaves})
+    names = sorted({name for _, name in leaves})
+    shares: dict[tuple[str, str], dict[str, float]] = {}
+    params = {"schemas": schemas, "tables": names, "columns": [column]}
+    for schema, relname, _attname, _nulls, values, freqs in conn.execute(sql.COLUMN_SHARES, params):
+        if leaves.get((schema, relname)) is not None and values is not None:
+            shares[(schema, relname)] = dict(zip(values, freqs, strict=True))
+    return shares
+
+
+def _estimate_mnests(conn: Connection, status: StoreStatus) -> bool:
+    """The rows of ``mnests`` per state from the catalogue (PostgreSQL): ``reltuples`` and
+    ``pg_stats``' shares of ``state``, as :func:`_estimate_events` does for the kinds of
+    events. Counting them reads every edge (0.5 s at 3M of them), which the status's fixed
+    cost cannot afford. False (nothing set) when the catalogue has no statistics of
+    ``mnests`` yet or estimates fewer than :data:`~mnestoma.rules.STATUS_ESTIMATE_FROM`
+    rows: the caller counts them."""
+    known = _leaves(conn, MNESTS.name)
+    total = sum(n or 0.0 for n in known.values())
+    if total < STATUS_ESTIMATE_FROM:
+        return False
+    shares = _column_shares(conn, known, "state")
+    if not shares:
+        return False
+    by_state = dict.fromkeys((s.value for s in MnestState), 0)
+    for leaf, freqs in shares.items():
+        rows = known[leaf] or 0.0
+        for state, freq in freqs.items():
+            by_state[state] = by_state.get(state, 0) + round(rows * freq)
+    status.mnests_by_state = by_state
+    status.mnests_estimated = True
+    return True
+
+
 def _estimate_events(conn: Connection, status: StoreStatus) -> bool:
     """The status's facts about ``events`` without reading them all (PostgreSQL): the
     rows and their kinds from the catalogue (``reltuples``, each relation's ``pg_stats``
@@ -586,13 +627,7 @@ def _estimate_events(conn: Connection, status: StoreStatus) -> bool:
     if sum(n or 0.0 for n in known.values()) < STATUS_ESTIMATE_FROM:
         return False
     leaves = _rows(conn, known)
-    schemas = sorted({schema for schema, _ in leaves})
-    names = sorted({name for _, name in leaves})
-    shares: dict[tuple[str, str], dict[str, float]] = {}
-    params = {"schemas": schemas, "tables": names, "columns": ["kind"]}
-    for schema, relname, _attname, _nulls, values, freqs in conn.execute(sql.COLUMN_SHARES, params):
-        if known.get((schema, relname)) is not None and values is not None:
-            shares[(schema, relname)] = dict(zip(values, freqs, strict=True))
+    shares = _column_shares(conn, known, "kind")
     analysed = sum(leaves[leaf] for leaf in shares)
     if analysed <= 0:
         return False
@@ -820,8 +855,10 @@ def render_status(status: StoreStatus) -> str:
         if status.empty:
             lines.append("contents   the store is empty: no mnest, no event, no logged query")
         else:
-            states = ", ".join(f"{k} {v}" for k, v in status.mnests_by_state.items())
-            lines.append(f"mnests     {status.mnests} ({states})")
+            states = ", ".join(
+                f"{k} {status.mnest_count(v)}" for k, v in status.mnests_by_state.items()
+            )
+            lines.append(f"mnests     {status.mnest_count(status.mnests)} ({states})")
             kinds = ", ".join(
                 f"{k} {status.count(v)}" for k, v in status.events_by_kind.items() if v
             )
@@ -854,7 +891,7 @@ def render_status(status: StoreStatus) -> str:
             lines.append(f"query log  {status.count(status.query_log)} entries")
             if status.scanned:
                 lines.append("counts     exact: every row read (--exact scans the tables)")
-            if status.estimated:
+            if status.estimated or status.mnests_estimated:
                 lines.append(
                     "counts     about: the catalogue's estimates, and the shares of the newest "
                     f"{STATUS_RECENT_EVENTS} events; `mnestoma status --exact` reads every row"

@@ -65,6 +65,7 @@ STATUS_KEYS = [
     "outcomes_reported",
     "outcomes",
     "estimated",
+    "mnests_estimated",
     "scanned",
     "standby",
     "standby_lag_s",

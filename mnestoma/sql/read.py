@@ -87,12 +87,15 @@ def events_statement(by_mnest: bool, by_turn: bool, limited: bool) -> Select[Any
 @functools.cache
 def recurring_protos_statement(dialect: str) -> Select[Any]:
     """Protos with at least ``:uses`` uses and effective weight ≥ ``:floor`` at ``:now``,
-    most used first."""
+    most used first. ``dst_version IS NULL`` is implied by the state (a proto has no
+    version: the table's CHECK) and lets the planner read only the partial index of rows
+    without one, not every edge."""
     eff = decayed(dialect, M.c.weight, M.c.decay_lambda, M.c.ts_weight, now_param())
     return (
         select(M)
         .where(
             state_is(M, MnestState.PROTO),
+            M.c.dst_version.is_(None),
             M.c.uses >= bindparam("uses"),
             eff >= bindparam("floor"),
         )

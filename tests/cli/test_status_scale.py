@@ -126,3 +126,41 @@ def test_a_large_sqlite_store_samples_its_events_and_says_about(
     assert f"events     about {st.events} " in render_status(st)
     result = CliRunner().invoke(cli, ["status", "--exact", "--database-url", url])
     assert "events     40 " in result.output and "--exact scans" in result.output
+
+
+def test_a_postgresql_store_of_many_edges_reads_its_states_from_the_catalogue(
+    pg_store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _fill(pg_store_url)
+    with Mnestoma(pg_store_url) as store:
+        # two rows: ANALYZE keeps as a common value one it saw more than once
+        store.record_proto("a0", "1", "wished")
+        store.record_proto("a1", "1", "wished")
+    exact = collect_status(pg_store_url, exact=True)
+    monkeypatch.setattr(status_module, "STATUS_ESTIMATE_FROM", 1)
+    assert not collect_status(pg_store_url).mnests_estimated  # no statistics yet: counted
+    engine = create_engine(pg_store_url, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.execute(text("ANALYZE mnests"))
+    engine.dispose()
+    st = collect_status(pg_store_url)
+    assert st.mnests_estimated and not exact.mnests_estimated
+    # a table this small is sampled whole: the estimates are the counts
+    assert st.mnests_by_state == exact.mnests_by_state and st.mnests_by_state["proto"] == 2
+    shown = render_status(st)
+    assert f"mnests     about {exact.mnests} (active about " in shown
+    assert "`mnestoma status --exact` reads every row" in shown
+    assert f"mnests     {exact.mnests} (active " in render_status(exact)
+    as_json = CliRunner().invoke(cli, ["status", "--json", "--database-url", pg_store_url])
+    assert '"mnests_estimated": true' in as_json.output
+
+
+def test_a_sqlite_store_always_counts_its_edges(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"sqlite:///{tmp_path}/store.sqlite"
+    _fill(url)
+    monkeypatch.setattr(status_module, "STATUS_ESTIMATE_FROM", 1)
+    st = collect_status(url)
+    assert st.estimated and not st.mnests_estimated
+    assert "mnests     about" not in render_status(st)
