@@ -28,9 +28,9 @@ measurement is one more function and one more entry.
   the primary (300,000 mnests and ``N`` events, 10M with ``--large``) while writers of the
   previous release write raw SQL (``benchmarks.writer_latency``'s upgrade phase).
 
-The store's events span twelve months (partitioned by month): each edge's ``created`` event
-at an instant of its own drawn over the year, its reinforcements spread from there to the
-year's end.
+The store's events span twelve months (partitioned by month), a twelfth of them in each:
+each edge's ``created`` event at an instant of its own drawn over the year (so half of them
+lie in the older half, and retention keeps them), its reinforcements spread over the year.
 
 Figures on a shared machine are noisy: compare the ratios, not the times.
 """
@@ -105,17 +105,17 @@ def build(ctx: Context) -> dict[str, Any]:
 
 MONTHS = 12  # the months the built store's events span
 _SPAN = f"interval '{MONTHS * 30} days'"
-# Each edge's created event at an instant of its own over the months (from its id's hash).
-_CREATED_AT = (
-    "SELECT id, weight, state, :first + " + _SPAN + " * ((hashtext(id)::bigint & 65535)"
-    " / 65536.0) AS t0 FROM mnests"
-)
+# Each edge's created event at an instant of its own over the months (from its id's hash),
+# its reinforcements spread over all of them from there (steps of the golden ratio's
+# fraction, modulo the span): the events of a month are a twelfth of all.
+_STEP = "0.6180339887"
+_CREATED_AT = "SELECT id, weight, state, (hashtext(id)::bigint & 65535) / 65536.0 AS u FROM mnests"
 
 
 def add_year_of_events(url: str, per_row: int) -> tuple[int, datetime]:
     """Events over :data:`MONTHS` months from the first month the store's partitions
     leave free (every partition made first): each row's ``created`` event at its own
-    instant, and ``per_row - 1`` ``reinforced`` events spread from there to the end; then
+    instant, and ``per_row - 1`` ``reinforced`` events spread evenly over the months; then
     VACUUM ANALYZE and a CHECKPOINT. How many events, and the first month's start."""
     from sqlalchemy import create_engine, text
 
@@ -132,7 +132,8 @@ def add_year_of_events(url: str, per_row: int) -> tuple[int, datetime]:
             conn.execute(
                 text(
                     f"WITH c AS ({_CREATED_AT}) INSERT INTO events (mnest_id, kind, ts,"
-                    " weight_after, state_after) SELECT id, 'created', t0, weight, state FROM c"
+                    f" weight_after, state_after) SELECT id, 'created', :first + {_SPAN} * u,"
+                    " weight, state FROM c"
                 ),
                 {"first": first},
             )
@@ -140,8 +141,8 @@ def add_year_of_events(url: str, per_row: int) -> tuple[int, datetime]:
                 text(
                     f"WITH c AS ({_CREATED_AT}) INSERT INTO events (mnest_id, kind, ts,"
                     " weight_before, weight_after, state_before, state_after)"
-                    f" SELECT c.id, 'reinforced', c.t0 + (:first + {_SPAN} - c.t0)"
-                    " * (s::float8 / :per_row), c.weight, c.weight, c.state, c.state"
+                    f" SELECT c.id, 'reinforced', :first + {_SPAN} * (c.u + s * {_STEP}"
+                    f" - floor(c.u + s * {_STEP})), c.weight, c.weight, c.state, c.state"
                     " FROM c CROSS JOIN generate_series(1, :more) AS s"
                 ),
                 {"first": first, "per_row": per_row, "more": per_row - 1},
