@@ -810,28 +810,35 @@ class AsyncMnestoma(FacadeBase, _MnestOperations):
             return await self._call(
                 lambda r: r.prune_events(before, dry_run=True), write=False, primary=True
             )
-        deleted = await self._drop_partitions(before)
-        found = await self._call(lambda r: r.prunable_event_ids(before), write=False, primary=True)
+        deleted, since = await self._drop_partitions(before)
+        found = await self._call(
+            lambda r: r.prunable_event_ids(before, since=since), write=False, primary=True
+        )
         batches = list(event_batches(found))
         if report is not None and (batches or deleted):
             report(0, len(batches), deleted)
         for i, (first, last) in enumerate(batches):
             if i:
                 await asyncio.sleep(batch_pause(self.engine.dialect.name))
-            deleted += await self._prune_batch(before, first, last)
+            deleted += await self._prune_batch(before, first, last, since)
             if report is not None:
                 report(i + 1, len(batches), deleted)
         return deleted
 
-    async def _prune_batch(self, before: datetime, first: int, last: int) -> int:
+    async def _prune_batch(
+        self, before: datetime, first: int, last: int, since: datetime | None
+    ) -> int:
         """One batch of a prune (the events with ids in [first, last]), one transaction."""
-        return await self._call(lambda r: r.prune_event_batch(before, first, last), write=True)
+        return await self._call(
+            lambda r: r.prune_event_batch(before, first, last, since=since), write=True
+        )
 
-    async def _drop_partitions(self, before: datetime) -> int:
+    async def _drop_partitions(self, before: datetime) -> tuple[int, datetime | None]:
         """PostgreSQL, events partitioned: the whole months before ``before`` dropped, as
-        :meth:`mnestoma.Mnestoma.prune_events` drops them; how many events went."""
+        :meth:`mnestoma.Mnestoma.prune_events` drops them; how many events went, and the
+        end of the months dropped (None when none was)."""
         if self.engine.dialect.name != "postgresql":
-            return 0
+            return 0, None
         dropped = await self._call(lambda r: r.drop_event_partitions(before), write=True)
         for name in dropped.detached:
             await self._call(lambda r, name=name: r.drop_detached_partition(name), write=True)  # type: ignore[misc]
@@ -844,7 +851,7 @@ class AsyncMnestoma(FacadeBase, _MnestOperations):
             if last is None:
                 break
             after = last
-        return dropped.deleted
+        return dropped.deleted, dropped.end
 
     async def top_queries(self, *, limit: int = 10) -> list[QueryFrequency]:
         """The most frequent canonical forms.

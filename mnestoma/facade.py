@@ -253,29 +253,30 @@ class Mnestoma(FacadeBase):
         dry, report = check_prune_call(dry_run, progress)
         if dry:
             return self._read(lambda u: u.mnests.prune_events(before, dry_run=True), primary=True)
-        deleted = self._drop_partitions(before)
-        found = self._read(lambda u: u.mnests.prunable_event_ids(before), primary=True)
+        deleted, since = self._drop_partitions(before)
+        found = self._read(lambda u: u.mnests.prunable_event_ids(before, since=since), primary=True)
         batches = list(event_batches(found))
         if report is not None and (batches or deleted):
             report(0, len(batches), deleted)
         for i, (first, last) in enumerate(batches):
             if i:
                 time.sleep(batch_pause(self.engine.dialect.name))
-            deleted += self._prune_batch(before, first, last)
+            deleted += self._prune_batch(before, first, last, since)
             if report is not None:
                 report(i + 1, len(batches), deleted)
         return deleted
 
-    def _prune_batch(self, before: datetime, first: int, last: int) -> int:
+    def _prune_batch(self, before: datetime, first: int, last: int, since: datetime | None) -> int:
         """One batch of a prune (the events with ids in [first, last]), one transaction."""
-        return self._write(lambda u: u.mnests.prune_event_batch(before, first, last))
+        return self._write(lambda u: u.mnests.prune_event_batch(before, first, last, since=since))
 
-    def _drop_partitions(self, before: datetime) -> int:
+    def _drop_partitions(self, before: datetime) -> tuple[int, datetime | None]:
         """PostgreSQL, events partitioned: the whole months before ``before`` dropped (the
         swap one transaction, each drop another), then the rows of ``event_turn_edges``
-        their passings had, in batches; how many events went. Nothing elsewhere."""
+        their passings had, in batches; how many events went, and the end of the months
+        dropped (before it, only what was kept: None when none was). Nothing elsewhere."""
         if self.engine.dialect.name != "postgresql":
-            return 0
+            return 0, None
         dropped = self._write(lambda u: u.mnests.drop_event_partitions(before))
         for name in dropped.detached:
             self._write(lambda u, name=name: u.mnests.drop_detached_partition(name))  # type: ignore[misc]
@@ -287,7 +288,7 @@ class Mnestoma(FacadeBase):
             if last is None:
                 break
             after = last
-        return dropped.deleted
+        return dropped.deleted, dropped.end
 
     def log_canonical_query(
         self, raw_query: str, canonical_query: str, *, turn_id: str | None = None

@@ -1056,9 +1056,13 @@ class MnestRepository(GraphReads):
             return 0 if row is None else int(row[0])
         return int(self._write_ex().execute(ret.DELETE_PRUNABLE, params).rowcount)
 
-    def prunable_event_ids(self, before: datetime) -> tuple[int, int] | None:
+    def prunable_event_ids(
+        self, before: datetime, *, since: datetime | None = None
+    ) -> tuple[int, int] | None:
         """The lowest and highest id of the events a prune at ``before`` would delete now,
-        or None when there is none: the range the batches of a prune cover.
+        or None when there is none: the range the batches of a prune cover. With
+        ``since``, only among the events from then on (what lies before the end of the
+        months retention dropped is what it kept).
 
         Returns:
             The pair (lowest id, highest id), or None when there is nothing to delete.
@@ -1068,14 +1072,21 @@ class MnestRepository(GraphReads):
             StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
                 be reached).
         """
-        row = self._ex().first(ret.PRUNABLE_ID_RANGE, {"before": _cutoff(before)})
+        if since is None:
+            row = self._ex().first(ret.PRUNABLE_ID_RANGE, {"before": _cutoff(before)})
+        else:
+            params = {"before": _cutoff(before), "since": _cutoff(since)}
+            row = self._ex().first(ret.PRUNABLE_ID_RANGE_SINCE, params)
         if row is None or row[0] is None or row[1] is None:
             return None
         return int(row[0]), int(row[1])
 
-    def prune_event_batch(self, before: datetime, first: int, last: int) -> int:
+    def prune_event_batch(
+        self, before: datetime, first: int, last: int, *, since: datetime | None = None
+    ) -> int:
         """Delete the events :meth:`prune_events` would, among those whose ids lie in
-        ``[first, last]``: one batch of a prune; how many were deleted.
+        ``[first, last]`` (with ``since``: and whose instant is not before it): one batch
+        of a prune; how many were deleted.
 
         Returns:
             How many events were deleted.
@@ -1088,7 +1099,10 @@ class MnestRepository(GraphReads):
                 be reached).
         """
         params = {"before": _cutoff(before), "first": int(first), "last": int(last)}
-        return int(self._write_ex().execute(ret.DELETE_PRUNABLE_BATCH, params).rowcount)
+        if since is None:
+            return int(self._write_ex().execute(ret.DELETE_PRUNABLE_BATCH, params).rowcount)
+        params["since"] = _cutoff(since)
+        return int(self._write_ex().execute(ret.DELETE_PRUNABLE_BATCH_SINCE, params).rowcount)
 
     def drop_event_partitions(self, before: datetime) -> Dropped:
         """PostgreSQL, events partitioned: detach the partitions whose months all lie before

@@ -125,11 +125,17 @@ def _exp_on_sqlite() -> None:
     package's own engines already have it; a connection handed over may not)."""
     if op.get_context().as_sql:
         return
-    raw = op.get_bind().connection.driver_connection
+    # the DB-API connection: sqlite3's own, or SQLAlchemy's adapter of aiosqlite's (whose
+    # methods wait for the driver's coroutines; the driver's own would return them unawaited)
+    raw = op.get_bind().connection.dbapi_connection
+    cursor = raw.cursor()
     try:
-        raw.execute("SELECT exp(0.0)").fetchone()
+        cursor.execute("SELECT exp(0.0)")
+        cursor.fetchall()
     except Exception:  # sqlite3.OperationalError: no such function
         raw.create_function("exp", 1, _exp, deterministic=True)
+    finally:
+        cursor.close()
 
 
 def _exp(x: float | None) -> float | None:

@@ -322,8 +322,10 @@ def test_passings_recorded_between_batches_are_all_kept(
     batch = store._prune_batch
     written: list[int] = []
 
-    def batch_then_a_writer(before_: datetime, first: int, last: int) -> int:
-        n = batch(before_, first, last)
+    def batch_then_a_writer(
+        before_: datetime, first: int, last: int, since: datetime | None
+    ) -> int:
+        n = batch(before_, first, last, since)
         i = len(written)
         writer.record_passing("s", "1", f"d{i % 6}", "1", turn_id=f"new{i}")
         writer.record_passing("s", "1", f"n{i}", "1")  # a new edge too
