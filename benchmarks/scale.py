@@ -24,8 +24,8 @@ measurement is one more function and one more entry.
   months, dropped whole; the ``created`` events of the edges among them kept), while 4
   writers record passings at the store's newest month: its time, the writers' p50 / p99 /
   max, and the database's size before and after (the disk given back);
-- ``upgrade``: item 4 of the scale issue, ``upgrade`` 0002 → head of a store of its own on
-  the primary (300,000 mnests and ``N`` events, 10M with ``--large``) while writers of the
+- ``upgrade``: ``upgrade`` 0002 → head of a store of its own on the primary (300,000
+  mnests and ``N`` events, 10M at most: ``--large`` and ``--huge``) while writers of the
   previous release write raw SQL (``benchmarks.writer_latency``'s upgrade phase).
 
 The store's events span twelve months (partitioned by month), a twelfth of them in each:
@@ -448,15 +448,17 @@ def measure_retention(ctx: Context) -> dict[str, Any]:
     }
 
 
-UPGRADE_MNESTS = 300_000  # the issue's store for item 4
+UPGRADE_MNESTS = 300_000  # an old store: 300,000 mnests and (at most) 10M events
+UPGRADE_EVENTS_MAX = 10_000_000
 
 
 def measure_upgrade(ctx: Context) -> dict[str, Any]:
     """``upgrade`` 0002 → head of a store of its own on the primary (``UPGRADE_MNESTS``
-    mnests and the run's events), writers of the previous release running."""
+    mnests and the run's events, :data:`UPGRADE_EVENTS_MAX` at most), writers of the
+    previous release running."""
     from .writer_latency import Settings, run
 
-    per_row = max(1, round(ctx.events / UPGRADE_MNESTS))
+    per_row = max(1, round(min(ctx.events, UPGRADE_EVENTS_MAX) / UPGRADE_MNESTS))
     found = run(
         ["postgresql"],
         [UPGRADE_MNESTS],
