@@ -625,3 +625,26 @@ def test_status_of_a_store_with_only_created_events_says_so(
     assert st.events_kept_from is None
     text = render_status(st)
     assert "kept       only created events, the oldest at 2026-01-01 12:00:00Z" in text
+
+
+def test_a_prunes_batches_from_an_instant_on_leave_the_events_before_it(
+    store: Mnestoma, clock: MovableClock, store_url: str
+) -> None:
+    """What retention runs after dropping whole months: the range and the batches of the
+    prunable events from ``since`` on (before it lies only what the drop kept)."""
+    cutoff, before, doomed, _ = old_store_to_prune(store, clock, edges=4, rounds=3)
+    times = sorted({e.ts for e in before if e.id in doomed})
+    since = times[len(times) // 2]
+    later = {e.id for e in before if e.id in doomed and e.ts >= since}
+    assert later and later != doomed
+    engine = make_engine(store_url)
+    try:
+        with UnitOfWork(make_session_factory(engine)) as uow:
+            found = uow.mnests.prunable_event_ids(cutoff, since=since)
+            assert found == (min(later), max(later))
+            assert uow.mnests.prune_event_batch(cutoff, 0, 10**9, since=since) == len(later)
+            uow.commit()
+    finally:
+        engine.dispose()
+    left = {e.id for e in store.events()}
+    assert left & doomed == doomed - later
