@@ -58,8 +58,10 @@ from .writer_latency import (
     RunningClock,
     add_events,
     api_writer,
+    make_months,
     percentile,
     pick_edges,
+    settle,
     summarize,
 )
 
@@ -116,19 +118,14 @@ def add_year_of_events(url: str, per_row: int) -> tuple[int, datetime]:
     """Events over :data:`MONTHS` months from the first month the store's partitions
     leave free (every partition made first): each row's ``created`` event at its own
     instant, and ``per_row - 1`` ``reinforced`` events spread evenly over the months; then
-    VACUUM ANALYZE and a CHECKPOINT. How many events, and the first month's start."""
+    VACUUM ANALYZE and a CHECKPOINT (:func:`~benchmarks.writer_latency.settle`). How many
+    events, and the first month's start."""
     from sqlalchemy import create_engine, text
 
     engine = create_engine(url)
     try:
         with engine.begin() as conn:
-            first = conn.execute(
-                text("SELECT max(upper) FROM mnestoma_events_bounds() WHERE lower = '-infinity'")
-            ).scalar_one()
-            conn.execute(
-                text("SELECT mnestoma_events_partitions(:at, :ahead)"),
-                {"at": first, "ahead": MONTHS - 1},
-            )
+            first = make_months(conn, MONTHS)
             conn.execute(
                 text(
                     f"WITH c AS ({_CREATED_AT}) INSERT INTO events (mnest_id, kind, ts,"
@@ -145,13 +142,10 @@ def add_year_of_events(url: str, per_row: int) -> tuple[int, datetime]:
                     f" - floor(c.u + s * {_STEP})), c.weight, c.weight, c.state, c.state"
                     " FROM c CROSS JOIN generate_series(1, :more) AS s"
                 ),
-                {"first": first, "per_row": per_row, "more": per_row - 1},
+                {"first": first, "more": per_row - 1},
             )
             count = int(conn.execute(text("SELECT count(*) FROM events")).scalar_one())
-        with engine.connect() as conn:
-            conn = conn.execution_options(isolation_level="AUTOCOMMIT")
-            conn.execute(text("VACUUM ANALYZE mnests, events"))
-            conn.execute(text("CHECKPOINT"))
+        settle(engine)
         return count, first
     finally:
         engine.dispose()

@@ -860,13 +860,7 @@ def add_months_of_events(url: str, per_row: int) -> tuple[int, datetime]:
     engine = create_engine(url)
     try:
         with engine.begin() as conn:
-            first = conn.execute(
-                text("SELECT max(upper) FROM mnestoma_events_bounds() WHERE lower = '-infinity'")
-            ).scalar_one()
-            conn.execute(
-                text("SELECT mnestoma_events_partitions(:at, :ahead)"),
-                {"at": first, "ahead": DROP_MONTHS - 1},
-            )
+            first = make_months(conn, DROP_MONTHS)
             span = f"interval '{DROP_MONTHS * 30} days'"
             conn.execute(
                 text(
@@ -885,15 +879,37 @@ def add_months_of_events(url: str, per_row: int) -> tuple[int, datetime]:
                 {"first": first, "per_row": per_row, "more": per_row - 1},
             )
             count = int(conn.execute(text("SELECT count(*) FROM events")).scalar_one())
-        with engine.connect() as conn:
-            conn = conn.execution_options(isolation_level="AUTOCOMMIT")
-            conn.execute(text("VACUUM ANALYZE mnests, events"))
-            conn.execute(text("CHECKPOINT"))
-        if hasattr(os, "sync"):
-            os.sync()
+        settle(engine)
         return count, first
     finally:
         engine.dispose()
+
+
+def make_months(conn: Any, months: int) -> datetime:
+    """PostgreSQL, events partitioned: the partitions of ``months`` months from the first
+    after every partition bounded below by MINVALUE (the store's history); its start."""
+    from sqlalchemy import text
+
+    first: datetime = conn.execute(
+        text("SELECT max(upper) FROM mnestoma_events_bounds() WHERE lower = '-infinity'")
+    ).scalar_one()
+    conn.execute(
+        text("SELECT mnestoma_events_partitions(:at, :ahead)"), {"at": first, "ahead": months - 1}
+    )
+    return first
+
+
+def settle(engine: Any) -> None:
+    """PostgreSQL, after a load: VACUUM ANALYZE (as autovacuum would, so that it does not
+    start in a measurement), a CHECKPOINT, and the dirty pages written."""
+    from sqlalchemy import text
+
+    with engine.connect() as conn:
+        conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+        conn.execute(text("VACUUM ANALYZE mnests, events"))
+        conn.execute(text("CHECKPOINT"))
+    if hasattr(os, "sync"):
+        os.sync()
 
 
 def _drop_phase(

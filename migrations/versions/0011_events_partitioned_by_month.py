@@ -295,21 +295,7 @@ $do$"""
 
 # The swap: catalogue changes only (the attach reads the validated CHECK instead of the
 # rows), in one transaction, each try waiting SWAP_LOCK_TIMEOUT at most for the lock.
-SWAP = f"""DO $do$
-DECLARE
-    bound timestamptz;
-    part text;
-    tries integer := 0;
-BEGIN
-    IF {_IS_PARTITIONED} THEN RETURN; END IF;
-    SELECT substring(pg_get_constraintdef(oid) FROM $r$'([^']*)'$r$)::timestamptz INTO bound
-    FROM pg_constraint
-    WHERE conrelid = 'events'::regclass AND conname = 'events_partition_bound';
-    part := 'events_to_' || to_char(bound AT TIME ZONE 'UTC', 'YYYYMM');
-    LOOP
-        BEGIN
-            PERFORM set_config('lock_timeout', '{SWAP_LOCK_TIMEOUT}', true);
-            LOCK TABLE events IN ACCESS EXCLUSIVE MODE;
+_SWAPPED = f"""            LOCK TABLE events IN ACCESS EXCLUSIVE MODE;
 {_drop_triggers()}
             EXECUTE format('ALTER TABLE events RENAME CONSTRAINT pk_events TO %I', part || '_pkey');
             EXECUTE format('ALTER INDEX ix_events_mnest_id RENAME TO %I', part || '_mnest_id_idx');
@@ -329,14 +315,21 @@ BEGIN
             CREATE TABLE events_default PARTITION OF events
                 (CONSTRAINT events_default_pkey PRIMARY KEY (id)) DEFAULT;
 {_create_triggers()}
-            PERFORM mnestoma_events_partitions(bound, {AHEAD});
-            EXIT;
-        EXCEPTION WHEN lock_not_available THEN
-            tries := tries + 1;
-            IF tries >= {SWAP_TRIES} THEN RAISE; END IF;
-            PERFORM pg_sleep(least(0.005 * tries, 0.2));
-        END;
-    END LOOP;
+            PERFORM mnestoma_events_partitions(bound, {AHEAD});"""
+
+SWAP = f"""DO $do$
+DECLARE
+    bound timestamptz;
+    part text;
+    tries integer;
+    waited text := current_setting('lock_timeout');
+BEGIN
+    IF {_IS_PARTITIONED} THEN RETURN; END IF;
+    SELECT substring(pg_get_constraintdef(oid) FROM $r$'([^']*)'$r$)::timestamptz INTO bound
+    FROM pg_constraint
+    WHERE conrelid = 'events'::regclass AND conname = 'events_partition_bound';
+    part := 'events_to_' || to_char(bound AT TIME ZONE 'UTC', 'YYYYMM');
+{_retried(_SWAPPED)}
 END
 $do$"""
 
