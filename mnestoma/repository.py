@@ -1072,11 +1072,11 @@ class MnestRepository(GraphReads):
             StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
                 be reached).
         """
+        params = {"before": _cutoff(before)}
         if since is None:
-            row = self._ex().first(ret.PRUNABLE_ID_RANGE, {"before": _cutoff(before)})
+            row = self._ex().first(ret.PRUNABLE_ID_RANGE, params)
         else:
-            params = {"before": _cutoff(before), "since": _cutoff(since)}
-            row = self._ex().first(ret.PRUNABLE_ID_RANGE_SINCE, params)
+            row = self._ex().first(ret.PRUNABLE_ID_RANGE_SINCE, {**params, "since": _cutoff(since)})
         if row is None or row[0] is None or row[1] is None:
             return None
         return int(row[0]), int(row[1])
@@ -1099,10 +1099,10 @@ class MnestRepository(GraphReads):
                 be reached).
         """
         params = {"before": _cutoff(before), "first": int(first), "last": int(last)}
-        if since is None:
-            return int(self._write_ex().execute(ret.DELETE_PRUNABLE_BATCH, params).rowcount)
-        params["since"] = _cutoff(since)
-        return int(self._write_ex().execute(ret.DELETE_PRUNABLE_BATCH_SINCE, params).rowcount)
+        stmt = ret.DELETE_PRUNABLE_BATCH
+        if since is not None:
+            stmt, params["since"] = ret.DELETE_PRUNABLE_BATCH_SINCE, _cutoff(since)
+        return int(self._write_ex().execute(stmt, params).rowcount)
 
     def drop_event_partitions(self, before: datetime) -> Dropped:
         """PostgreSQL, events partitioned: detach the partitions whose months all lie before

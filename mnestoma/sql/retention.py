@@ -48,12 +48,6 @@ _prunable: ColumnElement[bool] = and_(
 COUNT_PRUNABLE: Final[Select[Any]] = select(func.count()).select_from(E).where(_prunable)
 # The lowest and highest id of those events (both NULL when there is none).
 PRUNABLE_ID_RANGE: Final[Select[Any]] = select(func.min(E.c.id), func.max(E.c.id)).where(_prunable)
-# The same from ``:since`` on: after retention dropped whole months, what lies before
-# their end is what it kept, which the batches need not read again.
-_since = E.c.ts >= bindparam("since", type_=UTCDateTime())
-PRUNABLE_ID_RANGE_SINCE: Final[Select[Any]] = select(func.min(E.c.id), func.max(E.c.id)).where(
-    _prunable, _since
-)
 # Every prunable event, in one statement (a caller's own transaction).
 DELETE_PRUNABLE: Final[Delete] = delete(E).where(_prunable)
 # The prunable events whose ids lie in ``[:first, :last]``: one batch, whose work (and
@@ -62,8 +56,8 @@ DELETE_PRUNABLE_BATCH: Final[Delete] = delete(E).where(
     E.c.id.between(bindparam("first", type_=E.c.id.type), bindparam("last", type_=E.c.id.type)),
     _prunable,
 )
-DELETE_PRUNABLE_BATCH_SINCE: Final[Delete] = delete(E).where(
-    E.c.id.between(bindparam("first", type_=E.c.id.type), bindparam("last", type_=E.c.id.type)),
-    _prunable,
-    _since,
-)
+# Both from ``:since`` on: after retention dropped whole months, what lies before their
+# end is what it kept, which the batches need not read again.
+_since = E.c.ts >= bindparam("since", type_=UTCDateTime())
+PRUNABLE_ID_RANGE_SINCE: Final[Select[Any]] = PRUNABLE_ID_RANGE.where(_since)
+DELETE_PRUNABLE_BATCH_SINCE: Final[Delete] = DELETE_PRUNABLE_BATCH.where(_since)
