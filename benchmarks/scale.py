@@ -58,7 +58,9 @@ from .writer_latency import (
     RunningClock,
     add_events,
     api_writer,
+    database_mb,
     make_months,
+    month_after,
     percentile,
     pick_edges,
     settle,
@@ -395,33 +397,14 @@ def measure_replica_lag(ctx: Context) -> dict[str, Any]:
     }
 
 
-# Each measurement: its name and its function (Context -> figures). More are added here.
-def _database_mb(url: str) -> float:
-    from sqlalchemy import create_engine, text
-
-    engine = create_engine(url)
-    try:
-        with engine.connect() as conn:
-            size = conn.execute(text("SELECT pg_database_size(current_database())")).scalar_one()
-    finally:
-        engine.dispose()
-    return round(int(size) / 2**20, 1)
-
-
-def _month(first: datetime, months: int) -> datetime:
-    """The start of the month ``months`` after ``first``'s."""
-    k = first.month - 1 + months
-    return first.replace(year=first.year + k // 12, month=k % 12 + 1)
-
-
 def measure_retention(ctx: Context) -> dict[str, Any]:
     """``prune_events`` of the older half of the months, with writers at the newest."""
     from mnestoma import Mnestoma
 
     url = ctx.cluster.primary_url
-    before = _month(ctx.first, MONTHS // 2)
-    newest = _month(ctx.first, MONTHS - 1) + timedelta(days=3)
-    size_before = _database_mb(url)
+    before = month_after(ctx.first, MONTHS // 2)
+    newest = month_after(ctx.first, MONTHS - 1) + timedelta(days=3)
+    size_before = database_mb(url)
     store = Mnestoma(url)
     try:
         with Writers(ctx, STATUS_WRITERS, STATUS_PERIOD_S, at=newest) as writers:
@@ -436,7 +419,7 @@ def measure_retention(ctx: Context) -> dict[str, Any]:
         "deleted": deleted,
         "prune_s": round(ended - started, 2),
         "database_mb_before": size_before,
-        "database_mb_after": _database_mb(url),
+        "database_mb_after": database_mb(url),
         "writers_during": writers.window(started, ended),
         "writers": writers.figures,
     }
@@ -468,6 +451,7 @@ def measure_upgrade(ctx: Context) -> dict[str, Any]:
     }
 
 
+# Each measurement: its name and its function (Context -> figures). More are added here.
 MEASUREMENTS: dict[str, Callable[[Context], dict[str, Any]]] = {
     "status": measure_status,
     "replica_reads": measure_replica_reads,

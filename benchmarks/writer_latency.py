@@ -838,7 +838,8 @@ def _live_phases(
 DROP_MONTHS = 12  # the drop phase's events fill this many monthly partitions
 
 
-def _database_mb(url: str) -> float:
+def database_mb(url: str) -> float:
+    """PostgreSQL: the size of ``url``'s database, in MB (10^6 bytes)."""
     from sqlalchemy import create_engine, text
 
     engine = create_engine(url)
@@ -885,6 +886,12 @@ def add_months_of_events(url: str, per_row: int) -> tuple[int, datetime]:
         engine.dispose()
 
 
+def month_after(first: datetime, months: int) -> datetime:
+    """The start of the month ``months`` after ``first``'s (``first`` a month's start)."""
+    k = first.month - 1 + months
+    return first.replace(year=first.year + k // 12, month=k % 12 + 1)
+
+
 def make_months(conn: Any, months: int) -> datetime:
     """PostgreSQL, events partitioned: the partitions of ``months`` months from the first
     after every partition bounded below by MINVALUE (the store's history); its start."""
@@ -918,11 +925,10 @@ def _drop_phase(
     import mnestoma
 
     events, first = add_months_of_events(url, s.events_per_row)
-    half = first.month - 1 + DROP_MONTHS // 2  # the older half: the first six months
-    before = first.replace(year=first.year + half // 12, month=half % 12 + 1)
+    before = month_after(first, DROP_MONTHS // 2)  # the older half: the first six months
     clock = RunningClock(first + timedelta(days=DROP_MONTHS * 31), time.monotonic())
     edges = pick_edges(url, s.writers * s.edges_per_writer)
-    size_before = _database_mb(url)
+    size_before = database_mb(url)
     say(f"{engine} {n:,}: drop (events before {before:%Y-%m-%d}, {events:,} events)")
     store = mnestoma.Mnestoma(url, clock=clock)
     try:
@@ -939,7 +945,7 @@ def _drop_phase(
         events=events,
         edges=len(edges),
         database_mb_before=size_before,
-        database_mb_after=_database_mb(url),
+        database_mb_after=database_mb(url),
     )
 
 
