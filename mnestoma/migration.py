@@ -238,8 +238,8 @@ def checkout_database_url(x_url: str | None, ini_url: str | None) -> URL:
     if ini_url:
         return sync_database_url(ini_url)
     named = (ENV_DATABASE_URL, ENV_DB_PATH, ENV_WORKSPACE)
-    if any(os.environ.get(name, "").strip() for name in named):
-        return sync_database_url(None)
+    if any(os.environ.get(name) is not None for name in named):
+        return sync_database_url(None)  # one set but empty: InvalidInput naming it
     raise InvalidInput(
         "no database named: run `alembic -x database_url=URL ...`, set sqlalchemy.url in "
         f"alembic.ini, or set {ENV_DATABASE_URL} (or {ENV_DB_PATH}); alembic never migrates "

@@ -36,23 +36,46 @@ ENV_WORKSPACE = "METNOS_WORKSPACE"
 
 
 def default_sqlite_path() -> Path:
-    """The embedded default: ``$METNOS_WORKSPACE/.mnestoma/mnest.sqlite`` or ``./.mnestoma/...``."""
-    workspace = os.environ.get(ENV_WORKSPACE)
-    base = Path(workspace) if workspace else Path.cwd()
+    """The embedded default: ``$METNOS_WORKSPACE/.mnestoma/mnest.sqlite`` or ``./.mnestoma/...``.
+
+    Raises:
+        InvalidInput: METNOS_WORKSPACE is set but empty or blank.
+    """
+    workspace = _env(ENV_WORKSPACE)
+    base = Path(workspace) if workspace is not None else Path.cwd()
     return base / ".mnestoma" / "mnest.sqlite"
+
+
+def _env(name: str) -> str | None:
+    """The variable ``name`` stripped, None when it is unset; set but empty or blank (an
+    unset shell variable expanded, ``VAR=$TYPO``) is :class:`InvalidInput` naming it: taken
+    as unset, it would switch to the next store of the order, silently."""
+    value = os.environ.get(name)
+    if value is None:
+        return None
+    if not value.strip():
+        raise InvalidInput(
+            f"{name} is set but empty (an unset shell variable?): give it a value, or unset "
+            "it; nothing was opened"
+        )
+    return value.strip()
 
 
 def resolve_database_url(url: str | URL | None = None) -> URL:
     """The database URL by the contract's order: argument, env URL, env path, workspace, cwd.
 
-    Only None falls back: an empty or blank string given by the caller (an unset shell
-    variable, say) is :class:`InvalidInput`, never a silent switch to another store.
+    Only None falls back, and only an unset variable is skipped: an empty or blank string
+    given by the caller, or a variable of the order set to one (an unset shell variable
+    expanded, say), is :class:`InvalidInput` naming it, never a silent switch to another
+    store.
 
     Returns:
         The URL.
 
     Raises:
-        InvalidInput: ``url`` (or the environment's URL) is empty or not a database URL.
+        InvalidInput: ``url`` (or the environment's URL) is empty or not a database URL, or
+            MNESTOMA_DATABASE_URL, MNESTOMA_DB_PATH or METNOS_WORKSPACE, the first of them
+            set, is empty.
     """
     if url is not None:
         if isinstance(url, str) and not url.strip():
@@ -61,11 +84,11 @@ def resolve_database_url(url: str | URL | None = None) -> URL:
                 "for the default store"
             )
         return _parse(url)
-    env_url = os.environ.get(ENV_DATABASE_URL, "").strip()
-    if env_url:
+    env_url = _env(ENV_DATABASE_URL)
+    if env_url is not None:
         return _parse(env_url)
-    env_path = os.environ.get(ENV_DB_PATH, "").strip()
-    path = Path(env_path).expanduser() if env_path else default_sqlite_path()
+    env_path = _env(ENV_DB_PATH)
+    path = Path(env_path).expanduser() if env_path is not None else default_sqlite_path()
     return URL.create("sqlite+pysqlite", database=str(path.absolute()))
 
 

@@ -35,7 +35,7 @@ from ..config import (
     redact_url,
     resolve_database_url,
 )
-from ..errors import StoreError
+from ..errors import InvalidInput, StoreError
 from ..migration import upgrade
 from ..repository import MnestRepository
 from ..settings import Settings
@@ -184,14 +184,21 @@ def _test_database_url(
     config: pytest.Config, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[URL]:
     """The URL the session's tests use: ``MNESTOMA_TEST_DATABASE_URL``, or a temporary
-    SQLite file; under pytest-xdist, a database of this worker's own derived from it."""
-    given = os.environ.get(ENV_TEST_DATABASE_URL, "").strip()
-    if not given:
+    SQLite file; under pytest-xdist, a database of this worker's own derived from it. Set
+    but empty (an unset shell variable expanded) is :class:`InvalidInput` naming it: the
+    tests would otherwise run on SQLite where PostgreSQL was meant."""
+    given = os.environ.get(ENV_TEST_DATABASE_URL)
+    if given is not None and not given.strip():
+        raise InvalidInput(
+            f"{ENV_TEST_DATABASE_URL} is set but empty (an unset shell variable?): give it a "
+            "URL, or unset it for a temporary SQLite file"
+        )
+    if given is None:
         # pytest's temporary directory is already per worker under xdist
         path = tmp_path_factory.mktemp("mnestoma") / "mnestoma.sqlite"
         yield URL.create("sqlite+pysqlite", database=str(path))
         return
-    url = resolve_database_url(given)
+    url = resolve_database_url(given.strip())
     worker = xdist_worker(config)
     if worker is None:
         yield url
@@ -219,6 +226,7 @@ def mnestoma_engine(
         The Engine, for the whole session (fixture).
 
     Raises:
+        InvalidInput: ``MNESTOMA_TEST_DATABASE_URL`` is set but empty, or not a database URL.
         SchemaError: the test database is at a revision this release does not know.
         StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
             be reached).
