@@ -1,5 +1,6 @@
 """How each state of a mnest is shown, in one table keyed by :class:`~mnestoma.rules.MnestState`,
-and how each recorder is named, in one keyed by :class:`~mnestoma.rules.Recorder`.
+how each recorder is named, in one keyed by :class:`~mnestoma.rules.Recorder`, and how
+stored text is written for a terminal (its control characters escaped).
 
 The graph's renderers (DOT, Mermaid) and the command line (its STATE columns, the help of
 ``graph``) read their per-state looks here. A state without a look of its own takes the one
@@ -11,6 +12,7 @@ whatever the state.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -29,9 +31,12 @@ __all__ = [
     "SUPERSEDED_COLOUR",
     "WISHED_COLOUR",
     "StateStyle",
+    "json_for_terminal",
+    "lines_for_terminal",
     "recorder_name",
     "state_word",
     "style_of",
+    "text_for_terminal",
 ]
 
 WISHED_COLOUR = "#b35c00"
@@ -135,3 +140,38 @@ def recorder_name(value: str) -> str:
         return RECORDER_NAMES[Recorder(value)]
     except (KeyError, ValueError):
         return f"the recorder {value!r}"
+
+
+# --- stored text on a terminal ------------------------------------------------------------
+
+# What a terminal acts on: the C0 controls (ESC, and newline, tab, carriage return in a
+# table's one line), DEL and the C1 controls (U+009B is an 8-bit CSI to xterm and its kin).
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f]")
+# What ``json.dumps(..., ensure_ascii=False)`` leaves raw: it escapes C0 itself.
+_RAW_IN_JSON = re.compile("[\x7f-\x9f]")
+_NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escaped(match: re.Match[str]) -> str:
+    char = match.group()
+    return _NAMED_ESCAPES.get(char) or f"\\x{ord(char):02x}"
+
+
+def text_for_terminal(value: str) -> str:
+    """Stored text for one line of the command line's output: each control character written
+    as Python writes it in a string (``\\n``, ``\\x1b``, ``\\x9b``), so that text a row holds,
+    whoever wrote it, never reaches a terminal raw."""
+    return _CONTROLS.sub(_escaped, value)
+
+
+def lines_for_terminal(text: str) -> str:
+    """Text of many lines (a picture in DOT, Mermaid or GraphML) for a terminal: each control
+    character escaped as :func:`text_for_terminal` does, but newlines and tabs."""
+    return _CONTROLS.sub(lambda m: m.group() if m.group() in "\n\t" else _escaped(m), text)
+
+
+def json_for_terminal(text: str) -> str:
+    """JSON text with DEL and the C1 controls written as ``\\u`` escapes (``\\u009b``): the
+    same JSON value, which no terminal acts on (``json.dumps`` without ``ensure_ascii``
+    leaves them raw; it escapes C0 itself)."""
+    return _RAW_IN_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", text)

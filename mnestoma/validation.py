@@ -231,15 +231,21 @@ def check_weight_threshold(value: Any, what: str) -> float:
     return number
 
 
+# control characters free text refuses: C0 but newline, carriage return and tab; DEL; C1
+# (U+009B is an 8-bit CSI to xterm and its kin, as ESC [ is)
+_NOT_FREE_TEXT = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+
+
 def check_text(value: Any, what: str, *, max_length: int = 100_000) -> str:
-    """Free text (a query): a non-blank string; newlines and tabs allowed."""
+    """Free text (a query, a reason): a non-blank string; newlines and tabs allowed, other
+    control characters (C0, DEL, C1) refused."""
     if not isinstance(value, str):
         raise InvalidInput(f"{what} must be a string, got {type(value).__name__}")
     if not value.strip():
         raise InvalidInput(f"{what} must not be empty or blank")
     if len(value) > max_length:
         raise InvalidInput(f"{what} is longer than {max_length} characters")
-    if any((ord(ch) < 32 and ch not in "\n\r\t") or ord(ch) == 127 for ch in value):
+    if _NOT_FREE_TEXT.search(value) is not None:
         raise InvalidInput(f"{what} must not contain control characters")
     ensure_unicode_text(value, what)
     return value

@@ -16,7 +16,7 @@ import click
 
 from ..clock import utc_now
 from ..config import resolve_database_url
-from ..display import PICTURE_STATES, STATE_STYLES
+from ..display import PICTURE_STATES, STATE_STYLES, json_for_terminal, lines_for_terminal
 from ..errors import InvalidInput, InvalidTransition
 from ..facade import Mnestoma
 from ..locking import DEFAULT_LOCK_TIMEOUT_S, ENV_LOCK_TIMEOUT, store_files
@@ -427,9 +427,10 @@ def graph_cmd(
         )
     chosen_format = "json" if as_json else fmt or "dot"
     text = render(picture, chosen_format)
-    if target is None:
-        click.echo(text, nl=False)
-        size = len(text.encode("utf-8"))
+    if target is None:  # on a terminal maybe: no stored name's control character raw
+        shown = json_for_terminal(text) if chosen_format == "json" else lines_for_terminal(text)
+        click.echo(shown, nl=False)
+        size = len(shown.encode("utf-8"))
     else:
         size = write_output(target, text)
     nodes, edges = len(picture.nodes), len(picture.edges)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from ..clock import utc_now
-from ..display import state_word
+from ..display import json_for_terminal, state_word, text_for_terminal
 from ..errors import InvalidInput
 from ..models import CanonicalQuery, Event, Mnest
 from ..records import mnest_record, row_record
@@ -63,8 +63,8 @@ COPY_LABELS = {
 
 
 def echo_json(data: Any) -> None:
-    """``data`` as indented JSON on stdout."""
-    click.echo(json.dumps(data, indent=2, ensure_ascii=False, default=str))
+    """``data`` as indented JSON on stdout, no control character raw (C1 as ``\\u`` escapes)."""
+    click.echo(json_for_terminal(json.dumps(data, indent=2, ensure_ascii=False, default=str)))
 
 
 def _fmt_weight(value: float | None) -> str:
@@ -72,8 +72,9 @@ def _fmt_weight(value: float | None) -> str:
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], right: set[str]) -> str:
-    """Rows under their headers, columns padded; the columns in ``right`` right-aligned."""
-    cells = [[("-" if v is None else str(v)) for v in row] for row in rows]
+    """Rows under their headers, columns padded; the columns in ``right`` right-aligned; a
+    cell's control characters escaped (:func:`~mnestoma.display.text_for_terminal`)."""
+    cells = [[("-" if v is None else text_for_terminal(str(v))) for v in row] for row in rows]
     widths = [len(h) for h in headers]
     for row in cells:
         for i, v in enumerate(row):
@@ -243,7 +244,7 @@ def render_verdict(verdict: Verdict, as_json: bool) -> None:
         link = verdict.links[verdict.weakest]
         src = endpoint(link.src_executor, link.src_version)
         dst = endpoint(link.dst_executor, link.dst_version)
-        click.echo(f"weakest  link {link.index}: {src} -> {dst}")
+        click.echo(text_for_terminal(f"weakest  link {link.index}: {src} -> {dst}"))
     if verdict.unknown:
         n = len(verdict.unknown)
         click.echo(
