@@ -27,6 +27,7 @@ from urllib.parse import unquote
 
 from sqlalchemy import URL, Connection, text
 from sqlalchemy.engine.interfaces import AdaptedConnection
+from sqlalchemy.util import asbool
 
 from ._sqla_compat import replace_dialect_method
 from .errors import InvalidInput, StoreError, WriteLockTimeout
@@ -64,6 +65,7 @@ __all__ = [
     "rest_before_statement",
     "rest_busy_timeout",
     "saying_it_waits",
+    "sqlite_file_named",
     "store_files",
     "take_write_lock",
     "track_writes",
@@ -826,10 +828,10 @@ def store_files(url: URL) -> tuple[str, ...]:
     """Every file of the SQLite file database at ``url``: the database, then what lies
     beside it (:data:`STORE_FILE_SUFFIXES`), each at the path the URL names and, when that
     is a link, beside the file it leads to; () for an in-memory or a PostgreSQL database."""
-    database = beside_store(url, "")
-    if database is None:
+    named = sqlite_file_named(url)
+    if named is None:
         return ()
-    bases = dict.fromkeys([database, os.path.realpath(database)])
+    bases = dict.fromkeys([named, os.path.realpath(named)])
     return tuple(base + suffix for base in bases for suffix in ("", *STORE_FILE_SUFFIXES))
 
 
@@ -867,14 +869,54 @@ def _listed(values: str | tuple[str, ...]) -> tuple[str, ...]:
 
 
 def beside_store(url: URL, suffix: str) -> str | None:
-    """A file beside the SQLite file database at ``url`` (its path and ``suffix``), None for
-    an in-memory one and for a database of another engine."""
+    """A file beside the SQLite file database at ``url``: the path of the file SQLite opens,
+    links followed (:func:`os.path.realpath`), and ``suffix``; None for an in-memory one and
+    for a database of another engine. However the URL spells the file (through a link,
+    ``./x/../store.sqlite``, relative or absolute), its runs and writers share one file."""
+    named = sqlite_file_named(url)
+    return None if named is None else os.path.realpath(named) + suffix
+
+
+# The query keys SQLAlchemy's SQLite drivers take for themselves; with ``uri=true`` the
+# others go on the URI it hands SQLite.
+_DRIVER_KEYS = frozenset(
+    {"uri", "timeout", "isolation_level", "detect_types", "check_same_thread", "cached_statements"}
+)
+
+
+def sqlite_file_named(url: URL) -> str | None:
+    """The absolute path of the file SQLite opens for ``url`` (links not followed), as its
+    drivers name it: the URL's database relative to the working directory, ``file:`` or not,
+    unless ``uri=true`` is in the query; then a name that begins with ``file:`` is SQLite's
+    URI (its path %-decoded after an empty or ``localhost`` authority, the query and
+    fragment its own). None for an in-memory database or another engine's."""
     if url.get_backend_name() != "sqlite" or is_memory_sqlite(url):
         return None
-    database = url.database or ""
-    if database.startswith("file:"):
-        database = database[5:].split("?", 1)[0]
-    return os.path.abspath(database) + suffix
+    name = url.database or ""
+    if not _is_uri(url):
+        return os.path.abspath(name)
+    if not name.startswith("file:"):  # SQLite's URIs begin so; any other name is a file's
+        extra = sorted(key for key in url.query if key not in _DRIVER_KEYS)
+        if extra:  # appended by the driver all the same
+            name += "?" + "&".join(f"{key}={url.query[key]}" for key in extra)
+        return os.path.abspath(name)
+    path = name[5:].partition("?")[0].partition("#")[0]
+    if path.startswith("//"):  # file://localhost/path: the authority is not the path
+        _authority, slash, rest = path[2:].partition("/")
+        path = slash + rest
+    return os.path.abspath(unquote(path))
+
+
+def _is_uri(url: URL) -> bool:
+    """True when the URL's query has ``uri`` true (as SQLAlchemy reads a flag: ``true``,
+    ``1``, ``yes``, ``on``...): SQLite then reads a ``file:`` name as a URI."""
+    value = url.query.get("uri")
+    if value is None:
+        return False
+    try:
+        return bool(asbool(value))
+    except ValueError:  # the driver refuses it: no store opens at all
+        return False
 
 
 try:
