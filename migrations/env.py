@@ -35,6 +35,7 @@ from mnestoma.migration import (
     handed_connection,
     lock_timeout_sql,
     migration_lock_timeout,
+    note_left,
     prepare_for_migration,
     retry_lock_timeouts,
     revision_session,
@@ -140,11 +141,12 @@ def _run_per_revision(connection: Connection) -> None:
 
         def attempt() -> None:
             migration.on_version_apply_callbacks = callbacks  # a failed try's are dropped
-            prepare_for_migration(connection)
+            prepare_for_migration(connection, config.attributes)
             context.run_migrations()
             connection.commit()  # an upgrade with nothing to do leaves prepare's reads
 
         retry_lock_timeouts(connection, attempt, lock_timeout=timeout)
+        note_left(connection, config.attributes)  # still under the session's lock
 
 
 def _run(connection: Connection) -> None:
@@ -154,8 +156,10 @@ def _run(connection: Connection) -> None:
         # reads the revision the first one wrote. A legacy stamp in alembic_version moves.
         # Commands that only read (`alembic current`, `history`) change nothing.
         if _moves_the_revision():
-            prepare_for_migration(connection)
+            prepare_for_migration(connection, config.attributes)
         context.run_migrations()
+        if _moves_the_revision():
+            note_left(connection, config.attributes)
 
 
 def _named_url() -> URL:

@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -53,6 +54,7 @@ __all__ = [
     "MIGRATION_LOCK_RETRIES",
     "STORE_NAMES",
     "VERSION_TABLE",
+    "MigrationReport",
     "adopt_legacy_version",
     "alembic_config",
     "checkout_database_url",
@@ -70,6 +72,7 @@ __all__ = [
     "migration_lock_timeout",
     "migrations_path",
     "missing_sqlite_file",
+    "note_left",
     "offline_sql",
     "prepare_for_migration",
     "read_revision",
@@ -378,17 +381,63 @@ def adopt_legacy_version(conn: Connection) -> str | None:
     return revision
 
 
-def prepare_for_migration(conn: Connection) -> None:
+# The keys of ``Config.attributes`` where env.py notes the revision a migration found once
+# it held the migration lock, and the one it left before letting the lock go: what this
+# migration did, not what another one did while it waited (see :class:`MigrationReport`).
+FOUND = "mnestoma_found_revision"
+LEFT = "mnestoma_left_revision"
+
+
+def prepare_for_migration(conn: Connection, noted: dict[str, Any] | None = None) -> None:
     """What every online migration does first, inside its transaction: take the migration
     lock, create the schema the URL's ``search_path`` names (PostgreSQL: under the lock, so
     two first migrations never race to create it), adopt a legacy stamp, repair a seed-era
-    store at 0001 (:mod:`mnestoma.seed_repair`)."""
+    store at 0001 (:mod:`mnestoma.seed_repair`). In ``noted`` (the Config's attributes) the
+    revision found under the lock, at the first attempt only (a retry starts from there)."""
     lock_for_migration(conn)
     if conn.dialect.name == "postgresql":
         _create_search_path_schema(conn)
     adopt_legacy_version(conn)
+    if noted is not None and FOUND not in noted:
+        noted[FOUND] = read_revision(conn)
     # a seed-era store at 0001 may hold rows that 0002's unique indexes forbid: merge them
     repair_before_upgrade(conn, read_revision(conn))
+
+
+def note_left(conn: Connection, noted: dict[str, Any]) -> None:
+    """In ``noted`` (the Config's attributes) the revision a migration leaves, read while it
+    still holds the migration lock."""
+    noted[LEFT] = read_revision(conn)
+
+
+@dataclass(frozen=True)
+class MigrationReport:
+    """What one :func:`upgrade` or :func:`downgrade` did, read under the migration lock:
+    ``before`` the revision it found once it held the lock (None: no schema), ``after`` the
+    one it left, ``applied`` the revisions it ran (an upgrade: oldest first; a downgrade:
+    those it undid, newest first). A migration that waited while another brought the
+    database to its target applied nothing: ``before == after``, ``applied`` empty."""
+
+    before: str | None
+    after: str | None
+    applied: tuple[str, ...]
+
+    @property
+    def moved(self) -> bool:
+        """True when this migration changed the revision."""
+        return self.before != self.after
+
+
+def _report(noted: dict[str, Any], *, down: bool = False) -> MigrationReport:
+    """The report of the migration whose revisions env.py noted in ``noted``."""
+    before, after = noted.get(FOUND), noted.get(LEFT)
+    upper, lower = (before, after) if down else (after, before)
+    applied: tuple[str, ...] = ()
+    if upper is not None and upper != lower:
+        script = ScriptDirectory.from_config(alembic_config())
+        ran = [r.revision for r in script.iterate_revisions(upper, lower or "base")]
+        applied = tuple(ran if down else reversed(ran))
+    return MigrationReport(before, after, applied)
 
 
 def _create_search_path_schema(conn: Connection) -> None:
@@ -568,7 +617,7 @@ def upgrade(
     revision: str = "head",
     *,
     lock_timeout: float | None = None,
-) -> None:
+) -> MigrationReport:
     """Migrate the database up to ``revision`` with the packaged Alembic scripts.
 
     PostgreSQL, from a URL or Engine: each revision commits in its own transaction, its
@@ -579,11 +628,13 @@ def upgrade(
     in a deadlock with) the whole upgrade. SQLite: one transaction for the whole
     upgrade, holding the write lock. A Connection is migrated in one transaction that the
     caller ends (commit or roll back). Concurrent migrations of one database are serialised:
-    each ends at ``revision``. The package's revision lives in ``mnestoma_alembic_version``;
-    a service's own ``alembic_version`` is left alone.
+    each ends at ``revision``, and each reports what it applied itself (one that waited
+    while another did the work: nothing). The package's revision lives in
+    ``mnestoma_alembic_version``; a service's own ``alembic_version`` is left alone.
 
     Returns:
-        None.
+        A :class:`MigrationReport`: the revision found once the migration lock was held,
+        the one left, and the revisions applied, oldest first.
 
     Raises:
         InvalidInput: ``revision`` is empty or unknown, or no database is named (the
@@ -600,31 +651,34 @@ def upgrade(
     if isinstance(url_or_engine, Connection):
         with translate_errors(), _revision_errors():
             _refuse_unknown_stamp(url_or_engine)
-            before = read_revision(url_or_engine)
-            command.upgrade(alembic_config(url_or_engine), revision)
-            _analyze_if_migrated(url_or_engine, before)
-        return
+            cfg = alembic_config(url_or_engine)
+            command.upgrade(cfg, revision)
+            report = _report(cfg.attributes)
+            _analyze_if_migrated(url_or_engine, report)
+        return report
     with _engine_for(url_or_engine) as engine, translate_errors(), _revision_errors():
         with engine.connect() as conn:
             _refuse_unknown_stamp(conn)
-            before = read_revision(conn)
         _use_wal(engine)
         cfg = alembic_config(engine)
         cfg.attributes["lock_timeout"] = seconds
         command.upgrade(cfg, revision)
+        report = _report(cfg.attributes)
         with engine.begin() as conn:
-            _analyze_if_migrated(conn, before)
+            _analyze_if_migrated(conn, report)
+    return report
 
 
 # The package's tables, analysed after a migration on PostgreSQL.
 PACKAGE_TABLES = ("mnests", "events", "canonical_query_log", "ager_runs")
 
 
-def _analyze_if_migrated(conn: Connection, before: str | None) -> None:
-    """PostgreSQL: ANALYZE the package's tables when the revision moved. A migration builds
-    indexes and rewrites tables; until statistics exist the planner guesses, and a guess
-    can turn a linear statement quadratic (the ager's, once, on a store with a hub)."""
-    if conn.dialect.name != "postgresql" or read_revision(conn) == before:
+def _analyze_if_migrated(conn: Connection, report: MigrationReport) -> None:
+    """PostgreSQL: ANALYZE the package's tables when this migration moved the revision. A
+    migration builds indexes and rewrites tables; until statistics exist the planner
+    guesses, and a guess can turn a linear statement quadratic (the ager's, once, on a
+    store with a hub)."""
+    if conn.dialect.name != "postgresql" or not report.moved:
         return
     present = set(inspect(conn).get_table_names())
     quote = conn.dialect.identifier_preparer.quote_identifier
@@ -658,12 +712,13 @@ def _use_wal(engine: Engine) -> None:
 
 def downgrade(
     url_or_engine: str | URL | Engine | None, revision: str, *, lock_timeout: float | None = None
-) -> None:
+) -> MigrationReport:
     """Migrate the database down to ``revision`` (on PostgreSQL one revision a transaction,
     under ``lock_timeout`` and retried as :func:`upgrade` does).
 
     Returns:
-        None.
+        A :class:`MigrationReport`: the revision found once the migration lock was held,
+        the one left, and the revisions undone, newest first.
 
     Raises:
         InvalidInput: ``revision`` is empty or unknown, or the URL is not a database URL.
@@ -682,6 +737,7 @@ def downgrade(
         cfg = alembic_config(engine)
         cfg.attributes["lock_timeout"] = seconds
         command.downgrade(cfg, revision)
+    return _report(cfg.attributes, down=True)
 
 
 def offline_sql(

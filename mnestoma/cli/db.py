@@ -100,15 +100,15 @@ def db_upgrade(revision: str, database_url: str | None, lock_timeout: float | No
     Each revision is named on stderr as it begins.
     """
     url = resolve_database_url(command_url(database_url))
-    before = current_revision(url)
     with revisions_on_stderr():
-        upgrade(url, revision, lock_timeout=lock_timeout)
-    after = current_revision(url)
-    where = redact_url(url)
-    if before == after:
+        report = upgrade(url, revision, lock_timeout=lock_timeout)
+    where, after = redact_url(url), report.after
+    if not report.moved:
         click.echo(f"{where}: already at revision {after}{_head_mark(after)}")
     else:
-        click.echo(f"{where}: upgraded from {before or 'empty'} to {after}{_head_mark(after)}")
+        click.echo(
+            f"{where}: upgraded from {report.before or 'empty'} to {after}{_head_mark(after)}"
+        )
 
 
 @db.command("downgrade")
@@ -122,11 +122,16 @@ def db_downgrade(revision: str, database_url: str | None, lock_timeout: float | 
     missing = missing_sqlite_file(url)
     if missing is not None:
         raise InvalidInput(f"no database at {missing}")
-    before = current_revision(url)
     with revisions_on_stderr():
-        downgrade(url, revision, lock_timeout=lock_timeout)
-    after = current_revision(url)
-    click.echo(f"{redact_url(url)}: downgraded from {before} to {after or 'base (no schema)'}")
+        report = downgrade(url, revision, lock_timeout=lock_timeout)
+    where = redact_url(url)
+    if not report.moved:
+        at = f"revision {report.after}" if report.after else "base (no schema)"
+        click.echo(f"{where}: already at {at}")
+    else:
+        click.echo(
+            f"{where}: downgraded from {report.before} to {report.after or 'base (no schema)'}"
+        )
 
 
 @db.command("current")
