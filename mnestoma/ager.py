@@ -82,6 +82,7 @@ from .settings import Settings
 from .sql.ager import (
     ADVISORY_HELD,
     ADVISORY_LOCK,
+    ADVISORY_TRY_LOCK,
     ADVISORY_UNLOCK,
     PAIRS_STEP,
     PROGRESS_BEGIN,
@@ -126,7 +127,8 @@ logger = logging.getLogger("mnestoma.ager")
 
 # The ager's run lock (PostgreSQL advisory lock): the number after the migrations' lock.
 AGER_LOCK_KEY = MIGRATION_LOCK_KEY + 1
-# How often a second run of the ager looks whether the first has ended (SQLite).
+# How often a second run of the ager looks whether the first has ended (SQLite; PostgreSQL
+# when its caller may stop it while it waits).
 AGER_LOCK_POLL_S = 0.05
 
 _INSERT_AGER_RUN = AGER_RUNS.insert()
@@ -741,7 +743,7 @@ def age_in_batches(
         batch_rows = settings.ager_batch_rows
     write = functools.partial(_written, conn)
     waits = _Waits(conn, go_on)
-    with ager_run_lock(conn), AgerSession(conn) as session, ager_writers(conn) as writers:
+    with ager_run_lock(conn, go_on), AgerSession(conn) as session, ager_writers(conn) as writers:
         waits.go_on()
         bounds = _read(conn, ager_bounds)
         rows = batch_rows or AGER_BATCH_ROWS
@@ -967,7 +969,7 @@ def _written(conn: Connection, write: Callable[[Connection], T]) -> T:
 
 
 @contextmanager
-def ager_run_lock(conn: Connection) -> Iterator[None]:
+def ager_run_lock(conn: Connection, go_on: GoOn | None = None) -> Iterator[None]:
     """Hold the database's ager lock for the block: a second run waits for the first.
 
     PostgreSQL: a session advisory lock on ``conn`` (the run's own connection, committed
@@ -977,10 +979,16 @@ def ager_run_lock(conn: Connection) -> Iterator[None]:
     (StoreError, before the run begins, when that is not a regular file it can open: see
     :func:`open_beside_store`); an in-memory database, whose runs share one process, a lock
     of this process.
+
+    With ``go_on``, the wait for another run's lock asks it every
+    :data:`AGER_LOCK_POLL_S` and ends once it is false (:class:`RunStopped`, the lock not
+    taken): a cancelled async run neither keeps its connection waiting nor takes the lock
+    when the other run releases it. On PostgreSQL it then tries the lock
+    (``pg_try_advisory_lock``) rather than queue on the server, where nothing would end
+    the wait but the lock.
     """
     if conn.dialect.name == "postgresql":
-        conn.execute(ADVISORY_LOCK, {"key": AGER_LOCK_KEY})
-        conn.commit()
+        _take_advisory(conn, go_on)
         try:
             yield
         finally:
@@ -988,16 +996,39 @@ def ager_run_lock(conn: Connection) -> Iterator[None]:
         return
     path = _ager_lock_path(conn)
     if path is None:
-        with _memory_ager_lock(conn):
+        with _memory_ager_lock(conn, go_on):
             yield
         return
     fd = open_beside_store(path, "the ager's lock file")
     try:
         while not try_flock(fd, exclusive=True):
+            _stop_waiting_unless(go_on)
             pause_on(conn, AGER_LOCK_POLL_S)
         yield
     finally:
         os.close(fd)  # releases the flock
+
+
+def _stop_waiting_unless(go_on: GoOn | None) -> None:
+    """Raise :class:`RunStopped` when a run waiting for another's lock was asked to stop."""
+    if go_on is not None and not go_on():
+        raise RunStopped("the run of the ager was stopped while it waited for another run")
+
+
+def _take_advisory(conn: Connection, go_on: GoOn | None) -> None:
+    """The ager's advisory lock on ``conn`` (PostgreSQL), committed: waited for on the server
+    without ``go_on``, else tried every :data:`AGER_LOCK_POLL_S` while ``go_on()`` holds."""
+    if go_on is None:
+        conn.execute(ADVISORY_LOCK, {"key": AGER_LOCK_KEY})
+        conn.commit()
+        return
+    while True:
+        taken = conn.execute(ADVISORY_TRY_LOCK, {"key": AGER_LOCK_KEY}).scalar_one()
+        conn.commit()
+        if taken:
+            return
+        _stop_waiting_unless(go_on)
+        pause_on(conn, AGER_LOCK_POLL_S)
 
 
 def ager_running(conn: Connection) -> bool:
@@ -1045,7 +1076,15 @@ def _memory_key(conn: Connection) -> int:
 
 
 @contextmanager
-def _memory_ager_lock(conn: Connection) -> Iterator[None]:
+def _memory_ager_lock(conn: Connection, go_on: GoOn | None = None) -> Iterator[None]:
     lock = _MEMORY_AGER_LOCKS.setdefault(_memory_key(conn), threading.Lock())
-    with lock:
+    if go_on is None:
+        lock.acquire()
+    else:
+        while not lock.acquire(blocking=False):
+            _stop_waiting_unless(go_on)
+            pause_on(conn, AGER_LOCK_POLL_S)
+    try:
         yield
+    finally:
+        lock.release()

@@ -71,6 +71,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ADVISORY_HELD",
     "ADVISORY_LOCK",
+    "ADVISORY_TRY_LOCK",
     "ADVISORY_UNLOCK",
     "MERGE",
     "PAIRS",
@@ -93,6 +94,8 @@ __all__ = [
 # The ager's run lock on PostgreSQL: a session advisory lock (``key``), and whether some
 # session of this database holds it (``hi``, ``lo``: the key's halves, as pg_locks shows it).
 ADVISORY_LOCK = text("SELECT pg_advisory_lock(:key)")
+# A run that its caller may stop while it waits (async) tries, and looks again, instead.
+ADVISORY_TRY_LOCK = text("SELECT pg_try_advisory_lock(:key)")
 ADVISORY_UNLOCK = text("SELECT pg_advisory_unlock(:key)")
 ADVISORY_HELD = text(
     "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
