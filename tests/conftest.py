@@ -1,9 +1,11 @@
 """Shared fixtures: every test that takes ``store_url`` runs on SQLite and on PostgreSQL.
 
 PostgreSQL comes from ``MNESTOMA_TEST_PG_ADMIN_URL`` (default: root on 127.0.0.1:5432,
-database ``test``), used only to create and drop throwaway databases. When the server is
-unreachable its tests are skipped, unless ``MNESTOMA_REQUIRE_POSTGRESQL=1`` (set by
-``.ci/run``), which turns the skip into a failure.
+database ``test``), used only to create and drop throwaway databases. A server that answers
+without that database gets it (created through the ``postgres`` maintenance database, when
+the role may). When PostgreSQL cannot be used its tests are skipped with the reason (the
+server does not answer, refuses the login, or lacks the database), unless
+``MNESTOMA_REQUIRE_POSTGRESQL=1`` (set by ``.ci/run``), which turns the skip into a failure.
 """
 
 from __future__ import annotations
@@ -43,29 +45,92 @@ ENGINES = ["sqlite", "postgresql"]
 TABLES = ("events", "canonical_query_log", "mnests", "ager_runs")
 
 
-_pg_reachable: bool | None = None
+# PostgreSQL's own database, there on every server: where a missing one is created from.
+PG_MAINTENANCE_DATABASE = "postgres"
+# Words of libpq's and the server's messages that say why a connection failed.
+_PG_DOWN = re.compile(
+    r"connection refused|timeout expired|could not translate host name|no route to host|"
+    r"network is unreachable|no such file or directory|server closed the connection",
+    re.I,
+)
+_PG_LOGIN = re.compile(
+    r"password authentication failed|authentication failed|no pg_hba\.conf entry|"
+    r'role "[^"]*" does not exist|password|permission denied to connect',
+    re.I,
+)
+
+_pg_problem: list[str | None] = []  # the answer for PG_ADMIN_URL, once found
+
+
+def _connect_error(url: URL | str) -> str | None:
+    """Why a connection to ``url`` fails (the driver's first line), None when it works."""
+    eng = create_engine(url, poolclass=NullPool, connect_args={"connect_timeout": 3})
+    try:
+        with eng.connect() as conn:
+            conn.execute(text("SELECT 1"))
+    except Exception as err:  # any failure is a reason to skip, said in its own words
+        first = str(getattr(err, "orig", None) or err).strip().splitlines()
+        return first[0] if first else type(err).__name__
+    finally:
+        eng.dispose()
+    return None
+
+
+def postgresql_problem(admin_url: str = PG_ADMIN_URL, *, create: bool = True) -> str | None:
+    """None when the tests can use ``admin_url``; else why not, in words: the server does not
+    answer, it refuses the login, or the database is missing (with ``create``, it is first
+    created through the ``postgres`` maintenance database, when the role may)."""
+    url = make_url(admin_url)
+    shown = url.render_as_string()  # the password hidden
+    failure = _connect_error(url)
+    if failure is None:
+        return None
+    maintenance = url.set(database=PG_MAINTENANCE_DATABASE)
+    reached = _connect_error(maintenance)
+    if reached is not None:
+        if _PG_DOWN.search(reached):
+            return f"PostgreSQL does not answer at {shown}: {reached}"
+        if _PG_LOGIN.search(reached):
+            return f"PostgreSQL refuses the login of {shown}: {reached}"
+        return f"PostgreSQL cannot be used at {shown}: {failure}"
+    # The server answers and takes the login: the database itself is missing (or closed).
+    advice = (
+        f'create it (createdb "{url.database}"), or set MNESTOMA_TEST_PG_ADMIN_URL to a '
+        "database the tests may use"
+    )
+    if not create:
+        return f"PostgreSQL answers, but not with the database of {shown}: {failure}; {advice}"
+    eng = create_engine(maintenance, poolclass=NullPool, isolation_level="AUTOCOMMIT")
+    try:
+        with eng.connect() as conn:
+            quoted = conn.dialect.identifier_preparer.quote(url.database or "")
+            conn.execute(text(f"CREATE DATABASE {quoted}"))
+    except Exception as err:  # a worker that created it first, or a role without CREATEDB
+        created = str(getattr(err, "orig", None) or err).strip().splitlines()[:1]
+    else:
+        created = []
+    finally:
+        eng.dispose()
+    failure = _connect_error(url)
+    if failure is None:
+        return None
+    why = f" (creating it failed: {created[0]})" if created else ""
+    return f"PostgreSQL answers, but not with the database of {shown}: {failure}{why}; {advice}"
 
 
 def postgresql_available() -> bool:
-    """True when the test server answers; cached for the session."""
-    global _pg_reachable
-    if _pg_reachable is None:
-        try:
-            eng = create_engine(PG_ADMIN_URL, connect_args={"connect_timeout": 3})
-            with eng.connect() as conn:
-                conn.execute(text("SELECT 1"))
-            eng.dispose()
-            _pg_reachable = True
-        except Exception:
-            _pg_reachable = False
-    return _pg_reachable
+    """True when the test server can be used (see :func:`postgresql_problem`); cached for
+    the session."""
+    if not _pg_problem:
+        _pg_problem.append(postgresql_problem())
+    return _pg_problem[0] is None
 
 
 def require_postgresql() -> None:
-    """Skip (or, in CI, fail) the calling test when PostgreSQL is unreachable."""
+    """Skip (or, in CI, fail) the calling test when PostgreSQL cannot be used, saying why."""
     if postgresql_available():
         return
-    msg = f"PostgreSQL unreachable at {make_url(PG_ADMIN_URL).render_as_string()}"
+    msg = f"{_pg_problem[0]}"
     if REQUIRE_PG:
         pytest.fail(msg + " (MNESTOMA_REQUIRE_POSTGRESQL is set)", pytrace=False)
     pytest.skip(msg)
