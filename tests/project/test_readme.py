@@ -39,7 +39,7 @@ def _python_blocks(page: Path) -> list[str]:
 
 
 # (page, number of the block in the page from 1, block): the id names both, e.g.
-# test_a_readme_example_runs[docs/services.md-3]
+# test_a_readme_example_runs_twice_in_one_folder_alike[docs/services.md-3]
 EXAMPLES = [
     (_name(page), number, block)
     for page in PAGES
@@ -56,24 +56,32 @@ def test_the_readme_has_python_examples() -> None:
 @pytest.mark.parametrize(
     ("page", "number", "block"), EXAMPLES, ids=[f"{page}-{number}" for page, number, _ in EXAMPLES]
 )
-def test_a_readme_example_runs(page: str, number: int, block: str, tmp_path: Path) -> None:
+def test_a_readme_example_runs_twice_in_one_folder_alike(
+    page: str, number: int, block: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader runs an example again where it ran before: what the first run left in the
+    folder (a store, its files) must not make the second fail or print other figures."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the examples' mkdtemp() folders go here too
     if "def test_" in block:
         # an example test: run it as a downstream suite with the one-line set-up
         (tmp_path / "conftest.py").write_text('pytest_plugins = ["mnestoma.testing"]\n')
         (tmp_path / "test_example.py").write_text(block)
         env = {k: v for k, v in os.environ.items() if not k.startswith("MNESTOMA_")}
-        done = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *PLUGINS_OFF,
-             str(tmp_path)],
-            cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False, env=env,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stdout + done.stderr
-        assert "1 passed" in done.stdout
+        for run in ("first", "second"):
+            done = subprocess.run(
+                [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *PLUGINS_OFF,
+                 str(tmp_path)],
+                cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False, env=env,
+            )  # fmt: skip
+            assert done.returncode == 0, f"{run} run:\n{done.stdout}{done.stderr}"
+            assert "1 passed" in done.stdout
         return
-    done = run_python(block, cwd=tmp_path)
-    assert done.returncode == 0, f"{page}, python block {number}:\n{done.stderr}"
+    runs = [run_python(block, cwd=tmp_path) for _ in range(2)]
+    for run, done in zip(("first", "second"), runs, strict=True):
+        assert done.returncode == 0, f"{page}, python block {number}, {run} run:\n{done.stderr}"
+    assert runs[1].stdout == runs[0].stdout, f"{page}, python block {number} printed otherwise"
     if "print(edge.uses" in block:
-        assert done.stdout.split() == ["2", "0.4446"]
+        assert runs[0].stdout.split() == ["2", "0.4446"]
 
 
 # --- the guides hang together --------------------------------------------------------------
