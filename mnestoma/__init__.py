@@ -24,7 +24,9 @@ from .uow import JoinedUnitOfWork, UnitOfWork
 from .validation import Passing
 from .vetting import LinkVerdict, Verdict
 
-__version__ = "0.1.0"
+# The newest release of CHANGELOG.md; the one source of the version: the distribution's
+# metadata is built from it ([tool.hatch.version] in pyproject.toml).
+__version__ = "0.4.0"
 
 __all__ = [
     "AgerReport",
