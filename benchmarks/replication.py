@@ -14,10 +14,12 @@ import glob
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from sqlalchemy import create_engine, text
@@ -79,6 +81,8 @@ class Cluster:
         self.primary_port = _free_port()
         self.replica_port = _free_port()
         self.as_root = os.geteuid() == 0
+        self._frozen = False
+        self._conninfo: str | None = None  # the replica's own, while it is cut off
         if self.as_root:
             entry = pwd.getpwnam(SERVER_USER)
             os.chown(self.root, entry.pw_uid, entry.pw_gid)
@@ -106,6 +110,7 @@ class Cluster:
             f"-p {port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off"
             " -c full_page_writes=off -c shared_buffers=16MB -c max_connections=40"
             " -c hot_standby_feedback=on -c wal_level=replica -c max_wal_senders=4"
+            " -c wal_retrieve_retry_interval=200ms"
         )
 
     def _start(self, data: Path, port: int) -> None:
@@ -164,6 +169,101 @@ class Cluster:
     def replica_running(self) -> bool:
         return (self.replica_dir / "postmaster.pid").exists()
 
+    def _replica_processes(self) -> list[int]:
+        """The replica's postmaster and its children (each runs in a session of its own,
+        so that no one process group holds them all)."""
+        postmaster = int((self.replica_dir / "postmaster.pid").read_text().split()[0])
+        children = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                stat = (Path("/proc") / entry / "stat").read_text()
+            except OSError:  # gone meanwhile
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == postmaster:
+                children.append(int(entry))
+        return [postmaster, *children]
+
+    def freeze_replica(self) -> None:
+        """Stop every process of the replica (SIGSTOP), the postmaster first so that it
+        starts no other: a server that hangs. Its kernel still accepts connections and
+        acknowledges what its clients send, so only their own deadlines end their reads."""
+        for pid in self._replica_processes():
+            os.kill(pid, signal.SIGSTOP)
+        self._frozen = True
+
+    def thaw_replica(self) -> None:
+        """Let the frozen replica run again (SIGCONT)."""
+        for pid in reversed(self._replica_processes()):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        self._frozen = False
+
+    @contextlib.contextmanager
+    def frozen_replica(self) -> Iterator[None]:
+        """The replica frozen for the block, and running again after it."""
+        self.freeze_replica()
+        try:
+            yield
+        finally:
+            self.thaw_replica()
+
+    def cut_off_replica(self) -> None:
+        """Cut the replica off from its primary: its WAL receiver connects to a port where
+        nothing listens (it keeps trying, and failing). It still answers reads, and says it
+        has replayed all it received."""
+        engine = create_engine(self.replica_url, isolation_level="AUTOCOMMIT")
+        try:
+            with engine.connect() as conn:
+                if self._conninfo is None:
+                    self._conninfo = conn.execute(text("SHOW primary_conninfo")).scalar_one()
+                bad = f"host=127.0.0.1 port={_free_port()} user={SERVER_USER} connect_timeout=1"
+                conn.execute(text(f"ALTER SYSTEM SET primary_conninfo = '{bad}'"))
+                conn.execute(text("SELECT pg_reload_conf()"))
+                deadline = time.monotonic() + 30
+                while conn.execute(
+                    text("SELECT count(*) FROM pg_stat_wal_receiver WHERE status = 'streaming'")
+                ).scalar_one():
+                    if time.monotonic() > deadline:
+                        raise TimeoutError("the replica's WAL receiver still streams")
+                    time.sleep(0.05)
+        finally:
+            engine.dispose()
+
+    def reconnect_replica(self) -> None:
+        """Undo :meth:`cut_off_replica`: the replica streams from its primary again (within
+        wal_retrieve_retry_interval) and catches up."""
+        if self._conninfo is None:
+            return
+        conninfo = self._conninfo.replace("'", "''")
+        engine = create_engine(self.replica_url, isolation_level="AUTOCOMMIT")
+        try:
+            with engine.connect() as conn:
+                conn.execute(text(f"ALTER SYSTEM SET primary_conninfo = '{conninfo}'"))
+                conn.execute(text("SELECT pg_reload_conf()"))
+        finally:
+            engine.dispose()
+        self._conninfo = None
+        self.wait_caught_up()
+
+    def create_database(self, name: str) -> str:
+        """A second database on the primary, with the store at head (the replica replays it
+        too); its primary URL. Made once."""
+        admin = create_engine(self.url(self.primary_port, "postgres"), isolation_level="AUTOCOMMIT")
+        try:
+            with admin.connect() as conn:
+                exists = conn.execute(
+                    text("SELECT 1 FROM pg_database WHERE datname = :n"), {"n": name}
+                ).scalar()
+                if not exists:
+                    conn.execute(text(f'CREATE DATABASE "{name}"'))
+        finally:
+            admin.dispose()
+        mnestoma.upgrade(self.url(self.primary_port, name))
+        self.wait_caught_up()
+        return self.url(self.primary_port, name)
+
     def _replica(self, sql: str) -> object:
         engine = create_engine(self.replica_url, isolation_level="AUTOCOMMIT")
         try:
@@ -215,6 +315,8 @@ class Cluster:
 
     def stop(self) -> None:
         """Stop both servers and remove their data."""
+        if self._frozen:
+            self.thaw_replica()
         for data in (self.replica_dir, self.primary_dir):
             if (data / "postmaster.pid").exists():
                 with contextlib.suppress(subprocess.CalledProcessError):

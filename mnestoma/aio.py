@@ -649,18 +649,20 @@ class AsyncMnestoma(FacadeBase, _MnestOperations):
     ) -> T:
         replicas = self._replicas
         if not commit and replicas is not None and not (primary or self._on_primary):
+            await replicas.sample_async(self.engine)  # the primary's WAL position, when due
             for i in replicas.order():
                 if cancelled:
                     raise asyncio.CancelledError
-                try:
-                    with translate_errors():
-                        async with replicas.engines[i].connect() as conn:
-                            result = await conn.run_sync(
-                                replicas.attempt, i, functools.partial(self._in_read, op)
-                            )
-                except StoreError as err:  # could not connect, or lost the connection
-                    replicas.connection_failed(i, err)
-                    continue
+                with replicas.bounded():  # a replica that does not answer in time is cut
+                    try:
+                        with translate_errors():
+                            async with replicas.engines[i].connect() as conn:
+                                result = await conn.run_sync(
+                                    replicas.attempt, i, functools.partial(self._in_read, op)
+                                )
+                    except StoreError as err:  # could not connect, lost the connection, cut
+                        replicas.connection_failed(i, err)
+                        continue
                 if result is not NOT_READY:
                     return result  # type: ignore[no-any-return]
             replicas.primary_read()

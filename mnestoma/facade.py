@@ -142,13 +142,17 @@ class Mnestoma(FacadeBase):
         replica that can serve it (contract §12), else on the primary."""
         replicas = self._replicas
         if replicas is not None and not (primary or self._on_primary):
+            replicas.sample(self.engine)  # the primary's WAL position, when due
             for i in replicas.order():
-                try:
-                    with translate_errors(), replicas.engines[i].connect() as conn:
-                        result = replicas.attempt(conn, i, functools.partial(self._in_read, work))
-                except StoreError as err:  # could not connect, or lost the connection
-                    replicas.connection_failed(i, err)
-                    continue
+                with replicas.bounded():  # a replica that does not answer in time is cut
+                    try:
+                        with translate_errors(), replicas.engines[i].connect() as conn:
+                            result = replicas.attempt(
+                                conn, i, functools.partial(self._in_read, work)
+                            )
+                    except StoreError as err:  # could not connect, lost the connection, cut
+                        replicas.connection_failed(i, err)
+                        continue
                 if result is not NOT_READY:
                     return result  # type: ignore[return-value]
             replicas.primary_read()

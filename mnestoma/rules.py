@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import secrets
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import astuple, dataclass, fields, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -44,10 +44,12 @@ __all__ = [
     "RECURRING_MIN_WEIGHT",
     "REINFORCEMENT",
     "REPLICA_CHECK_S",
-    "REPLICA_CONFIRM_S",
     "REPLICA_CONNECT_TIMEOUT_S",
     "REPLICA_MAX_LAG_S",
+    "REPLICA_READ_TIMEOUT_S",
     "REPLICA_SKIP_S",
+    "REPLICA_STATUS_POLL_S",
+    "REPLICA_STATUS_WAIT_S",
     "SECONDS_PER_DAY",
     "STATUS_ESTIMATE_FROM",
     "STATUS_RECENT_EVENTS",
@@ -76,9 +78,13 @@ __all__ = [
     "event_batches",
     "is_below",
     "new_mnest_id",
+    "new_store_id",
     "outcome_counts",
     "reinforce",
     "reinforced_weight",
+    "replica_behind_since",
+    "replica_check_interval",
+    "replica_fresh_as_of",
     "success_rate",
     "threshold_cut",
 ]
@@ -122,21 +128,29 @@ PARTITION_SWAP_LOCK_TIMEOUT_S = 0.05
 PARTITION_SWAP_TRIES = 200
 PARTITION_SWAP_PAUSE_S = 0.005
 
-# Read replicas (contract §12): a replica lagging more than REPLICA_MAX_LAG_S seconds, or
-# failing, is skipped for REPLICA_SKIP_S seconds; its replay position and lag are trusted
-# for REPLICA_CHECK_S seconds before they are read again; connecting to one gives up after
-# REPLICA_CONNECT_TIMEOUT_S seconds (then the read goes to the primary).
+# Read replicas (contract §12). Lag is measured against the primary's WAL position: a
+# facade reads the primary's position (pg_current_wal_lsn()) and a replica's replayed one
+# (pg_last_wal_replay_lsn()) at most every replica_check_interval(replica_max_lag) seconds;
+# a replica is fresh as of the last reading of the primary it has replayed, and serves a
+# read only while that reading is at most replica_max_lag (REPLICA_MAX_LAG_S) seconds old.
+# A replica that has not replayed a reading older than the bound, or that fails, is
+# skipped for REPLICA_SKIP_S seconds. Connecting to one gives up after
+# REPLICA_CONNECT_TIMEOUT_S seconds (libpq's least: 2); a read on one (its connection's
+# ping, its checks, the read itself) is cut after replica_read_timeout
+# (REPLICA_READ_TIMEOUT_S) seconds, and a deadline passed opens no new connection: a
+# frozen replica holds a read at most max(REPLICA_READ_TIMEOUT_S, REPLICA_CONNECT_TIMEOUT_S)
+# seconds, then the primary serves it.
 REPLICA_MAX_LAG_S = 5.0
 REPLICA_SKIP_S = 30.0
 REPLICA_CHECK_S = 1.0
 REPLICA_CONNECT_TIMEOUT_S = 2
-# A lag past the bound is confirmed by a second reading at least REPLICA_CONFIRM_S later
-# before the replica is skipped (its reads go to the primary meanwhile): confirmed when the
-# replica has not yet replayed what it had received at the first. A standby measures its lag
-# from the commit time of the last transaction it replayed, so WAL that follows an idle
-# spell (or that holds no commit, a vacuum's) reads as a lag as long as that spell, while
-# the standby replays it at once.
-REPLICA_CONFIRM_S = 0.1
+REPLICA_READ_TIMEOUT_S = 2.0
+# The status measures a replica against the primary's WAL position, read just before: one
+# behind it is looked at again every REPLICA_STATUS_POLL_S seconds, for REPLICA_STATUS_WAIT_S
+# seconds at most; its lag is the time it took to reach that position (a replica a moment
+# behind is not reported as far behind as the time since the last commit it replayed).
+REPLICA_STATUS_WAIT_S = 1.0
+REPLICA_STATUS_POLL_S = 0.05
 
 # The status on PostgreSQL (contract §12): from this many events (by the catalogue's
 # estimate) its counts of events are estimates, below it they are counted (three scans of
@@ -350,6 +364,12 @@ def new_mnest_id() -> str:
     return "mn_" + secrets.token_urlsafe(12)
 
 
+def new_store_id() -> str:
+    """A fresh store identity (``mnestoma_store``): 32 random lowercase hex digits, as
+    revision 0012 makes them in SQL."""
+    return secrets.token_hex(16)
+
+
 def clamp_weight(w: float) -> float:
     """Clamp a weight into [0, 1]."""
     return 0.0 if w < 0.0 else 1.0 if w > 1.0 else w
@@ -367,6 +387,33 @@ def event_batches(
     low, high = id_range
     for first in range(low, high + 1, step):
         yield first, min(first + step - 1, high)
+
+
+def replica_check_interval(max_lag: float) -> float:
+    """Seconds a reading of the primary's WAL position, or of a replica's replayed one, is
+    trusted: :data:`REPLICA_CHECK_S`, or a quarter of the lag bound when that is shorter (a
+    replica that keeps up is then proven within the bound from one reading to the next)."""
+    return min(REPLICA_CHECK_S, max_lag / 4)
+
+
+def replica_fresh_as_of(readings: Sequence[tuple[float, int]], replayed: int) -> float | None:
+    """When the primary was last seen at a WAL position that a replica has replayed: the time
+    of the latest of ``readings`` ((time, position), oldest first) at or below ``replayed``,
+    None when none is. The replica holds every commit made before that time."""
+    for at, position in reversed(readings):
+        if position <= replayed:
+            return at
+    return None
+
+
+def replica_behind_since(readings: Sequence[tuple[float, int]], replayed: int) -> float | None:
+    """Since when a replica is known to be behind: the time of the earliest of ``readings``
+    past ``replayed`` (the primary had written then what the replica has not replayed yet),
+    None when none is."""
+    for at, position in readings:
+        if position > replayed:
+            return at
+    return None
 
 
 def batch_pause(dialect: str) -> float:

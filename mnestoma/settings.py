@@ -14,7 +14,7 @@ from typing import Any
 
 from .clock import Clock, read_clock, utc_now
 from .errors import InvalidInput
-from .rules import REPLICA_MAX_LAG_S, REPLICA_SKIP_S, Recorder
+from .rules import REPLICA_MAX_LAG_S, REPLICA_READ_TIMEOUT_S, REPLICA_SKIP_S, Recorder
 from .validation import check_batch_rows, check_lock_timeout, check_recorder, check_seconds
 
 __all__ = ["DEFAULT_SETTINGS", "Settings", "settings_of"]
@@ -36,7 +36,9 @@ class Settings:
     - ``replica_max_lag``: seconds a read replica may lag before it is skipped
       (:data:`~mnestoma.rules.REPLICA_MAX_LAG_S`);
     - ``replica_skip``: seconds a replica that failed or lagged is left alone
-      (:data:`~mnestoma.rules.REPLICA_SKIP_S`).
+      (:data:`~mnestoma.rules.REPLICA_SKIP_S`);
+    - ``replica_read_timeout``: seconds a read on a replica may take before it is cut and
+      the primary serves it, more than 0 (:data:`~mnestoma.rules.REPLICA_READ_TIMEOUT_S`).
 
     Checked when built: a bad value is :class:`~mnestoma.InvalidInput` at once, never at
     the first call that reads it.
@@ -51,6 +53,7 @@ class Settings:
     lock_timeout: float | None = None
     replica_max_lag: float = REPLICA_MAX_LAG_S
     replica_skip: float = REPLICA_SKIP_S
+    replica_read_timeout: float = REPLICA_READ_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if not callable(self.clock):
@@ -60,8 +63,10 @@ class Settings:
         if self.lock_timeout is not None:
             seconds = check_lock_timeout(self.lock_timeout, "lock_timeout")
             object.__setattr__(self, "lock_timeout", seconds)
-        for name in ("replica_max_lag", "replica_skip"):
+        for name in ("replica_max_lag", "replica_skip", "replica_read_timeout"):
             object.__setattr__(self, name, check_seconds(getattr(self, name), name))
+        if self.replica_read_timeout == 0:
+            raise InvalidInput("replica_read_timeout must be more than 0 seconds, got 0")
 
     def now(self) -> datetime:
         """The clock's now, checked (aware, an instant the store can work at), in UTC.

@@ -8,6 +8,7 @@ sentence about recording is chosen by the rows: the status never claims a feed t
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timedelta
@@ -24,7 +25,14 @@ from .display import recorder_name
 from .errors import MnestomaError, translate_errors
 from .migration import head_revision, known_revisions, read_revision, sqlite_store_missing
 from .models import Mnest
-from .replicas import replica_connect_args
+from .replicas import (
+    identity_difference,
+    lsn_of,
+    measure_replica,
+    replica_connect_args,
+    replica_urls,
+    server_identity,
+)
 from .repository import MnestRepository
 from .rules import (
     AUTOMATIC_RECORDERS,
@@ -41,7 +49,7 @@ from .rules import (
 )
 from .settings import Settings
 from .sql import status as sql
-from .sql.replication import REPLICA_PROBE
+from .sql.replication import REPLICA_PROBE, REPLICA_STATUS, SERVER_POSITION
 from .sql.tables import AGER_PROGRESS, AGER_RUNS, EVENTS, MNESTS, QUERIES
 from .timefmt import ago, iso_utc, short_utc
 from .types import parse_sqlite_timestamp
@@ -132,13 +140,22 @@ class AgerProgressFacts:
 
 @dataclass(frozen=True)
 class ReplicaFacts:
-    """What a read replica says of itself: whether it is a standby (None: it did not answer,
-    ``error`` says why) and its lag in seconds (0 when it has replayed all it received)."""
+    """What a read replica says of itself, measured against the primary: whether it is a
+    standby (None: it did not answer, ``error`` says why); ``behind_bytes``, the bytes of WAL
+    the primary had written and it had not replayed at the last look; ``lag_s``, at most
+    how far behind it is: 0 when it had replayed the primary's position at once, else the
+    time it took to (see :func:`~mnestoma.replicas.measure_replica`), else the time since
+    the last commit it replayed; ``receiving``, whether a WAL receiver streams to it from its
+    primary (False: cut off, it falls behind with the primary's next write); ``refused``, why
+    reads would not use it (its cluster or database is not the primary's)."""
 
     database: str
     standby: bool | None
     lag_s: float | None = None
     error: str | None = None
+    behind_bytes: int | None = None
+    receiving: bool | None = None
+    refused: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready: its fields."""
@@ -150,6 +167,24 @@ class ReplicaFacts:
             return f"replica    {self.database}: does not answer ({self.error})"
         if not self.standby:
             return f"replica    {self.database}: not a standby (promoted?): not used for reads"
+        if self.refused is not None:
+            return (
+                f"replica    {self.database}: not a replica of this store ({self.refused}): "
+                "not used for reads"
+            )
+        behind = f" ({self.behind_bytes} bytes of WAL behind the primary)"
+        if self.receiving is False:
+            where = (
+                "it has replayed all the primary wrote so far"
+                if self.behind_bytes == 0
+                else f"lag {_fmt_lag(self.lag_s)}{behind if self.behind_bytes else ''}"
+            )
+            return (
+                f"replica    {self.database}: standby CUT OFF from its primary (no WAL "
+                f"receiver streams to it): {where}"
+            )
+        if self.behind_bytes:
+            return f"replica    {self.database}: standby, lag {_fmt_lag(self.lag_s)}{behind}"
         return f"replica    {self.database}: standby, lag {_fmt_lag(self.lag_s)}"
 
 
@@ -177,7 +212,8 @@ class StoreStatus:
     the newest events, ``oldest_event`` the first by id and ``events_kept_from`` not known.
     ``scanned``: the counts were asked exact, and every row was read.
     ``standby``: this database is a hot standby (a read replica), ``standby_lag_s`` its
-    lag; ``replicas``: what each read replica given says of itself.
+    lag (None when not known: ``standby_cut_off``, no WAL receiver streams to it from a
+    primary); ``replicas``: what each read replica given says of itself, against the primary.
     """
 
     database: str
@@ -208,6 +244,7 @@ class StoreStatus:
     scanned: bool = False
     standby: bool = False
     standby_lag_s: float | None = None
+    standby_cut_off: bool = False
     replicas: list[ReplicaFacts] | None = None
 
     def count(self, n: int) -> str:
@@ -407,6 +444,7 @@ class StoreStatus:
             "scanned": self.scanned,
             "standby": self.standby,
             "standby_lag_s": self.standby_lag_s,
+            "standby_cut_off": self.standby_cut_off,
             "replicas": None if self.replicas is None else [r.as_dict() for r in self.replicas],
         }
 
@@ -446,22 +484,51 @@ def collect_status(
             engine.dispose()
     status.scanned = exact
     if replicas:
-        status.replicas = [_replica_facts(resolve_database_url(r)) for r in replicas]
+        primary_url = (
+            url_or_engine.url
+            if isinstance(url_or_engine, Engine)
+            else resolve_database_url(url_or_engine)
+        )
+        urls = replica_urls(primary_url, replicas)
+        primary = _primary_facts(url_or_engine)
+        status.replicas = [_replica_facts(u, primary) for u in urls]
     return status
 
 
-def _replica_facts(url: URL) -> ReplicaFacts:
-    """What the replica at ``url`` says of itself (it not answering is a fact, not an error)."""
+def _primary_facts(url_or_engine: str | URL | Engine | None) -> tuple[tuple[str, str], int, float]:
+    """The primary's identity and WAL position, and when it was read (time.monotonic()):
+    read before its replicas' (contract §12: a replica's lag is measured against it)."""
+    engine = url_or_engine if isinstance(url_or_engine, Engine) else make_engine(url_or_engine)
+    try:
+        with translate_errors(), engine.connect() as conn:
+            identity = server_identity(conn)
+            read_at = time.monotonic()
+            return identity, lsn_of(conn.execute(SERVER_POSITION).scalar_one()), read_at
+    finally:
+        if engine is not url_or_engine:
+            engine.dispose()
+
+
+def _replica_facts(url: URL, primary: tuple[tuple[str, str], int, float]) -> ReplicaFacts:
+    """What the replica at ``url`` says of itself, against the primary's identity and WAL
+    position (it not answering is a fact, not an error)."""
     where = redact_url(url)
     engine = make_engine(url, connect_args=replica_connect_args(url))
     try:
         with translate_errors(), engine.connect() as conn:
-            standby, _replayed, _received, lag = conn.execute(REPLICA_PROBE).one()
+            measure = measure_replica(conn, primary[1], primary[2])
     except MnestomaError as err:
         return ReplicaFacts(where, None, error=str(err))
     finally:
         engine.dispose()
-    return ReplicaFacts(where, bool(standby), None if lag is None else float(lag))
+    return ReplicaFacts(
+        where,
+        measure.standby,
+        measure.lag_s,
+        behind_bytes=measure.behind_bytes,
+        receiving=measure.receiving,
+        refused=identity_difference(measure.identity, primary[0]),
+    )
 
 
 def _collect(
@@ -473,6 +540,9 @@ def _collect(
             standby, _replayed, _received, lag = conn.execute(REPLICA_PROBE).one()
             status.standby = bool(standby)
             status.standby_lag_s = None if lag is None or not standby else float(lag)
+            if standby and not conn.execute(REPLICA_STATUS).one()[3]:
+                status.standby_cut_off = True  # its "lag" would say 0: it receives nothing
+                status.standby_lag_s = None
         status.revision = read_revision(conn)
         inspector = inspect(conn)
         tables = set(inspector.get_table_names())
@@ -833,9 +903,13 @@ def render_status(status: StoreStatus) -> str:
     """The status as a few readable lines."""
     lines = [f"database   {status.database}"]
     if status.standby:
+        lag = (
+            "CUT OFF from its primary (no WAL receiver streams to it): lag not known"
+            if status.standby_cut_off
+            else f"lag {_fmt_lag(status.standby_lag_s)}"
+        )
         lines.append(
-            "role       this is a read replica (a hot standby of a primary, read-only), "
-            f"lag {_fmt_lag(status.standby_lag_s)}"
+            f"role       this is a read replica (a hot standby of a primary, read-only), {lag}"
         )
     for replica in status.replicas or []:
         lines.append(replica.line())

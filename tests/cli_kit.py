@@ -69,6 +69,7 @@ STATUS_KEYS = [
     "scanned",
     "standby",
     "standby_lag_s",
+    "standby_cut_off",
     "replicas",
 ]
 

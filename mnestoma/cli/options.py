@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -32,6 +33,8 @@ __all__ = [
     "parse_endpoint",
     "parse_instant",
     "parse_tags",
+    "replicas_of",
+    "split_replica_urls",
     "url_option_callback",
 ]
 
@@ -95,11 +98,26 @@ def command_url(database_url: str | None) -> str | None:
     return root.params.get("database_url") if root is not None else None
 
 
+# What separates the URLs of MNESTOMA_REPLICA_URLS: whitespace, which no URL holds unescaped;
+# and, as before, a comma followed by the next URL's scheme ("a,postgresql://b"). A comma
+# anywhere else is the URL's own (a password's, a libpq host list's).
+_REPLICA_URLS_SEPARATOR = re.compile(r"\s+|,(?=\s*[A-Za-z][A-Za-z0-9+.-]*://)")
+
+
+def split_replica_urls(given: str) -> list[str]:
+    """The URLs of a ``MNESTOMA_REPLICA_URLS`` value: separated by whitespace (or by a comma
+    before the next URL's scheme), each whole, commas within it kept."""
+    parts = (part.strip().strip(",") for part in _REPLICA_URLS_SEPARATOR.split(given))
+    return [part for part in parts if part]
+
+
 def replicas_of(database_url: str | None) -> list[URL] | None:
-    """The read replicas of ``MNESTOMA_REPLICA_URLS`` (comma-separated), checked against the
-    store's URL (a SQLite store has none: :class:`InvalidInput` naming the variable)."""
-    given = os.environ.get(ENV_REPLICA_URLS, "")
-    urls = [part.strip() for part in given.split(",") if part.strip()]
+    """The read replicas of ``MNESTOMA_REPLICA_URLS`` (see :func:`split_replica_urls`),
+    checked against the store's URL (a SQLite store has none: :class:`InvalidInput` naming
+    the variable); their secrets are remembered, so that no message repeats them."""
+    urls = split_replica_urls(os.environ.get(ENV_REPLICA_URLS, ""))
+    for url in urls:
+        remember_secret(url)
     if not urls:
         return None
     return replica_urls(resolve_database_url(database_url), urls, from_env=True)
