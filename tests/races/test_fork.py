@@ -397,6 +397,9 @@ def test_a_store_on_the_caller_s_own_engine_gets_its_own_pool_in_a_forked_child(
 
 LONG_LOCK_TIMEOUT = 30.0  # a child that waited for the lock would fail the quickness check
 QUICK_S = 5.0  # what "at once" allows on a loaded machine, well under the lock timeout
+# A fork that waited would wait this long: "it did not wait" is then "it took under half of
+# it", a bound no loaded machine reaches (5 s, halved, was a wall-clock bound on a fork).
+LONG_FORK_WAIT_S = 16.0
 
 
 def fork_and_answer(child: Callable[[], Any]) -> Any:
@@ -512,10 +515,11 @@ def test_a_child_forked_while_a_write_outlasts_the_wait_is_refused_at_once(
 
 
 def test_a_fork_does_not_wait_for_a_write_whose_thread_has_ended(
-    sqlite_store_url: str,
+    sqlite_store_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A write left open by a thread that has ended will not end by waiting: the fork goes
     on at once (not after FORK_WAIT_S), and the child refuses its writes to that store."""
+    monkeypatch.setattr(locking, "FORK_WAIT_S", LONG_FORK_WAIT_S)
     with _lock_timeout_store(sqlite_store_url) as store:
         left_open: list[Any] = []
 
@@ -540,10 +544,11 @@ def test_a_fork_does_not_wait_for_a_write_whose_thread_has_ended(
 
 
 def test_a_child_of_a_process_that_wrote_through_its_own_engine_can_write(
-    sqlite_store_url: str,
+    sqlite_store_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A unit of work on the caller's own ``create_engine`` engine (never handed to a store)
     ends its write at its commit: a child forked afterwards writes, at once."""
+    monkeypatch.setattr(locking, "FORK_WAIT_S", LONG_FORK_WAIT_S)
     engine = create_engine(sqlite_store_url)
     try:
         with mnestoma.UnitOfWork(sessionmaker(engine)) as uow:
@@ -616,7 +621,11 @@ def test_a_write_that_begins_while_the_fork_waits_waits_for_the_fork(
         store.record_passing("warm", "1", "pool", "1")
 
         def late_long_write() -> None:
-            time.sleep(0.1)  # the fork is waiting for the first write by now
+            # once the fork waits for the first write (a fixed pause here let a slow fork
+            # on a loaded machine wait for this write too, in vain, and the child was refused)
+            deadline = time.monotonic() + CHILD_TIMEOUT
+            while locking._forking is None and time.monotonic() < deadline:
+                time.sleep(0.001)
             with store.unit_of_work() as uow:
                 uow.mnests.record_passing("late", "1", "long", "1")
                 time.sleep(3.0)  # longer than the fork would wait
