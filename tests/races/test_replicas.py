@@ -501,7 +501,7 @@ def test_a_write_after_an_idle_spell_does_not_get_a_replica_a_moment_behind_skip
 
 
 def test_a_replica_of_another_database_is_refused_with_one_warning(
-    pair: Cluster, caplog: pytest.LogCaptureFixture
+    pair: Cluster, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pair.create_database("other_store")  # a store of its own, on the same standby
     elsewhere = pair.url(pair.replica_port, "other_store")
@@ -521,10 +521,8 @@ def test_a_replica_of_another_database_is_refused_with_one_warning(
         assert replica["reason"] == "it is database 'other_store', the primary's is 'mnestoma'"
         warnings = [r for r in caplog.records if r.name == "mnestoma.replicas"]
         assert len(warnings) == 1 and "is not used" in warnings[0].getMessage()
-    monkeypatch = pytest.MonkeyPatch()
-    with monkeypatch.context() as env:
-        env.setenv("MNESTOMA_REPLICA_URLS", elsewhere)
-        status = CliRunner().invoke(cli, ["status", "--database-url", pair.primary_url])
+    monkeypatch.setenv("MNESTOMA_REPLICA_URLS", elsewhere)
+    status = CliRunner().invoke(cli, ["status", "--database-url", pair.primary_url])
     assert status.exit_code == 0, status.output
     assert (
         f"replica    {elsewhere}: not a replica of this store (it is database 'other_store', "
@@ -532,24 +530,33 @@ def test_a_replica_of_another_database_is_refused_with_one_warning(
     ) in status.output
 
 
-@pytest.mark.parametrize("command", [["status"], ["suggest", "a"], ["edges"], ["vet", "a", "b"]])
+@pytest.mark.parametrize(
+    ("command", "separator"),
+    [
+        (["status"], " "),
+        (["status"], ","),  # as before: a comma before the next URL's scheme
+        (["suggest", "a"], " "),
+        (["edges"], "\n"),
+        (["vet", "a", "b"], " "),
+    ],
+)
 def test_the_command_line_reads_a_replica_url_whose_password_holds_a_comma(
-    pair: Cluster, monkeypatch: pytest.MonkeyPatch, command: list[str]
+    pair: Cluster, monkeypatch: pytest.MonkeyPatch, command: list[str], separator: str
 ) -> None:
     with Mnestoma(pair.primary_url) as store:
         store.record_passing("a", "1", "b", "2")
     pair.wait_caught_up()
     # the server trusts the connection: the password is only carried, and must stay hidden
     secret = pair.replica_url.replace("postgres@", "postgres:Top,Secret99@")
-    # two URLs, one with a comma of its own, separated by a space
-    monkeypatch.setenv("MNESTOMA_REPLICA_URLS", f"{secret} {pair.replica_url}")
+    # two URLs, one with a comma of its own
+    monkeypatch.setenv("MNESTOMA_REPLICA_URLS", f"{secret}{separator}{pair.replica_url}")
     result = CliRunner().invoke(cli, [*command, "--database-url", pair.primary_url])
     assert result.exit_code == 0, result.output
     assert "Top" not in result.output and "Secret99" not in result.output
     if command == ["status"]:
         hidden = pair.replica_url.replace("postgres@", "postgres:***@")
-        assert f"replica    {hidden}: standby, lag" in result.output
-        assert f"replica    {pair.replica_url}: standby, lag" in result.output
+        assert f"replica    {hidden}: standby, lag 0.0 s" in result.output
+        assert f"replica    {pair.replica_url}: standby, lag 0.0 s" in result.output
 
 
 @pytest.mark.parametrize("command", [["status"], ["suggest", "a"], ["edges"], ["vet", "a", "b"]])
