@@ -220,7 +220,8 @@ class ReadGuard:
         self.deadline = time.monotonic() + timeout
         self.expired = False
         self._sockets: list[int] = []  # duplicates of the descriptors of the read's sockets
-        self._watched: set[int] = set()  # the driver's descriptors
+        self._watched: set[int] = set()  # their sockets (inodes: a closed one's number may
+        # be reused by the next connection, its socket never while a duplicate holds it)
 
 
 def _shut(fd: int) -> None:
@@ -269,13 +270,15 @@ class _Watchdog:
         except Exception:  # closed, or not a connection with a socket: nothing to watch
             return
         with self._cond:
-            if fd in guard._watched:
-                return
             try:
                 duplicate = os.dup(fd)
             except OSError:
                 return
-            guard._watched.add(fd)
+            inode = os.fstat(duplicate).st_ino
+            if inode in guard._watched:  # the pool's ping watched it already
+                os.close(duplicate)
+                return
+            guard._watched.add(inode)
             guard._sockets.append(duplicate)
             if guard.expired:
                 _shut(duplicate)

@@ -30,7 +30,8 @@ __all__ = [
 
 ENV_DATABASE_URL = "MNESTOMA_DATABASE_URL"
 ENV_DB_PATH = "MNESTOMA_DB_PATH"
-# The command line's read replicas (contract §12), comma-separated URLs.
+# The command line's read replicas (contract §12): URLs separated by whitespace (or by a
+# comma before the next URL's scheme), each read whole.
 ENV_REPLICA_URLS = "MNESTOMA_REPLICA_URLS"
 ENV_WORKSPACE = "METNOS_WORKSPACE"
 
