@@ -27,7 +27,6 @@ from urllib.parse import unquote
 
 from sqlalchemy import URL, Connection, text
 from sqlalchemy.engine.interfaces import AdaptedConnection
-from sqlalchemy.util import asbool
 
 from ._sqla_compat import replace_dialect_method
 from .errors import InvalidInput, StoreError, WriteLockTimeout
@@ -907,16 +906,20 @@ def sqlite_file_named(url: URL) -> str | None:
     return os.path.abspath(unquote(path))
 
 
+# How SQLAlchemy reads a flag of the URL's query (its ``asbool``); anything else is refused
+# by the driver, and no store opens at all.
+_TRUE_WORDS = frozenset({"true", "yes", "on", "y", "t", "1"})
+
+
 def _is_uri(url: URL) -> bool:
-    """True when the URL's query has ``uri`` true (as SQLAlchemy reads a flag: ``true``,
-    ``1``, ``yes``, ``on``...): SQLite then reads a ``file:`` name as a URI."""
+    """True when the URL's query has ``uri`` true (``true``, ``1``, ``yes``, ``on``...):
+    SQLite then reads a ``file:`` name as a URI."""
     value = url.query.get("uri")
     if value is None:
         return False
-    try:
-        return bool(asbool(value))
-    except ValueError:  # the driver refuses it: no store opens at all
-        return False
+    if not isinstance(value, str):  # given twice: the driver takes a non-empty list as true
+        return bool(value)
+    return value.strip().lower() in _TRUE_WORDS
 
 
 try:
