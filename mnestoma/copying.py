@@ -10,7 +10,11 @@ are shifted past the target's largest; mnest ids, random tokens, are kept, and o
 both stores is refused (the stores share rows: one was copied from the other). A store knows
 the ids of its rows and those its events name: a row merged into another keeps its events
 (the merged event at least), so a source appended once, all its rows merged away, is still
-known to the target and refused the second time. An edge key
+known to the target and refused the second time. Retention deletes those events, so each
+store also has an identity (``mnestoma_store``) and a record of the stores whose rows it
+holds (``mnestoma_copied_stores``: the source of each copy, and the stores its own record
+named, through it), which retention never touches: an append is refused when the source is
+the target, when either's record names the other, or when both name a third. An edge key
 held by both stores (src_executor, src_version, dst_executor, dst_version, state; NULL-safe)
 is merged into the target's row with the ager's rule (contract §4):
 
@@ -49,7 +53,7 @@ from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from sqlalchemy import Connection, Engine, RowMapping, Select, Table, inspect
 from sqlalchemy.engine import URL
@@ -67,7 +71,7 @@ from .errors import (
     TargetNotEmpty,
     translate_errors,
 )
-from .locking import take_write_lock
+from .locking import beside_store, take_write_lock
 from .migration import (
     current_revision,
     head_revision,
@@ -86,6 +90,7 @@ from .rules import (
     decayed_count,
     decayed_weight,
     merged_count,
+    new_store_id,
     outcome_counts,
 )
 from .settings import Settings, settings_of
@@ -100,10 +105,12 @@ from .sql.copying import (
     POSTGRESQL_LOCK,
     POSTGRESQL_RESET_IDS,
     PROTO_KEY,
+    STORES,
     TABLES,
     statements,
 )
-from .sql.tables import EVENTS, MNESTS, EventRow
+from .sql.tables import AGER_RUNS, EVENTS, MNESTS, QUERIES, EventRow
+from .timefmt import iso_utc
 from .types import JSONDocument
 
 __all__ = [
@@ -137,6 +144,8 @@ class CopyReport:
     id_offsets: dict[str, int]
     merged: int = 0  # source mnests merged into a target row with the same edge key
     turns_counted_once: int = 0  # turns both stores counted on a merged edge
+    source_store: str = ""  # the source's identity (mnestoma_store), now on the target's record
+    target_store: str = ""  # the target's identity
 
     @property
     def total(self) -> int:
@@ -271,11 +280,9 @@ def _no_progress(total: int) -> Iterator[Callable[[int], None]]:
 def _same_database(a: URL, b: URL) -> bool:
     if a.get_backend_name() != b.get_backend_name():
         return False
-    if a.get_backend_name() == "sqlite":
-        return (
-            Path(a.database or "").expanduser().resolve()
-            == Path(b.database or "").expanduser().resolve()
-        )
+    if a.get_backend_name() == "sqlite":  # the files SQLite opens, links followed
+        file = beside_store(a, "")
+        return file is not None and file == beside_store(b, "")
     keys = ("host", "port", "database")
     return all(getattr(a, k) == getattr(b, k) for k in keys)
 
@@ -369,6 +376,7 @@ def copy_store(
         job = _Job(append, chunk_size, progress or _no_progress, settings)
         try:
             with translate_errors():
+                job.source_store = _source_identity(src_engine)
                 return job.run(src_engine, dst_engine)
         except ConflictError as err:
             if isinstance(err.__cause__, IntegrityError):
@@ -426,6 +434,8 @@ class _Job:
     next_event_id: int = field(init=False)  # the merge events' ids, after the copied ones
     advance: Callable[[int], Any] = field(init=False)
     keys_created: bool = False  # the temporary key table, created when the copy merges
+    source_store: str = ""  # the source's identity, read (or given) before the copy begins
+    target_store: str = field(init=False)  # the target's, read in the copy's transaction
 
     def run(self, src_engine: Engine, dst_engine: Engine) -> CopyReport:
         with _source_reader(src_engine).connect() as sconn, dst_engine.connect() as tconn:
@@ -443,6 +453,12 @@ class _Job:
                     )
                 if tconn.dialect.name == "postgresql":
                     tconn.execute(POSTGRESQL_LOCK)
+                self.target_store = _store_identity(tconn)
+                taken = _records(sconn)  # the stores whose rows the source took
+                if any(before.values()):
+                    _refuse_known_stores(self.source_store, taken, self.target_store, tconn)
+                else:  # a store that holds no row holds no other store's
+                    tconn.execute(STORES.forget)
                 if before[MNESTS.name] or before[EVENTS.name]:
                     self._create_keys(tconn)
                     _refuse_shared_rows(sconn, tconn)
@@ -469,6 +485,7 @@ class _Job:
                 if tconn.dialect.name == "postgresql":
                     self._after_postgresql_copy(tconn)
                 self._verify(tconn)
+                self._record(tconn, counts, taken)
             sconn.rollback()
         return CopyReport(
             source=redact_url(src_engine.url),
@@ -479,6 +496,8 @@ class _Job:
             id_offsets={k: v for k, v in self.offsets.items() if v},
             merged=len(self.pairs),
             turns_counted_once=sum(n for (_, c), n in self.counted_once.items() if c == "uses"),
+            source_store=self.source_store,
+            target_store=self.target_store,
         )
 
     # --- streaming ---------------------------------------------------------------------
@@ -661,6 +680,25 @@ class _Job:
 
     # --- end ---------------------------------------------------------------------------
 
+    def _record(self, tconn: Connection, counts: dict[str, int], taken: list[_Taken]) -> None:
+        """The target's record of the stores whose rows it now holds: the source, with the
+        rows this copy took, and each store the source had taken rows of, through it."""
+        straight = _Taken(
+            store_id=self.source_store,
+            via_store_id=None,
+            copied_at=self.now,
+            mnests=counts[MNESTS.name],
+            events=counts[EVENTS.name],
+            queries=counts[QUERIES.name],
+            ager_runs=counts[AGER_RUNS.name],
+        )
+        through = [
+            t._replace(via_store_id=self.source_store, copied_at=self.now)
+            for t in taken
+            if t.store_id != self.target_store  # the target's own rows, copied back
+        ]
+        tconn.execute(STORES.record, [t._asdict() for t in [straight, *through]])
+
     def _target_counts(self, conn: Connection) -> dict[str, int]:
         tables = set(inspect(conn).get_table_names())
         return {
@@ -706,6 +744,91 @@ def _refuse_shared_rows(sconn: Connection, tconn: Connection) -> None:
                 "and appending would count their passings twice; nothing was copied"
             )
     tconn.execute(KEYS.clear)
+
+
+# --- the stores' identities, and the record of what each copy took ------------------------
+
+
+class _Taken(NamedTuple):
+    """One row of ``mnestoma_copied_stores``: a store whose rows a store holds."""
+
+    store_id: str
+    via_store_id: str | None
+    copied_at: datetime
+    mnests: int
+    events: int
+    queries: int
+    ager_runs: int
+
+
+def _records(conn: Connection) -> list[_Taken]:
+    """The stores whose rows the store on ``conn`` holds, oldest copy first."""
+    return [_Taken(**row) for row in conn.execute(STORES.records).mappings()]
+
+
+def _store_identity(conn: Connection) -> str:
+    """The identity of the store on ``conn``, in a write transaction that holds its lock;
+    one made now when it has none (its row deleted, or its tables built otherwise than by
+    the revisions), committed with that transaction."""
+    found = conn.execute(STORES.identity).scalar()
+    if found is not None:
+        return str(found)
+    made = new_store_id()
+    conn.execute(STORES.give_identity, {"store_id": made})
+    return made
+
+
+def _source_identity(engine: Engine) -> str:
+    """The source's identity, read before the copy's snapshot; a source without one (see
+    :func:`_store_identity`) is given one first, in a short write of its own, so that a
+    second copy of it is known for the same store."""
+    with engine.connect() as conn:
+        found = conn.execute(STORES.identity).scalar()
+        conn.rollback()
+        if found is not None:
+            return str(found)
+        with conn.begin():
+            take_write_lock(conn)
+            return _store_identity(conn)
+
+
+def _refuse_known_stores(
+    source_store: str, taken: list[_Taken], target_store: str, tconn: Connection
+) -> None:
+    """Raise :class:`StoresShareRows` when the target, which holds rows, already holds the
+    source's (it is the same store, or a copy took them, straight or through another), the
+    source holds the target's, or both hold a third store's: appending would count their
+    passings twice. Read from the stores' identities and records, which retention never
+    deletes."""
+    held = {t.store_id: t for t in _records(tconn)}
+    if source_store == target_store:
+        why = (
+            f"the source and the target are one store (identity {source_store}: one a file "
+            "copy or a restored backup of the other?)"
+        )
+    elif source_store in held:
+        why = f"the target already holds the source's rows ({_taken_words(held[source_store])})"
+    elif any(t.store_id == target_store for t in taken):
+        mine = next(t for t in taken if t.store_id == target_store)
+        why = f"the source already holds the target's rows ({_taken_words(mine)})"
+    else:
+        third = next((t for t in taken if t.store_id in held), None)
+        if third is None:
+            return
+        why = (
+            f"both hold the rows of store {third.store_id} (the target's: "
+            f"{_taken_words(held[third.store_id])}; the source's: {_taken_words(third)})"
+        )
+    raise StoresShareRows(
+        f"{why}: they share rows (was one copied from the other?), and appending would "
+        "count their passings twice; nothing was copied"
+    )
+
+
+def _taken_words(taken: _Taken) -> str:
+    """How a store's rows came, for a message: when, and through which store."""
+    through = "" if taken.via_store_id is None else f" through store {taken.via_store_id}"
+    return f"store {taken.store_id}, copied on {iso_utc(taken.copied_at)}{through}"
 
 
 def _max_id(conn: Connection, table: Table) -> int:

@@ -1,5 +1,5 @@
-"""Typed declarative models of the store: ``mnests``, ``events``, ``canonical_query_log``
-and the read-only view ``v_mnestoma``.
+"""Typed declarative models of the store: ``mnests``, ``events``, ``canonical_query_log``,
+the ager's and the copies' tables, and the read-only view ``v_mnestoma``.
 
 Alembic revisions are the source of schema truth; these models describe the head revision
 (a test checks that both agree).
@@ -55,11 +55,13 @@ __all__ = [
     "AgerRun",
     "Base",
     "CanonicalQuery",
+    "CopiedStore",
     "Event",
     "Mnest",
     "MnestState",
     "MnestomaView",
     "ReadOnlyError",
+    "StoreIdentity",
 ]
 
 NAMING_CONVENTION = {
@@ -330,6 +332,39 @@ class AgerProgress(Base):
     end_position: Mapped[int] = mapped_column(BigInteger)
 
     __table_args__ = (CheckConstraint("batches >= 0", name="batches_nonneg"),)
+
+
+class StoreIdentity(Base):
+    """This store's identity: one row (``id = 1``), ``store_id`` made at random when the
+    store was migrated (revision 0012), by which a copy knows which stores' rows another
+    holds (:mod:`mnestoma.copying`)."""
+
+    __tablename__ = "mnestoma_store"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    store_id: Mapped[str] = mapped_column(Text)
+
+    __table_args__ = (
+        CheckConstraint("id = 1", name="one_row"),
+        CheckConstraint("length(store_id) > 0", name="store_id_given"),
+    )
+
+
+class CopiedStore(Base):
+    """A store whose rows a copy brought into this one: straight from it (``via_store_id``
+    NULL) or through the store it copied, which had them; when, and the rows that copy took
+    of each table. Kept whatever retention deletes: ``copy --append`` refuses that store
+    again."""
+
+    __tablename__ = "mnestoma_copied_stores"
+
+    store_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    via_store_id: Mapped[str | None] = mapped_column(Text)
+    copied_at: Mapped[datetime]
+    mnests: Mapped[int] = mapped_column(BigInteger)
+    events: Mapped[int] = mapped_column(BigInteger)
+    queries: Mapped[int] = mapped_column(BigInteger)
+    ager_runs: Mapped[int] = mapped_column(BigInteger)
 
 
 VIEW_NAME = "v_mnestoma"

@@ -9,7 +9,7 @@ identity sequences moved past the copied ids, and ``ANALYZE``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from sqlalchemy import (
     BindParameter,
@@ -35,10 +35,13 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql.base import PGDialect
 
+from ..models import CopiedStore, StoreIdentity
 from ..rules import PASSING, SUMMED_ON_MERGE
 from .tables import AGER_RUNS, EVENTS, MNESTS, QUERIES
 
 __all__ = [
+    "COPIED_STORES",
+    "IDENTITY",
     "KEY",
     "KEYS",
     "KNOWN_MNEST_IDS",
@@ -49,7 +52,9 @@ __all__ = [
     "POSTGRESQL_LOCK",
     "POSTGRESQL_RESET_IDS",
     "PROTO_KEY",
+    "STORES",
     "TABLES",
+    "StoreStatements",
     "TableStatements",
     "statements",
 ]
@@ -180,6 +185,40 @@ class _KeyTable:
 
 
 KEYS: Final[_KeyTable] = _KeyTable.build()
+
+
+# --- the stores' identities and the record of copies --------------------------------------
+
+IDENTITY: Final = cast(Table, StoreIdentity.__table__)
+COPIED_STORES: Final = cast(Table, CopiedStore.__table__)
+# The one row of mnestoma_store.
+STORE_ROW: Final = 1
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStatements:
+    """What a copy reads and writes of the stores' identities (``mnestoma_store``) and of the
+    stores whose rows each holds (``mnestoma_copied_stores``)."""
+
+    identity: Select[Any]  # the store's own identity, if it has one
+    give_identity: Insert  # ``:store_id`` as the store's identity (when it has none)
+    records: Select[Any]  # every store whose rows it took, with how and when
+    record: Insert  # one row of mnestoma_copied_stores per store (executemany)
+    forget: Delete  # every record: a store that holds no row holds no other store's
+
+    @classmethod
+    def build(cls) -> StoreStatements:
+        ids = IDENTITY.c
+        return cls(
+            identity=select(ids.store_id).where(ids.id == STORE_ROW),
+            give_identity=insert(IDENTITY).values(id=STORE_ROW, store_id=bindparam("store_id")),
+            records=select(COPIED_STORES).order_by(COPIED_STORES.c.copied_at),
+            record=insert(COPIED_STORES),
+            forget=delete(COPIED_STORES),
+        )
+
+
+STORES: Final[StoreStatements] = StoreStatements.build()
 
 
 # --- a PostgreSQL target ------------------------------------------------------------------
