@@ -45,12 +45,16 @@ def cluster() -> Iterator[Cluster]:
 
 @pytest.fixture
 def pair(cluster: Cluster) -> Iterator[Cluster]:
-    """The pair with an empty store, the replica running, replaying and caught up; left so."""
+    """The pair with an empty store, the replica running, replaying and caught up; left so
+    (thawed and streaming again after a test that froze it or cut it off)."""
     if not cluster.replica_running():
         cluster.start_replica()
     cluster.resume_replay()
     cluster.reset()
     yield cluster
+    if cluster.replica_running():
+        cluster.thaw_replica()  # a test that failed frozen
+    cluster.reconnect_replica()  # a test that failed cut off (nothing otherwise)
     if not cluster.replica_running():
         cluster.start_replica()
     cluster.resume_replay()
