@@ -27,11 +27,10 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from sqlalchemy import Connection, Engine, event
 from sqlalchemy.engine import URL, Dialect
-from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.orm import Session
 
 from ._sqla_compat import replace_dialect_method
@@ -53,6 +52,9 @@ from .rules import (
 )
 from .settings import Settings
 from .sql.replication import IDENTITY, REPLICA_POSITION, REPLICA_STATUS, WAL_POSITION
+
+if TYPE_CHECKING:  # the async extra is optional: only its type is needed here
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 __all__ = [
     "NOT_READY",
@@ -317,7 +319,7 @@ def _bind_to_deadlines(engine: Engine | AsyncEngine) -> None:
     """Put the connections of a replica's engine under the deadline of the read in progress:
     the pool's ping of a pooled connection (a frozen server would never answer it), and no
     new connection once the deadline has passed."""
-    sync = engine.sync_engine if isinstance(engine, AsyncEngine) else engine
+    sync = engine if isinstance(engine, Engine) else engine.sync_engine
     dialect = sync.dialect
     ping = dialect.do_ping
 
