@@ -209,7 +209,9 @@ class StoreStatus:
     created event of each live row); ``oldest_event``: the oldest of all.
     ``estimated`` (PostgreSQL, unless ``exact``): the counts of ``events`` and of the query
     log are the catalogue's estimates, the recorders' shares and the latest passings those of
-    the newest events, ``oldest_event`` the first by id and ``events_kept_from`` not known.
+    the newest events, ``oldest_event`` the first by id and ``events_kept_from`` not known;
+    ``query_log_estimated``: the query log's count is an estimate (else it was counted: a
+    log the catalogue puts below ``STATUS_ESTIMATE_FROM`` rows, an empty one included).
     ``scanned``: the counts were asked exact, and every row was read.
     ``standby``: this database is a hot standby (a read replica), ``standby_lag_s`` its
     lag (None when not known: ``standby_cut_off``, no WAL receiver streams to it from a
@@ -241,6 +243,7 @@ class StoreStatus:
     outcomes_recorded: bool = False
     estimated: bool = False
     mnests_estimated: bool = False
+    query_log_estimated: bool = False
     scanned: bool = False
     standby: bool = False
     standby_lag_s: float | None = None
@@ -613,9 +616,10 @@ def _count(
             status.last_turn_passing = _as_utc(last_with_turn)
     if QUERIES.name in tables:
         rows = _estimated_rows(conn, QUERIES.name) if estimated and on_pg else None
-        if rows is None:
+        status.query_log_estimated = rows is not None and rows >= STATUS_ESTIMATE_FROM
+        if not status.query_log_estimated:  # a small log is counted: never "about 0"
             rows = int(conn.execute(sql.QUERY_LOG_COUNT).scalar_one())
-        status.query_log = rows
+        status.query_log = int(rows or 0)
 
 
 def _leaves(conn: Connection, name: str) -> dict[tuple[str, str], float | None]:
@@ -962,7 +966,9 @@ def render_status(status: StoreStatus) -> str:
             outcomes = status.outcomes()
             if outcomes:
                 lines.append(f"outcomes   {outcomes}")
-            lines.append(f"query log  {status.count(status.query_log)} entries")
+            n = status.query_log
+            shown = f"about {n}" if status.query_log_estimated else str(n)
+            lines.append(f"query log  {shown} entr{'y' if n == 1 else 'ies'}")
             if status.scanned:
                 lines.append("counts     exact: every row read (--exact scans the tables)")
             if status.estimated or status.mnests_estimated:

@@ -69,6 +69,7 @@ from .render import (
     render_protos,
     render_prune,
     render_recent_queries,
+    render_store,
     render_suggestions,
     render_top_queries,
     render_verdict,
@@ -94,13 +95,15 @@ def _store(
     the events of a writing command).
 
     Only a writing command may create a missing SQLite store; a reading one says there is
-    no store there and creates nothing.
+    no store there and creates nothing. Once the command is done, the store is named on
+    stderr (:func:`~.render.render_store`).
     """
     url = command_url(database_url)
     replicas = None if write else replicas_of(url)
     store = Mnestoma(url, settings=settings, create=write, replicas=replicas)
     try:
         yield store
+        render_store(store.engine.url)  # not after a failure: its one line says it all
     finally:
         store.close()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -27,6 +28,7 @@ from ..migration import (
 )
 from .errors import MnestomaGroup
 from .options import command_url, database_url_option, number_option
+from .render import render_store
 
 __all__ = ["db"]
 
@@ -60,8 +62,17 @@ class _RevisionEcho(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         message = record.getMessage()
         if message.startswith(_RUNNING):
-            line = message.splitlines()[0].replace("  -> ", " base -> ")  # first line of doc
+            step, _, doc = message.partition(", ")  # "Running upgrade 0007 -> 0008", its doc
+            line = f"{step.replace('  -> ', ' base -> ')}, {_first_sentence(doc)}"
             click.echo(f"{time.monotonic() - self.start:6.1f} s  {line}", err=True)
+
+
+def _first_sentence(doc: str) -> str:
+    """A revision's first sentence on one line (a docstring's first line may stop halfway
+    through it), without reST's double backticks."""
+    paragraph = _summary(doc)
+    found = re.match(r"(.+?[.!?])(?=\s|$)", paragraph)
+    return found.group(1) if found else paragraph
 
 
 @contextlib.contextmanager
@@ -140,18 +151,20 @@ def db_current(database_url: str | None) -> None:
     """Print the database's revision, followed by (head) when it is at head.
 
     A database without the mnestoma schema (or a missing SQLite file, never created here)
-    prints "none (...)" on stdout and exits 0, so scripts always read one line.
+    prints "none (...)" on stdout and exits 0, so scripts always read one line; the store
+    is named on stderr.
     """
     url = resolve_database_url(command_url(database_url))
     missing = missing_sqlite_file(url)
     if missing is not None:
         click.echo(f"none (no database file at {missing}; head is {head_revision()})")
-        return
-    rev = current_revision(url)
-    if rev is None:
-        click.echo(f"none (no mnestoma schema here; head is {head_revision()})")
-        return
-    click.echo(f"{rev}{_head_mark(rev)}")
+    else:
+        rev = current_revision(url)
+        if rev is None:
+            click.echo(f"none (no mnestoma schema here; head is {head_revision()})")
+        else:
+            click.echo(f"{rev}{_head_mark(rev)}")
+    render_store(url)
 
 
 def _summary(doc: str) -> str:
@@ -165,7 +178,7 @@ def _summary(doc: str) -> str:
 @database_url_option
 def db_history(indicate_current: bool, database_url: str | None) -> None:
     """List the migration scripts, newest first."""
-    current = None
+    current, url = None, None
     if indicate_current:
         url = resolve_database_url(command_url(database_url))
         current = None if sqlite_store_missing(url) else current_revision(url)
@@ -180,6 +193,8 @@ def db_history(indicate_current: bool, database_url: str | None) -> None:
         down = rev.down_revision or "<base>"
         doc = _summary(rev.doc or "")
         click.echo(f"{down} -> {rev.revision}{mark}, {doc}")
+    if url is not None:
+        render_store(url)
 
 
 @db.command("sql")

@@ -13,19 +13,32 @@ from typing import Any
 
 import click
 
-__all__ = ["PROGRESS_THRESHOLD", "SPINNER_DELAY_S", "batch_progress", "progress_bar", "spinner"]
+__all__ = [
+    "PROGRESS_THRESHOLD",
+    "SPINNER_DELAY_S",
+    "batch_progress",
+    "progress_bar",
+    "spinner",
+    "stderr_is_terminal",
+]
 
 PROGRESS_THRESHOLD = 10_000  # rows: a smaller copy shows no bar
 SPINNER_DELAY_S = 0.5  # a quick run shows nothing; a long one (a big store) a spinner
 SPINNER_INTERVAL_S = 0.1
 
 
-def _stderr_is_terminal() -> bool:
-    """True when stderr is a terminal (progress is for people, never for logs or pipes)."""
+def stderr_is_terminal() -> bool:
+    """True when stderr is a terminal: a person reads it, not a log, a pipe or cron (which
+    mails whatever a job writes)."""
     try:
         return sys.stderr.isatty()
     except (AttributeError, ValueError):
         return False
+
+
+def _stderr_is_terminal() -> bool:
+    """True when stderr is a terminal (progress is for people, never for logs or pipes)."""
+    return stderr_is_terminal()
 
 
 @contextlib.contextmanager

@@ -22,17 +22,22 @@ from ..display import json_for_terminal, state_word, text_for_terminal
 from ..errors import InvalidInput
 from ..models import CanonicalQuery, Event, Mnest
 from ..records import mnest_record, row_record
+from ..redaction import redact_url
 from ..repository import QueryFrequency
 from ..rules import DECAYED_USES_ORDER, AgerReport, activation
 from ..timefmt import iso_utc, short_utc
 from .errors import CliFailure
+from .progress import stderr_is_terminal
 
 if TYPE_CHECKING:
+    from sqlalchemy.engine import URL
+
     from ..copying import CopyReport
     from ..vetting import Verdict
 
 __all__ = [
     "check_output_path",
+    "counted",
     "echo_json",
     "endpoint",
     "megabytes",
@@ -45,6 +50,7 @@ __all__ = [
     "render_protos",
     "render_prune",
     "render_recent_queries",
+    "render_store",
     "render_suggestions",
     "render_top_queries",
     "render_verdict",
@@ -55,11 +61,16 @@ __all__ = [
 
 # Names of the tables a copy fills, as its summary line says them.
 COPY_LABELS = {
-    "mnests": "mnests",
-    "events": "events",
-    "canonical_query_log": "query-log entries",
-    "ager_runs": "ager runs",
+    "mnests": ("mnest", "mnests"),
+    "events": ("event", "events"),
+    "canonical_query_log": ("query-log entry", "query-log entries"),
+    "ager_runs": ("ager run", "ager runs"),
 }
+
+
+def counted(n: int, one: str, many: str) -> str:
+    """``n`` and what it counts, singular for 1 ("1 ager run", "0 ager runs")."""
+    return f"{n} {one if n == 1 else many}"
 
 
 def echo_json(data: Any) -> None:
@@ -365,14 +376,16 @@ def render_copy(report: CopyReport, as_json: bool) -> None:
     if as_json:
         echo_json({**asdict(report), "verified": True})
         return
-    counts = ", ".join(f"{n} {COPY_LABELS.get(name, name)}" for name, n in report.rows.items())
+    counts = ", ".join(
+        counted(n, *COPY_LABELS.get(name, (name, name))) for name, n in report.rows.items()
+    )
     click.echo(f"copied {counts}")
     click.echo(f"  from {report.source}")
     click.echo(f"  to   {report.target}")
     if report.appended:
         click.echo(
-            f"merged {report.merged} edges that both stores held "
-            f"({report.turns_counted_once} turns counted once)"
+            f"merged {counted(report.merged, 'edge', 'edges')} that both stores held "
+            f"({counted(report.turns_counted_once, 'turn', 'turns')} counted once)"
         )
     click.echo("verified: row counts and content checksums match")
 
@@ -507,6 +520,15 @@ def megabytes(size: int) -> str:
     if size >= 1_000:
         return f"{size / 1_000:.0f} kB"
     return f"{size} bytes"
+
+
+def render_store(url: URL) -> None:
+    """Once a command that opened a store is done, which store it was (the URL, its secrets
+    hidden) on stderr when a person reads it (a terminal), so that a default store or a
+    variable never goes unseen; stdout stays the table or the JSON, and a log, a pipe or
+    cron (which mails whatever a job writes) gets no extra line."""
+    if stderr_is_terminal():
+        click.echo(f"store: {redact_url(url)}", err=True)
 
 
 def render_graph_report(
