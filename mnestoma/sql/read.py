@@ -139,13 +139,23 @@ def walk_statement(dialect: str, *, with_floor: bool) -> Select[Any]:
     and stops after ``n`` (ORDER BY and LIMIT of a recursive CTE); PostgreSQL, which allows
     neither in the recursive term, ranks each depth's paths and extends only the first
     ``n`` of them, which keeps every path of the best ``n``.
+
+    The order is total, the same on both engines and from store to store: best score first,
+    then the shorter path, then the path as it is spelled (the source's version, then each
+    executor and version it reaches, compared byte by byte), then its ids. Each depth's
+    ranking on PostgreSQL follows the same order, so that the paths kept are the ones it
+    puts first.
     """
     now = now_param()
     pg = dialect == "postgresql"
     sep = func.chr(1) if pg else func.char(1)
+    between = func.chr(2) if pg else func.char(2)  # an executor and its version
     instr = func.strpos if pg else func.instr
     eff = decayed(dialect, M.c.weight, M.c.decay_lambda, M.c.ts_weight, now)
     first_path = M.c.id.cast(Text)
+    first_spelled = (
+        M.c.src_version + sep + M.c.dst_executor + between + func.coalesce(M.c.dst_version, "")
+    ).cast(Text)
     first_columns = [
         _row_locator(dialect, M).label("loc"),
         M.c.dst_executor.label("dst_executor"),
@@ -154,10 +164,13 @@ def walk_statement(dialect: str, *, with_floor: bool) -> Select[Any]:
         eff.label("score"),
         first_path.label("path"),
         (sep + M.c.src_executor + sep + M.c.dst_executor + sep).cast(Text).label("seen"),
+        first_spelled.label("spelled"),
     ]
     if pg:
         first_columns.append(
-            func.row_number().over(order_by=(eff.desc(), first_path)).label("rank")
+            func.row_number()
+            .over(order_by=(eff.desc(), _bytewise(first_spelled, pg), _bytewise(first_path, pg)))
+            .label("rank")
         )
     first = select(*first_columns).where(
         is_active(M),
@@ -174,6 +187,9 @@ def walk_statement(dialect: str, *, with_floor: bool) -> Select[Any]:
     # weight that matters); SQLite's product just underflows towards 0, with no error.
     score = safe_product(start.c.score, eff_n) if pg else start.c.score * eff_n
     path = (start.c.path + literal(",") + nxt.c.id).cast(Text)
+    spelled = (
+        start.c.spelled + sep + nxt.c.dst_executor + between + func.coalesce(nxt.c.dst_version, "")
+    ).cast(Text)
     step_columns = [
         _row_locator(dialect, nxt),
         nxt.c.dst_executor,
@@ -182,9 +198,14 @@ def walk_statement(dialect: str, *, with_floor: bool) -> Select[Any]:
         score,
         path,
         (start.c.seen + nxt.c.dst_executor + sep).cast(Text),
+        spelled,
     ]
     if pg:
-        step_columns.append(func.row_number().over(order_by=(score.desc(), path)))
+        step_columns.append(
+            func.row_number().over(
+                order_by=(score.desc(), _bytewise(spelled, pg), _bytewise(path, pg))
+            )
+        )
     step = select(*step_columns).where(
         is_active(nxt),
         nxt.c.src_executor == start.c.dst_executor,
@@ -197,16 +218,28 @@ def walk_statement(dialect: str, *, with_floor: bool) -> Select[Any]:
     compound = first.union_all(step)
     if not pg:
         best = compound.selected_columns
-        compound = compound.order_by(best.score.desc(), best.depth, best.path)
+        compound = compound.order_by(best.score.desc(), best.depth, best.spelled, best.path)
         compound = compound.limit(bindparam("limit"))
     paths = compound.cte("paths", recursive=True)
     stmt = (
         select(paths.c.path, *M.c)
         .join_from(paths, M, _row_locator(dialect, M) == paths.c.loc)
-        .order_by(paths.c.score.desc(), paths.c.depth, paths.c.path)
+        .order_by(
+            paths.c.score.desc(),
+            paths.c.depth,
+            _bytewise(paths.c.spelled, pg),
+            _bytewise(paths.c.path, pg),
+        )
         .limit(bindparam("limit"))
     )
     return stmt
+
+
+def _bytewise(text_: ColumnElement[Any], pg: bool) -> ColumnElement[Any]:
+    """``text_`` compared byte by byte, as SQLite compares text: PostgreSQL's ``C``
+    collation (its database's own may order ``B`` and ``a`` otherwise, or skip the
+    separators)."""
+    return text_.collate("C") if pg else text_
 
 
 def _out_of_source(table: FromClause, with_version: bool) -> list[ColumnElement[bool]]:

@@ -273,7 +273,7 @@ def test_sqlite_walk_orders_and_limits_inside_its_recursive_cte() -> None:
     cte, outer = sql.split("\n SELECT paths.path", 1)
     assert cte.startswith("WITH RECURSIVE paths(loc, dst_executor, dst_version, depth, score")
     assert " UNION ALL SELECT " in cte and "FROM mnests AS nxt, paths" in cte
-    assert cte.rstrip().endswith(" ORDER BY score DESC, depth, path\n LIMIT ? OFFSET ?)")
+    assert cte.rstrip().endswith(" ORDER BY score DESC, depth, spelled, path\n LIMIT ? OFFSET ?)")
     assert "JOIN mnests ON mnests.rowid = paths.loc" in outer
 
 
