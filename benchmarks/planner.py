@@ -1,6 +1,7 @@
 """Does the store help a planner? Next-call prediction on public tool-call traces.
 
-``python -m benchmarks.planner [--data PATH] [--seed N] [--database-url URL] [--json FILE]``
+``python -m benchmarks.planner [--data PATH] [--autotool PATH] [--seed N] [--database-url URL]
+[--json FILE] [--quick]``
 
 The traces are the multi-turn ground truth of the Berkeley Function Calling Leaderboard
 (``bfcl_eval/data/possible_answer/BFCL_v4_multi_turn_*.json`` in the ``bfcl-eval`` package,
@@ -33,6 +34,10 @@ planner asks what follows the previous call:
   needs before it ranks the new successor first;
 - latency: ``rank`` and ``suggest_next`` with each order, interleaved on the trained store
   (median per call, and the ratio to the default order).
+
+With ``--autotool PATH`` (a clone of AutoTool's repository), the next-tool benchmark on its
+ScienceWorld trajectories follows, :mod:`benchmarks.scienceworld`. ``--quick`` runs both on the
+small fixtures of ``tests/fixtures`` (a smoke run: the figures mean nothing).
 """
 
 from __future__ import annotations
@@ -83,6 +88,9 @@ TURN_GAP = timedelta(hours=1)
 VERSION = "1"
 NEW_SUFFIX = "_v2"  # the drift's new successor: a new version of the old one, by name
 LATENCY_CALLS = 200  # calls per order in the latency section
+FIXTURE = (
+    Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "BFCL_v4_multi_turn_sample.json"
+)
 
 
 class MissingData(Exception):
@@ -215,6 +223,7 @@ class PlannerReport:
     vet: dict[str, dict[str, float]] = field(default_factory=dict)
     drift: dict[str, Any] = field(default_factory=dict)
     latency: dict[str, dict[str, float]] = field(default_factory=dict)
+    scienceworld: dict[str, Any] | None = None  # benchmarks.scienceworld's report, when asked
 
 
 # --- the replay -------------------------------------------------------------------------------
@@ -550,23 +559,45 @@ def format_report(r: PlannerReport) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line: the tables on stdout; exit 2 when the traces are missing."""
+    from . import scienceworld  # it builds on this module
+
     parser = argparse.ArgumentParser(prog="python -m benchmarks.planner", description=__doc__)
     parser.add_argument("--data", metavar="PATH", help="BFCL multi-turn file or folder")
+    scienceworld.add_arguments(parser)
     parser.add_argument("--seed", type=int, default=SEED, help=f"the split's seed ({SEED})")
     parser.add_argument("--database-url", metavar="URL", help="a store to use (emptied)")
     parser.add_argument("--workdir", help="folder for the SQLite files (default: temp)")
     parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     args = parser.parse_args(argv)
+    data = str(FIXTURE) if args.quick and args.data is None else args.data
+    autotool = scienceworld.autotool_path(args)
+    world = None
     try:
-        report = run(data=args.data, seed=args.seed, url=args.database_url, workdir=args.workdir)
+        if autotool is not None:
+            scienceworld.autotool_files(autotool)  # missing: said before the long part
+        report = run(data=data, seed=args.seed, url=args.database_url, workdir=args.workdir)
+        if autotool is not None:
+            world = scienceworld.run(
+                autotool=autotool, n_folds=args.folds, seed=args.seed, workdir=args.workdir
+            )
     except MissingData as err:
         print(f"python -m benchmarks.planner: {err}", file=sys.stderr)
         return 2
     print(format_report(report))
+    print()
+    if world is None:
+        print(f"ScienceWorld: not measured; to measure it, {scienceworld.GET_HINT}")
+    else:
+        print(scienceworld.format_report(world))
+        report.scienceworld = asdict(world)
     if args.json:
         Path(args.json).write_text(json.dumps(asdict(report), indent=2))
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    # Run the importable module, whose MissingData benchmarks.scienceworld raises, and not
+    # this second copy of it that ``python -m`` made.
+    from benchmarks import planner
+
+    raise SystemExit(planner.main())
