@@ -297,14 +297,16 @@ def test_a_producer_that_had_not_ended_does_not_link(setup: Setup) -> None:
     assert flushed(processor) and store.calls == []
 
 
-def test_one_passing_per_edge_and_trace(setup: Setup) -> None:
+def test_one_passing_per_call_of_the_destination_in_the_order_called(setup: Setup) -> None:
+    """Contract §13: an edge passed twice in a trace reaches the store twice, so that the
+    store counts occurrences 1 and 2."""
     store, _ = genai_turn(
         setup,
         ("fs.search", {"q": "pdf"}, ["a/report.pdf", "b/report.pdf"]),
         ("fs.read", {"path": "a/report.pdf"}, "text"),
         ("fs.read", {"path": "b/report.pdf"}, "text"),
     )
-    assert store.edges() == [SEARCH_TO_READ]
+    assert store.edges() == [SEARCH_TO_READ, SEARCH_TO_READ]
 
 
 # -- when a trace is recorded -----------------------------------------------------------------
