@@ -737,6 +737,24 @@ def test_a_replayed_trace_counts_once_in_the_store(setup: Setup, store: mnestoma
     assert len(store.events(turn_id=format(trace_id, "032x"))) == 1
 
 
+def test_repeats_in_a_trace_count_as_occurrences_and_a_redelivered_trace_adds_nothing(
+    setup: Setup, store: mnestoma.Mnestoma
+) -> None:
+    processor, tracer = setup(store)
+    trace_id = 0x5BF92F3577B34DA6A3CE929D0E0E4737
+    for _ in range(2):  # the same trace delivered twice
+        with tracer.start_as_current_span("rpc", context=remote_context(trace_id)):
+            genai(tracer, "fs.search", {"pattern": "*.pdf"}, ["a/report.pdf", "b/report.pdf"])
+            genai(tracer, "fs.read", {"path": "a/report.pdf"}, "the text")
+            genai(tracer, "fs.read", {"path": "b/report.pdf"}, "other text")
+        flushed(processor)
+    edge = store.find(*SEARCH_TO_READ)
+    assert edge is not None and edge.uses == 2
+    events = store.events(turn_id=format(trace_id, "032x"))
+    assert [(e.kind, e.occurrence) for e in events] == [("created", 1), ("reinforced", 2)]
+    assert (processor.stats.passings_recorded, processor.stats.passings_replayed) == (2, 2)
+
+
 def test_passings_recorded_counts_what_the_store_kept_not_a_replay(
     setup: Setup, store: mnestoma.Mnestoma
 ) -> None:

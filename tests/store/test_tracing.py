@@ -920,6 +920,22 @@ def test_a_retried_turn_id_counts_once_in_the_store(store: mnestoma.Mnestoma) ->
     assert [e.recorder for e in store.events(turn_id="turn-2")] == ["tracer", "tracer"]
 
 
+def test_a_traced_edge_passed_three_times_counts_three_and_a_rerun_turn_adds_nothing(
+    store: mnestoma.Mnestoma,
+) -> None:
+    def three_reads(turn_id: str) -> None:
+        with turn(store, turn_id):
+            files = search("q")
+            for _ in range(3):
+                read(files[0])
+
+    three_reads("turn-1")
+    three_reads("turn-1")  # the same turn id again: a retry
+    (row,) = store.edges()
+    assert (row.src_executor, row.dst_executor, row.uses) == ("search", "read", 3)
+    assert [e.occurrence for e in store.events(turn_id="turn-1")] == [1, 2, 3]
+
+
 def test_the_background_writer_feeds_the_store(store: mnestoma.Mnestoma) -> None:
     with BackgroundWriter(store) as writer:
         for n in range(3):
