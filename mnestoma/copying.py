@@ -18,16 +18,17 @@ the target, when either's record names the other, or when both name a third. An 
 held by both stores (src_executor, src_version, dst_executor, dst_version, state; NULL-safe)
 is merged into the target's row with the ager's rule (contract §4):
 
-- uses summed, except that a turn both stores counted on this edge (same turn_id) counts
-  once; ts_first = the earlier, ts_last = the later; decayed_uses: each row's decayed to
-  that ts_last and summed (``rules.merged_count``), less the share of the turns counted once;
+- uses summed, except that a passing both stores counted on this edge (same turn_id and
+  occurrence) counts once; ts_first = the earlier, ts_last = the later; decayed_uses: each
+  row's decayed to that ts_last and summed (``rules.merged_count``), less the share of the
+  passings counted once;
 - weight = the larger of the two effective weights at the copy's now, ts_weight = now (the
   target's, if later); decay_lambda, tags and desired_sig: the target's (tags and
   desired_sig: the source's where the target's is null);
 - every event of both is kept; the source row's events move to the target row (so that a
   turn of either store repeated on the merged edge is a no-op), except a created/reinforced
-  event of a turn the target row already counted: it stays, unchanged, on the source row's
-  id, and uses counts that turn once;
+  event of a (turn, occurrence) the target row already counted: it stays, unchanged, on the
+  source row's id, and uses counts that passing once;
 - two ``merged`` events at now, as the ager writes a demotion merge (weight_before: that
   row's effective weight, weight_after: the merged weight; state_after: the surviving row's
   state): on the target row, which absorbs (related_id = the source row's id, its state
@@ -570,24 +571,28 @@ class _Job:
             self._insert(tconn, EVENTS, rows)
 
     def _repoint(self, tconn: Connection, rows: list[dict[str, Any]]) -> None:
-        """Move merged rows' events to their target row, but for the passings of a turn the
-        target row already counted: those stay on the source row's id, and count once."""
+        """Move merged rows' events to their target row, but for the passings (turn and
+        occurrence) the target row already counted: those stay on the source row's id, and
+        count once."""
         turns = [
             r
             for r in rows
             if r["mnest_id"] in self.pairs and r["turn_id"] is not None and r["kind"] in PASSING
         ]
-        taken: set[tuple[str, str]] = set()
+        taken: set[tuple[str, str, int]] = set()
         if turns:
             self._create_keys(tconn)
-            wanted = [(r["turn_id"], self.pairs[r["mnest_id"]]) for r in turns]
+            wanted = [
+                (r["turn_id"], self.pairs[r["mnest_id"]], str(r["occurrence"])) for r in turns
+            ]
             for batch in _batches(wanted, LOOKUP_BATCH):
-                taken.update((turn, mnest) for turn, mnest in _find_keys(tconn, KEYS.turns, batch))
+                found = _find_keys(tconn, KEYS.turns, batch)
+                taken.update((turn, mnest, int(nth)) for turn, mnest, nth in found)
         for row in rows:
             target_id = self.pairs.get(row["mnest_id"])
             if target_id is None:
                 continue
-            if row["kind"] in PASSING and (row["turn_id"], target_id) in taken:
+            if row["kind"] in PASSING and (row["turn_id"], target_id, row["occurrence"]) in taken:
                 # one use, and the outcome it carried (SUMMED_ON_MERGE: uses, ok_count, error_count)
                 added = zip(SUMMED_ON_MERGE, (1, *outcome_counts(row["outcome"])), strict=True)
                 self.counted_once.update({(target_id, c): n for c, n in added})

@@ -237,6 +237,9 @@ class Event(Base):
     # What followed the passing an event records: 'ok', 'error', or NULL (unknown, and every
     # event that is not a passing).
     outcome: Mapped[str | None] = mapped_column(Text)
+    # Which passing of its edge in its turn this is: the k-th time an edge occurs in a turn
+    # is its own passing (contract §13). 1 for every other event and every older row.
+    occurrence: Mapped[int] = mapped_column(Integer, default=1, server_default=text("1"))
 
     __table_args__ = (
         CheckConstraint(f"kind IN ({EVENT_KINDS_SQL})", name="kind_known"),
@@ -245,11 +248,16 @@ class Event(Base):
         Index("ix_events_mnest_id", "mnest_id"),
         # Only events with a turn: lookups by turn imply it, and the ager's events have none.
         _partial_index("ix_events_turn_id", "turn_id", where="turn_id IS NOT NULL"),
-        # A turn reinforces (or creates) a given row at most once: safe retries. SQLite's
-        # index; on PostgreSQL, whose unique indexes on a partitioned table must hold the
-        # partition key, event_turn_edges keeps the rule (see _partitioned_layout).
+        # A turn counts a given occurrence of a row's edge at most once: safe retries.
+        # SQLite's index; on PostgreSQL, whose unique indexes on a partitioned table must
+        # hold the partition key, event_turn_edges keeps the rule (see _partitioned_layout).
         _partial_index(
-            "ux_events_turn_edge", "turn_id", "mnest_id", where=_TURN_EDGE_WHERE, unique=True
+            "ux_events_turn_edge",
+            "turn_id",
+            "mnest_id",
+            "occurrence",
+            where=_TURN_EDGE_WHERE,
+            unique=True,
         ).ddl_if(dialect="sqlite"),
         # PostgreSQL: a partition per month of ts (contract §12).
         {"postgresql_partition_by": "RANGE (ts)"},

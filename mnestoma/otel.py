@@ -20,7 +20,7 @@ import json
 import logging
 import math
 import threading
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
@@ -571,40 +571,52 @@ class MnestomaSpanProcessor(SpanProcessor):
         self._count("passings_replayed", len(passings) - kept)
 
     def _counted_before(self, turn_id: str) -> frozenset[Any] | None:
-        """The mnests this trace id already counted in the store (one query per trace, not
-        per passing), or None for a store without ``events``."""
+        """The (mnest, occurrence) pairs this trace id already counted in the store (one
+        query per trace, not per passing), or None for a store without ``events``."""
         events = getattr(self._store, "events", None)
         if not callable(events):
             return None
-        return frozenset(e.mnest_id for e in events(turn_id=turn_id) if e.kind in rules.PASSING)
+        return frozenset(
+            (e.mnest_id, getattr(e, "occurrence", 1))
+            for e in events(turn_id=turn_id)
+            if e.kind in rules.PASSING
+        )
 
     @staticmethod
     def _kept(rows: Any, counted: frozenset[Any] | None, given: int) -> int:
-        """How many of the ``given`` passings the store counted: the rows it returned minus
-        those the trace id had already counted (a replay is a no-op in the store)."""
+        """How many of the ``given`` passings the store counted: the k-th passing of a row
+        in the trace is its occurrence k, and those the trace id had already counted are a
+        no-op in the store (a replay)."""
         if counted is None:
             return given
         try:
-            ids = {row.id for row in rows}
+            ids = [row.id for row in rows]
         except (AttributeError, TypeError):  # a store returning something else
             return given
-        return min(given, len(ids - counted))
+        seen: Counter[Any] = Counter()
+        new = 0
+        for mnest_id in ids:
+            seen[mnest_id] += 1
+            new += (mnest_id, seen[mnest_id]) not in counted
+        return min(given, new)
 
     def _passings(self, calls: Iterable[_ToolCall]) -> list[Passing]:
         """The passings of one trace's tool calls: lineage by content, then sequence if asked.
 
         B is linked to A when A ended before B started and a digest of A's result is among
-        B's argument digests; each of B's digests goes to the latest such A only. An edge's
-        outcome is that of the call of B which ended last (the store's rule: the last given).
+        B's argument digests; each of B's digests goes to the latest such A only. Each call
+        of B is a passing of its own (contract §13), with its outcome, listed in the order
+        the calls of B started, so that the store numbers an edge's occurrences as they
+        happened; within one call of B an edge is one passing.
         """
         ordered = sorted(calls, key=lambda c: (c.start, c.end))
         by_end = sorted(ordered, key=lambda c: c.end, reverse=True)
-        edges: dict[tuple[str, str, str, str], Passing] = {}
-        decided_at: dict[tuple[str, str, str, str], int] = {}  # end of the call that decided
-        for consumer in ordered:
+        found: list[tuple[int, Passing]] = []  # (the consumer's place, its passing)
+        for at, consumer in enumerate(ordered):
             if not consumer.arguments:
                 continue
             remaining = set(consumer.arguments)
+            linked: set[tuple[str, str, str, str]] = set()
             for producer in by_end:
                 if producer.end > consumer.start or producer is consumer or not producer.result:
                     continue
@@ -612,18 +624,19 @@ class MnestomaSpanProcessor(SpanProcessor):
                     continue
                 remaining -= producer.result
                 key = (producer.name, producer.version, consumer.name, consumer.version)
-                if key not in edges or consumer.end >= decided_at[key]:
-                    edges[key] = Passing(*key, outcome=consumer.outcome)  # first place kept
-                    decided_at[key] = consumer.end
+                if key not in linked:
+                    linked.add(key)
+                    found.append((at, Passing(*key, outcome=consumer.outcome)))
                 if not remaining:
                     break
         if self._sequence_edges:
-            for producer, consumer in pairwise(ordered):
+            for at, (producer, consumer) in enumerate(pairwise(ordered), 1):
                 if producer.end > consumer.start:
                     continue
                 if producer.result is not None and consumer.arguments is not None:
                     continue  # the content was there and decides
                 key = (producer.name, producer.version, consumer.name, consumer.version)
                 # no content: nothing says this call fed that one, so nor its outcome
-                edges.setdefault(key, Passing(*key, tags=dict(_SEQUENCE_TAGS)))
-        return list(edges.values())
+                found.append((at, Passing(*key, tags=dict(_SEQUENCE_TAGS))))
+        found.sort(key=lambda f: f[0])  # stable: a call's own passings keep their order
+        return [p for _, p in found]

@@ -282,10 +282,10 @@ def upkeep_due_after_commit(session: Any) -> bool:
 # --- retention: whole months dropped ---------------------------------------------------------
 
 
-# A row of event_turn_edges in retention's order: (ts, turn_id, mnest_id).
-TurnEdgeKey = tuple[datetime, str, str]
+# A row of event_turn_edges in retention's order: (ts, turn_id, mnest_id, occurrence).
+TurnEdgeKey = tuple[datetime, str, str, int]
 # Before every row of event_turn_edges.
-FIRST_TURN_EDGE: TurnEdgeKey = (datetime(1000, 1, 1, tzinfo=UTC), "", "")
+FIRST_TURN_EDGE: TurnEdgeKey = (datetime(1000, 1, 1, tzinfo=UTC), "", "", 0)
 
 
 @dataclass(frozen=True, slots=True)

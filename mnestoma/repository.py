@@ -69,6 +69,7 @@ from .validation import (
     check_dry_run,
     check_mnest_id,
     check_name,
+    check_occurrence,
     check_optional_name,
     check_positive_int,
     check_recorder,
@@ -188,6 +189,7 @@ def _event(
     related_id: str | None = None,
     recorder: str,
     outcome: str | None = None,
+    occurrence: int = 1,
 ) -> Row:
     """An event's values in :data:`~mnestoma.sql.record.EVENT_ROW` order."""
     return (
@@ -203,6 +205,7 @@ def _event(
         related_id,
         recorder,
         outcome,
+        occurrence,
     )
 
 
@@ -272,16 +275,20 @@ class MnestRepository(GraphReads):
         desired_sig: Any = None,
         recorder: str | None = None,
         outcome: str | None = None,
+        occurrence: int = 1,
     ) -> Mnest:
         """Create or reinforce the edge of one passing (see contract §4); ``outcome`` ("ok",
         "error" or None: unknown) is counted beside ``uses`` and never changes the weight.
+        With a ``turn_id``, ``occurrence`` says which passing of the edge in the turn this
+        is (contract §13): the same (turn, edge, occurrence) again is a no-op.
 
         Returns:
             The edge's row after the passing (created, or reinforced), a detached snapshot.
 
         Raises:
             InvalidInput: a name or version, ``tags``, ``desired_sig``, ``recorder`` or
-                ``outcome`` the contract refuses (contract §5).
+                ``outcome`` the contract refuses (contract §5), or an ``occurrence`` that is
+                not an int ≥ 1, or other than 1 without a ``turn_id``.
             ConflictError: the write lock was not had within the lock timeout
                 (:class:`WriteLockTimeout`), or other writers kept changing the rows it needed.
             StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
@@ -300,8 +307,9 @@ class MnestRepository(GraphReads):
             )
         )
         turn = check_optional_name(turn_id, "turn_id")
+        nth = check_occurrence(occurrence, turn)
         who = self._who(recorder)
-        return self._result(self._record_one(passing, turn, who))
+        return self._result(self._record_one(passing, turn, who, nth))
 
     def record_proto(
         self,
@@ -313,6 +321,7 @@ class MnestRepository(GraphReads):
         tags: Any = None,
         desired_sig: Any = None,
         recorder: str | None = None,
+        occurrence: int = 1,
     ) -> Mnest:
         """Record a passing to an executor that does not exist yet: the proto row of
         (src, src_version, dst), created at 0.30 or reinforced. The same as
@@ -322,8 +331,8 @@ class MnestRepository(GraphReads):
             The proto row after the passing (created, or reinforced).
 
         Raises:
-            InvalidInput: a name or version, ``tags``, ``desired_sig`` or ``recorder`` the
-                contract refuses.
+            InvalidInput: a name or version, ``tags``, ``desired_sig``, ``recorder`` or
+                ``occurrence`` the contract refuses.
             ConflictError: the write lock was not had within the lock timeout
                 (:class:`WriteLockTimeout`), or other writers kept changing the rows it needed.
             StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
@@ -339,6 +348,7 @@ class MnestRepository(GraphReads):
             tags=tags,
             desired_sig=desired_sig,
             recorder=recorder,
+            occurrence=occurrence,
         )
 
     def record_turn(
@@ -348,8 +358,9 @@ class MnestRepository(GraphReads):
         *,
         recorder: str | None = None,
     ) -> list[Mnest]:
-        """Record every passing of one turn; each edge counts once per turn (its outcome too:
-        the last one given for the edge in the turn).
+        """Record every passing of one turn: the k-th time an edge occurs in ``passings`` is
+        its occurrence k, counted once (contract §13), with its own outcome; the same turn
+        recorded again adds nothing.
 
         Returns:
             The row of each passing's edge after the turn, in the order the passings were
@@ -371,12 +382,15 @@ class MnestRepository(GraphReads):
         if not items:
             return []
         if len(items) == 1:
-            return [self._record_one(items[0], turn, who)()]
+            return [self._record_one(items[0], turn, who, 1)()]
         return self._record_many(items, turn, who)
 
-    def _record_one(self, p: Passing, turn_id: str | None, recorder: str) -> Callable[[], Mnest]:
-        """Record one passing; what builds its snapshot (a step left out of the write lock
-        where the unit of work builds it after the commit, see :meth:`_result`)."""
+    def _record_one(
+        self, p: Passing, turn_id: str | None, recorder: str, occurrence: int
+    ) -> Callable[[], Mnest]:
+        """Record one passing (occurrence ``occurrence`` of its edge in its turn); what builds
+        its snapshot (a step left out of the write lock where the unit of work builds it
+        after the commit, see :meth:`_result`)."""
         proto = not p.dst_exists
         sel = rec.SELECT_ONE_PROTO if proto else rec.SELECT_ONE_ACTIVE
         params = _key_params(_key(p))
@@ -385,12 +399,10 @@ class MnestRepository(GraphReads):
             row = ex.first(sel, params)
             now = self._write_now(ex)  # read once the write lock is held
             if row is not None:
-                if turn_id is not None and (
-                    ex.first(rec.TURN_COUNTED_ONE, {"turn_id": turn_id, "mid": row[_ID]})
-                    is not None
-                ):
+                counted = {"turn_id": turn_id, "mid": row[_ID], "occ": occurrence}
+                if turn_id is not None and ex.first(rec.TURN_COUNTED_ONE, counted) is not None:
                     return functools.partial(snap.mnest, row)
-                values, ev = self._reinforcement(row, p, turn_id, now, recorder)
+                values, ev = self._reinforcement(row, p, turn_id, now, recorder, occurrence)
                 if ex.dialect == "postgresql":
                     both = values + tuple(ev[i] for i in _PG_REINFORCE_EVENT_AT)
                     ex.many(rec.PG_REINFORCE_WITH_EVENT, [both], rec.PG_REINFORCE_ROW)
@@ -398,7 +410,7 @@ class MnestRepository(GraphReads):
                     ex.many(rec.UPDATE_REINFORCE, [values], rec.REINFORCE_ROW)
                     ex.many(rec.INSERT_EVENT, [ev], rec.EVENT_ROW)
                 return functools.partial(_reinforced_mnest, row, values)
-            values, ev = self._creation(p, turn_id, now, recorder)
+            values, ev = self._creation(p, turn_id, now, recorder, occurrence)
             if ex.dialect == "sqlite":
                 ex.many(rec.INSERT_MNEST_LOCKED, [values], MNEST_COLUMNS)  # under the write lock
                 ex.many(rec.INSERT_EVENT, [ev], rec.EVENT_ROW)
@@ -427,15 +439,11 @@ class MnestRepository(GraphReads):
 
     def _record_many(self, items: list[Passing], turn_id: str, recorder: str) -> list[Mnest]:
         ex = self._write_ex()
-        unique: dict[tuple[bool, Key], Passing] = {}
+        # Each edge's passings in the order given: the k-th is its occurrence k (each with
+        # its own outcome; the last tags / desired_sig given win).
+        unique: dict[tuple[bool, Key], list[Passing]] = {}
         for p in items:
-            # The last tags / desired_sig given for an edge in the turn win, and its last
-            # known outcome.
-            ident = (p.dst_exists, _key(p))
-            earlier = unique.get(ident)
-            if p.outcome is None and earlier is not None and earlier.outcome is not None:
-                p = p._replace(outcome=earlier.outcome)
-            unique[ident] = p
+            unique.setdefault((p.dst_exists, _key(p)), []).append(p)
         if ex.dialect == "sqlite":
             # BEGIN IMMEDIATE: no other writer can create one of our keys meanwhile
             result = self._record_many_once(ex, unique, turn_id, recorder)
@@ -475,7 +483,7 @@ class MnestRepository(GraphReads):
     def _record_many_once(
         self,
         ex: StatementRunner,
-        pending: dict[tuple[bool, Key], Passing],
+        pending: dict[tuple[bool, Key], list[Passing]],
         turn_id: str,
         recorder: str,
     ) -> dict[tuple[bool, Key], Mnest] | None:
@@ -484,26 +492,34 @@ class MnestRepository(GraphReads):
         rows = self._lock_keys(ex, list(pending))
         now = self._write_now(ex)
         found = {(r[_STATE] == MnestState.ACTIVE, _row_key(r)): r for r in rows}
-        done: set[str] = set()
+        done: set[tuple[str, int]] = set()
         if found and ex.first(rec.TURN_SEEN, {"turn_id": turn_id}) is not None:
-            # a retried (or continued) turn: which of its rows did it already count?
+            # a retried (or continued) turn: which occurrences of its rows did it count?
             ids = [r[_ID] for r in found.values()]
-            done = set(ex.scalars(rec.TURN_COUNTED, {"turn_id": turn_id, "ids": ids}))
+            counted = ex.rows(rec.TURN_COUNTED, {"turn_id": turn_id, "ids": ids})
+            done = {(mid, int(occ)) for mid, occ in counted}
         updates: list[Row] = []
-        creations: list[tuple[tuple[bool, Key], Row, Row]] = []
+        creations: list[tuple[tuple[bool, Key], Row, list[Row]]] = []
         events: list[Row] = []
-        for ident, p in pending.items():
+        for ident, passings in pending.items():
             row = found.get(ident)
             if row is None:
-                values, ev = self._creation(p, turn_id, now, recorder)
-                creations.append((ident, values, ev))
-            elif row[_ID] in done:
-                result[ident] = snap.mnest(row)
-            else:
-                values, ev = self._reinforcement(row, p, turn_id, now, recorder)
-                updates.append(values)
+                values, ev = self._creation(passings[0], turn_id, now, recorder, 1)
+                new_events = [ev]
+                for k, p in enumerate(passings[1:], 2):
+                    again, ev = self._reinforcement(values, p, turn_id, now, recorder, k)
+                    values = _reinforced(values, again)
+                    new_events.append(ev)
+                creations.append((ident, values, new_events))
+                continue
+            for k, p in enumerate(passings, 1):
+                if (row[_ID], k) in done:
+                    continue
+                values, ev = self._reinforcement(row, p, turn_id, now, recorder, k)
+                updates.append(values)  # run in order: one row's occurrences one after another
                 events.append(ev)
-                result[ident] = snap.mnest(_reinforced(row, values))
+                row = _reinforced(row, values)
+            result[ident] = snap.mnest(row)
         ex.many(rec.UPDATE_REINFORCE, updates, rec.REINFORCE_ROW)
         if creations:
             # In key order. PostgreSQL: one multi-row INSERT ... ON CONFLICT DO NOTHING
@@ -517,8 +533,8 @@ class MnestRepository(GraphReads):
                 new_rows = as_mappings(MNEST_COLUMNS, params)
                 if len(ex.execute(rec.insert_mnest(ex.dialect), new_rows).all()) < len(params):
                     return None
-            for ident, values, ev in creations:
-                events.append(ev)
+            for ident, values, new_events in creations:
+                events.extend(new_events)
                 result[ident] = snap.mnest(values)
         ex.many(rec.INSERT_EVENT, events, rec.EVENT_ROW)
         return result
@@ -536,7 +552,13 @@ class MnestRepository(GraphReads):
         return rows
 
     def _reinforcement(
-        self, row: Row, p: Passing, turn_id: str | None, now: datetime, recorder: str
+        self,
+        row: Row,
+        p: Passing,
+        turn_id: str | None,
+        now: datetime,
+        recorder: str,
+        occurrence: int = 1,
     ) -> tuple[Row, Row]:
         """A reinforcement's UPDATE_REINFORCE values (:data:`~mnestoma.sql.record.REINFORCE_ROW`
         order) and its event (:func:`_event`'s tuple, written out: this runs while the write
@@ -569,11 +591,12 @@ class MnestRepository(GraphReads):
             None,  # related_id
             recorder,
             outcome,
+            occurrence,
         )
         return values, ev
 
     def _creation(
-        self, p: Passing, turn_id: str | None, now: datetime, recorder: str
+        self, p: Passing, turn_id: str | None, now: datetime, recorder: str, occurrence: int = 1
     ) -> tuple[Row, Row]:
         """A new row (the table's columns in order, as :func:`~mnestoma.snapshots.mnest`
         takes them) and its event."""
@@ -608,6 +631,7 @@ class MnestRepository(GraphReads):
             state_after=state.value,
             recorder=recorder,
             outcome=p.outcome,
+            occurrence=occurrence,
         )
         return values, ev
 
@@ -1145,8 +1169,8 @@ class MnestRepository(GraphReads):
         self, end: datetime, after: TurnEdgeKey, limit: int
     ) -> tuple[int, TurnEdgeKey | None]:
         """One batch of the rows of ``event_turn_edges`` before ``end`` after ``after`` (in
-        (ts, turn_id, mnest_id) order): those whose passing went with a dropped partition
-        are deleted.
+        (ts, turn_id, mnest_id, occurrence) order): those whose passing went with a dropped
+        partition are deleted.
 
         Returns:
             How many were deleted, and the last row looked at (None: none was left).
@@ -1163,12 +1187,13 @@ class MnestRepository(GraphReads):
             "ts": after[0],
             "turn": after[1],
             "mnest": after[2],
+            "occ": after[3],
             "n": int(limit),
         }
         row = self._write_ex().first(partitions_sql.PRUNE_TURN_EDGES_BATCH, params)
         assert row is not None
-        deleted, seen, ts, turn, mnest = row
-        return int(deleted), (None if not seen else (ts, turn, mnest))
+        deleted, seen, ts, turn, mnest, occurrence = row
+        return int(deleted), (None if not seen else (ts, turn, mnest, occurrence))
 
     # --- query log --------------------------------------------------------------------
 

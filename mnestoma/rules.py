@@ -249,6 +249,9 @@ AGER_FLUSH_AFTER_KIB = 256
 THRESHOLD_TOLERANCE = 1e-9
 MAX_NAME_LENGTH = 255
 MAX_JSON_DEPTH = 64  # containers nested in tags / desired_sig; deeper is InvalidInput
+# The largest occurrence of an edge in a turn (contract §13): events.occurrence is a
+# 32-bit INTEGER on both engines.
+MAX_OCCURRENCE = 2**31 - 1
 # What automatic recording (the in-process tracer, the OpenTelemetry processor) takes as
 # evidence that one executor's output reached another: values too common to prove it never
 # link two calls.

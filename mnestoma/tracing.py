@@ -23,10 +23,14 @@ Lineage rule, exactly:
 * Trivial values never link: ``None``, booleans, numbers from -1024 to 1024, non-finite
   floats, ``str``/``bytes`` shorter than 4 characters, and empty containers.
 
-Outcomes (contract §11): each edge ``A → B`` carries what the call of B that received A's
-output did: ``"ok"`` when it returned, ``"error"`` when it raised an ``Exception``. When B
-received A's output in several calls of a turn, the call that finished last decides, as the
-store keeps the last outcome given for an edge in a turn. Cancellation, ``KeyboardInterrupt``
+Occurrences (contract §13): each call of B that received A's output is a passing of its
+own, listed in the order the calls were made, so that an edge passed three times in a turn
+is handed to the store three times and counted as occurrences 1, 2 and 3 (a turn recorded
+again adds nothing).
+
+Outcomes (contract §11): each passing ``A → B`` carries what the call of B that received A's
+output did: ``"ok"`` when it returned, ``"error"`` when it raised an ``Exception``.
+Cancellation, ``KeyboardInterrupt``
 and ``SystemExit`` come from outside B and say nothing of it: they leave the outcome as it
 was (None, unknown, when no other call finished). A proto from :func:`wish` has no outcome.
 """
@@ -82,7 +86,7 @@ MAX_NODES = 256  # values walked per output, and per call's arguments
 JSON_TEXT_LIMIT = 65_536  # longest str parsed as JSON text to reach its items
 TRIVIAL_NUMBER = rules.TRIVIAL_NUMBER  # numbers in [-1024, 1024] never link
 MIN_TEXT = rules.MIN_EVIDENCE_CHARS  # str / bytes shorter than this never link
-MAX_PASSINGS = 10_000  # distinct edges per turn; past it new edges are counted, not kept
+MAX_PASSINGS = 10_000  # passings per turn; past it new ones are counted, not kept
 
 RECORDER = "tracer"
 _OK = rules.Outcome.OK.value  # the call of the destination returned
@@ -92,7 +96,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 F = TypeVar("F", bound=Callable[..., Any])
 Executor = tuple[str, str]  # (name, version)
-EdgeKey = tuple[str, str, str, str | None, bool]
+PassingAt = int  # a passing's place in its turn's list
 
 
 # ---------------------------------------------------------------------------- statistics
@@ -340,11 +344,11 @@ class Turn:
         self.store_failures = 0  # 1 when writing this turn's passings failed
         self.dropped = 0  # 1 when the background writer's queue was full
         self.tracer_errors = 0  # values that could not be inspected
-        self.unrecorded = 0  # new edges past MAX_PASSINGS, not recorded
+        self.unrecorded = 0  # passings past MAX_PASSINGS, not recorded
         self.error: Exception | None = None  # the store's failure, if any
         self.mnests: list[Any] = []  # what the store returned (empty with a writer)
         self._lock = threading.Lock()
-        self._edges: dict[EdgeKey, Passing] = {}
+        self._passings: list[Passing] = []
         self._outputs: deque[_Output] = deque()
         self._by_id: dict[int, _Output] = {}
         self._by_key: dict[int, _Output] = {}
@@ -353,16 +357,17 @@ class Turn:
 
     def __repr__(self) -> str:
         return (
-            f"Turn({self.turn_id!r}, {self._state}, passings={len(self._edges)}, "
+            f"Turn({self.turn_id!r}, {self._state}, passings={len(self._passings)}, "
             f"outputs={len(self._outputs)}, forgotten={self.forgotten})"
         )
 
     @property
     def passings(self) -> list[Passing]:
-        """The passings recorded so far, each edge once, in the order first seen; an edge's
-        ``outcome`` is None until a call of its destination that received it has finished."""
+        """The passings recorded so far, in the order seen: an edge as often as a call of its
+        destination received its source's output; a passing's ``outcome`` is None until that
+        call has finished."""
         with self._lock:
-            return list(self._edges.values())
+            return list(self._passings)
 
     @property
     def remembered(self) -> int:
@@ -411,7 +416,7 @@ class Turn:
 
     def _received(
         self, dst: Executor, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[EdgeKey, ...]:
+    ) -> tuple[PassingAt, ...]:
         """A call of ``dst`` starts: record a passing from each producer of its arguments.
 
         Returns the edges the call received along, for :meth:`_finished` to give them the
@@ -425,36 +430,32 @@ class Turn:
             return ()
         if not sources:
             return ()
-        keys: list[EdgeKey] = []
+        keys: list[PassingAt] = []
         with self._lock:
             if self._state != "open":
                 return ()
-            edges = self._edges
+            passings = self._passings
             for src in sources:
-                key = (src[0], src[1], dst[0], dst[1], True)
-                if key not in edges:
-                    if len(edges) >= MAX_PASSINGS:
-                        self.unrecorded += 1
-                        continue
-                    edges[key] = Passing(src[0], src[1], dst[0], dst[1])
-                keys.append(key)
+                if len(passings) >= MAX_PASSINGS:
+                    self.unrecorded += 1
+                    continue
+                keys.append(len(passings))
+                passings.append(Passing(src[0], src[1], dst[0], dst[1]))
         return tuple(keys)
 
-    def _finished(self, keys: tuple[EdgeKey, ...], outcome: str) -> None:
-        """A call that received along ``keys`` returned (OK) or raised (ERROR): the edges
-        take its outcome, the latest finished call's winning (the store's rule too)."""
+    def _finished(self, keys: tuple[PassingAt, ...], outcome: str) -> None:
+        """A call that received along ``keys`` returned (OK) or raised (ERROR): its
+        passings take its outcome."""
         if not keys:
             return
         with self._lock:
             if self._state != "open":
                 return  # the turn ended while the call ran: its passings are gone
-            edges = self._edges
+            passings = self._passings
             for key in keys:
-                p = edges.get(key)
-                if p is not None and p.outcome != outcome:
-                    edges[key] = p._replace(outcome=outcome)
+                passings[key] = passings[key]._replace(outcome=outcome)
 
-    def _returned(self, producer: Executor, received: tuple[EdgeKey, ...], value: Any) -> Any:
+    def _returned(self, producer: Executor, received: tuple[PassingAt, ...], value: Any) -> Any:
         """A call of ``producer`` that received along ``received`` returned ``value``: those
         edges take OK, and ``value`` is remembered, forgetting the oldest output; returns
         ``value``, for the traced call to return."""
@@ -505,14 +506,13 @@ class Turn:
         with self._lock:
             if self._state != "open":
                 return []
-            edges = self._edges
+            passings = self._passings
             for src in sources:
-                key = (src[0], src[1], name, None, False)
-                if key not in edges and len(edges) >= MAX_PASSINGS:
+                if len(passings) >= MAX_PASSINGS:
                     self.unrecorded += 1
                     continue
-                # the store keeps the last desired_sig given for an edge in a turn: so do we
-                edges[key] = p = Passing(src[0], src[1], name, None, False, None, desired_sig)
+                p = Passing(src[0], src[1], name, None, False, None, desired_sig)
+                passings.append(p)
                 made.append(p)
         return made
 
@@ -533,7 +533,7 @@ class Turn:
     def _close(self) -> list[Passing]:
         with self._lock:
             self._state = "closed"
-            passings = list(self._edges.values())
+            passings = list(self._passings)
             # drop the references now: the values belong to the caller again
             self._outputs.clear()
             self._by_id.clear()
@@ -551,7 +551,7 @@ class Turn:
         )
         if self.unrecorded:
             logger.warning(
-                "mnestoma.tracing: turn %r held %d edges; %d more were not recorded",
+                "mnestoma.tracing: turn %r held %d passings; %d more were not recorded",
                 self.turn_id,
                 MAX_PASSINGS,
                 self.unrecorded,

@@ -14,7 +14,14 @@ from typing import Any, NamedTuple, TypeVar
 
 from .clock import Clock, read_clock, utc_now
 from .errors import InvalidInput
-from .rules import LOCK_TIMEOUT_MAX_S, MAX_NAME_LENGTH, MnestState, Outcome, Recorder
+from .rules import (
+    LOCK_TIMEOUT_MAX_S,
+    MAX_NAME_LENGTH,
+    MAX_OCCURRENCE,
+    MnestState,
+    Outcome,
+    Recorder,
+)
 from .types import ensure_json, ensure_unicode_text
 
 __all__ = [
@@ -25,6 +32,7 @@ __all__ = [
     "check_lock_timeout",
     "check_mnest_id",
     "check_name",
+    "check_occurrence",
     "check_optional_name",
     "check_outcome",
     "check_positive_int",
@@ -177,6 +185,15 @@ def check_positive_int(value: Any, what: str, *, maximum: int | None = None) -> 
     if value > top:
         raise InvalidInput(f"{what} must be at most {top}, got {_int_text(value)}")
     return value
+
+
+def check_occurrence(value: Any, turn_id: str | None) -> int:
+    """Which passing of its edge in its turn a passing is (contract §13): an int ≥ 1; one
+    other than 1 without a turn is refused, since only a turn numbers occurrences."""
+    occurrence = check_positive_int(value, "occurrence", maximum=MAX_OCCURRENCE)
+    if turn_id is None and occurrence != 1:
+        raise InvalidInput(f"occurrence {occurrence} needs a turn_id: only a turn numbers them")
+    return occurrence
 
 
 def check_seconds(value: object, what: str) -> float:

@@ -17,6 +17,7 @@ from sqlalchemy import (
     CompoundSelect,
     Delete,
     Insert,
+    Integer,
     MetaData,
     Select,
     String,
@@ -33,6 +34,7 @@ from sqlalchemy import (
     union,
     update,
 )
+from sqlalchemy import cast as sql_cast
 from sqlalchemy.dialects.postgresql.base import PGDialect
 
 from ..models import CopiedStore, StoreIdentity
@@ -149,7 +151,8 @@ class _KeyTable:
     fill: Insert
     twins: Select[Any]  # (target id, *KEY) of versioned edges whose key is in the table
     proto_twins: Select[Any]  # (target id, *PROTO_KEY) of protos whose key is in the table
-    turns: Select[Any]  # (turn_id, mnest_id) of passings already counted on the target
+    # (turn_id, mnest_id, occurrence) of passings already counted on the target
+    turns: Select[Any]
     shared_rows: Select[Any]  # a mnest id (k0) the target holds as a row
     shared_events: Select[Any]  # a mnest id (k0) the target's events name
 
@@ -174,8 +177,16 @@ class _KeyTable:
             proto_twins=select(MNESTS.c.id, *proto_cols)
             .join_from(table, MNESTS, and_(*(c == k[f"k{i}"] for i, c in enumerate(proto_cols))))
             .where(MNESTS.c.dst_version.is_(None)),
-            turns=select(EVENTS.c.turn_id, EVENTS.c.mnest_id)
-            .join_from(table, EVENTS, and_(EVENTS.c.turn_id == k.k0, EVENTS.c.mnest_id == k.k1))
+            turns=select(EVENTS.c.turn_id, EVENTS.c.mnest_id, EVENTS.c.occurrence)
+            .join_from(
+                table,
+                EVENTS,
+                and_(
+                    EVENTS.c.turn_id == k.k0,
+                    EVENTS.c.mnest_id == k.k1,
+                    EVENTS.c.occurrence == sql_cast(k.k2, Integer),
+                ),
+            )
             .where(EVENTS.c.kind.in_(PASSING)),
             shared_rows=select(MNESTS.c.id).join_from(table, MNESTS, MNESTS.c.id == k.k0).limit(1),
             shared_events=select(EVENTS.c.mnest_id)

@@ -2,8 +2,8 @@
 the models' tables (``create_all``, in the models' ``after_create`` of ``events``), and the
 statements that make the partitions of the coming months.
 
-The functions and triggers are those revision 0011 creates, word for word (a test compares
-what ``create_all`` and the revisions build).
+The functions and triggers are those revisions 0011 and 0013 create, word for word (a test
+compares what ``create_all`` and the revisions build).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from sqlalchemy import Connection, DateTime, Table, TextClause, bindparam, event, text
+from sqlalchemy import Connection, DateTime, Integer, Table, TextClause, bindparam, event, text
 
 from ..models import Event
 from ..rules import PASSING_KINDS, EventKind, sql_list, sql_literal
@@ -38,21 +38,24 @@ SIDE_TABLE = """CREATE TABLE event_turn_edges (
     turn_id TEXT NOT NULL,
     mnest_id TEXT NOT NULL,
     ts TIMESTAMP WITH TIME ZONE NOT NULL,
-    CONSTRAINT pk_event_turn_edges PRIMARY KEY (turn_id, mnest_id)
+    occurrence INTEGER DEFAULT 1 NOT NULL,
+    CONSTRAINT pk_event_turn_edges PRIMARY KEY (turn_id, mnest_id, occurrence)
 )"""
 SIDE_INDEX = "CREATE INDEX ix_event_turn_edges_ts ON event_turn_edges (ts)"
 
 TURN_EDGE_ADDED = """CREATE OR REPLACE FUNCTION mnestoma_turn_edge_added() RETURNS trigger
 LANGUAGE plpgsql AS $fn$
 BEGIN
-    INSERT INTO event_turn_edges (turn_id, mnest_id, ts) VALUES (NEW.turn_id, NEW.mnest_id, NEW.ts);
+    INSERT INTO event_turn_edges (turn_id, mnest_id, ts, occurrence)
+    VALUES (NEW.turn_id, NEW.mnest_id, NEW.ts, NEW.occurrence);
     RETURN NULL;
 END
 $fn$"""
 TURN_EDGE_REMOVED = """CREATE OR REPLACE FUNCTION mnestoma_turn_edge_removed() RETURNS trigger
 LANGUAGE plpgsql AS $fn$
 BEGIN
-    DELETE FROM event_turn_edges WHERE turn_id = OLD.turn_id AND mnest_id = OLD.mnest_id;
+    DELETE FROM event_turn_edges
+    WHERE turn_id = OLD.turn_id AND mnest_id = OLD.mnest_id AND occurrence = OLD.occurrence;
     RETURN NULL;
 END
 $fn$"""
@@ -114,8 +117,8 @@ BEGIN
                     'ALTER TABLE events ATTACH PARTITION %I FOR VALUES FROM (%L) TO (%L)',
                     part, lo, hi);
                 EXECUTE format(
-                    'INSERT INTO event_turn_edges (turn_id, mnest_id, ts)'
-                    ' SELECT turn_id, mnest_id, ts FROM %I'
+                    'INSERT INTO event_turn_edges (turn_id, mnest_id, ts, occurrence)'
+                    ' SELECT turn_id, mnest_id, ts, occurrence FROM %I'
                     ' WHERE turn_id IS NOT NULL AND kind IN ({_PASSING_QUOTED})'
                     ' ON CONFLICT DO NOTHING', part);
             ELSE
@@ -340,8 +343,8 @@ def drop_bound(final: str, keep: str) -> TextClause:
 def turn_edges_of(final: str) -> TextClause:
     """The rows of event_turn_edges of the passings a partition holds (kept ones)."""
     return text(
-        "INSERT INTO event_turn_edges (turn_id, mnest_id, ts)"
-        f" SELECT turn_id, mnest_id, ts FROM {partition(final)}"
+        "INSERT INTO event_turn_edges (turn_id, mnest_id, ts, occurrence)"
+        f" SELECT turn_id, mnest_id, ts, occurrence FROM {partition(final)}"
         f" WHERE turn_id IS NOT NULL AND {_PASSING} ON CONFLICT DO NOTHING"
     )
 
@@ -358,27 +361,32 @@ def drop_table(name: str) -> TextClause:
     return text(f"DROP TABLE IF EXISTS {name}")
 
 
-# One batch of the rows of event_turn_edges before :end, in (ts, turn_id, mnest_id) order
-# after the last one seen (:ts, :turn, :mnest): those whose passing is gone (dropped with its
-# partition) are deleted; the event is looked up by its ts too, so that only its partition
-# is searched. Returns how many were deleted, how many were looked at, and the last one.
+# One batch of the rows of event_turn_edges before :end, in (ts, turn_id, mnest_id,
+# occurrence) order after the last one seen (:ts, :turn, :mnest, :occ): those whose passing
+# is gone (dropped with its partition) are deleted; the event is looked up by its ts too, so
+# that only its partition is searched. Returns how many were deleted, how many were looked
+# at, and the last one.
 PRUNE_TURN_EDGES_BATCH: Final[TextClause] = text(
     "WITH batch AS ("
-    " SELECT s.ctid AS row, s.ts, s.turn_id, s.mnest_id FROM event_turn_edges s"
-    " WHERE s.ts < :end AND (s.ts, s.turn_id, s.mnest_id) > (:ts, :turn, :mnest)"
-    " ORDER BY s.ts, s.turn_id, s.mnest_id LIMIT :n),"
+    " SELECT s.ctid AS row, s.ts, s.turn_id, s.mnest_id, s.occurrence FROM event_turn_edges s"
+    " WHERE s.ts < :end"
+    " AND (s.ts, s.turn_id, s.mnest_id, s.occurrence) > (:ts, :turn, :mnest, :occ)"
+    " ORDER BY s.ts, s.turn_id, s.mnest_id, s.occurrence LIMIT :n),"
     " gone AS (DELETE FROM event_turn_edges t USING batch b WHERE t.ctid = b.row"
     "  AND NOT EXISTS (SELECT 1 FROM events e WHERE e.ts = b.ts AND e.turn_id = b.turn_id"
-    f"  AND e.mnest_id = b.mnest_id AND e.{_PASSING}) RETURNING 1),"
-    " last AS (SELECT ts, turn_id, mnest_id FROM batch"
-    "  ORDER BY ts DESC, turn_id DESC, mnest_id DESC LIMIT 1)"
+    "  AND e.mnest_id = b.mnest_id AND e.occurrence = b.occurrence"
+    f"  AND e.{_PASSING}) RETURNING 1),"
+    " last AS (SELECT ts, turn_id, mnest_id, occurrence FROM batch"
+    "  ORDER BY ts DESC, turn_id DESC, mnest_id DESC, occurrence DESC LIMIT 1)"
     " SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM batch),"
-    " last.ts, last.turn_id, last.mnest_id FROM (SELECT 1) one LEFT JOIN last ON true"
+    " last.ts, last.turn_id, last.mnest_id, last.occurrence"
+    " FROM (SELECT 1) one LEFT JOIN last ON true"
 ).bindparams(
     bindparam("end", type_=UTCDateTime()),
     bindparam("ts", type_=UTCDateTime()),
     bindparam("turn"),
     bindparam("mnest"),
+    bindparam("occ", type_=Integer()),
     bindparam("n"),
 )
 

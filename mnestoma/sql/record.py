@@ -102,14 +102,18 @@ SELECT_BY_ID_LOCKED = select(M).where(M.c.id == bindparam("id")).with_for_update
 _COUNTED = kind_in(E, PASSING_KINDS)
 # Has this turn counted any passing yet? (one index probe; most turns are new)
 TURN_SEEN = select(E.c.id).where(E.c.turn_id == bindparam("turn_id"), _COUNTED).limit(1)
-# Which of these rows has the turn already counted?
-TURN_COUNTED = select(E.c.mnest_id).where(
+# Which occurrences of these rows has the turn already counted? (mnest_id, occurrence)
+TURN_COUNTED = select(E.c.mnest_id, E.c.occurrence).where(
     E.c.turn_id == bindparam("turn_id"),
     E.c.mnest_id.in_(bindparam("ids", expanding=True)),
     _COUNTED,
 )
+# Has the turn counted this occurrence of this row?
 TURN_COUNTED_ONE = select(E.c.mnest_id).where(
-    E.c.turn_id == bindparam("turn_id"), E.c.mnest_id == bindparam("mid"), _COUNTED
+    E.c.turn_id == bindparam("turn_id"),
+    E.c.mnest_id == bindparam("mid"),
+    E.c.occurrence == bindparam("occ"),
+    _COUNTED,
 )
 
 # The parameters of UPDATE_REINFORCE, in the order of the tuples the repository builds.

@@ -65,6 +65,8 @@ class EventRow:
     # the table's own default: an event that does not say who recorded it reads as a call's
     recorder: str | SQL = Recorder.CALL.value
     outcome: str | SQL | None = None
+    # which passing of its edge in its turn (contract §13); 1 for any other event
+    occurrence: int | SQL = 1
 
     def as_dict(self) -> dict[str, Any]:
         """The row's values by column name, in :data:`EVENT_ROW` order."""

@@ -32,6 +32,7 @@ EVENT_KEYS = [
     "related_id",
     "recorder",
     "outcome",
+    "occurrence",
 ]
 
 
@@ -529,9 +530,9 @@ def test_demo_shows_edges_walk_suggestions_protos_and_status() -> None:
 def test_demo_status_says_the_store_is_fed_by_the_tracer() -> None:
     out = run_ok("demo").stdout
     status = out.split("== mnestoma status")[1]
-    assert "recorders  tracer 15 (last 2026-03-03 03:00:00Z)" in status
+    assert "recorders  tracer 17 (last 2026-03-03 03:00:00Z)" in status
     assert (
-        "fed automatically: 15 passings by the in-process tracer (mnestoma.tracing), "
+        "fed automatically: 17 passings by the in-process tracer (mnestoma.tracing), "
         "last at 2026-03-03 03:00:00Z (30 days ago); "
         "none by the OpenTelemetry processor (mnestoma.otel)."
     ) in status
@@ -552,7 +553,7 @@ def test_demo_turns_are_recorded_by_the_tracer_not_by_hand(empty_db_url: str) ->
         events = m.events()
         protos = m.edges(states=["proto"])
     passings = [e for e in events if e.kind in ("created", "reinforced")]
-    assert len(passings) == 15 and {e.recorder for e in passings} == {"tracer"}
+    assert len(passings) == 17 and {e.recorder for e in passings} == {"tracer"}
     others = [(e.kind, e.recorder) for e in events if e.kind not in ("created", "reinforced")]
     assert others == [("transition", "ager")]  # the one demotion, 30 days later
     assert len({e.turn_id for e in passings}) == 7
@@ -561,7 +562,7 @@ def test_demo_turns_are_recorded_by_the_tracer_not_by_hand(empty_db_url: str) ->
     assert proto.desired_sig["summary"] == "extract the text of a PDF that http.fetch downloaded"
     data = json.loads(run_ok("status", "--json", "--database-url", empty_db_url).stdout)
     assert data["fed_automatically"] is True
-    assert data["passings_by_recorder"]["tracer"]["passings"] == 15
+    assert data["passings_by_recorder"]["tracer"]["passings"] == 17
     assert data["ager_runs"]["total"] == 1
 
 

@@ -88,7 +88,7 @@ from test_record import (  # noqa: F401
     test_returned_objects_are_detached_snapshots,
     test_tags_never_change_the_weight,
     test_tags_that_are_not_portable_json_are_invalid_input,
-    test_the_same_edge_twice_in_one_turn_counts_once,
+    test_the_same_edge_twice_in_one_turn_counts_twice,
     test_the_stored_row_equals_the_returned_snapshot,
 )
 from test_record_proto import (  # noqa: F401

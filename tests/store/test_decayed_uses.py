@@ -128,12 +128,12 @@ def _twice_a_day_apart(record: Any, clock: MovableClock) -> None:
 EXPECTED = fade(1) + 1.0
 
 
-def test_record_turn_counts_each_edge_of_a_turn(
+def test_record_turn_counts_each_occurrence_of_an_edge(
     store: mnestoma.Mnestoma, clock: MovableClock
 ) -> None:
     B = ("search", "2", "read", "1")
     _twice_a_day_apart(lambda i: store.record_turn(f"t{i}", [A, B, Passing(*A)]), clock)
-    assert count_of(store) == pytest.approx(EXPECTED, rel=1e-12)
+    assert count_of(store) == pytest.approx(2 * fade(1) + 2.0, rel=1e-12)  # A twice a turn
     assert count_of(store, B) == pytest.approx(EXPECTED, rel=1e-12)
 
 

@@ -297,14 +297,16 @@ def test_a_producer_that_had_not_ended_does_not_link(setup: Setup) -> None:
     assert flushed(processor) and store.calls == []
 
 
-def test_one_passing_per_edge_and_trace(setup: Setup) -> None:
+def test_one_passing_per_call_of_the_destination_in_the_order_called(setup: Setup) -> None:
+    """Contract §13: an edge passed twice in a trace reaches the store twice, so that the
+    store counts occurrences 1 and 2."""
     store, _ = genai_turn(
         setup,
         ("fs.search", {"q": "pdf"}, ["a/report.pdf", "b/report.pdf"]),
         ("fs.read", {"path": "a/report.pdf"}, "text"),
         ("fs.read", {"path": "b/report.pdf"}, "text"),
     )
-    assert store.edges() == [SEARCH_TO_READ]
+    assert store.edges() == [SEARCH_TO_READ, SEARCH_TO_READ]
 
 
 # -- when a trace is recorded -----------------------------------------------------------------
@@ -733,6 +735,24 @@ def test_a_replayed_trace_counts_once_in_the_store(setup: Setup, store: mnestoma
     assert edge is not None and edge.uses == 1
     assert processor.stats.traces_recorded == 2
     assert len(store.events(turn_id=format(trace_id, "032x"))) == 1
+
+
+def test_repeats_in_a_trace_count_as_occurrences_and_a_redelivered_trace_adds_nothing(
+    setup: Setup, store: mnestoma.Mnestoma
+) -> None:
+    processor, tracer = setup(store)
+    trace_id = 0x5BF92F3577B34DA6A3CE929D0E0E4737
+    for _ in range(2):  # the same trace delivered twice
+        with tracer.start_as_current_span("rpc", context=remote_context(trace_id)):
+            genai(tracer, "fs.search", {"pattern": "*.pdf"}, ["a/report.pdf", "b/report.pdf"])
+            genai(tracer, "fs.read", {"path": "a/report.pdf"}, "the text")
+            genai(tracer, "fs.read", {"path": "b/report.pdf"}, "other text")
+        flushed(processor)
+    edge = store.find(*SEARCH_TO_READ)
+    assert edge is not None and edge.uses == 2
+    events = store.events(turn_id=format(trace_id, "032x"))
+    assert [(e.kind, e.occurrence) for e in events] == [("created", 1), ("reinforced", 2)]
+    assert (processor.stats.passings_recorded, processor.stats.passings_replayed) == (2, 2)
 
 
 def test_passings_recorded_counts_what_the_store_kept_not_a_replay(

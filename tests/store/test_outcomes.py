@@ -99,7 +99,7 @@ def test_a_proto_passing_has_no_outcome(store: mnestoma.Mnestoma) -> None:
     assert store.edges() == []
 
 
-def test_a_turn_counts_each_edges_outcome_once_the_last_known_one_counting(
+def test_a_turn_counts_the_outcome_of_each_occurrence_of_an_edge(
     store: mnestoma.Mnestoma,
 ) -> None:
     store.record_turn(
@@ -108,14 +108,19 @@ def test_a_turn_counts_each_edges_outcome_once_the_last_known_one_counting(
             Passing(*A, outcome="ok"),
             Passing(*B, outcome="ok"),
             Passing(*A, outcome="error"),  # the destination was called again and failed
-            Passing(*A),  # a later passing whose outcome is unknown changes nothing
+            Passing(*A),  # a third passing whose outcome is unknown
         ],
     )
-    assert counts(store, A) == (1, 0, 1)
+    assert counts(store, A) == (3, 1, 1)
     assert counts(store, B) == (1, 1, 0)
+    assert [e.outcome for e in store.events(turn_id="t-1") if e.mnest_id == store.find(*A).id] == [
+        "ok",
+        "error",
+        None,
+    ]
     # tuples carry the outcome as their eighth item
     store.record_turn("t-2", [(*A, True, None, None, "ok"), (*B, True, None, None, None)])
-    assert counts(store, A) == (2, 1, 1)
+    assert counts(store, A) == (4, 2, 1)
     assert counts(store, B) == (2, 1, 0)
 
 

@@ -155,9 +155,10 @@ def test_record_turn_returns_rows_in_passing_order(store: Mnestoma) -> None:
     assert {e.turn_id for e in store.events()} == {"t"}
 
 
-def test_the_same_edge_twice_in_one_turn_counts_once(store: Mnestoma) -> None:
+def test_the_same_edge_twice_in_one_turn_counts_twice(store: Mnestoma) -> None:
     rows = store.record_turn("t", [("a", "1", "b", "1"), ("a", "1", "b", "1")])
-    assert rows[0].id == rows[1].id and rows[0].uses == 1
+    assert rows[0].id == rows[1].id and rows[0].uses == rows[1].uses == 2
+    assert [e.occurrence for e in store.events(turn_id="t")] == [1, 2]
 
 
 def test_record_turn_mixes_creation_and_reinforcement(store: Mnestoma, clock) -> None:
@@ -188,11 +189,11 @@ def test_record_turn_rolls_back_when_the_database_fails_midway(
     calls = {"n": 0}
     original = repository.MnestRepository._creation
 
-    def failing(self, p, turn_id, now, recorder):  # type: ignore[no-untyped-def]
+    def failing(self, p, turn_id, now, recorder, occurrence=1):  # type: ignore[no-untyped-def]
         calls["n"] += 1
         if calls["n"] == 2:
             raise RuntimeError("simulated crash in the middle of a turn")
-        return original(self, p, turn_id, now, recorder)
+        return original(self, p, turn_id, now, recorder, occurrence)
 
     monkeypatch.setattr(repository.MnestRepository, "_creation", failing)
     with pytest.raises(RuntimeError):

@@ -78,6 +78,11 @@ def outcomes(passings: list[Passing]) -> dict[tuple[str, str], str | None]:
     return {(p.src_executor, p.dst_executor): p.outcome for p in passings}
 
 
+def each_outcome(passings: list[Passing]) -> list[tuple[str, str, str | None]]:
+    """Every passing's (source, destination, outcome), in order: an edge as often as it passed."""
+    return [(p.src_executor, p.dst_executor, p.outcome) for p in passings]
+
+
 def rows(store: mnestoma.Mnestoma) -> dict[tuple[str, str], tuple[int, int, int]]:
     """Each row's (source, destination) and its (uses, ok_count, error_count)."""
     return {
@@ -113,10 +118,13 @@ def test_the_tracer_marks_an_edge_error_when_its_destination_raised(
         index(parse(good))
         with pytest.raises(Broken):
             parse(bad)
-    # one edge, fetch -> parse: the last call along it raised
-    assert outcomes(t.passings) == {("fetch", "parse"): "error", ("parse", "index"): "ok"}
-    assert rows(store) == {("fetch", "parse"): (1, 0, 1), ("parse", "index"): (1, 1, 0)}
-    assert event_outcomes(store, "t1") == {("fetch", "parse"): "error", ("parse", "index"): "ok"}
+    # fetch -> parse twice: each call a passing with its own outcome
+    assert each_outcome(t.passings) == [
+        ("fetch", "parse", "ok"),
+        ("parse", "index", "ok"),
+        ("fetch", "parse", "error"),
+    ]
+    assert rows(store) == {("fetch", "parse"): (2, 1, 1), ("parse", "index"): (1, 1, 0)}
 
 
 def test_each_edge_of_a_turn_takes_the_outcome_of_its_own_destination(
@@ -143,9 +151,13 @@ def test_async_executors_are_marked_ok_and_error(store: mnestoma.Mnestoma) -> No
         return t.passings
 
     passings = asyncio.run(main())
-    assert outcomes(passings) == {("afetch", "aparse"): "ok", ("aparse", "index"): "ok"}
-    assert rows(store) == {("afetch", "aparse"): (1, 1, 0), ("aparse", "index"): (1, 1, 0)}
-    assert event_outcomes(store, "t1") == {("afetch", "aparse"): "ok", ("aparse", "index"): "ok"}
+    assert each_outcome(passings) == [
+        ("afetch", "aparse", "ok"),
+        ("afetch", "aparse", "error"),
+        ("afetch", "aparse", "ok"),
+        ("aparse", "index", "ok"),
+    ]
+    assert rows(store) == {("afetch", "aparse"): (3, 2, 1), ("aparse", "index"): (1, 1, 0)}
 
 
 def test_an_async_executor_that_raised_last_is_an_error(store: mnestoma.Mnestoma) -> None:
@@ -181,7 +193,7 @@ def test_methods_are_marked_sync_and_async(store: mnestoma.Mnestoma) -> None:
 
 
 @pytest.mark.parametrize(("failures", "expected"), [(2, "ok"), (3, "error")])
-def test_a_retried_call_counts_its_last_outcome_once(
+def test_each_retried_call_counts_with_its_own_outcome(
     store: mnestoma.Mnestoma, failures: int, expected: str
 ) -> None:
     flaky = Flaky(failures=failures)
@@ -193,10 +205,12 @@ def test_a_retried_call_counts_its_last_outcome_once(
                 break
             except Broken:
                 continue
-    assert outcomes(t.passings) == {("fetch", "flaky.convert"): expected}
+    calls = min(failures + 1, 3)
     ok = 1 if expected == "ok" else 0
-    assert rows(store) == {("fetch", "flaky.convert"): (1, ok, 1 - ok)}
-    assert [e.outcome for e in store.events(turn_id="t1")] == [expected]
+    assert [p.outcome for p in t.passings] == ["error"] * failures + ["ok"] * ok
+    assert rows(store) == {("fetch", "flaky.convert"): (calls, ok, calls - ok)}
+    assert [e.outcome for e in store.events(turn_id="t1")] == ["error"] * failures + ["ok"] * ok
+    assert [e.occurrence for e in store.events(turn_id="t1")] == list(range(1, calls + 1))
 
 
 def test_a_turn_ending_by_an_exception_records_its_outcomes(store: mnestoma.Mnestoma) -> None:
@@ -378,7 +392,7 @@ def test_an_exception_escaping_a_tool_span_is_an_error(
     ("statuses", "expected"),
     [((StatusCode.ERROR, StatusCode.UNSET), "ok"), ((StatusCode.OK, StatusCode.ERROR), "error")],
 )
-def test_the_last_call_along_an_edge_decides_its_outcome(
+def test_each_call_along_an_edge_counts_its_own_outcome(
     setup: Setup, store: mnestoma.Mnestoma, statuses: tuple[StatusCode, ...], expected: str
 ) -> None:
     processor, tracer = setup(store)
@@ -387,9 +401,11 @@ def test_the_last_call_along_an_edge_decides_its_outcome(
         for status in statuses:  # fs.read retried on the same path
             tool_span(tracer, "fs.read", {"path": "a/report.pdf"}, status=status)
     assert processor.force_flush(10_000)
-    ok = 1 if expected == "ok" else 0
-    assert otel_rows(store) == {"fs.read": (1, ok, 1 - ok)}
-    assert otel_events(store) == {"fs.read": expected}
+    said = ["error" if s == StatusCode.ERROR else "ok" for s in statuses]
+    assert said[-1] == expected
+    assert otel_rows(store) == {"fs.read": (2, said.count("ok"), said.count("error"))}
+    assert [e.outcome for e in store.events()] == said
+    assert [e.occurrence for e in store.events()] == [1, 2]
 
 
 def test_sequence_only_edges_have_no_outcome(setup: Setup, store: mnestoma.Mnestoma) -> None:

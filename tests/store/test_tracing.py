@@ -265,13 +265,15 @@ def test_a_later_call_of_the_same_executor_records_a_to_a(fake: FakeStore) -> No
     assert t.passings == [edge("page", "page")]
 
 
-def test_each_edge_is_listed_once_per_turn(fake: FakeStore) -> None:
+def test_each_call_is_a_passing_an_edge_listed_as_often_as_it_passed(fake: FakeStore) -> None:
+    """Contract §13: the store numbers the repeats of an edge in a turn as occurrences."""
     with turn(fake, "t") as t:
         files = search("q")
         read(files[0])
         read(files[1])
         read(files[0])
-    assert t.passings == [edge("search", "read")]
+    assert t.passings == [edge("search", "read")] * 3
+    assert fake.calls[0][1] == [edge("search", "read")] * 3
 
 
 def test_a_call_receiving_two_outputs_links_both_producers(fake: FakeStore) -> None:
@@ -362,12 +364,14 @@ def test_wish_refuses_a_desired_signature_that_is_not_json(fake: FakeStore) -> N
         wish("pdf.to_text", consumed=read("/a/report.pdf"), desired_sig={"f": object()})
 
 
-def test_the_last_desired_signature_of_a_wish_wins_within_a_turn(fake: FakeStore) -> None:
+def test_each_wish_is_a_passing_with_its_own_desired_signature(fake: FakeStore) -> None:
+    """Two wishes are two occurrences of the proto's edge; the store keeps the last one's
+    signature."""
     with turn(fake, "t") as t:
         body = read("/a/report.pdf")
         wish("pdf.to_text", consumed=body, desired_sig={"summary": "v1"})
         wish("pdf.to_text", consumed=body, desired_sig={"summary": "v2"})
-    assert [p.desired_sig for p in t.passings] == [{"summary": "v2"}]
+    assert [p.desired_sig for p in t.passings] == [{"summary": "v1"}, {"summary": "v2"}]
 
 
 # ---------------------------------------------------------------------------- end of a turn
@@ -431,7 +435,7 @@ def test_the_store_is_called_once_per_turn(fake: FakeStore) -> None:
         for n in range(5):
             read(search(f"q{n}")[0])
     assert len(fake.calls) == 1
-    assert fake.calls[0][1] == [edge("search", "read")]
+    assert fake.calls[0][1] == [edge("search", "read")] * 5
 
 
 def test_a_turn_object_is_entered_once(fake: FakeStore) -> None:
@@ -511,7 +515,7 @@ def test_a_huge_output_is_remembered_up_to_the_node_bound(fake: FakeStore) -> No
     assert t.passings == [edge("make", "read")]
 
 
-def test_past_the_edge_cap_new_edges_are_counted_not_kept(
+def test_past_the_passing_cap_new_passings_are_counted_not_kept(
     fake: FakeStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr("mnestoma.tracing.MAX_PASSINGS", 2)
@@ -520,12 +524,12 @@ def test_past_the_edge_cap_new_edges_are_counted_not_kept(
         files = search("q")
         read(files[0])
         summarise(files[0])
-        store_value(files[0])  # a third edge: over the cap
+        store_value(files[0])  # a third passing: over the cap
         assert wish("pdf.to_text", consumed=files[0]) == []
-        read(files[1])  # an edge already kept is still fine
+        read(files[1])  # a repeat of a kept edge is a passing too: over the cap
     assert t.passings == [edge("search", "read"), edge("search", "summarise")]
-    assert t.unrecorded == 2
-    assert stats.snapshot()["unrecorded"] == before + 2
+    assert t.unrecorded == 3
+    assert stats.snapshot()["unrecorded"] == before + 3
 
 
 def test_an_argument_the_tracer_cannot_inspect_does_not_break_the_call(
@@ -656,7 +660,7 @@ def test_asyncio_tasks_see_the_turn(fake: FakeStore) -> None:
             await asyncio.gather(*(aread(f) for f in files), asyncio.create_task(aread(files[0])))
         return t
 
-    assert asyncio.run(main()).passings == [edge("asearch", "aread")]
+    assert asyncio.run(main()).passings == [edge("asearch", "aread")] * 2  # a call each
 
 
 def test_to_thread_sees_the_turn(fake: FakeStore) -> None:
@@ -711,7 +715,8 @@ def test_propagate_carries_the_turn_into_a_thread_pool(fake: FakeStore) -> None:
         files = search("q")
         bodies = list(pool.map(propagate(read), files * 10))
         pool.submit(propagate(summarise), bodies[0]).result()
-    assert t.passings == [edge("search", "read"), edge("read", "summarise")]
+    assert t.passings[:-1] == [edge("search", "read")] * len(files) * 10
+    assert t.passings[-1] == edge("read", "summarise")
 
 
 def test_run_in_executor_with_propagate_sees_the_turn(fake: FakeStore) -> None:
@@ -747,7 +752,7 @@ def test_many_threads_in_one_turn_keep_its_state_whole(fake: FakeStore) -> None:
             f.result()
     expected = {edge(names[i], names[(i + 1) % 8]) for i in range(8)}
     assert set(t.passings) == expected
-    assert len(t.passings) == len(expected)  # each edge once despite the races
+    assert len(t.passings) == 8 * 199  # every call along each chain, despite the races
 
 
 def test_the_cap_holds_when_many_threads_return_at_once(fake: FakeStore) -> None:
@@ -913,6 +918,22 @@ def test_a_retried_turn_id_counts_once_in_the_store(store: mnestoma.Mnestoma) ->
     assert sorted(m.uses for m in store.edges()) == [2, 2]
     assert len(store.events(turn_id="turn-1")) == 2
     assert [e.recorder for e in store.events(turn_id="turn-2")] == ["tracer", "tracer"]
+
+
+def test_a_traced_edge_passed_three_times_counts_three_and_a_rerun_turn_adds_nothing(
+    store: mnestoma.Mnestoma,
+) -> None:
+    def three_reads(turn_id: str) -> None:
+        with turn(store, turn_id):
+            files = search("q")
+            for _ in range(3):
+                read(files[0])
+
+    three_reads("turn-1")
+    three_reads("turn-1")  # the same turn id again: a retry
+    (row,) = store.edges()
+    assert (row.src_executor, row.dst_executor, row.uses) == ("search", "read", 3)
+    assert [e.occurrence for e in store.events(turn_id="turn-1")] == [1, 2, 3]
 
 
 def test_the_background_writer_feeds_the_store(store: mnestoma.Mnestoma) -> None:
