@@ -31,10 +31,14 @@ def test_turns_racing_the_ager_all_succeed_and_count_once(pg_store_url: str) -> 
         def writer(n: int) -> None:
             rnd = random.Random(n)
             try:
-                for t in range(turns_n):
+                t = 0
+                # on until the ager has run three times among the writers (bounded): a fast
+                # machine's writers could otherwise be done before its third run
+                while t < turns_n or (ager_runs[0] < 3 and t < 20 * turns_n):
                     edges = rnd.sample(keys, rnd.randint(5, 10))
                     store.record_turn(f"w{n}-t{t}", edges)
                     counted[n] += len(edges)
+                    t += 1
             except BaseException as err:
                 errors.append(err)
 

@@ -94,5 +94,11 @@ def test_the_seed_repair_writes_the_shapes_columns_that_revision_0001_has() -> N
     seed_columns = set(seed_repair._events.c.keys()) - {"id"}
     assert seed_columns <= set(EVENT_ROW)
     # the others are written once revision 0002 has added them: related_id and reason
-    # (write_notes), recorder and outcome by their columns' defaults
-    assert set(EVENT_ROW) - seed_columns == {"reason", "related_id", "recorder", "outcome"}
+    # (write_notes), recorder, outcome and occurrence by their columns' defaults
+    assert set(EVENT_ROW) - seed_columns == {
+        "reason",
+        "related_id",
+        "recorder",
+        "outcome",
+        "occurrence",
+    }
