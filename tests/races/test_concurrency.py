@@ -70,6 +70,23 @@ def run_children(targets: list[tuple[Any, tuple[Any, ...]]], start: Any, out: An
     return results
 
 
+def report_of(proc: Any, out: Any) -> dict:
+    """The report ``proc`` puts on ``out``; a child that ends without one fails the test at
+    once, with its exit code, instead of after :data:`DEADLINE` seconds."""
+    deadline = time.monotonic() + DEADLINE
+    while time.monotonic() < deadline:
+        try:
+            return out.get(timeout=1.0)
+        except queue.Empty:
+            if not proc.is_alive():
+                break
+    try:  # a report put just before the child ended may still be on its way
+        return out.get(timeout=5.0)
+    except queue.Empty:
+        proc.join(timeout=5)
+        pytest.fail(f"the child ended without its report (exit code {proc.exitcode})")
+
+
 def expected_counts(results: list[dict]) -> Counter[str]:
     total: Counter[str] = Counter()
     for r in results:
@@ -191,7 +208,7 @@ def test_the_ager_among_writers_loses_no_reinforcement_and_its_reports_add_up(
     ]
     results = run_children(targets, start, out)
     stop.set()
-    ager_result = ager_out.get(timeout=DEADLINE)
+    ager_result = report_of(ager, ager_out)
     ager.join(timeout=30)
     assert ager.exitcode == 0
     with mnestoma.Mnestoma(
@@ -243,7 +260,7 @@ def test_soak_writers_ager_and_kills_keep_every_invariant(store_url: str) -> Non
         ]
         results = run_children(targets, start, out)
         stop.set()
-        ager_result = ager_out.get(timeout=DEADLINE)
+        ager_result = report_of(ager, ager_out)
         ager.join(timeout=30)
         assert [e for r in results for e in r["errors"]] == []
         assert ager_result["errors"] == []
