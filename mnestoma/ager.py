@@ -584,11 +584,8 @@ class AgerSession:
         database = conn.engine.url.database
         if pages <= 0 or not database or database.startswith("file:"):
             return
-        try:
-            fd = os.open(
-                f"{os.path.abspath(database)}-shm", os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
-            )
-        except OSError:
+        fd = _wal_index_of(f"{os.path.abspath(database)}-shm")
+        if fd < 0:
             return  # not in WAL mode, or the index is not in a file: nothing held back
         self._wal_index = fd
         self._frame_bytes = int(_run(conn, s.page_size).scalar_one()) + _WAL_FRAME_HEADER
@@ -653,8 +650,7 @@ class AgerSession:
         if self._wal_index >= 0:
             with suppress(Exception):
                 self.release()
-            os.close(self._wal_index)
-            self._wal_index = -1
+            self._wal_index = -1  # never closed: see _wal_index_of
         self._stack.close()
 
     def __exit__(self, *exc: object) -> None:
@@ -666,6 +662,35 @@ class AgerSession:
 # is a page and a header of this many bytes.
 _WAL_INDEX_MX_FRAME = 16
 _WAL_FRAME_HEADER = 24
+
+# Descriptors of the WAL indexes this process read, by file (device, inode): kept open for
+# the process's life. Closing any descriptor of a file drops every POSIX lock the process
+# holds on it, SQLite's own included: the ager's connection would lose its lock on the
+# index, and the next process to connect would take itself for the first, reset the index
+# under it (the ager then dies of SIGBUS on its commit) or let two views of the WAL meet.
+_WAL_INDEXES: dict[tuple[int, int], int] = {}
+_WAL_INDEXES_LOCK = threading.Lock()
+
+
+def _wal_index_of(path: str) -> int:
+    """A read-only descriptor of the WAL index at ``path`` (``-1`` when there is none),
+    opened once per file and process and never closed (see :data:`_WAL_INDEXES`)."""
+    with _WAL_INDEXES_LOCK:
+        try:
+            known = os.stat(path, follow_symlinks=False)
+        except OSError:
+            return -1
+        fd = _WAL_INDEXES.get((known.st_dev, known.st_ino), -1)
+        if fd >= 0:
+            return fd
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except OSError:
+            return -1
+        opened = os.fstat(fd)
+        # a file put in its place between the two looks is kept under its own key; a
+        # descriptor of a file already known stays open all the same (never closed)
+        return _WAL_INDEXES.setdefault((opened.st_dev, opened.st_ino), fd)
 
 
 @contextmanager
