@@ -466,3 +466,17 @@ def _longest_first(item: pytest.Item) -> int:
     if item.get_closest_marker("slow"):
         return 0
     return 1 if item.get_closest_marker("postgresql") else 2
+
+
+@pytest.fixture(params=["sqlite->sqlite", "sqlite->postgresql", "postgresql->sqlite"])
+def two_stores(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, str]:
+    """(source, target): empty stores at head on the engines the parameter names (for copies
+    between stores, both ways across the engines)."""
+    src_engine, dst_engine = request.param.split("->")
+    pg = request.getfixturevalue("pg_store_url") if "postgresql" in request.param else None
+    source = pg if src_engine == "postgresql" else f"sqlite:///{tmp_path / 'source.sqlite'}"
+    target = pg if dst_engine == "postgresql" else f"sqlite:///{tmp_path / 'target.sqlite'}"
+    assert source is not None and target is not None
+    for url in (source, target):
+        mnestoma.upgrade(url)
+    return source, target

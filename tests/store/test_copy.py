@@ -382,19 +382,6 @@ def key_of(state: str) -> tuple[Any, ...]:
     return (*SHARED[state], state)
 
 
-@pytest.fixture(params=["sqlite->sqlite", "sqlite->postgresql", "postgresql->sqlite"])
-def two_stores(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, str]:
-    """(source, target): stores at head on the engines the parameter names."""
-    src_engine, dst_engine = request.param.split("->")
-    pg = request.getfixturevalue("pg_store_url") if "postgresql" in request.param else None
-    source = pg if src_engine == "postgresql" else f"sqlite:///{tmp_path / 'source.sqlite'}"
-    target = pg if dst_engine == "postgresql" else f"sqlite:///{tmp_path / 'target.sqlite'}"
-    for url in (source, target):
-        mnestoma.upgrade(url)
-    assert source is not None and target is not None
-    return source, target
-
-
 @pytest.fixture
 def merged_stores(two_stores: tuple[str, str]) -> tuple[str, str]:
     source, target = two_stores

@@ -28,19 +28,6 @@ PRUNE_BEFORE = COPY_AT + timedelta(days=30)
 EDGE = ("plan", "1", "search", "2")
 
 
-@pytest.fixture(params=["sqlite->sqlite", "sqlite->postgresql", "postgresql->sqlite"])
-def two_stores(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, str]:
-    """(source, target): empty stores at head on the engines the parameter names."""
-    src_engine, dst_engine = request.param.split("->")
-    pg = request.getfixturevalue("pg_store_url") if "postgresql" in request.param else None
-    source = pg if src_engine == "postgresql" else f"sqlite:///{tmp_path / 'source.sqlite'}"
-    target = pg if dst_engine == "postgresql" else f"sqlite:///{tmp_path / 'target.sqlite'}"
-    assert source is not None and target is not None
-    for url in (source, target):
-        mnestoma.upgrade(url)
-    return source, target
-
-
 def one_edge(url: str, *, at: datetime, turn: str | None = None) -> None:
     with mnestoma.Mnestoma(url, clock=lambda: at) as m:
         m.record_passing(*EDGE, turn_id=turn)
