@@ -292,9 +292,21 @@ def _autotool(t: Trained) -> Predict:
     return predict
 
 
+def _predict_next(t: Trained) -> Predict:
+    """The planner's call (contract §13): P(next | the last two calls), the chain falling back
+    to the last call; the candidates never seen after it follow by popularity."""
+
+    def predict(before: str | None, prev: str) -> Prediction:
+        f = t.store.predict_next([before, prev] if before is not None else [prev])
+        return t.from_probabilities({c.executor: c.p for c in f.candidates})
+
+    return predict
+
+
 PREDICTORS: dict[str, Callable[[Trained], Predict]] = {
     "suggest_next order_by=weight": _suggest_next("weight"),
     "suggest_next order_by=decayed_uses": _suggest_next("decayed_uses"),
+    "predict_next: P(next | the last two), else the last": _predict_next,
     "count: successors of the last call": _successors,
     "count: successors of the last call, once a trajectory": _successors_once,
     "count: successors of the last two, else of the last": _last_two,

@@ -221,6 +221,7 @@ class _MnestOperations(_AsyncDoor[MnestRepository]):
     walk = _awaited(MnestRepository.walk)
     suggest_next = _awaited(MnestRepository.suggest_next)
     rank = _awaited(MnestRepository.rank)
+    predict_next = _awaited(MnestRepository.predict_next)
     vet = _awaited(MnestRepository.vet)
     graph = _awaited(MnestRepository.graph)
     to_networkx = _awaited(MnestRepository.to_networkx)

@@ -175,6 +175,7 @@ class Mnestoma(FacadeBase):
     walk = _in_one_transaction(MnestRepository.walk)
     suggest_next = _in_one_transaction(MnestRepository.suggest_next)
     rank = _in_one_transaction(MnestRepository.rank)
+    predict_next = _in_one_transaction(MnestRepository.predict_next)
     vet = _in_one_transaction(MnestRepository.vet)
     graph = _in_one_transaction(MnestRepository.graph)
     to_networkx = _in_one_transaction(MnestRepository.to_networkx)

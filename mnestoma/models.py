@@ -58,6 +58,7 @@ __all__ = [
     "CopiedStore",
     "Event",
     "Mnest",
+    "MnestChain",
     "MnestState",
     "MnestomaView",
     "ReadOnlyError",
@@ -373,6 +374,38 @@ class CopiedStore(Base):
     events: Mapped[int] = mapped_column(BigInteger)
     queries: Mapped[int] = mapped_column(BigInteger)
     ager_runs: Mapped[int] = mapped_column(BigInteger)
+
+
+class MnestChain(Base):
+    """A chain of two consecutive links of recorded turns, ``prev → src → dst`` by executor
+    names (contract §13): the decayed count of its passings at ``ts_last`` (with
+    :data:`~mnestoma.rules.CHAIN_DECAY_LAMBDA`), their raw count, first and last. The
+    planner's context: what followed ``src`` when ``prev`` came before it."""
+
+    __tablename__ = "mnest_chains"
+
+    prev_executor: Mapped[str] = mapped_column(Text, primary_key=True)
+    src_executor: Mapped[str] = mapped_column(Text, primary_key=True)
+    dst_executor: Mapped[str] = mapped_column(Text, primary_key=True)
+    decayed_uses: Mapped[float] = mapped_column(Float)
+    uses: Mapped[int] = mapped_column(BigInteger)
+    ts_first: Mapped[datetime]
+    ts_last: Mapped[datetime]
+
+    __table_args__ = (
+        CheckConstraint("decayed_uses >= 0", name="decayed_uses_nonneg"),
+        CheckConstraint("uses >= 1", name="uses_positive"),
+        CheckConstraint("ts_last >= ts_first", name="ts_order"),
+    )
+
+    def decayed_uses_at(self, at: datetime) -> float:
+        """The chain's decayed count of passings at instant ``at``."""
+        from .rules import CHAIN_DECAY_LAMBDA
+        from .types import ensure_aware_utc
+
+        return decayed_count(
+            self.decayed_uses, CHAIN_DECAY_LAMBDA, self.ts_last, ensure_aware_utc(at, "at")
+        )
 
 
 VIEW_NAME = "v_mnestoma"

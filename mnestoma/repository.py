@@ -39,6 +39,7 @@ from .partitions import (
     note_written,
     upkeep_before_write,
 )
+from .planning import Forecast, forecast, normalise_context
 from .rules import (
     DECAYED_USES_ORDER,
     DEFAULT_DECAY_LAMBDA,
@@ -49,6 +50,7 @@ from .rules import (
     EventKind,
     MnestState,
     advance,
+    chain_increments,
     check_transition,
     counted_passing,
     decayed_weight,
@@ -58,6 +60,7 @@ from .rules import (
 )
 from .runner import StatementRunner, as_mappings, runner_for
 from .settings import Settings, settings_of
+from .sql import chains as chains_sql
 from .sql import partitions as partitions_sql
 from .sql import read as rd
 from .sql import record as rec
@@ -446,7 +449,7 @@ class MnestRepository(GraphReads):
             unique.setdefault((p.dst_exists, _key(p)), []).append(p)
         if ex.dialect == "sqlite":
             # BEGIN IMMEDIATE: no other writer can create one of our keys meanwhile
-            result = self._record_many_once(ex, unique, turn_id, recorder)
+            result = self._record_many_once(ex, unique, turn_id, recorder, items)
             if result is None:
                 raise ConflictError("another writer created a key of this turn meanwhile")
             return [result[(p.dst_exists, _key(p))] for p in items]
@@ -468,7 +471,7 @@ class MnestRepository(GraphReads):
             with translate_errors():
                 savepoint = conn.begin_nested()
             try:
-                result = self._record_many_once(ex, unique, turn_id, recorder)
+                result = self._record_many_once(ex, unique, turn_id, recorder, items)
             except BaseException:
                 if savepoint.is_active:
                     savepoint.rollback()
@@ -486,8 +489,10 @@ class MnestRepository(GraphReads):
         pending: dict[tuple[bool, Key], list[Passing]],
         turn_id: str,
         recorder: str,
+        order: list[Passing],
     ) -> dict[tuple[bool, Key], Mnest] | None:
-        """One attempt at a turn; None when another transaction created one of its keys."""
+        """One attempt at a turn (its passings ``order``ed as given); None when another
+        transaction created one of its keys."""
         result: dict[tuple[bool, Key], Mnest] = {}
         rows = self._lock_keys(ex, list(pending))
         now = self._write_now(ex)
@@ -537,7 +542,34 @@ class MnestRepository(GraphReads):
                 events.extend(new_events)
                 result[ident] = snap.mnest(values)
         ex.many(rec.INSERT_EVENT, events, rec.EVENT_ROW)
+        self._count_chains(ex, order, found, done, now)
         return result
+
+    def _count_chains(
+        self,
+        ex: StatementRunner,
+        order: list[Passing],
+        found: dict[tuple[bool, Key], Row],
+        done: set[tuple[str, int]],
+        now: datetime,
+    ) -> None:
+        """Count the chains of the passings this attempt counted (contract §13), in key order,
+        after every row lock of the turn is held. Links to protos are left out of chains."""
+        seen: dict[tuple[bool, Key], int] = {}
+        links: list[tuple[str, str]] = []
+        counted: list[bool] = []
+        for p in order:
+            if not p.dst_exists:
+                continue
+            ident = (True, _key(p))
+            k = seen[ident] = seen.get(ident, 0) + 1
+            row = found.get(ident)
+            links.append((p.src_executor, p.dst_executor))
+            counted.append(row is None or (row[_ID], k) not in done)
+        added = chain_increments(links, counted)
+        if added:
+            rows = [(*key, n, n, now) for key, n in sorted(added.items())]
+            ex.many(chains_sql.count_chains(ex.dialect), rows, chains_sql.CHAIN_ROW)
 
     def _lock_keys(self, ex: StatementRunner, idents: list[tuple[bool, Key]]) -> list[Row]:
         """Lock and read the rows of these keys, every chunk in id order."""
@@ -840,6 +872,43 @@ class MnestRepository(GraphReads):
             return [(m, count) for m, _, count in ranking.order_by_count(counted, now)[:limit]]
         edges = [(snap.mnest(r), float(r[-1])) for r in rows]
         return ranking.order_edges(edges, now)[:limit]
+
+    def predict_next(
+        self,
+        context: Sequence[str] | str,
+        *,
+        src_version: str | None = None,
+        k: int | None = None,
+    ) -> Forecast:
+        """What follows the last one or two executors of a turn, with a probability a planner
+        can act on (contract §13): P(next | context) for each executor seen after it, the
+        passings behind each, and which context answered (the chain of the last two, or the
+        last executor alone when the chain has too little evidence).
+
+        ``context`` is the turn's executors so far, oldest first (only the last two are
+        read), or the last one's name; ``src_version`` narrows the last executor's edges to
+        that version (chains are by name); ``k`` keeps the ``k`` most likely candidates.
+
+        Returns:
+            A :class:`~mnestoma.planning.Forecast`: the candidates most likely first, and the
+            mass left to executors never seen after the context (``unseen``).
+
+        Raises:
+            InvalidInput: the context, a name or version, or ``k`` is refused.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
+        """
+        ctx = normalise_context(context)
+        version = check_optional_name(src_version, "src_version")
+        limit = None if k is None else check_positive_int(k, "k", maximum=10_000)
+        ex = self._ex()
+        params: dict[str, Any] = {"src": ctx[-1], "now": self._now()}
+        if version is not None:
+            params["sv"] = version
+        if len(ctx) == 2:
+            params["prev"] = ctx[0]
+        stmt = chains_sql.next_counts(ex.dialect, version is not None, len(ctx) == 2)
+        return forecast(ctx, ex.rows(stmt, params), limit)
 
     def rank(
         self,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import secrets
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import astuple, dataclass, fields, replace
 from datetime import datetime, timedelta
@@ -672,6 +673,125 @@ def spread_count(uses: int, decay_lambda: float, ts_first: datetime, ts_last: da
     if gap <= SPREAD_NEGLIGIBLE:
         return float(uses)
     return (1.0 - math.exp(-min(gap * uses, 200.0))) / (1.0 - math.exp(-gap))
+
+
+# =============================================================================================
+# The planner's probabilities (contract §13). The store keeps, for each pair of consecutive
+# links of a recorded turn (A→B then B→C), a decayed count of passings of the chain
+# (table ``mnest_chains``, by executor names), with the weight's default λ and the rules of
+# the decayed count above. A planner asks with the last one or two executors of its turn and
+# gets P(next | context): the edge's decayed counts, smoothed by Witten-Bell (a context's
+# distinct successors, times CHAIN_SMOOTHING, stand for the passings to executors it has not
+# seen yet), and the chain's interpolated with them. So no seen candidate is 0 or 1, and the
+# candidates plus the unseen mass sum to 1.
+# =============================================================================================
+
+CHAIN_DECAY_LAMBDA = DEFAULT_DECAY_LAMBDA
+# Witten-Bell's weight of the unseen: each distinct successor of a context counts this many
+# passings to something new. 1 is Witten-Bell's own (held-out calibration error 0.03 on the
+# ScienceWorld benchmark, docs/graph.md).
+CHAIN_SMOOTHING = 1.0
+# The chain is the context used when its decayed count of passings is at least this (one
+# passing about 38 days ago, at λ = 0.018); below it the single edge answers alone.
+CHAIN_MIN_SUPPORT = 0.5
+# A candidate never seen after the context gets the unseen mass shared as if among this many
+# executors (rank's candidates without evidence, vet's unseen links).
+UNSEEN_SUCCESSORS = 10
+# The ager forgets a chain whose decayed count has faded below this (one passing, about 166
+# days ago): PROTO_PRUNE_BELOW's number, for a count.
+CHAIN_FORGET_BELOW = 0.05
+PROBABILITY_ORDER = "p"
+
+__all__ += [
+    "CHAIN_DECAY_LAMBDA",
+    "CHAIN_FORGET_BELOW",
+    "CHAIN_MIN_SUPPORT",
+    "CHAIN_SMOOTHING",
+    "PROBABILITY_ORDER",
+    "UNSEEN_SUCCESSORS",
+    "ContextUsed",
+    "NextProbabilities",
+    "chain_increments",
+    "next_probabilities",
+    "unseen_probability",
+]
+
+
+class ContextUsed(StrEnum):
+    """Which context a probability is conditioned on."""
+
+    CHAIN = "chain"  # the last two executors: the chain's counts, interpolated with the edge's
+    EDGE = "edge"  # the last executor alone
+    NONE = "none"  # nothing known after the last executor: every candidate is unseen
+
+
+@dataclass(frozen=True, slots=True)
+class NextProbabilities:
+    """P(next | context) of each executor seen after the context, the mass left to those never
+    seen (``unseen``, > 0), the context used, and its decayed count of passings."""
+
+    p: dict[str, float]
+    unseen: float
+    context: ContextUsed
+    support: float
+
+
+def _witten_bell(counts: Mapping[str, float]) -> tuple[float, float]:
+    """(total decayed count, its unseen weight) of one context's successors."""
+    total = sum(counts.values())
+    return total, CHAIN_SMOOTHING * sum(1 for c in counts.values() if c > 0)
+
+
+def next_probabilities(
+    edge: Mapping[str, float], chain: Mapping[str, float] | None = None
+) -> NextProbabilities:
+    """P(next | context) from decayed counts: ``edge`` of the last executor's successors,
+    ``chain`` of the last two's (None: not asked).
+
+    Edge: ``p(c) = n(c) / (N + k·T)``, unseen ``k·T / (N + k·T)`` (N the total, T the distinct
+    successors, k :data:`CHAIN_SMOOTHING`). Chain, when its total is at least
+    :data:`CHAIN_MIN_SUPPORT`: ``p(c) = (n₂(c) + k·T₂·p_edge(c)) / (N₂ + k·T₂)``, unseen
+    ``k·T₂·unseen_edge / (N₂ + k·T₂)``. Counts of 0 or less are left out.
+    """
+    n1, w1 = _witten_bell(edge)
+    if n1 > 0:
+        p = {c: n / (n1 + w1) for c, n in edge.items() if n > 0}
+        unseen, used, support = w1 / (n1 + w1), ContextUsed.EDGE, n1
+    else:
+        p, unseen, used, support = {}, 1.0, ContextUsed.NONE, 0.0
+    if chain:
+        n2, w2 = _witten_bell(chain)
+        if n2 >= CHAIN_MIN_SUPPORT:
+            scale = w2 / (n2 + w2)
+            mixed = {c: q * scale for c, q in p.items()}
+            for c, n in chain.items():
+                if n > 0:
+                    mixed[c] = mixed.get(c, 0.0) + n / (n2 + w2)
+            p, unseen, used, support = mixed, unseen * scale, ContextUsed.CHAIN, n2
+    return NextProbabilities(p, unseen, used, support)
+
+
+def unseen_probability(unseen: float) -> float:
+    """The probability of one executor never seen after the context: the unseen mass shared
+    as if among :data:`UNSEEN_SUCCESSORS` executors."""
+    return unseen / UNSEEN_SUCCESSORS
+
+
+def chain_increments(
+    links: Sequence[tuple[str, str]], counted: Sequence[bool]
+) -> Counter[tuple[str, str, str]]:
+    """The chains one turn adds: for each counted link ``(x, y)`` (in the turn's order), the
+    latest earlier link of the turn that ended at ``x`` is its predecessor ``(w, x)``, and the
+    chain ``(w, x, y)`` counts one passing. A link with no predecessor (the turn's first, a
+    second branch of a fan-out from where the turn began) adds no chain."""
+    came_from: dict[str, str] = {}
+    out: Counter[tuple[str, str, str]] = Counter()
+    for (src, dst), count in zip(links, counted, strict=True):
+        before = came_from.get(src)
+        if count and before is not None:
+            out[(before, src, dst)] += 1
+        came_from[dst] = src
+    return out
 
 
 # =============================================================================================

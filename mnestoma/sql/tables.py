@@ -10,12 +10,13 @@ from typing import Any, TypeAlias, cast
 from sqlalchemy import ColumnElement, String, Table, and_, bindparam, literal, literal_column
 from sqlalchemy.sql.expression import FromClause
 
-from ..models import AgerProgress, AgerRun, CanonicalQuery, Event, Mnest
+from ..models import AgerProgress, AgerRun, CanonicalQuery, Event, Mnest, MnestChain
 from ..rules import EventKind, MnestState, Recorder, sql_literal
 
 __all__ = [
     "AGER_PROGRESS",
     "AGER_RUNS",
+    "CHAINS",
     "EVENTS",
     "EVENT_COLUMNS",
     "EVENT_ROW",
@@ -36,6 +37,7 @@ EVENTS = cast(Table, Event.__table__)
 QUERIES = cast(Table, CanonicalQuery.__table__)
 AGER_RUNS = cast(Table, AgerRun.__table__)
 AGER_PROGRESS = cast(Table, AgerProgress.__table__)
+CHAINS = cast(Table, MnestChain.__table__)
 
 MNEST_COLUMNS: tuple[str, ...] = tuple(c.key for c in MNESTS.columns)
 EVENT_COLUMNS: tuple[str, ...] = tuple(c.key for c in EVENTS.columns)

@@ -162,7 +162,7 @@ def test_a_services_autogenerate_without_a_hook_would_drop_the_store(
     dropped = _dropped_tables(_check(service, None))
     models = {
         "mnests", "events", "canonical_query_log", "ager_runs", "ager_progress",
-        "mnestoma_store", "mnestoma_copied_stores", VERSION_TABLE,
+        "mnestoma_store", "mnestoma_copied_stores", "mnest_chains", VERSION_TABLE,
     }  # fmt: skip
     layout = {n for n in dropped if is_layout_name(n)}
     assert dropped - layout == models

@@ -1,0 +1,118 @@
+"""The statements of the planner's chains (contract §13): counting a turn's chains, reading
+what follows a context, and the ager's forgetting of faded chains.
+
+Built once per dialect (or shape); callers only bind parameters.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from sqlalchemy import (
+    Delete,
+    Float,
+    Insert,
+    Select,
+    String,
+    bindparam,
+    delete,
+    func,
+    literal,
+    select,
+    union_all,
+)
+from sqlalchemy.dialects import postgresql as pg_dialect
+from sqlalchemy.dialects import sqlite as sqlite_dialect
+
+from ..rules import CHAIN_DECAY_LAMBDA, CHAIN_FORGET_BELOW, threshold_cut
+from ..sqlrules import advanced, decayed_count, now_param
+from .tables import CHAINS as C
+from .tables import MNESTS as M
+from .tables import is_active
+
+__all__ = [
+    "CHAIN_KEY",
+    "CHAIN_ROW",
+    "count_chains",
+    "forget_chains",
+    "next_counts",
+]
+
+CHAIN_KEY = ("prev_executor", "src_executor", "dst_executor")
+# The parameters of count_chains, in the order of the tuples the repository builds: the key,
+# the passings this turn adds, its instant.
+CHAIN_ROW = ("c_prev", "c_src", "c_dst", "c_n", "c_uses", "c_now")
+_LAMBDA = literal(CHAIN_DECAY_LAMBDA, Float)
+
+
+@functools.cache
+def count_chains(dialect: str) -> Insert:
+    """Add ``:c_n`` passings (``:c_uses``, the same number) at ``:c_now`` to a chain
+    (executemany, in key order): a new chain starts at that count; an existing one is
+    decayed to the later of its ``ts_last`` and ``:c_now`` and gets them added
+    (:func:`mnestoma.rules.counted_passing`, ``c_n``
+    times at one instant), its ``ts_last`` never moving back."""
+    ins = (sqlite_dialect if dialect == "sqlite" else pg_dialect).insert(C)
+    stmt = ins.values(
+        prev_executor=bindparam("c_prev", type_=String()),
+        src_executor=bindparam("c_src", type_=String()),
+        dst_executor=bindparam("c_dst", type_=String()),
+        decayed_uses=bindparam("c_n", type_=Float()),
+        uses=bindparam("c_uses"),
+        ts_first=now_param("c_now"),
+        ts_last=now_param("c_now"),
+    )
+    new = stmt.excluded
+    upsert: Insert = stmt.on_conflict_do_update(
+        index_elements=[C.c[k] for k in CHAIN_KEY],
+        set_={
+            "decayed_uses": decayed_count(
+                dialect, C.c.decayed_uses, _LAMBDA, C.c.ts_last, new.ts_last
+            )
+            + new.decayed_uses,
+            "uses": C.c.uses + new.uses,
+            "ts_last": advanced(C.c.ts_last, new.ts_last),
+        },
+    )
+    return upsert
+
+
+@functools.cache
+def next_counts(dialect: str, with_version: bool, with_chain: bool) -> Select[Any]:
+    """What followed the context, in one statement: rows ``(level, dst_executor, decayed
+    count now, uses)``, level 1 for the active edges out of ``:src`` (and ``:sv``) summed
+    over their rows by destination, level 2 for the chains ``:prev → :src → dst``."""
+    now = now_param()
+    count = decayed_count(dialect, M.c.decayed_uses, M.c.decay_lambda, M.c.ts_last, now)
+    terms = [is_active(M), M.c.src_executor == bindparam("src")]
+    if with_version:
+        terms.append(M.c.src_version == bindparam("sv"))
+    edges = (
+        select(
+            literal(1).label("level"),
+            M.c.dst_executor,
+            func.sum(count).label("counted"),
+            func.sum(M.c.uses).label("uses"),
+        )
+        .where(*terms)
+        .group_by(M.c.dst_executor)
+    )
+    if not with_chain:
+        return edges
+    chains = select(
+        literal(2).label("level"),
+        C.c.dst_executor,
+        decayed_count(dialect, C.c.decayed_uses, _LAMBDA, C.c.ts_last, now).label("counted"),
+        C.c.uses,
+    ).where(C.c.prev_executor == bindparam("prev"), C.c.src_executor == bindparam("src"))
+    return select(union_all(edges, chains).subquery())
+
+
+@functools.cache
+def forget_chains(dialect: str) -> Delete:
+    """The ager's forgetting: every chain whose decayed count at ``:now`` has faded below
+    :data:`~mnestoma.rules.CHAIN_FORGET_BELOW` (compared as the ager compares its
+    thresholds)."""
+    count = decayed_count(dialect, C.c.decayed_uses, _LAMBDA, C.c.ts_last, now_param())
+    return delete(C).where(count < literal(threshold_cut(CHAIN_FORGET_BELOW), Float))
