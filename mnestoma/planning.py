@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from .errors import InvalidInput
 from .rules import ContextUsed, next_probabilities, unseen_probability
+from .runner import StatementRunner
+from .sql.chains import next_counts
 from .validation import check_name
 
 __all__ = [
@@ -21,6 +24,7 @@ __all__ = [
     "Prediction",
     "forecast",
     "normalise_context",
+    "read_forecast",
 ]
 
 
@@ -117,3 +121,21 @@ def forecast(
     )
     used_context = context if level == 2 else context[-1:]
     return Forecast(used_context, probs.context, probs.support, probs.unseen, candidates)
+
+
+def read_forecast(
+    ex: StatementRunner,
+    context: tuple[str, ...],
+    src_version: str | None,
+    now: datetime,
+    k: int | None = None,
+) -> Forecast:
+    """The forecast after ``context`` (one or two names, checked) at ``now``, read in one
+    statement (:func:`mnestoma.sql.chains.next_counts`)."""
+    params: dict[str, Any] = {"src": context[-1], "now": now}
+    if src_version is not None:
+        params["sv"] = src_version
+    if len(context) == 2:
+        params["prev"] = context[0]
+    stmt = next_counts(ex.dialect, src_version is not None, len(context) == 2)
+    return forecast(context, ex.rows(stmt, params), k)

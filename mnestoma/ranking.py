@@ -17,14 +17,16 @@ ties broken as the weight's order is.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
 from .errors import InvalidInput
 from .models import Mnest
+from .planning import Forecast
 from .rules import (
     DECAYED_USES_ORDER,
+    PROBABILITY_ORDER,
     activation,
     decayed_count,
     ranking_key,
@@ -50,8 +52,9 @@ Candidate = str | tuple[str, str]
 
 # What ``rank`` may order by: the effective weight (the default, contract §9), the success
 # of what followed the edge (contract §11), then the weight's order, or the decayed count of
-# passings (contract §12), then the weight's order.
-ORDER_BY = ("weight", "success", DECAYED_USES_ORDER)
+# passings (contract §12), then the weight's order, or P(next | context) (contract §13),
+# then the weight's order.
+ORDER_BY = ("weight", "success", DECAYED_USES_ORDER, PROBABILITY_ORDER)
 # What ``suggest_next`` may order by: the weight (the default), or the decayed count.
 SUGGEST_ORDER_BY = ("weight", DECAYED_USES_ORDER)
 
@@ -67,7 +70,9 @@ class Ranked:
     :func:`~mnestoma.rules.success_rate` of that edge's ``ok_count`` and ``error_count``
     (``success_rate(0, 0)`` without an edge): evidence of what followed, not of weight.
     ``decayed_uses`` is the edge's decayed count of passings now
-    (:func:`~mnestoma.rules.decayed_count`; 0.0 without an edge).
+    (:func:`~mnestoma.rules.decayed_count`; 0.0 without an edge). ``p`` is P(candidate next
+    | context) and ``context`` the context that answered (``chain``, ``edge`` or ``none``,
+    contract §13), with ``order_by="p"`` only (else None).
     """
 
     candidate: Candidate
@@ -80,6 +85,8 @@ class Ranked:
     mnest: Mnest | None
     reason: str
     decayed_uses: float = 0.0
+    p: float | None = None
+    context: str | None = None
 
     @property
     def mnest_id(self) -> str | None:
@@ -101,6 +108,8 @@ class Ranked:
             "mnest_id": self.mnest_id,
             "reason": self.reason,
             "decayed_uses": self.decayed_uses,
+            "p": self.p,
+            "context": self.context,
         }
 
 
@@ -193,6 +202,7 @@ def rank_candidates(
     edges: Iterable[tuple[Mnest, float] | tuple[Mnest, float, float]],
     now: datetime,
     order_by: str = "weight",
+    forecast: Forecast | None = None,
 ) -> list[Ranked]:
     """Rank ``candidates`` from the active edges of the source to them (see :class:`Ranked`).
 
@@ -204,6 +214,9 @@ def rank_candidates(
     then goes before an edge whose errors outnumber its successes, and after one whose
     successes outnumber its errors. With ``order_by="decayed_uses"``, the highest decayed
     count first (its best edge over the versions likewise), the weight's order among equals.
+    With ``order_by="p"``, the highest P(candidate next | context) of ``forecast`` first (a
+    candidate never seen after the context: its share of the unseen mass), the weight's
+    order among equals.
     """
     order = check_order_by(order_by)
     by_count = order == DECAYED_USES_ORDER
@@ -244,6 +257,12 @@ def rank_candidates(
     ranked_list = [r for _, r in scored] + missing
     if order == "success":
         ranked_list.sort(key=lambda r: -r.success)  # stable: the weight's order among equals
+    elif order == PROBABILITY_ORDER:
+        if forecast is None:
+            raise InvalidInput("ordering by p needs the forecast of the context")
+        used = forecast.used.value
+        ranked_list = [replace(r, p=forecast.p(r.executor), context=used) for r in ranked_list]
+        ranked_list.sort(key=lambda r: -(r.p or 0.0))  # stable: the weight's order among equals
     return ranked_list
 
 

@@ -39,11 +39,12 @@ from .partitions import (
     note_written,
     upkeep_before_write,
 )
-from .planning import Forecast, forecast, normalise_context
+from .planning import Forecast, normalise_context, read_forecast
 from .rules import (
     DECAYED_USES_ORDER,
     DEFAULT_DECAY_LAMBDA,
     INITIAL_WEIGHT,
+    PROBABILITY_ORDER,
     RECURRING_MIN_USES,
     RECURRING_MIN_WEIGHT,
     AgerReport,
@@ -901,14 +902,7 @@ class MnestRepository(GraphReads):
         ctx = normalise_context(context)
         version = check_optional_name(src_version, "src_version")
         limit = None if k is None else check_positive_int(k, "k", maximum=10_000)
-        ex = self._ex()
-        params: dict[str, Any] = {"src": ctx[-1], "now": self._now()}
-        if version is not None:
-            params["sv"] = version
-        if len(ctx) == 2:
-            params["prev"] = ctx[0]
-        stmt = chains_sql.next_counts(ex.dialect, version is not None, len(ctx) == 2)
-        return forecast(ctx, ex.rows(stmt, params), limit)
+        return read_forecast(self._ex(), ctx, version, self._now(), limit)
 
     def rank(
         self,
@@ -917,11 +911,15 @@ class MnestRepository(GraphReads):
         *,
         src_version: str | None = None,
         order_by: str = "weight",
+        prev: str | None = None,
     ) -> list[ranking.Ranked]:
         """The candidates (names, or (name, version) pairs) in the order a planner should
         try them after ``src_executor``, each with its score and why (contract §9); with
         ``order_by="success"``, the most successful edges first (contract §11); with
-        ``order_by="decayed_uses"``, the highest decayed count of passings first (§12).
+        ``order_by="decayed_uses"``, the highest decayed count of passings first (§12); with
+        ``order_by="p"``, the highest P(candidate next | context) first (§13), the context
+        being ``prev → src_executor`` (``prev``: the executor before it in the turn) or
+        ``src_executor`` alone.
 
         Returns:
             One :class:`~mnestoma.ranking.Ranked` per candidate, best first (an empty list
@@ -935,6 +933,9 @@ class MnestRepository(GraphReads):
         src = check_name(src_executor, "src_executor")
         version = check_optional_name(src_version, "src_version")
         by = ranking.check_order_by(order_by)
+        before = check_optional_name(prev, "prev")
+        if before is not None and by != PROBABILITY_ORDER:
+            raise InvalidInput(f"prev is read by order_by={PROBABILITY_ORDER!r} only")
         wanted = ranking.normalise_candidates(candidates)
         if not wanted:
             return []
@@ -952,7 +953,11 @@ class MnestRepository(GraphReads):
             if version is not None:
                 params["sv"] = version
             edges.extend((snap.mnest(r), float(r[-1])) for r in ex.rows(stmt, params))
-        return ranking.rank_candidates(src, wanted, edges, now, order_by=by)
+        told = None
+        if by == PROBABILITY_ORDER:
+            context = (src,) if before is None else (before, src)
+            told = read_forecast(ex, context, version, now)
+        return ranking.rank_candidates(src, wanted, edges, now, order_by=by, forecast=told)
 
     def vet(self, steps: Iterable[Any]) -> Verdict:
         """The sieve's verdict on a proposed chain of executors (each a name or a

@@ -19,12 +19,14 @@ Decisions, stated once:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
 from .errors import InvalidInput
+from .planning import Forecast, read_forecast
 from .rules import MnestState, success_rate
 from .runner import StatementRunner
 from .sql import vet as sql
@@ -73,6 +75,7 @@ class LinkVerdict:
     last_seen: datetime | None
     state: str | None
     mnest_id: str | None
+    p: float = 1.0  # P(this step | the two before it), contract §13; set by vet_chain
 
     @property
     def standing(self) -> float:
@@ -96,6 +99,7 @@ class LinkVerdict:
             "last_seen": iso_utc(self.last_seen),
             "state": self.state,
             "mnest_id": self.mnest_id,
+            "p": self.p,
         }
 
 
@@ -112,6 +116,9 @@ class Verdict:
     score: float
     weakest: int | None
     unknown: tuple[int, ...]
+    # Σ ln p of the links (contract §13): the chain's log-likelihood under predict_next's
+    # probabilities; an unseen link lowers it by ln of its share of the unseen mass.
+    log_likelihood: float = 0.0
 
     @property
     def known(self) -> bool:
@@ -126,6 +133,7 @@ class Verdict:
             "score": self.score,
             "weakest": self.weakest,
             "unknown": list(self.unknown),
+            "log_likelihood": self.log_likelihood,
         }
 
 
@@ -165,8 +173,27 @@ def vet_chain(ex: StatementRunner, steps: list[Step], now: datetime) -> Verdict:
     params = sql.step_params(steps)
     params["now"] = now
     found = {int(r[0]): r for r in ex.rows(stmt, params)}
-    links = tuple(_link(i, steps[i], steps[i + 1], found.get(i)) for i in range(len(steps) - 1))
+    probs = _probabilities(ex, steps, now)
+    links = tuple(
+        replace(_link(i, steps[i], steps[i + 1], found.get(i)), p=probs[i])
+        for i in range(len(steps) - 1)
+    )
     return verdict(tuple(steps), links)
+
+
+def _probabilities(ex: StatementRunner, steps: list[Step], now: datetime) -> list[float]:
+    """P(step i + 1 | steps i − 1 and i) for each link, as ``predict_next`` answers it (the
+    first link after its source alone); one read per distinct context."""
+    answers: dict[tuple[tuple[str, ...], str | None], Forecast] = {}
+    out: list[float] = []
+    for i in range(len(steps) - 1):
+        context = tuple(s[0] for s in steps[max(0, i - 1) : i + 1])
+        version = steps[i][1]
+        f = answers.get((context, version))
+        if f is None:
+            f = answers[(context, version)] = read_forecast(ex, context, version, now)
+        out.append(f.p(steps[i + 1][0]))
+    return out
 
 
 def verdict(steps: tuple[Step, ...], links: tuple[LinkVerdict, ...]) -> Verdict:
@@ -176,7 +203,8 @@ def verdict(steps: tuple[Step, ...], links: tuple[LinkVerdict, ...]) -> Verdict:
         score *= link.standing
     weakest = min(range(len(links)), key=lambda i: links[i].standing) if links else None
     unknown = tuple(link.index for link in links if not link.known)
-    return Verdict(steps, links, score if links else 0.0, weakest, unknown)
+    likelihood = math.fsum(math.log(link.p) for link in links)
+    return Verdict(steps, links, score if links else 0.0, weakest, unknown, likelihood)
 
 
 def _link(index: int, src: Step, dst: Step, row: tuple[Any, ...] | None) -> LinkVerdict:
