@@ -42,7 +42,14 @@ PG_ADMIN_URL = os.environ.get(
 )
 REQUIRE_PG = os.environ.get("MNESTOMA_REQUIRE_POSTGRESQL", "") not in ("", "0", "false")
 ENGINES = ["sqlite", "postgresql"]
-TABLES = ("events", "canonical_query_log", "mnests", "ager_runs", "mnestoma_copied_stores")
+TABLES = (
+    "events",
+    "canonical_query_log",
+    "mnests",
+    "ager_runs",
+    "mnestoma_copied_stores",
+    "mnest_chains",
+)
 
 
 # PostgreSQL's own database, there on every server: where a missing one is created from.
