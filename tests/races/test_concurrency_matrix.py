@@ -15,10 +15,13 @@ SQLAlchemy's Core instead of the driver), under:
 
 Every other call of a door carries an outcome of "error" (the tracer's destination raises,
 the OpenTelemetry destination span ends with status ERROR), the others "ok"; the second
-edge of a two-passing turn carries none. Each asserts: no call failed; the ``uses`` of every
-key (summed over its rows, whatever their state) equal the calls made on it, and its
-``ok_count`` and ``error_count`` the calls that carried each outcome; one ``created`` or
-``reinforced`` event per counted passing; every pooled connection back in its pool.
+link of a two-passing turn (on from the first one's destination, so that the turn makes a
+chain) carries none. Each asserts: no call failed; the ``uses`` of every key (summed over
+its rows, whatever their state) equal the calls made on it, and its ``ok_count`` and
+``error_count`` the calls that carried each outcome; one ``created`` or ``reinforced``
+event per counted passing; the ``uses`` of every chain (contract §13) the turns that made
+it (at most, where the ager may forget faded chains); every pooled connection back in its
+pool.
 
 The default sizes keep the suite fast; ``MNESTOMA_SOAK=1`` makes every race longer.
 """
@@ -49,8 +52,9 @@ from mnestoma.aio import (
     make_async_session_factory,
 )
 from mnestoma.clock import MovableClock
-from mnestoma.models import Event
+from mnestoma.models import Event, MnestChain
 from mnestoma.otel import MnestomaSpanProcessor
+from mnestoma.rules import chain_increments
 from mnestoma.tracing import executor, turn
 
 SOAK = os.environ.get("MNESTOMA_SOAK", "") not in ("", "0")
@@ -75,7 +79,9 @@ def key(edge: str) -> Key:
     return (*SRC, f"mx.{edge}", "1")
 
 
-COMMON = key("common")  # the second edge of a two-passing turn
+def onward(edge: str) -> Key:
+    """The second link of a two-passing turn: on from the first one's destination."""
+    return (f"mx.{edge}", "1", "mx.common", "1")
 
 
 def outcome_of(call: int) -> str:
@@ -187,8 +193,8 @@ class FacadeTurnDoor(SyncDoor):
 
     def write(self, edge: str, call: int) -> list[Counted]:
         passing = Passing(*key(edge), outcome=outcome_of(call))
-        self.store.record_turn(f"turn-{uuid.uuid4().hex}", [passing, COMMON])
-        return [(key(edge), outcome_of(call)), (COMMON, None)]
+        self.store.record_turn(f"turn-{uuid.uuid4().hex}", [passing, onward(edge)])
+        return [(key(edge), outcome_of(call)), (onward(edge), None)]
 
 
 class TracerDoor(SyncDoor):
@@ -288,6 +294,15 @@ class AsyncFacadeDoor(AsyncDoor):
         return [(key(edge), outcome_of(call))]
 
 
+class AsyncFacadeTurnDoor(AsyncDoor):
+    """A two-passing turn through the async facade."""
+
+    async def awrite(self, edge: str, call: int) -> list[Counted]:
+        passing = Passing(*key(edge), outcome=outcome_of(call))
+        await self.store.record_turn(f"turn-{uuid.uuid4().hex}", [passing, onward(edge)])
+        return [(key(edge), outcome_of(call)), (onward(edge), None)]
+
+
 class AsyncUnitDoor(AsyncDoor):
     async def awrite(self, edge: str, call: int) -> list[Counted]:
         async with AsyncUnitOfWork(self.sessions, clock=self.clock) as uow:
@@ -315,6 +330,7 @@ DOORS: dict[str, type[Door]] = {
     "joined_turn": JoinedTurnDoor,
     "facade_turn": FacadeTurnDoor,
     "async_facade": AsyncFacadeDoor,
+    "async_facade_turn": AsyncFacadeTurnDoor,
     "async_unit": AsyncUnitDoor,
     "async_joined_unit": AsyncJoinedUnitDoor,
     "tracer": TracerDoor,
@@ -329,13 +345,17 @@ class Race:
     def __init__(self) -> None:
         self.counted: Counter[Key] = Counter()
         self.outcomes: Counter[tuple[Key, str]] = Counter()
+        self.chains: Counter[tuple[str, str, str]] = Counter()
         self.errors: list[BaseException] = []
         self.lock = threading.Lock()
 
     def done(self, passings: list[Counted]) -> None:
+        """One call's passings, in its turn's order."""
+        made = chain_increments([(k[0], k[2]) for k, _ in passings], [True] * len(passings))
         with self.lock:
             self.counted.update(k for k, _ in passings)
             self.outcomes.update((k, o) for k, o in passings if o is not None)
+            self.chains.update(made)
 
     def failed(self, err: BaseException) -> None:
         with self.lock:
@@ -498,6 +518,20 @@ def stored_counts(
     return uses, +outcomes, int(counted)
 
 
+def stored_chains(store: mnestoma.Mnestoma) -> Counter[tuple[str, str, str]]:
+    """The uses of every chain of the store."""
+    with store.engine.connect() as conn:
+        rows = conn.execute(
+            select(
+                MnestChain.prev_executor,
+                MnestChain.src_executor,
+                MnestChain.dst_executor,
+                MnestChain.uses,
+            )
+        ).all()
+    return Counter({(a, b, c): int(n) for a, b, c, n in rows})
+
+
 @pytest.fixture
 def matrix_store(store_url: str) -> Iterator[tuple[str, MovableClock, mnestoma.Mnestoma]]:
     """The store's URL, the clock every door and the ager share, and a facade to check with."""
@@ -535,6 +569,11 @@ def test_every_door_counts_every_call_under_races(
     assert uses == race.counted
     assert outcomes == race.outcomes
     assert events == sum(race.counted.values())
+    chains = stored_chains(checker)
+    if race_name == "ager":  # the ager forgets a chain faded below 0.05 (166 days)
+        assert all(chains[c] <= race.chains[c] for c in chains), (chains, race.chains)
+    else:
+        assert chains == race.chains
     if race_name == "ager":
         assert checker.edges(states=["decaying"]), "the ager demoted nothing: no race with it"
 

@@ -4,6 +4,7 @@ through every door that records a turn."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 from typing import Any
 
@@ -31,7 +32,7 @@ V = "1"
 
 def links(*calls: str) -> list[tuple[str, str, str, str]]:
     """The passings of a turn that called ``calls`` in order, each handing on to the next."""
-    return [(a, V, b, V) for a, b in zip(calls, calls[1:], strict=False)]
+    return [(a, V, b, V) for a, b in itertools.pairwise(calls)]
 
 
 def chains_of(url: str) -> dict[tuple[str, str, str], tuple[float, int]]:
@@ -42,7 +43,9 @@ def chains_of(url: str) -> dict[tuple[str, str, str], tuple[float, int]]:
             rows = conn.execute(select(MnestChain.__table__)).all()
     finally:
         engine.dispose()
-    return {(r.prev_executor, r.src_executor, r.dst_executor): (r.decayed_uses, r.uses) for r in rows}
+    return {
+        (r.prev_executor, r.src_executor, r.dst_executor): (r.decayed_uses, r.uses) for r in rows
+    }
 
 
 def total(f: mnestoma.Forecast) -> float:
@@ -126,7 +129,9 @@ def test_a_chain_fades_with_the_weights_lambda_and_counts_again(
 # --- every door that records a turn -------------------------------------------------------------
 
 
-def test_units_of_work_and_a_joined_session_count_chains(store_url: str, clock: MovableClock) -> None:
+def test_units_of_work_and_a_joined_session_count_chains(
+    store_url: str, clock: MovableClock
+) -> None:
     engine = make_engine(store_url)
     try:
         sessions = mnestoma.make_session_factory(engine)
