@@ -18,7 +18,8 @@ from .facade import Mnestoma
 from .migration import current_revision, downgrade, head_revision, upgrade
 from .models import CanonicalQuery, Event, Mnest, MnestomaView, ReadOnlyError
 from .repository import CanonicalQueryRepository, MnestRepository, QueryFrequency
-from .rules import AgerReport, EventKind, MnestState, Outcome
+from .planning import Forecast, Prediction
+from .rules import AgerReport, ContextUsed, EventKind, MnestState, Outcome
 from .settings import Settings
 from .uow import JoinedUnitOfWork, UnitOfWork
 from .validation import Passing
@@ -33,9 +34,11 @@ __all__ = [
     "CanonicalQuery",
     "CanonicalQueryRepository",
     "ConflictError",
+    "ContextUsed",
     "DatabaseUnavailable",
     "Event",
     "EventKind",
+    "Forecast",
     "InvalidInput",
     "InvalidTransition",
     "JoinedUnitOfWork",
@@ -49,6 +52,7 @@ __all__ = [
     "NotFound",
     "Outcome",
     "Passing",
+    "Prediction",
     "QueryFrequency",
     "ReadOnlyError",
     "SchemaError",

@@ -62,8 +62,12 @@ class Forecast:
     candidates: tuple[Prediction, ...]
 
     def p(self, executor: str) -> float:
-        """P(``executor`` next): its candidate's, or, never seen after the context, its share of
-        the unseen mass (:func:`~mnestoma.rules.unseen_probability`); never 0."""
+        """P(``executor`` next after the context).
+
+        Returns:
+            Its candidate's ``p``, or, for an executor never seen after the context, its share
+            of the unseen mass (:func:`~mnestoma.rules.unseen_probability`): never 0.
+        """
         for c in self.candidates:
             if c.executor == executor:
                 return c.p
