@@ -79,7 +79,12 @@ class Forecast:
         return self.candidates[0] if self.candidates else None
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON-ready fields."""
+        """The forecast as JSON-ready fields.
+
+        Returns:
+            ``context``, ``used``, ``support``, ``unseen`` and ``candidates`` (each as
+            :meth:`Prediction.as_dict`), as ``mnestoma predict --json`` prints them.
+        """
         return {
             "context": list(self.context),
             "used": self.used.value,
