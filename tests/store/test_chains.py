@@ -353,3 +353,23 @@ def test_vet_scores_an_unseen_link_low_instead_of_zero(store: mnestoma.Mnestoma)
         math.log(first.p("search")) + math.log(second.p("read")), rel=1e-12
     )
     assert [link.p for link in odd.links] == [first.p("search"), second.p("ocr")]
+
+
+def test_a_clock_that_steps_back_adds_without_decay_and_never_moves_ts_last_back(
+    store: mnestoma.Mnestoma, store_url: str, clock: MovableClock
+) -> None:
+    store.record_turn("t1", links("plan", "search", "read"))
+    first = clock.now()
+    clock.advance(days=-3)
+    store.record_turn("t2", links("plan", "search", "read"))
+    assert chains_of(store_url)[("plan", "search", "read")] == (2.0, 2)
+    clock.advance(days=3 + 400)  # a year and more: the count all but gone, not negative
+    f = store.predict_next(["plan", "search"])
+    assert f.used is ContextUsed.EDGE  # the chain's 2·e^(−0.018·400) ≈ 0.0015 < 0.5
+    engine = make_engine(store_url)
+    try:
+        with engine.connect() as conn:
+            (ts_last,) = conn.execute(select(MnestChain.ts_last)).one()
+    finally:
+        engine.dispose()
+    assert ts_last == first
