@@ -359,7 +359,7 @@ def test_a_clock_that_steps_back_adds_without_decay_and_never_moves_ts_last_back
     store: mnestoma.Mnestoma, store_url: str, clock: MovableClock
 ) -> None:
     store.record_turn("t1", links("plan", "search", "read"))
-    first = clock.now()
+    first = clock.now
     clock.advance(days=-3)
     store.record_turn("t2", links("plan", "search", "read"))
     assert chains_of(store_url)[("plan", "search", "read")] == (2.0, 2)
