@@ -64,6 +64,7 @@ from .render import (
     render_copy,
     render_edges,
     render_events,
+    render_forecast,
     render_graph_report,
     render_one,
     render_protos,
@@ -324,6 +325,37 @@ def suggest(src: str, k: int, order_by: str, as_json: bool, database_url: str | 
     with _store(database_url, Settings(clock=lambda: now)) as store:
         suggestions = store.suggest_next(executor, version, k=k, order_by=order_by)
         render_suggestions(suggestions, now, as_json, order_by=order_by)
+
+
+@cli.command()
+@click.argument("executors", nargs=-1, required=True, metavar="EXECUTOR [EXECUTOR]")
+@click.option(
+    "--version",
+    "version",
+    metavar="V",
+    help="The last executor's version: only its edges from that version [any version].",
+)
+@click.option(
+    "-k", "k", default=5, show_default=True, type=int, help="How many candidates to print."
+)
+@json_option
+@database_url_option
+def predict(
+    executors: tuple[str, ...], version: str | None, k: int, as_json: bool, database_url: str | None
+) -> None:
+    """What follows the last one or two executors of a turn (oldest first), with P(next):
+    each executor seen after them, most likely first, with its probability, the decayed
+    count of passings to it in the context that answered (SUPPORT) and their number (USES);
+    then the probability left to the executors never seen after them, and which context
+    answered: the chain of the two (by name), or the last executor alone when the chain was
+    seen too rarely."""
+    if len(executors) > 2:
+        raise InvalidInput(
+            f"give the last one or two executors of the turn, oldest first; got {len(executors)}"
+        )
+    with _store(database_url) as store:
+        forecast = store.predict_next(list(executors), src_version=version, k=k)
+        render_forecast(forecast, executors, version, as_json)
 
 
 @cli.command()

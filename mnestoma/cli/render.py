@@ -24,7 +24,7 @@ from ..models import CanonicalQuery, Event, Mnest
 from ..records import mnest_record, row_record
 from ..redaction import redact_url
 from ..repository import QueryFrequency
-from ..rules import DECAYED_USES_ORDER, AgerReport, activation
+from ..rules import DECAYED_USES_ORDER, AgerReport, ContextUsed, activation
 from ..timefmt import iso_utc, short_utc
 from .errors import CliFailure
 from .progress import stderr_is_terminal
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from sqlalchemy.engine import URL
 
     from ..copying import CopyReport
+    from ..planning import Forecast
     from ..vetting import Verdict
 
 __all__ = [
@@ -45,6 +46,7 @@ __all__ = [
     "render_copy",
     "render_edges",
     "render_events",
+    "render_forecast",
     "render_graph_report",
     "render_one",
     "render_protos",
@@ -220,6 +222,48 @@ def render_suggestions(
     value = "COUNT" if by_count else "SCORE"
     headers = ("RANK", "NEXT", value, "ACTIVATION", "USES", "LAST", "ID")
     click.echo(table(headers, rows, {"RANK", value, "ACTIVATION", "USES"}))
+
+
+def render_forecast(
+    forecast: Forecast, asked: Sequence[str], version: str | None, as_json: bool
+) -> None:
+    """Print what follows the last one or two executors ``asked`` (the last one at
+    ``version``, when given): one row per candidate, most likely first, with P(next), the
+    decayed count of passings to it and their number; then the probability left to the
+    executors never seen after the context, and which context answered (the chain of the
+    two, the last executor alone, or nothing seen after it)."""
+    if as_json:
+        echo_json(forecast.as_dict())
+        return
+    if forecast.candidates:
+        rows = [
+            (i, c.executor, f"{c.p:.3f}", f"{c.support:.3f}", c.uses)
+            for i, c in enumerate(forecast.candidates, 1)
+        ]
+        headers = ("RANK", "NEXT", "P", "SUPPORT", "USES")
+        click.echo(table(headers, rows, {"RANK", "P", "SUPPORT", "USES"}))
+    else:
+        click.echo("(no candidate)")
+    click.echo("")
+    hidden = 1.0 - forecast.unseen - sum(c.p for c in forecast.candidates)
+    if hidden >= 5e-4:  # -k cut the list: what the candidates left out hold together
+        n = len(forecast.candidates)
+        click.echo(f"others   {hidden:.3f} (the candidates past the first {n}, together)")
+    click.echo(
+        f"unseen   {forecast.unseen:.3f} (every executor never seen after the context, together)"
+    )
+    last = endpoint(asked[-1], version)
+    if forecast.used is ContextUsed.NONE:
+        said = f"nothing seen after {last}"
+    else:
+        names = " -> ".join([*forecast.context[:-1], last])
+        support = forecast.support  # two digits below 1: a faded count is not "0.0"
+        count = f"{support:.1f}" if support >= 0.95 else f"{support:.2g}"
+        said = f"{names} ({forecast.used.value}, {count} passings"
+        if len(asked) == 2 and forecast.used is ContextUsed.EDGE:
+            said += f"; {asked[0]} -> {asked[-1]} seen too rarely to answer"
+        said += ")"
+    click.echo(text_for_terminal(f"context  {said}"))
 
 
 def render_verdict(verdict: Verdict, as_json: bool) -> None:
