@@ -19,9 +19,12 @@ first of this one. Then, for each call of the held-out conversations after the f
 planner asks what follows the previous call:
 
 - hit@1, hit@3 and MRR of ``suggest_next`` (each order it has) and of ``rank`` over every
-  function seen (each ``order_by``), and of two references computed here from the same
-  training calls: popularity (the most called functions first) and the undecayed count of
-  successors (what followed the previous call most often; popularity breaks its ties);
+  function seen (each ``order_by``); of ``predict_next`` asked with the previous call and the
+  one before it in the conversation (every function ranked by its P(next), popularity
+  breaking ties and ordering those never seen after the context); and of two references
+  computed here from the same training calls: popularity (the most called functions first)
+  and the undecayed count of successors (what followed the previous call most often;
+  popularity breaks its ties);
 - ``vet`` on each held-out chain against the same chain corrupted (one step replaced by
   another function; two steps swapped), the chains being whole conversations and, apart,
   each turn's calls (what one request plans): the share of pairs whose real chain scores higher
@@ -32,8 +35,9 @@ planner asks what follows the previous call:
   the most frequent successor of the most frequent source is replaced by a new executor (a
   new version of it, under a new name); how many of the new successor's passings each order
   needs before it ranks the new successor first;
-- latency: ``rank`` and ``suggest_next`` with each order, interleaved on the trained store
-  (median per call, and the ratio to the default order).
+- latency: ``rank`` and ``suggest_next`` with each order, and ``predict_next``, interleaved
+  on the trained store (median and p99 per call, and the ratio to the default order;
+  ``predict_next``'s to ``suggest_next``'s).
 
 With ``--autotool PATH`` (a clone of AutoTool's repository), the next-tool benchmark on its
 ScienceWorld trajectories follows, :mod:`benchmarks.scienceworld`. ``--quick`` runs both on the
@@ -53,7 +57,7 @@ import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -62,6 +66,8 @@ from typing import Any
 import mnestoma
 from mnestoma.ranking import ORDER_BY, SUGGEST_ORDER_BY
 from mnestoma.testing.clock import MovableClock
+
+from .writer_latency import percentile
 
 __all__ = [
     "BFCL_GLOB",
@@ -88,6 +94,7 @@ TURN_GAP = timedelta(hours=1)
 VERSION = "1"
 NEW_SUFFIX = "_v2"  # the drift's new successor: a new version of the old one, by name
 LATENCY_CALLS = 200  # calls per order in the latency section
+PREDICT_NEXT = "predict_next: P(next | the last two), else the last"
 FIXTURE = (
     Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "BFCL_v4_multi_turn_sample.json"
 )
@@ -175,12 +182,6 @@ def split(
     rng.shuffle(train)
     rng.shuffle(test)
     return train, test
-
-
-def pairs_of(conv: Conversation) -> list[tuple[str, str]]:
-    """Consecutive calls of a conversation (across its turns)."""
-    calls = conv.calls
-    return list(itertools.pairwise(calls))
 
 
 # --- scores -----------------------------------------------------------------------------------
@@ -275,21 +276,39 @@ def _references(train: Sequence[Conversation]) -> tuple[Counter[str], dict[str, 
     return popularity, successors
 
 
-def _by_count(counts: Counter[str], popularity: Counter[str], catalog: Sequence[str]) -> list[str]:
+def _by_count(
+    counts: Mapping[str, float], popularity: Counter[str], catalog: Sequence[str]
+) -> list[str]:
+    """Every function of the catalog, the highest count (or probability) first; popularity,
+    then name, break ties."""
     return sorted(catalog, key=lambda f: (-counts.get(f, 0), -popularity.get(f, 0), f))
+
+
+def contexts_of(conv: Conversation) -> list[tuple[tuple[str, ...], str]]:
+    """Each call of a conversation after its first, with its context: the call before it
+    and the one before that (one call for the second), across turns as the calls came."""
+    calls = conv.calls
+    return [(tuple(calls[max(0, i - 2) : i]), calls[i]) for i in range(1, len(calls))]
 
 
 def predict(
     store: mnestoma.Mnestoma, train: Sequence[Conversation], test: Sequence[Conversation]
 ) -> tuple[dict[str, dict[str, float]], int]:
-    """hit@1/hit@3/MRR of every predictor over the held-out calls."""
+    """hit@1/hit@3/MRR of every predictor over the held-out calls.
+
+    ``predict_next`` is asked with the last two calls wherever a turn ends. The store
+    counts the chains of one recorded turn, whose first passing comes from the turn before
+    (its last call to this turn's first): so the chain into a turn's first call (the last
+    two calls of the turn before, then it) is never counted, and that call is predicted by
+    what followed the same two calls within turns, else by the last call's edges."""
     popularity, successors = _references(train)
     catalog = sorted(popularity)
     by_popularity = _by_count(popularity, popularity, catalog)
     hits: dict[str, Hits] = defaultdict(Hits)
     n = 0
     for conv in test:
-        for prev, truth in pairs_of(conv):
+        for context, truth in contexts_of(conv):
+            prev = context[-1]
             n += 1
             for order in SUGGEST_ORDER_BY:
                 got = store.suggest_next(prev, k=len(catalog) or 1, order_by=order)
@@ -297,6 +316,9 @@ def predict(
             for order in ORDER_BY:
                 ranked = store.rank(prev, catalog, order_by=order)
                 hits[f"rank order_by={order}"].add([r.executor for r in ranked], truth)
+            forecast = store.predict_next(context)
+            p = {c.executor: c.p for c in forecast.candidates}
+            hits[PREDICT_NEXT].add(_by_count(p, popularity, catalog), truth)
             hits["reference: popularity"].add(by_popularity, truth)
             after = successors.get(prev, Counter())
             hits["reference: undecayed successor count"].add(
@@ -420,39 +442,44 @@ def drift(url: str, train: Sequence[Conversation], limit: int = 500) -> dict[str
 
 
 def latency(
-    store: mnestoma.Mnestoma, sources: Sequence[str], catalog: Sequence[str], rounds: int = 5
+    store: mnestoma.Mnestoma,
+    contexts: Sequence[tuple[str, ...]],
+    catalog: Sequence[str],
+    rounds: int = 5,
 ) -> dict[str, dict[str, float]]:
-    """Median ms per call of ``suggest_next`` and ``rank`` with each order, interleaved call by
-    call (the orders' turn rotating, so that none always goes first), and each one's ratio to
-    the default order (weight): the median over ``rounds`` rounds of each round's ratio of
-    medians, which a busy machine disturbs less than one long round."""
-    calls: dict[str, Callable[[str], object]] = {}
+    """Median and p99 ms per call of ``suggest_next`` and ``rank`` with each order (from the
+    last call of each context) and of ``predict_next`` (the whole context), interleaved call
+    by call (the calls' turn rotating, so that none always goes first), and each one's ratio
+    to the default order of its door (weight; ``predict_next``'s to ``suggest_next``'s): the
+    median over ``rounds`` rounds of each round's figure, which a busy machine disturbs less
+    than one long round."""
+    calls: dict[str, Callable[[tuple[str, ...]], object]] = {}
     for o in SUGGEST_ORDER_BY:
-        calls[f"suggest_next order_by={o}"] = lambda s, o=o: store.suggest_next(s, order_by=o)
+        calls[f"suggest_next order_by={o}"] = lambda c, o=o: store.suggest_next(c[-1], order_by=o)
     for o in ORDER_BY:
-        calls[f"rank order_by={o}"] = lambda s, o=o: store.rank(s, catalog, order_by=o)
+        calls[f"rank order_by={o}"] = lambda c, o=o: store.rank(c[-1], catalog, order_by=o)
+    calls[PREDICT_NEXT] = store.predict_next
     names = list(calls)
-    medians: dict[str, list[float]] = defaultdict(list)
-    ratios: dict[str, list[float]] = defaultdict(list)
+    figures: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for _ in range(rounds):
         times: dict[str, list[float]] = defaultdict(list)
-        for i, s in enumerate(sources):
+        for i, c in enumerate(contexts):
             for name in names[i % len(names) :] + names[: i % len(names)]:
                 t = time.perf_counter()
-                calls[name](s)
+                calls[name](c)
                 times[name].append((time.perf_counter() - t) * 1000)
         for name, ts in times.items():
-            door = "suggest_next" if name.startswith("suggest") else "rank"
-            medians[name].append(statistics.median(ts))
-            ratios[name].append(
-                statistics.median(ts) / statistics.median(times[f"{door} order_by=weight"])
+            door = "rank" if name.startswith("rank") else "suggest_next"
+            median = statistics.median(ts)
+            figures[name]["median_ms"].append(median)
+            figures[name]["p99_ms"].append(percentile(sorted(ts), 0.99) or 0.0)
+            figures[name]["ratio"].append(
+                median / statistics.median(times[f"{door} order_by=weight"])
             )
     return {
-        name: {
-            "median_ms": statistics.median(medians[name]),
-            "ratio": statistics.median(ratios[name]),
-        }
+        name: {key: statistics.median(values) for key, values in figures[name].items()}
         for name in names
+        if name in figures
     }
 
 
@@ -486,11 +513,11 @@ def run(
                 prediction=prediction,
             )
             report.vet = vet_separation(store, test, catalog, seed)
-            sources = [p for conv in test for p, _ in pairs_of(conv)]
+            contexts = [c for conv in test for c, _ in contexts_of(conv)]
             rng = random.Random(seed + 2)
             report.latency = latency(
                 store,
-                [rng.choice(sources) for _ in range(LATENCY_CALLS)] if sources else [],
+                [rng.choice(contexts) for _ in range(LATENCY_CALLS)] if contexts else [],
                 catalog,
             )
         if url is not None:
@@ -551,9 +578,14 @@ def format_report(r: PlannerReport) -> str:
     ]
     for order, k in d["passings_needed"].items():
         lines.append(f"| {order} | {k if k is not None else 'not within the replay'} |")
-    lines += ["", "| call | median ms | ratio to order_by=weight |", "|---|---|---|"]
+    lines += [
+        "",
+        "| call | median ms | p99 ms | ratio to order_by=weight"
+        " (predict_next: to suggest_next's) |",
+        "|---|---|---|---|",
+    ]
     for name, t in r.latency.items():
-        lines.append(f"| {name} | {t['median_ms']:.3f} | {t['ratio']:.2f} |")
+        lines.append(f"| {name} | {t['median_ms']:.3f} | {t['p99_ms']:.3f} | {t['ratio']:.2f} |")
     return "\n".join(lines)
 
 

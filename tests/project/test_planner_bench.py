@@ -20,6 +20,7 @@ if str(REPO) not in sys.path:  # ``benchmarks`` lives at the top of the checkout
 
 import mnestoma
 from benchmarks import planner, scienceworld
+from mnestoma.ranking import ORDER_BY, SUGGEST_ORDER_BY
 from mnestoma.testing.clock import MovableClock
 
 FIXTURE = REPO / "tests" / "fixtures" / "BFCL_v4_multi_turn_sample.json"
@@ -74,6 +75,7 @@ def test_the_benchmark_runs_on_the_fixture_and_reports_every_order(tmp_path: Pat
         assert f"rank order_by={order}" in names
     assert {"suggest_next order_by=weight", "suggest_next order_by=decayed_uses"} <= names
     assert {"reference: popularity", "reference: undecayed successor count"} <= names
+    assert planner.PREDICT_NEXT in names
     for hits in report["prediction"].values():
         assert hits["n"] == report["held_out_calls"] > 0
         assert 0.0 <= hits["hit@1"] <= hits["hit@3"] <= 1.0
@@ -90,12 +92,62 @@ def test_the_benchmark_runs_on_the_fixture_and_reports_every_order(tmp_path: Pat
     assert needed["rank order_by=weight"] is not None
     assert needed["rank order_by=weight"] < needed["reference: undecayed successor count"]
     assert set(report["latency"]) == {
-        "suggest_next order_by=weight",
-        "suggest_next order_by=decayed_uses",
-        "rank order_by=weight",
-        "rank order_by=success",
-        "rank order_by=decayed_uses",
+        *(f"suggest_next order_by={order}" for order in SUGGEST_ORDER_BY),
+        *(f"rank order_by={order}" for order in ORDER_BY),
+        planner.PREDICT_NEXT,
     }
+    for name, t in report["latency"].items():
+        assert 0 < t["median_ms"] <= t["p99_ms"] and t["ratio"] > 0, name
+    for door in ("suggest_next", "rank"):
+        assert report["latency"][f"{door} order_by=weight"]["ratio"] == 1.0
+    text = planner.format_report(planner.PlannerReport(**{**report, "scienceworld": None}))
+    assert f"| {planner.PREDICT_NEXT} | " in text
+    assert "| call | median ms | p99 ms |" in text
+
+
+def _conversation(name: str, *turns: str) -> planner.Conversation:
+    return planner.Conversation(name, name, tuple(tuple(t.split()) for t in turns))
+
+
+@pytest.mark.parametrize("split_at_b", [False, True], ids=["one turn", "a turn ends at b"])
+def test_predict_next_answers_from_the_last_two_calls_where_the_last_one_is_ambiguous(
+    tmp_path: Path, split_at_b: bool
+) -> None:
+    """Training a b c once and x b d twice; held out a b c. After b alone, d (2) beats c
+    (1); after a -> b only c was seen. By hand (Witten-Bell): the edge b gives c 1/5, d 2/5;
+    the chain (a, b) saw c once (scale 1/2): c 1/2 + 1/10 = 3/5 against d 1/5, so
+    predict_next ranks c first where the successor count ranks it second: hit@1 2 of 2
+    (a -> b, then c) against 1 of 2, MRR 1 against 3/4.
+
+    When the training's turn ends at b (a b, then c), the passing b -> c opens the next turn
+    and no chain a -> b -> c is counted: the edge answers, as the count does."""
+    first = ("a b", "c") if split_at_b else ("a b c",)
+    train = [
+        _conversation("t0", *first),
+        _conversation("t1", "x b d"),
+        _conversation("t2", "x b d"),
+    ]
+    test = [_conversation("h0", "a b c")]
+    assert planner.contexts_of(test[0]) == [(("a",), "b"), (("a", "b"), "c")]
+    url = f"sqlite:///{tmp_path / 'planner.sqlite'}"
+    mnestoma.upgrade(url)
+    clock = MovableClock(planner.T0)
+    with mnestoma.Mnestoma(url, clock=clock) as store:
+        planner.replay(store, clock, train)
+        forecast = store.predict_next(["a", "b"])
+        prediction, n = planner.predict(store, train, test)
+    assert n == 2
+    reference = prediction["reference: undecayed successor count"]
+    assert (reference["hit@1"], reference["hit@3"], reference["mrr"]) == (0.5, 1.0, 0.75)
+    got = prediction[planner.PREDICT_NEXT]
+    if split_at_b:
+        assert forecast.used.value == "edge"
+        assert (got["hit@1"], got["mrr"]) == (0.5, 0.75)
+    else:
+        assert forecast.used.value == "chain"
+        assert forecast.p("c") == pytest.approx(3 / 5, abs=1e-3)
+        assert forecast.p("d") == pytest.approx(1 / 5, abs=1e-3)
+        assert (got["hit@1"], got["hit@3"], got["mrr"], got["n"]) == (1.0, 1.0, 1.0, 2)
 
 
 def test_a_missing_bfcl_eval_is_one_clear_line(
@@ -181,7 +233,12 @@ def test_each_predictor_scores_the_hand_computed_hits_on_a_held_out_task(tmp_pat
     The store counts every occurrence too (contract §13), by either order: 3. Counted once a
     trajectory, P→U wins (U in 3 trajectories, G in 1): 4.
     The last two: (G, P) → G 4 against U 3: 3. AutoTool's first match in each distinct path:
-    (G, P) → G once, U in L G P U (twice): 4."""
+    (G, P) → G once, U in L G P U (twice): 4.
+    predict_next (Witten-Bell, each distinct successor one unseen passing; the chain, when
+    seen, interpolated with the edge at T₂ / (N₂ + T₂)): after L, G 5/6; after (L, G), P 3,
+    A 2 on the edge's P 7/11: P (3 + 2·7/11) / 7; after (G, P), G 4, U 3 on G 4/9: G
+    (4 + 2·4/9) / 9; after (G, A), F (2 + 2/3) / 3; nothing after U. The same first choices
+    and ranks as the count of the last call's successors: 3, 5 and the same MRR."""
     trajs = _fixture_trajectories()
     test = [t for t in trajs if t.task == "2"]
     train = [t for t in trajs if t.task != "2"]
@@ -199,7 +256,35 @@ def test_each_predictor_scores_the_hand_computed_hits_on_a_held_out_task(tmp_pat
         "count: successors of the last call, once a trajectory": (8, 4, 5),
         "count: successors of the last two, else of the last": (8, 3, 5),
         "AutoTool: ToolGraph frequency score": (8, 4, 5),
+        "predict_next: P(next | the last two), else the last": (8, 3, 5),
     }
+    predicted = answers["predict_next: P(next | the last two), else the last"]
+    assert [p for p, _ in predicted] == pytest.approx(
+        [
+            5 / 6,
+            (3 + 14 / 11) / 7,
+            (4 + 8 / 9) / 9,
+            0.0,
+            5 / 6,
+            (3 + 14 / 11) / 7,
+            (8 / 3) / 3,
+            0.0,
+        ],
+        abs=2e-3,  # decayed counts: the trajectories were recorded an hour apart
+    )
+    assert [right for _, right in predicted] == [
+        True,
+        True,
+        False,
+        False,
+        True,
+        False,
+        False,
+        False,
+    ]
+    assert hits["predict_next: P(next | the last two), else the last"].as_dict()["mrr"] == (
+        pytest.approx(hits["count: successors of the last call"].as_dict()["mrr"])
+    )
     # ranks 1, 1, 2, 8 and 1, 2, 5, 8 (W, seen once, is the last of the 8 tools by popularity)
     assert hits["count: successors of the last call"].as_dict()["mrr"] == pytest.approx(
         (1 + 1 + 1 / 2 + 1 / 8 + 1 + 1 / 2 + 1 / 5 + 1 / 8) / 8
