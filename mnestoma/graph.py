@@ -10,6 +10,13 @@ outcome is recorded, and an edge whose errors outnumber its successes is *failin
 red and dashed (DOT) or dotted (Mermaid), and marked ``failing`` in GraphML, JSON and
 networkx. ``networkx`` (extra ``mnestoma[graph]``) is imported only by GraphML and
 :func:`to_networkx`.
+
+The graph also holds the planner's chains among its edges (contract §13): each pair of
+consecutive links ``prev → src → dst`` whose two links, by executor names, are edges of
+the picture, with its decayed count at the graph's instant. :func:`to_networkx` lists them
+in the graph's attributes (``G.graph["chains"]``); DOT and Mermaid say how many in a
+comment (chains are by name, not drawn: an edge is a versioned row); GraphML and JSON, a
+file of edges, leave them out.
 """
 
 from __future__ import annotations
@@ -17,8 +24,8 @@ from __future__ import annotations
 import inspect
 import io
 import json
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ParamSpec
 
@@ -35,17 +42,21 @@ from .display import (
 from .errors import InvalidInput, MissingExtra
 from .models import Mnest
 from .records import mnest_record
-from .rules import MnestState
+from .rules import CHAIN_DECAY_LAMBDA, MnestState, decayed_count
+from .sql import chains as chains_sql
 from .timefmt import iso_utc
+from .types import parse_sqlite_timestamp
 from .validation import check_name, check_optional_name, check_positive_int, check_states
 
 if TYPE_CHECKING:
+    from .runner import StatementRunner
     from .settings import Settings
 
 __all__ = [
     "DEFAULT_DEPTH",
     "GRAPH_FORMATS",
     "PICTURE_STATES",
+    "GraphChain",
     "GraphEdge",
     "GraphNode",
     "GraphReads",
@@ -97,13 +108,42 @@ class GraphEdge:
 
 
 @dataclass(frozen=True, slots=True)
+class GraphChain:
+    """A chain among the graph's edges (``mnest_chains``, by executor names): ``prev → src →
+    dst``, its decayed count of passings at the graph's instant (``decayed_uses``), their
+    raw count, first and last."""
+
+    prev: str
+    src: str
+    dst: str
+    decayed_uses: float
+    uses: int
+    ts_first: datetime
+    ts_last: datetime
+
+    def as_dict(self) -> dict[str, Any]:
+        """Its fields, by name (times as datetimes)."""
+        return {
+            "prev": self.prev,
+            "src": self.src,
+            "dst": self.dst,
+            "decayed_uses": self.decayed_uses,
+            "uses": self.uses,
+            "ts_first": self.ts_first,
+            "ts_last": self.ts_last,
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class MnestGraph:
-    """Nodes and edges, sorted so that every rendering of the same store is the same text."""
+    """Nodes and edges, sorted so that every rendering of the same store is the same text;
+    the chains among the edges, in key order."""
 
     nodes: tuple[GraphNode, ...]
     edges: tuple[GraphEdge, ...]
     at: datetime
     src: str | None = None
+    chains: tuple[GraphChain, ...] = ()
 
     def is_source(self, node: GraphNode) -> bool:
         """True for a node the graph starts from: ``src`` is its id (``executor@version``)
@@ -142,7 +182,8 @@ def _as_networkx(read: Callable[P, MnestGraph]) -> Callable[P, Any]:
     to_networkx_of.__doc__ = (
         "The graph as a ``networkx.MultiDiGraph`` (extra ``mnestoma[graph]``): nodes "
         '``"executor@version"``, one edge per mnest keyed by its id, with its columns, '
-        "``effective_weight`` and ``failing`` (see :meth:`graph` for the arguments).\n\n"
+        "``effective_weight`` and ``failing``; the chains among its edges in "
+        '``G.graph["chains"]`` (see :meth:`graph` for the arguments).\n\n'
         "Returns:\n"
         "    The ``networkx.MultiDiGraph``.\n\n"
         "Raises:\n"
@@ -160,6 +201,7 @@ class GraphReads:
     if TYPE_CHECKING:  # what they read of the repository
         settings: Settings
         edges: Callable[..., list[Mnest]]
+        _ex: Callable[[], StatementRunner]
 
     def graph(
         self,
@@ -179,7 +221,8 @@ class GraphReads:
 
         Returns:
             The :class:`MnestGraph`: its nodes and edges, with each edge's effective weight
-            at that now.
+            at that now, and the chains among its edges (both links edges of the graph,
+            by executor names) with their decayed counts at that now.
 
         Raises:
             InvalidInput: ``src_version`` without ``src_executor``, or a name, version, state
@@ -194,7 +237,8 @@ class GraphReads:
             if src_version is not None:
                 raise InvalidInput("src_version needs src_executor")
             rows = self.edges(states=None if shown is None else sorted(shown))
-            return _graph(rows, at, None)
+            graph = _graph(rows, at, None)
+            return _with_chains(graph, _chain_rows(self._ex(), None))
         src = check_name(src_executor, "src_executor")
         version = check_optional_name(src_version, "src_version")
         hops = check_positive_int(depth, "depth", maximum=MAX_DEPTH)
@@ -226,7 +270,9 @@ class GraphReads:
             frontier = dict(following)
             if not frontier:
                 break
-        return _graph(found.values(), at, node_id(src, version))
+        graph = _graph(found.values(), at, node_id(src, version))
+        middles = {e.mnest.dst_executor for e in graph.edges}
+        return _with_chains(graph, _chain_rows(self._ex(), middles))
 
     to_networkx = _as_networkx(graph)
 
@@ -257,6 +303,34 @@ def _graph(rows: Iterable[Mnest], at: datetime, src: str | None) -> MnestGraph:
     return MnestGraph(tuple(nodes[k] for k in sorted(nodes)), tuple(edges), at, src)
 
 
+def _chain_rows(ex: StatementRunner, srcs: set[str] | None) -> list[tuple[Any, ...]]:
+    """The stored chains (``mnest_chains``) whose middle executor is one of ``srcs`` (None:
+    every chain), in key order."""
+    if srcs is not None and not srcs:
+        return []
+    stmt = chains_sql.chains_from(ex.dialect, srcs is not None)
+    return ex.rows(stmt, {} if srcs is None else {"srcs": sorted(srcs)})
+
+
+def _with_chains(graph: MnestGraph, rows: Iterable[Sequence[Any]]) -> MnestGraph:
+    """``graph`` with the chains among its edges: those of ``rows`` (``mnest_chains`` rows,
+    its columns in order) whose two links, by executor names, are edges of the graph to a
+    versioned node (chains leave links to protos out); each decayed to the graph's instant."""
+    links = {(e.mnest.src_executor, e.mnest.dst_executor) for e in graph.edges if not _wished(e)}
+    chains = []
+    for prev, src, dst, counted, uses, first, last in rows:
+        if (prev, src) not in links or (src, dst) not in links:
+            continue
+        first, last = parse_sqlite_timestamp(first), parse_sqlite_timestamp(last)
+        count = decayed_count(float(counted), CHAIN_DECAY_LAMBDA, last, graph.at)
+        chains.append(GraphChain(prev, src, dst, count, int(uses), first, last))
+    return replace(graph, chains=tuple(chains))
+
+
+def _wished(e: GraphEdge) -> bool:
+    return e.mnest.dst_version is None
+
+
 # --- shared look --------------------------------------------------------------------------
 
 
@@ -283,6 +357,18 @@ def _faded_nodes(graph: MnestGraph) -> set[str]:
 def _title(graph: MnestGraph) -> str:
     where = f"from {graph.src}, " if graph.src is not None else ""
     return f"mnestoma: {where}effective weights at {iso_utc(graph.at.replace(microsecond=0))}"
+
+
+def _chains_note(graph: MnestGraph) -> str | None:
+    """What a picture says of its chains (a comment: chains are by name, not drawn); None
+    when there are none."""
+    n = len(graph.chains)
+    if not n:
+        return None
+    return (
+        f"{n} chain{'' if n == 1 else 's'} among these edges (pairs of consecutive links, by "
+        "executor names, read by predict_next): to_networkx() lists them"
+    )
 
 
 # --- DOT ----------------------------------------------------------------------------------
@@ -319,6 +405,9 @@ def to_dot(graph: MnestGraph) -> str:
         '  node [shape="box", style="rounded", fontname="Helvetica", fontsize=11];',
         '  edge [fontname="Helvetica", fontsize=10];',
     ]
+    note = _chains_note(graph)
+    if note is not None:
+        out.append(f"  // {note}")
     for n in graph.nodes:
         attrs: dict[str, Any]
         if n.wished:
@@ -374,6 +463,9 @@ def to_mermaid(graph: MnestGraph) -> str:
     ids = {n.id: f"n{i}" for i, n in enumerate(graph.nodes)}
     faded = _faded_nodes(graph)
     out = ["flowchart LR", f"    %% {_title(graph)}"]
+    note = _chains_note(graph)
+    if note is not None:
+        out.append(f"    %% {note}")
     for n in graph.nodes:
         if n.wished:
             out.append(f'    {ids[n.id]}(["{mermaid_text(n.executor)} (wished)"])')
@@ -469,10 +561,13 @@ def to_networkx(graph: MnestGraph) -> Any:
     """A ``networkx.MultiDiGraph``: node ``"executor@version"`` (a wished executor: its bare
     name) with ``executor``, ``version``, ``wished``; one edge per mnest, keyed by its id,
     with every column of the mnest (``ok_count`` and ``error_count`` among them),
-    ``effective_weight`` and ``failing``."""
+    ``effective_weight`` and ``failing``. The graph's attributes: ``at``, ``src``, and
+    ``chains``, one dict per chain among the edges (:meth:`GraphChain.as_dict`: ``prev``,
+    ``src``, ``dst`` executor names, ``decayed_uses`` at ``at``, ``uses``, ``ts_first``,
+    ``ts_last``), in key order."""
     return _multidigraph(
         graph,
-        {"at": graph.at, "src": graph.src},
+        {"at": graph.at, "src": graph.src, "chains": [c.as_dict() for c in graph.chains]},
         lambda n: {"executor": n.executor, "version": n.version, "wished": n.wished},
         lambda e: {**e.mnest.as_dict(), **_derived(e)},
     )

@@ -1,5 +1,6 @@
 """The statements of the planner's chains (contract §13): counting a turn's chains, reading
-what follows a context, and the ager's forgetting of faded chains.
+what follows a context, the ager's forgetting of faded chains (a batch at a time, by key
+range), and the chains a picture of the graph lists.
 
 Built once per dialect (or shape); callers only bind parameters.
 """
@@ -10,9 +11,11 @@ import functools
 from typing import Any
 
 from sqlalchemy import (
+    ColumnElement,
     Delete,
     Float,
     Insert,
+    Integer,
     Select,
     String,
     bindparam,
@@ -20,6 +23,7 @@ from sqlalchemy import (
     func,
     literal,
     select,
+    tuple_,
     union_all,
 )
 from sqlalchemy.dialects import postgresql as pg_dialect
@@ -32,8 +36,12 @@ from .tables import MNESTS as M
 from .tables import is_active
 
 __all__ = [
+    "AFTER_KEY",
     "CHAIN_KEY",
     "CHAIN_ROW",
+    "UPTO_KEY",
+    "chain_batch_end",
+    "chains_from",
     "count_chains",
     "forget_chains",
     "next_counts",
@@ -43,7 +51,23 @@ CHAIN_KEY = ("prev_executor", "src_executor", "dst_executor")
 # The parameters of count_chains, in the order of the tuples the repository builds: the key,
 # the passings this turn adds, its instant.
 CHAIN_ROW = ("c_prev", "c_src", "c_dst", "c_n", "c_uses", "c_now")
+# The parameters that bound a batch of the ager's forgetting, by key: above ``AFTER_KEY``
+# (the previous batch's last key), up to ``UPTO_KEY`` (this batch's last), each the key's
+# three names in order.
+AFTER_KEY = ("after_prev", "after_src", "after_dst")
+UPTO_KEY = ("upto_prev", "upto_src", "upto_dst")
+_CHAIN_VALUES = ("decayed_uses", "uses", "ts_first", "ts_last")
 _LAMBDA = literal(CHAIN_DECAY_LAMBDA, Float)
+
+
+def _key() -> ColumnElement[Any]:
+    """The chain's key as a row value ``(prev, src, dst)``, compared in key order."""
+    return tuple_(*(C.c[k] for k in CHAIN_KEY))
+
+
+def _bound(names: tuple[str, str, str]) -> ColumnElement[Any]:
+    """A key bound as a row value of three parameters."""
+    return tuple_(*(bindparam(n, type_=String()) for n in names))
 
 
 @functools.cache
@@ -110,9 +134,50 @@ def next_counts(dialect: str, with_version: bool, with_chain: bool) -> Select[An
 
 
 @functools.cache
-def forget_chains(dialect: str) -> Delete:
+def chain_batch_end(dialect: str, after: bool) -> Select[Any]:
+    """The last key of the next batch of the ager's forgetting: the ``:skip + 1``-th chain in
+    key order (above :data:`AFTER_KEY` with ``after``), read through the primary key; no row
+    when fewer remain (the batch then runs to the end of the table)."""
+    stmt = select(*(C.c[k] for k in CHAIN_KEY))
+    if after:
+        stmt = stmt.where(_key() > _bound(AFTER_KEY))
+    return (
+        stmt.order_by(*(C.c[k] for k in CHAIN_KEY))
+        .offset(bindparam("skip", type_=Integer()))
+        .limit(1)
+    )
+
+
+@functools.cache
+def forget_chains(dialect: str, after: bool = False, upto: bool = False) -> Delete:
     """The ager's forgetting: every chain whose decayed count at ``:now`` has faded below
     :data:`~mnestoma.rules.CHAIN_FORGET_BELOW` (compared as the ager compares its
-    thresholds)."""
+    thresholds); with ``after``, only keys above :data:`AFTER_KEY`, with ``upto``, only keys
+    up to :data:`UPTO_KEY` (one batch of a run).
+
+    On PostgreSQL the faded rows are locked ``FOR UPDATE SKIP LOCKED`` before they are
+    deleted: the ager never waits for a chain a writer holds (a writer counting a chain
+    holds its row until it commits, after locking its turn's edges: waiting for it could
+    close a cycle of waits), and a chain a writer is counting has not faded anyway; the next
+    run forgets it if it has. SQLite's writers wait for the write lock the ager holds."""
     count = decayed_count(dialect, C.c.decayed_uses, _LAMBDA, C.c.ts_last, now_param())
-    return delete(C).where(count < literal(threshold_cut(CHAIN_FORGET_BELOW), Float))
+    terms = [count < literal(threshold_cut(CHAIN_FORGET_BELOW), Float)]
+    if after:
+        terms.append(_key() > _bound(AFTER_KEY))
+    if upto:
+        terms.append(_key() <= _bound(UPTO_KEY))
+    if dialect != "postgresql":
+        return delete(C).where(*terms)
+    faded = select(*(C.c[k] for k in CHAIN_KEY)).where(*terms).with_for_update(skip_locked=True)
+    return delete(C).where(_key().in_(faded))
+
+
+@functools.cache
+def chains_from(dialect: str, among: bool) -> Select[Any]:
+    """The chains a picture of the graph lists, in key order, as rows ``(prev, src, dst,
+    decayed_uses, uses, ts_first, ts_last)``: every chain, or (``among``) those whose middle
+    executor is one of ``:srcs`` (an expanding list of names)."""
+    stmt = select(*(C.c[k] for k in (*CHAIN_KEY, *_CHAIN_VALUES)))
+    if among:
+        stmt = stmt.where(C.c.src_executor.in_(bindparam("srcs", expanding=True)))
+    return stmt.order_by(*(C.c[k] for k in CHAIN_KEY))

@@ -116,6 +116,7 @@ def test_the_graph_reads_each_executor_once_whatever_versions_of_it_are_reached(
 
         class CountingRepository:
             settings = uow.mnests.settings
+            _ex = uow.mnests._ex  # the chains among the edges, read once
 
             def edges(self, **kwargs: Any) -> Any:
                 reads.append(kwargs["src_executor"])
