@@ -18,6 +18,17 @@ pairs an active row with the one decaying row of its key, which exists or not wh
 batch the two are in. So a batch applied twice (a rerun after a kill, a row visited again
 after an update moved it) changes nothing the second time, and a run stopped anywhere is
 completed by the next run at the same ``now``.
+
+Each run also forgets the planner's chains (``mnest_chains``) whose decayed count at its
+``now`` has faded below :data:`~mnestoma.rules.CHAIN_FORGET_BELOW`
+(:func:`forget_faded_chains`): after the edges, in batches of its own by key range, each its
+own transaction, writers let in before each as before the edges' batches. On PostgreSQL a
+batch skips the chains a writer holds (``FOR UPDATE SKIP LOCKED``) instead of waiting for
+them: a writer locks its turn's edges first, then its chains, so a wait for a chain could
+close a cycle; a chain being counted has not faded, and the next run forgets it if it has.
+Forgetting is decided row by row at the run's ``now`` too: a batch applied twice forgets
+nothing more. The chains forgotten are not a counter of the run's report (whose counters
+are the columns of ``ager_runs``): they go to the debug log.
 """
 
 from __future__ import annotations
@@ -79,6 +90,7 @@ from .rules import (
 )
 from .runner import StatementRunner, _prepare, runner_for
 from .settings import Settings
+from .sql import chains as chains_sql
 from .sql.ager import (
     ADVISORY_HELD,
     ADVISORY_LOCK,
@@ -120,6 +132,8 @@ __all__ = [
     "begin_batched_run",
     "check_ager_call",
     "end_batched_run",
+    "forget_chains_batch",
+    "forget_faded_chains",
     "run_ager",
 ]
 
@@ -170,6 +184,10 @@ def run_ager(conn: Connection, now: datetime) -> AgerReport:
     else:
         with _page_cache(conn, AGER_CACHE_KIB):
             report = _run_sqlite(conn, p)
+    # The faded chains, in one statement after the edges (on PostgreSQL the run holds the
+    # table lock of mnests: no writer is between its edges and its chains meanwhile).
+    forgotten = _count(conn, chains_sql.forget_chains(conn.dialect.name), {"now": now})
+    logger.debug("the ager's run at %s forgot %d faded chains", now.isoformat(), forgotten)
     # One row per run, in the run's transaction: it exists exactly when the run commits.
     _record_run(conn, now, time.perf_counter() - started, report)
     return report
@@ -761,7 +779,9 @@ def age_in_batches(
     rows, the writers in a transaction on ``mnests`` (:class:`TableWriters`);
     there a batch that gave up waiting for a row a writer held is tried again, smaller,
     until it gets its rows (:func:`_age_batch_waiting`). The bounds of the run are read
-    before its first write, so that no lock is held meanwhile.
+    before its first write, so that no lock is held meanwhile. After the edges' batches,
+    the faded chains are forgotten in batches of their own (:func:`forget_faded_chains`;
+    ``progress`` counts the edges' batches only).
     """
     started = time.perf_counter()
     if batch_rows is None:
@@ -826,12 +846,116 @@ def age_in_batches(
             lo = hi
             if progress is not None:
                 progress(number, number + -(-(run.end - lo) // max(1, width)))
+        forget_faded_chains(
+            write,
+            run.now,
+            writers=writers,
+            session=session,
+            batch_rows=batch_rows,
+            writers_seen=writers_seen,
+            go_on=waits.go_on,
+        )
         archive = _read(conn, lambda c: archive_candidates(c, run.now))
         report = replace(report, archive_candidates=archive)
         session.release()  # the last commit checkpoints the WAL
         write(lambda c: end_batched_run(c, run, report, time.perf_counter() - started))
     waits.log_run(run, number)
     return report
+
+
+# A chain's key (prev, src, dst executor names), and what one batch of forgetting returns:
+# how many it forgot, and the last key it covered (None: the end of the table).
+ChainKey = tuple[str, str, str]
+ChainBatch = tuple[int, ChainKey | None]
+
+
+def forget_chains_batch(
+    conn: Connection, now: datetime, after: ChainKey | None, rows: int
+) -> ChainBatch:
+    """Forget the faded chains among the next ``rows`` chains in key order (above ``after``,
+    the previous batch's last key), in the caller's transaction: how many it forgot, and the
+    last key it covered (None: it reached the end of the table). Two reads of the primary
+    key bound the batch; the delete visits those rows only."""
+    dialect = conn.dialect.name
+    p: dict[str, Any] = {"now": now, "skip": max(0, rows - 1)}
+    if after is not None:
+        p.update(zip(chains_sql.AFTER_KEY, after, strict=True))
+    found = _run(conn, chains_sql.chain_batch_end(dialect, after is not None), p).first()
+    end: ChainKey | None = None
+    if found is not None:
+        end = (str(found[0]), str(found[1]), str(found[2]))
+        p.update(zip(chains_sql.UPTO_KEY, end, strict=True))
+    forget = chains_sql.forget_chains(dialect, after is not None, end is not None)
+    return _count(conn, forget, p), end
+
+
+def forget_faded_chains(
+    write: Callable[[Callable[[Connection], ChainBatch]], ChainBatch],
+    now: datetime,
+    *,
+    writers: WaitingWriters | TableWriters,
+    session: AgerSession | None = None,
+    batch_rows: int | None = None,
+    writers_seen: float | None = None,
+    go_on: Callable[[], None] | None = None,
+) -> int:
+    """The chains a run of the ager forgets (faded below
+    :data:`~mnestoma.rules.CHAIN_FORGET_BELOW` at ``now``), in batches by key range, each
+    written through ``write`` (a transaction of its own); how many it forgot.
+
+    As the edges' batches: the writers let in before each (``writers``), ``go_on()`` asked
+    before each (it raises to stop the run), batches of ``batch_rows`` chains when the
+    caller fixes them, else sized as the run goes to :func:`~mnestoma.rules.ager_batch_target`
+    (``writers_seen``: when the run last saw a writer, :func:`time.monotonic`), starting at
+    :data:`~mnestoma.rules.AGER_BATCH_ROWS`; on SQLite the run's ``session`` decides whether
+    a batch's commit checkpoints, on PostgreSQL a batch commits as an edges' batch does
+    (see :func:`_batch_settings`). A batch never waits for a chain a writer holds (see
+    :func:`~mnestoma.sql.chains.forget_chains`)."""
+    step = batch_rows or AGER_BATCH_ROWS
+    seen = time.monotonic() - AGER_WRITERS_SEEN_S if writers_seen is None else writers_seen
+    target = ager_batch_target(time.monotonic() - seen)
+    after: ChainKey | None = None
+    forgotten = 0
+    while True:
+        if go_on is not None:
+            go_on()
+        if writers.let_in():
+            seen = time.monotonic()
+        about = ager_writers_about(time.monotonic() - seen)
+        took = time.perf_counter()
+        batch = functools.partial(
+            _chains_batch, now=now, after=after, rows=step, writers_about=about, session=session
+        )
+        n, after = write(batch)
+        forgotten += n
+        if after is None:
+            logger.debug("the ager's run at %s forgot %d faded chains", now.isoformat(), forgotten)
+            return forgotten
+        if batch_rows is None:
+            last_target = target
+            target = ager_batch_target(time.monotonic() - seen)
+            step = ager_next_step(step, time.perf_counter() - took, target, last_target)
+
+
+def _chains_batch(
+    conn: Connection,
+    *,
+    now: datetime,
+    after: ChainKey | None,
+    rows: int,
+    writers_about: bool,
+    session: AgerSession | None,
+) -> ChainBatch:
+    """One batch of :func:`forget_faded_chains`, in the transaction ``write`` began."""
+    if session is not None:
+        session.batch_begins()
+    if conn.dialect.name == "postgresql":
+        s = postgresql_ager_statements(True)
+        _run(conn, s.write_behind if writers_about else s.async_commit)
+    result = forget_chains_batch(conn, now, after, rows)
+    if session is not None:
+        session.batch_commits(writers_about)
+    return result
 
 
 class _Waits:

@@ -36,6 +36,15 @@ is merged into the target's row with the ager's rule (contract §4):
   state_before NULL: the row was not in this store before). The absorbed side is the one
   whose state changes, in the ager's merge (active to decaying) as in the copy's.
 
+The planner's chains (``mnest_chains``, keyed by executor names) are copied as they are; a
+chain both stores hold becomes the target's, with the rule of the edges' counts: its
+``decayed_uses`` each decayed to the later ``ts_last`` and summed (``rules.merged_count``
+with ``CHAIN_DECAY_LAMBDA``), ``uses`` summed, ``ts_first`` the earlier, ``ts_last`` the
+later. A turn both stores counted adds to a chain twice: a turn's events keep no order
+within it, so which chains a shared turn passed cannot be told from them. The record of
+copies (``mnestoma_copied_stores``) names the rows of its four tables, not the chains; the
+report's ``rows`` counts them (``mnest_chains``) and ``chains_merged`` the merged ones.
+
 The checksum is order-independent (the sum of one SHA-256 per row, modulo 2**256): the two
 engines sort text ids by different collations, and this way neither side has to sort.
 Rows are canonicalised first: floats to 12 significant digits, times to ISO-8601 UTC, JSON
@@ -81,6 +90,7 @@ from .migration import (
     upgrade,
 )
 from .rules import (
+    CHAIN_DECAY_LAMBDA,
     MAX_JSON_DEPTH,
     PASSING,
     SUMMED_ON_MERGE,
@@ -95,10 +105,13 @@ from .rules import (
     outcome_counts,
 )
 from .settings import Settings, settings_of
+from .sql.chains import CHAIN_KEY
 from .sql.copying import (
+    CHAIN_MERGED_COLUMNS,
     KEY,
     KEYS,
     KNOWN_MNEST_IDS,
+    MERGE_CHAIN_INTO_TARGET,
     MERGE_INTO_TARGET,
     MERGED_COLUMNS,
     MNESTS_BY_ID,
@@ -110,7 +123,7 @@ from .sql.copying import (
     TABLES,
     statements,
 )
-from .sql.tables import AGER_RUNS, EVENTS, MNESTS, QUERIES, EventRow
+from .sql.tables import AGER_RUNS, CHAINS, EVENTS, MNESTS, QUERIES, EventRow
 from .timefmt import iso_utc
 from .types import JSONDocument
 
@@ -147,6 +160,7 @@ class CopyReport:
     turns_counted_once: int = 0  # turns both stores counted on a merged edge
     source_store: str = ""  # the source's identity (mnestoma_store), now on the target's record
     target_store: str = ""  # the target's identity
+    chains_merged: int = 0  # source chains merged into the target's chain with the same key
 
     @property
     def total(self) -> int:
@@ -253,14 +267,19 @@ class _Digest:
 
 
 def table_checksum(conn: Connection, table: Table, *, id_above: int | None = None) -> str:
-    """The checksum of a table's content (optionally only the rows with ``id > id_above``)."""
+    """The checksum of a table's content (optionally only the rows with ``id > id_above``;
+    InvalidInput for a table without an integer id)."""
     return _table_digest(conn, table, id_above=id_above).hexdigest
 
 
 def _table_digest(conn: Connection, table: Table, *, id_above: int | None = None) -> _Digest:
     digest = _Digest(table)
     of = statements(table)
-    stmt, params = (of.rows, {}) if id_above is None else (of.rows_above, {"id_above": id_above})
+    stmt, params = of.rows, {}
+    if id_above is not None:
+        if of.rows_above is None:
+            raise InvalidInput(f"{table.name} has no integer id to count rows above")
+        stmt, params = of.rows_above, {"id_above": id_above}
     result = conn.execute(stmt, params, execution_options={"yield_per": CHUNK_SIZE})
     for part in result.mappings().partitions():
         for row in part:
@@ -437,6 +456,7 @@ class _Job:
     keys_created: bool = False  # the temporary key table, created when the copy merges
     source_store: str = ""  # the source's identity, read (or given) before the copy begins
     target_store: str = field(init=False)  # the target's, read in the copy's transaction
+    chains_merged: int = 0  # source chains merged into a target chain of the same key
 
     def run(self, src_engine: Engine, dst_engine: Engine) -> CopyReport:
         with _source_reader(src_engine).connect() as sconn, dst_engine.connect() as tconn:
@@ -478,9 +498,10 @@ class _Job:
                     self._copy_mnests(sconn, tconn, merging=before[MNESTS.name] > 0)
                     self._copy_events(sconn, tconn)
                     self._merge(sconn, tconn)
-                    for table, _ in TABLES[2:]:
+                    for table in (QUERIES, AGER_RUNS):
                         for rows in self._stream(sconn, table):
                             self._insert(tconn, table, rows)
+                    self._copy_chains(sconn, tconn, merging=before[CHAINS.name] > 0)
                 if self.keys_created:
                     KEYS.table.drop(tconn)
                 if tconn.dialect.name == "postgresql":
@@ -499,6 +520,7 @@ class _Job:
             turns_counted_once=sum(n for (_, c), n in self.counted_once.items() if c == "uses"),
             source_store=self.source_store,
             target_store=self.target_store,
+            chains_merged=self.chains_merged,
         )
 
     # --- streaming ---------------------------------------------------------------------
@@ -683,6 +705,41 @@ class _Job:
         )
         return {"id": event_id, **event.as_dict()}
 
+    # --- the planner's chains ----------------------------------------------------------
+
+    def _copy_chains(self, sconn: Connection, tconn: Connection, *, merging: bool) -> None:
+        """The source's chains, in key order: inserted, or (``merging``, into a target that
+        holds chains) merged into the target's chain of the same key (module docstring)."""
+        for rows in self._stream(sconn, CHAINS):
+            held = self._held_chains(tconn, rows) if merging else {}
+            self._insert(tconn, CHAINS, [r for r in rows if _chain_key(r) not in held])
+            merged = [(held[_chain_key(r)], r) for r in rows if _chain_key(r) in held]
+            if not merged:
+                continue
+            digest = self.expected[CHAINS.name]
+            changes: list[dict[str, Any]] = []
+            for dst, src in merged:
+                after = _merged_chain(dst, src)
+                digest.remove(dst)
+                digest.add(after)
+                changes.append({f"b_{c}": after[c] for c in (*CHAIN_KEY, *CHAIN_MERGED_COLUMNS)})
+            tconn.execute(MERGE_CHAIN_INTO_TARGET, changes)
+            self.chains_merged += len(merged)
+            self.advance(len(merged))
+
+    def _held_chains(
+        self, tconn: Connection, rows: list[dict[str, Any]]
+    ) -> dict[tuple[str, str, str], RowMapping]:
+        """The target's chains with the keys of these source chains, by key."""
+        self._create_keys(tconn)
+        found: dict[tuple[str, str, str], RowMapping] = {}
+        for batch in _batches([_chain_key(r) for r in rows], LOOKUP_BATCH):
+            tconn.execute(KEYS.clear)
+            tconn.execute(KEYS.fill, [{f"k{i}": v for i, v in enumerate(k)} for k in batch])
+            for row in tconn.execute(KEYS.chains).mappings():
+                found[_chain_key(row)] = row
+        return found
+
     # --- end ---------------------------------------------------------------------------
 
     def _record(self, tconn: Connection, counts: dict[str, int], taken: list[_Taken]) -> None:
@@ -837,7 +894,32 @@ def _taken_words(taken: _Taken) -> str:
 
 
 def _max_id(conn: Connection, table: Table) -> int:
-    return int(conn.execute(statements(table).max_id).scalar_one())
+    """The table's largest integer id, 0 when empty (or without one: the chains)."""
+    stmt = statements(table).max_id
+    return 0 if stmt is None else int(conn.execute(stmt).scalar_one())
+
+
+def _chain_key(row: Any) -> tuple[str, str, str]:
+    """A chain's key, ``(prev, src, dst)`` executor names, from a row or a mapping."""
+    return (row["prev_executor"], row["src_executor"], row["dst_executor"])
+
+
+def _merged_chain(dst: RowMapping, src: Any) -> dict[str, Any]:
+    """The target's chain after absorbing the source's of the same key: the decayed counts
+    at the later ``ts_last``, summed (``rules.merged_count``), ``uses`` summed, the earlier
+    ``ts_first``."""
+    count, last = merged_count(
+        (dst["decayed_uses"], CHAIN_DECAY_LAMBDA, dst["ts_last"]),
+        (src["decayed_uses"], CHAIN_DECAY_LAMBDA, src["ts_last"]),
+    )
+    merged = dict(dst)
+    merged.update(
+        decayed_uses=count,
+        uses=dst["uses"] + src["uses"],
+        ts_first=min(dst["ts_first"], src["ts_first"]),
+        ts_last=last,
+    )
+    return merged
 
 
 def _rows_by_id(conn: Connection, ids: Sequence[str]) -> dict[str, RowMapping]:

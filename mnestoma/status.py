@@ -50,7 +50,7 @@ from .rules import (
 from .settings import Settings
 from .sql import status as sql
 from .sql.replication import REPLICA_PROBE, REPLICA_STATUS, SERVER_POSITION
-from .sql.tables import AGER_PROGRESS, AGER_RUNS, EVENTS, MNESTS, QUERIES
+from .sql.tables import AGER_PROGRESS, AGER_RUNS, CHAINS, EVENTS, MNESTS, QUERIES
 from .timefmt import ago, iso_utc, short_utc
 from .types import parse_sqlite_timestamp
 
@@ -212,6 +212,10 @@ class StoreStatus:
     the newest events, ``oldest_event`` the first by id and ``events_kept_from`` not known;
     ``query_log_estimated``: the query log's count is an estimate (else it was counted: a
     log the catalogue puts below ``STATUS_ESTIMATE_FROM`` rows, an empty one included).
+    ``chains``: the planner's chains (``mnest_chains``; None where the store has no such
+    table, before revision 0014), ``chains_estimated``: that number is the catalogue's
+    estimate (PostgreSQL, from ``STATUS_ESTIMATE_FROM`` of them, unless ``exact``; else
+    counted).
     ``scanned``: the counts were asked exact, and every row was read.
     ``standby``: this database is a hot standby (a read replica), ``standby_lag_s`` its
     lag (None when not known: ``standby_cut_off``, no WAL receiver streams to it from a
@@ -234,6 +238,7 @@ class StoreStatus:
     events_kept_from: datetime | None = None
     oldest_event: datetime | None = None
     query_log: int = 0
+    chains: int | None = None
     recurring_protos: list[Mnest] = field(default_factory=list)
     passings_by_recorder: dict[str, RecorderFacts] | None = None
     ager_runs: int | None = None
@@ -244,6 +249,7 @@ class StoreStatus:
     estimated: bool = False
     mnests_estimated: bool = False
     query_log_estimated: bool = False
+    chains_estimated: bool = False
     scanned: bool = False
     standby: bool = False
     standby_lag_s: float | None = None
@@ -423,6 +429,7 @@ class StoreStatus:
             "last_passing": iso_utc(self.last_passing),
             "last_turn_passing": iso_utc(self.last_turn_passing),
             "query_log": self.query_log,
+            "chains": self.chains,
             "recurring_protos": [
                 {
                     "id": m.id,
@@ -444,6 +451,7 @@ class StoreStatus:
             "outcomes": self.outcomes(),
             "estimated": self.estimated,
             "mnests_estimated": self.mnests_estimated,
+            "chains_estimated": self.chains_estimated,
             "scanned": self.scanned,
             "standby": self.standby,
             "standby_lag_s": self.standby_lag_s,
@@ -620,6 +628,21 @@ def _count(
         if not status.query_log_estimated:  # a small log is counted: never "about 0"
             rows = int(conn.execute(sql.QUERY_LOG_COUNT).scalar_one())
         status.query_log = int(rows or 0)
+    if CHAINS.name in tables:
+        _count_chains(conn, status, estimate=estimate and on_pg)
+
+
+def _count_chains(conn: Connection, status: StoreStatus, *, estimate: bool) -> None:
+    """The planner's chains: with ``estimate`` (PostgreSQL), the catalogue's estimate from
+    :data:`~mnestoma.rules.STATUS_ESTIMATE_FROM` of them; else (below it, or the table never
+    analysed) counted. SQLite counts them, as it counts the edges per state."""
+    known = list(_leaves(conn, CHAINS.name).values()) if estimate else []
+    rows = sum(n or 0.0 for n in known)
+    # a table never analysed (a young, small one) has no estimate: counted, not "about"
+    status.chains_estimated = bool(known) and None not in known and rows >= STATUS_ESTIMATE_FROM
+    if not status.chains_estimated:
+        rows = int(conn.execute(sql.CHAIN_COUNT).scalar_one())
+    status.chains = round(rows)
 
 
 def _leaves(conn: Connection, name: str) -> dict[tuple[str, str], float | None]:
@@ -969,9 +992,15 @@ def render_status(status: StoreStatus) -> str:
             n = status.query_log
             shown = f"about {n}" if status.query_log_estimated else str(n)
             lines.append(f"query log  {shown} entr{'y' if n == 1 else 'ies'}")
+            if status.chains is not None:
+                c = status.chains
+                lines.append(
+                    f"chains     {f'about {c}' if status.chains_estimated else c} "
+                    "(pairs of consecutive links of recorded turns, read by predict_next)"
+                )
             if status.scanned:
                 lines.append("counts     exact: every row read (--exact scans the tables)")
-            if status.estimated or status.mnests_estimated:
+            if status.estimated or status.mnests_estimated or status.chains_estimated:
                 lines.append(
                     "counts     about: the catalogue's estimates, and the shares of the newest "
                     f"{STATUS_RECENT_EVENTS} events; `mnestoma status --exact` reads every row"

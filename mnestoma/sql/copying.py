@@ -1,9 +1,10 @@
 """The statements of a store copy (:mod:`mnestoma.copying`), built once at import.
 
 Per table: its count, its rows (all, in id order, or above an id), its insert and its
-largest id. For merging: a temporary table of lookup keys joined to the target's edges and
-events, the id lookups and the merge update. For a PostgreSQL target: the table lock, the
-identity sequences moved past the copied ids, and ``ANALYZE``.
+largest id (a table without an integer id, ``mnest_chains``: its rows in key order). For
+merging: a temporary table of lookup keys joined to the target's edges, events and chains,
+the id lookups and the merge updates. For a PostgreSQL target: the table lock, the identity
+sequences moved past the copied ids, and ``ANALYZE``.
 """
 
 from __future__ import annotations
@@ -39,15 +40,18 @@ from sqlalchemy.dialects.postgresql.base import PGDialect
 
 from ..models import CopiedStore, StoreIdentity
 from ..rules import PASSING, SUMMED_ON_MERGE
-from .tables import AGER_RUNS, EVENTS, MNESTS, QUERIES
+from .chains import CHAIN_KEY
+from .tables import AGER_RUNS, CHAINS, EVENTS, MNESTS, QUERIES
 
 __all__ = [
+    "CHAIN_MERGED_COLUMNS",
     "COPIED_STORES",
     "IDENTITY",
     "KEY",
     "KEYS",
     "KNOWN_MNEST_IDS",
     "MERGED_COLUMNS",
+    "MERGE_CHAIN_INTO_TARGET",
     "MERGE_INTO_TARGET",
     "MNESTS_BY_ID",
     "POSTGRESQL_ANALYZE",
@@ -62,12 +66,14 @@ __all__ = [
 ]
 
 # (table, has an integer id the copy keeps, or shifts past the target's ids when appending),
-# in the order the copy fills them.
+# in the order the copy fills them. The planner's chains, keyed by executor names, come
+# last: appended, a chain both stores hold is merged (:data:`MERGE_CHAIN_INTO_TARGET`).
 TABLES: Final[tuple[tuple[Table, bool], ...]] = (
     (MNESTS, False),
     (EVENTS, True),
     (QUERIES, True),
     (AGER_RUNS, True),
+    (CHAINS, False),
 )
 KEY: Final = ("src_executor", "src_version", "dst_executor", "dst_version", "state")
 PROTO_KEY: Final = ("src_executor", "src_version", "dst_executor", "state")  # dst_version NULL
@@ -91,13 +97,23 @@ class TableStatements:
     table: Table
     count: Select[int]
     rows: Select[Any]  # every row, in no order (the checksum needs none)
-    rows_above: Select[Any]  # the rows with ``id > :id_above``
-    in_id_order: Select[Any]  # every row, by id (the source, streamed in chunks)
+    rows_above: Select[Any] | None  # the rows with ``id > :id_above`` (None: no id column)
+    in_id_order: Select[Any]  # every row, by id or else by key (the source, in chunks)
     insert: Insert
-    max_id: Select[int]  # the largest integer id, 0 when empty
+    max_id: Select[int] | None  # the largest integer id, 0 when empty (None: no id column)
 
     @classmethod
     def of(cls, table: Table) -> TableStatements:
+        if "id" not in table.c:  # the chains: by their key
+            return cls(
+                table=table,
+                count=select(func.count()).select_from(table),
+                rows=select(table),
+                rows_above=None,
+                in_id_order=select(table).order_by(*table.primary_key.columns),
+                insert=insert(table),
+                max_id=None,
+            )
         return cls(
             table=table,
             count=select(func.count()).select_from(table),
@@ -136,6 +152,18 @@ MERGE_INTO_TARGET: Final[Update] = (
 )
 
 
+# What a merge changes in the target's chain: the two counts decayed to the later ts_last
+# and summed (rules.merged_count, CHAIN_DECAY_LAMBDA), uses summed, the earlier ts_first.
+CHAIN_MERGED_COLUMNS: Final = ("decayed_uses", "uses", "ts_first", "ts_last")
+# The target's chain absorbs the source's: ``:b_<key column>`` and ``:b_<column>`` per merged
+# column.
+MERGE_CHAIN_INTO_TARGET: Final[Update] = (
+    update(CHAINS)
+    .where(*(CHAINS.c[k] == bindparam(f"b_{k}", type_=CHAINS.c[k].type) for k in CHAIN_KEY))
+    .values({c: bindparam(f"b_{c}", type_=CHAINS.c[c].type) for c in CHAIN_MERGED_COLUMNS})
+)
+
+
 @dataclass(frozen=True, slots=True)
 class _KeyTable:
     """A temporary table of lookup keys (``k0``, ``k1``, ...), joined to the target one
@@ -155,6 +183,7 @@ class _KeyTable:
     turns: Select[Any]
     shared_rows: Select[Any]  # a mnest id (k0) the target holds as a row
     shared_events: Select[Any]  # a mnest id (k0) the target's events name
+    chains: Select[Any]  # the target's chains whose key (k0, k1, k2) is in the table
 
     @classmethod
     def build(cls) -> _KeyTable:
@@ -192,6 +221,11 @@ class _KeyTable:
             shared_events=select(EVENTS.c.mnest_id)
             .join_from(table, EVENTS, EVENTS.c.mnest_id == k.k0)
             .limit(1),
+            chains=select(CHAINS).join_from(
+                table,
+                CHAINS,
+                and_(*(CHAINS.c[c] == k[f"k{i}"] for i, c in enumerate(CHAIN_KEY))),
+            ),
         )
 
 

@@ -17,6 +17,7 @@ from sqlalchemy import Select, TextClause, bindparam, func, select, table, text
 from ..rules import PASSING, EventKind, Outcome
 from .tables import AGER_PROGRESS as P
 from .tables import AGER_RUNS as R
+from .tables import CHAINS as C
 from .tables import EVENTS as E
 from .tables import MNESTS as M
 from .tables import QUERIES as Q
@@ -24,6 +25,7 @@ from .tables import QUERIES as Q
 __all__ = [
     "AGER_PROGRESS_ROWS",
     "AGER_RUN_COUNTS",
+    "CHAIN_COUNT",
     "COLUMN_SHARES",
     "EVENTS_BY_KIND",
     "EVENTS_KEPT_FROM",
@@ -67,6 +69,8 @@ EVENTS_KEPT_FROM: Final[Select[datetime | None, datetime | None]] = select(
 ).select_from(E)
 
 QUERY_LOG_COUNT: Final[Select[int]] = select(func.count()).select_from(Q)
+# The planner's chains (revision 0014 on).
+CHAIN_COUNT: Final[Select[int]] = select(func.count()).select_from(C)
 
 # The same per ``events.recorder`` (revision 0003 on), which the totals are the sums of.
 PASSINGS_BY_RECORDER: Final[Select[str, int, datetime | None, int, datetime | None]] = (

@@ -440,3 +440,29 @@ def test_a_store_without_schema_is_not_fed_automatically(schema: str, tmp_path: 
     assert (st.fed_automatically, st.passings_by_recorder, st.ager_runs) == (False, None, None)
     assert st.feeding() == FEEDING_STATEMENT
     assert "ager " not in render_status(st)
+
+
+# --- the planner's chains ---------------------------------------------------------------------
+
+
+def test_status_counts_the_planners_chains_in_text_and_json(
+    store: mnestoma.Mnestoma, store_url: str
+) -> None:
+    store.record_turn("t1", [("a", "1", "b", "1"), ("b", "1", "c", "1"), ("c", "1", "d", "1")])
+    store.record_turn("t2", [("x", "1", "b", "1"), ("b", "1", "c", "1")])
+    st = collect_status(store_url)
+    assert (st.chains, st.chains_estimated) == (3, False)
+    assert "chains     3 (pairs of consecutive links of recorded turns" in render_status(st)
+    data = status_json(store_url)
+    assert (data["chains"], data["chains_estimated"]) == (3, False)
+
+
+def test_a_store_before_chains_says_nothing_of_them(empty_db_url: str) -> None:
+    mnestoma.upgrade(empty_db_url)
+    with mnestoma.Mnestoma(empty_db_url, clock=MovableClock()) as m:
+        m.record_turn("t1", [("a", "1", "b", "1"), ("b", "1", "c", "1")])
+    mnestoma.downgrade(empty_db_url, "0013")  # no mnest_chains
+    st = collect_status(empty_db_url)
+    assert (st.schema, st.chains, st.chains_estimated) == ("behind", None, False)
+    assert "chains " not in render_status(st)
+    assert status_json(empty_db_url)["chains"] is None

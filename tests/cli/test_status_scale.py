@@ -164,3 +164,44 @@ def test_a_sqlite_store_always_counts_its_edges(
     st = collect_status(url)
     assert st.estimated and not st.mnests_estimated
     assert "mnests     about" not in render_status(st)
+
+
+def _chains(url: str) -> None:
+    """Three chains: (a, b, c), (b, c, d) and (x, b, c)."""
+    with Mnestoma(url) as store:
+        store.record_turn("t1", [("a", "1", "b", "1"), ("b", "1", "c", "1"), ("c", "1", "d", "1")])
+        store.record_turn("t2", [("x", "1", "b", "1"), ("b", "1", "c", "1")])
+
+
+def test_a_large_postgresql_store_reads_its_chains_from_the_catalogue(
+    pg_store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _chains(pg_store_url)
+    monkeypatch.setattr(status_module, "STATUS_ESTIMATE_FROM", 1)
+    counted = collect_status(pg_store_url)
+    assert (counted.chains, counted.chains_estimated) == (3, False)  # no statistics yet
+    engine = create_engine(pg_store_url, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.execute(text("ANALYZE mnest_chains"))
+    engine.dispose()
+    st = collect_status(pg_store_url)
+    exact = collect_status(pg_store_url, exact=True)
+    # a table this small is sampled whole: the estimate is the count
+    assert (st.chains, st.chains_estimated) == (3, True)
+    assert (exact.chains, exact.chains_estimated) == (3, False)
+    shown = render_status(st)
+    assert "chains     about 3 (" in shown and "`mnestoma status --exact` reads" in shown
+    assert "chains     3 (" in render_status(exact)
+    as_json = CliRunner().invoke(cli, ["status", "--json", "--database-url", pg_store_url])
+    assert '"chains_estimated": true' in as_json.output
+
+
+def test_a_sqlite_store_always_counts_its_chains(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"sqlite:///{tmp_path}/store.sqlite"
+    _chains(url)
+    monkeypatch.setattr(status_module, "STATUS_ESTIMATE_FROM", 1)
+    st = collect_status(url)
+    assert (st.chains, st.chains_estimated) == (3, False)
+    assert "chains     3 (" in render_status(st)

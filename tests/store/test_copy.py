@@ -18,25 +18,33 @@ from sqlalchemy import func, insert, inspect, select, text
 import mnestoma
 from mnestoma.config import make_engine
 from mnestoma.copying import copy_store
-from mnestoma.models import AgerRun, CanonicalQuery, Event, Mnest
+from mnestoma.models import AgerRun, CanonicalQuery, Event, Mnest, MnestChain
 from mnestoma.rules import decayed_weight
 from mnestoma.testing.clock import MovableClock
 
-TABLES = (Mnest.__table__, Event.__table__, CanonicalQuery.__table__, AgerRun.__table__)
+TABLES = (
+    Mnest.__table__,
+    Event.__table__,
+    CanonicalQuery.__table__,
+    AgerRun.__table__,
+    MnestChain.__table__,
+)
+CHAIN_KEY = ("prev_executor", "src_executor", "dst_executor")
 
 
 Dump = dict[str, list[dict[str, Any]]]
 
 
 def dump(url: str) -> Dump:
-    """Every row of every table, sorted by id, values as the ORM types return them."""
+    """Every row of every table, sorted by id (the chains by key), values as the ORM types
+    return them."""
     engine = make_engine(url)
     try:
         with engine.connect() as conn:
             return {
                 t.name: sorted(
                     (dict(r) for r in conn.execute(select(t)).mappings()),
-                    key=lambda r: r["id"],
+                    key=lambda r: tuple(r[k] for k in CHAIN_KEY) if "id" not in r else r["id"],
                 )
                 for t in TABLES
             }
@@ -210,6 +218,7 @@ def test_copy_that_fails_verification_rolls_back_and_exits_1(
         "events": 0,
         "canonical_query_log": 0,
         "ager_runs": 0,
+        "mnest_chains": 0,
     }
 
 
