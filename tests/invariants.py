@@ -15,7 +15,7 @@ from collections import Counter, defaultdict
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 
 __all__ = ["check_invariants", "dump_tables", "plain_engine", "wait_for_other_sessions_to_end"]
@@ -25,6 +25,9 @@ KINDS = {"created", "reinforced", "transition", "promoted", "merged", "pruned"}
 COUNTED = {"created", "reinforced"}
 ID_RE = re.compile(r"^mn_[A-Za-z0-9_-]{12,}$")
 TABLES = {"mnests": "id", "events": "id", "canonical_query_log": "id", "ager_runs": "id"}
+# The planner's chains (revision 0014 on), by their key.
+CHAINS = "mnest_chains"
+CHAIN_KEY = "prev_executor, src_executor, dst_executor"
 
 
 def plain_engine(url: str | URL) -> Engine:
@@ -66,11 +69,14 @@ def dump_tables(url: str | URL) -> dict[str, list[tuple[Any, ...]]]:
     engine = plain_engine(url)
     try:
         with engine.connect() as conn:
+            tables = dict(TABLES)
+            if inspect(conn).has_table(CHAINS):
+                tables[CHAINS] = CHAIN_KEY
             out = {
                 table: [
                     tuple(r) for r in conn.execute(text(f"SELECT * FROM {table} ORDER BY {key}"))
                 ]
-                for table, key in TABLES.items()
+                for table, key in tables.items()
             }
             out["mnestoma_alembic_version"] = [
                 tuple(r)
@@ -102,6 +108,11 @@ def check_invariants(url: str | URL) -> None:
             events = conn.execute(text("SELECT * FROM events ORDER BY id")).mappings().all()
             queries = conn.execute(text("SELECT * FROM canonical_query_log")).mappings().all()
             view_ids = sorted(r[0] for r in conn.execute(text("SELECT id FROM v_mnestoma")))
+            chains = (
+                conn.execute(text(f"SELECT * FROM {CHAINS} ORDER BY {CHAIN_KEY}")).mappings().all()
+                if inspect(conn).has_table(CHAINS)
+                else []
+            )
     finally:
         engine.dispose()
 
@@ -109,6 +120,7 @@ def check_invariants(url: str | URL) -> None:
     _check_rows(mnests, problems)
     _check_keys(mnests, problems)
     _check_events(rows, events, problems)
+    _check_chains(chains, problems)
     expected_view = sorted(i for i, r in rows.items() if r["state"] in ("active", "proto"))
     if view_ids != expected_view:
         problems.append("v_mnestoma does not hold exactly the active and proto rows")
@@ -293,3 +305,25 @@ def _check_events(rows: dict[str, Any], events: Any, problems: list[str]) -> Non
             problems.append(
                 f"{mid}: state {r['state']!r} but its last event ends in {last_state.get(mid)!r}"
             )
+
+
+def _check_chains(chains: Any, problems: list[str]) -> None:
+    """Each chain of the planner: names, at least one passing, its decayed count finite, not
+    negative and never above its raw count (each passing counts 1 at most, decayed), its
+    first passing not after its last."""
+    for r in chains:
+        key = (r["prev_executor"], r["src_executor"], r["dst_executor"])
+        if not all(_name_ok(name) for name in key):
+            problems.append(f"chain {key}: a name empty or over 255 characters")
+        uses, count = r["uses"], r["decayed_uses"]
+        if uses is None or uses < 1:
+            problems.append(f"chain {key}: uses {uses!r} < 1")
+        if count is None or not math.isfinite(count) or count < 0:
+            problems.append(f"chain {key}: decayed_uses {count!r} not a count")
+        elif uses is not None and count > uses * (1 + 1e-9):
+            problems.append(f"chain {key}: decayed_uses {count!r} above its {uses} uses")
+        first, last = _utc(r["ts_first"]), _utc(r["ts_last"])
+        if first is None or last is None:
+            problems.append(f"chain {key}: a timestamp is NULL")
+        elif last < first:
+            problems.append(f"chain {key}: ts_last {last} before ts_first {first}")

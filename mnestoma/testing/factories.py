@@ -7,8 +7,8 @@ edge is old for the ager too. Outside pytest::
     with bind_factories(session, clock=my_clock):
         MnestFactory.create_batch(3)
 
-Only ``Mnest``, ``Event`` and ``CanonicalQuery`` are built: the view ``v_mnestoma`` is
-read-only and the session refuses to flush it.
+Only ``Mnest``, ``Event``, ``CanonicalQuery`` and ``MnestChain`` are built: the view
+``v_mnestoma`` is read-only and the session refuses to flush it.
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ from factory.alchemy import SQLAlchemyModelFactory
 from sqlalchemy.orm import Session
 
 from ..clock import Clock
-from ..models import CanonicalQuery, Event, Mnest
+from ..models import CanonicalQuery, Event, Mnest, MnestChain
 from ..rules import (
+    CHAIN_DECAY_LAMBDA,
     DEFAULT_DECAY_LAMBDA,
     INITIAL_WEIGHT,
     EventKind,
@@ -40,6 +41,7 @@ __all__ = [
     "CanonicalQueryFactory",
     "DecayingMnestFactory",
     "EventFactory",
+    "MnestChainFactory",
     "MnestFactory",
     "ProtoMnestFactory",
     "bind_factories",
@@ -302,4 +304,36 @@ class CanonicalQueryFactory(_MnestomaFactory):
     canonical_query = factory.LazyAttribute(lambda o: _canonical(o.raw_query))
     canonical_hash = factory.LazyAttribute(
         lambda o: hashlib.sha256(o.canonical_query.encode("utf-8")).hexdigest()
+    )
+
+
+class MnestChainFactory(_MnestomaFactory):
+    """A chain of the planner (``mnest_chains``): ``executor_N → executor_N_mid →
+    executor_N_next`` by names, passed ``uses`` times (2) from 14 days ago to 1 day ago, its
+    decayed count those passings spread evenly between the two (as the mnests' factories).
+
+    Params: ``last_seen_days_ago``, ``first_seen_days_ago``. Trait ``faded``: passed once,
+    200 days ago: its decayed count has faded below
+    :data:`~mnestoma.rules.CHAIN_FORGET_BELOW`, so ``apply_ager()`` forgets it.
+    """
+
+    class Meta:
+        model = MnestChain
+
+    class Params:
+        now = factory.LazyFunction(factory_now)
+        last_seen_days_ago = 1.0
+        first_seen_days_ago = 14.0
+        faded = factory.Trait(uses=1, last_seen_days_ago=200.0, first_seen_days_ago=200.0)
+
+    prev_executor = factory.Sequence(lambda n: f"executor_{n}")
+    src_executor = factory.Sequence(lambda n: f"executor_{n}_mid")
+    dst_executor = factory.Sequence(lambda n: f"executor_{n}_next")
+    uses = 2
+    ts_last = factory.LazyAttribute(lambda o: _days_before(o.now, o.last_seen_days_ago))
+    ts_first = factory.LazyAttribute(
+        lambda o: min(o.ts_last, _days_before(o.now, o.first_seen_days_ago))
+    )
+    decayed_uses = factory.LazyAttribute(
+        lambda o: spread_count(o.uses, CHAIN_DECAY_LAMBDA, o.ts_first, o.ts_last)
     )
