@@ -687,13 +687,16 @@ def spread_count(uses: int, decay_lambda: float, ts_first: datetime, ts_last: da
 # =============================================================================================
 
 CHAIN_DECAY_LAMBDA = DEFAULT_DECAY_LAMBDA
-# Witten-Bell's weight of the unseen: each distinct successor of a context counts this many
-# passings to something new. 1 is Witten-Bell's own (held-out calibration error 0.03 on the
-# ScienceWorld benchmark, docs/graph.md).
+# Witten-Bell's weight of the unseen: each distinct successor of a context (the chain's, the
+# edge's) counts this many passings to something new. 1 is Witten-Bell's own (held-out
+# calibration error 0.025 on the ScienceWorld benchmark, docs/graph.md).
 CHAIN_SMOOTHING = 1.0
-# The chain is the context used when its decayed count of passings is at least this (one
-# passing about 38 days ago, at λ = 0.018); below it the single edge answers alone.
-CHAIN_MIN_SUPPORT = 0.5
+EDGE_SMOOTHING = 1.0
+# The chain is the context used when its decayed count of passings is at least this: more
+# than one passing's worth (two passings within the last 16 days, at λ = 0.018); below it the
+# single edge answers alone. A chain seen once outweighed an edge's long history on BFCL's
+# traces (hit@1 0.593 with 0.5, 0.610 with 1.5; ScienceWorld's the same, docs/graph.md).
+CHAIN_MIN_SUPPORT = 1.5
 # A candidate never seen after the context gets the unseen mass shared as if among this many
 # executors (rank's candidates without evidence, vet's unseen links).
 UNSEEN_SUCCESSORS = 10
@@ -707,6 +710,7 @@ __all__ += [
     "CHAIN_FORGET_BELOW",
     "CHAIN_MIN_SUPPORT",
     "CHAIN_SMOOTHING",
+    "EDGE_SMOOTHING",
     "PROBABILITY_ORDER",
     "UNSEEN_SUCCESSORS",
     "ContextUsed",
@@ -736,10 +740,10 @@ class NextProbabilities:
     support: float
 
 
-def _witten_bell(counts: Mapping[str, float]) -> tuple[float, float]:
+def _witten_bell(counts: Mapping[str, float], k: float) -> tuple[float, float]:
     """(total decayed count, its unseen weight) of one context's successors."""
     total = sum(counts.values())
-    return total, CHAIN_SMOOTHING * sum(1 for c in counts.values() if c > 0)
+    return total, k * sum(1 for c in counts.values() if c > 0)
 
 
 def next_probabilities(
@@ -749,18 +753,19 @@ def next_probabilities(
     ``chain`` of the last two's (None: not asked).
 
     Edge: ``p(c) = n(c) / (N + k·T)``, unseen ``k·T / (N + k·T)`` (N the total, T the distinct
-    successors, k :data:`CHAIN_SMOOTHING`). Chain, when its total is at least
-    :data:`CHAIN_MIN_SUPPORT`: ``p(c) = (n₂(c) + k·T₂·p_edge(c)) / (N₂ + k·T₂)``, unseen
-    ``k·T₂·unseen_edge / (N₂ + k·T₂)``. Counts of 0 or less are left out.
+    successors, k :data:`EDGE_SMOOTHING`). Chain, when its total is at least
+    :data:`CHAIN_MIN_SUPPORT`: ``p(c) = (n₂(c) + k₂·T₂·p_edge(c)) / (N₂ + k₂·T₂)``, unseen
+    ``k₂·T₂·unseen_edge / (N₂ + k₂·T₂)`` (k₂ :data:`CHAIN_SMOOTHING`). Counts of 0 or less are
+    left out.
     """
-    n1, w1 = _witten_bell(edge)
+    n1, w1 = _witten_bell(edge, EDGE_SMOOTHING)
     if n1 > 0:
         p = {c: n / (n1 + w1) for c, n in edge.items() if n > 0}
         unseen, used, support = w1 / (n1 + w1), ContextUsed.EDGE, n1
     else:
         p, unseen, used, support = {}, 1.0, ContextUsed.NONE, 0.0
     if chain:
-        n2, w2 = _witten_bell(chain)
+        n2, w2 = _witten_bell(chain, CHAIN_SMOOTHING)
         if n2 >= CHAIN_MIN_SUPPORT:
             scale = w2 / (n2 + w2)
             mixed = {c: q * scale for c, q in p.items()}

@@ -44,7 +44,8 @@ def test_the_chain_answers_exactly_when_it_has_enough_evidence(
 
 
 def test_witten_bell_numbers_by_hand() -> None:
-    assert rules.CHAIN_SMOOTHING == 1.0 and rules.CHAIN_MIN_SUPPORT == 0.5
+    assert rules.CHAIN_SMOOTHING == rules.EDGE_SMOOTHING == 1.0
+    assert rules.CHAIN_MIN_SUPPORT == 1.5
     edge = next_probabilities({"read": 3.0, "fetch": 1.0})
     assert edge.p == pytest.approx({"read": 3 / 6, "fetch": 1 / 6})
     assert edge.unseen == pytest.approx(2 / 6) and edge.context is ContextUsed.EDGE
@@ -53,8 +54,9 @@ def test_witten_bell_numbers_by_hand() -> None:
     assert both.p == pytest.approx({"fetch": (2 + 1 / 6) / 3, "read": (3 / 6) / 3})
     assert both.unseen == pytest.approx((2 / 6) / 3)
     assert next_probabilities({}) == rules.NextProbabilities({}, 1.0, ContextUsed.NONE, 0.0)
-    # a chain that has faded below the minimum support leaves the edge to answer
-    assert next_probabilities({"read": 1.0}, {"fetch": 0.49}).context is ContextUsed.EDGE
+    # a chain with less than the minimum support leaves the edge to answer
+    assert next_probabilities({"read": 1.0}, {"fetch": 1.49}).context is ContextUsed.EDGE
+    assert next_probabilities({"read": 1.0}, {"fetch": 1.5}).context is ContextUsed.CHAIN
     assert rules.unseen_probability(0.5) == pytest.approx(0.5 / rules.UNSEEN_SUCCESSORS)
 
 

@@ -324,7 +324,8 @@ def test_bad_input_to_predict_next_is_invalid_input(
 
 
 def test_rank_by_p_orders_by_the_probability_after_the_chain(store: mnestoma.Mnestoma) -> None:
-    store.record_turn("a", links("plan", "search", "read"))
+    store.record_turn("a1", links("plan", "search", "read"))
+    store.record_turn("a2", links("plan", "search", "read"))
     for i in range(3):
         store.record_turn(f"b{i}", links("index", "search", "fetch"))
     after_plan = store.rank("search", ["fetch", "read", "ocr"], order_by="p", prev="plan")
