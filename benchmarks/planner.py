@@ -28,8 +28,10 @@ planner asks what follows the previous call:
 - ``vet`` on each held-out chain against the same chain corrupted (one step replaced by
   another function; two steps swapped), the chains being whole conversations and, apart,
   each turn's calls (what one request plans): the share of pairs whose real chain scores higher
-  (ties count half) by ``Verdict.score`` alone (0 as soon as one link is unknown), and by
-  the number of unknown links first, then the score; and how often ``Verdict.weakest`` is a
+  (ties count half) by ``Verdict.score`` alone (0 as soon as one link is unknown), by
+  ``Verdict.log_likelihood`` (``predict_next``'s probabilities, an unseen link lowering it
+  instead of zeroing it), and by the number of unknown links first, then the score; and how
+  often ``Verdict.weakest`` is a
   link that touches a corrupted step;
 - drift, which real runtimes have and these traces do not: from the middle of the replay on,
   the most frequent successor of the most frequent source is replaced by a new executor (a
@@ -345,6 +347,7 @@ def vet_separation(
         units.items(), ("one step replaced", "two steps swapped")
     ):
         wins = 0.0
+        likely = 0.0
         evidence = 0.0
         pointed = 0
         n = 0
@@ -367,10 +370,12 @@ def vet_separation(
             real, fake = store.vet(chain), store.vet(corrupted)
             n += 1
             wins += _beats((real.score,), (fake.score,))
+            likely += _beats((real.log_likelihood,), (fake.log_likelihood,))
             evidence += _beats((-len(real.unknown), real.score), (-len(fake.unknown), fake.score))
             pointed += fake.weakest in touched
         out[kind + unit] = {
             "separation": wins / max(n, 1),
+            "separation_log_likelihood": likely / max(n, 1),
             "separation_unknown_then_score": evidence / max(n, 1),
             "weakest_on_corrupted_step": pointed / max(n, 1),
             "pairs": n,
@@ -557,13 +562,14 @@ def format_report(r: PlannerReport) -> str:
         lines.append(f"| {name} | {h['hit@1']:.3f} | {h['hit@3']:.3f} | {h['mrr']:.3f} |")
     lines += [
         "",
-        "| vet: corruption | separation by score | by unknown links, then score"
-        " | weakest on a corrupted step | pairs |",
-        "|---|---|---|---|---|",
+        "| vet: corruption | separation by score | by log-likelihood"
+        " | by unknown links, then score | weakest on a corrupted step | pairs |",
+        "|---|---|---|---|---|---|",
     ]
     for kind, v in r.vet.items():
         lines.append(
-            f"| {kind} | {v['separation']:.3f} | {v['separation_unknown_then_score']:.3f} |"
+            f"| {kind} | {v['separation']:.3f} | {v['separation_log_likelihood']:.3f} |"
+            f" {v['separation_unknown_then_score']:.3f} |"
             f" {v['weakest_on_corrupted_step']:.3f} | {v['pairs']:.0f} |"
         )
     d = r.drift

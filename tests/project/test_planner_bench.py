@@ -83,6 +83,7 @@ def test_the_benchmark_runs_on_the_fixture_and_reports_every_order(tmp_path: Pat
         for unit in ("", ", a turn's calls"):
             vet = report["vet"][kind + unit]
             assert vet["pairs"] > 0 and 0.0 <= vet["separation"] <= 1.0
+            assert 0.0 <= vet["separation_log_likelihood"] <= 1.0
         vet = report["vet"][kind]
         assert vet["pairs"] > 0 and 0.0 <= vet["separation"] <= 1.0
     drift = report["drift"]
