@@ -908,9 +908,9 @@ def forget_faded_chains(
     caller fixes them, else sized as the run goes to :func:`~mnestoma.rules.ager_batch_target`
     (``writers_seen``: when the run last saw a writer, :func:`time.monotonic`), starting at
     :data:`~mnestoma.rules.AGER_BATCH_ROWS`; on SQLite the run's ``session`` decides whether
-    a batch's commit checkpoints, on PostgreSQL a batch commits as an edges' batch does
-    (see :func:`_batch_settings`). A batch never waits for a chain a writer holds (see
-    :func:`~mnestoma.sql.chains.forget_chains`)."""
+    a batch's commit checkpoints, on PostgreSQL a batch commits as any write does (it
+    deletes a few index entries, not the pages an edges' batch rewrites). A batch never
+    waits for a chain a writer holds (see :func:`~mnestoma.sql.chains.forget_chains`)."""
     step = batch_rows or AGER_BATCH_ROWS
     seen = time.monotonic() - AGER_WRITERS_SEEN_S if writers_seen is None else writers_seen
     target = ager_batch_target(time.monotonic() - seen)
@@ -949,9 +949,6 @@ def _chains_batch(
     """One batch of :func:`forget_faded_chains`, in the transaction ``write`` began."""
     if session is not None:
         session.batch_begins()
-    if conn.dialect.name == "postgresql":
-        s = postgresql_ager_statements(True)
-        _run(conn, s.write_behind if writers_about else s.async_commit)
     result = forget_chains_batch(conn, now, after, rows)
     if session is not None:
         session.batch_commits(writers_about)

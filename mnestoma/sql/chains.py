@@ -18,10 +18,12 @@ from sqlalchemy import (
     Integer,
     Select,
     String,
+    any_,
     bindparam,
     delete,
     func,
     literal,
+    literal_column,
     select,
     tuple_,
     union_all,
@@ -168,8 +170,17 @@ def forget_chains(dialect: str, after: bool = False, upto: bool = False) -> Dele
         terms.append(_key() <= _bound(UPTO_KEY))
     if dialect != "postgresql":
         return delete(C).where(*terms)
-    faded = select(*(C.c[k] for k in CHAIN_KEY)).where(*terms).with_for_update(skip_locked=True)
-    return delete(C).where(_key().in_(faded))
+    # The rows locked, by address: a TID scan of those rows, whatever the plan (a join of the
+    # table with its own keys was planned as a scan of the whole table per batch).
+    ctid: ColumnElement[Any] = literal_column(f"{C.name}.ctid")
+    faded = (
+        select(ctid)
+        .where(*terms)
+        .with_for_update(skip_locked=True)
+        .correlate(None)
+        .scalar_subquery()
+    )
+    return delete(C).where(ctid == any_(func.array(faded)))
 
 
 @functools.cache
