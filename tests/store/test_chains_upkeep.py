@@ -181,6 +181,47 @@ def test_the_ager_on_postgresql_never_waits_for_a_chain_a_writer_holds(
     assert chains(pg_store_url) == {}
 
 
+def test_turns_that_refresh_faded_chains_while_the_ager_forgets_them_keep_them(
+    store_url: str,
+) -> None:
+    """Writers count chains that have faded while a run of the ager forgets them, a chain a
+    batch: every chain a writer counted is there after (kept, or counted anew), every other
+    faded chain is gone, no call failed."""
+    clock = MovableClock()
+    with Mnestoma(store_url, clock=clock) as store:
+        for i in range(24):
+            turn(store, f"old-{i}", f"p{i}", "m", f"n{i}")
+    clock.advance(days=170)
+    failures: list[BaseException] = []
+
+    def write(first: int) -> None:
+        try:
+            with Mnestoma(store_url, clock=clock) as writer:
+                for i in range(first, 12, 2):
+                    turn(writer, f"new-{i}", f"p{i}", "m", f"n{i}")
+        except BaseException as err:  # every failure is the test's
+            failures.append(err)
+
+    def age() -> None:
+        try:
+            with Mnestoma(store_url, clock=clock) as ager:
+                ager.apply_ager(batch_rows=1)
+        except BaseException as err:
+            failures.append(err)
+
+    writers = [threading.Thread(target=write, args=(first,)) for first in (0, 1)]
+    threads = [threading.Thread(target=age), *writers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads) and failures == []
+    with Mnestoma(store_url, clock=clock) as store:
+        store.apply_ager()  # what the racing run did not see, this one does
+    assert set(chains(store_url)) == {(f"p{i}", "m", f"n{i}") for i in range(12)}
+    check_invariants(store_url)
+
+
 # --- retention --------------------------------------------------------------------------------
 
 
