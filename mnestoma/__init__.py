@@ -17,8 +17,8 @@ from .errors import (
 from .facade import Mnestoma
 from .migration import current_revision, downgrade, head_revision, upgrade
 from .models import CanonicalQuery, Event, Mnest, MnestomaView, ReadOnlyError
-from .repository import CanonicalQueryRepository, MnestRepository, QueryFrequency
 from .planning import Forecast, Prediction
+from .repository import CanonicalQueryRepository, MnestRepository, QueryFrequency
 from .rules import AgerReport, ContextUsed, EventKind, MnestState, Outcome
 from .settings import Settings
 from .uow import JoinedUnitOfWork, UnitOfWork

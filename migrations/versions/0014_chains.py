@@ -2,9 +2,10 @@
 consecutive links of recorded turns (``prev → src → dst`` by executor names) with the
 decayed count of its passings.
 
-A new table: nothing else is locked, rewritten or scanned, safe on a live database. The table starts empty: turns recorded before this revision left no order of
-their links behind (a turn's events keep no order within it), so chains count from the
-first turn recorded after it.
+A new table: nothing else is locked, rewritten or scanned, safe on a live database. The
+table starts empty: turns recorded before this revision left no order of their links behind
+(a turn's events keep no order within it), so chains count from the first turn recorded
+after it.
 
 Revision ID: 0014
 Revises: 0013
