@@ -717,6 +717,7 @@ __all__ += [
     "NextProbabilities",
     "chain_increments",
     "next_probabilities",
+    "probability_of",
     "unseen_probability",
 ]
 
@@ -774,6 +775,26 @@ def next_probabilities(
                     mixed[c] = mixed.get(c, 0.0) + n / (n2 + w2)
             p, unseen, used, support = mixed, unseen * scale, ContextUsed.CHAIN, n2
     return NextProbabilities(p, unseen, used, support)
+
+
+def probability_of(
+    edge: tuple[float, int, float], chain: tuple[float, int, float] | None = None
+) -> float:
+    """P(one executor next | context) from summaries of the context's counts, each ``(total,
+    distinct successors, count to that executor)`` (counts of 0 left out): what
+    :func:`next_probabilities` gives it, or, never seen after the context, its share of the
+    unseen mass (:func:`unseen_probability`). ``vet`` reads these summaries in its one
+    statement instead of every successor."""
+    n1, t1, d1 = edge
+    w1 = EDGE_SMOOTHING * t1
+    p, unseen = (d1 / (n1 + w1), w1 / (n1 + w1)) if n1 > 0 else (0.0, 1.0)
+    if chain is not None and chain[0] >= CHAIN_MIN_SUPPORT:
+        n2, t2, d2 = chain
+        w2 = CHAIN_SMOOTHING * t2
+        scale = w2 / (n2 + w2)
+        p = p * scale + d2 / (n2 + w2)
+        unseen *= scale
+    return p if p > 0 else unseen_probability(unseen)
 
 
 def unseen_probability(unseen: float) -> float:

@@ -26,8 +26,7 @@ from datetime import datetime
 from typing import Any
 
 from .errors import InvalidInput
-from .planning import Forecast, read_forecast
-from .rules import MnestState, success_rate
+from .rules import MnestState, probability_of, success_rate
 from .runner import StatementRunner
 from .sql import vet as sql
 from .timefmt import iso_utc
@@ -172,28 +171,24 @@ def vet_chain(ex: StatementRunner, steps: list[Step], now: datetime) -> Verdict:
     stmt = sql.vet_statement(ex.dialect, len(steps))
     params = sql.step_params(steps)
     params["now"] = now
-    found = {int(r[0]): r for r in ex.rows(stmt, params)}
-    probs = _probabilities(ex, steps, now)
+    found: dict[int, tuple[Any, ...]] = {}
+    edges: dict[int, tuple[float, int, float]] = {}
+    chains: dict[int, tuple[float, int, float]] = {}
+    for r in ex.rows(stmt, params):
+        kind, idx = int(r[0]), int(r[1])
+        if kind == sql.BEST_ROW:
+            found[idx] = r[1:9]
+        else:
+            summary = (float(r[9]), int(r[10]), float(r[11]))
+            (edges if kind == sql.EDGE_SUMMARY else chains)[idx] = summary
     links = tuple(
-        replace(_link(i, steps[i], steps[i + 1], found.get(i)), p=probs[i])
+        replace(
+            _link(i, steps[i], steps[i + 1], found.get(i)),
+            p=probability_of(edges.get(i, (0.0, 0, 0.0)), chains.get(i)),
+        )
         for i in range(len(steps) - 1)
     )
     return verdict(tuple(steps), links)
-
-
-def _probabilities(ex: StatementRunner, steps: list[Step], now: datetime) -> list[float]:
-    """P(step i + 1 | steps i − 1 and i) for each link, as ``predict_next`` answers it (the
-    first link after its source alone); one read per distinct context."""
-    answers: dict[tuple[tuple[str, ...], str | None], Forecast] = {}
-    out: list[float] = []
-    for i in range(len(steps) - 1):
-        context = tuple(s[0] for s in steps[max(0, i - 1) : i + 1])
-        version = steps[i][1]
-        f = answers.get((context, version))
-        if f is None:
-            f = answers[(context, version)] = read_forecast(ex, context, version, now)
-        out.append(f.p(steps[i + 1][0]))
-    return out
 
 
 def verdict(steps: tuple[Step, ...], links: tuple[LinkVerdict, ...]) -> Verdict:

@@ -7,6 +7,12 @@ state, through the edge indexes; the row is then read by its primary key, with i
 effective weight now by the decay expression every reader uses. One statement per chain
 length, built once and bound per call: vetting a chain is one statement whatever its length
 or versions, and its text stays short enough for the drivers' statement caches.
+
+The same statement reads the evidence of each link's probability (contract §13): for the
+link's source, the total decayed count of its active edges, its distinct successors and the
+count to the link's destination; for the chain of the link's two steps (from the second
+link on), the same three of the chains. Rows are told apart by ``kind``: 0 a link's best
+row, 1 its edges' summary, 2 its chain's summary.
 """
 
 from __future__ import annotations
@@ -15,26 +21,35 @@ import functools
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
+    Float,
     Integer,
     Select,
     String,
     bindparam,
     case,
+    cast,
     func,
+    literal,
     literal_column,
+    null,
     or_,
     select,
     union_all,
 )
 
-from ..sqlrules import decayed, now_param
+from ..rules import CHAIN_DECAY_LAMBDA
+from ..sqlrules import decayed, decayed_count, now_param
+from .tables import CHAINS as C
 from .tables import MNESTS as M
 from .tables import is_active
 
 __all__ = ["VET_COLUMNS", "VET_SHAPES", "step_params", "vet_statement"]
 
-# The columns of a row of :func:`vet_statement`, in order.
+# The columns of a row of :func:`vet_statement`, in order: the kind of row, then a link's
+# best row (kind 0), then the summaries of its probability's evidence (kinds 1 and 2).
 VET_COLUMNS: tuple[str, ...] = (
+    "kind",
     "idx",
     "id",
     "state",
@@ -43,7 +58,11 @@ VET_COLUMNS: tuple[str, ...] = (
     "ok_count",
     "error_count",
     "ts_last",
+    "total",
+    "successors",
+    "to_dst",
 )
+BEST_ROW, EDGE_SUMMARY, CHAIN_SUMMARY = 0, 1, 2
 # How many statements are kept built: one per chain length and dialect, so that every
 # length the sieve may ask (2 to 64 steps) on both engines stays built.
 VET_SHAPES = 128
@@ -108,8 +127,9 @@ def vet_statement(dialect: str, steps: int) -> Select[Any]:
         .scalar_subquery()
     )
     eff = decayed(dialect, M.c.weight, M.c.decay_lambda, M.c.ts_weight, now_param())
-    return (
+    best = (
         select(
+            literal_column(str(BEST_ROW), Integer).label("kind"),
             lk.idx,
             M.c.id,
             M.c.state,
@@ -118,8 +138,75 @@ def vet_statement(dialect: str, steps: int) -> Select[Any]:
             M.c.ok_count,
             M.c.error_count,
             M.c.ts_last,
+            cast(null(), Float).label("total"),
+            cast(null(), BigInteger).label("successors"),
+            cast(null(), Float).label("to_dst"),
         )
         .select_from(links)
         .join(M, M.c.id == best_id)
-        .order_by(lk.idx)
+    )
+    parts = [best]
+    for i in range(steps - 1):
+        parts.append(_edge_summary(dialect, i))
+        if i >= 1:
+            parts.append(_chain_summary(dialect, i))
+    everything = union_all(*parts).subquery("vetted")
+    return select(everything).order_by(everything.c.kind, everything.c.idx)
+
+
+def _summary(kind: int, i: int, total: Any, successors: Any, to_dst: Any) -> Select[Any]:
+    """A summary row of link ``i``'s evidence, padded to the statement's columns."""
+    return select(
+        literal_column(str(kind), Integer).label("kind"),
+        literal_column(str(i), Integer).label("idx"),
+        cast(null(), String).label("id"),
+        cast(null(), String).label("state"),
+        cast(null(), Float).label("effective"),
+        cast(null(), Integer).label("uses"),
+        cast(null(), Integer).label("ok_count"),
+        cast(null(), Integer).label("error_count"),
+        cast(null(), M.c.ts_last.type).label("ts_last"),
+        cast(total, Float).label("total"),
+        cast(successors, BigInteger).label("successors"),
+        cast(to_dst, Float).label("to_dst"),
+    )
+
+
+def _edge_summary(dialect: str, i: int) -> Select[Any]:
+    """Link ``i``'s source's active edges (at its version, when the step gives one): the
+    total of their decayed counts now, their distinct successors, the count to the link's
+    destination (counts of 0 left out, as ``predict_next`` leaves them)."""
+    count = decayed_count(dialect, M.c.decayed_uses, M.c.decay_lambda, M.c.ts_last, now_param())
+    dst = bindparam(f"e{i + 1}", type_=String)
+    version = bindparam(f"v{i}", type_=String)
+    return _summary(
+        EDGE_SUMMARY,
+        i,
+        func.coalesce(func.sum(count), 0.0),
+        func.count(M.c.dst_executor.distinct()),
+        func.coalesce(func.sum(case((M.c.dst_executor == dst, count), else_=0.0)), 0.0),
+    ).where(
+        is_active(M),
+        M.c.src_executor == bindparam(f"e{i}", type_=String),
+        or_(version.is_(None), M.c.src_version == version),
+        count > 0,
+    )
+
+
+def _chain_summary(dialect: str, i: int) -> Select[Any]:
+    """The chains after link ``i``'s two steps (the step before its source, its source):
+    the same three figures."""
+    lam = literal(CHAIN_DECAY_LAMBDA, Float)
+    count = decayed_count(dialect, C.c.decayed_uses, lam, C.c.ts_last, now_param())
+    dst = bindparam(f"e{i + 1}", type_=String)
+    return _summary(
+        CHAIN_SUMMARY,
+        i,
+        func.coalesce(func.sum(count), 0.0),
+        func.count(),
+        func.coalesce(func.sum(case((C.c.dst_executor == dst, count), else_=0.0)), 0.0),
+    ).where(
+        C.c.prev_executor == bindparam(f"e{i - 1}", type_=String),
+        C.c.src_executor == bindparam(f"e{i}", type_=String),
+        count > 0,
     )

@@ -359,6 +359,8 @@ def test_ranked_carries_the_success_of_its_edges_outcomes(store: Mnestoma) -> No
         "mnest_id",
         "reason",
         "decayed_uses",
+        "p",
+        "context",
     ]
 
 
@@ -412,8 +414,8 @@ def test_rank_candidates_orders_by_success_on_request_only() -> None:
     assert [r.candidate for r in by_success] == ["c", "d", "b"]
 
 
-def test_check_order_by_takes_weight_success_or_decayed_uses_only() -> None:
-    assert [check_order_by(v) for v in ORDER_BY] == ["weight", "success", "decayed_uses"]
+def test_check_order_by_takes_weight_success_decayed_uses_or_p_only() -> None:
+    assert [check_order_by(v) for v in ORDER_BY] == ["weight", "success", "decayed_uses", "p"]
     for bad in ("Weight", "uses", "", None, 1, ("weight",)):
         with pytest.raises(InvalidInput):
             check_order_by(bad)

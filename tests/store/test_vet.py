@@ -24,7 +24,7 @@ from sqlalchemy import event, insert
 
 from mnestoma import InvalidInput, Mnestoma, UnitOfWork, make_session_factory
 from mnestoma.aio import AsyncMnestoma
-from mnestoma.rules import DEFAULT_DECAY_LAMBDA, new_mnest_id, success_rate
+from mnestoma.rules import DEFAULT_DECAY_LAMBDA, new_mnest_id, success_rate, unseen_probability
 from mnestoma.runner import runner_for
 from mnestoma.sql.tables import MNESTS
 from mnestoma.testing.clock import MovableClock
@@ -99,8 +99,9 @@ def test_a_link_never_seen_is_unknown_with_no_weight_and_an_even_success(
     store.record_passing("a", "1", "b", "1")
     v = store.vet(["a", "b", "never"])
     assert v.links[1] == LinkVerdict(
-        1, "b", None, "never", None, False, 0.0, 0, 0, 0, success_rate(0, 0), None, None, None
-    )
+        1, "b", None, "never", None, False, 0.0, 0, 0, 0, success_rate(0, 0), None, None, None,
+        p=unseen_probability(1.0),  # nothing ever followed b: all its mass is unseen
+    )  # fmt: skip
     assert v.links[1].success == 0.5
     assert (v.score, v.weakest, v.unknown) == (0.0, 1, (1,))
 
@@ -388,7 +389,7 @@ def test_a_chain_may_come_back_to_an_executor(store: Mnestoma) -> None:
 def test_a_verdict_as_dict_is_json_with_iso_times(store: Mnestoma) -> None:
     store.record_passing("a", "1", "b", "1", outcome="ok")
     data = json.loads(json.dumps(store.vet([("a", "1"), "b", "c"]).as_dict()))
-    assert list(data) == ["steps", "links", "score", "weakest", "unknown"]
+    assert list(data) == ["steps", "links", "score", "weakest", "unknown", "log_likelihood"]
     assert data["steps"] == [
         {"executor": "a", "version": "1"},
         {"executor": "b", "version": None},
@@ -412,6 +413,7 @@ def test_a_verdict_as_dict_is_json_with_iso_times(store: Mnestoma) -> None:
         "last_seen",
         "state",
         "mnest_id",
+        "p",
     ]
     assert second["last_seen"] is None and second["known"] is False
     assert (data["score"], data["weakest"], data["unknown"]) == (0.0, 1, [1])
@@ -452,12 +454,15 @@ def test_mnestoma_vet_json_is_the_verdicts_dict(store: Mnestoma, store_url: str)
     result = run("vet", "search@1", "fetch", "summarise@1", "--json", "--database-url", store_url)
     assert result.exit_code == 0, (result.stdout, result.stderr)
     data = json.loads(result.stdout)
-    # the command's now is the wall clock's: weights decayed since the test clock's writes
+    # the command's now is the wall clock's: weights and counts decayed since the test
+    # clock's writes, so each seen link's p is lower too (its evidence faded; the unseen
+    # mass, which counts distinct successors, did not)
     expected = store.vet([("search", "1"), "fetch", ("summarise", "1")]).as_dict()
     for link, want in zip(data["links"], expected["links"], strict=True):
         assert link["weight"] <= want["weight"]
-        assert {k: v for k, v in link.items() if k != "weight"} == {
-            k: v for k, v in want.items() if k != "weight"
+        assert 0.0 < link["p"] <= want["p"]
+        assert {k: v for k, v in link.items() if k not in ("weight", "p")} == {
+            k: v for k, v in want.items() if k not in ("weight", "p")
         }
     assert data["steps"] == expected["steps"] and data["unknown"] == [] == expected["unknown"]
     assert math.isclose(data["score"], data["links"][0]["weight"] * data["links"][1]["weight"])
