@@ -76,7 +76,7 @@ FEEDING_STATEMENT = (
 # Reads leave no row behind, so the status can only say how a planner would read.
 READING_STATEMENT = (
     "read by: reads leave no trace in the store, so this cannot say who reads it; a planner "
-    "reads it only where it calls suggest_next, walk or rank."
+    "reads it only where it calls suggest_next, predict_next, walk or rank."
 )
 # The counters of an ager run, as ``AgerReport`` names and orders them.
 AGER_COUNTERS: tuple[str, ...] = tuple(f.name for f in fields(AgerReport))

@@ -88,6 +88,7 @@ SUBCOMMANDS = [
     ["events"],
     ["walk", "a"],
     ["suggest", "a"],
+    ["predict", "a", "b"],
     ["protos"],
     ["graph"],
     ["queries"],

@@ -67,6 +67,7 @@ COPY_LABELS = {
     "events": ("event", "events"),
     "canonical_query_log": ("query-log entry", "query-log entries"),
     "ager_runs": ("ager run", "ager runs"),
+    "mnest_chains": ("chain", "chains"),
 }
 
 
