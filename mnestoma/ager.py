@@ -71,6 +71,7 @@ from .rules import (
     AGER_BATCH_GROWN_MAX_S,
     AGER_BATCH_QUIET_TARGET_S,
     AGER_BATCH_ROWS,
+    AGER_LOCK_POLL_S,
     AGER_STOP_POLL_S,
     AGER_WAIT_WARN_S,
     AGER_WRITERS_PATIENCE_S,
@@ -141,9 +142,6 @@ logger = logging.getLogger("mnestoma.ager")
 
 # The ager's run lock (PostgreSQL advisory lock): the number after the migrations' lock.
 AGER_LOCK_KEY = MIGRATION_LOCK_KEY + 1
-# How often a second run of the ager looks whether the first has ended (SQLite; PostgreSQL
-# when its caller may stop it while it waits).
-AGER_LOCK_POLL_S = 0.05
 
 _INSERT_AGER_RUN = AGER_RUNS.insert()
 

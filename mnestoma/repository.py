@@ -328,8 +328,9 @@ class MnestRepository(GraphReads):
         occurrence: int = 1,
     ) -> Mnest:
         """Record a passing to an executor that does not exist yet: the proto row of
-        (src, src_version, dst), created at 0.30 or reinforced. The same as
-        ``record_passing(..., None, dst_exists=False, ...)``, with the same checks.
+        (src, src_version, dst), created at :data:`~mnestoma.rules.INITIAL_WEIGHT` or
+        reinforced. The same as ``record_passing(..., None, dst_exists=False, ...)``, with the
+        same checks.
 
         Returns:
             The proto row after the passing (created, or reinforced).

@@ -17,6 +17,7 @@ __all__ = [
     "AGER_BATCH_ROWS",
     "AGER_BATCH_TARGET_S",
     "AGER_FLUSH_AFTER_KIB",
+    "AGER_LOCK_POLL_S",
     "AGER_RETRY_PAUSE_MAX_S",
     "AGER_RETRY_PAUSE_S",
     "AGER_ROW_LOCK_TIMEOUT_S",
@@ -229,6 +230,9 @@ AGER_ROW_LOCK_TIMEOUT_S = 0.05
 AGER_RETRY_PAUSE_S = 0.01
 AGER_RETRY_PAUSE_MAX_S = 1.0
 AGER_STOP_POLL_S = 0.05
+# How often a second run of the ager looks whether the first has ended (SQLite; PostgreSQL
+# when its caller may stop it while it waits).
+AGER_LOCK_POLL_S = 0.05
 AGER_WAIT_WARN_S = 10.0
 # apply_ager on PostgreSQL, between two batches: while another session is in a transaction on
 # mnests (a writer mid-call), the run waits for it to end, looking again this often, up to
@@ -243,10 +247,11 @@ AGER_WRITERS_POLL_S = 0.001
 # process), a run piled up to 350 MB of them, which the OS wrote out in bursts 30 s later;
 # writers' worst stalls (up to 0.8 s, every commit queued on the WAL's fsync) came with them.
 AGER_FLUSH_AFTER_KIB = 256
-# The ager's thresholds (0.20, 0.05) are crossed only by more than this: SQLite (julianday,
-# milliseconds), PostgreSQL (epoch arithmetic) and Python compute an effective weight a few
-# units in the 13th digit apart, so a weight that is exactly at a threshold must not fall on
-# either side by rounding. 1e-9 is far above that noise and far below anything observable.
+# The ager's thresholds (DECAYING_BELOW, PROTO_PRUNE_BELOW, ARCHIVE_BELOW) are crossed only by more
+# than this: SQLite (julianday, milliseconds), PostgreSQL (epoch arithmetic) and Python compute an
+# effective weight a few units in the 13th digit apart, so a weight that is exactly at a threshold
+# must not fall on either side by rounding. 1e-9 is far above that noise and far below anything
+# observable.
 THRESHOLD_TOLERANCE = 1e-9
 MAX_NAME_LENGTH = 255
 MAX_JSON_DEPTH = 64  # containers nested in tags / desired_sig; deeper is InvalidInput
@@ -514,12 +519,13 @@ def is_below(effective: float, threshold: float) -> bool:
 
 
 def reinforce(effective: float) -> float:
-    """Weight after one more passing, from the effective weight now: +0.15, clamped to [0, 1]."""
+    """Weight after one more passing, from the effective weight now: + REINFORCEMENT, clamped
+    to [0, 1]."""
     return clamp_weight(effective + REINFORCEMENT)
 
 
 def reinforced_weight(weight: float, decay_lambda: float, since: datetime, now: datetime) -> float:
-    """Weight after one more passing: the decayed weight plus 0.15, clamped to [0, 1]."""
+    """Weight after one more passing: the decayed weight plus REINFORCEMENT, clamped to [0, 1]."""
     return reinforce(decayed_weight(weight, decay_lambda, since, now))
 
 
@@ -565,7 +571,7 @@ def check_transition(current: MnestState, target: MnestState, *, has_version: bo
 
 # =============================================================================================
 # Ranking (contract §9): the order in which a planner should try what follows an executor.
-# The primary key is the effective weight; its ties (frequent: +0.15 a use saturates at 1.0
+# The primary key is the effective weight; its ties (frequent: REINFORCEMENT a use saturates at 1.0
 # after six uses) are broken by the activation below, a pure function of uses, ts_first and
 # ts_last. ``rank`` and ``suggest_next`` both sort with :func:`ranking_key`.
 # =============================================================================================
@@ -692,10 +698,10 @@ CHAIN_DECAY_LAMBDA = DEFAULT_DECAY_LAMBDA
 # calibration error 0.025 on the ScienceWorld benchmark, docs/graph.md).
 CHAIN_SMOOTHING = 1.0
 EDGE_SMOOTHING = 1.0
-# The chain is the context used when its decayed count of passings is at least this: more
-# than one passing's worth (two passings within the last 16 days, at λ = 0.018); below it the
-# single edge answers alone. A chain seen once outweighed an edge's long history on BFCL's
-# traces (hit@1 0.593 with 0.5, 0.610 with 1.5; ScienceWorld's the same, docs/graph.md).
+# The chain is the context used when its decayed count of passings is at least this: more than one
+# passing's worth (two passings within the last 16 days, at DEFAULT_DECAY_LAMBDA); below it the
+# single edge answers alone. A chain seen once outweighed an edge's long history on BFCL's traces
+# (hit@1 0.593 with 0.5, 0.610 with 1.5; ScienceWorld's the same, docs/graph.md).
 CHAIN_MIN_SUPPORT = 1.5
 # A candidate never seen after the context gets the unseen mass shared as if among this many
 # executors (rank's candidates without evidence, vet's unseen links).
@@ -849,8 +855,8 @@ class AgerAction(StrEnum):
 
     KEEP = "keep"  # nothing written: decaying and superseded rows, live rows already at now
     DECAY = "decay"  # a live row's weight brought to now, ts_weight = now
-    DEMOTE = "demote"  # an active row below 0.20 becomes decaying at its effective weight
-    PRUNE = "prune"  # a proto below 0.05 is deleted (its events stay)
+    DEMOTE = "demote"  # an active row below DECAYING_BELOW becomes decaying, at its weight
+    PRUNE = "prune"  # a proto below PROTO_PRUNE_BELOW is deleted (its events stay)
 
 
 @dataclass(frozen=True, slots=True)
@@ -871,8 +877,9 @@ def archive_cutoff(now: datetime) -> datetime:
 
 
 def is_archive_candidate(state: str, effective: float, ts_last: datetime, now: datetime) -> bool:
-    """A decaying row whose effective weight at ``now`` is below 0.05 and whose last passing
-    is at least 90 days old: counted, never deleted."""
+    """A decaying row whose effective weight at ``now`` is below :data:`ARCHIVE_BELOW` and
+    whose last passing is at least :data:`ARCHIVE_AFTER_DAYS` days old: counted, never
+    deleted."""
     return (
         state == MnestState.DECAYING
         and is_below(effective, ARCHIVE_BELOW)

@@ -160,7 +160,7 @@ def check_recorder(value: Any) -> Recorder:
 
 
 def check_state(value: Any) -> MnestState:
-    """One of the four states, else InvalidInput."""
+    """One of the states of ``MnestState``, else InvalidInput."""
     return _member(MnestState, value, "state")
 
 

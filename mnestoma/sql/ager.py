@@ -206,8 +206,8 @@ def _insert_events(rows: Any) -> Insert:
 
 
 def _pairs_select(dialect: str, now: Any, batched: bool = False) -> Any:
-    """Actives below 0.20 whose key has a decaying row: one row per pair, with what the
-    merge needs of each. No plan may reach one side through an index on part of the key
+    """Actives below ``DECAYING_BELOW`` whose key has a decaying row: one row per pair, with
+    what the merge needs of each. No plan may reach one side through an index on part of the key
     (the (state, src) or the dst_executor index), nor scan one side for each row of the
     other: for a hub, each of its rows would read all the hub's edges, quadratic in its
     degree. SQLite's plan (no statistics) is fixed by the query; PostgreSQL's depends on
@@ -255,9 +255,9 @@ def _sqlite_pairs(now: Any, batched: bool) -> Any:
 
 
 def _postgresql_pairs(now: Any) -> Any:
-    """One pass over the candidates (actives below 0.20 and decaying rows) grouped by key (a
-    key holds at most one row per state): linear whatever the plan, with or without
-    statistics (a join on the key, planned without them, can take the dst_executor or the
+    """One pass over the candidates (actives below ``DECAYING_BELOW`` and decaying rows)
+    grouped by key (a key holds at most one row per state): linear whatever the plan, with or
+    without statistics (a join on the key, planned without them, can take the dst_executor or the
     (state, src) index, or scan one side for each row of the other); nothing is read when
     the store holds no versioned decaying row."""
     eff = decayed("postgresql", M.c.weight, M.c.decay_lambda, M.c.ts_weight, now)
@@ -298,7 +298,8 @@ def _any_versioned_decaying(table: NamedFromClause = M) -> Any:
 
 
 def _postgresql_batch_pairs(now: Any) -> Any:
-    """The merge pairs whose active row is in the batch: the batch's actives below 0.20
+    """The merge pairs whose active row is in the batch: the batch's actives below
+    ``DECAYING_BELOW``
     (a page range), each decaying twin looked up by the whole edge key (a lateral lookup,
     one probe of the edge-key index per candidate, whatever the statistics say). Both rows
     of a pair are locked as they are read, so the merge works from their latest committed

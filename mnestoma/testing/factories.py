@@ -243,7 +243,7 @@ class EventFactory(_MnestomaFactory):
         mnest = None
         reinforced = factory.Trait(
             kind=EventKind.REINFORCED.value,
-            weight_before=0.30,
+            weight_before=INITIAL_WEIGHT,
             weight_after=0.45,
             state_before=MnestState.ACTIVE.value,
         )

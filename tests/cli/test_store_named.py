@@ -22,6 +22,7 @@ COMMANDS = [
     ["events"],
     ["walk", "a"],
     ["suggest", "a"],
+    ["predict", "a", "b"],
     ["vet", "a@1", "b@1"],
     ["graph"],
     ["protos", "--min-uses", "1", "--min-weight", "0"],
@@ -35,7 +36,8 @@ COMMANDS = [
     ["db", "current"],
     ["db", "history", "--indicate-current"],
 ]
-JSON_COMMANDS = {"record", "edges", "events", "walk", "suggest", "vet", "protos", "queries"}
+JSON_COMMANDS = {"record", "edges", "events", "walk", "suggest", "predict", "vet", "protos"}
+JSON_COMMANDS |= {"queries"}
 JSON_COMMANDS |= {"promote", "transition", "age", "prune-events"}
 
 
