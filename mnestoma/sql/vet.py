@@ -26,6 +26,7 @@ from sqlalchemy import (
     Integer,
     Select,
     String,
+    and_,
     bindparam,
     case,
     cast,
@@ -99,6 +100,7 @@ def vet_statement(dialect: str, steps: int) -> Select[Any]:
             _step(f"v{i}", "sv"),
             _step(f"e{i + 1}", "d"),
             _step(f"v{i + 1}", "dv"),
+            (_step(f"e{i - 1}", "p") if i else cast(null(), String).label("p")),
         )
         for i in range(steps - 1)
     ]
@@ -145,68 +147,49 @@ def vet_statement(dialect: str, steps: int) -> Select[Any]:
         .select_from(links)
         .join(M, M.c.id == best_id)
     )
-    parts = [best]
-    for i in range(steps - 1):
-        parts.append(_edge_summary(dialect, i))
-        if i >= 1:
-            parts.append(_chain_summary(dialect, i))
-    everything = union_all(*parts).subquery("vetted")
+    edges = _summaries(dialect, links, EDGE_SUMMARY)
+    chains = _summaries(dialect, links, CHAIN_SUMMARY)
+    everything = union_all(best, edges, chains).subquery("vetted")
     return select(everything).order_by(everything.c.kind, everything.c.idx)
 
 
-def _summary(kind: int, i: int, total: Any, successors: Any, to_dst: Any) -> Select[Any]:
-    """A summary row of link ``i``'s evidence, padded to the statement's columns."""
-    return select(
-        literal_column(str(kind), Integer).label("kind"),
-        literal_column(str(i), Integer).label("idx"),
-        cast(null(), String).label("id"),
-        cast(null(), String).label("state"),
-        cast(null(), Float).label("effective"),
-        cast(null(), Integer).label("uses"),
-        cast(null(), Integer).label("ok_count"),
-        cast(null(), Integer).label("error_count"),
-        cast(null(), M.c.ts_last.type).label("ts_last"),
-        cast(total, Float).label("total"),
-        cast(successors, BigInteger).label("successors"),
-        cast(to_dst, Float).label("to_dst"),
-    )
-
-
-def _edge_summary(dialect: str, i: int) -> Select[Any]:
-    """Link ``i``'s source's active edges (at its version, when the step gives one): the
-    total of their decayed counts now, their distinct successors, the count to the link's
-    destination (counts of 0 left out, as ``predict_next`` leaves them)."""
-    count = decayed_count(dialect, M.c.decayed_uses, M.c.decay_lambda, M.c.ts_last, now_param())
-    dst = bindparam(f"e{i + 1}", type_=String)
-    version = bindparam(f"v{i}", type_=String)
-    return _summary(
-        EDGE_SUMMARY,
-        i,
-        func.coalesce(func.sum(count), 0.0),
-        func.count(M.c.dst_executor.distinct()),
-        func.coalesce(func.sum(case((M.c.dst_executor == dst, count), else_=0.0)), 0.0),
-    ).where(
-        is_active(M),
-        M.c.src_executor == bindparam(f"e{i}", type_=String),
-        or_(version.is_(None), M.c.src_version == version),
-        count > 0,
-    )
-
-
-def _chain_summary(dialect: str, i: int) -> Select[Any]:
-    """The chains after link ``i``'s two steps (the step before its source, its source):
-    the same three figures."""
-    lam = literal(CHAIN_DECAY_LAMBDA, Float)
-    count = decayed_count(dialect, C.c.decayed_uses, lam, C.c.ts_last, now_param())
-    dst = bindparam(f"e{i + 1}", type_=String)
-    return _summary(
-        CHAIN_SUMMARY,
-        i,
-        func.coalesce(func.sum(count), 0.0),
-        func.count(),
-        func.coalesce(func.sum(case((C.c.dst_executor == dst, count), else_=0.0)), 0.0),
-    ).where(
-        C.c.prev_executor == bindparam(f"e{i - 1}", type_=String),
-        C.c.src_executor == bindparam(f"e{i}", type_=String),
-        count > 0,
+def _summaries(dialect: str, links: Any, kind: int) -> Select[Any]:
+    """Per link, the evidence of its probability, padded to the statement's columns: the
+    total decayed count now of its source's active edges (at its version, when the step gives
+    one; ``kind`` EDGE_SUMMARY) or of the chains after its two steps (CHAIN_SUMMARY), their
+    distinct successors and the count to the link's destination; counts of 0 left out, as
+    ``predict_next`` leaves them. A link with none has no row."""
+    lk = links.c
+    if kind == EDGE_SUMMARY:
+        count = decayed_count(dialect, M.c.decayed_uses, M.c.decay_lambda, M.c.ts_last, now_param())
+        dst = M.c.dst_executor
+        on = and_(
+            is_active(M),
+            M.c.src_executor == lk.s,
+            or_(lk.sv.is_(None), M.c.src_version == lk.sv),
+        )
+        source = links.join(M, on)
+    else:
+        lam = literal(CHAIN_DECAY_LAMBDA, Float)
+        count = decayed_count(dialect, C.c.decayed_uses, lam, C.c.ts_last, now_param())
+        dst = C.c.dst_executor
+        source = links.join(C, and_(C.c.prev_executor == lk.p, C.c.src_executor == lk.s))
+    return (
+        select(
+            literal_column(str(kind), Integer).label("kind"),
+            lk.idx,
+            cast(null(), String).label("id"),
+            cast(null(), String).label("state"),
+            cast(null(), Float).label("effective"),
+            cast(null(), Integer).label("uses"),
+            cast(null(), Integer).label("ok_count"),
+            cast(null(), Integer).label("error_count"),
+            cast(null(), M.c.ts_last.type).label("ts_last"),
+            cast(func.sum(count), Float).label("total"),
+            cast(func.count(dst.distinct()), BigInteger).label("successors"),
+            cast(func.sum(case((dst == lk.d, count), else_=0.0)), Float).label("to_dst"),
+        )
+        .select_from(source)
+        .where(count > 0)
+        .group_by(lk.idx)
     )
