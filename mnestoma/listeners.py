@@ -22,13 +22,11 @@ from .locking import (
 )
 from .runner import own_listener
 
-__all__ = ["WRITE_OPTION", "configure_sqlite", "ensure_exp"]
+__all__ = ["WRITE_OPTION", "configure_sqlite"]
 
 # Execution option: on SQLite, transactions begin with the write lock whatever they run first
 # (for a caller's own read-then-write transactions).
 WRITE_OPTION = "mnestoma_write"
-# In a connection's info: exp() is known to be there (SQLite's own, or Python's).
-_EXP_INFO = "mnestoma_exp"
 
 
 def configure_sqlite(engine: Engine, *, busy_timeout_ms: int) -> None:
@@ -53,7 +51,11 @@ def configure_sqlite(engine: Engine, *, busy_timeout_ms: int) -> None:
         finally:
             cur.close()
         rest_busy_timeout(record.info, busy_timeout_ms)
-        ensure_exp(dbapi_conn, record.info)
+        try:
+            dbapi_conn.execute("SELECT exp(0.0)").fetchone()
+        except sqlite3.OperationalError:
+            # SQLite built without its math functions: the ager's SQL needs exp().
+            dbapi_conn.create_function("exp", 1, _safe_exp, deterministic=True)
 
     @own_listener
     def _before_execute(
@@ -89,20 +91,6 @@ def _begin_for(conn: Connection, statement: str) -> None:
     elif not is_transaction_control(statement):
         dbapi_conn.execute("BEGIN")
         conn.connection.info[SNAPSHOT_INFO] = True
-
-
-def ensure_exp(dbapi_conn: Any, info: dict[Any, Any]) -> None:
-    """Give a SQLite connection ``exp()`` where SQLite was built without its math functions
-    (the ager's SQL and a passing's statements need it): Python's ``math.exp``, which returns
-    what SQLite's own returns. Looked at once per connection (``info``): a connection of a
-    caller's own engine gets it at its first passing."""
-    if info.get(_EXP_INFO):
-        return
-    try:
-        dbapi_conn.execute("SELECT exp(0.0)").fetchone()
-    except sqlite3.OperationalError:
-        dbapi_conn.create_function("exp", 1, _safe_exp, deterministic=True)
-    info[_EXP_INFO] = True
 
 
 def _safe_exp(x: float | None) -> float | None:

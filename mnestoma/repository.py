@@ -30,7 +30,6 @@ from .errors import (
     translate_errors,
 )
 from .graph import GraphReads
-from .listeners import ensure_exp
 from .locking import take_write_lock
 from .models import CanonicalQuery, Event, Mnest
 from .partitions import (
@@ -122,9 +121,10 @@ _WEIGHT, _LAMBDA, _TS_WEIGHT, _TS_LAST = (
 _TAGS, _SIG = _COL["tags"], _COL["desired_sig"]
 _OK, _ERROR = _COL["ok_count"], _COL["error_count"]
 _DECAYED_USES = _COL["decayed_uses"]
+# SQLite's lookup with a turn (sql.record.select_one_counted): the row, then its flag.
+_COUNTED = len(MNEST_COLUMNS)
 Row = tuple[Any, ...]
 _REINFORCED = EventKind.REINFORCED.value
-_CREATED = EventKind.CREATED.value
 # Where PostgreSQL's one-statement reinforcement finds its event values in an event tuple.
 _PG_REINFORCE_EVENT_AT = tuple(rec.EVENT_ROW.index(n) for n in rec.PG_REINFORCE_EVENT_PARAMS)
 
@@ -133,16 +133,16 @@ _PG_REINFORCE_EVENT_AT = tuple(rec.EVENT_ROW.index(n) for n in rec.PG_REINFORCE_
 Plans = Mapping[str, Sequence[tuple[Executable, tuple[str, ...]]]]
 
 
-def _one_passing_plans(proto: bool) -> Plans:
-    """What :meth:`MnestRepository._record_one` runs, on each engine (SQLite: the statements
-    of a passing computed by the database; what Python computes instead, rarely, is
-    compiled when first needed)."""
+def _one_passing_plans(proto: bool, turn: bool) -> Plans:
+    """What :meth:`MnestRepository._record_one` runs, on each engine, for a passing with a
+    turn or without one."""
     sel: Executable = rec.SELECT_ONE_PROTO if proto else rec.SELECT_ONE_ACTIVE
     event = (rec.INSERT_EVENT, rec.EVENT_ROW)
     return {
         "sqlite": (
-            (rec.sqlite_passing_event(proto), ()),
-            (rec.SQLITE_REINFORCE_RETURNING, ()),
+            (rec.select_one_counted(proto) if turn else sel, ()),
+            (rec.UPDATE_REINFORCE, rec.REINFORCE_ROW),
+            event,
             (rec.INSERT_MNEST_LOCKED, MNEST_COLUMNS),
         ),
         "postgresql": (
@@ -154,7 +154,11 @@ def _one_passing_plans(proto: bool) -> Plans:
     }
 
 
-_ONE_PASSING_PLANS = {proto: _one_passing_plans(proto) for proto in (False, True)}
+_ONE_PASSING_PLANS = {
+    (proto, turn): _one_passing_plans(proto, turn)
+    for proto in (False, True)
+    for turn in (False, True)
+}
 
 
 def _key(p: Passing) -> Key:
@@ -401,27 +405,20 @@ class MnestRepository(GraphReads):
         proto = not p.dst_exists
         sel = rec.SELECT_ONE_PROTO if proto else rec.SELECT_ONE_ACTIVE
         params = _key_params(_key(p))
-        new_id = new_mnest_id()
-        ex = self._write_ex(_ONE_PASSING_PLANS[proto])
+        ex = self._write_ex(_ONE_PASSING_PLANS[(proto, turn_id is not None)])
         if ex.dialect == "sqlite":
-            now = self._write_now(ex)  # read once the write lock is held
-            done = self._computed_passing(ex, p, params, turn_id, now, recorder, occurrence, new_id)
-            if done is not None:
-                return done
-            # The turn counted this occurrence already, or the row's instants are in a text
-            # form the statement does not read: the same passing, computed by Python.
-            row = ex.first(sel, params)
-            if row is not None:
-                return self._passing_on(ex, row, p, turn_id, now, recorder, occurrence)
-            values, ev = self._creation(p, turn_id, now, recorder, occurrence, new_id)
-            ex.many(rec.INSERT_MNEST_LOCKED, [values], MNEST_COLUMNS)  # under the write lock
-            ex.many(rec.INSERT_EVENT, [ev], rec.EVENT_ROW)
-            return functools.partial(snap.mnest, values)
+            return self._record_one_locked(ex, sel, p, params, turn_id, recorder, occurrence)
         for _ in range(RACE_ROUNDS):
             row = ex.first(sel, params)
-            now = self._write_now(ex)  # read once the row is locked
+            now = self._write_now(ex)  # read once the write lock is held
             if row is not None:
-                return self._passing_on(ex, row, p, turn_id, now, recorder, occurrence)
+                counted = {"turn_id": turn_id, "mid": row[_ID], "occ": occurrence}
+                if turn_id is not None and ex.first(rec.TURN_COUNTED_ONE, counted) is not None:
+                    return functools.partial(snap.mnest, row)
+                values, ev = self._reinforcement(row, p, turn_id, now, recorder, occurrence)
+                both = values + tuple(ev[i] for i in _PG_REINFORCE_EVENT_AT)
+                ex.many(rec.PG_REINFORCE_WITH_EVENT, [both], rec.PG_REINFORCE_ROW)
+                return functools.partial(_reinforced_mnest, row, values)
             values, ev = self._creation(p, turn_id, now, recorder, occurrence)
             (new_row,) = as_mappings(MNEST_COLUMNS, [values])
             if ex.first(rec.insert_mnest(ex.dialect), new_row) is not None:
@@ -430,77 +427,39 @@ class MnestRepository(GraphReads):
             # Another transaction created the row first: lock it and reinforce instead.
         raise RaceLost("could not record the passing: the edge kept changing under us")
 
-    def _passing_on(
+    def _record_one_locked(
         self,
         ex: StatementRunner,
-        row: Row,
-        p: Passing,
-        turn_id: str | None,
-        now: datetime,
-        recorder: str,
-        occurrence: int,
-    ) -> Callable[[], Mnest]:
-        """One passing of the live ``row`` (locked), computed by Python: nothing when its turn
-        counted this occurrence already, else the reinforcement and its event."""
-        counted = {"turn_id": turn_id, "mid": row[_ID], "occ": occurrence}
-        if turn_id is not None and ex.first(rec.TURN_COUNTED_ONE, counted) is not None:
-            return functools.partial(snap.mnest, row)
-        values, ev = self._reinforcement(row, p, turn_id, now, recorder, occurrence)
-        if ex.dialect == "postgresql":
-            both = values + tuple(ev[i] for i in _PG_REINFORCE_EVENT_AT)
-            ex.many(rec.PG_REINFORCE_WITH_EVENT, [both], rec.PG_REINFORCE_ROW)
-        else:
-            ex.many(rec.UPDATE_REINFORCE, [values], rec.REINFORCE_ROW)
-            ex.many(rec.INSERT_EVENT, [ev], rec.EVENT_ROW)
-        return functools.partial(_reinforced_mnest, row, values)
-
-    def _computed_passing(
-        self,
-        ex: StatementRunner,
+        sel: Executable,
         p: Passing,
         key: dict[str, Any],
         turn_id: str | None,
-        now: datetime,
         recorder: str,
         occurrence: int,
-        new_id: str,
-    ) -> Callable[[], Mnest] | None:
-        """SQLite, under the write lock: one passing in two statements, the database
-        computing the reinforcement (bit for bit the rules' numbers): the event, then the
-        row. None when nothing was written: the turn counted this occurrence already, or
-        the row's instants are not in the text form the statement reads."""
-        ensure_exp(ex.conn.connection.dbapi_connection, ex.conn.connection.info)
-        args = {
-            **key,
-            "now": now,
-            "turn_id": turn_id,
-            "recorder": recorder,
-            "outcome": p.outcome,
-            "occurrence": occurrence,
-            "new_id": new_id,
-        }
-        event = ex.first(rec.sqlite_passing_event(not p.dst_exists), args)
-        if event is None:
-            return None
-        mnest_id, kind, weight = event
-        if kind == _CREATED:
-            values = self._new_row(p, now, new_id)
-            ex.many(rec.INSERT_MNEST_LOCKED, [values], MNEST_COLUMNS)  # under the write lock
+    ) -> Callable[[], Mnest]:
+        """SQLite, under the write lock (no other writer can create the key meanwhile): one
+        lookup, which with a turn also says whether the turn counted this occurrence already,
+        then the row's write and its event. A read and two writes, the fewest for numbers
+        Python computes; SQLite computing them in two statements (an INSERT ... SELECT and
+        an UPDATE ... RETURNING, exact on its text instants) spends more time in the
+        database than the statement saves in Python."""
+        if turn_id is None:
+            row = ex.first(sel, key)
+        else:
+            counted = {**key, "turn_id": turn_id, "occ": occurrence}
+            row = ex.first(rec.select_one_counted(not p.dst_exists), counted)
+        now = self._write_now(ex)  # read once the write lock is held
+        if row is None:
+            values, ev = self._creation(p, turn_id, now, recorder, occurrence)
+            ex.many(rec.INSERT_MNEST_LOCKED, [values], MNEST_COLUMNS)
+            ex.many(rec.INSERT_EVENT, [ev], rec.EVENT_ROW)
             return functools.partial(snap.mnest, values)
-        ok, error = outcome_counts(p.outcome)
-        changed = {
-            "b_id": mnest_id,
-            "b_weight": weight,
-            "now": now,
-            "b_tags": p.tags,
-            "b_desired_sig": p.desired_sig,
-            "b_ok": ok,
-            "b_error": error,
-        }
-        row = ex.first_later(rec.SQLITE_REINFORCE_RETURNING, changed)
-        if row is None:  # the row its event was computed from, gone: never under the lock
-            raise RaceLost("could not record the passing: the edge changed under us")
-        return functools.partial(_returned_mnest, row, p.tags, p.desired_sig)
+        if turn_id is not None and row[_COUNTED]:
+            return functools.partial(snap.mnest, row)
+        values, ev = self._reinforcement(row, p, turn_id, now, recorder, occurrence)
+        ex.many(rec.UPDATE_REINFORCE, [values], rec.REINFORCE_ROW)
+        ex.many(rec.INSERT_EVENT, [ev], rec.EVENT_ROW)
+        return functools.partial(_reinforced_mnest, row, values)
 
     def _result(self, build: Callable[[], T]) -> T:
         """The result ``build`` makes: now, or, where the unit of work asked for it
@@ -705,37 +664,13 @@ class MnestRepository(GraphReads):
         return values, ev
 
     def _creation(
-        self,
-        p: Passing,
-        turn_id: str | None,
-        now: datetime,
-        recorder: str,
-        occurrence: int = 1,
-        mnest_id: str | None = None,
+        self, p: Passing, turn_id: str | None, now: datetime, recorder: str, occurrence: int = 1
     ) -> tuple[Row, Row]:
         """A new row (the table's columns in order, as :func:`~mnestoma.snapshots.mnest`
-        takes them; a fresh id unless given) and its event."""
-        values = self._new_row(p, now, new_mnest_id() if mnest_id is None else mnest_id)
-        ev = _event(
-            values[_ID],
-            EventKind.CREATED,
-            now,
-            turn_id=turn_id,
-            weight_before=None,
-            weight_after=INITIAL_WEIGHT,
-            state_before=None,
-            state_after=values[_STATE],
-            recorder=recorder,
-            outcome=p.outcome,
-            occurrence=occurrence,
-        )
-        return values, ev
-
-    @staticmethod
-    def _new_row(p: Passing, now: datetime, mnest_id: str) -> Row:
-        """The row a first passing creates (the table's columns in order)."""
+        takes them) and its event."""
         state = MnestState.ACTIVE if p.dst_exists else MnestState.PROTO
-        return (
+        mnest_id = new_mnest_id()
+        values = (
             mnest_id,
             p.src_executor,
             p.src_version,
@@ -753,6 +688,20 @@ class MnestRepository(GraphReads):
             *outcome_counts(p.outcome),
             1.0,  # decayed_uses: one passing, now
         )
+        ev = _event(
+            mnest_id,
+            EventKind.CREATED,
+            now,
+            turn_id=turn_id,
+            weight_before=None,
+            weight_after=INITIAL_WEIGHT,
+            state_before=None,
+            state_after=state.value,
+            recorder=recorder,
+            outcome=p.outcome,
+            occurrence=occurrence,
+        )
+        return values, ev
 
     # --- reading ----------------------------------------------------------------------
 
@@ -1379,19 +1328,6 @@ class MnestRepository(GraphReads):
 def _cutoff(before: Any) -> datetime:
     """A prune's cutoff: an aware instant the store can hold, else InvalidInput."""
     return ensure_instant(before, "before")
-
-
-def _returned_mnest(later: Callable[[], Row], tags: Any, desired_sig: Any) -> Mnest:
-    """The snapshot of a row SQLite's reinforcement returned (converted now): the passing's
-    own ``tags`` and ``desired_sig`` where it gave them, as they were given."""
-    row = later()
-    # RETURNING gives a REAL column's whole number as an integer (SQLite stores it so)
-    changes = {i: float(row[i]) for i in (_WEIGHT, _LAMBDA, _DECAYED_USES)}
-    if tags is not None:
-        changes[_TAGS] = tags
-    if desired_sig is not None:
-        changes[_SIG] = desired_sig
-    return snap.mnest(_with(row, changes))
 
 
 def _reinforced_mnest(row: Row, values: Row) -> Mnest:

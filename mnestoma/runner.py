@@ -21,7 +21,6 @@ SQLAlchemy again and is seen there (SQLite: ``exec_driver_sql``; PostgreSQL: Cor
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import operator
 import sqlite3
@@ -59,12 +58,6 @@ Params = Mapping[str, Any]
 # The parameter sets of an executemany: mappings, or with ``Columns``, tuples in their order.
 ParamRows = Sequence[Params] | Sequence[Sequence[Any]]
 Columns = tuple[str, ...] | None
-# A row whose values are converted when it is called (StatementRunner.first_later).
-Later = Callable[[], tuple[Any, ...]]
-
-
-def _as_given(row: tuple[Any, ...]) -> tuple[Any, ...]:
-    return row
 
 
 class StatementRunner:
@@ -113,14 +106,6 @@ class StatementRunner:
     def scalars(self, stmt: Executable, params: Params | None = None) -> list[Any]:
         """The first column of every row."""
         return [r[0] for r in self.rows(stmt, params)]
-
-    def first_later(self, stmt: Executable, params: Params) -> Later | None:
-        """Run ``stmt``; None when it returns no row, else what gives its first row: the
-        values converted by their column types when it is called (where the statement ran at
-        the driver; here, SQLAlchemy has converted them already). A write calls it once it
-        has committed, outside the write lock."""
-        row = self.first(stmt, params)
-        return None if row is None else functools.partial(_as_given, row)
 
     def many(self, stmt: Executable, rows: ParamRows, columns: Columns = None) -> None:
         """Run an INSERT or UPDATE once per parameter set (executemany); no result. Each
@@ -247,28 +232,22 @@ class _Prepared:
             self.resolved[:] = [found]
         return found
 
-    def fetch(self, cursor: Any, convert: bool = True) -> list[tuple[Any, ...]]:
-        """The rows of an executed cursor, converted as their column types would be (or as
-        the driver gives them, without ``convert``: :meth:`converted_row` converts one)."""
+    def fetch(self, cursor: Any) -> list[tuple[Any, ...]]:
+        """The rows of an executed cursor, converted as their column types would be."""
         if not self.result_types and not cursor.description:
             return []  # no result set (a write without RETURNING)
         raw = cursor.fetchall()
         results = self.results(cursor)
-        if not results or not convert:
+        if not results:
             return cast(list[tuple[Any, ...]], raw)
-        return [self._convert(r, results) for r in raw]
-
-    @staticmethod
-    def _convert(row: Sequence[Any], results: tuple[tuple[int, Processor], ...]) -> tuple[Any, ...]:
-        values = list(row)
-        for i, process in results:
-            if values[i] is not None:
-                values[i] = process(values[i])
-        return tuple(values)
-
-    def converted_row(self, row: Sequence[Any]) -> tuple[Any, ...]:
-        """A row :meth:`fetch` gave unconverted, converted (its processors were found then)."""
-        return self._convert(row, self.resolved[0]) if self.resolved else tuple(row)
+        out = []
+        for r in raw:
+            values = list(r)
+            for i, process in results:
+                if values[i] is not None:
+                    values[i] = process(values[i])
+            out.append(tuple(values))
+        return out
 
 
 # Compiled statements, least recently used first out. Each entry holds its statement: while
@@ -463,7 +442,7 @@ class DriverRunner(StatementRunner):
         return dbapi
 
     def _at_driver(
-        self, dbapi: Any, prepared: _Prepared, data: Any, many: bool, convert: bool = True
+        self, dbapi: Any, prepared: _Prepared, data: Any, many: bool
     ) -> list[tuple[Any, ...]]:
         """Run ``prepared`` on a driver cursor, after the package's own listeners, as
         SQLAlchemy would run them; its rows (none for a write without RETURNING). A driver
@@ -479,7 +458,7 @@ class DriverRunner(StatementRunner):
                     cursor.executemany(sql, data)
                     return []
                 cursor.execute(sql, data)
-                return prepared.fetch(cursor, convert)
+                return prepared.fetch(cursor)
             finally:
                 cursor.close()
         except dbapi_errors(self.conn) as err:
@@ -510,23 +489,6 @@ class DriverRunner(StatementRunner):
                 return prepared.fetch(result.cursor) if result.cursor else []
             finally:
                 result.close()
-
-    def first_later(self, stmt: Executable, params: Params) -> Later | None:
-        prepared = self._planned(stmt, ())
-        dbapi = None if prepared is None else self._driver()
-        if prepared is None or (dbapi is None and self._core_fallback):
-            return super().first_later(stmt, params)
-        args = prepared.args(params, self._instants)
-        if dbapi is not None:
-            found = self._at_driver(dbapi, prepared, args, False, convert=False)
-        else:
-            with translate_errors():
-                result = self.conn.exec_driver_sql(prepared.sql, args)
-                try:
-                    found = prepared.fetch(result.cursor, convert=False) if result.cursor else []
-                finally:
-                    result.close()
-        return functools.partial(prepared.converted_row, found[0]) if found else None
 
     def many(self, stmt: Executable, rows: ParamRows, columns: Columns = None) -> None:
         if not rows:

@@ -13,40 +13,25 @@ from sqlalchemy import (
     Insert,
     Integer,
     Select,
-    String,
     TextClause,
     Update,
-    and_,
     bindparam,
     exists,
-    func,
     insert,
-    literal_column,
-    null,
     or_,
     select,
     text,
-    union_all,
     update,
 )
 from sqlalchemy.dialects import postgresql as pg_dialect
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 
-from ..rules import INITIAL_WEIGHT, PASSING_KINDS, EventKind, MnestState, sql_literal
-from ..sqlrules import (
-    advanced,
-    exact_real,
-    now_param,
-    reinforced_sqlite,
-    sqlite_exact_counted_passing,
-    sqlite_exact_decayed,
-    sqlite_exact_instant,
-)
+from ..rules import PASSING_KINDS, MnestState
 from . import tables
 from .tables import EVENTS as E
 from .tables import MNESTS as M
 from .tables import QUERIES as Q
-from .tables import EventRow, Key, key_is, kind_in
+from .tables import Key, key_is, kind_in
 
 __all__ = [
     "EVENT_ROW",
@@ -64,8 +49,6 @@ __all__ = [
     "SELECT_ONE_ACTIVE",
     "SELECT_ONE_PROTO",
     "SET_STATE",
-    "SQLITE_PASSING_PARAMS",
-    "SQLITE_REINFORCE_RETURNING",
     "TURN_COUNTED",
     "TURN_COUNTED_ONE",
     "TURN_SEEN",
@@ -74,8 +57,8 @@ __all__ = [
     "key_params",
     "key_taken",
     "select_keys",
+    "select_one_counted",
     "shape_size",
-    "sqlite_passing_event",
 ]
 
 # A turn's keys are locked and read by statements of at most this many keys each.
@@ -134,6 +117,25 @@ TURN_COUNTED_ONE = select(E.c.mnest_id).where(
     E.c.occurrence == bindparam("occ"),
     _COUNTED,
 )
+
+
+@functools.cache
+def select_one_counted(proto: bool) -> Select[Any]:
+    """SQLite, under the write lock: the live row of a key (a versioned key, or a proto's)
+    and, as its last column, whether the turn ``:turn_id`` counted occurrence ``:occ`` of it
+    already (one probe of ``ux_events_turn_edge`` in the same statement, instead of
+    :data:`TURN_COUNTED_ONE` after it)."""
+    state = MnestState.PROTO if proto else MnestState.ACTIVE
+    counted = exists(
+        select(E.c.id).where(
+            E.c.turn_id == bindparam("turn_id"),
+            E.c.mnest_id == M.c.id,
+            E.c.occurrence == bindparam("occ"),
+            _COUNTED,
+        )
+    )
+    return select(M, counted.label("counted")).where(key_is(M, proto=proto, state=state))
+
 
 # The parameters of UPDATE_REINFORCE, in the order of the tuples the repository builds.
 REINFORCE_ROW = (
@@ -204,133 +206,6 @@ def _reinforce_with_event() -> Insert:
 
 
 PG_REINFORCE_WITH_EVENT = _reinforce_with_event()
-
-# SQLite, one passing under the write lock, computed by the database (contract §4's rules
-# with sqlrules' exact twins, bit for bit what mnestoma.rules computes): first the event
-# (sqlite_passing_event), then the row (SQLITE_REINFORCE_RETURNING, or INSERT_MNEST_LOCKED for
-# a first passing), instead of a read, Python and two writes.
-
-# The parameters of sqlite_passing_event besides the key's (:s, :sv, :d and :dv).
-SQLITE_PASSING_PARAMS = ("now", "turn_id", "recorder", "outcome", "occurrence", "new_id")
-
-
-def _passing_binds() -> dict[str, Any]:
-    """The bound values of a passing's event other than the key's, each typed by its column."""
-    return {
-        name: bindparam(name, type_=E.c[name].type)
-        for name in ("turn_id", "recorder", "outcome", "occurrence")
-    }
-
-
-@functools.cache
-def sqlite_passing_event(proto: bool) -> Insert:
-    """SQLite, under the write lock: the event of one passing of a key (a versioned key, or a
-    proto's), ``RETURNING mnest_id, kind, weight_after``.
-
-    A live row of the key gets its ``reinforced`` event, computed from the row as it is:
-    ``ts`` its ``ts_last`` moved to ``:now`` (never back), ``weight_before`` its weight
-    decayed to its ``ts_weight`` moved to ``:now``, ``weight_after`` that plus 0.15,
-    clamped. A key without a live row gets the ``created`` event of the row ``:new_id``.
-    Nothing is inserted, and nothing returned, when the turn counted this occurrence of the
-    row already (``ux_events_turn_edge``: ``ON CONFLICT DO NOTHING``), nor when the row's
-    instants are not in the text form the exact twins read: the caller then does what
-    Python computes. The row's own change follows (:data:`SQLITE_REINFORCE_RETURNING`,
-    given the weight returned, or :data:`INSERT_MNEST_LOCKED`).
-    """
-    state = MnestState.PROTO if proto else MnestState.ACTIVE
-    now = now_param()
-    binds = _passing_binds()
-    # The live row, its values computed once (LIMIT: a subquery of a compound SELECT's arm
-    # that SQLite does not flatten, so that weight_after reads weight_before, not its formula
-    # again). The decay is to ts_weight moved to now: the days from ts_weight to now, which
-    # days_between's clamp at 0 makes the same number.
-    live = (
-        select(
-            M.c.id,
-            M.c.state,
-            advanced(M.c.ts_last, now).label("ts"),
-            sqlite_exact_decayed(M.c.weight, M.c.decay_lambda, M.c.ts_weight, now).label("before"),
-        )
-        .where(
-            key_is(M, proto=proto, state=state),
-            sqlite_exact_instant(M.c.ts_last),
-            sqlite_exact_instant(M.c.ts_weight),
-        )
-        .limit(literal_column("-1"))
-        .offset(literal_column("0"))
-        .subquery("live")
-    )
-    again = EventRow(
-        mnest_id=live.c.id,
-        kind=literal_column(sql_literal(EventKind.REINFORCED), String),
-        ts=live.c.ts,
-        weight_before=live.c.before,
-        weight_after=reinforced_sqlite(live.c.before),
-        state_before=live.c.state,
-        state_after=live.c.state,
-        reason=null(),
-        related_id=null(),
-        **binds,
-    )
-    first = EventRow(
-        mnest_id=bindparam("new_id", type_=E.c.mnest_id.type),
-        kind=literal_column(sql_literal(EventKind.CREATED), String),
-        ts=now,
-        weight_before=null(),
-        weight_after=exact_real(INITIAL_WEIGHT),
-        state_before=null(),
-        state_after=literal_column(sql_literal(state), String),
-        reason=null(),
-        related_id=null(),
-        **binds,
-    )
-    no_live_row = ~exists(select(M.c.id).where(key_is(M, proto=proto, state=state)))
-    passing = union_all(
-        select(*again.select_list()),
-        select(*first.select_list()).where(no_live_row),
-    )
-    return (
-        sqlite_dialect.insert(E)
-        .from_select(list(tables.EVENT_ROW), passing)
-        .on_conflict_do_nothing(
-            index_elements=[E.c.turn_id, E.c.mnest_id, E.c.occurrence],
-            index_where=and_(E.c.turn_id.is_not(None), kind_in(E, PASSING_KINDS)),
-        )
-        .returning(E.c.mnest_id, E.c.kind, E.c.weight_after)
-    )
-
-
-def _sqlite_reinforce_returning() -> Update:
-    """SQLite: the reinforced row, given its event's ``weight_after`` (``:b_weight``, the
-    weight exactly as computed there), ``RETURNING`` the row: ``ts_last`` and ``ts_weight``
-    moved to ``:now`` (never back), ``decayed_uses`` decayed to the new ``ts_last`` plus one,
-    the outcome counted, ``tags`` and ``desired_sig`` replaced when given (not NULL). The
-    count decays over the days from ts_last to now (the same number as to ts_last moved to
-    now: days_between is clamped at 0)."""
-    now = now_param()
-    return (
-        update(M)
-        .where(M.c.id == bindparam("b_id"))
-        .values(
-            weight=bindparam("b_weight", type_=Float),
-            uses=M.c.uses + literal_column("1", Integer),
-            ts_last=advanced(M.c.ts_last, now),
-            ts_weight=advanced(M.c.ts_weight, now),
-            tags=func.coalesce(bindparam("b_tags", type_=M.c.tags.type), M.c.tags),
-            desired_sig=func.coalesce(
-                bindparam("b_desired_sig", type_=M.c.desired_sig.type), M.c.desired_sig
-            ),
-            ok_count=M.c.ok_count + bindparam("b_ok", type_=Integer),
-            error_count=M.c.error_count + bindparam("b_error", type_=Integer),
-            decayed_uses=sqlite_exact_counted_passing(
-                M.c.decayed_uses, M.c.decay_lambda, M.c.ts_last, now
-            ),
-        )
-        .returning(*M.c)
-    )
-
-
-SQLITE_REINFORCE_RETURNING = _sqlite_reinforce_returning()
 
 # PostgreSQL: what a turn takes before retrying; it conflicts with the EXCLUSIVE lock of a
 # whole run of the ager in one transaction, not with other writers (nor with the ager's

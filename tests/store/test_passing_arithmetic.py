@@ -1,6 +1,7 @@
-"""SQLite computes a passing in its statements (the event, then the row): bit for bit the
-numbers of the pure rules, on generated rows and clocks, clamps at 1, exp's underflow, gaps
-of years and centuries, a clock stepping back; text in another form goes to Python."""
+"""A passing's numbers are the pure rules' bit for bit, through the facade on each engine:
+the returned snapshot, the stored row and the event, on generated rows and clocks (clamps
+at 1, exp's underflow, gaps of years and millennia, a clock stepping back); on SQLite, a row
+whose instants another tool wrote in another text form, and the statements a passing runs."""
 
 from __future__ import annotations
 
@@ -8,19 +9,18 @@ import itertools
 import math
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
-from sqlalchemy import bindparam, event, select, text, update
+from sqlalchemy import event, text, update
 
 import mnestoma
-from mnestoma import rules, sqlrules
+from mnestoma import rules
 from mnestoma.clock import MovableClock
-from mnestoma.sql.tables import EVENTS, MNESTS
-from mnestoma.types import EARLIEST_CLOCK, EARLIEST_INSTANT, INSTANTS_END, UTCDateTime
+from mnestoma.sql.tables import MNESTS
+from mnestoma.types import EARLIEST_CLOCK, EARLIEST_INSTANT, INSTANTS_END
 
 SETTINGS = settings(
     max_examples=150,
@@ -66,11 +66,17 @@ def clock() -> MovableClock:
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory, clock: MovableClock) -> Iterator[Any]:
-    path: Path = tmp_path_factory.mktemp("exact") / "exact.sqlite"
-    m = mnestoma.Mnestoma(f"sqlite:///{path}", clock=clock)
+def store(module_store_url: str, clock: MovableClock) -> Iterator[Any]:
+    m = mnestoma.Mnestoma(module_store_url, clock=clock)
     yield m
     m.close()
+
+
+@pytest.fixture
+def sqlite_store(store: Any) -> Any:
+    if store.engine.dialect.name != "sqlite":
+        pytest.skip("SQLite's text instants and statements")
+    return store
 
 
 _names = itertools.count()
@@ -169,7 +175,7 @@ def _check_passing(
     now_gap=timedelta(days=365 * 3000, microseconds=123_457),
     count=7.0,
 )
-@example(  # found: a stored instant compared with a year (a DATETIME column's affinity)
+@example(  # ts_last 2,480 years back, now a moment before ts_weight
     weight=0.0,
     lam=7.219178396661042e-08,
     ts_weight=datetime(3482, 1, 1, tzinfo=UTC),
@@ -177,7 +183,7 @@ def _check_passing(
     now_gap=timedelta(microseconds=-28710),
     count=1.0,
 )
-def test_the_sql_passing_is_the_rules_passing_bit_for_bit(
+def test_a_passing_is_the_rules_passing_bit_for_bit(
     store: Any,
     clock: MovableClock,
     weight: float,
@@ -205,44 +211,10 @@ def test_gaps_of_years_decay_as_python_decays_them(
     _check_passing(store, clock, 0.7, lam, then, then, 3.5, now)
 
 
-@settings(max_examples=1500, deadline=None)
-@given(a=instants, b=instants)
-@example(a=datetime(1001, 1, 1, tzinfo=UTC), b=LAST_INSTANT)
-@example(a=LAST_INSTANT, b=datetime(1001, 1, 1, tzinfo=UTC))
-def test_the_sql_day_count_is_pythons_bit_for_bit(
-    sqlite_engine: Any, a: datetime, b: datetime
+def test_instants_another_tool_wrote_in_another_text_form_are_read_right(
+    sqlite_store: Any, clock: MovableClock
 ) -> None:
-    since, now = bindparam("a", type_=UTCDateTime()), bindparam("b", type_=UTCDateTime())
-    query = select(
-        sqlrules.sqlite_exact_days_between(since, now),
-        sqlrules.sqlite_exact_microseconds(since, now),
-    )
-    with sqlite_engine.connect() as conn:
-        days, micros = conn.execute(query, {"a": a, "b": b}).one()
-    assert micros == (b - a) // timedelta(microseconds=1)
-    assert _bits(days) == _bits(rules.days_between(a, b))
-
-
-@pytest.fixture(scope="module")
-def sqlite_engine(store: Any) -> Any:
-    return store.engine
-
-
-@pytest.mark.parametrize(
-    "effective", [0.0, 5e-324, 0.3, 0.85, math.nextafter(0.85, 0.0), math.nextafter(0.85, 1.0), 1.0]
-)
-def test_the_sql_reinforcement_clamps_as_python_does(sqlite_engine: Any, effective: float) -> None:
-    with sqlite_engine.connect() as conn:
-        got = conn.execute(
-            select(sqlrules.reinforced_sqlite(bindparam("w", type_=MNESTS.c.weight.type))),
-            {"w": effective},
-        ).scalar_one()
-    assert _bits(got) == _bits(rules.reinforce(effective))
-
-
-def test_instants_in_another_text_form_are_computed_by_python(
-    store: Any, clock: MovableClock
-) -> None:
+    store = sqlite_store
     key = _seeded(store, clock, weight=0.5)
     with store.engine.begin() as conn:  # as another tool may write them
         conn.execute(
@@ -257,39 +229,28 @@ def test_instants_in_another_text_form_are_computed_by_python(
     assert got.ts_weight == now and got.uses == 2
 
 
-def test_a_reinforcement_is_two_statements_and_a_creation_two(
-    store: Any, clock: MovableClock
+def test_a_passing_is_a_lookup_and_two_writes_with_a_turn_or_without(
+    sqlite_store: Any, clock: MovableClock
 ) -> None:
+    store = sqlite_store
     seen: list[str] = []
 
     def listener(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
-        seen.append(" ".join(statement.split()[:3]))
+        seen.append(" ".join(statement.split()[:2]))
 
     key = (f"s{next(_names)}", "1", "d", "1")
     clock.set(T0)
+    calls: list[list[str]] = []
     event.listen(store.engine, "before_cursor_execute", listener)
     try:
-        store.record_passing(*key)
-        created = list(seen)
-        seen.clear()
-        store.record_passing(*key, turn_id="t")
-        reinforced = list(seen)
-        seen.clear()
-        store.record_passing(*key, turn_id="t")  # counted already: nothing written
-        again = list(seen)
+        for turn in (None, None, "t", "t"):
+            seen.clear()
+            store.record_passing(*key, turn_id=turn)
+            calls.append(list(seen))
     finally:
         event.remove(store.engine, "before_cursor_execute", listener)
-    assert created == ["INSERT INTO events", "INSERT INTO mnests"]
-    assert reinforced == ["INSERT INTO events", "UPDATE mnests SET"]
-    assert again[0] == "INSERT INTO events" and "UPDATE mnests SET" not in again
-    assert store.find(*key).uses == 2
-
-
-def test_the_stored_row_holds_no_trace_of_an_unused_id(store: Any, clock: MovableClock) -> None:
-    key = _seeded(store, clock)
-    clock.set(T0 + timedelta(hours=1))
-    store.record_passing(*key)
-    with store.engine.connect() as conn:
-        ids = conn.execute(select(EVENTS.c.mnest_id).distinct()).scalars().all()
-        rows = set(conn.execute(select(MNESTS.c.id)).scalars().all())
-    assert set(ids) <= rows
+    created, reinforced, in_turn, counted = calls
+    assert created == ["SELECT mnests.id,", "INSERT INTO", "INSERT INTO"]
+    assert reinforced == in_turn == ["SELECT mnests.id,", "UPDATE mnests", "INSERT INTO"]
+    assert counted == ["SELECT mnests.id,"]  # the turn counted it: nothing written
+    assert store.find(*key).uses == 3
