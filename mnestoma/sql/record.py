@@ -16,6 +16,7 @@ from sqlalchemy import (
     TextClause,
     Update,
     bindparam,
+    exists,
     insert,
     or_,
     select,
@@ -56,6 +57,7 @@ __all__ = [
     "key_params",
     "key_taken",
     "select_keys",
+    "select_one_counted",
     "shape_size",
 ]
 
@@ -115,6 +117,25 @@ TURN_COUNTED_ONE = select(E.c.mnest_id).where(
     E.c.occurrence == bindparam("occ"),
     _COUNTED,
 )
+
+
+@functools.cache
+def select_one_counted(proto: bool) -> Select[Any]:
+    """SQLite, under the write lock: the live row of a key (a versioned key, or a proto's)
+    and, as its last column, whether the turn ``:turn_id`` counted occurrence ``:occ`` of it
+    already (one probe of ``ux_events_turn_edge`` in the same statement, instead of
+    :data:`TURN_COUNTED_ONE` after it)."""
+    state = MnestState.PROTO if proto else MnestState.ACTIVE
+    counted = exists(
+        select(E.c.id).where(
+            E.c.turn_id == bindparam("turn_id"),
+            E.c.mnest_id == M.c.id,
+            E.c.occurrence == bindparam("occ"),
+            _COUNTED,
+        )
+    )
+    return select(M, counted.label("counted")).where(key_is(M, proto=proto, state=state))
+
 
 # The parameters of UPDATE_REINFORCE, in the order of the tuples the repository builds.
 REINFORCE_ROW = (
