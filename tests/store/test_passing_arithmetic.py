@@ -9,6 +9,7 @@ import itertools
 import math
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -73,10 +74,12 @@ def store(module_store_url: str, clock: MovableClock) -> Iterator[Any]:
 
 
 @pytest.fixture
-def sqlite_store(store: Any) -> Any:
-    if store.engine.dialect.name != "sqlite":
-        pytest.skip("SQLite's text instants and statements")
-    return store
+def sqlite_store(tmp_path: Path, clock: MovableClock) -> Iterator[mnestoma.Mnestoma]:
+    """A SQLite store only: its text instants and its statements are SQLite's own."""
+    url = f"sqlite:///{tmp_path / 'sqlite-only.sqlite'}"
+    mnestoma.upgrade(url)
+    with mnestoma.Mnestoma(url, clock=clock) as store:
+        yield store
 
 
 _names = itertools.count()
