@@ -8,6 +8,7 @@ interpolated with the edge). This module turns them into the answer a planner re
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -46,7 +47,7 @@ class Prediction:
         return {"executor": self.executor, "p": self.p, "support": self.support, "uses": self.uses}
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Forecast:
     """What follows the context: the candidates seen after it, most likely first, and the
     probability left to executors never seen after it (``unseen``): the candidates' ``p`` and
@@ -68,10 +69,13 @@ class Forecast:
             Its candidate's ``p``, or, for an executor never seen after the context, its share
             of the unseen mass (:func:`~mnestoma.rules.unseen_probability`): never 0.
         """
-        for c in self.candidates:
-            if c.executor == executor:
-                return c.p
-        return unseen_probability(self.unseen)
+        found = self._by_executor.get(executor)
+        return unseen_probability(self.unseen) if found is None else found.p
+
+    @functools.cached_property
+    def _by_executor(self) -> dict[str, Prediction]:
+        """The candidates by name, made once: ``rank`` asks ``p`` once per candidate."""
+        return {c.executor: c for c in self.candidates}
 
     @property
     def top(self) -> Prediction | None:

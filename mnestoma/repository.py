@@ -605,7 +605,7 @@ class MnestRepository(GraphReads):
             counted.append(row is None or (row[_ID], k) not in done)
         added = chain_increments(links, counted)
         if added:
-            rows = [(*key, n, n, now) for key, n in sorted(added.items())]
+            rows = [(*key, n, now) for key, n in sorted(added.items())]
             ex.many(chains_sql.count_chains(ex.dialect), rows, chains_sql.CHAIN_ROW)
 
     def _lock_keys(self, ex: StatementRunner, idents: list[tuple[bool, Key]]) -> list[Row]:

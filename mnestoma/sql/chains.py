@@ -11,6 +11,7 @@ import functools
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     ColumnElement,
     Delete,
     Float,
@@ -20,6 +21,7 @@ from sqlalchemy import (
     String,
     any_,
     bindparam,
+    cast,
     delete,
     func,
     literal,
@@ -33,9 +35,9 @@ from sqlalchemy.dialects import sqlite as sqlite_dialect
 
 from ..rules import CHAIN_DECAY_LAMBDA, CHAIN_FORGET_BELOW, threshold_cut
 from ..sqlrules import advanced, decayed_count, now_param
+from .read import out_of_source
 from .tables import CHAINS as C
 from .tables import MNESTS as M
-from .tables import is_active
 
 __all__ = [
     "AFTER_KEY",
@@ -43,6 +45,7 @@ __all__ = [
     "CHAIN_ROW",
     "UPTO_KEY",
     "chain_batch_end",
+    "chain_count",
     "chains_from",
     "count_chains",
     "forget_chains",
@@ -52,7 +55,7 @@ __all__ = [
 CHAIN_KEY = ("prev_executor", "src_executor", "dst_executor")
 # The parameters of count_chains, in the order of the tuples the repository builds: the key,
 # the passings this turn adds, its instant.
-CHAIN_ROW = ("c_prev", "c_src", "c_dst", "c_n", "c_uses", "c_now")
+CHAIN_ROW = ("c_prev", "c_src", "c_dst", "c_n", "c_now")
 # The parameters that bound a batch of the ager's forgetting, by key: above ``AFTER_KEY``
 # (the previous batch's last key), up to ``UPTO_KEY`` (this batch's last), each the key's
 # three names in order.
@@ -60,6 +63,15 @@ AFTER_KEY = ("after_prev", "after_src", "after_dst")
 UPTO_KEY = ("upto_prev", "upto_src", "upto_dst")
 _CHAIN_VALUES = ("decayed_uses", "uses", "ts_first", "ts_last")
 _LAMBDA = literal(CHAIN_DECAY_LAMBDA, Float)
+
+
+def chain_count(dialect: str) -> ColumnElement[Any]:
+    """A chain's decayed count of passings at ``:now`` (:func:`mnestoma.rules.decayed_count`
+    with :data:`~mnestoma.rules.CHAIN_DECAY_LAMBDA`): every read of chains uses this one."""
+    count: ColumnElement[Any] = decayed_count(
+        dialect, C.c.decayed_uses, _LAMBDA, C.c.ts_last, now_param()
+    )
+    return count
 
 
 def _key() -> ColumnElement[Any]:
@@ -74,7 +86,7 @@ def _bound(names: tuple[str, str, str]) -> ColumnElement[Any]:
 
 @functools.cache
 def count_chains(dialect: str) -> Insert:
-    """Add ``:c_n`` passings (``:c_uses``, the same number) at ``:c_now`` to a chain
+    """Add ``:c_n`` passings at ``:c_now`` to a chain
     (executemany, in key order): a new chain starts at that count; an existing one is
     decayed to the later of its ``ts_last`` and ``:c_now`` and gets them added
     (:func:`mnestoma.rules.counted_passing`, ``c_n``
@@ -85,7 +97,7 @@ def count_chains(dialect: str) -> Insert:
         src_executor=bindparam("c_src", type_=String()),
         dst_executor=bindparam("c_dst", type_=String()),
         decayed_uses=bindparam("c_n", type_=Float()),
-        uses=bindparam("c_uses"),
+        uses=cast(bindparam("c_n", type_=Float()), BigInteger),
         ts_first=now_param("c_now"),
         ts_last=now_param("c_now"),
     )
@@ -109,11 +121,7 @@ def next_counts(dialect: str, with_version: bool, with_chain: bool) -> Select[An
     """What followed the context, in one statement: rows ``(level, dst_executor, decayed
     count now, uses)``, level 1 for the active edges out of ``:src`` (and ``:sv``) summed
     over their rows by destination, level 2 for the chains ``:prev → :src → dst``."""
-    now = now_param()
-    count = decayed_count(dialect, M.c.decayed_uses, M.c.decay_lambda, M.c.ts_last, now)
-    terms = [is_active(M), M.c.src_executor == bindparam("src")]
-    if with_version:
-        terms.append(M.c.src_version == bindparam("sv"))
+    count = decayed_count(dialect, M.c.decayed_uses, M.c.decay_lambda, M.c.ts_last, now_param())
     edges = (
         select(
             literal(1).label("level"),
@@ -121,7 +129,7 @@ def next_counts(dialect: str, with_version: bool, with_chain: bool) -> Select[An
             func.sum(count).label("counted"),
             func.sum(M.c.uses).label("uses"),
         )
-        .where(*terms)
+        .where(*out_of_source(M, with_version))
         .group_by(M.c.dst_executor)
     )
     if not with_chain:
@@ -129,7 +137,7 @@ def next_counts(dialect: str, with_version: bool, with_chain: bool) -> Select[An
     chains = select(
         literal(2).label("level"),
         C.c.dst_executor,
-        decayed_count(dialect, C.c.decayed_uses, _LAMBDA, C.c.ts_last, now).label("counted"),
+        chain_count(dialect).label("counted"),
         C.c.uses,
     ).where(C.c.prev_executor == bindparam("prev"), C.c.src_executor == bindparam("src"))
     return select(union_all(edges, chains).subquery())
@@ -162,7 +170,7 @@ def forget_chains(dialect: str, after: bool = False, upto: bool = False) -> Dele
     holds its row until it commits, after locking its turn's edges: waiting for it could
     close a cycle of waits), and a chain a writer is counting has not faded anyway; the next
     run forgets it if it has. SQLite's writers wait for the write lock the ager holds."""
-    count = decayed_count(dialect, C.c.decayed_uses, _LAMBDA, C.c.ts_last, now_param())
+    count = chain_count(dialect)
     terms = [count < literal(threshold_cut(CHAIN_FORGET_BELOW), Float)]
     if after:
         terms.append(_key() > _bound(AFTER_KEY))

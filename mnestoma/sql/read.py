@@ -38,6 +38,7 @@ __all__ = [
     "edges_statement",
     "events_statement",
     "find_statement",
+    "out_of_source",
     "rank_statement",
     "recurring_protos_statement",
     "suggest_statement",
@@ -242,7 +243,7 @@ def _bytewise(text_: ColumnElement[Any], pg: bool) -> ColumnElement[Any]:
     return text_.collate("C") if pg else text_
 
 
-def _out_of_source(table: FromClause, with_version: bool) -> list[ColumnElement[bool]]:
+def out_of_source(table: FromClause, with_version: bool) -> list[ColumnElement[bool]]:
     """The active edges out of ``:src`` (and ``:sv`` when the version is given)."""
     terms = [is_active(table), table.c.src_executor == bindparam("src")]
     if with_version:
@@ -266,10 +267,10 @@ def suggest_statement(
     if by_count:
         count = decayed_count(dialect, M.c.decayed_uses, M.c.decay_lambda, M.c.ts_last, now_param())
         stmt = select(M, eff.label("effective"), count.label("counted"))
-        stmt = stmt.where(*_out_of_source(M, with_version))
+        stmt = stmt.where(*out_of_source(M, with_version))
         stmt = stmt.order_by(count.desc(), eff.desc(), M.c.uses.desc(), M.c.id)
         return stmt.where(count >= bindparam("floor")) if ties else stmt.limit(bindparam("k"))
-    stmt = select(M, eff.label("effective")).where(*_out_of_source(M, with_version))
+    stmt = select(M, eff.label("effective")).where(*out_of_source(M, with_version))
     stmt = stmt.order_by(eff.desc(), M.c.uses.desc(), M.c.id)
     stmt = stmt.where(eff >= bindparam("floor")) if ties else stmt.limit(bindparam("k"))
     return stmt
@@ -280,7 +281,7 @@ def rank_statement(dialect: str, with_version: bool) -> Select[Any]:
     """The active edges out of the source to ``:names`` (expanding), with effective weight."""
     eff = decayed(dialect, M.c.weight, M.c.decay_lambda, M.c.ts_weight, now_param())
     stmt = select(M, eff.label("effective")).where(
-        *_out_of_source(M, with_version),
+        *out_of_source(M, with_version),
         M.c.dst_executor.in_(bindparam("names", expanding=True)),
     )
     return stmt

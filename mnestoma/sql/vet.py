@@ -31,7 +31,6 @@ from sqlalchemy import (
     case,
     cast,
     func,
-    literal,
     literal_column,
     null,
     or_,
@@ -39,8 +38,8 @@ from sqlalchemy import (
     union_all,
 )
 
-from ..rules import CHAIN_DECAY_LAMBDA
 from ..sqlrules import decayed, decayed_count, now_param
+from .chains import chain_count
 from .tables import CHAINS as C
 from .tables import MNESTS as M
 from .tables import is_active
@@ -170,8 +169,7 @@ def _summaries(dialect: str, links: Any, kind: int) -> Select[Any]:
         )
         source = links.join(M, on)
     else:
-        lam = literal(CHAIN_DECAY_LAMBDA, Float)
-        count = decayed_count(dialect, C.c.decayed_uses, lam, C.c.ts_last, now_param())
+        count = chain_count(dialect)
         dst = C.c.dst_executor
         source = links.join(C, and_(C.c.prev_executor == lk.p, C.c.src_executor == lk.s))
     return (
