@@ -481,15 +481,16 @@ class MnestRepository(GraphReads):
         ex = self._write_ex()
         # Each edge's passings in the order given: the k-th is its occurrence k (each with
         # its own outcome; the last tags / desired_sig given win).
+        idents = [(p.dst_exists, _key(p)) for p in items]  # each passing's edge, in order
         unique: dict[tuple[bool, Key], list[Passing]] = {}
-        for p in items:
-            unique.setdefault((p.dst_exists, _key(p)), []).append(p)
+        for ident, p in zip(idents, items, strict=True):
+            unique.setdefault(ident, []).append(p)
         if ex.dialect == "sqlite":
             # BEGIN IMMEDIATE: no other writer can create one of our keys meanwhile
-            result = self._record_many_once(ex, unique, turn_id, recorder, items)
+            result = self._record_many_once(ex, unique, turn_id, recorder, idents)
             if result is None:
                 raise ConflictError("another writer created a key of this turn meanwhile")
-            return [result[(p.dst_exists, _key(p))] for p in items]
+            return [result[ident] for ident in idents]
         conn = ex.conn
         for attempt in range(RACE_ROUNDS + len(unique)):
             # A savepoint per attempt: when another transaction creates one of our keys
@@ -508,7 +509,7 @@ class MnestRepository(GraphReads):
             with translate_errors():
                 savepoint = conn.begin_nested()
             try:
-                result = self._record_many_once(ex, unique, turn_id, recorder, items)
+                result = self._record_many_once(ex, unique, turn_id, recorder, idents)
             except BaseException:
                 if savepoint.is_active:
                     savepoint.rollback()
@@ -516,7 +517,7 @@ class MnestRepository(GraphReads):
             if result is not None:
                 with translate_errors():
                     savepoint.commit()
-                return [result[(p.dst_exists, _key(p))] for p in items]
+                return [result[ident] for ident in idents]
             savepoint.rollback()
         raise RaceLost("could not record the turn: its edges kept changing under us")
 
@@ -526,9 +527,9 @@ class MnestRepository(GraphReads):
         pending: dict[tuple[bool, Key], list[Passing]],
         turn_id: str,
         recorder: str,
-        order: list[Passing],
+        order: list[tuple[bool, Key]],
     ) -> dict[tuple[bool, Key], Mnest] | None:
-        """One attempt at a turn (its passings ``order``ed as given); None when another
+        """One attempt at a turn (``order``: each passing's edge, as given); None when another
         transaction created one of its keys."""
         result: dict[tuple[bool, Key], Mnest] = {}
         rows = self._lock_keys(ex, list(pending))
@@ -585,7 +586,7 @@ class MnestRepository(GraphReads):
     def _count_chains(
         self,
         ex: StatementRunner,
-        order: list[Passing],
+        order: list[tuple[bool, Key]],
         found: dict[tuple[bool, Key], Row],
         done: set[tuple[str, int]],
         now: datetime,
@@ -595,13 +596,13 @@ class MnestRepository(GraphReads):
         seen: dict[tuple[bool, Key], int] = {}
         links: list[tuple[str, str]] = []
         counted: list[bool] = []
-        for p in order:
-            if not p.dst_exists:
+        for ident in order:
+            exists, (src, _, dst, _) = ident
+            if not exists:
                 continue
-            ident = (True, _key(p))
             k = seen[ident] = seen.get(ident, 0) + 1
             row = found.get(ident)
-            links.append((p.src_executor, p.dst_executor))
+            links.append((src, dst))
             counted.append(row is None or (row[_ID], k) not in done)
         added = chain_increments(links, counted)
         if added:
