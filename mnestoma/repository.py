@@ -408,7 +408,11 @@ class MnestRepository(GraphReads):
         params = _key_params(_key(p))
         ex = self._write_ex(_ONE_PASSING_PLANS[(proto, turn_id is not None)])
         if ex.dialect == "sqlite":
-            return self._record_one_locked(ex, sel, p, params, turn_id, recorder, occurrence)
+            if turn_id is None:
+                return self._record_one_locked(ex, sel, params, p, None, recorder, occurrence)
+            lookup = rec.select_one_counted(proto)  # the row, and whether the turn counted it
+            counted = {**params, "turn_id": turn_id, "occ": occurrence}
+            return self._record_one_locked(ex, lookup, counted, p, turn_id, recorder, occurrence)
         for _ in range(RACE_ROUNDS):
             row = ex.first(sel, params)
             now = self._write_now(ex)  # read once the write lock is held
@@ -431,9 +435,9 @@ class MnestRepository(GraphReads):
     def _record_one_locked(
         self,
         ex: StatementRunner,
-        sel: Executable,
+        lookup: Executable,
+        params: dict[str, Any],
         p: Passing,
-        key: dict[str, Any],
         turn_id: str | None,
         recorder: str,
         occurrence: int,
@@ -444,11 +448,7 @@ class MnestRepository(GraphReads):
         Python computes; SQLite computing them in two statements (an INSERT ... SELECT and
         an UPDATE ... RETURNING, exact on its text instants) spends more time in the
         database than the statement saves in Python."""
-        if turn_id is None:
-            row = ex.first(sel, key)
-        else:
-            counted = {**key, "turn_id": turn_id, "occ": occurrence}
-            row = ex.first(rec.select_one_counted(not p.dst_exists), counted)
+        row = ex.first(lookup, params)
         now = self._write_now(ex)  # read once the write lock is held
         if row is None:
             values, ev = self._creation(p, turn_id, now, recorder, occurrence)
