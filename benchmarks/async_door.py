@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import mnestoma
-from mnestoma.aio import AsyncMnestoma
+from mnestoma.doors.asynchronous import AsyncMnestoma
 
 from .data import NOW, FixedClock, PostgresServer, SqliteFiles
 from .workloads import HOT_EDGE, Edge, make_edges, make_turns

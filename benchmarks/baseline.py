@@ -20,7 +20,7 @@ from typing import Any
 
 # The rules' numbers are the package's own (a change to a rule is a change to its rules
 # module, which the baseline follows); everything else here is plain sqlite3.
-from mnestoma.rules import (
+from mnestoma.core.rules import (
     ARCHIVE_AFTER_DAYS,
     ARCHIVE_BELOW,
     DECAYING_BELOW,

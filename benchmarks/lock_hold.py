@@ -65,7 +65,7 @@ def timing_lock_holds(impl: str, store: Any = None) -> Iterator[HoldTimes]:
 
 @contextmanager
 def _package_sqlite(times: HoldTimes) -> Iterator[None]:
-    from mnestoma import locking
+    from mnestoma.engines import locking
 
     begin, end = locking._begin_immediate, locking._end_write
 
@@ -90,7 +90,7 @@ def _package_sqlite(times: HoldTimes) -> Iterator[None]:
 def _package_postgresql(times: HoldTimes) -> Iterator[None]:
     from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 
-    from mnestoma.runner import DriverRunner
+    from mnestoma.schema.runner import DriverRunner
 
     at_driver = DriverRunner._at_driver
     had = {name: name in PGDialect_psycopg.__dict__ for name in ("do_commit", "do_rollback")}

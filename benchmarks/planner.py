@@ -66,7 +66,7 @@ from pathlib import Path
 from typing import Any
 
 import mnestoma
-from mnestoma.ranking import ORDER_BY, SUGGEST_ORDER_BY
+from mnestoma.planner.ranking import ORDER_BY, SUGGEST_ORDER_BY
 from mnestoma.testing.clock import MovableClock
 
 from .writer_latency import percentile
@@ -538,7 +538,7 @@ def _empty(url: str) -> None:
     """Empty the store a run was given (``--database-url``), for the next part."""
     from sqlalchemy import text
 
-    from mnestoma.config import make_engine
+    from mnestoma.engines import make_engine
 
     engine = make_engine(url)
     try:

@@ -248,7 +248,7 @@ def _timed(call: Callable[[], object]) -> float:
 
 def measure_status(ctx: Context) -> dict[str, Any]:
     """``status`` estimated and exact, interleaved, with writers running."""
-    from mnestoma.status import collect_status
+    from mnestoma.maintenance.status import collect_status
 
     url = ctx.cluster.primary_url
     estimated: list[float] = []
@@ -277,7 +277,7 @@ def measure_status(ctx: Context) -> dict[str, Any]:
 def _sqlite_status(ctx: Context) -> dict[str, Any]:
     """The same numbers of mnests and events in a SQLite file; its (exact) status."""
     import mnestoma
-    from mnestoma.status import collect_status
+    from mnestoma.maintenance.status import collect_status
 
     path = ctx.workdir / "scale.sqlite"
     url = f"sqlite:///{path}"
@@ -355,7 +355,7 @@ def measure_replica_lag(ctx: Context) -> dict[str, Any]:
     """The replica's lag, sampled every 50 ms during a write burst, and its catch-up."""
     from sqlalchemy import create_engine, text
 
-    from mnestoma.sql.replication import REPLICA_PROBE
+    from mnestoma.schema.sql.replication import REPLICA_PROBE
 
     primary = create_engine(ctx.cluster.primary_url, isolation_level="AUTOCOMMIT")
     replica = create_engine(ctx.cluster.replica_url, isolation_level="AUTOCOMMIT")

@@ -19,7 +19,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from mnestoma.repository import MAX_WALK_LIMIT
+from mnestoma.store.repository import MAX_WALK_LIMIT
 
 from .baseline import Baseline
 from .baseline_pg import PgBaseline

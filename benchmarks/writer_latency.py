@@ -347,7 +347,7 @@ def _prepare_retention(url: str, before: datetime) -> Callable[[], Any]:
 
 def _prepare_upgrade(url: str, lock_timeout: float | None) -> Callable[[], Any]:
     import mnestoma
-    from mnestoma.migration import current_revision
+    from mnestoma.maintenance.migration import current_revision
 
     before = current_revision(url)
 
@@ -970,7 +970,7 @@ def _upgrade_phase(
         measured = measure(call, s, job)
     finally:
         eng.dispose()
-    from mnestoma.migration import migration_lock_timeout
+    from mnestoma.maintenance.migration import migration_lock_timeout
 
     return _result(
         engine,

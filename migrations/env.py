@@ -25,9 +25,9 @@ from alembic.util import CommandError
 from sqlalchemy import Connection
 from sqlalchemy.engine import URL
 
-from mnestoma.config import make_engine
-from mnestoma.errors import InvalidInput
-from mnestoma.migration import (
+from mnestoma.engines import make_engine
+from mnestoma.core.errors import InvalidInput
+from mnestoma.maintenance.migration import (
     HANDED,
     VERSION_TABLE,
     checkout_database_url,
@@ -40,7 +40,7 @@ from mnestoma.migration import (
     retry_lock_timeouts,
     revision_session,
 )
-from mnestoma.models import Base
+from mnestoma.schema.models import Base
 
 config = context.config
 if config.config_file_name is not None and not config.attributes.get("skip_logging"):
@@ -53,7 +53,7 @@ def include_object(
     obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any
 ) -> bool:
     """Leave out of autogenerate the view (managed by hand in the revisions) and what the
-    models build on another engine only (see :func:`mnestoma.migration.compared_objects`)."""
+    models build on another engine only (see :func:`mnestoma.maintenance.migration.compared_objects`)."""
     dialect = context.get_context().dialect.name
     return compared_objects(dialect)(obj, name, type_, reflected, compare_to)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from sqlalchemy import text
 
 import mnestoma
-from mnestoma.config import make_engine
+from mnestoma.engines import make_engine
 
 Snapshot = tuple[str | None, list[tuple[str, int, int, int]], list[tuple[str, str]]]
 

@@ -10,7 +10,7 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Tracer
 
-from mnestoma.otel import MnestomaSpanProcessor
+from mnestoma.recording.otel import MnestomaSpanProcessor
 
 VERSIONS = {"fs.search": "1.2", "fs.read": "2.0", "pdf.text": "0.9"}
 Setup = Callable[..., tuple[MnestomaSpanProcessor, Tracer]]

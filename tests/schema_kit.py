@@ -11,9 +11,9 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Connection, text
 
 import mnestoma
-from mnestoma.config import make_engine
-from mnestoma.migration import VERSION_TABLE, compared_objects
-from mnestoma.models import Base
+from mnestoma.engines import make_engine
+from mnestoma.maintenance.migration import VERSION_TABLE, compared_objects
+from mnestoma.schema.models import Base
 
 T = TypeVar("T")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from mnestoma.tracing import executor
+from mnestoma.recording.tracing import executor
 
 
 @executor("search", "1")

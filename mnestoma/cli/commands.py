@@ -14,15 +14,15 @@ from typing import Any, NoReturn
 
 import click
 
-from ..clock import utc_now
-from ..config import resolve_database_url
-from ..display import PICTURE_STATES, STATE_STYLES, json_for_terminal, lines_for_terminal
-from ..errors import InvalidInput, InvalidTransition
-from ..facade import Mnestoma
-from ..locking import DEFAULT_LOCK_TIMEOUT_S, ENV_LOCK_TIMEOUT, store_files
-from ..ranking import SUGGEST_ORDER_BY
-from ..repository import WALK_LIMIT
-from ..rules import (
+from mnestoma.core.clock import utc_now
+from mnestoma.engines import resolve_database_url
+from mnestoma.core.display import PICTURE_STATES, STATE_STYLES, json_for_terminal, lines_for_terminal
+from mnestoma.core.errors import InvalidInput, InvalidTransition
+from mnestoma.doors.sync import Mnestoma
+from mnestoma.engines.locking import DEFAULT_LOCK_TIMEOUT_S, ENV_LOCK_TIMEOUT, store_files
+from mnestoma.planner.ranking import SUGGEST_ORDER_BY
+from mnestoma.store.repository import WALK_LIMIT
+from mnestoma.core.rules import (
     AGER_BATCH_QUIET_TARGET_S,
     AGER_BATCH_TARGET_S,
     AGER_WRITERS_SEEN_S,
@@ -36,14 +36,14 @@ from ..rules import (
     Recorder,
     check_transition,
 )
-from ..settings import DEFAULT_SETTINGS, Settings
-from ..status import collect_status, render_status
-from ..validation import check_positive_int
-from ..vetting import normalise_steps
-from .db import db
-from .demo import demo
-from .errors import MnestomaGroup
-from .options import (
+from mnestoma.core.settings import DEFAULT_SETTINGS, Settings
+from mnestoma.maintenance.status import collect_status, render_status
+from mnestoma.core.validation import check_positive_int
+from mnestoma.planner.vetting import normalise_steps
+from mnestoma.cli.db import db
+from mnestoma.cli.demo import demo
+from mnestoma.cli.errors import MnestomaGroup
+from mnestoma.cli.options import (
     command_url,
     database_url_option,
     json_option,
@@ -56,8 +56,8 @@ from .options import (
     replicas_of,
     url_option_callback,
 )
-from .progress import batch_progress, progress_bar, spinner
-from .render import (
+from mnestoma.cli.progress import batch_progress, progress_bar, spinner
+from mnestoma.cli.render import (
     check_output_path,
     echo_json,
     render_ager,
@@ -440,7 +440,7 @@ def graph_cmd(
     database_url: str | None,
 ) -> None:
     """``mnestoma graph``; its help, built above, says how each state is drawn."""
-    from ..graph import DEFAULT_DEPTH, render
+    from mnestoma.planner.graph import DEFAULT_DEPTH, render
 
     if as_json and fmt not in (None, "json"):
         raise InvalidInput(f"--json and --format {fmt} disagree: give one of them")
@@ -730,7 +730,7 @@ def copy_cmd(
     another (one was copied from the other, or appended before), is refused: nothing is
     copied.
     """
-    from ..copying import copy_store
+    from mnestoma.maintenance.copying import copy_store
 
     report = copy_store(
         source or command_url(database_url),

@@ -12,9 +12,9 @@ from typing import Any
 import click
 from alembic.script import ScriptDirectory
 
-from ..config import redact_url, resolve_database_url
-from ..errors import InvalidInput
-from ..migration import (
+from mnestoma.engines import redact_url, resolve_database_url
+from mnestoma.core.errors import InvalidInput
+from mnestoma.maintenance.migration import (
     DEFAULT_MIGRATION_LOCK_TIMEOUT_S,
     ENV_MIGRATION_LOCK_TIMEOUT,
     alembic_config,
@@ -26,9 +26,9 @@ from ..migration import (
     sqlite_store_missing,
     upgrade,
 )
-from .errors import MnestomaGroup
-from .options import command_url, database_url_option, number_option
-from .render import render_store
+from mnestoma.cli.errors import MnestomaGroup
+from mnestoma.cli.options import command_url, database_url_option, number_option
+from mnestoma.cli.render import render_store
 
 __all__ = ["db"]
 

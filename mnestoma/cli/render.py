@@ -1,5 +1,5 @@
 """What the commands print: tables for people, JSON for scripts (one object per row, keyed
-by column name, times in ISO-8601 UTC; see :mod:`mnestoma.records`)."""
+by column name, times in ISO-8601 UTC; see :mod:`mnestoma.core.records`)."""
 
 from __future__ import annotations
 
@@ -17,24 +17,24 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from ..clock import utc_now
-from ..display import json_for_terminal, state_word, text_for_terminal
-from ..errors import InvalidInput
-from ..models import CanonicalQuery, Event, Mnest
-from ..records import mnest_record, row_record
-from ..redaction import redact_url
-from ..repository import QueryFrequency
-from ..rules import DECAYED_USES_ORDER, AgerReport, ContextUsed, activation
-from ..timefmt import iso_utc, short_utc
-from .errors import CliFailure
-from .progress import stderr_is_terminal
+from mnestoma.core.clock import utc_now
+from mnestoma.core.display import json_for_terminal, state_word, text_for_terminal
+from mnestoma.core.errors import InvalidInput
+from mnestoma.schema.models import CanonicalQuery, Event, Mnest
+from mnestoma.core.records import mnest_record, row_record
+from mnestoma.core.redaction import redact_url
+from mnestoma.store.repository import QueryFrequency
+from mnestoma.core.rules import DECAYED_USES_ORDER, AgerReport, ContextUsed, activation
+from mnestoma.core.timefmt import iso_utc, short_utc
+from mnestoma.cli.errors import CliFailure
+from mnestoma.cli.progress import stderr_is_terminal
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import URL
 
-    from ..copying import CopyReport
-    from ..planning import Forecast
-    from ..vetting import Verdict
+    from mnestoma.maintenance.copying import CopyReport
+    from mnestoma.planner.planning import Forecast
+    from mnestoma.planner.vetting import Verdict
 
 __all__ = [
     "check_output_path",
@@ -87,7 +87,7 @@ def _fmt_weight(value: float | None) -> str:
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], right: set[str]) -> str:
     """Rows under their headers, columns padded; the columns in ``right`` right-aligned; a
-    cell's control characters escaped (:func:`~mnestoma.display.text_for_terminal`)."""
+    cell's control characters escaped (:func:`~mnestoma.core.display.text_for_terminal`)."""
     cells = [[("-" if v is None else text_for_terminal(str(v))) for v in row] for row in rows]
     widths = [len(h) for h in headers]
     for row in cells:

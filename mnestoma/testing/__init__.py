@@ -11,7 +11,7 @@ It gives the fixtures ``mnestoma_engine``, ``mnestoma_session``, ``mnestoma_cloc
 
 from __future__ import annotations
 
-from ..errors import MissingExtra
+from mnestoma.core.errors import MissingExtra
 
 try:
     import factory  # noqa: F401  (factory-boy)
@@ -22,8 +22,8 @@ except ImportError as _missing:
         'pip install "mnestoma[testing]"'
     ) from _missing
 
-from .clock import DEFAULT_START, MovableClock
-from .factories import (
+from mnestoma.testing.clock import DEFAULT_START, MovableClock
+from mnestoma.testing.factories import (
     CanonicalQueryFactory,
     DecayingMnestFactory,
     EventFactory,
@@ -34,7 +34,7 @@ from .factories import (
     bound_session,
     factory_now,
 )
-from .plugin import (
+from mnestoma.testing.plugin import (
     ENV_TEST_DATABASE_URL,
     _mnestoma_factories,
     mnestoma_clock,

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from ..clock import DEFAULT_START, MovableClock
+from mnestoma.core.clock import DEFAULT_START, MovableClock
 
 __all__ = ["DEFAULT_START", "MovableClock"]

@@ -24,9 +24,9 @@ import factory
 from factory.alchemy import SQLAlchemyModelFactory
 from sqlalchemy.orm import Session
 
-from ..clock import Clock
-from ..models import CanonicalQuery, Event, Mnest, MnestChain
-from ..rules import (
+from mnestoma.core.clock import Clock
+from mnestoma.schema.models import CanonicalQuery, Event, Mnest, MnestChain
+from mnestoma.core.rules import (
     CHAIN_DECAY_LAMBDA,
     DEFAULT_DECAY_LAMBDA,
     INITIAL_WEIGHT,
@@ -35,7 +35,7 @@ from ..rules import (
     new_mnest_id,
     spread_count,
 )
-from ..types import ensure_aware_utc
+from mnestoma.core.types import ensure_aware_utc
 
 __all__ = [
     "CanonicalQueryFactory",
@@ -314,7 +314,7 @@ class MnestChainFactory(_MnestomaFactory):
 
     Params: ``last_seen_days_ago``, ``first_seen_days_ago``. Trait ``faded``: passed once,
     200 days ago: its decayed count has faded below
-    :data:`~mnestoma.rules.CHAIN_FORGET_BELOW`, so ``apply_ager()`` forgets it.
+    :data:`~mnestoma.core.rules.CHAIN_FORGET_BELOW`, so ``apply_ager()`` forgets it.
     """
 
     class Meta:

@@ -28,20 +28,20 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
-from ..config import (
+from mnestoma.engines import (
     is_memory_sqlite,
     make_engine,
     redact_text,
     redact_url,
     resolve_database_url,
 )
-from ..errors import InvalidInput, StoreError
-from ..migration import upgrade
-from ..repository import MnestRepository
-from ..settings import Settings
-from ..uow import UnitOfWork
-from .clock import MovableClock
-from .factories import bind_factories
+from mnestoma.core.errors import InvalidInput, StoreError
+from mnestoma.maintenance.migration import upgrade
+from mnestoma.store.repository import MnestRepository
+from mnestoma.core.settings import Settings
+from mnestoma.store.uow import UnitOfWork
+from mnestoma.testing.clock import MovableClock
+from mnestoma.testing.factories import bind_factories
 
 __all__ = [
     "ENV_TEST_DATABASE_URL",

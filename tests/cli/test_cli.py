@@ -15,8 +15,8 @@ from cli_kit import MNEST_KEYS, run, run_json, run_ok
 from sqlalchemy import func, select
 
 import mnestoma
-from mnestoma.config import make_engine
-from mnestoma.models import CanonicalQuery, Event, Mnest
+from mnestoma.engines import make_engine
+from mnestoma.schema.models import CanonicalQuery, Event, Mnest
 
 EVENT_KEYS = [
     "id",
@@ -532,9 +532,9 @@ def test_demo_status_says_the_store_is_fed_by_the_tracer() -> None:
     status = out.split("== mnestoma status")[1]
     assert "recorders  tracer 17 (last 2026-03-03 03:00:00Z)" in status
     assert (
-        "fed automatically: 17 passings by the in-process tracer (mnestoma.tracing), "
+        "fed automatically: 17 passings by the in-process tracer (mnestoma.recording.tracing), "
         "last at 2026-03-03 03:00:00Z (30 days ago); "
-        "none by the OpenTelemetry processor (mnestoma.otel)."
+        "none by the OpenTelemetry processor (mnestoma.recording.otel)."
     ) in status
     assert "ager       1 run, 1 in the last 30 days; last at 2026-04-02 03:00:00Z (now)" in status
     assert "not fed automatically" not in out

@@ -14,9 +14,9 @@ from sqlalchemy import inspect
 from sqlalchemy.engine import make_url
 
 import mnestoma
-from mnestoma.config import make_engine
-from mnestoma.migration import alembic_config
-from mnestoma.status import FEEDING_STATEMENT
+from mnestoma.engines import make_engine
+from mnestoma.maintenance.migration import alembic_config
+from mnestoma.maintenance.status import FEEDING_STATEMENT
 
 
 def tables(url: str) -> set[str]:

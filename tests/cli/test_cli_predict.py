@@ -22,9 +22,9 @@ from sqlalchemy import insert
 
 import mnestoma
 from mnestoma.cli import render
-from mnestoma.config import make_engine
-from mnestoma.models import Mnest
-from mnestoma.redaction import redact_url
+from mnestoma.engines import make_engine
+from mnestoma.schema.models import Mnest
+from mnestoma.core.redaction import redact_url
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """Where things live: the command line's modules, one clock, one way to write a time, the
-statements of status and copy in ``mnestoma.sql`` (the state and event words are checked
+statements of status and copy in ``mnestoma.schema.sql`` (the state and event words are checked
 for the whole package by ``test_structure.py``). A newcomer can trust these to stay where
 the maintainers' guide says."""
 
@@ -16,11 +16,11 @@ import pytest
 
 import mnestoma
 import mnestoma.cli
-import mnestoma.clock
-import mnestoma.copying
-import mnestoma.errors
+import mnestoma.core.clock
+import mnestoma.maintenance.copying
+import mnestoma.core.errors
 import mnestoma.testing.clock
-import mnestoma.validation
+import mnestoma.core.validation
 
 PACKAGE = Path(mnestoma.__file__).resolve().parent
 CLI_MODULES = ("commands", "db", "demo", "errors", "options", "progress", "render")
@@ -63,20 +63,20 @@ def test_the_command_line_is_a_package_of_one_module_a_concern() -> None:
 
 
 def test_there_is_one_clock_and_the_test_kit_and_validation_reexport_it() -> None:
-    clock = mnestoma.clock
+    clock = mnestoma.core.clock
     assert mnestoma.testing.clock.MovableClock is clock.MovableClock
     assert mnestoma.testing.clock.DEFAULT_START == clock.DEFAULT_START
-    assert mnestoma.validation.utc_now is clock.utc_now
-    assert mnestoma.validation.read_clock is clock.read_clock
+    assert mnestoma.core.validation.utc_now is clock.utc_now
+    assert mnestoma.core.validation.read_clock is clock.read_clock
     assert importlib.import_module("mnestoma.cli.demo").MovableClock is clock.MovableClock
 
 
 def test_the_copy_errors_live_with_the_others_and_copying_still_exports_them() -> None:
     for name in ("StoresShareRows", "CopyVerificationError", "TargetNotEmpty"):
-        assert getattr(mnestoma.copying, name) is getattr(mnestoma.errors, name)
-        assert name in mnestoma.copying.__all__ and name in mnestoma.errors.__all__
-    assert issubclass(mnestoma.errors.StoresShareRows, mnestoma.errors.ConflictError)
-    assert issubclass(mnestoma.errors.TargetNotEmpty, mnestoma.errors.InvalidInput)
+        assert getattr(mnestoma.maintenance.copying, name) is getattr(mnestoma.core.errors, name)
+        assert name in mnestoma.maintenance.copying.__all__ and name in mnestoma.core.errors.__all__
+    assert issubclass(mnestoma.core.errors.StoresShareRows, mnestoma.core.errors.ConflictError)
+    assert issubclass(mnestoma.core.errors.TargetNotEmpty, mnestoma.core.errors.InvalidInput)
 
 
 @pytest.mark.parametrize(
@@ -87,10 +87,10 @@ def test_times_are_written_only_by_timefmt(relative: str) -> None:
         return
     for node in ast.walk(_tree(relative)):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-            assert node.func.attr != "strftime", f"{relative}:{node.lineno}: use mnestoma.timefmt"
+            assert node.func.attr != "strftime", f"{relative}:{node.lineno}: use mnestoma.core.timefmt"
             args = [a.value for a in node.args if isinstance(a, ast.Constant)]
             assert not (node.func.attr == "replace" and args == ["+00:00", "Z"]), (
-                f"{relative}:{node.lineno}: use mnestoma.timefmt.iso_utc"
+                f"{relative}:{node.lineno}: use mnestoma.core.timefmt.iso_utc"
             )
 
 

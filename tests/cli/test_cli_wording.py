@@ -14,9 +14,9 @@ from sqlalchemy import create_engine, text
 
 import mnestoma
 from mnestoma import Mnestoma
-from mnestoma import status as status_module
-from mnestoma.migration import alembic_config
-from mnestoma.status import collect_status, render_status
+from mnestoma.maintenance import status as status_module
+from mnestoma.maintenance.migration import alembic_config
+from mnestoma.maintenance.status import collect_status, render_status
 
 
 def test_copy_counts_one_of_each_in_the_singular(tmp_path: Path) -> None:

@@ -15,10 +15,10 @@ from conftest import mnest_row
 from sqlalchemy import insert
 
 import mnestoma
-from mnestoma.aio import AsyncMnestoma
-from mnestoma.config import make_engine
-from mnestoma.errors import InvalidInput
-from mnestoma.models import CanonicalQuery, Event, Mnest
+from mnestoma.doors.asynchronous import AsyncMnestoma
+from mnestoma.engines import make_engine
+from mnestoma.core.errors import InvalidInput
+from mnestoma.schema.models import CanonicalQuery, Event, Mnest
 
 # The C1 controls a terminal may act on (CSI, OSC, NEL), DEL and ESC.
 C1_TEXTS = {"csi": "red \x9b31m text", "osc": "a\x9d0;title\x9c", "nel": "a\x85b"}

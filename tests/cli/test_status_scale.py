@@ -11,10 +11,10 @@ from click.testing import CliRunner
 from sqlalchemy import create_engine, text
 
 from mnestoma import Mnestoma, Passing
-from mnestoma import status as status_module
+from mnestoma.maintenance import status as status_module
 from mnestoma.cli import cli
-from mnestoma.rules import Recorder
-from mnestoma.status import collect_status, render_status
+from mnestoma.core.rules import Recorder
+from mnestoma.maintenance.status import collect_status, render_status
 
 
 def _fill(url: str) -> None:

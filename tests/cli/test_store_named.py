@@ -12,7 +12,7 @@ from cli_kit import run
 
 import mnestoma
 from mnestoma.cli import render
-from mnestoma.redaction import redact_url
+from mnestoma.core.redaction import redact_url
 
 # Each command that opens a store and does not name it on stdout; {proto} and {edge} are the
 # ids of a proto and of an active edge of the store.

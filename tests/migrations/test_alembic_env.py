@@ -18,8 +18,8 @@ from sqlalchemy import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
 import mnestoma
-from mnestoma.config import make_engine
-from mnestoma.migration import HANDED, alembic_config, current_revision
+from mnestoma.engines import make_engine
+from mnestoma.maintenance.migration import HANDED, alembic_config, current_revision
 
 
 @dataclass

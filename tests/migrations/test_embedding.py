@@ -35,8 +35,8 @@ from test_service_alembic import service_project
 
 import mnestoma
 from mnestoma.cli import cli
-from mnestoma.config import make_engine
-from mnestoma.migration import VERSION_TABLE, alembic_config
+from mnestoma.engines import make_engine
+from mnestoma.maintenance.migration import VERSION_TABLE, alembic_config
 
 
 def _prepare_service(url: str) -> None:

@@ -17,7 +17,7 @@ from sqlalchemy import Engine, create_engine, inspect, text
 
 import mnestoma
 from mnestoma.cli import cli
-from mnestoma.migration import LEGACY_VERSION_TABLE, VERSION_TABLE
+from mnestoma.maintenance.migration import LEGACY_VERSION_TABLE, VERSION_TABLE
 
 TS = "2026-01-01 00:00:00+00:00"
 

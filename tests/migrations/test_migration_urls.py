@@ -10,9 +10,9 @@ from click.testing import CliRunner
 from sqlalchemy.engine import make_url
 
 import mnestoma
-from mnestoma.aio import AsyncMnestoma
+from mnestoma.doors.asynchronous import AsyncMnestoma
 from mnestoma.cli import cli
-from mnestoma.migration import sync_database_url
+from mnestoma.maintenance.migration import sync_database_url
 
 
 def _async_url(url: str, driver: str) -> str:

@@ -12,14 +12,14 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy import inspect, text
 
 import mnestoma
-from mnestoma.config import make_engine
-from mnestoma.migration import (
+from mnestoma.engines import make_engine
+from mnestoma.maintenance.migration import (
     alembic_config,
     current_revision,
     head_revision,
     offline_sql,
 )
-from mnestoma.models import VIEW_NAME, Base
+from mnestoma.schema.models import VIEW_NAME, Base
 
 EXPECTED_TABLES = {
     "mnests",

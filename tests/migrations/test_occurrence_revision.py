@@ -10,9 +10,9 @@ from schema_kit import insert_old_mnests
 from sqlalchemy import text
 
 import mnestoma
-from mnestoma.config import make_engine
-from mnestoma.migration import current_revision, head_revision
-from mnestoma.partitions import forget_partitions
+from mnestoma.engines import make_engine
+from mnestoma.maintenance.migration import current_revision, head_revision
+from mnestoma.engines.partitions import forget_partitions
 from mnestoma.testing.clock import MovableClock
 
 EDGE = ("plan", "1", "search", "1")

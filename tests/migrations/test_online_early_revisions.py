@@ -21,8 +21,8 @@ from sqlalchemy.engine import URL
 from test_live_upgrade import Writers
 
 import mnestoma
-from mnestoma.config import make_engine
-from mnestoma.migration import current_revision, offline_sql
+from mnestoma.engines import make_engine
+from mnestoma.maintenance.migration import current_revision, offline_sql
 
 EARLY = ("0003", "0004", "0005", "0006")
 TIMEOUT = 0.5  # seconds a statement waits for a lock in these tests

@@ -16,11 +16,11 @@ from test_live_upgrade import Writers
 
 import mnestoma
 from mnestoma import Mnestoma, Passing
-from mnestoma.config import make_engine
-from mnestoma.migration import alembic_config, current_revision, head_revision, is_store_name
-from mnestoma.partitions import forget_partitions
+from mnestoma.engines import make_engine
+from mnestoma.maintenance.migration import alembic_config, current_revision, head_revision, is_store_name
+from mnestoma.engines.partitions import forget_partitions
 from mnestoma.testing.clock import MovableClock
-from mnestoma.types import INSTANTS_END
+from mnestoma.core.types import INSTANTS_END
 
 
 def _before_0011() -> str:
@@ -132,7 +132,7 @@ def test_an_async_unit_of_work_makes_the_month_its_commit_reached(pg_store_url: 
     as the sync unit of work does."""
     import asyncio
 
-    from mnestoma.aio import AsyncUnitOfWork, make_async_engine, make_async_session_factory
+    from mnestoma.doors.asynchronous import AsyncUnitOfWork, make_async_engine, make_async_session_factory
 
     engine = make_engine(pg_store_url)
     clock = MovableClock(datetime(2046, 3, 9, tzinfo=UTC))
@@ -164,7 +164,7 @@ def test_a_write_never_waits_for_a_partition_nor_fails_for_one_missing(
     (an exclusive lock on events, in a transaction of its own after the write's commit)
     gives up after its short lock timeout, the write is done with its row in the default
     partition, and the next write once the reader is gone makes the month and moves it."""
-    from mnestoma import partitions
+    from mnestoma.engines import partitions
 
     monkeypatch.setattr(partitions, "PARTITION_UPKEEP_RETRY_S", 0.0)
     engine = make_engine(pg_store_url)
@@ -498,7 +498,7 @@ def test_create_all_builds_the_layout_the_revision_builds(pg_empty_db_url: str) 
     tables, which the schema comparisons leave out (names and definitions alike)."""
     from conftest import create_pg_database, drop_pg_database
 
-    from mnestoma.models import Base
+    from mnestoma.schema.models import Base
 
     mnestoma.upgrade(pg_empty_db_url)
     migrated = _layout(pg_empty_db_url)

@@ -26,9 +26,9 @@ from pytest_alembic.tests import (
 )
 from sqlalchemy import Engine
 
-from mnestoma.config import make_engine
-from mnestoma.migration import alembic_config as packaged_config
-from mnestoma.migration import head_revision
+from mnestoma.engines import make_engine
+from mnestoma.maintenance.migration import alembic_config as packaged_config
+from mnestoma.maintenance.migration import head_revision
 
 __all__ = [
     "alembic_runner",

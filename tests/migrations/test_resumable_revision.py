@@ -20,9 +20,9 @@ from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import URL, make_url
 
 import mnestoma
-from mnestoma import migration
-from mnestoma.config import make_engine
-from mnestoma.migration import current_revision, head_revision, offline_sql
+from mnestoma.maintenance import migration
+from mnestoma.engines import make_engine
+from mnestoma.maintenance.migration import current_revision, head_revision, offline_sql
 
 TIMEOUT = 0.2  # seconds a statement waits for a lock in these tests
 CHECKS = ("ck_mnests_outcome_counts_nonneg", "ck_events_outcome_known")

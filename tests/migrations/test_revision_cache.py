@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mnestoma import migration
+from mnestoma.maintenance import migration
 
 
 @pytest.fixture

@@ -14,9 +14,10 @@ import pytest
 from sqlalchemy import Engine, text
 
 import mnestoma
-from mnestoma import rules, seed_repair
-from mnestoma.config import make_engine
-from mnestoma.migration import current_revision, head_revision
+from mnestoma.core import rules
+from mnestoma.maintenance import seed_repair
+from mnestoma.engines import make_engine
+from mnestoma.maintenance.migration import current_revision, head_revision
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 LAMBDA = 0.018

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from alembic.script import Script, ScriptDirectory
 
-from mnestoma.migration import alembic_config, offline_sql
+from mnestoma.maintenance.migration import alembic_config, offline_sql
 
 LAST_REVISION_BEFORE_THE_RULE = "0002"
 

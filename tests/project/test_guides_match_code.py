@@ -19,7 +19,7 @@ PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```.*?^```", re.M | re.S)
 # "sections 1–13", "sections 1-13", "run 1 to 13": how a guide says how many there are.
 SECTION_COUNT = re.compile(r"\b(?:sections|run)\s+1\s*(?:–|-|to)\s*(\d+)\b")
-# A path of the checkout in backquotes: `mnestoma/rules.py`, `tests/store/test_aio.py`,
+# A path of the checkout in backquotes: `mnestoma/core/rules.py`, `tests/store/test_aio.py`,
 # `docs/api/`, `migrations/versions/`.
 CHECKOUT_PATH = re.compile(
     r"`((?:mnestoma|tests|docs|migrations|benchmarks)/[\w./-]*|[\w-]+\.(?:md|toml|ini))`"

@@ -20,7 +20,7 @@ if str(REPO) not in sys.path:  # ``benchmarks`` lives at the top of the checkout
 
 import mnestoma
 from benchmarks import planner, scienceworld
-from mnestoma.ranking import ORDER_BY, SUGGEST_ORDER_BY
+from mnestoma.planner.ranking import ORDER_BY, SUGGEST_ORDER_BY
 from mnestoma.testing.clock import MovableClock
 
 FIXTURE = REPO / "tests" / "fixtures" / "BFCL_v4_multi_turn_sample.json"

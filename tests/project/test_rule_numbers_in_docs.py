@@ -1,5 +1,5 @@
 """Every number of the rules that the README and the guides quote is the number in
-``mnestoma/rules.py``, so that prose cannot drift from the code unseen.
+``mnestoma/core/rules.py``, so that prose cannot drift from the code unseen.
 
 Three kinds of quote are read: the table of contract §4 (a constant's name beside its
 value), a number written beside a constant's name anywhere (``FORK_WAIT_S`` (5 s),
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-from mnestoma import rules
+from mnestoma.core import rules
 
 README = REPO / "README.md"
 DOCS = REPO / "docs"
@@ -207,7 +207,7 @@ def test_the_contract_table_of_rules_gives_each_constant_its_value() -> None:
         assert len(names) == len(values), f"contract §4: {names} against {values}"
         for name, value in zip(names, values, strict=True):
             assert _agrees(float(value), _rule_value(name)), (
-                f"contract §4 gives {name} as {value}; mnestoma/rules.py holds {RULES[name]}"
+                f"contract §4 gives {name} as {value}; mnestoma/core/rules.py holds {RULES[name]}"
             )
 
 
@@ -254,7 +254,7 @@ def test_the_guides_quote_many_numbers_beside_their_names() -> None:
 def test_a_number_beside_a_constants_name_is_the_constants_value(page: Path) -> None:
     text = _joined(page.read_text(encoding="utf-8"))
     wrong = [
-        f"{match[0]!r}: mnestoma/rules.py holds {name} = {RULES[name]}"
+        f"{match[0]!r}: mnestoma/core/rules.py holds {name} = {RULES[name]}"
         for name, quoted, value, match in beside_names(text)
         if not _agrees(quoted, value)
     ]
@@ -269,7 +269,7 @@ def test_each_listed_quote_reads_the_rules_numbers(page: str) -> None:
     text = _page(page)
     missing = [_filled(template) for template in QUOTES[page] if _filled(template) not in text]
     assert not missing, (
-        f"{page} no longer says these with the numbers of mnestoma/rules.py (a number moved, "
+        f"{page} no longer says these with the numbers of mnestoma/core/rules.py (a number moved, "
         f"or the words did: then list the new words in QUOTES): {missing}"
     )
 
@@ -287,7 +287,7 @@ def _covered(page: str, text: str) -> list[tuple[int, int]]:
         filled = _filled(template)
         spans += [(m.start(), m.end()) for m in re.finditer(re.escape(filled), text)]
     if page == "docs/contract.md":  # §4's table, up to the prose after it
-        start = text.index("| name in `mnestoma.rules` |")
+        start = text.index("| name in `mnestoma.core.rules` |")
         spans.append((start, text.index("**Effective weight**", start)))
     return spans
 
@@ -349,7 +349,7 @@ def test_the_maintainers_guide_names_every_module_that_spells_decaying_below() -
         for path in PACKAGE.rglob("*.py")
         if value.search(path.read_text(encoding="utf-8"))
     }
-    assert "mnestoma/rules.py" in spelling
+    assert "mnestoma/core/rules.py" in spelling
     assert spelling <= said, (
         "these modules spell DECAYING_BELOW's number and docs/maintainers.md does not say "
         f"a change of it touches them: {sorted(spelling - said)}"

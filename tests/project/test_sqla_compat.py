@@ -1,4 +1,4 @@
-"""The package's uses of SQLAlchemy's private API (``mnestoma._sqla_compat``), each tested
+"""The package's uses of SQLAlchemy's private API (``mnestoma.core._sqla_compat``), each tested
 against the installed SQLAlchemy: a release that renames or changes one fails here, with
 the name of what changed, before it fails a user. And no other module reaches past the
 public API: every such use is in that one module."""
@@ -32,8 +32,8 @@ from sqlalchemy.orm import configure_mappers
 from sqlalchemy.sql.compiler import SQLCompiler
 
 import mnestoma
-from mnestoma import _sqla_compat as compat
-from mnestoma.models import Mnest
+from mnestoma.core import _sqla_compat as compat
+from mnestoma.schema.models import Mnest
 
 PACKAGE = Path(mnestoma.__file__).resolve().parent
 # What reaching into SQLAlchemy's internals looks like in the package's source.
@@ -62,7 +62,7 @@ def test_no_module_but_the_compat_module_uses_private_sqlalchemy() -> None:
         for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
         if PRIVATE_USES.search(line)
     ]
-    assert found == [], "private SQLAlchemy outside mnestoma/_sqla_compat.py:\n" + "\n".join(found)
+    assert found == [], "private SQLAlchemy outside mnestoma/core/_sqla_compat.py:\n" + "\n".join(found)
 
 
 def test_the_detector_finds_each_kind_of_private_use() -> None:

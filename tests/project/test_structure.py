@@ -1,4 +1,4 @@
-"""Every rule in one place: the states and event kinds are spelled only in mnestoma.rules.
+"""Every rule in one place: the states and event kinds are spelled only in mnestoma.core.rules.
 
 Elsewhere in the package they come from ``MnestState``, ``EventKind`` and the tuples and SQL
 helpers of the rules, so that adding a state or a kind is a change to ``rules.py`` (and a
@@ -12,7 +12,7 @@ import ast
 from pathlib import Path
 
 import mnestoma
-from mnestoma.rules import EventKind, MnestState
+from mnestoma.core.rules import EventKind, MnestState
 
 PACKAGE = Path(mnestoma.__file__).resolve().parent
 ROOT = PACKAGE.parent
@@ -102,7 +102,7 @@ def test_states_and_event_kinds_are_spelled_only_in_the_rules() -> None:
         for line in offenders(path.read_text(encoding="utf-8"), path.relative_to(ROOT).as_posix())
     ]
     assert not found, (
-        f"{len(found)} state or event-kind literal(s) outside mnestoma/rules.py; use MnestState, "
+        f"{len(found)} state or event-kind literal(s) outside mnestoma/core/rules.py; use MnestState, "
         "EventKind, LIVE_STATES, PASSING_KINDS, sql_literal or sql_list instead:\n"
         + "\n".join(found)
     )

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 import mnestoma
 from mnestoma import CanonicalQuery, Event, Mnest, MnestomaView, UnitOfWork
-from mnestoma.config import make_engine
+from mnestoma.engines import make_engine
 from mnestoma.testing import (
     DEFAULT_START,
     DecayingMnestFactory,

@@ -28,7 +28,7 @@ from conftest import PG_ADMIN_URL  # noqa: E402
 
 from benchmarks import writer_latency as wl  # noqa: E402
 from benchmarks.data import PostgresServer, SqliteFiles  # noqa: E402
-from mnestoma.migration import head_revision  # noqa: E402
+from mnestoma.maintenance.migration import head_revision  # noqa: E402
 
 TINY = wl.Settings(
     writers=2,

@@ -24,11 +24,14 @@ from sqlalchemy import Engine, event, text
 from sqlalchemy.exc import DBAPIError
 
 import mnestoma
-from mnestoma import AgerReport, Mnestoma, ager, locking, rules
-from mnestoma.aio import AsyncMnestoma
-from mnestoma.errors import InvalidInput, MnestomaError
-from mnestoma.locking import WaitingWriters
-from mnestoma.status import collect_status
+from mnestoma import AgerReport, Mnestoma
+from mnestoma.maintenance import ager
+from mnestoma.engines import locking
+from mnestoma.core import rules
+from mnestoma.doors.asynchronous import AsyncMnestoma
+from mnestoma.core.errors import InvalidInput, MnestomaError
+from mnestoma.engines.locking import WaitingWriters
+from mnestoma.maintenance.status import collect_status
 
 ROWS = demoting_store(600, seed=11, twins=40)  # the twins come last: merges across batches
 STORE_TABLES = ("events", "ager_runs", "ager_progress", "mnests")
@@ -384,7 +387,7 @@ def test_a_postgresql_batch_waits_behind_a_table_lock_instead_of_giving_up(
     reset(pg_store_url)
     pauses: list[int] = []
     monkeypatch.setattr(
-        mnestoma.ager, "ager_batch_retry_pause", lambda a: pauses.append(a) or 0.001
+        mnestoma.maintenance.ager, "ager_batch_retry_pause", lambda a: pauses.append(a) or 0.001
     )
     with Mnestoma(pg_store_url, clock=StoppedClock()) as store:
         with store.engine.connect() as other:
@@ -439,7 +442,7 @@ def test_a_postgresql_batch_crossing_a_writer_gives_up_and_is_tried_again(
     early, late = decayed[0]["id"], decayed[-1]["id"]  # both changed in place, in that order
     pauses: list[float] = []
     monkeypatch.setattr(
-        mnestoma.ager, "ager_batch_retry_pause", lambda a: pauses.append(a) or 0.005
+        mnestoma.maintenance.ager, "ager_batch_retry_pause", lambda a: pauses.append(a) or 0.005
     )
     bump = "UPDATE mnests SET uses = uses + 1 WHERE id = :id"
     failures: list[BaseException] = []
@@ -500,7 +503,7 @@ def test_a_postgresql_batch_waits_for_a_row_as_long_as_a_writer_holds_it(
     reset(pg_store_url)
     held, page = held_row_and_page(pg_store_url, left)
     assert page > 0
-    caplog.set_level(logging.INFO, logger="mnestoma.ager")
+    caplog.set_level(logging.INFO, logger="mnestoma.maintenance.ager")
     failures: list[BaseException] = []
     with Mnestoma(pg_store_url, clock=StoppedClock()) as store:
         with store.engine.connect() as writer, store.engine.connect() as reader:
@@ -527,7 +530,7 @@ def test_a_postgresql_batch_waits_for_a_row_as_long_as_a_writer_holds_it(
         assert position == page  # every page before the held row's was done meanwhile
         assert snapshot(store.engine)[0] == left
     assert collect_status(pg_store_url).ager_unfinished == []
-    [said] = [r.getMessage() for r in caplog.records if r.name == "mnestoma.ager"]
+    [said] = [r.getMessage() for r in caplog.records if r.name == "mnestoma.maintenance.ager"]
     assert "tried again" in said and "positions in the smallest batch: 1" in said
 
 
@@ -739,7 +742,7 @@ def test_an_async_write_queued_behind_the_facade_s_writes_says_it_waits(tmp_path
     that it waits, so that an ager between two batches lets the queue in."""
     import asyncio
 
-    from mnestoma.aio import AsyncMnestoma
+    from mnestoma.doors.asynchronous import AsyncMnestoma
 
     url = f"sqlite:///{tmp_path / 'store.sqlite'}"
     with Mnestoma(url) as store:
@@ -864,7 +867,7 @@ def test_a_killed_run_is_completed_by_the_next_to_the_same_result(
         assert interrupted.batches == k
     else:  # the batch it was in is rolled back, not counted
         assert interrupted.batches < k
-    assert "INTERRUPTED" in mnestoma.status.render_status(status)
+    assert "INTERRUPTED" in mnestoma.maintenance.status.render_status(status)
     with Mnestoma(store_url, clock=StoppedClock()) as store:
         report = store.apply_ager()
         assert snapshot(store.engine) == left
@@ -977,7 +980,7 @@ def test_a_growing_batch_commits_at_the_step_a_writer_comes(
     run is one batch: its bound is made longer than the run.)"""
     monkeypatch.setattr(ager, "AGER_BATCH_QUIET_TARGET_S", 1e-6)  # steps of a few rows
     monkeypatch.setattr(ager, "AGER_BATCH_GROWN_MAX_S", 600.0)
-    monkeypatch.setattr(mnestoma.ager, "AGER_BATCH_ROWS", 8)
+    monkeypatch.setattr(mnestoma.maintenance.ager, "AGER_BATCH_ROWS", 8)
     expected, _ = one_transaction(store_url)
     reset(store_url)
     batches: list[tuple[int, bool]] = []
@@ -1031,7 +1034,7 @@ def test_a_sqlite_run_checkpoints_only_with_writers_about_at_its_bound_and_at_it
     Mnestoma(url).close()  # migrated
     reset(url)
     if when == "writers about":
-        monkeypatch.setattr(mnestoma.ager, "ager_writers_about", lambda since: True)
+        monkeypatch.setattr(mnestoma.maintenance.ager, "ager_writers_about", lambda since: True)
     if when == "at the WAL's bound":
         monkeypatch.setattr(rules, "AGER_WAL_CHECKPOINT_MIB", 1 / 1024 / 1024)
     shm = f"{tmp_path / 'store.sqlite'}-shm"

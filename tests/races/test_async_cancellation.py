@@ -23,13 +23,13 @@ from sqlalchemy import create_engine, func, select, text
 from sqlalchemy.engine import make_url
 
 import mnestoma
-from mnestoma.aio import (
+from mnestoma.doors.asynchronous import (
     AsyncMnestoma,
     AsyncUnitOfWork,
     make_async_engine,
     make_async_session_factory,
 )
-from mnestoma.models import Event
+from mnestoma.schema.models import Event
 
 CANCELLATIONS = 300
 EDGES = [("cx.src", "1", f"cx.dst{i}", "1") for i in range(4)]
@@ -206,7 +206,7 @@ RUN_CANCELLATIONS = 100
 def run_has_ended(url: str, within: float) -> bool:
     """Within ``within`` seconds, no run of the ager holds its lock, no other connection is
     left in a transaction (PostgreSQL), and another connection gets the write lock (SQLite)."""
-    from mnestoma.status import collect_status
+    from mnestoma.maintenance.status import collect_status
 
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
@@ -230,7 +230,7 @@ def test_a_cancelled_async_run_of_the_ager_stops_and_gives_its_connection_back(
     from ager_kit import StoppedClock
     from test_ager_batches import one_transaction, reset, snapshot
 
-    from mnestoma.status import collect_status
+    from mnestoma.maintenance.status import collect_status
 
     _, (left, _) = one_transaction(store_url)
     reset(store_url)
@@ -279,7 +279,7 @@ def test_a_postgresql_run_cancelled_while_its_batch_waits_for_a_row_stops_waitin
     from ager_kit import StoppedClock
     from test_ager_batches import ROWS, held_row_and_page, one_transaction, reset, snapshot
 
-    from mnestoma.status import collect_status
+    from mnestoma.maintenance.status import collect_status
 
     _, (left, _) = one_transaction(pg_store_url)
     reset(pg_store_url)

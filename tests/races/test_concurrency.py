@@ -36,8 +36,8 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 import mnestoma
-from mnestoma import locking
-from mnestoma.config import make_engine
+from mnestoma.engines import locking
+from mnestoma.engines import make_engine
 
 CTX = multiprocessing.get_context("spawn")
 SOAK = os.environ.get("MNESTOMA_SOAK", "") not in ("", "0")
@@ -382,7 +382,7 @@ def test_a_turn_that_loses_an_insert_race_does_not_deadlock_with_another_turn(
 ) -> None:
     """PostgreSQL only: SQLite runs one writer at a time, the interleaving cannot happen."""
     store_url = pg_store_url
-    from mnestoma import repository
+    from mnestoma.store import repository
 
     # ids decide the lock order of a turn: the cold edge sorts before the hot one.
     ids = iter(["mn_zzzzzzzzzzzzzzzzhot", "mn_aaaaaaaaaaaaaaaacold"])

@@ -26,8 +26,9 @@ from sqlalchemy.orm import sessionmaker
 from traced_tools import read, search
 
 import mnestoma
-from mnestoma import Passing, locking
-from mnestoma.tracing import BackgroundWriter, stats, turn
+from mnestoma import Passing
+from mnestoma.engines import locking
+from mnestoma.recording.tracing import BackgroundWriter, stats, turn
 
 pytestmark = pytest.mark.skipif(
     "fork" not in multiprocessing.get_all_start_methods(), reason="needs fork()"
@@ -306,7 +307,7 @@ def test_a_forked_worker_s_span_processor_records_over_connections_of_its_own(
 ) -> None:
     from opentelemetry.sdk.trace import TracerProvider
 
-    from mnestoma.otel import MnestomaSpanProcessor
+    from mnestoma.recording.otel import MnestomaSpanProcessor
 
     processor = MnestomaSpanProcessor(store, version_of={"search": "1", "read": "1"})
     provider = TracerProvider()
@@ -646,7 +647,7 @@ def test_a_child_forked_while_an_async_store_writes_in_another_thread_can_write(
     store_url: str,
 ) -> None:
     """The async door's writes (aiosqlite's own thread runs them) are waited for alike."""
-    from mnestoma.aio import AsyncMnestoma
+    from mnestoma.doors.asynchronous import AsyncMnestoma
 
     inside = threading.Event()
     done = threading.Event()

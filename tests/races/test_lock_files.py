@@ -32,7 +32,7 @@ from sqlalchemy import make_url
 
 import mnestoma
 from mnestoma import StoreError
-from mnestoma.locking import ENV_LOCK_TIMEOUT, open_beside_store, waiting_file
+from mnestoma.engines.locking import ENV_LOCK_TIMEOUT, open_beside_store, waiting_file
 
 # A run that should end in a second or two; a FIFO that blocks it would block for ever.
 RUN_TIMEOUT_S = 60

@@ -15,7 +15,7 @@ from pathlib import Path
 from sqlalchemy import text
 
 import mnestoma
-from mnestoma.config import make_engine
+from mnestoma.engines import make_engine
 
 # SQLite's "dead man switch" byte of the WAL index (unix VFS): each connection holds a
 # shared lock on it; a process that can take it exclusively believes no one else is there.

@@ -1,5 +1,5 @@
 """One background writer behind both recorders: the tracer's ``BackgroundWriter`` and the
-OpenTelemetry span processor hand their work to the same :class:`mnestoma.writer.Writer`.
+OpenTelemetry span processor hand their work to the same :class:`mnestoma.recording.writer.Writer`.
 
 Each behaviour runs through both doors: a bounded queue that drops and counts, flush and
 close, a forked child's writer starting empty, failures counted and logged, outcomes
@@ -34,9 +34,9 @@ from test_fork import in_forked_child
 
 import mnestoma
 from mnestoma import InvalidInput, Passing
-from mnestoma.otel import MnestomaSpanProcessor
-from mnestoma.tracing import BackgroundWriter, executor, stats, turn
-from mnestoma.writer import Writer
+from mnestoma.recording.otel import MnestomaSpanProcessor
+from mnestoma.recording.tracing import BackgroundWriter, executor, stats, turn
+from mnestoma.recording.writer import Writer
 
 WAIT = 30.0  # seconds any wait of a test may take before it fails
 DOORS = ["tracer", "otel"]
@@ -116,7 +116,7 @@ class Door:
 
 
 class TracerDoor(Door):
-    logger = "mnestoma.tracing"
+    logger = "mnestoma.recording.tracing"
 
     def __init__(self, store: Any, *, max_queue: int = 1000) -> None:
         self.store = store
@@ -148,7 +148,7 @@ class TracerDoor(Door):
 
 
 class OtelDoor(Door):
-    logger = "mnestoma.otel"
+    logger = "mnestoma.recording.otel"
 
     def __init__(self, store: Any, *, max_queue: int = 10_000) -> None:
         self.gate: threading.Event | None = None
@@ -448,13 +448,13 @@ class S:
     def record_turn(self, turn_id, passings, *, recorder):
         sys.stdout.write(json.dumps([recorder, len(passings)]) + "\\n")
 if sys.argv[1] == "tracer":
-    from mnestoma.tracing import BackgroundWriter
+    from mnestoma.recording.tracing import BackgroundWriter
     w = BackgroundWriter(S())
     for n in range(3):
         w.submit(f"t{n}", [("a", "1", "b", "1")])
 else:
     from opentelemetry.sdk.trace import TracerProvider
-    from mnestoma.otel import MnestomaSpanProcessor
+    from mnestoma.recording.otel import MnestomaSpanProcessor
     provider = TracerProvider(shutdown_on_exit=False)  # nobody shuts the processor down
     provider.add_span_processor(MnestomaSpanProcessor(S()))
     tracer = provider.get_tracer("exit")

@@ -1,4 +1,4 @@
-"""The table of looks (mnestoma.display): one StateStyle per state, read by the graph's
+"""The table of looks (mnestoma.core.display): one StateStyle per state, read by the graph's
 renderers and by the command line, so that a new state fails here until it has a look."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from datetime import UTC, datetime
 import pytest
 from click.testing import CliRunner
 
-from mnestoma import display
+from mnestoma.core import display
 from mnestoma.cli import cli
 from mnestoma.cli.render import render_edges, render_events
-from mnestoma.display import (
+from mnestoma.core.display import (
     FAILING_ARROW,
     FAILING_COLOUR,
     FAILING_DOT_STYLE,
@@ -22,16 +22,16 @@ from mnestoma.display import (
     StateStyle,
     state_word,
 )
-from mnestoma.graph import GraphEdge, GraphNode, MnestGraph, to_dot, to_mermaid
-from mnestoma.models import Event, Mnest
-from mnestoma.rules import (
+from mnestoma.planner.graph import GraphEdge, GraphNode, MnestGraph, to_dot, to_mermaid
+from mnestoma.schema.models import Event, Mnest
+from mnestoma.core.rules import (
     DEFAULT_DECAY_LAMBDA,
     LIVE_STATES,
     MnestState,
     Recorder,
     check_transition,
 )
-from mnestoma.status import RecorderFacts, StoreStatus, render_status
+from mnestoma.maintenance.status import RecorderFacts, StoreStatus, render_status
 
 AT = datetime(2026, 1, 1, 12, tzinfo=UTC)
 
@@ -92,7 +92,7 @@ def _plain(text: str) -> str:
 def test_every_state_has_a_look() -> None:
     """Every state of MnestState has a StateStyle, its own or the one the rules give it."""
     missing = [s.value for s in MnestState if s not in STATE_STYLES]
-    assert not missing, f"states without a look in mnestoma.display.STATE_STYLES: {missing}"
+    assert not missing, f"states without a look in mnestoma.core.display.STATE_STYLES: {missing}"
     assert set(STATE_STYLES) == set(MnestState)
     assert all(isinstance(style, StateStyle) for style in STATE_STYLES.values())
     words = [style.word for style in STATE_STYLES.values()]

@@ -15,12 +15,13 @@ from typing import Any
 import pytest
 from sqlalchemy.dialects import postgresql, sqlite
 
-from mnestoma import copying, seed_repair
-from mnestoma.repository import _event
-from mnestoma.rules import EventKind, Recorder
-from mnestoma.settings import Settings
-from mnestoma.sql import ager, record
-from mnestoma.sql.tables import EVENT_COLUMNS, EVENT_ROW, EVENTS, EventRow
+from mnestoma.maintenance import copying
+from mnestoma.maintenance import seed_repair
+from mnestoma.store.repository import _event
+from mnestoma.core.rules import EventKind, Recorder
+from mnestoma.core.settings import Settings
+from mnestoma.schema.sql import ager, record
+from mnestoma.schema.sql.tables import EVENT_COLUMNS, EVENT_ROW, EVENTS, EventRow
 
 T = datetime(2026, 6, 1, tzinfo=UTC)
 DIALECTS = {"sqlite": sqlite.dialect(), "postgresql": postgresql.dialect()}

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mnestoma import rules
-from mnestoma.rules import ContextUsed, chain_increments, next_probabilities
+from mnestoma.core import rules
+from mnestoma.core.rules import ContextUsed, chain_increments, next_probabilities
 
 names = st.sampled_from(["a", "b", "c", "d", "e", "f"])
 counts = st.dictionaries(names, st.floats(1e-6, 1e6), max_size=6)

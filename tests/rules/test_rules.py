@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mnestoma import rules
-from mnestoma.rules import MnestState, check_transition, decayed_weight, reinforced_weight
+from mnestoma.core import rules
+from mnestoma.core.rules import MnestState, check_transition, decayed_weight, reinforced_weight
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -386,14 +386,14 @@ def test_fixed_batches_grow_back_twice_at_a_time_to_their_planned_size(
 
 
 def test_a_postgresql_batch_waits_for_a_row_at_most_the_row_lock_timeout() -> None:
-    from mnestoma.sql.ager import postgresql_ager_statements
+    from mnestoma.schema.sql.ager import postgresql_ager_statements
 
     timeout = str(postgresql_ager_statements(True).row_lock_timeout)
     assert timeout == "SET LOCAL lock_timeout = '50ms'"
 
 
 def test_a_postgresql_batch_hands_the_pages_it_writes_out_to_the_disk_every_256_kib() -> None:
-    from mnestoma.sql.ager import postgresql_ager_statements
+    from mnestoma.schema.sql.ager import postgresql_ager_statements
 
     assert rules.AGER_FLUSH_AFTER_KIB == 256
     flush = str(postgresql_ager_statements(True).write_behind)

@@ -8,9 +8,9 @@ from typing import Any
 from sqlalchemy import inspect
 from sqlalchemy.orm import make_transient_to_detached
 
-from mnestoma import snapshots
-from mnestoma.models import CanonicalQuery, Event, Mnest
-from mnestoma.sql.tables import EVENT_COLUMNS, MNEST_COLUMNS, QUERY_COLUMNS
+from mnestoma.schema import snapshots
+from mnestoma.schema.models import CanonicalQuery, Event, Mnest
+from mnestoma.schema.sql.tables import EVENT_COLUMNS, MNEST_COLUMNS, QUERY_COLUMNS
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
 MNEST = {

@@ -109,8 +109,8 @@ def test_a_weak_decaying_row_younger_than_90_days_is_not_a_candidate(
     # force a very weak row: a decaying row with a high decay speed
     from sqlalchemy import update
 
-    from mnestoma.config import make_engine
-    from mnestoma.models import Mnest
+    from mnestoma.engines import make_engine
+    from mnestoma.schema.models import Mnest
 
     engine = make_engine(store.engine.url)
     with engine.begin() as conn:

@@ -11,7 +11,7 @@ from sqlalchemy import insert, text
 
 import mnestoma
 from mnestoma import Mnestoma
-from mnestoma.models import Mnest
+from mnestoma.schema.models import Mnest
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 
@@ -36,7 +36,7 @@ def test_the_merge_of_a_hub_is_linear_on_a_database_without_statistics(
     reached one side through the (state, src) or the dst_executor index read every twin of
     the hub for each row (quadratic, millions of rows); the merge statement does a bounded
     amount of work per row, and merges every pair."""
-    from mnestoma.sql import ager as stm
+    from mnestoma.schema.sql import ager as stm
 
     hub = 2_000
 

@@ -15,15 +15,15 @@ from conftest import mnest_row
 from sqlalchemy import Connection, Engine, event, select, text
 
 import mnestoma
-import mnestoma.ager as ager_module
+import mnestoma.maintenance.ager as ager_module
 from mnestoma import AgerReport, Mnestoma, UnitOfWork, make_engine, make_session_factory
-from mnestoma.ager import AGER_CACHE_KIB
-from mnestoma.errors import MnestomaError
-from mnestoma.models import Mnest
-from mnestoma.rules import AgerRow, age
-from mnestoma.settings import Settings
-from mnestoma.sql.ager import AgerChange, sqlite_ager_statements
-from mnestoma.uow import ConnectionUnitOfWork
+from mnestoma.maintenance.ager import AGER_CACHE_KIB
+from mnestoma.core.errors import MnestomaError
+from mnestoma.schema.models import Mnest
+from mnestoma.core.rules import AgerRow, age
+from mnestoma.core.settings import Settings
+from mnestoma.schema.sql.ager import AgerChange, sqlite_ager_statements
+from mnestoma.store.uow import ConnectionUnitOfWork
 
 
 def table(engine: Engine) -> dict[str, dict[str, Any]]:

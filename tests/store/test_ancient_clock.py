@@ -19,7 +19,7 @@ from sqlalchemy import text
 
 import mnestoma
 from mnestoma import InvalidInput, Mnest, UnitOfWork, make_engine, make_session_factory
-from mnestoma.types import EARLIEST_CLOCK, EARLIEST_INSTANT, INSTANTS_END
+from mnestoma.core.types import EARLIEST_CLOCK, EARLIEST_INSTANT, INSTANTS_END
 
 NORMAL = datetime(2026, 1, 1, 12, tzinfo=UTC)
 OUT_OF_RANGE = {
@@ -177,7 +177,7 @@ def test_the_async_door_refuses_an_instant_an_offset_moves_out_of_range(
 ) -> None:
     import asyncio
 
-    from mnestoma.aio import AsyncMnestoma
+    from mnestoma.doors.asynchronous import AsyncMnestoma
 
     async def prune() -> None:
         async with AsyncMnestoma(store_url, clock=fixed(NORMAL)) as store:

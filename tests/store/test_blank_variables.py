@@ -14,10 +14,10 @@ from click.testing import CliRunner
 
 import mnestoma
 from mnestoma import InvalidInput
-from mnestoma.aio import AsyncMnestoma, make_async_engine
+from mnestoma.doors.asynchronous import AsyncMnestoma, make_async_engine
 from mnestoma.cli import cli
-from mnestoma.migration import checkout_database_url
-from mnestoma.status import collect_status
+from mnestoma.maintenance.migration import checkout_database_url
+from mnestoma.maintenance.status import collect_status
 from mnestoma.testing.plugin import ENV_TEST_DATABASE_URL, _test_database_url
 
 ORDER = ("MNESTOMA_DATABASE_URL", "MNESTOMA_DB_PATH", "METNOS_WORKSPACE")

@@ -16,12 +16,13 @@ from invariants import check_invariants
 from sqlalchemy import create_engine, select, text, update
 from sqlalchemy.orm import Session
 
-from mnestoma import AgerReport, Mnestoma, rules
-from mnestoma.aio import AsyncMnestoma
-from mnestoma.config import make_engine
-from mnestoma.copying import copy_store
-from mnestoma.graph import render
-from mnestoma.models import MnestChain
+from mnestoma import AgerReport, Mnestoma
+from mnestoma.core import rules
+from mnestoma.doors.asynchronous import AsyncMnestoma
+from mnestoma.engines import make_engine
+from mnestoma.maintenance.copying import copy_store
+from mnestoma.planner.graph import render
+from mnestoma.schema.models import MnestChain
 from mnestoma.testing import MnestChainFactory
 from mnestoma.testing.clock import MovableClock
 

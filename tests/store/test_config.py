@@ -14,10 +14,11 @@ import pytest
 from sqlalchemy import text
 
 import mnestoma
-from mnestoma import InvalidInput, locking, make_engine, make_session_factory, resolve_database_url
-from mnestoma.config import WRITE_OPTION, redact_url
-from mnestoma.errors import WriteLockTimeout
-from mnestoma.locking import LOCK_TIMEOUT_OPTION
+from mnestoma import InvalidInput, make_engine, make_session_factory, resolve_database_url
+from mnestoma.engines import locking
+from mnestoma.engines import WRITE_OPTION, redact_url
+from mnestoma.core.errors import WriteLockTimeout
+from mnestoma.engines.locking import LOCK_TIMEOUT_OPTION
 
 ENV = ("MNESTOMA_DATABASE_URL", "MNESTOMA_DB_PATH", "METNOS_WORKSPACE")
 
@@ -114,7 +115,7 @@ def test_a_store_folder_another_process_made_meanwhile_is_used_as_it_is(
 ) -> None:
     """Two processes opening new stores side by side: the one that finds a folder made
     under its feet goes on in it."""
-    from mnestoma import engines
+    from mnestoma.engines import build as engines
 
     made = tmp_path / "shared"
     real_mkdir = os.mkdir

@@ -27,7 +27,7 @@ from sqlalchemy.engine import URL, make_url
 import mnestoma
 from mnestoma import DatabaseUnavailable, InvalidInput
 from mnestoma.cli import scrub
-from mnestoma.config import (
+from mnestoma.engines import (
     make_engine,
     redact_text,
     redact_url,

@@ -16,10 +16,10 @@ from invariants import check_invariants
 from sqlalchemy import func, insert, inspect, select, text
 
 import mnestoma
-from mnestoma.config import make_engine
-from mnestoma.copying import copy_store
-from mnestoma.models import AgerRun, CanonicalQuery, Event, Mnest, MnestChain
-from mnestoma.rules import decayed_weight
+from mnestoma.engines import make_engine
+from mnestoma.maintenance.copying import copy_store
+from mnestoma.schema.models import AgerRun, CanonicalQuery, Event, Mnest, MnestChain
+from mnestoma.core.rules import decayed_weight
 from mnestoma.testing.clock import MovableClock
 
 TABLES = (
@@ -315,7 +315,7 @@ def test_copy_to_an_unreachable_target_never_prints_its_password(
 def test_copy_checksum_ignores_row_order_but_not_content(
     sqlite_url: Callable[[str], str],
 ) -> None:
-    from mnestoma.copying import table_checksum
+    from mnestoma.maintenance.copying import table_checksum
 
     a, b = sqlite_url("a.sqlite"), sqlite_url("b.sqlite")
     seed(a)
@@ -563,7 +563,7 @@ def test_copy_append_through_the_command_line_reports_the_merges(
 def test_copy_append_that_fails_after_merging_leaves_the_target_as_it_was(
     merged_stores: tuple[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from mnestoma import copying
+    from mnestoma.maintenance import copying
 
     source, target = merged_stores
     before = dump(target)
@@ -593,7 +593,7 @@ def test_copy_help_states_the_merge_rule() -> None:
 def test_a_failed_copy_into_a_new_sqlite_file_removes_it_and_its_folders(
     tmp_path: Path, sqlite_url: Callable[[str], str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from mnestoma import copying
+    from mnestoma.maintenance import copying
 
     source = seeded_source(sqlite_url)
     target = tmp_path / "new" / "deeper" / "target.sqlite"
@@ -784,7 +784,7 @@ def test_appending_a_store_back_into_the_one_it_absorbed_is_refused(
     _one_edge(source, turn=None, at=T0 + timedelta(hours=1))
     copy_store(source, target, append=True, clock=lambda: COPY_AT)
     before = dump(source)
-    with pytest.raises(mnestoma.errors.StoresShareRows, match="share rows"):
+    with pytest.raises(mnestoma.core.errors.StoresShareRows, match="share rows"):
         copy_store(target, source, append=True, clock=lambda: COPY_AT)
     assert dump(source) == before
 
@@ -801,6 +801,6 @@ def test_appending_two_stores_that_both_absorbed_a_third_is_refused(
     copy_store(c, a, append=True, clock=lambda: COPY_AT)
     copy_store(c, b, append=True, clock=lambda: COPY_AT)
     before = dump(b)
-    with pytest.raises(mnestoma.errors.StoresShareRows):
+    with pytest.raises(mnestoma.core.errors.StoresShareRows):
         copy_store(a, b, append=True, clock=lambda: COPY_AT)
     assert dump(b) == before

@@ -16,10 +16,10 @@ from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
 import mnestoma
-from mnestoma.config import make_engine
-from mnestoma.copying import copy_store
-from mnestoma.errors import StoresShareRows
-from mnestoma.models import Mnest
+from mnestoma.engines import make_engine
+from mnestoma.maintenance.copying import copy_store
+from mnestoma.core.errors import StoresShareRows
+from mnestoma.schema.models import Mnest
 
 T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
 COPY_AT = T0 + timedelta(days=2)

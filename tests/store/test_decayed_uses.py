@@ -19,13 +19,14 @@ from schema_kit import insert_old_mnests
 from sqlalchemy import select, text
 
 import mnestoma
-from mnestoma import InvalidInput, Passing, rules
-from mnestoma.aio import AsyncMnestoma
-from mnestoma.config import make_engine
-from mnestoma.copying import copy_store
-from mnestoma.models import Mnest, MnestomaView
+from mnestoma import InvalidInput, Passing
+from mnestoma.core import rules
+from mnestoma.doors.asynchronous import AsyncMnestoma
+from mnestoma.engines import make_engine
+from mnestoma.maintenance.copying import copy_store
+from mnestoma.schema.models import Mnest, MnestomaView
 from mnestoma.testing.clock import MovableClock
-from mnestoma.tracing import executor, turn
+from mnestoma.recording.tracing import executor, turn
 
 A = ("plan", "1", "search", "2")
 LAMBDA = rules.DEFAULT_DECAY_LAMBDA

@@ -15,10 +15,10 @@ from sqlalchemy import Connection, create_engine, event, text
 from sqlalchemy import exc as sa_exc
 
 import mnestoma
-from mnestoma import runner
-from mnestoma.errors import ConflictError, DatabaseUnavailable, StoreError
-from mnestoma.rules import EventKind, MnestState, Recorder
-from mnestoma.sql import record, tables
+from mnestoma.schema import runner
+from mnestoma.core.errors import ConflictError, DatabaseUnavailable, StoreError
+from mnestoma.core.rules import EventKind, MnestState, Recorder
+from mnestoma.schema.sql import record, tables
 
 EDGE = ("plan", "1", "search", "2")
 
@@ -312,7 +312,7 @@ def test_a_parameter_missing_from_tuple_rows_keeps_its_compiled_value(
 
 
 def test_an_event_tuple_puts_each_value_in_the_column_event_row_names() -> None:
-    from mnestoma.repository import _event
+    from mnestoma.store.repository import _event
 
     values = _event(
         "mn_1",

@@ -12,7 +12,7 @@ from sqlalchemy import column, insert, table
 
 import mnestoma
 from mnestoma import Mnestoma
-from mnestoma.models import Mnest
+from mnestoma.schema.models import Mnest
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 

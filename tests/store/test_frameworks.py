@@ -39,7 +39,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, set_span_in_context
 
 import mnestoma
-from mnestoma.otel import MnestomaSpanProcessor
+from mnestoma.recording.otel import MnestomaSpanProcessor
 
 VERSIONS = {
     "search_files": "1.0",
@@ -322,7 +322,7 @@ def test_langgraph_with_content_capture_off_records_nothing(
 
 def tracer_tools(*funcs: Any) -> list[Any]:
     """LangChain tools of ``funcs``, each wrapped by the in-process tracer's executor."""
-    from mnestoma.tracing import executor
+    from mnestoma.recording.tracing import executor
 
     return [tool(executor(f.__name__, VERSIONS[f.__name__])(f)) for f in funcs]
 
@@ -330,7 +330,7 @@ def tracer_tools(*funcs: Any) -> list[Any]:
 def test_the_in_process_tracer_records_the_same_edges_from_the_same_tools(
     store: mnestoma.Mnestoma,
 ) -> None:
-    from mnestoma.tracing import turn
+    from mnestoma.recording.tracing import turn
 
     traced_tools = tracer_tools(search_files, read_file, count_words, today)
     with turn(store, "turn-tracer") as t:
@@ -343,7 +343,7 @@ def test_the_in_process_tracer_records_the_same_edges_from_the_same_tools(
 def test_the_in_process_tracer_records_a_failing_tool_s_edge_as_an_error(
     store: mnestoma.Mnestoma,
 ) -> None:
-    from mnestoma.tracing import turn
+    from mnestoma.recording.tracing import turn
 
     traced_tools = tracer_tools(search_files, read_file, convert_pdf, count_words)
     with turn(store, "turn-tracer") as t:

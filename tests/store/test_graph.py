@@ -18,7 +18,7 @@ from click.testing import Result
 from conftest import REPO
 
 from mnestoma import InvalidInput, Mnestoma, MnestomaError, UnitOfWork, make_session_factory
-from mnestoma.graph import (
+from mnestoma.planner.graph import (
     PICTURE_STATES,
     GraphReads,
     MissingExtra,

@@ -10,8 +10,8 @@ from invariants import check_invariants
 from sqlalchemy import insert
 
 from mnestoma import Mnestoma
-from mnestoma.config import make_engine
-from mnestoma.models import Event
+from mnestoma.engines import make_engine
+from mnestoma.schema.models import Event
 from mnestoma.testing.clock import MovableClock
 
 ABSENT = "mn_absorbedrow0001"  # a row id that is not in the store

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from mnestoma import Mnestoma
-from mnestoma.clock import MovableClock
+from mnestoma.core.clock import MovableClock
 
 TURN = [
     ("web.search", "2.1", "http.fetch", "1.4"),

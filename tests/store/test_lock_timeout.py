@@ -20,13 +20,13 @@ from sqlalchemy import create_engine, text
 import mnestoma
 from mnestoma import InvalidInput, Settings, WriteLockTimeout, make_engine
 from mnestoma.cli import cli
-from mnestoma.locking import (
+from mnestoma.engines.locking import (
     ENV_LOCK_TIMEOUT,
     LOCK_TIMEOUT_OPTION,
     lock_timeout_of,
     lock_timeout_seconds,
 )
-from mnestoma.rules import LOCK_TIMEOUT_MAX_S
+from mnestoma.core.rules import LOCK_TIMEOUT_MAX_S
 
 pytestmark = pytest.mark.parametrize("engine_name", ["sqlite"])  # SQLite's write lock
 
@@ -65,7 +65,7 @@ def test_a_write_gives_up_after_a_lock_timeout_shorter_than_30_s(
 def test_an_async_write_gives_up_after_a_lock_timeout_shorter_than_30_s(
     held_lock: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from mnestoma.aio import AsyncMnestoma
+    from mnestoma.doors.asynchronous import AsyncMnestoma
 
     monkeypatch.setenv(ENV_LOCK_TIMEOUT, "2")
 
@@ -167,7 +167,7 @@ def test_a_lock_timeout_variable_that_is_not_zero_to_a_day_is_refused_when_the_s
     store_url: str, monkeypatch: pytest.MonkeyPatch, value: str
 ) -> None:
     """``inf`` and ``1e309`` were taken: a write behind a held lock then waited for ever."""
-    from mnestoma.aio import AsyncMnestoma
+    from mnestoma.doors.asynchronous import AsyncMnestoma
 
     monkeypatch.setenv(ENV_LOCK_TIMEOUT, value)
     with pytest.raises(InvalidInput, match=ENV_LOCK_TIMEOUT):
@@ -213,7 +213,7 @@ def test_a_lock_timeout_option_that_is_not_zero_to_a_day_is_refused_and_nothing_
 def test_an_async_write_with_a_lock_timeout_option_of_inf_is_refused_and_nothing_written(
     store_url: str,
 ) -> None:
-    from mnestoma.aio import AsyncMnestoma, make_async_engine
+    from mnestoma.doors.asynchronous import AsyncMnestoma, make_async_engine
 
     async def main() -> None:
         engine = make_async_engine(store_url)

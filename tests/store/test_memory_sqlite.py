@@ -22,10 +22,10 @@ from sqlalchemy.engine import make_url
 
 import mnestoma
 from mnestoma import InvalidInput
-from mnestoma.aio import AsyncMnestoma
+from mnestoma.doors.asynchronous import AsyncMnestoma
 from mnestoma.cli import cli
-from mnestoma.config import is_memory_sqlite
-from mnestoma.copying import copy_store
+from mnestoma.engines import is_memory_sqlite
+from mnestoma.maintenance.copying import copy_store
 
 MEMORY_URLS = [
     "sqlite://",

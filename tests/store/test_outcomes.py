@@ -15,10 +15,10 @@ from sqlalchemy import select, text
 
 import mnestoma
 from mnestoma import InvalidInput, Outcome, Passing
-from mnestoma.aio import AsyncMnestoma
-from mnestoma.config import make_engine
-from mnestoma.copying import copy_store
-from mnestoma.models import Event, Mnest, MnestomaView
+from mnestoma.doors.asynchronous import AsyncMnestoma
+from mnestoma.engines import make_engine
+from mnestoma.maintenance.copying import copy_store
+from mnestoma.schema.models import Event, Mnest, MnestomaView
 from mnestoma.testing.clock import MovableClock
 
 A = ("plan", "1", "search", "2")

@@ -46,7 +46,7 @@ from mnestoma import (
     make_engine,
     resolve_database_url,
 )
-from mnestoma.copying import copy_store
+from mnestoma.maintenance.copying import copy_store
 from mnestoma.testing.clock import MovableClock
 
 TOO_BIG = 2**63  # one past the largest integer both engines hold
@@ -369,7 +369,7 @@ def test_a_postgresql_url_without_psycopg_names_the_extra_to_install() -> None:
         import sys
         sys.modules["psycopg"] = None  # as if mnestoma[postgresql] were not installed
         import mnestoma
-        from mnestoma.errors import MissingExtra
+        from mnestoma.core.errors import MissingExtra
         try:
             mnestoma.Mnestoma("postgresql://root@127.0.0.1:5432/db")
         except MissingExtra as err:
@@ -399,7 +399,7 @@ def test_the_command_line_without_psycopg_names_the_extra_on_one_line() -> None:
     ("blocked", "module", "error", "extra"),
     [
         (["factory"], "mnestoma.testing", "ImportError", "testing"),
-        (["opentelemetry", "opentelemetry.context"], "mnestoma.otel", "MissingExtra", "otel"),
+        (["opentelemetry", "opentelemetry.context"], "mnestoma.recording.otel", "MissingExtra", "otel"),
     ],
     ids=["the testing kit without factory_boy", "the otel processor without the SDK"],
 )
@@ -411,7 +411,7 @@ def test_a_module_without_its_extras_package_names_the_extra(
         import sys
         for name in {blocked!r}:  # as if mnestoma[{extra}] were not installed
             sys.modules[name] = None
-        from mnestoma.errors import MissingExtra
+        from mnestoma.core.errors import MissingExtra
         try:
             import {module}
         except {error} as err:
@@ -423,8 +423,8 @@ def test_a_module_without_its_extras_package_names_the_extra(
 
 
 def test_missing_extra_is_one_error_class_importable_from_errors_and_graph() -> None:
-    from mnestoma.errors import MissingExtra
-    from mnestoma.graph import MissingExtra as FromGraph
+    from mnestoma.core.errors import MissingExtra
+    from mnestoma.planner.graph import MissingExtra as FromGraph
 
     assert FromGraph is MissingExtra
     assert issubclass(MissingExtra, ImportError) and issubclass(MissingExtra, MnestomaError)

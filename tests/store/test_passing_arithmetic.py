@@ -18,10 +18,10 @@ from hypothesis import strategies as st
 from sqlalchemy import event, text, update
 
 import mnestoma
-from mnestoma import rules
-from mnestoma.clock import MovableClock
-from mnestoma.sql.tables import MNESTS
-from mnestoma.types import EARLIEST_CLOCK, EARLIEST_INSTANT, INSTANTS_END
+from mnestoma.core import rules
+from mnestoma.core.clock import MovableClock
+from mnestoma.schema.sql.tables import MNESTS
+from mnestoma.core.types import EARLIEST_CLOCK, EARLIEST_INSTANT, INSTANTS_END
 
 SETTINGS = settings(
     max_examples=150,

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from sqlalchemy import text
 
 from mnestoma import Mnestoma
-from mnestoma.rules import (
+from mnestoma.core.rules import (
     DECAYING_BELOW,
     PROTO_PRUNE_BELOW,
     decayed_weight,

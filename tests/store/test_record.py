@@ -9,8 +9,8 @@ import pytest
 from sqlalchemy import func, select
 
 from mnestoma import InvalidInput, Mnestoma, Passing
-from mnestoma.config import make_engine
-from mnestoma.models import Event, Mnest
+from mnestoma.engines import make_engine
+from mnestoma.schema.models import Event, Mnest
 
 
 def test_a_first_passing_creates_an_active_row_at_030(store: Mnestoma, clock) -> None:
@@ -183,7 +183,7 @@ def test_record_turn_rolls_back_when_the_database_fails_midway(
     store: Mnestoma, store_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A failure after some statements ran leaves nothing behind."""
-    from mnestoma import repository
+    from mnestoma.store import repository
 
     store.record_passing("a", "1", "b", "1")
     calls = {"n": 0}
@@ -282,7 +282,7 @@ def test_a_turn_finds_its_rows_through_the_unique_indexes(store: Mnestoma) -> No
     """The lookup of a turn's keys must not scan the table (it did with a row-value IN)."""
     from sqlalchemy import text
 
-    from mnestoma.sql.record import key_params, select_keys
+    from mnestoma.schema.sql.record import key_params, select_keys
 
     store.record_turn("bulk", [(f"s{i % 50}", str(i % 7), f"d{i}", "1") for i in range(2000)])
     stmt = select_keys(2, 1)  # shapes come in powers of two: 2 active keys, 1 proto key

@@ -14,7 +14,7 @@ from otel_kit import VERSIONS, Setup, otel_setup  # noqa: F401  (the setup fixtu
 
 import mnestoma
 from mnestoma import Passing
-from mnestoma.tracing import BackgroundWriter, current_turn, executor, turn, wish
+from mnestoma.recording.tracing import BackgroundWriter, current_turn, executor, turn, wish
 
 # ---------------------------------------------------------------------------- helpers
 

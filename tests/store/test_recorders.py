@@ -7,7 +7,7 @@ from sqlalchemy import create_engine, text
 
 import mnestoma
 from mnestoma.testing.clock import MovableClock
-from mnestoma.types import parse_sqlite_timestamp
+from mnestoma.core.types import parse_sqlite_timestamp
 
 
 def test_api_writes_are_recorded_as_call(store: mnestoma.Mnestoma) -> None:

@@ -26,7 +26,7 @@ from sqlalchemy.exc import OperationalError
 import mnestoma
 from mnestoma import DatabaseUnavailable, MnestomaError, SchemaError
 from mnestoma.cli import scrub
-from mnestoma.config import is_secret_key, make_engine, redact_text, redact_url
+from mnestoma.engines import is_secret_key, make_engine, redact_text, redact_url
 
 SECRET = "hunter2secret"
 UNREACHABLE = "postgresql://root@127.0.0.1:1/store"
@@ -287,7 +287,7 @@ def test_a_password_in_a_conninfo_dbname_is_in_no_exception_the_error_chains() -
 
 def test_an_async_store_hides_a_password_in_a_conninfo_dbname_too() -> None:
     require_postgresql()
-    from mnestoma.aio import AsyncMnestoma
+    from mnestoma.doors.asynchronous import AsyncMnestoma
 
     async def main() -> None:
         async with AsyncMnestoma(CONNINFO_IN_DBNAME) as am:

@@ -1,4 +1,4 @@
-"""The SQL twins (mnestoma.sqlrules) and the ager's SQL agree with the pure rules, on both
+"""The SQL twins (mnestoma.core.sqlrules) and the ager's SQL agree with the pure rules, on both
 engines: the same numbers, the same decisions at the thresholds, the same rows after a run."""
 
 from __future__ import annotations
@@ -15,11 +15,13 @@ from hypothesis import strategies as st
 from schema_kit import built_then_migrated
 from sqlalchemy import Engine, Float, bindparam, create_engine, inspect, select, text, type_coerce
 
-from mnestoma import Mnestoma, rules, sqlrules
-from mnestoma.config import make_engine
-from mnestoma.models import Mnest
-from mnestoma.rules import AgerRow, MnestState
-from mnestoma.types import UTCDateTime
+from mnestoma import Mnestoma
+from mnestoma.core import rules
+from mnestoma.core import sqlrules
+from mnestoma.engines import make_engine
+from mnestoma.schema.models import Mnest
+from mnestoma.core.rules import AgerRow, MnestState
+from mnestoma.core.types import UTCDateTime
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 DAY_MS = 86_400_000

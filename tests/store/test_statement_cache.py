@@ -11,8 +11,8 @@ import pytest
 from sqlalchemy import literal, select
 
 import mnestoma
-from mnestoma import runner
-from mnestoma.sql import record
+from mnestoma.schema import runner
+from mnestoma.schema.sql import record
 
 
 def test_a_freed_statement_never_lends_its_cached_sql_to_a_new_one(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ def _days_to(weight: float, threshold: float) -> timedelta:
 
 
 def test_the_pure_rule_treats_rounding_noise_at_a_threshold_as_not_below() -> None:
-    from mnestoma.rules import THRESHOLD_TOLERANCE, decayed_weight, is_below
+    from mnestoma.core.rules import THRESHOLD_TOLERANCE, decayed_weight, is_below
 
     at_edge = decayed_weight(0.30, 0.018, T0, T0 + _days_to(0.30, 0.05))
     assert at_edge == pytest.approx(0.05, abs=1e-14) and at_edge < 0.05  # noise, below

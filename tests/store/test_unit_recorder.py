@@ -8,7 +8,7 @@ import pytest
 
 import mnestoma
 from mnestoma import UnitOfWork, make_engine, make_session_factory
-from mnestoma.aio import (
+from mnestoma.doors.asynchronous import (
     AsyncMnestoma,
     AsyncUnitOfWork,
     make_async_engine,

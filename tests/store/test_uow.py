@@ -7,12 +7,13 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import Engine, func, select, text
 
-from mnestoma import MnestRepository, UnitOfWork, make_engine, make_session_factory, retrying
-from mnestoma.errors import ConflictError, InvalidInput, RaceLost
-from mnestoma.models import Mnest
-from mnestoma.settings import Settings
+from mnestoma import MnestRepository, UnitOfWork, make_engine, make_session_factory
+from mnestoma.core import retrying
+from mnestoma.core.errors import ConflictError, InvalidInput, RaceLost
+from mnestoma.schema.models import Mnest
+from mnestoma.core.settings import Settings
 from mnestoma.testing import MnestFactory, bind_factories
-from mnestoma.uow import MAX_ATTEMPTS, ConnectionUnitOfWork, with_retries
+from mnestoma.store.uow import MAX_ATTEMPTS, ConnectionUnitOfWork, with_retries
 
 
 @pytest.fixture
@@ -231,7 +232,7 @@ def test_a_retried_write_replays_the_items_of_a_generator_it_was_given(
     else:
         import asyncio
 
-        from mnestoma.aio import AsyncMnestoma
+        from mnestoma.doors.asynchronous import AsyncMnestoma
 
         async def record() -> list[Mnest]:
             async with AsyncMnestoma(store.engine.url, clock=store.clock) as am:

@@ -23,13 +23,13 @@ from conftest import REPO
 from sqlalchemy import event, insert
 
 from mnestoma import InvalidInput, Mnestoma, UnitOfWork, make_session_factory
-from mnestoma.aio import AsyncMnestoma
-from mnestoma.rules import DEFAULT_DECAY_LAMBDA, new_mnest_id, success_rate, unseen_probability
-from mnestoma.runner import runner_for
-from mnestoma.sql.tables import MNESTS
+from mnestoma.doors.asynchronous import AsyncMnestoma
+from mnestoma.core.rules import DEFAULT_DECAY_LAMBDA, new_mnest_id, success_rate, unseen_probability
+from mnestoma.schema.runner import runner_for
+from mnestoma.schema.sql.tables import MNESTS
 from mnestoma.testing.clock import MovableClock
-from mnestoma.tracing import executor, turn
-from mnestoma.vetting import (
+from mnestoma.recording.tracing import executor, turn
+from mnestoma.planner.vetting import (
     MAX_VET_STEPS,
     MIN_VET_STEPS,
     LinkVerdict,
@@ -322,7 +322,7 @@ def test_vet_chain_runs_exactly_one_statement_on_its_connection(
 
 
 def test_the_statement_is_built_once_per_shape(store: Mnestoma) -> None:
-    from mnestoma.sql.vet import vet_statement
+    from mnestoma.schema.sql.vet import vet_statement
 
     store.vet(["a", "b", "c"])
     before = vet_statement.cache_info()

@@ -10,7 +10,7 @@ from conftest import mnest_row
 from sqlalchemy import insert
 
 from mnestoma import Mnestoma
-from mnestoma.models import Mnest
+from mnestoma.schema.models import Mnest
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 
@@ -28,7 +28,7 @@ def _view_session(store: Mnestoma):  # type: ignore[no-untyped-def]
 def test_bulk_writes_through_the_view_are_refused(store: Mnestoma, statement: str) -> None:
     from sqlalchemy import delete, update
 
-    from mnestoma.models import MnestomaView, ReadOnlyError
+    from mnestoma.schema.models import MnestomaView, ReadOnlyError
 
     m = store.record_passing("a", "1", "b", "1")
     view = MnestomaView.__table__

@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import event, text
 
 from mnestoma import InvalidInput, Mnestoma
-from mnestoma.sql import read
+from mnestoma.schema.sql import read
 
 
 def _names(paths: list) -> list[list[str]]:

@@ -15,8 +15,8 @@ from sqlalchemy import insert
 
 import mnestoma
 from mnestoma import Mnestoma
-from mnestoma.models import Mnest
-from mnestoma.repository import WALK_LIMIT
+from mnestoma.schema.models import Mnest
+from mnestoma.store.repository import WALK_LIMIT
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 

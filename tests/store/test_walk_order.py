@@ -14,7 +14,7 @@ from sqlalchemy import insert
 
 import mnestoma
 from mnestoma import Mnestoma
-from mnestoma.models import Mnest
+from mnestoma.schema.models import Mnest
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 

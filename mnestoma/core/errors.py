@@ -1,0 +1,221 @@
+"""The package's error hierarchy and the one place that translates driver errors into it."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Literal
+
+from sqlalchemy import exc as sa_exc
+
+from mnestoma.core.redaction import redact_text, scrub_exception
+
+__all__ = [
+    "LOCK_NOT_AVAILABLE",
+    "ConflictError",
+    "CopyVerificationError",
+    "DatabaseUnavailable",
+    "InvalidInput",
+    "InvalidTransition",
+    "MissingExtra",
+    "MnestomaError",
+    "NotFound",
+    "RaceLost",
+    "ReadOnlyError",
+    "SchemaError",
+    "StoreError",
+    "StoresShareRows",
+    "TargetNotEmpty",
+    "WriteLockTimeout",
+    "is_lock_not_available",
+    "is_unique_violation",
+    "translate_errors",
+]
+
+
+class MnestomaError(Exception):
+    """Base of every error this package raises on purpose."""
+
+
+class InvalidInput(MnestomaError, ValueError):
+    """A caller gave a value the contract refuses (empty name, naive datetime, bad JSON...)."""
+
+
+class NotFound(MnestomaError, LookupError):
+    """No mnest has the id the caller named."""
+
+
+class ConflictError(MnestomaError):
+    """The change would give a second row the key another row already holds."""
+
+
+class ReadOnlyError(MnestomaError):
+    """A write was attempted through the read-only view ``v_mnestoma``."""
+
+
+class RaceLost(ConflictError):
+    """Other writers kept changing the rows this call needed (a race lost several times
+    over): transient, so the unit of work's retry policy runs the call again."""
+
+
+class WriteLockTimeout(ConflictError):
+    """Another writer held SQLite's write lock for longer than the lock timeout: retryable."""
+
+
+class MissingExtra(MnestomaError, ImportError):
+    """An optional dependency is not installed; the message names the extra that brings it."""
+
+
+class InvalidTransition(MnestomaError):
+    """The state change is not allowed by the transition table of the contract."""
+
+
+class SchemaError(MnestomaError):
+    """The database schema is not at the revision this package expects."""
+
+
+class StoreError(MnestomaError):
+    """The database failed in a way that is not the caller's fault (I/O, corruption...)."""
+
+
+class DatabaseUnavailable(StoreError):
+    """The database cannot be reached or opened right now."""
+
+
+# --- copying a store (mnestoma.maintenance.copying) ---------------------------------------------------
+
+
+class TargetNotEmpty(InvalidInput):
+    """The copy's target already holds rows and ``append`` was not asked for."""
+
+
+class StoresShareRows(ConflictError):
+    """A mnest id is in both stores: they share rows, and merging would count them twice."""
+
+
+class CopyVerificationError(MnestomaError):
+    """The target's content read back differs from what it must hold: the copy was rolled back."""
+
+
+def _message(err: sa_exc.DBAPIError) -> str:
+    """The driver's first line, without SQL text or parameters (they may carry secrets), and
+    with any secret the server echoed (a database name holding a password) hidden."""
+    orig = err.orig if err.orig is not None else err
+    text = str(orig).strip().splitlines()
+    return redact_text(text[0]) if text else type(orig).__name__
+
+
+class _Translating:
+    """The context manager :func:`translate_errors` returns: a class, not a generator, since
+    every statement of the hot paths enters one (a generator's set-up costs more)."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, _type: Any, err: BaseException | None, _tb: Any) -> Literal[False]:
+        if err is None or isinstance(err, MnestomaError):
+            return False
+        if isinstance(err, sa_exc.StatementError) and isinstance(err.orig, MnestomaError):
+            # raised by one of our column types while binding a parameter
+            raise err.orig from None
+        if not isinstance(err, sa_exc.SQLAlchemyError):
+            return False
+        _scrub(err)
+        raise translate(err) from err
+
+
+_TRANSLATING = _Translating()
+
+
+def translate_errors() -> contextlib.AbstractContextManager[None]:
+    """Turn SQLAlchemy/driver exceptions raised inside the block into this package's errors.
+
+    The package error chains the original (for its type, SQLSTATE and traceback), scrubbed
+    of secrets first, so that a traceback shown in full repeats none.
+    """
+    return _TRANSLATING
+
+
+def _scrub(err: BaseException) -> None:
+    scrub_exception(err)
+
+
+def translate(err: sa_exc.SQLAlchemyError) -> MnestomaError:
+    """The package error that stands for a SQLAlchemy or driver error."""
+    if not isinstance(err, sa_exc.DBAPIError):
+        return StoreError(f"database error: {type(err).__name__}")
+    msg = _message(err)
+    if isinstance(err, sa_exc.IntegrityError):
+        return ConflictError(f"constraint violated: {msg}")
+    low = msg.lower()
+    if "database is locked" in low or "database is busy" in low:
+        return ConflictError(
+            "SQLite could not give this write the write lock: another writer holds it, or "
+            "the write runs in a transaction that had already read before it wrote (SQLite "
+            "cannot upgrade that read snapshot once another writer committed). Begin the "
+            "transaction with its first write: the package's writes do so themselves "
+            "(BEGIN IMMEDIATE) unless the caller's transaction is already open."
+        )
+    if err.connection_invalidated or _looks_unreachable(msg):
+        return DatabaseUnavailable(f"database unavailable: {msg}")
+    return StoreError(f"database error: {msg}")
+
+
+def _looks_unreachable(msg: str) -> bool:
+    low = msg.lower()
+    return any(
+        s in low
+        for s in (
+            "connection refused",
+            "could not connect",
+            "connection failed",
+            "server closed the connection",
+            "terminating connection",
+            "unable to open database",
+            "file is not a database",
+            "consuming input failed",
+        )
+    )
+
+
+# PostgreSQL's lock_not_available: a lock_timeout ran out.
+LOCK_NOT_AVAILABLE = "55P03"
+# PostgreSQL's unique_violation.
+UNIQUE_VIOLATION = "23505"
+
+
+def _driver_error(err: BaseException) -> BaseException | None:
+    """The driver's exception behind ``err`` (a SQLAlchemy driver error, or this package's
+    error standing for one), or None."""
+    cause = err.__cause__ if isinstance(err, MnestomaError) else err
+    return cause.orig if isinstance(cause, sa_exc.DBAPIError) else None
+
+
+def is_lock_not_available(err: BaseException) -> bool:
+    """True when ``err`` (a driver error, or this package's error standing for one) is
+    PostgreSQL's ``lock_not_available``: a ``lock_timeout`` ran out."""
+    return getattr(_driver_error(err), "sqlstate", None) == LOCK_NOT_AVAILABLE
+
+
+def is_unique_violation(err: BaseException) -> bool:
+    """True when ``err`` (a driver error, or this package's error standing for one) is
+    PostgreSQL's ``unique_violation`` or SQLite's ``SQLITE_CONSTRAINT_UNIQUE``."""
+    orig = _driver_error(err)
+    return (
+        getattr(orig, "sqlstate", None) == UNIQUE_VIOLATION
+        or getattr(orig, "sqlite_errorname", None) == "SQLITE_CONSTRAINT_UNIQUE"
+    )
+
+
+def is_retryable(err: BaseException) -> bool:
+    """True for transient conflicts a bounded retry resolves (serialization, deadlock, busy)."""
+    if isinstance(err, RaceLost):
+        return True
+    orig = _driver_error(err)
+    if orig is None:
+        return False
+    if getattr(orig, "sqlstate", None) in {"40001", "40P01", UNIQUE_VIOLATION}:
+        return True
+    low = str(orig).lower()
+    return "database is locked" in low or "database is busy" in low

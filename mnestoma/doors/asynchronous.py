@@ -1,0 +1,945 @@
+"""The async door (contract §9): the same rules, statements and errors as the sync one, awaited.
+
+Each operation runs the sync repository on the sync proxy of an async connection or session
+(``run_sync``), as SQLAlchemy's asyncio extension intends: the driver's I/O is awaited on
+the event loop, and the rules, statements, checks and snapshots are the sync door's own.
+Needs the extra ``mnestoma[async]`` (greenlet, aiosqlite); PostgreSQL uses psycopg 3 in its
+async mode.
+
+>>> async with AsyncMnestoma("sqlite:///store.sqlite") as am:
+...     await am.record_passing("search", "1", "read", "2")
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+import weakref
+from collections.abc import Callable, Coroutine, Sequence
+from datetime import datetime
+from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar
+
+from sqlalchemy import Connection, Engine
+from sqlalchemy.engine import URL
+from sqlalchemy.exc import ArgumentError
+from sqlalchemy.orm import Session
+
+from mnestoma.core._sqla_compat import ASYNC_ENGINE_OPTION, greenlet_spawn
+from mnestoma.maintenance.ager import BatchProgress, age_in_batches, check_ager_call
+from mnestoma.core.clock import Clock
+from mnestoma.engines import (
+    async_database_url,
+    is_sqlite,
+    make_engine,
+    own_pool_after_fork,
+    redact_url,
+    refuse_memory_sqlite,
+)
+from mnestoma.doors.shared import FacadeBase, PruneProgress, check_prune_call, ensure_schema
+from mnestoma.core.errors import (
+    InvalidInput,
+    MissingExtra,
+    MnestomaError,
+    SchemaError,
+    StoreError,
+    translate_errors,
+)
+from mnestoma.engines.locking import (
+    LOCK_TIMEOUT_OPTION,
+    lock_timeout_of,
+    saying_it_waits,
+    waiting_file,
+    write_lock_timeout,
+)
+from mnestoma.maintenance.migration import sqlite_store_missing
+from mnestoma.schema.models import CanonicalQuery
+from mnestoma.engines.partitions import FIRST_TURN_EDGE, upkeep_after_commit, upkeep_due_after_commit
+from mnestoma.engines.replicas import NOT_READY, ReplicaSet, replica_connect_args, replica_urls
+from mnestoma.store.repository import CanonicalQueryRepository, MnestRepository, QueryFrequency
+from mnestoma.core.rules import EVENT_PRUNE_BATCH, AgerReport, batch_pause, event_batches
+from mnestoma.core.settings import Settings, settings_of
+from mnestoma.store.uow import ConnectionUnitOfWork, JoinedUnitOfWork, repository_call, retry_pause
+
+try:
+    from sqlalchemy.ext.asyncio import (
+        AsyncConnection,
+        AsyncEngine,
+        AsyncSession,
+        async_sessionmaker,
+    )
+except ImportError as err:  # SQLAlchemy's asyncio extension needs greenlet
+    raise MissingExtra(f'the async door needs: pip install "mnestoma[async]" ({err})') from err
+
+
+__all__ = [
+    "AsyncCanonicalQueryRepository",
+    "AsyncJoinedUnitOfWork",
+    "AsyncMnestRepository",
+    "AsyncMnestoma",
+    "AsyncUnitOfWork",
+    "async_database_url",
+    "make_async_engine",
+    "make_async_session_factory",
+]
+
+T = TypeVar("T")
+R = TypeVar("R")
+P = ParamSpec("P")
+
+
+# --- engines ----------------------------------------------------------------------------------
+
+
+def make_async_engine(url: str | URL | None = None, **kwargs: Any) -> AsyncEngine:
+    """An AsyncEngine for ``url`` (or the resolved default), configured as :func:`make_engine`
+    configures a sync one: the same SQLite folder, busy timeout, pragmas and transaction
+    listeners (registered on its ``sync_engine``), the same PostgreSQL options.
+
+    Returns:
+        The configured ``AsyncEngine``.
+
+    Raises:
+        InvalidInput: ``url`` is an engine, not a database URL, or names a driver that
+            is not async.
+        MissingExtra: the async driver is not installed (extra ``mnestoma[async]``).
+    """
+    if isinstance(url, Engine | AsyncEngine):
+        raise InvalidInput("make_async_engine takes a URL; this is already an engine")
+    resolved = async_database_url(url)
+    try:
+        # What create_async_engine does: a sync Engine on the async dialect, wrapped.
+        sync_engine = make_engine(resolved, **{ASYNC_ENGINE_OPTION: True}, **kwargs)
+    except MissingExtra as err:
+        raise MissingExtra(f'{err} (the async door: pip install "mnestoma[async]")') from err
+    try:
+        return AsyncEngine(sync_engine)
+    except ArgumentError as err:  # a driver that is not async after all
+        sync_engine.dispose()
+        raise InvalidInput(f"{resolved.drivername!r} is not an async driver: {err}") from None
+
+
+def make_async_session_factory(
+    engine: AsyncEngine, **kwargs: Any
+) -> async_sessionmaker[AsyncSession]:
+    """An ``async_sessionmaker`` bound to ``engine``; objects stay readable after commit.
+
+    Returns:
+        The ``async_sessionmaker``.
+    """
+    kwargs.setdefault("expire_on_commit", False)
+    return async_sessionmaker(engine, **kwargs)
+
+
+# --- one sync operation, awaited ----------------------------------------------------------
+
+
+class _AsyncDoor(Generic[R]):
+    """Something that runs an operation of the sync object ``R`` without blocking the loop."""
+
+    async def _call(self, op: Callable[[R], T], *, write: bool) -> T:
+        raise NotImplementedError
+
+
+def _awaited(
+    op: Callable[Concatenate[R, P], T], *, write: bool = False
+) -> Callable[Concatenate[_AsyncDoor[R], P], Coroutine[Any, Any, T]]:
+    """The sync operation ``op`` as a coroutine method: same signature, checks, errors and
+    result, because it is the same code, run through the door's ``_call``."""
+
+    bind = repository_call(op, write=write)
+
+    async def method(self: _AsyncDoor[R], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        # bound once: a retry replays what the first attempt read
+        return await self._call(bind(args, kwargs), write=write)
+
+    functools.update_wrapper(method, op, assigned=("__name__", "__doc__"))
+    method.__qualname__ = op.__name__
+    return method
+
+
+def _check_async_session(session: Any, owner: str) -> AsyncSession | AsyncConnection:
+    if not isinstance(session, AsyncSession | AsyncConnection):
+        hint = ""
+        if isinstance(session, Session | Connection):
+            hint = f"; a sync one goes to {owner.removeprefix('Async')}"
+        raise InvalidInput(
+            f"{owner} needs an AsyncSession or AsyncConnection, got {type(session).__name__}" + hint
+        )
+    return session
+
+
+class _OnAsyncSession(_AsyncDoor[R]):
+    """A sync repository of a caller's async session, rebuilt when the session's sync proxy
+    changes; it may flush, it never commits (the unit of work or the caller does)."""
+
+    def __init__(self, session: AsyncSession | AsyncConnection) -> None:
+        self._session = _check_async_session(session, type(self).__name__)
+        self._sync: R | None = None
+
+    @property
+    def session(self) -> AsyncSession | AsyncConnection:
+        """The async session (or connection) this repository works in."""
+        return self._session
+
+    def _build(self, sync: Session | Connection) -> R:
+        raise NotImplementedError
+
+    def _sync_session_of(self, repo: R) -> Any:
+        return repo.session  # type: ignore[attr-defined]
+
+    async def _call(self, op: Callable[[R], T], *, write: bool) -> T:
+        with translate_errors():
+            return await _on_session(self._session, self._session.run_sync(self._apply, op))
+
+    def _apply(self, sync: Session | Connection, op: Callable[[R], T]) -> T:
+        repo = self._sync
+        if repo is None or self._sync_session_of(repo) is not sync:
+            repo = self._sync = self._build(sync)
+        return op(repo)
+
+    @classmethod
+    def _over(cls, session: AsyncSession, repo: R) -> Self:
+        """A door onto an existing sync repository of ``session`` (a joined unit's)."""
+        door = cls.__new__(cls)
+        _OnAsyncSession.__init__(door, session)
+        door._sync = repo
+        return door
+
+
+class _MnestOperations(_AsyncDoor[MnestRepository]):
+    """The operations that the async repository and the async facade both await as the sync
+    repository's, each one call (the facade in a transaction of its own)."""
+
+    record_passing = _awaited(MnestRepository.record_passing, write=True)
+    record_proto = _awaited(MnestRepository.record_proto, write=True)
+    record_turn = _awaited(MnestRepository.record_turn, write=True)
+    get = _awaited(MnestRepository.get)
+    find = _awaited(MnestRepository.find)
+    edges = _awaited(MnestRepository.edges)
+    events = _awaited(MnestRepository.events)
+    walk = _awaited(MnestRepository.walk)
+    suggest_next = _awaited(MnestRepository.suggest_next)
+    rank = _awaited(MnestRepository.rank)
+    predict_next = _awaited(MnestRepository.predict_next)
+    vet = _awaited(MnestRepository.vet)
+    graph = _awaited(MnestRepository.graph)
+    to_networkx = _awaited(MnestRepository.to_networkx)
+    transition_state = _awaited(MnestRepository.transition_state, write=True)
+    recurring_protos = _awaited(MnestRepository.recurring_protos)
+    promote_proto_to_active = _awaited(MnestRepository.promote_proto_to_active, write=True)
+    log_canonical_query = _awaited(MnestRepository.log_canonical_query, write=True)
+
+
+class AsyncMnestRepository(_OnAsyncSession[MnestRepository], _MnestOperations):
+    """Every operation of :class:`~mnestoma.MnestRepository` on an ``AsyncSession`` (or
+    ``AsyncConnection``), awaited: ``await repo.record_passing(...)``. Flushes, never commits.
+
+    Raises:
+        InvalidInput: ``session`` is neither an ``AsyncSession`` nor an
+            ``AsyncConnection``, or settings are refused.
+    """
+
+    def __init__(
+        self,
+        session: AsyncSession | AsyncConnection,
+        *,
+        settings: Settings | None = None,
+        clock: Clock | None = None,
+        recorder: str | None = None,
+    ) -> None:
+        super().__init__(session)
+        self.settings = settings_of(settings, clock=clock, recorder=recorder)
+
+    def _build(self, sync: Session | Connection) -> MnestRepository:
+        return MnestRepository(sync, settings=self.settings)
+
+    # the shared table (_MnestOperations), and the repository's own:
+    apply_ager = _awaited(MnestRepository.apply_ager, write=True)
+    prune_events = _awaited(MnestRepository.prune_events, write=True)
+    prunable_event_ids = _awaited(MnestRepository.prunable_event_ids)
+    prune_event_batch = _awaited(MnestRepository.prune_event_batch, write=True)
+    drop_event_partitions = _awaited(MnestRepository.drop_event_partitions, write=True)
+    drop_detached_partition = _awaited(MnestRepository.drop_detached_partition, write=True)
+    prune_turn_edges = _awaited(MnestRepository.prune_turn_edges, write=True)
+
+
+class AsyncCanonicalQueryRepository(_OnAsyncSession[CanonicalQueryRepository]):
+    """The query log of :class:`~mnestoma.CanonicalQueryRepository` on an async session.
+
+    Raises:
+        InvalidInput: a ``session`` that is not an ``AsyncSession`` or an ``AsyncConnection``;
+            refused settings.
+    """
+
+    def __init__(
+        self,
+        session: AsyncSession | AsyncConnection,
+        *,
+        settings: Settings | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        super().__init__(session)
+        self.settings = settings_of(settings, clock=clock)
+
+    def _build(self, sync: Session | Connection) -> CanonicalQueryRepository:
+        return CanonicalQueryRepository(sync, settings=self.settings)
+
+    def _sync_session_of(self, repo: CanonicalQueryRepository) -> Any:
+        return repo._session
+
+    log = _awaited(CanonicalQueryRepository.log, write=True)
+    recent = _awaited(CanonicalQueryRepository.recent)
+    top = _awaited(CanonicalQueryRepository.top)
+
+
+# --- units of work ------------------------------------------------------------------------
+
+# Work that went on after its caller was cancelled, kept referenced until it ends.
+_ENDING: set[asyncio.Future[Any]] = set()
+
+
+async def _to_the_end(work: Coroutine[Any, Any, T] | asyncio.Future[T]) -> T:
+    """Await ``work``; when the caller is cancelled meanwhile, it stops waiting and the work
+    still runs to its end.
+
+    A unit's end (a rollback, a connection given back to the pool) interrupted by a
+    cancellation can leave the connection outside the pool, still in its transaction: on
+    SQLite, holding the write lock for every process until the garbage collector finds it.
+    """
+    task = asyncio.ensure_future(work)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        _ENDING.add(task)
+        task.add_done_callback(_ended)
+        raise
+
+
+def _ended(task: asyncio.Future[Any]) -> None:
+    """Work whose caller was cancelled has ended: its outcome is nobody's to raise."""
+    _ENDING.discard(task)
+    if not task.cancelled():
+        task.exception()
+
+
+# The latest operation run on each async session (or connection) by a unit or repository.
+_LATEST: weakref.WeakKeyDictionary[Any, asyncio.Future[Any]] = weakref.WeakKeyDictionary()
+
+
+async def _on_session(session: Any, work: Coroutine[Any, Any, T]) -> T:
+    """Run ``work`` on ``session`` to its end (:func:`_to_the_end`): a cancellation never
+    lands inside a driver call, where SQLite's driver goes on in its thread while SQLAlchemy
+    discards the connection as broken, possibly still holding the write lock."""
+    task = asyncio.ensure_future(work)
+    _LATEST[session] = task
+    return await _to_the_end(task)
+
+
+async def _settled(session: Any) -> None:
+    """Wait until the operation a cancelled caller left running on ``session`` has ended,
+    so that ending the unit never runs beside it."""
+    task = _LATEST.pop(session, None)
+    if task is not None and not task.done():
+        await asyncio.wait([task])
+
+
+class AsyncJoinedUnitOfWork:
+    """Works in a SAVEPOINT of a caller's ``AsyncSession``; never commits or closes it.
+
+    It is :class:`~mnestoma.JoinedUnitOfWork` on the session's sync proxy: the savepoint is
+    taken before the first write (after the write lock on SQLite), ``commit()`` releases it
+    into the caller's transaction, leaving without it rolls back to it.
+
+    Raises:
+        InvalidInput: ``session`` is not an ``AsyncSession``, or settings are refused.
+    """
+
+    mnests: AsyncMnestRepository
+    queries: AsyncCanonicalQueryRepository
+
+    def __init__(
+        self,
+        session: AsyncSession,
+        *,
+        settings: Settings | None = None,
+        clock: Clock | None = None,
+        recorder: str | None = None,
+    ) -> None:
+        if not isinstance(session, AsyncSession):
+            hint = "; UnitOfWork.joining takes a sync one" if isinstance(session, Session) else ""
+            raise InvalidInput(
+                "AsyncUnitOfWork.joining needs a SQLAlchemy AsyncSession, "
+                f"got {type(session).__name__}{hint}"
+            )
+        self.session = session
+        self.settings = settings_of(settings, clock=clock, recorder=recorder)
+        self._joined = JoinedUnitOfWork(session.sync_session, settings=self.settings)
+
+    async def __aenter__(self) -> Self:
+        joined = self._joined.__enter__()
+        self.mnests = AsyncMnestRepository._over(self.session, joined.mnests)
+        self.queries = AsyncCanonicalQueryRepository._over(self.session, joined.queries)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await _to_the_end(self.rollback())
+
+    async def commit(self) -> None:
+        """Release the savepoint into the caller's transaction (nothing to do after reads).
+
+        Returns:
+            None.
+
+        Raises:
+            ConflictError: releasing the savepoint broke a constraint of the store.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
+        """
+        await _settled(self.session)
+        await _on_session(self.session, self.session.run_sync(lambda _s: self._joined.commit()))
+
+    async def rollback(self) -> None:
+        """Roll back to the savepoint taken before the first write.
+
+        Returns:
+            None.
+        """
+        await _settled(self.session)
+        await _on_session(self.session, self.session.run_sync(lambda _s: self._joined.rollback()))
+
+
+class AsyncUnitOfWork:
+    """Opens an ``AsyncSession`` on enter; commits only when asked; rolls back otherwise;
+    always closes. The async twin of :class:`~mnestoma.UnitOfWork`:
+
+    >>> async with AsyncUnitOfWork(make_async_session_factory(engine)) as uow:
+    ...     await uow.mnests.record_passing("search", "1", "read", "2")
+    ...     await uow.commit()
+
+    Raises:
+        InvalidInput: ``async_session_factory`` is not an async session factory, or
+            (on enter) returned something else than an ``AsyncSession``; or settings are
+            refused.
+    """
+
+    mnests: AsyncMnestRepository
+    queries: AsyncCanonicalQueryRepository
+    session: AsyncSession
+
+    def __init__(
+        self,
+        async_session_factory: async_sessionmaker[AsyncSession] | Callable[[], AsyncSession],
+        *,
+        settings: Settings | None = None,
+        clock: Clock | None = None,
+        recorder: str | None = None,
+    ) -> None:
+        if isinstance(
+            async_session_factory, AsyncEngine | AsyncConnection | AsyncSession | Engine | Session
+        ) or not callable(async_session_factory):
+            given = type(async_session_factory).__name__
+            if isinstance(async_session_factory, AsyncSession):
+                given += "; AsyncUnitOfWork.joining(session) works in a session"
+            raise InvalidInput(
+                "AsyncUnitOfWork needs an async session factory "
+                f"(make_async_session_factory(engine)), got {given}"
+            )
+        self._factory = async_session_factory
+        self.settings = settings_of(settings, clock=clock, recorder=recorder)
+        # Called with the sync session after each commit (read replicas, contract §12).
+        self._after_commit: Callable[[Session], object] | None = None
+
+    async def __aenter__(self) -> Self:
+        session = self._factory()
+        if not isinstance(session, AsyncSession):
+            raise InvalidInput(
+                f"the session factory of an AsyncUnitOfWork returned {type(session).__name__}, "
+                "not an AsyncSession"
+            )
+        self.session = session
+        self.mnests = AsyncMnestRepository(session, settings=self.settings)
+        self.queries = AsyncCanonicalQueryRepository(session, settings=self.settings)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await _to_the_end(self._end())
+
+    async def _end(self) -> None:
+        try:
+            await _settled(self.session)
+            await self.session.rollback()
+        finally:
+            await self.session.close()
+
+    async def commit(self) -> None:
+        """Commit the work done so far; a later operation starts a new transaction.
+
+        Returns:
+            None.
+
+        Raises:
+            ConflictError: the commit broke a constraint of the store, or lost to another
+                writer.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
+        """
+        with translate_errors():
+            await _on_session(self.session, self.session.commit())
+        after = self._after_commit
+        if after is not None:
+            await _on_session(self.session, self.session.run_sync(after))
+            await self.session.rollback()
+        if upkeep_due_after_commit(self.session.sync_session):
+            # PostgreSQL: the months its writes reached that were not made (§12)
+            await _on_session(self.session, self.session.run_sync(upkeep_after_commit))
+
+    async def rollback(self) -> None:
+        """Throw away the work done since the last commit.
+
+        Returns:
+            None.
+        """
+        await _settled(self.session)
+        await self.session.rollback()
+
+    # ``AsyncUnitOfWork.joining(session, *, settings=None, clock=None, recorder=None)``: a
+    # unit of work inside an ``AsyncSession`` (and transaction) that the caller owns.
+    joining = AsyncJoinedUnitOfWork
+
+
+# --- the facade -------------------------------------------------------------------------
+
+
+class AsyncMnestoma(FacadeBase, _MnestOperations):
+    """The store for async services: every operation of :class:`~mnestoma.Mnestoma`, awaited,
+    one transaction per call, with the same retry of transient conflicts.
+
+    A URL (plain or async) or an ``AsyncEngine``. The schema is checked on first use (or on
+    ``async with``): a new or empty SQLite store is migrated to head, any other database
+    must already be there, else :class:`~mnestoma.SchemaError`. Safe to share between the
+    tasks of one event loop.
+
+    Raises:
+        InvalidInput: a URL, engine, setting or replica the contract refuses, or an
+            in-memory SQLite database (when it is built).
+        MissingExtra: the async driver is not installed (extra ``mnestoma[async]``).
+        SchemaError: with ``create=False`` there is no SQLite store at its path (when it
+            is built); the database is not at head (on first use).
+    """
+
+    def __init__(
+        self,
+        url_or_engine: str | URL | AsyncEngine | None = None,
+        *,
+        settings: Settings | None = None,
+        clock: Clock | None = None,
+        recorder: str | None = None,
+        create: bool = True,
+        replicas: Sequence[str | URL] | None = None,
+    ) -> None:
+        self.settings = settings_of(settings, clock=clock, recorder=recorder)
+        self._replicas: ReplicaSet | None = None
+        self._owns_replicas = True
+        self._on_primary = False
+        if isinstance(url_or_engine, Engine):
+            raise InvalidInput(
+                "AsyncMnestoma needs an AsyncEngine (make_async_engine) or a URL; "
+                "a sync Engine goes to Mnestoma"
+            )
+        if isinstance(url_or_engine, AsyncEngine):
+            url = url_or_engine.url
+        else:
+            url = async_database_url(url_or_engine)
+        refuse_memory_sqlite(url)
+        if not create and sqlite_store_missing(url):
+            raise SchemaError(f"there is no mnestoma store at {redact_url(url)}")
+        urls = [async_database_url(u) for u in replica_urls(url, replicas)]
+        if isinstance(url_or_engine, AsyncEngine):
+            self.engine = url_or_engine
+            self._owns_engine = False
+            own_pool_after_fork(self.engine.sync_engine)
+        else:
+            self.engine = make_async_engine(url)
+            self._owns_engine = True
+        self._bind = self.engine
+        if self.settings.lock_timeout is not None:
+            self._bind = self.engine.execution_options(
+                **{LOCK_TIMEOUT_OPTION: self.settings.lock_timeout}
+            )
+        self._at_head = False
+        self._checking: asyncio.Task[None] | None = None
+        # SQLite has one writer at a time: this facade's writes queue here, each woken as
+        # soon as the previous one commits, instead of polling SQLite's busy handler.
+        self._one_writer = asyncio.Lock() if is_sqlite(url) else None
+        self._waiting_file = waiting_file(self.engine.sync_engine.url)
+        if urls:
+            engines = [make_async_engine(u, connect_args=replica_connect_args(u)) for u in urls]
+            self._replicas = ReplicaSet(engines, urls, self.settings)
+
+    # --- transactions -----------------------------------------------------------------------
+
+    async def _ready(self) -> None:
+        """Check (or, for an empty SQLite store, migrate) the schema once.
+
+        Concurrent first callers share one check, which no caller's cancellation interrupts:
+        a burst of them holds no connection while it waits (each holding one while the check
+        asked the pool for another exhausted it).
+        """
+        if self._at_head:
+            return
+        check = self._checking
+        if (
+            check is None
+            or check.get_loop() is not asyncio.get_running_loop()  # a loop since ended
+            or (check.done() and (check.cancelled() or check.exception() is not None))
+        ):
+            check = self._checking = asyncio.ensure_future(self._check_schema())
+        await asyncio.shield(check)
+
+    async def _check_schema(self) -> None:
+        with translate_errors():
+            await greenlet_spawn(ensure_schema, self.engine.sync_engine)
+        self._at_head = True
+
+    async def _call(
+        self, op: Callable[[MnestRepository], T], *, write: bool, primary: bool = False
+    ) -> T:
+        """Run ``op`` in its own transaction: a read (on a replica that can serve it, unless
+        ``primary``), or a write retried when transient."""
+        await self._ready()
+        if not write:
+            return await self._unit(op, commit=False, primary=primary)
+        attempt = 0
+        while True:
+            try:
+                return await self._unit(op, commit=True)
+            except MnestomaError as err:
+                pause = retry_pause(attempt, err)
+                if pause is None:
+                    raise
+                await asyncio.sleep(pause)
+                attempt += 1
+
+    async def _unit(
+        self, op: Callable[[MnestRepository], T], *, commit: bool, primary: bool = False
+    ) -> T:
+        """One unit of work in a task of its own, which the caller's cancellation does not
+        interrupt halfway.
+
+        A cancellation (a request's timeout, a client gone) can land at any await: inside a
+        driver call, SQLite's ``BEGIN IMMEDIATE`` may still complete in the driver's thread,
+        and a connection interrupted while it returns to the pool can leave it, holding the
+        write lock for every process until the garbage collector finds it. So the caller
+        stops waiting at once, and the unit goes on to its end: it skips what it has not
+        begun, rolls back rather than commits, and gives its connection back.
+        """
+        cancelled = _Flag()
+        try:
+            return await _to_the_end(self._guarded(op, commit, cancelled, primary))
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    async def _guarded(
+        self,
+        op: Callable[[MnestRepository], T],
+        commit: bool,
+        cancelled: _Flag,
+        primary: bool = False,
+    ) -> T:
+        replicas = self._replicas
+        if not commit and replicas is not None and not (primary or self._on_primary):
+            await replicas.sample_async(self.engine)  # the primary's WAL position, when due
+            for i in replicas.order():
+                if cancelled:
+                    raise asyncio.CancelledError
+                with replicas.bounded():  # a replica that does not answer in time is cut
+                    try:
+                        with translate_errors():
+                            async with replicas.engines[i].connect() as conn:
+                                result = await conn.run_sync(
+                                    replicas.attempt, i, functools.partial(self._in_read, op)
+                                )
+                    except StoreError as err:  # could not connect, lost the connection, cut
+                        replicas.connection_failed(i, err)
+                        continue
+                if result is not NOT_READY:
+                    return result  # type: ignore[no-any-return]
+            replicas.primary_read()
+        if not commit or self._one_writer is None:
+            return await self._once(self._bind, op, commit=commit, cancelled=cancelled)
+        # One lock timeout in all: the wait for this facade's queue of writers counts in it.
+        timeout = lock_timeout_of(self._bind.get_execution_options())
+        deadline = time.monotonic() + timeout
+        # Queued behind this facade's other writes, a write says that it waits, as it
+        # would in SQLite's queue: an ager between two batches lets the queue in.
+        queued = self._waiting_file if self._one_writer.locked() else None
+        try:
+            with saying_it_waits(queued):
+                await asyncio.wait_for(self._one_writer.acquire(), timeout)
+        except TimeoutError:
+            raise write_lock_timeout(timeout) from None
+        try:
+            left = max(0.0, deadline - time.monotonic())
+            engine = self.engine.execution_options(**{LOCK_TIMEOUT_OPTION: left})
+            return await self._once(engine, op, commit=commit, cancelled=cancelled)
+        finally:
+            self._one_writer.release()
+
+    async def _once(
+        self,
+        engine: AsyncEngine,
+        op: Callable[[MnestRepository], T],
+        *,
+        commit: bool,
+        cancelled: _Flag,
+    ) -> T:
+        """One connection, one transaction; rolled back unless committed."""
+        if cancelled:  # the caller gave up while this unit waited for the writers' lock
+            raise asyncio.CancelledError
+        with translate_errors():
+            async with engine.connect() as conn:
+                return await conn.run_sync(self._in_unit, op, commit, cancelled)
+
+    def _in_unit(
+        self, conn: Connection, op: Callable[[MnestRepository], T], commit: bool, cancelled: _Flag
+    ) -> T:
+        """The sync side of one call: a connection unit of work, as the sync facade's."""
+        with ConnectionUnitOfWork(conn, settings=self.settings) as unit:
+            result = op(unit.mnests)
+            if commit and not cancelled:
+                unit.commit()
+                if self._replicas is not None:
+                    self._replicas.note_write(conn)
+            return result
+
+    def _in_read(self, op: Callable[[MnestRepository], T], conn: Connection) -> T:
+        """The sync side of one read on a replica's connection."""
+        with ConnectionUnitOfWork(conn, settings=self.settings) as unit:
+            return op(unit.mnests)
+
+    # --- the contract's operations: the shared table (_MnestOperations), and these ----------
+
+    async def apply_ager(
+        self,
+        *,
+        dry_run: bool = False,
+        batch_rows: int | None = None,
+        progress: BatchProgress | None = None,
+    ) -> AgerReport:
+        """Run the ager at the clock's now in batches, each its own transaction (see
+        :meth:`mnestoma.Mnestoma.apply_ager`); ``dry_run`` reports and rolls everything back.
+
+        The run holds one connection throughout, in a task of its own, as every unit of
+        this facade (see :meth:`_unit`). A cancelled caller stops waiting at once; the run
+        finishes the batch it is in (or, waiting to try one again, stops waiting), stops
+        before the next and gives its connection back: it is an interrupted run, which the
+        next completes.
+
+        Returns:
+            The :class:`~mnestoma.AgerReport` of the run (with ``dry_run``: of what it would do).
+
+        Raises:
+            InvalidInput: ``dry_run`` is not a bool, ``batch_rows`` not a positive integer,
+                or ``progress`` not callable; nothing is then written.
+            SchemaError: on this facade's first use, the database is not at head.
+            ConflictError: a batch could not have the write lock within the lock timeout,
+                retries spent; the batches before it stay committed.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
+        """
+        rows, dry, progress = check_ager_call(dry_run, batch_rows, progress)
+        await self._ready()
+        if dry:
+            return await self._unit(lambda r: r.apply_ager(), commit=False)
+        cancelled = _Flag()
+        try:
+            return await _to_the_end(self._age(rows, progress, cancelled))
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    async def _age(
+        self, rows: int | None, progress: BatchProgress | None, cancelled: _Flag
+    ) -> AgerReport:
+        """A run in batches on a connection of its own, stopped before its next batch once
+        ``cancelled`` is set."""
+        if cancelled:
+            raise asyncio.CancelledError
+        with translate_errors():
+            async with self._bind.connect() as conn:
+                return await conn.run_sync(
+                    lambda sync: self._noted(
+                        sync,
+                        age_in_batches(
+                            sync,
+                            settings=self.settings,
+                            batch_rows=rows,
+                            progress=progress,
+                            go_on=lambda: not cancelled,
+                        ),
+                    )
+                )
+
+    def _noted(self, conn: Connection, report: AgerReport) -> AgerReport:
+        """After a run of the ager on ``conn``: its WAL position noted (read replicas)."""
+        if self._replicas is not None:
+            self._replicas.note_write(conn)
+            conn.rollback()
+        return report
+
+    async def prune_events(
+        self, before: datetime, *, dry_run: bool = False, progress: PruneProgress | None = None
+    ) -> int:
+        """Delete the events older than ``before`` in batches, each its own transaction, with
+        ``progress(done, total, deleted)`` as it goes (see
+        :meth:`mnestoma.Mnestoma.prune_events`); ``dry_run`` counts them, in one read.
+
+        Returns:
+            How many events were deleted (with ``dry_run``: would be).
+
+        Raises:
+            InvalidInput: ``before`` is not an aware datetime the store can hold, ``dry_run``
+                not a bool, or ``progress`` not callable; nothing is then deleted.
+            SchemaError: on this facade's first use, the database is not at head.
+            ConflictError: a batch could not have the write lock within the lock timeout,
+                retries spent; the batches before it stay deleted.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
+        """
+        dry, report = check_prune_call(dry_run, progress)
+        if dry:
+            return await self._call(
+                lambda r: r.prune_events(before, dry_run=True), write=False, primary=True
+            )
+        deleted, since = await self._drop_partitions(before)
+        found = await self._call(
+            lambda r: r.prunable_event_ids(before, since=since), write=False, primary=True
+        )
+        batches = list(event_batches(found))
+        if report is not None and (batches or deleted):
+            report(0, len(batches), deleted)
+        for i, (first, last) in enumerate(batches):
+            if i:
+                await asyncio.sleep(batch_pause(self.engine.dialect.name))
+            deleted += await self._prune_batch(before, first, last, since)
+            if report is not None:
+                report(i + 1, len(batches), deleted)
+        return deleted
+
+    async def _prune_batch(
+        self, before: datetime, first: int, last: int, since: datetime | None
+    ) -> int:
+        """One batch of a prune (the events with ids in [first, last]), one transaction."""
+        return await self._call(
+            lambda r: r.prune_event_batch(before, first, last, since=since), write=True
+        )
+
+    async def _drop_partitions(self, before: datetime) -> tuple[int, datetime | None]:
+        """PostgreSQL, events partitioned: the whole months before ``before`` dropped, as
+        :meth:`mnestoma.Mnestoma.prune_events` drops them; how many events went, and the
+        end of the months dropped (None when none was)."""
+        if self.engine.dialect.name != "postgresql":
+            return 0, None
+        dropped = await self._call(lambda r: r.drop_event_partitions(before), write=True)
+        for name in dropped.detached:
+            await self._call(lambda r, name=name: r.drop_detached_partition(name), write=True)  # type: ignore[misc]
+        end, after = dropped.end, FIRST_TURN_EDGE
+        while end is not None:
+            _, last = await self._call(
+                lambda r, a=after: r.prune_turn_edges(end, a, EVENT_PRUNE_BATCH),  # type: ignore[misc]
+                write=True,
+            )
+            if last is None:
+                break
+            after = last
+        return dropped.deleted, dropped.end
+
+    async def top_queries(self, *, limit: int = 10) -> list[QueryFrequency]:
+        """The most frequent canonical forms.
+
+        Returns:
+            At most ``limit`` :class:`~mnestoma.QueryFrequency` items, most frequent first.
+
+        Raises:
+            InvalidInput: ``limit`` is not a positive integer up to 100,000.
+            SchemaError: on this facade's first use, the database is not at head.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
+        """
+        return await self._call(lambda r: _queries(r).top(limit=limit), write=False)
+
+    async def recent_queries(self, *, limit: int = 20) -> list[CanonicalQuery]:
+        """The latest query-log entries, newest first.
+
+        Returns:
+            The ``limit`` newest entries at most.
+
+        Raises:
+            InvalidInput: a ``limit`` that is not a whole number from 1 to 100,000.
+            SchemaError: a database not at head, found on this facade's first use.
+            StoreError: the store could not be read.
+        """
+        return await self._call(lambda r: _queries(r).recent(limit=limit), write=False)
+
+    def unit_of_work(self) -> AsyncUnitOfWork:
+        """An async unit of work on this store's engine, clock and recorder; on the primary
+        only, reads included (contract §12).
+
+        Returns:
+            A new :class:`AsyncUnitOfWork`, not yet entered.
+        """
+        unit = AsyncUnitOfWork(make_async_session_factory(self._bind), settings=self.settings)
+        if self._replicas is not None:
+            unit._after_commit = self._replicas.note_write
+        return unit
+
+    async def close(self) -> None:
+        """Release the connections (the engine too, when this facade created it), once the
+        units of cancelled callers have ended.
+
+        Returns:
+            None.
+        """
+        ending = [f for f in _ENDING if f.get_loop() is asyncio.get_running_loop()]
+        if ending:
+            await asyncio.wait(ending)
+        if self._owns_engine:
+            await self.engine.dispose()
+        if self._replicas is not None and self._owns_replicas:
+            for engine in self._replicas.engines:
+                await engine.dispose()
+
+    def __repr__(self) -> str:
+        return f"AsyncMnestoma({redact_url(self.engine.url)!r})"
+
+    async def __aenter__(self) -> Self:
+        try:
+            await self._ready()
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class _Flag:
+    """Set once, read from the unit's sync side: its caller was cancelled."""
+
+    __slots__ = ("_set",)
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def set(self) -> None:
+        self._set = True
+
+    def __bool__(self) -> bool:
+        return self._set
+
+
+def _queries(repo: MnestRepository) -> CanonicalQueryRepository:
+    return CanonicalQueryRepository(repo.session, settings=repo.settings)

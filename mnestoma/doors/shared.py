@@ -1,0 +1,101 @@
+"""What the two facades share (:class:`~mnestoma.Mnestoma`, :class:`~mnestoma.doors.asynchronous.AsyncMnestoma`):
+their settings' clock and recorder, their replica views, the schema check on first use, the
+lock timeout of their engine and the checks of a prune's arguments.
+
+Below both, so that the sync and the async door stand beside each other and neither imports
+the other.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any, Self
+
+from sqlalchemy import Engine, inspect
+
+from mnestoma.core.clock import Clock
+from mnestoma.core.errors import translate_errors
+from mnestoma.engines.locking import LOCK_TIMEOUT_OPTION
+from mnestoma.maintenance.migration import ensure_at_head
+from mnestoma.engines.replicas import ReplicaSet
+from mnestoma.core.settings import Settings
+from mnestoma.engines.urls import is_sqlite
+from mnestoma.core.validation import check_dry_run, check_progress
+
+__all__ = [
+    "FacadeBase",
+    "PruneProgress",
+    "check_prune_call",
+    "ensure_schema",
+    "with_lock_timeout",
+]
+
+# Called as a prune of events goes: (batches done, batches in all, events deleted so far).
+PruneProgress = Callable[[int, int, int], object]
+
+
+class FacadeBase:
+    """The state and views both facades have: their settings, whether their reads stay on the
+    primary, their read replicas and whether they close them."""
+
+    settings: Settings
+    _replicas: ReplicaSet | None
+    _owns_engine: bool
+    _owns_replicas: bool
+    _on_primary: bool
+
+    @property
+    def clock(self) -> Clock:
+        """The clock of this store's settings: its only source of "now"."""
+        return self.settings.clock
+
+    @property
+    def recorder(self) -> str:
+        """Who this store's events say recorded them, unless a call says otherwise."""
+        return self.settings.recorder
+
+    @property
+    def primary(self) -> Self:
+        """This facade with every read on the primary (for a read that must see another
+        process's latest write). Its writes are this facade's, and close() leaves the
+        engines to it."""
+        view = copy.copy(self)
+        view._on_primary = True
+        view._owns_engine = False
+        view._owns_replicas = False
+        return view
+
+    def replica_stats(self) -> dict[str, Any]:
+        """How this facade's reads were routed (contract §12): each replica's reads, skips,
+        last lag and whether it is skipped now; the reads the primary served, how many
+        because no replica had replayed this facade's writes, how many after a replica
+        failed. Empty without replicas.
+
+        Returns:
+            The counts, by replica and for the primary, as a dict.
+        """
+        return {} if self._replicas is None else self._replicas.stats()
+
+
+def check_prune_call(dry_run: object, progress: object) -> tuple[bool, PruneProgress | None]:
+    """The arguments of ``prune_events`` (both doors), checked before its first batch."""
+    return check_dry_run(dry_run), check_progress(progress, "done, total, deleted")
+
+
+def with_lock_timeout(engine: Engine, seconds: float | None) -> Engine:
+    """``engine``, or (a lock timeout given) a view of it whose connections wait that long
+    for a lock: the same pool, its own execution option (see :mod:`mnestoma.engines.locking`)."""
+    if seconds is None:
+        return engine
+    return engine.execution_options(**{LOCK_TIMEOUT_OPTION: seconds})
+
+
+def ensure_schema(engine: Engine) -> None:
+    """A new or empty SQLite store is migrated to head; any other must already be there."""
+    ensure_at_head(engine, auto_migrate=is_sqlite(engine) and _is_empty(engine))
+
+
+def _is_empty(engine: Engine) -> bool:
+    with translate_errors():
+        return not inspect(engine).get_table_names()

@@ -1,0 +1,369 @@
+"""The ``Mnestoma`` facade: one transaction per call, safe to share between threads."""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Concatenate, ParamSpec, TypeVar
+
+from sqlalchemy import Connection, Engine
+from sqlalchemy.engine import URL
+
+from mnestoma.maintenance.ager import BatchProgress, age_in_batches, check_ager_call
+from mnestoma.core.clock import Clock
+from mnestoma.engines import (
+    make_engine,
+    make_session_factory,
+    own_pool_after_fork,
+    redact_url,
+    refuse_memory_sqlite,
+    resolve_database_url,
+)
+from mnestoma.doors.shared import (
+    FacadeBase,
+    PruneProgress,
+    check_prune_call,
+    ensure_schema,
+    with_lock_timeout,
+)
+from mnestoma.core.errors import SchemaError, StoreError, translate_errors
+from mnestoma.maintenance.migration import sqlite_store_missing
+from mnestoma.schema.models import CanonicalQuery
+from mnestoma.engines.partitions import FIRST_TURN_EDGE
+from mnestoma.engines.replicas import NOT_READY, ReplicaSet, replica_connect_args, replica_urls
+from mnestoma.store.repository import MnestRepository, QueryFrequency
+from mnestoma.core.rules import EVENT_PRUNE_BATCH, AgerReport, batch_pause, event_batches
+from mnestoma.core.settings import Settings, settings_of
+from mnestoma.store.uow import ConnectionUnitOfWork, UnitOfWork, repository_call, written
+
+__all__ = ["Mnestoma"]
+
+T = TypeVar("T")
+P = ParamSpec("P")
+
+
+def _in_one_transaction(
+    op: Callable[Concatenate[MnestRepository, P], T], *, write: bool = False
+) -> Callable[Concatenate[Mnestoma, P], T]:
+    """The repository's operation ``op`` as a method of the facade: the same signature,
+    checks, errors and result (it is the same code), run in a transaction of its own: a
+    write retried when it failed transiently (a generator of items, such as a turn's
+    passings, read once before the first attempt), a read in a read transaction."""
+
+    bind = repository_call(op, write=write)
+
+    def method(self: Mnestoma, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        call = bind(args, kwargs)  # bound once: a retry replays what the first attempt read
+        run = self._write if write else self._read
+        return run(lambda unit: call(unit.mnests))
+
+    functools.update_wrapper(method, op, assigned=("__name__", "__doc__"))
+    method.__qualname__ = f"Mnestoma.{op.__name__}"
+    return method
+
+
+class Mnestoma(FacadeBase):
+    """The store, ready to use: ``Mnestoma()`` opens the default SQLite file.
+
+    A new or empty SQLite database is migrated to head on first use; any other database
+    must already be at head (``mnestoma db upgrade``), else :class:`SchemaError`. With
+    ``create=False`` (reading tools) a SQLite file that does not exist is not created:
+    :class:`SchemaError` says there is no store there.
+
+    ``replicas`` (PostgreSQL): URLs of hot standbys of this database, to which its reads
+    may go (contract §12): never a stale read after this facade's own write; a replica that
+    fails or lags is skipped and the primary serves the read. ``store.primary`` reads on
+    the primary only; ``replica_stats()`` counts what went where.
+
+    Raises:
+        InvalidInput: a URL, setting or replica the contract refuses, or an in-memory
+            SQLite database (it cannot be shared).
+        MissingExtra: the URL's driver is not installed (the message names the extra).
+        SchemaError: the database is not at head (a new or empty SQLite store is migrated
+            instead), or with ``create=False`` there is no SQLite store at its path.
+        StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+            be reached).
+    """
+
+    def __init__(
+        self,
+        url_or_engine: str | URL | Engine | None = None,
+        *,
+        settings: Settings | None = None,
+        clock: Clock | None = None,
+        recorder: str | None = None,
+        create: bool = True,
+        replicas: Sequence[str | URL] | None = None,
+    ):
+        # checked before anything is opened: bad settings open no engine
+        self.settings = settings_of(settings, clock=clock, recorder=recorder)
+        self._replicas: ReplicaSet | None = None
+        self._owns_replicas = True
+        self._on_primary = False
+        if isinstance(url_or_engine, Engine):
+            self.engine = url_or_engine
+            self._owns_engine = False
+            own_pool_after_fork(self.engine)  # a caller's own create_engine engine too
+        else:
+            url = resolve_database_url(url_or_engine)
+            refuse_memory_sqlite(url)
+            if not create and sqlite_store_missing(url):
+                raise SchemaError(f"there is no mnestoma store at {redact_url(url)}")
+            self.engine = make_engine(url)
+            self._owns_engine = True
+        refuse_memory_sqlite(self.engine.url)
+        self._bind = with_lock_timeout(self.engine, self.settings.lock_timeout)
+        try:
+            urls = replica_urls(self.engine.url, replicas)
+            ensure_schema(self.engine)
+            if urls:
+                engines = [make_engine(u, connect_args=replica_connect_args(u)) for u in urls]
+                self._replicas = ReplicaSet(engines, urls, self.settings)
+        except BaseException:
+            self.close()
+            raise
+        self._writes = make_session_factory(self._bind)
+
+    # --- transaction helpers --------------------------------------------------------------
+
+    def _unit(self) -> ConnectionUnitOfWork:
+        return ConnectionUnitOfWork(self._bind, settings=self.settings)
+
+    def _write(self, work: Callable[[ConnectionUnitOfWork], T]) -> T:
+        """Run ``work`` in one write transaction; retry transient conflicts, bounded. With
+        replicas, the WAL position the commit reached is noted (read-your-writes)."""
+        after = None if self._replicas is None else self._replicas.note_write
+        return written(self._bind, work, settings=self.settings, after_commit=after)
+
+    def _read(self, work: Callable[[ConnectionUnitOfWork], T], *, primary: bool = False) -> T:
+        """Run ``work`` in a read transaction (SQLite: a plain BEGIN, no write lock): on a
+        replica that can serve it (contract §12), else on the primary."""
+        replicas = self._replicas
+        if replicas is not None and not (primary or self._on_primary):
+            replicas.sample(self.engine)  # the primary's WAL position, when due
+            for i in replicas.order():
+                with replicas.bounded():  # a replica that does not answer in time is cut
+                    try:
+                        with translate_errors(), replicas.engines[i].connect() as conn:
+                            result = replicas.attempt(
+                                conn, i, functools.partial(self._in_read, work)
+                            )
+                    except StoreError as err:  # could not connect, lost the connection, cut
+                        replicas.connection_failed(i, err)
+                        continue
+                if result is not NOT_READY:
+                    return result  # type: ignore[return-value]
+            replicas.primary_read()
+        with self._unit() as unit:
+            return work(unit)
+
+    def _in_read(self, work: Callable[[ConnectionUnitOfWork], T], conn: Connection) -> T:
+        with ConnectionUnitOfWork(conn, settings=self.settings) as unit:
+            return work(unit)
+
+    # --- the contract's operations, each the repository's in one transaction -------------
+
+    record_passing = _in_one_transaction(MnestRepository.record_passing, write=True)
+    record_proto = _in_one_transaction(MnestRepository.record_proto, write=True)
+    record_turn = _in_one_transaction(MnestRepository.record_turn, write=True)
+    get = _in_one_transaction(MnestRepository.get)
+    find = _in_one_transaction(MnestRepository.find)
+    edges = _in_one_transaction(MnestRepository.edges)
+    events = _in_one_transaction(MnestRepository.events)
+    walk = _in_one_transaction(MnestRepository.walk)
+    suggest_next = _in_one_transaction(MnestRepository.suggest_next)
+    rank = _in_one_transaction(MnestRepository.rank)
+    predict_next = _in_one_transaction(MnestRepository.predict_next)
+    vet = _in_one_transaction(MnestRepository.vet)
+    graph = _in_one_transaction(MnestRepository.graph)
+    to_networkx = _in_one_transaction(MnestRepository.to_networkx)
+    transition_state = _in_one_transaction(MnestRepository.transition_state, write=True)
+    recurring_protos = _in_one_transaction(MnestRepository.recurring_protos)
+    promote_proto_to_active = _in_one_transaction(
+        MnestRepository.promote_proto_to_active, write=True
+    )
+
+    # Operations that are more than one repository call, each in transactions of its own.
+
+    def apply_ager(
+        self,
+        *,
+        dry_run: bool = False,
+        batch_rows: int | None = None,
+        progress: BatchProgress | None = None,
+    ) -> AgerReport:
+        """Run the ager at the clock's now; ``dry_run`` reports and rolls everything back.
+
+        Online: the run commits in batches, each its own transaction, so a writer waits for
+        one batch, not the run. By default each batch is sized to hold its locks
+        :data:`~mnestoma.core.rules.AGER_BATCH_TARGET_S` (15 ms) while writers are about; once
+        none has been seen for a second a batch grows, in steps of
+        :data:`~mnestoma.core.rules.AGER_BATCH_QUIET_TARGET_S` (75 ms), until a writer waits for
+        it (at most :data:`~mnestoma.core.rules.AGER_BATCH_GROWN_MAX_S`): a writer that comes
+        waits for one step. ``batch_rows`` fixes about how many rows each batch covers
+        instead. ``progress(done, total)`` is called after each batch's commit. A second run
+        at once waits for the first. A dry run is one transaction, rolled back.
+
+        Returns:
+            The :class:`~mnestoma.AgerReport` of the run (with ``dry_run``: of what it would do).
+
+        Raises:
+            InvalidInput: ``dry_run`` is not a bool, ``batch_rows`` not a positive integer,
+                or ``progress`` not callable; nothing is then written.
+            ConflictError: a batch could not have the write lock within the lock timeout
+                (:class:`WriteLockTimeout`), retries spent; the batches before it stay committed
+                and the next run completes the interrupted one.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
+        """
+        # every argument checked before the first batch: a bad one refused writes nothing
+        rows, dry, progress = check_ager_call(dry_run, batch_rows, progress)
+        if dry:
+            with self._unit() as unit:
+                return unit.mnests.apply_ager()  # left without commit: rolled back
+        with translate_errors(), self._bind.connect() as conn:
+            report = age_in_batches(
+                conn, settings=self.settings, batch_rows=rows, progress=progress
+            )
+            if self._replicas is not None:
+                self._replicas.note_write(conn)
+                conn.rollback()
+            return report
+
+    def prune_events(
+        self, before: datetime, *, dry_run: bool = False, progress: PruneProgress | None = None
+    ) -> int:
+        """Delete the events older than ``before`` (each row still in ``mnests`` keeps its
+        ``created`` event); how many were, or with ``dry_run`` would be, deleted.
+
+        Online: the events present when it starts go in batches of ids, each its own short
+        write transaction committed before the next (on SQLite with a pause between them in
+        which waiting writers take the lock), so a writer waits for one batch at most.
+        ``progress(done, total, deleted)`` is called once the batches are known (done 0),
+        then after each. A dry run counts them in one read transaction, which takes no lock.
+
+        Returns:
+            How many events were deleted (with ``dry_run``: would be).
+
+        Raises:
+            InvalidInput: ``before`` is not an aware datetime the store can hold, ``dry_run``
+                not a bool, or ``progress`` not callable; nothing is then deleted.
+            ConflictError: a batch could not have the write lock within the lock timeout,
+                retries spent; the batches before it stay deleted.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
+        """
+        dry, report = check_prune_call(dry_run, progress)
+        if dry:
+            return self._read(lambda u: u.mnests.prune_events(before, dry_run=True), primary=True)
+        deleted, since = self._drop_partitions(before)
+        found = self._read(lambda u: u.mnests.prunable_event_ids(before, since=since), primary=True)
+        batches = list(event_batches(found))
+        if report is not None and (batches or deleted):
+            report(0, len(batches), deleted)
+        for i, (first, last) in enumerate(batches):
+            if i:
+                time.sleep(batch_pause(self.engine.dialect.name))
+            deleted += self._prune_batch(before, first, last, since)
+            if report is not None:
+                report(i + 1, len(batches), deleted)
+        return deleted
+
+    def _prune_batch(self, before: datetime, first: int, last: int, since: datetime | None) -> int:
+        """One batch of a prune (the events with ids in [first, last]), one transaction."""
+        return self._write(lambda u: u.mnests.prune_event_batch(before, first, last, since=since))
+
+    def _drop_partitions(self, before: datetime) -> tuple[int, datetime | None]:
+        """PostgreSQL, events partitioned: the whole months before ``before`` dropped (the
+        swap one transaction, each drop another), then the rows of ``event_turn_edges``
+        their passings had, in batches; how many events went, and the end of the months
+        dropped (before it, only what was kept: None when none was). Nothing elsewhere."""
+        if self.engine.dialect.name != "postgresql":
+            return 0, None
+        dropped = self._write(lambda u: u.mnests.drop_event_partitions(before))
+        for name in dropped.detached:
+            self._write(lambda u, name=name: u.mnests.drop_detached_partition(name))  # type: ignore[misc]
+        end, after = dropped.end, FIRST_TURN_EDGE
+        while end is not None:
+            _, last = self._write(
+                lambda u, a=after: u.mnests.prune_turn_edges(end, a, EVENT_PRUNE_BATCH)  # type: ignore[misc]
+            )
+            if last is None:
+                break
+            after = last
+        return dropped.deleted, dropped.end
+
+    def log_canonical_query(
+        self, raw_query: str, canonical_query: str, *, turn_id: str | None = None
+    ) -> CanonicalQuery:
+        """Append one normalised request to the query log, in a transaction of its own.
+
+        Returns:
+            The entry written.
+
+        Raises:
+            InvalidInput: a text or turn id refused.
+            ConflictError: the write lock not had in time.
+            StoreError: the database failed.
+        """
+        return self._write(lambda u: u.queries.log(raw_query, canonical_query, turn_id=turn_id))
+
+    def top_queries(self, *, limit: int = 10) -> list[QueryFrequency]:
+        """The most frequent canonical forms.
+
+        Returns:
+            The ``limit`` most frequent forms at most, as :class:`~mnestoma.QueryFrequency`.
+
+        Raises:
+            InvalidInput: a bad ``limit``.
+            StoreError: the database failed.
+        """
+        return self._read(lambda u: u.queries.top(limit=limit))
+
+    def recent_queries(self, *, limit: int = 20) -> list[CanonicalQuery]:
+        """The latest query-log entries, newest first.
+
+        Returns:
+            The ``limit`` newest entries at most.
+
+        Raises:
+            InvalidInput: a ``limit`` that is not a whole number from 1 to 100,000.
+            StoreError: the store could not be read.
+        """
+        return self._read(lambda u: u.queries.recent(limit=limit))
+
+    def unit_of_work(self) -> UnitOfWork:
+        """A unit of work on this store's engine and settings, for several operations; on
+        the primary only, reads included (contract §12).
+
+        Returns:
+            A new :class:`~mnestoma.UnitOfWork`, not yet entered.
+        """
+        unit = UnitOfWork(self._writes, settings=self.settings)
+        if self._replicas is not None:
+            unit._after_commit = self._replicas.note_write
+        return unit
+
+    def close(self) -> None:
+        """Release the connections (the engine too, when this facade created it, and the
+        replicas' engines).
+
+        Returns:
+            None.
+        """
+        if self._owns_engine:
+            self.engine.dispose()
+        if self._replicas is not None and self._owns_replicas:
+            for engine in self._replicas.engines:
+                engine.dispose()
+
+    def __repr__(self) -> str:
+        return f"Mnestoma({redact_url(self.engine.url)!r})"
+
+    def __enter__(self) -> Mnestoma:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

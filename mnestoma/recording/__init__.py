@@ -1,0 +1,2 @@
+"""Recording without a call: the in-process tracer, the OpenTelemetry span processor and
+the one background writer they share."""

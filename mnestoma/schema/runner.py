@@ -1,0 +1,530 @@
+"""One way to run the package's statements: ``rows``, ``first``, ``scalars``, ``many``.
+
+:func:`runner_for` chooses the implementation once per connection. :class:`StatementRunner`
+lets SQLAlchemy Core run and convert everything. :class:`DriverRunner` (SQLite, and
+PostgreSQL on psycopg) runs the same prebuilt statements at the driver: each is compiled
+once (an LRU keyed by the statement object itself, so two statements can never share an
+entry), and values are converted by the processors of their own column types
+(``TypeEngine.dialect_impl(...).bind_processor`` and ``result_processor``), so a new typed
+column is converted like any other. Statements with expanding parameters (``IN`` lists) go
+through Core.
+
+Where nobody observes the connection's statements (no engine or connection listener but
+the package's own, no SQL logging), a statement runs on the driver's cursor directly, after
+the package's own listener (SQLite's, which begins the transaction the statement needs):
+SQLAlchemy's per-statement context and result set-up cost more than the database's own
+work on the hot paths. As soon as a service adds a listener (its
+tracing, its statement counter) or turns SQL logging on, every statement goes through
+SQLAlchemy again and is seen there (SQLite: ``exec_driver_sql``; PostgreSQL: Core).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import operator
+import sqlite3
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, cast
+
+from sqlalchemy import ColumnDefault, Connection, CursorResult, Executable
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import Dialect
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.elements import ClauseElement
+from sqlalchemy.types import TypeEngine
+
+from mnestoma.core._sqla_compat import connection_listeners, dialect_error_hooks, prefetch_columns
+from mnestoma.core.errors import StoreError, translate, translate_errors
+from mnestoma.core.types import UTCDateTime
+
+__all__ = [
+    "MAX_PREPARED",
+    "DriverRunner",
+    "StatementRunner",
+    "as_mappings",
+    "own_listener",
+    "runner_for",
+    "unobserved",
+]
+
+Processor = Callable[[Any], Any]
+Params = Mapping[str, Any]
+# The parameter sets of an executemany: mappings, or with ``Columns``, tuples in their order.
+ParamRows = Sequence[Params] | Sequence[Sequence[Any]]
+Columns = tuple[str, ...] | None
+
+
+class StatementRunner:
+    """Runs statements through SQLAlchemy Core on one connection; driver errors become the
+    package's (:func:`~mnestoma.core.errors.translate_errors`)."""
+
+    __slots__ = ("conn", "dialect")
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.dialect: str = conn.dialect.name
+
+    def ready(self) -> None:
+        """Do now what the first statement would do before running (nothing here)."""
+
+    def lock_held(self) -> None:
+        """The operation's transaction holds the write lock from now on (nothing here)."""
+
+    def plan(self, stmt: Executable, columns: tuple[str, ...] = ()) -> None:
+        """Compile ``stmt`` now for the rows this runner will give it (``columns``: tuples in
+        that order; () for a read or mappings): nothing to do here."""
+
+    def execute(
+        self, stmt: Executable, params: Params | Sequence[Params] | None = None
+    ) -> CursorResult[Any]:
+        """Run one statement (once per parameter set when given a list) and return its
+        result: rowcount, RETURNING rows."""
+        with translate_errors():
+            if params is None:
+                return self.conn.execute(stmt)
+            return self.conn.execute(stmt, params)
+
+    def rows(self, stmt: Executable, params: Params | None = None) -> list[tuple[Any, ...]]:
+        """Every row, as plain tuples of converted values in the statement's column order."""
+        with translate_errors():
+            result = (
+                self.conn.execute(stmt, params) if params is not None else self.conn.execute(stmt)
+            )
+            return [tuple(r) for r in result]
+
+    def first(self, stmt: Executable, params: Params | None = None) -> tuple[Any, ...] | None:
+        """The first row, or None."""
+        found = self.rows(stmt, params)
+        return found[0] if found else None
+
+    def scalars(self, stmt: Executable, params: Params | None = None) -> list[Any]:
+        """The first column of every row."""
+        return [r[0] for r in self.rows(stmt, params)]
+
+    def many(self, stmt: Executable, rows: ParamRows, columns: Columns = None) -> None:
+        """Run an INSERT or UPDATE once per parameter set (executemany); no result. Each
+        set is a mapping, or with ``columns``, a tuple of values in that order."""
+        if not rows:
+            return
+        params = (
+            as_mappings(columns, cast(Sequence[Sequence[Any]], rows))
+            if columns is not None
+            else list(cast(Sequence[Params], rows))
+        )
+        with translate_errors():
+            self.conn.execute(stmt, params)
+
+
+def as_mappings(columns: tuple[str, ...], rows: Sequence[Sequence[Any]]) -> list[dict[str, Any]]:
+    """Rows given as tuples in ``columns`` order, as the mappings SQLAlchemy takes (the
+    package's error for a row of the wrong length)."""
+    if any(len(r) != len(columns) for r in rows):
+        raise StoreError(f"a row whose number of values is not that of its {len(columns)} columns")
+    return [dict(zip(columns, r, strict=True)) for r in rows]
+
+
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    """A statement compiled once for the driver: its text, its parameters in order with
+    their literal values and processors, and the types of its result columns."""
+
+    sql: str
+    names: tuple[str, ...]
+    defaults: dict[str, Any]
+    # (position, bind processor, whether the parameter is an instant: a UTCDateTime, whose
+    # processor gives the same for the same instant, in any statement of one dialect)
+    converting: tuple[tuple[int, Processor, bool], ...]
+    result_types: tuple[TypeEngine[Any], ...]
+    dialect: Dialect
+    named: bool  # the driver takes a dict (psycopg's ``%(name)s``), else a tuple
+    # Parameters a row must give: bound without a value, or a column default SQLAlchemy
+    # would compute at execution (a function); constant defaults are in ``defaults``.
+    needed: frozenset[str]
+    # The column order this statement was compiled for (empty for reads): rows given as
+    # tuples come in this order.
+    columns: tuple[str, ...]
+    # The result processors, found from the driver's description of the first result: some
+    # dialects (psycopg's numerics) choose a processor by the column's database type, which
+    # one statement's text always gives the same. psycopg builds an object per column each
+    # time its description is read, so it is read once.
+    resolved: list[tuple[tuple[int, Processor], ...]] = field(default_factory=list)
+    # For rows given as tuples in ``columns`` order: what lists them in parameter order.
+    picked: list[Callable[[Sequence[Any]], list[Any]]] = field(default_factory=list)
+
+    def args(self, values: Params, seen: dict[datetime, Any]) -> tuple[Any, ...] | dict[str, Any]:
+        """One row of parameters as the driver takes them; ``seen`` converts each instant
+        once (per operation)."""
+        defaults = self.defaults
+        return self.converted([values[n] if n in values else defaults[n] for n in self.names], seen)
+
+    def check_columns(self, keys: Iterable[str]) -> None:
+        """Refuse, before anything runs, rows that lack a parameter the statement needs
+        (the driver would bind NULL where SQLAlchemy refuses) or that name one it does not
+        have (a misspelt name would be silently left out)."""
+        given = set(keys)
+        missing = sorted(self.needed - given)
+        unknown = sorted(given - set(self.names))
+        if missing or unknown:
+            raise StoreError(
+                f"parameters do not fit the statement: missing {missing}, unknown {unknown}"
+            )
+
+    def picker(self) -> Callable[[Sequence[Any]], list[Any]]:
+        """For rows given as tuples in :attr:`columns` order: the function that lists a
+        row's values in this statement's parameter order, worked out once; a parameter the
+        rows do not hold keeps its compiled value (a literal of the statement)."""
+        if self.picked:
+            return self.picked[0]
+        width = len(self.columns)
+        where = {name: i for i, name in enumerate(self.columns)}
+        taken = [where[n] for n in self.names if n in where]
+        # the statement's own literals, inserted at their places (in ascending order)
+        constants = [(k, self.defaults[n]) for k, n in enumerate(self.names) if n not in where]
+        get = operator.itemgetter(*taken) if len(taken) > 1 else None
+
+        def pick(row: Sequence[Any]) -> list[Any]:
+            if len(row) != width:
+                raise StoreError(f"a row of {len(row)} values for its {width} columns")
+            out = list(get(row)) if get is not None else [row[i] for i in taken]
+            for k, value in constants:
+                out.insert(k, value)
+            return out
+
+        self.picked[:] = [pick]
+        return pick
+
+    def converted(
+        self, out: list[Any], seen: dict[datetime, Any]
+    ) -> tuple[Any, ...] | dict[str, Any]:
+        """Parameters in statement order, converted by their types' bind processors, as the
+        driver takes them; ``seen`` converts each instant once (per operation)."""
+        for i, convert, instant in self.converting:
+            value = out[i]
+            if value is None:
+                continue
+            if instant and isinstance(value, datetime):
+                done = seen.get(value)
+                if done is None:
+                    done = seen[value] = convert(value)
+                out[i] = done
+            else:
+                out[i] = convert(value)
+        return dict(zip(self.names, out, strict=True)) if self.named else tuple(out)
+
+    def results(self, cursor: Any) -> tuple[tuple[int, Processor], ...]:
+        """The (column, result processor) pairs for this statement's rows."""
+        if self.resolved:
+            return self.resolved[0]
+        codes = [d[1] for d in cursor.description or ()]
+        pairs = []
+        for i, (type_, code) in enumerate(zip(self.result_types, codes, strict=False)):
+            process = type_.dialect_impl(self.dialect).result_processor(self.dialect, code)
+            if process is not None:
+                pairs.append((i, process))
+        found = tuple(pairs)
+        if codes:
+            self.resolved[:] = [found]
+        return found
+
+    def fetch(self, cursor: Any) -> list[tuple[Any, ...]]:
+        """The rows of an executed cursor, converted as their column types would be."""
+        if not self.result_types and not cursor.description:
+            return []  # no result set (a write without RETURNING)
+        raw = cursor.fetchall()
+        results = self.results(cursor)
+        if not results:
+            return cast(list[tuple[Any, ...]], raw)
+        out = []
+        for r in raw:
+            values = list(r)
+            for i, process in results:
+                if values[i] is not None:
+                    values[i] = process(values[i])
+            out.append(tuple(values))
+        return out
+
+
+# Compiled statements, least recently used first out. Each entry holds its statement: while
+# cached, its id() cannot be reused by another object, and the identity check makes a stale
+# entry impossible even so.
+MAX_PREPARED = 512
+_PREPARED: OrderedDict[tuple[Any, ...], tuple[Executable, _Prepared | None]] = OrderedDict()
+_PREPARED_LOCK = threading.Lock()
+
+
+def _compile(stmt: Executable, dialect: Dialect, column_keys: tuple[str, ...]) -> _Prepared | None:
+    """Compile for the driver; None when the statement needs Core (expanding parameters)."""
+    element = cast(ClauseElement, stmt)
+    compiled = cast(
+        SQLCompiler, element.compile(dialect=dialect, column_keys=list(column_keys) or None)
+    )
+    binds = compiled.binds
+    if any(b.expanding for b in binds.values()) or compiled.escaped_bind_names:
+        return None
+    named = compiled.positiontup is None
+    names = tuple(compiled.params) if named else tuple(compiled.positiontup or ())
+    result_types = tuple(c.type for c in getattr(stmt, "exported_columns", ()))
+    converting = []
+    for i, name in enumerate(names):
+        type_ = binds[name].type
+        process = type_.dialect_impl(dialect).bind_processor(dialect)
+        if process is not None:
+            converting.append((i, process, isinstance(type_, UTCDateTime)))
+    # Columns whose Python-side default SQLAlchemy computes at execution: a constant is
+    # written in like a literal; any other default must be given by the rows.
+    defaults = dict(compiled.params)
+    computed = set()
+    inserted, updated = prefetch_columns(compiled)
+    for column in (*inserted, *updated):
+        default = column.default if column in inserted else column.onupdate
+        if isinstance(default, ColumnDefault) and default.is_scalar:
+            defaults[column.key] = default.arg
+        else:
+            computed.add(column.key)
+    needed = frozenset(n for n in names if binds[n].required or n in computed)
+    prepared = _Prepared(
+        compiled.string,
+        names,
+        defaults,
+        tuple(converting),
+        result_types,
+        dialect,
+        named,
+        needed,
+        column_keys,
+    )
+    if column_keys:  # a write: its rows give these names (as mapping keys or tuple columns)
+        prepared.check_columns(column_keys)
+    return prepared
+
+
+def _prepare(conn: Connection, stmt: Executable, column_keys: tuple[str, ...]) -> _Prepared | None:
+    dialect = conn.dialect
+    # the same statement compiles differently for another dialect, driver or server
+    key = (id(stmt), column_keys, type(dialect), dialect.paramstyle, dialect.server_version_info)
+    # A hit takes no lock (each OrderedDict call is atomic); an entry another thread evicted
+    # meanwhile is still the right one to use.
+    entry = _PREPARED.get(key)
+    if entry is not None and entry[0] is stmt:
+        with contextlib.suppress(KeyError):
+            _PREPARED.move_to_end(key)
+        return entry[1]
+    prepared = _compile(stmt, conn.dialect, column_keys)
+    with _PREPARED_LOCK:
+        _PREPARED[key] = (stmt, prepared)
+        _PREPARED.move_to_end(key)
+        while len(_PREPARED) > MAX_PREPARED:
+            _PREPARED.popitem(last=False)
+    return prepared
+
+
+# The package's own statement listeners (SQLite's write-lock listener): they do not count as
+# somebody observing the statements. Registered with ``retval=True``, so that SQLAlchemy
+# keeps the function itself in the engine's listener list.
+_OWN_LISTENERS: weakref.WeakSet[Callable[..., Any]] = weakref.WeakSet()
+_OBSERVING_EVENTS = ("before_execute", "after_execute", "after_cursor_execute")
+_DRIVER_CONNECTIONS: tuple[type, ...] = (sqlite3.Connection,)
+try:
+    import psycopg
+except ImportError:  # pragma: no cover - PostgreSQL is an extra
+    pass
+else:
+    _DRIVER_CONNECTIONS += (psycopg.Connection,)
+
+
+def own_listener(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark ``fn`` as the package's own statement listener (see :func:`unobserved`)."""
+    _OWN_LISTENERS.add(fn)
+    return fn
+
+
+def unobserved(conn: Connection) -> bool:
+    """True when nobody but the package watches this connection's statements: no engine
+    or connection event listener of a service, no ``handle_error`` hook, no SQL logging."""
+    dispatch = connection_listeners(conn)
+    if any(getattr(dispatch, name) for name in _OBSERVING_EVENTS):
+        return False
+    if any(fn not in _OWN_LISTENERS for fn in dispatch.before_cursor_execute):
+        return False
+    if dialect_error_hooks(conn):
+        return False
+    return not conn.engine.logger.isEnabledFor(logging.INFO)
+
+
+class DriverRunner(StatementRunner):
+    """The same statements, compiled once and run at the driver, because on the hot paths
+    (a passing, a turn's batched writes, the rows a turn or a walk reads) SQLAlchemy's
+    per-statement and per-row processing costs more than the database's own work."""
+
+    __slots__ = (
+        "_core_fallback",
+        "_dbapi",
+        "_instants",
+        "_locked",
+        "_own",
+        "_plans",
+        "_unobserved",
+    )
+
+    def __init__(self, conn: Connection) -> None:
+        super().__init__(conn)
+        # Observed PostgreSQL statements go through Core: exec_driver_sql saves nothing there.
+        self._core_fallback = self.dialect != "sqlite"
+        # Asked once per runner, that is once per repository operation: SQLAlchemy's
+        # listener collections are slow to inspect, and an operation's statements are
+        # either all observed or none.
+        self._unobserved: bool | None = None
+        self._dbapi: Any = None
+        self._own: tuple[Callable[..., Any], ...] = ()
+        self._locked = False
+        # Each instant bound by the operation's statements, converted once: a passing binds
+        # its now three times (ts_last, ts_weight, the event's ts).
+        self._instants: dict[datetime, Any] = {}
+        # Statements compiled (found in the cache) before the write lock was taken.
+        self._plans: dict[tuple[int, tuple[str, ...]], _Prepared | None] = {}
+
+    def plan(self, stmt: Executable, columns: tuple[str, ...] = ()) -> None:
+        """Find ``stmt`` compiled (or compile it) now, for rows in ``columns`` order (() for a
+        read, or mappings named as the statement's first row names them): a write looks its
+        statements up before it takes the lock."""
+        self._plans[(id(stmt), columns)] = _prepare(self.conn, stmt, columns)
+
+    def _planned(self, stmt: Executable, columns: tuple[str, ...]) -> _Prepared | None:
+        plans = self._plans
+        key = (id(stmt), columns)
+        if key in plans:
+            return plans[key]
+        return _prepare(self.conn, stmt, columns)
+
+    def ready(self) -> None:
+        """Look now whether a statement may run at the driver, and begin SQLAlchemy's
+        transaction: before a write takes its lock, so that none of it is done while other
+        writers wait."""
+        self._driver()
+
+    def lock_held(self) -> None:
+        """The transaction holds the write lock (``BEGIN IMMEDIATE`` on SQLite, see
+        :func:`~mnestoma.engines.locking.take_write_lock`): the package's own listeners, which only
+        begin the transaction a statement needs and note the write, have nothing left to do
+        for the statements of this operation, and are no longer run before each."""
+        self._own = ()
+        self._locked = True
+
+    def _driver(self) -> Any:
+        """The driver's connection when a statement may run on it directly, else None."""
+        if self._dbapi is not None:
+            return self._dbapi
+        conn = self.conn
+        dbapi = conn.connection.dbapi_connection
+        if not isinstance(dbapi, _DRIVER_CONNECTIONS):
+            return None
+        if self._unobserved is None:
+            self._unobserved = unobserved(conn)
+        if not self._unobserved:
+            return None
+        # Only the package's own listeners are left (SQLite's, which begins the driver's
+        # transaction the way each statement needs): they run before each statement here,
+        # as SQLAlchemy would run them, until the write lock is held.
+        if not self._locked:
+            self._own = tuple(connection_listeners(conn).before_cursor_execute)
+        if not conn.in_transaction():
+            with translate_errors():
+                conn.begin()  # what the first statement would do: commit() must see it
+        # An operation never ends its transaction midway: the rest of its statements can
+        # run here too.
+        self._dbapi = dbapi
+        return dbapi
+
+    def _at_driver(
+        self, dbapi: Any, prepared: _Prepared, data: Any, many: bool
+    ) -> list[tuple[Any, ...]]:
+        """Run ``prepared`` on a driver cursor, after the package's own listeners, as
+        SQLAlchemy would run them; its rows (none for a write without RETURNING). A driver
+        error is raised as the package's error, chained to SQLAlchemy's wrapper of it (as
+        for the statements SQLAlchemy runs); a lost connection is invalidated."""
+        sql = prepared.sql
+        try:
+            cursor = dbapi.cursor()
+            try:
+                for listener in self._own:
+                    listener(self.conn, cursor, sql, data, None, many)
+                if many:
+                    cursor.executemany(sql, data)
+                    return []
+                cursor.execute(sql, data)
+                return prepared.fetch(cursor)
+            finally:
+                cursor.close()
+        except dbapi_errors(self.conn) as err:
+            dialect = self.conn.dialect
+            wrapped = sa_exc.DBAPIError.instance(
+                sql,
+                data,
+                err,
+                dialect.loaded_dbapi.Error,
+                connection_invalidated=dialect.is_disconnect(cast(Any, err), dbapi, None),
+                dialect=dialect,
+            )
+            if isinstance(wrapped, sa_exc.DBAPIError) and wrapped.connection_invalidated:
+                self.conn.invalidate(err)
+            raise translate(wrapped) from wrapped
+
+    def rows(self, stmt: Executable, params: Params | None = None) -> list[tuple[Any, ...]]:
+        prepared = self._planned(stmt, ())
+        dbapi = None if prepared is None else self._driver()
+        if prepared is None or (dbapi is None and self._core_fallback):
+            return super().rows(stmt, params)
+        args = prepared.args(params or {}, self._instants)
+        if dbapi is not None:
+            return self._at_driver(dbapi, prepared, args, False)
+        with translate_errors():
+            result = self.conn.exec_driver_sql(prepared.sql, args)
+            try:
+                return prepared.fetch(result.cursor) if result.cursor else []
+            finally:
+                result.close()
+
+    def many(self, stmt: Executable, rows: ParamRows, columns: Columns = None) -> None:
+        if not rows:
+            return
+        keys = columns if columns is not None else tuple(cast(Params, rows[0]))
+        prepared = self._planned(stmt, keys)
+        dbapi = None if prepared is None else self._driver()
+        if prepared is None or (dbapi is None and self._core_fallback):
+            super().many(stmt, rows, columns)
+            return
+        seen = self._instants
+        if columns is not None:
+            pick, convert = prepared.picker(), prepared.converted
+            data = [convert(pick(r), seen) for r in cast(Sequence[Sequence[Any]], rows)]
+        else:
+            data = [prepared.args(r, seen) for r in cast(Sequence[Params], rows)]
+        batch = data if len(data) > 1 else data[0]
+        if dbapi is not None:
+            self._at_driver(dbapi, prepared, batch, len(data) > 1)
+            return
+        with translate_errors():
+            self.conn.exec_driver_sql(prepared.sql, batch)
+
+
+def dbapi_errors(conn: Connection) -> type[Exception]:
+    """The base class of the connection's driver errors."""
+    return cast(type[Exception], conn.dialect.loaded_dbapi.Error)
+
+
+def runner_for(conn: Connection) -> StatementRunner:
+    """The statement runner for this connection's dialect and driver. A connection that renames
+    schemas at execution (``schema_translate_map``) gets Core: the driver path runs the SQL
+    as compiled once, without the renaming."""
+    dialect = conn.dialect
+    if conn.get_execution_options().get("schema_translate_map"):
+        return StatementRunner(conn)
+    if dialect.name == "sqlite" or (dialect.driver == "psycopg" and not dialect.is_async):
+        return DriverRunner(conn)
+    return StatementRunner(conn)

@@ -1,0 +1,314 @@
+"""The units of work, the package's only transaction owners, and its one retry policy.
+
+- :class:`UnitOfWork`: a session of the caller's factory, one transaction, for services;
+- :class:`JoinedUnitOfWork`: a savepoint inside a caller's own session;
+- :class:`ConnectionUnitOfWork`: one transaction on one Core connection, what the facade
+  (and the async door) run each call in, because a Session adds only bookkeeping to Core
+  statements;
+- :func:`with_retries` (from :mod:`mnestoma.core.retrying`): a write retried when it failed
+  transiently, bounded.
+
+Repositories never commit; these do.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterator
+from typing import Any, Self, TypeVar
+
+from sqlalchemy import Connection, Engine
+from sqlalchemy.orm import Session, SessionTransaction, sessionmaker
+
+from mnestoma.core.clock import Clock
+from mnestoma.core.errors import InvalidInput, translate_errors
+from mnestoma.engines.locking import take_write_lock
+from mnestoma.engines.partitions import upkeep_after_commit
+from mnestoma.store.repository import CanonicalQueryRepository, MnestRepository, built
+from mnestoma.core.retrying import MAX_ATTEMPTS, retry_pause, with_retries
+from mnestoma.core.settings import Settings, settings_of
+
+__all__ = [
+    "MAX_ATTEMPTS",
+    "ConnectionUnitOfWork",
+    "JoinedUnitOfWork",
+    "UnitOfWork",
+    "retry_pause",
+    "with_retries",
+    "written",
+]
+
+T = TypeVar("T")
+
+
+class JoinedUnitOfWork:
+    """Works in a SAVEPOINT of a caller's session; never commits or closes that session.
+
+    The savepoint is taken before the unit's first write (after the write lock on SQLite),
+    so a unit that only reads takes no lock and never waits for a writer. ``commit()``
+    releases the savepoint: the work becomes part of the caller's transaction, which the
+    caller commits or rolls back. Leaving without ``commit()``, or by an exception, rolls
+    back to the savepoint and leaves the caller's own work untouched.
+
+    Raises:
+        InvalidInput: ``session`` is not a SQLAlchemy Session, or settings are refused.
+    """
+
+    mnests: MnestRepository
+    queries: CanonicalQueryRepository
+
+    def __init__(
+        self,
+        session: Session,
+        *,
+        settings: Settings | None = None,
+        clock: Clock | None = None,
+        recorder: str | None = None,
+    ):
+        if not isinstance(session, Session):
+            raise InvalidInput(
+                f"UnitOfWork.joining needs a SQLAlchemy Session, got {type(session).__name__}"
+            )
+        self.session = session
+        self.settings = settings_of(settings, clock=clock, recorder=recorder)
+        self._savepoint: SessionTransaction | None = None
+
+    def __enter__(self) -> Self:
+        self.mnests = MnestRepository(
+            self.session, settings=self.settings, before_write=self._open_savepoint
+        )
+        self.queries = CanonicalQueryRepository(
+            self.session, settings=self.settings, before_write=self._open_savepoint
+        )
+        return self
+
+    def _open_savepoint(self) -> None:
+        """Before a write: the write lock for the caller's transaction, then the savepoint."""
+        if self._savepoint is not None and self._savepoint.is_active:
+            return
+        with translate_errors():
+            take_write_lock(self.session.connection())
+            self._savepoint = self.session.begin_nested()
+
+    def __exit__(self, *exc: object) -> None:
+        self.rollback()
+
+    def commit(self) -> None:
+        """Release the savepoint into the caller's transaction (nothing to do after reads).
+
+        Returns:
+            None.
+
+        Raises:
+            ConflictError: releasing the savepoint broke a constraint of the store.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
+        """
+        if self._savepoint is not None and self._savepoint.is_active:
+            with translate_errors():
+                self._savepoint.commit()
+        self._savepoint = None
+
+    def rollback(self) -> None:
+        """Roll back to the savepoint taken before the first write.
+
+        Returns:
+            None.
+        """
+        if self._savepoint is not None and self._savepoint.is_active:
+            self._savepoint.rollback()
+        self._savepoint = None
+
+
+class UnitOfWork:
+    """Opens a session on enter; commits only when asked; rolls back otherwise; always closes.
+
+    >>> with UnitOfWork(session_factory) as uow:
+    ...     uow.mnests.record_passing("search", "1", "read", "2")
+    ...     uow.commit()
+
+    Raises:
+        InvalidInput: ``session_factory`` is not a session factory (an Engine, a
+            Connection or a Session was given), or (on enter) returned something else than a
+            Session; or settings are refused.
+    """
+
+    mnests: MnestRepository
+    queries: CanonicalQueryRepository
+    session: Session
+
+    def __init__(
+        self,
+        session_factory: sessionmaker[Session] | Callable[[], Session],
+        *,
+        settings: Settings | None = None,
+        clock: Clock | None = None,
+        recorder: str | None = None,
+    ):
+        if isinstance(session_factory, Engine | Connection | Session) or not callable(
+            session_factory
+        ):
+            given = type(session_factory).__name__
+            if isinstance(session_factory, Session):
+                given += "; UnitOfWork.joining(session) works in a session"
+            raise InvalidInput(
+                f"UnitOfWork needs a session factory (make_session_factory(engine)), got {given}"
+            )
+        self._factory = session_factory
+        self.settings = settings_of(settings, clock=clock, recorder=recorder)
+        # Called with the session's connection after each commit (a facade with read
+        # replicas notes the WAL position its writes reached, contract §12).
+        self._after_commit: Callable[[Session], object] | None = None
+
+    def __enter__(self) -> Self:
+        session = self._factory()
+        if not isinstance(session, Session):
+            raise InvalidInput(
+                f"the session factory of a UnitOfWork returned {type(session).__name__}, "
+                "not a Session"
+            )
+        self.session = session
+        self.mnests = MnestRepository(self.session, settings=self.settings)
+        self.queries = CanonicalQueryRepository(self.session, settings=self.settings)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.session.rollback()
+        finally:
+            self.session.close()
+
+    def commit(self) -> None:
+        """Commit the work done so far; a later operation starts a new transaction.
+
+        Returns:
+            None.
+
+        Raises:
+            ConflictError: the commit broke a constraint of the store, or lost to another
+                writer.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
+        """
+        with translate_errors():
+            self.session.commit()
+        if self._after_commit is not None:
+            self._after_commit(self.session)
+            self.session.rollback()
+        upkeep_after_commit(self.session)  # PostgreSQL: months its writes reached (§12)
+
+    def rollback(self) -> None:
+        """Throw away the work done since the last commit.
+
+        Returns:
+            None.
+        """
+        self.session.rollback()
+
+    # ``UnitOfWork.joining(session, *, settings=None, clock=None, recorder=None)``: a unit of
+    # work inside a session (and transaction) that the caller owns.
+    joining = JoinedUnitOfWork
+
+
+class ConnectionUnitOfWork:
+    """One transaction on one Core connection; rolled back unless committed.
+
+    Given an Engine, it checks a connection out on enter and returns it on exit; given a
+    Connection (the async door's), it works in that connection's transaction and leaves the
+    connection open.
+    """
+
+    mnests: MnestRepository
+    queries: CanonicalQueryRepository
+
+    def __init__(
+        self,
+        bind: Engine | Connection,
+        *,
+        settings: Settings | None = None,
+    ) -> None:
+        self._bind = bind
+        self.settings = settings_of(settings)
+
+    def __enter__(self) -> Self:
+        if isinstance(self._bind, Engine):
+            with translate_errors():
+                self.connection = self._bind.connect()
+        else:
+            self.connection = self._bind
+        self.mnests = MnestRepository(self.connection, settings=self.settings)
+        self.queries = CanonicalQueryRepository(self.connection, settings=self.settings)
+        return self
+
+    def commit(self) -> None:
+        """Commit the work done so far (then, on PostgreSQL, make the partitions of the
+        months its writes reached that were not made: contract §12)."""
+        with translate_errors():
+            self.connection.commit()
+        upkeep_after_commit(self.connection)
+
+    def rollback(self) -> None:
+        """Throw away the work done since the last commit."""
+        if self.connection.in_transaction():
+            self.connection.rollback()
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.rollback()
+        finally:
+            if isinstance(self._bind, Engine):
+                self.connection.close()
+
+
+# The parameters of write operations that take a collection of items: a generator given
+# there is read once, before the first attempt, so that a retry replays the same items.
+ITEM_PARAMETERS = frozenset({"passings"})
+
+
+def repository_call(
+    op: Callable[..., T], *, write: bool
+) -> Callable[[tuple[Any, ...], dict[str, Any]], Callable[[Any], T]]:
+    """What a facade runs for one call of the repository's operation ``op``: given the call's
+    arguments, ``op`` on whichever repository a transaction gives it. For a write, the
+    one-shot iterators given to its :data:`ITEM_PARAMETERS` are read into lists first, once;
+    any other argument is passed as given, for the operation to check."""
+    names = list(inspect.signature(op).parameters)[1:]  # after self
+    items = [(i, name) for i, name in enumerate(names) if name in ITEM_PARAMETERS] if write else []
+
+    def bind(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Callable[[Any], T]:
+        listed, named = list(args), dict(kwargs)
+        for i, name in items:
+            if i < len(listed):
+                listed[i] = _listed(listed[i])
+            elif name in named:
+                named[name] = _listed(named[name])
+        return lambda repo: op(repo, *listed, **named)
+
+    return bind
+
+
+def _listed(value: Any) -> Any:
+    return list(value) if isinstance(value, Iterator) else value
+
+
+def written(
+    bind: Engine | Connection,
+    work: Callable[[ConnectionUnitOfWork], T],
+    *,
+    settings: Settings | None = None,
+    after_commit: Callable[[Connection], object] | None = None,
+) -> T:
+    """Run ``work`` in a connection unit of work of its own on ``bind`` and commit it, as
+    one write transaction; transient failures retried (:func:`with_retries`).
+    ``after_commit(connection)`` runs after the commit, on the same connection."""
+
+    def once() -> T:
+        with ConnectionUnitOfWork(bind, settings=settings) as unit:
+            unit.mnests._build_results_after_commit()
+            result = work(unit)
+            unit.commit()
+            if after_commit is not None:  # must not raise: the write is committed
+                after_commit(unit.connection)
+        return built(result)  # a snapshot is built outside the write lock
+
+    return with_retries(once)
