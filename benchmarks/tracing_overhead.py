@@ -11,7 +11,7 @@ interleaved in a round; the flush figures are wall time, since the store's I/O c
   call's output (a lineage hit and a passing), and calls that link to nothing;
 * the turn's flush: ``record_turn`` of an 8-call turn (7 passings and a proto) to a store
   (a migrated SQLite file unless ``--database-url`` names another migrated store), and the
-  same turn handed to a :class:`~mnestoma.recording.tracing.BackgroundWriter` instead.
+  same turn handed to a :class:`~mnestoma.tracing.BackgroundWriter` instead.
 
 Targets: outside a turn < 1 µs added; inside a turn < 20 µs per call (small arguments).
 """

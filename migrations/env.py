@@ -25,8 +25,8 @@ from alembic.util import CommandError
 from sqlalchemy import Connection
 from sqlalchemy.engine import URL
 
-from mnestoma.engines import make_engine
 from mnestoma.core.errors import InvalidInput
+from mnestoma.engines import make_engine
 from mnestoma.maintenance.migration import (
     HANDED,
     VERSION_TABLE,
@@ -53,7 +53,7 @@ def include_object(
     obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any
 ) -> bool:
     """Leave out of autogenerate the view (managed by hand in the revisions) and what the
-    models build on another engine only (see :func:`mnestoma.maintenance.migration.compared_objects`)."""
+    models build on another engine only (see :func:`mnestoma.migration.compared_objects`)."""
     dialect = context.get_context().dialect.name
     return compared_objects(dialect)(obj, name, type_, reflected, compare_to)
 

@@ -11,7 +11,6 @@ import warnings
 from collections.abc import Sequence
 from types import ModuleType
 
-from mnestoma.engines import make_engine, make_session_factory, resolve_database_url
 from mnestoma.core.errors import (
     ConflictError,
     DatabaseUnavailable,
@@ -23,16 +22,17 @@ from mnestoma.core.errors import (
     StoreError,
     WriteLockTimeout,
 )
-from mnestoma.doors.sync import Mnestoma
-from mnestoma.maintenance.migration import current_revision, downgrade, head_revision, upgrade
-from mnestoma.schema.models import CanonicalQuery, Event, Mnest, MnestomaView, ReadOnlyError
-from mnestoma.planner.planning import Forecast, Prediction
-from mnestoma.store.repository import CanonicalQueryRepository, MnestRepository, QueryFrequency
 from mnestoma.core.rules import AgerReport, ContextUsed, EventKind, MnestState, Outcome
 from mnestoma.core.settings import Settings
-from mnestoma.store.uow import JoinedUnitOfWork, UnitOfWork
 from mnestoma.core.validation import Passing
+from mnestoma.doors.sync import Mnestoma
+from mnestoma.engines import make_engine, make_session_factory, resolve_database_url
+from mnestoma.maintenance.migration import current_revision, downgrade, head_revision, upgrade
+from mnestoma.planner.planning import Forecast, Prediction
 from mnestoma.planner.vetting import LinkVerdict, Verdict
+from mnestoma.schema.models import CanonicalQuery, Event, Mnest, MnestomaView, ReadOnlyError
+from mnestoma.store.repository import CanonicalQueryRepository, MnestRepository, QueryFrequency
+from mnestoma.store.uow import JoinedUnitOfWork, UnitOfWork
 
 # The newest release of CHANGELOG.md; the one source of the version: the distribution's
 # metadata is built from it ([tool.hatch.version] in pyproject.toml).
@@ -150,7 +150,9 @@ class _MovedFinder(importlib.abc.MetaPathFinder):
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
         home = moved_home(fullname)
-        return None if home is None else importlib.util.spec_from_loader(fullname, _MovedLoader(home))
+        return (
+            None if home is None else importlib.util.spec_from_loader(fullname, _MovedLoader(home))
+        )
 
 
 if not any(isinstance(f, _MovedFinder) for f in sys.meta_path):

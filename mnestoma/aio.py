@@ -1,5 +1,7 @@
-"""The async door (contract §9): the public path ``mnestoma.aio``, the very module
-:mod:`mnestoma.doors.asynchronous` under the name the contract gives it."""
+"""The async door (contract §9).
+
+The public path ``mnestoma.aio``: the very module
+:mod:`mnestoma.doors.asynchronous`, under the name the contract gives it."""
 
 from __future__ import annotations
 

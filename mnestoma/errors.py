@@ -1,5 +1,7 @@
-"""Every error class (contract §5): the public path ``mnestoma.errors``, the very module
-:mod:`mnestoma.core.errors` under the name the contract gives it."""
+"""Every error class (contract §5).
+
+The public path ``mnestoma.errors``: the very module
+:mod:`mnestoma.core.errors`, under the name the contract gives it."""
 
 from __future__ import annotations
 

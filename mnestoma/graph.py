@@ -1,5 +1,7 @@
-"""A picture of the graph (contract §9): the public path ``mnestoma.graph``, the very module
-:mod:`mnestoma.planner.graph` under the name the contract gives it."""
+"""A picture of the graph (contract §9).
+
+The public path ``mnestoma.graph``: the very module
+:mod:`mnestoma.planner.graph`, under the name the contract gives it."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""The migration door and the autogenerate hooks (contract §3): the public path ``mnestoma.migration``, the very module
-:mod:`mnestoma.maintenance.migration` under the name the contract gives it."""
+"""The migration door and the autogenerate hooks (contract §3).
+
+The public path ``mnestoma.migration``: the very module
+:mod:`mnestoma.maintenance.migration`, under the name the contract gives it."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""The OpenTelemetry span processor (contract §8): the public path ``mnestoma.otel``, the very module
-:mod:`mnestoma.recording.otel` under the name the contract gives it."""
+"""The OpenTelemetry span processor (contract §8).
+
+The public path ``mnestoma.otel``: the very module
+:mod:`mnestoma.recording.otel`, under the name the contract gives it."""
 
 from __future__ import annotations
 

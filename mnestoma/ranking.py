@@ -1,5 +1,7 @@
-"""The planner's order, `Ranked` (contract §5, §9): the public path ``mnestoma.ranking``, the very module
-:mod:`mnestoma.planner.ranking` under the name the contract gives it."""
+"""The planner's order, `Ranked` (contract §5, §9).
+
+The public path ``mnestoma.ranking``: the very module
+:mod:`mnestoma.planner.ranking`, under the name the contract gives it."""
 
 from __future__ import annotations
 

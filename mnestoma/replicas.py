@@ -1,5 +1,7 @@
-"""Read replicas (contract §12): the public path ``mnestoma.replicas``, the very module
-:mod:`mnestoma.engines.replicas` under the name the contract gives it."""
+"""Read replicas (contract §12).
+
+The public path ``mnestoma.replicas``: the very module
+:mod:`mnestoma.engines.replicas`, under the name the contract gives it."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""Every number, state and formula (contract §4): the public path ``mnestoma.rules``, the very module
-:mod:`mnestoma.core.rules` under the name the contract gives it."""
+"""Every number, state and formula (contract §4).
+
+The public path ``mnestoma.rules``: the very module
+:mod:`mnestoma.core.rules`, under the name the contract gives it."""
 
 from __future__ import annotations
 

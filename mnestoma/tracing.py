@@ -1,5 +1,7 @@
-"""The in-process tracer (contract §8): the public path ``mnestoma.tracing``, the very module
-:mod:`mnestoma.recording.tracing` under the name the contract gives it."""
+"""The in-process tracer (contract §8).
+
+The public path ``mnestoma.tracing``: the very module
+:mod:`mnestoma.recording.tracing`, under the name the contract gives it."""
 
 from __future__ import annotations
 

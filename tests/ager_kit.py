@@ -9,8 +9,8 @@ from typing import Any
 
 from sqlalchemy import Engine, insert
 
-from mnestoma.schema.models import Mnest
 from mnestoma.core.rules import new_mnest_id
+from mnestoma.schema.models import Mnest
 
 T0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 

@@ -29,8 +29,8 @@ from sqlalchemy import Engine, NullPool, create_engine, text  # noqa: E402
 from sqlalchemy.engine import URL, make_url  # noqa: E402
 
 import mnestoma  # noqa: E402
-from mnestoma.engines import make_engine  # noqa: E402
 from mnestoma.core.rules import DEFAULT_DECAY_LAMBDA, new_mnest_id  # noqa: E402
+from mnestoma.engines import make_engine  # noqa: E402
 from mnestoma.testing.clock import MovableClock  # noqa: E402
 
 pytest_plugins = ["mnestoma.testing"]

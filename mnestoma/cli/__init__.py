@@ -12,8 +12,8 @@ parsers), :mod:`.render` (tables and JSON), :mod:`.progress` (spinner, progress 
 
 from __future__ import annotations
 
-from mnestoma.doors.sync import Mnestoma as Mnestoma  # the store every command opens
 from mnestoma.cli.commands import cli, main
 from mnestoma.cli.errors import scrub
+from mnestoma.doors.sync import Mnestoma as Mnestoma  # the store every command opens
 
 __all__ = ["cli", "main", "scrub"]

@@ -14,32 +14,6 @@ from typing import Any, NoReturn
 
 import click
 
-from mnestoma.core.clock import utc_now
-from mnestoma.engines import resolve_database_url
-from mnestoma.core.display import PICTURE_STATES, STATE_STYLES, json_for_terminal, lines_for_terminal
-from mnestoma.core.errors import InvalidInput, InvalidTransition
-from mnestoma.doors.sync import Mnestoma
-from mnestoma.engines.locking import DEFAULT_LOCK_TIMEOUT_S, ENV_LOCK_TIMEOUT, store_files
-from mnestoma.planner.ranking import SUGGEST_ORDER_BY
-from mnestoma.store.repository import WALK_LIMIT
-from mnestoma.core.rules import (
-    AGER_BATCH_QUIET_TARGET_S,
-    AGER_BATCH_TARGET_S,
-    AGER_WRITERS_SEEN_S,
-    DECAYING_BELOW,
-    GRAPH_LARGE_BYTES,
-    PROMOTE_HINT,
-    PROTO_PRUNE_BELOW,
-    RECURRING_MIN_USES,
-    RECURRING_MIN_WEIGHT,
-    MnestState,
-    Recorder,
-    check_transition,
-)
-from mnestoma.core.settings import DEFAULT_SETTINGS, Settings
-from mnestoma.maintenance.status import collect_status, render_status
-from mnestoma.core.validation import check_positive_int
-from mnestoma.planner.vetting import normalise_steps
 from mnestoma.cli.db import db
 from mnestoma.cli.demo import demo
 from mnestoma.cli.errors import MnestomaGroup
@@ -77,6 +51,37 @@ from mnestoma.cli.render import (
     render_walk,
     write_output,
 )
+from mnestoma.core.clock import utc_now
+from mnestoma.core.display import (
+    PICTURE_STATES,
+    STATE_STYLES,
+    json_for_terminal,
+    lines_for_terminal,
+)
+from mnestoma.core.errors import InvalidInput, InvalidTransition
+from mnestoma.core.rules import (
+    AGER_BATCH_QUIET_TARGET_S,
+    AGER_BATCH_TARGET_S,
+    AGER_WRITERS_SEEN_S,
+    DECAYING_BELOW,
+    GRAPH_LARGE_BYTES,
+    PROMOTE_HINT,
+    PROTO_PRUNE_BELOW,
+    RECURRING_MIN_USES,
+    RECURRING_MIN_WEIGHT,
+    MnestState,
+    Recorder,
+    check_transition,
+)
+from mnestoma.core.settings import DEFAULT_SETTINGS, Settings
+from mnestoma.core.validation import check_positive_int
+from mnestoma.doors.sync import Mnestoma
+from mnestoma.engines import resolve_database_url
+from mnestoma.engines.locking import DEFAULT_LOCK_TIMEOUT_S, ENV_LOCK_TIMEOUT, store_files
+from mnestoma.maintenance.status import collect_status, render_status
+from mnestoma.planner.ranking import SUGGEST_ORDER_BY
+from mnestoma.planner.vetting import normalise_steps
+from mnestoma.store.repository import WALK_LIMIT
 
 __all__ = ["cli", "main"]
 

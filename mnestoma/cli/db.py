@@ -12,8 +12,11 @@ from typing import Any
 import click
 from alembic.script import ScriptDirectory
 
-from mnestoma.engines import redact_url, resolve_database_url
+from mnestoma.cli.errors import MnestomaGroup
+from mnestoma.cli.options import command_url, database_url_option, number_option
+from mnestoma.cli.render import render_store
 from mnestoma.core.errors import InvalidInput
+from mnestoma.engines import redact_url, resolve_database_url
 from mnestoma.maintenance.migration import (
     DEFAULT_MIGRATION_LOCK_TIMEOUT_S,
     ENV_MIGRATION_LOCK_TIMEOUT,
@@ -26,9 +29,6 @@ from mnestoma.maintenance.migration import (
     sqlite_store_missing,
     upgrade,
 )
-from mnestoma.cli.errors import MnestomaGroup
-from mnestoma.cli.options import command_url, database_url_option, number_option
-from mnestoma.cli.render import render_store
 
 __all__ = ["db"]
 

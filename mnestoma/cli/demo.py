@@ -11,14 +11,6 @@ from datetime import UTC, datetime
 
 import click
 
-from mnestoma.core.clock import MovableClock
-from mnestoma.engines import redact_url, resolve_database_url
-from mnestoma.core.errors import InvalidInput
-from mnestoma.doors.sync import Mnestoma
-from mnestoma.maintenance.migration import current_revision, sqlite_store_missing, upgrade
-from mnestoma.maintenance.status import collect_status, render_status
-from mnestoma.core.timefmt import short_utc
-from mnestoma.core.validation import Passing
 from mnestoma.cli.options import command_url, database_url_option
 from mnestoma.cli.render import (
     endpoint,
@@ -28,6 +20,14 @@ from mnestoma.cli.render import (
     render_suggestions,
     render_walk,
 )
+from mnestoma.core.clock import MovableClock
+from mnestoma.core.errors import InvalidInput
+from mnestoma.core.timefmt import short_utc
+from mnestoma.core.validation import Passing
+from mnestoma.doors.sync import Mnestoma
+from mnestoma.engines import redact_url, resolve_database_url
+from mnestoma.maintenance.migration import current_revision, sqlite_store_missing, upgrade
+from mnestoma.maintenance.status import collect_status, render_status
 
 __all__ = ["DEMO_START", "demo", "run_demo"]
 
@@ -54,7 +54,10 @@ def _section(title: str) -> None:
 
 def run_demo(url: str | None) -> None:
     """A traced runtime answers a week of turns; 30 days pass; age, and show what is left."""
-    from mnestoma.cli.demo_agent import DEMO_TURNS, run_demo_turn  # the demo's executors: only for the demo
+    from mnestoma.cli.demo_agent import (  # the demo's executors: only for the demo
+        DEMO_TURNS,
+        run_demo_turn,
+    )
 
     clock = MovableClock(DEMO_START)
     with contextlib.ExitStack() as stack:
@@ -84,7 +87,7 @@ def run_demo(url: str | None) -> None:
             f"{len(DEMO_TURNS)} turns of a made-up runtime, {short_utc(DEMO_START)} to "
             f"{short_utc(clock.now)}: its executors\n"
             "are decorated with @executor and each turn runs in `with turn(store, turn_id)`\n"
-            "(mnestoma.recording.tracing); nothing calls record_passing. What the tracer recorded, from\n"
+            "(mnestoma.tracing); nothing calls record_passing. What the tracer recorded, from\n"
             "the values each executor received from another:"
         )
         click.echo("\n".join(lines))

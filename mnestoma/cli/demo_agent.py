@@ -1,7 +1,7 @@
 """The runtime ``mnestoma demo`` pretends to be: three traced executors over a made-up web.
 
 Nothing here calls ``record_passing``: the executors are decorated with
-:func:`mnestoma.recording.tracing.executor`, each turn runs inside :func:`mnestoma.recording.tracing.turn`, and
+:func:`mnestoma.tracing.executor`, each turn runs inside :func:`mnestoma.tracing.turn`, and
 the tracer records which executor received what another returned. The "web" is a dict, so
 the demo needs no network and no optional dependency.
 """

@@ -17,8 +17,8 @@ import click
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-from mnestoma.engines import ENV_DATABASE_URL, MIN_BARE_SECRET_CHARS, redact_text, secrets_of
 from mnestoma.core.errors import InvalidInput, MnestomaError
+from mnestoma.engines import ENV_DATABASE_URL, MIN_BARE_SECRET_CHARS, redact_text, secrets_of
 
 __all__ = ["CliBadInput", "CliFailure", "MnestomaGroup", "remember_secret", "scrub"]
 

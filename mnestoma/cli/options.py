@@ -17,11 +17,11 @@ from typing import Any
 import click
 from sqlalchemy.engine import URL
 
-from mnestoma.engines import ENV_REPLICA_URLS, resolve_database_url
-from mnestoma.core.errors import InvalidInput
-from mnestoma.engines.replicas import replica_urls
-from mnestoma.core.types import EARLIEST_CLOCK, ensure_instant
 from mnestoma.cli.errors import remember_secret
+from mnestoma.core.errors import InvalidInput
+from mnestoma.core.types import EARLIEST_CLOCK, ensure_instant
+from mnestoma.engines import ENV_REPLICA_URLS, resolve_database_url
+from mnestoma.engines.replicas import replica_urls
 
 __all__ = [
     "command_url",

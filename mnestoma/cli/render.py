@@ -17,17 +17,17 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from mnestoma.cli.errors import CliFailure
+from mnestoma.cli.progress import stderr_is_terminal
 from mnestoma.core.clock import utc_now
 from mnestoma.core.display import json_for_terminal, state_word, text_for_terminal
 from mnestoma.core.errors import InvalidInput
-from mnestoma.schema.models import CanonicalQuery, Event, Mnest
 from mnestoma.core.records import mnest_record, row_record
 from mnestoma.core.redaction import redact_url
-from mnestoma.store.repository import QueryFrequency
 from mnestoma.core.rules import DECAYED_USES_ORDER, AgerReport, ContextUsed, activation
 from mnestoma.core.timefmt import iso_utc, short_utc
-from mnestoma.cli.errors import CliFailure
-from mnestoma.cli.progress import stderr_is_terminal
+from mnestoma.schema.models import CanonicalQuery, Event, Mnest
+from mnestoma.store.repository import QueryFrequency
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import URL

@@ -47,7 +47,7 @@ class MovableClock:
 
     def advance(self, days: float = 0.0, **kwargs: float) -> datetime:
         """Move forward (or back, with negative values) by ``timedelta(days=..., **kwargs)``;
-        a move past the years 1 to 9999 is :class:`~mnestoma.core.errors.InvalidInput`.
+        a move past the years 1 to 9999 is :class:`~mnestoma.errors.InvalidInput`.
 
         Returns:
             The clock's new now.

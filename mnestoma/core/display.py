@@ -1,5 +1,5 @@
-"""How each state of a mnest is shown, in one table keyed by :class:`~mnestoma.core.rules.MnestState`,
-how each recorder is named, in one keyed by :class:`~mnestoma.core.rules.Recorder`, and how
+"""How each state of a mnest is shown, in one table keyed by :class:`~mnestoma.rules.MnestState`,
+how each recorder is named, in one keyed by :class:`~mnestoma.rules.Recorder`, and how
 stored text is written for a terminal (its control characters escaped).
 
 The graph's renderers (DOT, Mermaid) and the command line (its STATE columns, the help of
@@ -127,8 +127,8 @@ def state_word(state: str | None) -> str | None:
 # How ``status`` names each recorder of the rules (the ``events.recorder`` values).
 RECORDER_NAMES: Mapping[Recorder, str] = {
     Recorder.CALL: "calls of the API",
-    Recorder.TRACER: "the in-process tracer (mnestoma.recording.tracing)",
-    Recorder.OTEL: "the OpenTelemetry processor (mnestoma.recording.otel)",
+    Recorder.TRACER: "the in-process tracer (mnestoma.tracing)",
+    Recorder.OTEL: "the OpenTelemetry processor (mnestoma.otel)",
     Recorder.AGER: "the ager",
     Recorder.CLI: "the command line",
 }

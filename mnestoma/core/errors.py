@@ -81,7 +81,7 @@ class DatabaseUnavailable(StoreError):
     """The database cannot be reached or opened right now."""
 
 
-# --- copying a store (mnestoma.maintenance.copying) ---------------------------------------------------
+# --- copying a store (mnestoma.maintenance.copying) -----------------------------------------------
 
 
 class TargetNotEmpty(InvalidInput):

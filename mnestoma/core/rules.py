@@ -204,7 +204,7 @@ AGER_WAL_CHECKPOINT_MIB = 256
 # that a run takes little longer than one transaction would.
 BATCH_PAUSE_S = 0.003
 # The ager on SQLite, between two batches: while writers of this package wait for the write
-# lock (each says so while it waits, see mnestoma.engines.locking.WaitingWriters), it waits for them,
+# lock (each says so while it waits, see engines.locking.WaitingWriters), it waits for them,
 # looking again this often, up to AGER_YIELD_MAX_S; when none waits it goes on at once, but
 # pauses BATCH_PAUSE_S at least every AGER_YIELD_EVERY_S, for writers that do not say so
 # (a service's own code writing its own tables in the same file).
@@ -292,8 +292,8 @@ class Recorder(StrEnum):
     """Who recorded an event (``events.recorder``)."""
 
     CALL = "call"  # a caller of the API
-    TRACER = "tracer"  # the in-process tracer (mnestoma.recording.tracing)
-    OTEL = "otel"  # the OpenTelemetry span processor (mnestoma.recording.otel)
+    TRACER = "tracer"  # the in-process tracer (mnestoma.tracing)
+    OTEL = "otel"  # the OpenTelemetry span processor (mnestoma.otel)
     AGER = "ager"
     CLI = "cli"
 
@@ -428,7 +428,8 @@ def replica_behind_since(readings: Sequence[tuple[float, int]], replayed: int) -
 def batch_pause(dialect: str) -> float:
     """Seconds ``prune_events`` waits between two batches: :data:`BATCH_PAUSE_S` on SQLite
     (one writer at a time), none on PostgreSQL (a writer's rows never wait for a prune's
-    batch). The ager lets writers in its own way (:func:`mnestoma.maintenance.ager.ager_writers`)."""
+    batch). The ager lets writers in its own way
+    (:func:`~mnestoma.maintenance.ager.ager_writers`)."""
     return BATCH_PAUSE_S if dialect == "sqlite" else 0.0
 
 

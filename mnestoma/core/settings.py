@@ -15,7 +15,12 @@ from typing import Any
 from mnestoma.core.clock import Clock, read_clock, utc_now
 from mnestoma.core.errors import InvalidInput
 from mnestoma.core.rules import REPLICA_MAX_LAG_S, REPLICA_READ_TIMEOUT_S, REPLICA_SKIP_S, Recorder
-from mnestoma.core.validation import check_batch_rows, check_lock_timeout, check_recorder, check_seconds
+from mnestoma.core.validation import (
+    check_batch_rows,
+    check_lock_timeout,
+    check_recorder,
+    check_seconds,
+)
 
 __all__ = ["DEFAULT_SETTINGS", "Settings", "settings_of"]
 
@@ -29,16 +34,16 @@ class Settings:
     - ``recorder``: who the events say recorded them (``call``, ``tracer``, ``otel``,
       ``ager``, ``cli``);
     - ``ager_batch_rows``: rows per batch of an online ager run; None sizes each batch to
-      take about :func:`~mnestoma.core.rules.ager_batch_target` (short while writers are about);
+      take about :func:`~mnestoma.rules.ager_batch_target` (short while writers are about);
     - ``lock_timeout``: seconds a write waits for a lock before ``WriteLockTimeout``, from 0
-      to one day (:data:`~mnestoma.core.rules.LOCK_TIMEOUT_MAX_S`); None takes
+      to one day (:data:`~mnestoma.rules.LOCK_TIMEOUT_MAX_S`); None takes
       ``MNESTOMA_LOCK_TIMEOUT``, else 60;
     - ``replica_max_lag``: seconds a read replica may lag before it is skipped
-      (:data:`~mnestoma.core.rules.REPLICA_MAX_LAG_S`);
+      (:data:`~mnestoma.rules.REPLICA_MAX_LAG_S`);
     - ``replica_skip``: seconds a replica that failed or lagged is left alone
-      (:data:`~mnestoma.core.rules.REPLICA_SKIP_S`);
+      (:data:`~mnestoma.rules.REPLICA_SKIP_S`);
     - ``replica_read_timeout``: seconds a read on a replica may take before it is cut and
-      the primary serves it, more than 0 (:data:`~mnestoma.core.rules.REPLICA_READ_TIMEOUT_S`).
+      the primary serves it, more than 0 (:data:`~mnestoma.rules.REPLICA_READ_TIMEOUT_S`).
 
     Checked when built: a bad value is :class:`~mnestoma.InvalidInput` at once, never at
     the first call that reads it.

@@ -1,4 +1,4 @@
-"""The SQL twins of :mod:`mnestoma.core.rules`: the same formulas and comparisons as SQL
+"""The SQL twins of :mod:`mnestoma.rules`: the same formulas and comparisons as SQL
 expressions (tests evaluate them on both engines against the pure functions).
 
 Builders that take the dialect name do so because SQLite and PostgreSQL spell day
@@ -53,13 +53,13 @@ def days_since(dialect: str, earlier: Any, now: Any) -> ColumnElement[float]:
 
 
 def advanced(old: Any, now: Any) -> ColumnElement[Any]:
-    """``max(old, now)`` for timestamps, twin of :func:`mnestoma.core.rules.advance`."""
+    """``max(old, now)`` for timestamps, twin of :func:`mnestoma.rules.advance`."""
     return case((old > now, old), else_=now)
 
 
 def below(effective: Any, threshold: float) -> ColumnElement[bool]:
     """``effective`` below one of the ager's thresholds, twin of
-    :func:`mnestoma.core.rules.is_below`: compared with :func:`~mnestoma.core.rules.threshold_cut`."""
+    :func:`mnestoma.rules.is_below`: compared with :func:`~mnestoma.rules.threshold_cut`."""
     cut: ColumnElement[bool] = effective < literal(threshold_cut(threshold), Float)
     return cut
 
@@ -94,7 +94,7 @@ def safe_product(a: Any, b: Any) -> Any:
 
 def decayed_count(dialect: str, count: Any, decay_lambda: Any, ts_last: Any, now: Any) -> Any:
     """A row's decayed count of passings at ``now``, twin of
-    :func:`mnestoma.core.rules.decayed_count`: the weight's decay, anchored at ``ts_last``."""
+    :func:`mnestoma.rules.decayed_count`: the weight's decay, anchored at ``ts_last``."""
     return decayed(dialect, count, decay_lambda, ts_last, now)
 
 
@@ -102,7 +102,7 @@ def merged_count(
     dialect: str, a: tuple[Any, Any, Any], b: tuple[Any, Any, Any]
 ) -> ColumnElement[float]:
     """Two rows' ``(decayed_uses, decay_lambda, ts_last)`` merged, twin of
-    :func:`mnestoma.core.rules.merged_count`: each decayed to the later ``ts_last``, summed."""
+    :func:`mnestoma.rules.merged_count`: each decayed to the later ``ts_last``, summed."""
     last = greatest(dialect, a[2], b[2])
     total: ColumnElement[float] = decayed_count(dialect, *a[:2], a[2], last) + decayed_count(
         dialect, *b[:2], b[2], last

@@ -155,7 +155,7 @@ def ensure_json(value: Any, what: str) -> Any:
     """Check that ``value`` is plain JSON that every reader of the store can take back.
 
     dict (string keys) / list / tuple / str / int / finite float / bool / None, containers
-    nested at most :data:`~mnestoma.core.rules.MAX_JSON_DEPTH` levels, no NUL nor lone surrogate
+    nested at most :data:`~mnestoma.rules.MAX_JSON_DEPTH` levels, no NUL nor lone surrogate
     in any string. The walk is iterative, so a structure nested 10,000 deep (or a cycle) is
     an :class:`InvalidInput`, never a ``RecursionError``.
     """

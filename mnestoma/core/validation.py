@@ -74,7 +74,7 @@ _NOT_A_NAME = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 
 def check_name(value: Any, what: str) -> str:
     """An executor name, version or turn id: a non-blank string of at most
-    :data:`~mnestoma.core.rules.MAX_NAME_LENGTH` characters."""
+    :data:`~mnestoma.rules.MAX_NAME_LENGTH` characters."""
     if not isinstance(value, str):
         raise InvalidInput(f"{what} must be a string, got {type(value).__name__}")
     if not value.strip():
@@ -213,7 +213,7 @@ def check_seconds(value: object, what: str) -> float:
 
 def check_lock_timeout(value: object, what: str) -> float:
     """Seconds a write waits for a lock: a number from 0 to one day
-    (:data:`~mnestoma.core.rules.LOCK_TIMEOUT_MAX_S`; bools, text, inf, nan and numbers beyond a
+    (:data:`~mnestoma.rules.LOCK_TIMEOUT_MAX_S`; bools, text, inf, nan and numbers beyond a
     float refused). The one check behind ``Settings.lock_timeout``,
     ``MNESTOMA_LOCK_TIMEOUT`` and the ``mnestoma_lock_timeout`` execution option."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -308,5 +308,5 @@ def normalise_passing(p: Passing | tuple[Any, ...] | Any) -> Passing:
 
 def check_outcome(value: Any) -> str | None:
     """A passing's outcome: None (unknown), ``"ok"`` or ``"error"`` (or an
-    :class:`~mnestoma.core.rules.Outcome`), returned as the plain string stored; else InvalidInput."""
+    :class:`~mnestoma.rules.Outcome`), returned as the plain string stored; else InvalidInput."""
     return None if value is None else _member(Outcome, value, "outcome").value

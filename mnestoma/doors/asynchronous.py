@@ -26,17 +26,7 @@ from sqlalchemy.exc import ArgumentError
 from sqlalchemy.orm import Session
 
 from mnestoma.core._sqla_compat import ASYNC_ENGINE_OPTION, greenlet_spawn
-from mnestoma.maintenance.ager import BatchProgress, age_in_batches, check_ager_call
 from mnestoma.core.clock import Clock
-from mnestoma.engines import (
-    async_database_url,
-    is_sqlite,
-    make_engine,
-    own_pool_after_fork,
-    redact_url,
-    refuse_memory_sqlite,
-)
-from mnestoma.doors.shared import FacadeBase, PruneProgress, check_prune_call, ensure_schema
 from mnestoma.core.errors import (
     InvalidInput,
     MissingExtra,
@@ -45,6 +35,17 @@ from mnestoma.core.errors import (
     StoreError,
     translate_errors,
 )
+from mnestoma.core.rules import EVENT_PRUNE_BATCH, AgerReport, batch_pause, event_batches
+from mnestoma.core.settings import Settings, settings_of
+from mnestoma.doors.shared import FacadeBase, PruneProgress, check_prune_call, ensure_schema
+from mnestoma.engines import (
+    async_database_url,
+    is_sqlite,
+    make_engine,
+    own_pool_after_fork,
+    redact_url,
+    refuse_memory_sqlite,
+)
 from mnestoma.engines.locking import (
     LOCK_TIMEOUT_OPTION,
     lock_timeout_of,
@@ -52,13 +53,16 @@ from mnestoma.engines.locking import (
     waiting_file,
     write_lock_timeout,
 )
+from mnestoma.engines.partitions import (
+    FIRST_TURN_EDGE,
+    upkeep_after_commit,
+    upkeep_due_after_commit,
+)
+from mnestoma.engines.replicas import NOT_READY, ReplicaSet, replica_connect_args, replica_urls
+from mnestoma.maintenance.ager import BatchProgress, age_in_batches, check_ager_call
 from mnestoma.maintenance.migration import sqlite_store_missing
 from mnestoma.schema.models import CanonicalQuery
-from mnestoma.engines.partitions import FIRST_TURN_EDGE, upkeep_after_commit, upkeep_due_after_commit
-from mnestoma.engines.replicas import NOT_READY, ReplicaSet, replica_connect_args, replica_urls
 from mnestoma.store.repository import CanonicalQueryRepository, MnestRepository, QueryFrequency
-from mnestoma.core.rules import EVENT_PRUNE_BATCH, AgerReport, batch_pause, event_batches
-from mnestoma.core.settings import Settings, settings_of
 from mnestoma.store.uow import ConnectionUnitOfWork, JoinedUnitOfWork, repository_call, retry_pause
 
 try:

@@ -1,4 +1,4 @@
-"""What the two facades share (:class:`~mnestoma.Mnestoma`, :class:`~mnestoma.doors.asynchronous.AsyncMnestoma`):
+"""What the two facades share (:class:`~mnestoma.Mnestoma`, :class:`~mnestoma.aio.AsyncMnestoma`):
 their settings' clock and recorder, their replica views, the schema check on first use, the
 lock timeout of their engine and the checks of a prune's arguments.
 
@@ -16,12 +16,12 @@ from sqlalchemy import Engine, inspect
 
 from mnestoma.core.clock import Clock
 from mnestoma.core.errors import translate_errors
-from mnestoma.engines.locking import LOCK_TIMEOUT_OPTION
-from mnestoma.maintenance.migration import ensure_at_head
-from mnestoma.engines.replicas import ReplicaSet
 from mnestoma.core.settings import Settings
-from mnestoma.engines.urls import is_sqlite
 from mnestoma.core.validation import check_dry_run, check_progress
+from mnestoma.engines.locking import LOCK_TIMEOUT_OPTION
+from mnestoma.engines.replicas import ReplicaSet
+from mnestoma.engines.urls import is_sqlite
+from mnestoma.maintenance.migration import ensure_at_head
 
 __all__ = [
     "FacadeBase",

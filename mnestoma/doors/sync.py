@@ -11,8 +11,17 @@ from typing import Concatenate, ParamSpec, TypeVar
 from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import URL
 
-from mnestoma.maintenance.ager import BatchProgress, age_in_batches, check_ager_call
 from mnestoma.core.clock import Clock
+from mnestoma.core.errors import SchemaError, StoreError, translate_errors
+from mnestoma.core.rules import EVENT_PRUNE_BATCH, AgerReport, batch_pause, event_batches
+from mnestoma.core.settings import Settings, settings_of
+from mnestoma.doors.shared import (
+    FacadeBase,
+    PruneProgress,
+    check_prune_call,
+    ensure_schema,
+    with_lock_timeout,
+)
 from mnestoma.engines import (
     make_engine,
     make_session_factory,
@@ -21,21 +30,12 @@ from mnestoma.engines import (
     refuse_memory_sqlite,
     resolve_database_url,
 )
-from mnestoma.doors.shared import (
-    FacadeBase,
-    PruneProgress,
-    check_prune_call,
-    ensure_schema,
-    with_lock_timeout,
-)
-from mnestoma.core.errors import SchemaError, StoreError, translate_errors
-from mnestoma.maintenance.migration import sqlite_store_missing
-from mnestoma.schema.models import CanonicalQuery
 from mnestoma.engines.partitions import FIRST_TURN_EDGE
 from mnestoma.engines.replicas import NOT_READY, ReplicaSet, replica_connect_args, replica_urls
+from mnestoma.maintenance.ager import BatchProgress, age_in_batches, check_ager_call
+from mnestoma.maintenance.migration import sqlite_store_missing
+from mnestoma.schema.models import CanonicalQuery
 from mnestoma.store.repository import MnestRepository, QueryFrequency
-from mnestoma.core.rules import EVENT_PRUNE_BATCH, AgerReport, batch_pause, event_batches
-from mnestoma.core.settings import Settings, settings_of
 from mnestoma.store.uow import ConnectionUnitOfWork, UnitOfWork, repository_call, written
 
 __all__ = ["Mnestoma"]
@@ -198,10 +198,10 @@ class Mnestoma(FacadeBase):
 
         Online: the run commits in batches, each its own transaction, so a writer waits for
         one batch, not the run. By default each batch is sized to hold its locks
-        :data:`~mnestoma.core.rules.AGER_BATCH_TARGET_S` (15 ms) while writers are about; once
+        :data:`~mnestoma.rules.AGER_BATCH_TARGET_S` (15 ms) while writers are about; once
         none has been seen for a second a batch grows, in steps of
-        :data:`~mnestoma.core.rules.AGER_BATCH_QUIET_TARGET_S` (75 ms), until a writer waits for
-        it (at most :data:`~mnestoma.core.rules.AGER_BATCH_GROWN_MAX_S`): a writer that comes
+        :data:`~mnestoma.rules.AGER_BATCH_QUIET_TARGET_S` (75 ms), until a writer waits for
+        it (at most :data:`~mnestoma.rules.AGER_BATCH_GROWN_MAX_S`): a writer that comes
         waits for one step. ``batch_rows`` fixes about how many rows each batch covers
         instead. ``progress(done, total)`` is called after each batch's commit. A second run
         at once waits for the first. A dry run is one transaction, rolled back.

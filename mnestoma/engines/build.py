@@ -15,12 +15,17 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from mnestoma.core._sqla_compat import replace_dialect_method
 from mnestoma.core.errors import InvalidInput, MissingExtra
+from mnestoma.core.redaction import redact_text, scrub_exception, secrets_of, split_url_secrets
 from mnestoma.engines.forking import own_pool_after_fork
 from mnestoma.engines.listeners import configure_sqlite
-from mnestoma.engines.locking import ENV_LOCK_TIMEOUT, busy_timeout_ms, is_memory_sqlite, lock_timeout_seconds
-from mnestoma.schema.models import refuse_view_inserts
-from mnestoma.core.redaction import redact_text, scrub_exception, secrets_of, split_url_secrets
+from mnestoma.engines.locking import (
+    ENV_LOCK_TIMEOUT,
+    busy_timeout_ms,
+    is_memory_sqlite,
+    lock_timeout_seconds,
+)
 from mnestoma.engines.urls import is_sqlite, resolve_database_url
+from mnestoma.schema.models import refuse_view_inserts
 
 __all__ = ["PRIVATE_FOLDER_MODE", "make_engine", "make_session_factory"]
 

@@ -18,7 +18,8 @@ _ENGINES: weakref.WeakSet[Engine] = weakref.WeakSet()
 
 def own_pool_after_fork(engine: Engine) -> None:
     """Have a forked child give ``engine`` a connection pool of its own (see below), and,
-    on SQLite, a fork wait for the writes in progress on it (see :mod:`mnestoma.engines.locking`)."""
+    on SQLite, a fork wait for the writes in progress on it (see
+    :mod:`~mnestoma.engines.locking`)."""
     _ENGINES.add(engine)
     track_writes(engine)
 

@@ -6,7 +6,7 @@ whatever the busy timeout. So every write through this package starts its transa
 with ``BEGIN IMMEDIATE`` and waits for the lock; reads take no lock at all (in WAL mode they
 never wait for a writer). PostgreSQL needs nothing here: its row locks do the same job,
 and migrations take an advisory lock (held for the whole session by an upgrade whose
-revisions commit one by one, see :func:`mnestoma.maintenance.migration.revision_session`).
+revisions commit one by one, see :func:`mnestoma.migration.revision_session`).
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ __all__ = [
     "write_lock_timeout",
 ]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("mnestoma.locking")  # the logger's public name
 
 ENV_LOCK_TIMEOUT = "MNESTOMA_LOCK_TIMEOUT"
 DEFAULT_LOCK_TIMEOUT_S = 60.0
@@ -714,13 +714,13 @@ class WaitingWriters:
     the write lock: each of this package's writes holds a shared ``flock`` on
     ``<file>-writers.lock`` while it waits, which an exclusive ``flock`` cannot get.
 
-    :meth:`let_in` waits while some write waits (up to :data:`~mnestoma.core.rules.AGER_YIELD_MAX_S`,
-    looking every :data:`~mnestoma.core.rules.AGER_YIELD_POLL_S`), so that every write that
+    :meth:`let_in` waits while some write waits (up to :data:`~mnestoma.rules.AGER_YIELD_MAX_S`,
+    looking every :data:`~mnestoma.rules.AGER_YIELD_POLL_S`), so that every write that
     queued behind a batch gets in before the next one; when none waits it returns at once,
-    but pauses :data:`~mnestoma.core.rules.BATCH_PAUSE_S` at least every
-    :data:`~mnestoma.core.rules.AGER_YIELD_EVERY_S` for writers that cannot say they wait (a
+    but pauses :data:`~mnestoma.rules.BATCH_PAUSE_S` at least every
+    :data:`~mnestoma.rules.AGER_YIELD_EVERY_S` for writers that cannot say they wait (a
     service's own code). Without such a file (an in-memory database, no ``flock``), it
-    pauses :data:`~mnestoma.core.rules.BATCH_PAUSE_S` each time, as a fixed pause would.
+    pauses :data:`~mnestoma.rules.BATCH_PAUSE_S` each time, as a fixed pause would.
     """
 
     def __init__(self, conn: Connection) -> None:
@@ -942,7 +942,7 @@ def try_flock(fd: int, *, exclusive: bool) -> bool:
 def lock_for_migration(conn: Connection) -> None:
     """Serialise migrations of one database: the first migrates, the others wait and find
     it done. SQLite: the write lock; PostgreSQL: a transaction-scoped advisory lock (the
-    same key as the session lock of :func:`mnestoma.maintenance.migration.revision_session`, so either
+    same key as the session lock of :func:`mnestoma.migration.revision_session`, so either
     waits for the other)."""
     if conn.dialect.name == "postgresql":
         conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})

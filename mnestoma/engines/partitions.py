@@ -8,9 +8,9 @@ the same as on a store whose events are one table.
 - Before a write takes its locks (:func:`upkeep_before_write`), on a connection that is in
   no transaction (or one of the engine's own when the caller's session is in none): the
   partitions of the current month (the system's time) and of
-  :data:`~mnestoma.core.rules.EVENT_PARTITIONS_AHEAD` months after it. Per engine the months
+  :data:`~mnestoma.rules.EVENT_PARTITIONS_AHEAD` months after it. Per engine the months
   made are remembered: nothing is run unless the time comes within
-  :data:`~mnestoma.core.rules.EVENT_PARTITION_MARGIN` of their end.
+  :data:`~mnestoma.rules.EVENT_PARTITION_MARGIN` of their end.
 - A write notes the clock's now it writes at (:func:`note_written`, no statement): a month
   not known made is made right after the write's commit (:func:`upkeep_after_commit`), or
   before the next write. Meanwhile the default partition holds its rows; making the month
@@ -18,11 +18,11 @@ the same as on a store whose events are one table.
 
 Making a month is ``mnestoma_events_partitions`` (revision 0011): an instant's exclusive
 lock on ``events`` per month made, waited for
-:data:`~mnestoma.core.rules.PARTITION_UPKEEP_LOCK_TIMEOUT_S` at most; when that runs out it is
-tried again :data:`~mnestoma.core.rules.PARTITION_UPKEEP_RETRY_S` later, and the write goes on.
+:data:`~mnestoma.rules.PARTITION_UPKEEP_LOCK_TIMEOUT_S` at most; when that runs out it is
+tried again :data:`~mnestoma.rules.PARTITION_UPKEEP_RETRY_S` later, and the write goes on.
 No month past the last the store holds (:data:`~mnestoma.core.types.INSTANTS_END`) is made.
 A store whose ``events`` is not partitioned (a PostgreSQL store not yet at 0011) is looked
-at again after :data:`~mnestoma.core.rules.PARTITIONS_RECHECK_S`; SQLite has nothing of this.
+at again after :data:`~mnestoma.rules.PARTITIONS_RECHECK_S`; SQLite has nothing of this.
 """
 
 from __future__ import annotations
@@ -50,9 +50,9 @@ from mnestoma.core.rules import (
     PARTITION_UPKEEP_RETRY_S,
     PARTITIONS_RECHECK_S,
 )
+from mnestoma.core.types import INSTANTS_END
 from mnestoma.schema.sql import partitions as sq
 from mnestoma.schema.sql.partitions import ENSURE_PARTITIONS, HAS_PARTITIONS, PARTITION_BOUNDS
-from mnestoma.core.types import INSTANTS_END
 
 __all__ = [
     "FIRST_TURN_EDGE",
@@ -69,7 +69,7 @@ __all__ = [
     "upkeep_due_after_commit",
 ]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("mnestoma.partitions")  # the logger's public name
 
 # The ranges of months remembered per engine (the oldest forgotten first).
 _RANGES_KEPT = 16
@@ -306,8 +306,8 @@ def drop_old_partitions(conn: Connection, before: datetime) -> Dropped:
     Writes into those partitions are held off (``SHARE``) while the ``created`` events of
     the mnests still stored are copied from them, and from the default partition's rows
     before their end, into a new table beside ``events``, checked and indexed there; then,
-    under :data:`~mnestoma.core.rules.PARTITION_SWAP_LOCK_TIMEOUT_S` tried again up to
-    :data:`~mnestoma.core.rules.PARTITION_SWAP_TRIES` times, catalogue changes only: the old
+    under :data:`~mnestoma.rules.PARTITION_SWAP_LOCK_TIMEOUT_S` tried again up to
+    :data:`~mnestoma.rules.PARTITION_SWAP_TRIES` times, catalogue changes only: the old
     partitions detached, the new table attached as ``events_to_<end>`` (every ts before
     ``end``; its CHECK spares the scan). Writers of the current months wait for that swap
     at most."""

@@ -34,14 +34,13 @@ from sqlalchemy.engine import URL, Dialect
 from sqlalchemy.orm import Session
 
 from mnestoma.core._sqla_compat import replace_dialect_method
-from mnestoma.engines import (
-    ENV_REPLICA_URLS,
-    is_sqlite,
-    redact_url,
-    refuse_memory_sqlite,
-    resolve_database_url,
+from mnestoma.core.errors import (
+    ConflictError,
+    InvalidInput,
+    MnestomaError,
+    StoreError,
+    translate_errors,
 )
-from mnestoma.core.errors import ConflictError, InvalidInput, MnestomaError, StoreError, translate_errors
 from mnestoma.core.rules import (
     REPLICA_CONNECT_TIMEOUT_S,
     REPLICA_STATUS_POLL_S,
@@ -51,6 +50,13 @@ from mnestoma.core.rules import (
     replica_fresh_as_of,
 )
 from mnestoma.core.settings import Settings
+from mnestoma.engines import (
+    ENV_REPLICA_URLS,
+    is_sqlite,
+    redact_url,
+    refuse_memory_sqlite,
+    resolve_database_url,
+)
 from mnestoma.schema.sql.replication import IDENTITY, REPLICA_POSITION, REPLICA_STATUS, WAL_POSITION
 
 if TYPE_CHECKING:  # the async extra is optional: only its type is needed here
@@ -71,7 +77,7 @@ __all__ = [
     "wal_position",
 ]
 
-logger = logging.getLogger("mnestoma.engines.replicas")
+logger = logging.getLogger("mnestoma.replicas")
 
 T = TypeVar("T")
 
@@ -135,7 +141,7 @@ class ReplicaMeasure:
 def measure_replica(conn: Connection, position: int, read_at: float) -> ReplicaMeasure:
     """Measure the replica of ``conn`` against the primary's WAL ``position``, read at
     ``read_at`` (time.monotonic()): looked at again while it is behind it, for
-    :data:`~mnestoma.core.rules.REPLICA_STATUS_WAIT_S` at most. Its lag is 0 when it had
+    :data:`~mnestoma.rules.REPLICA_STATUS_WAIT_S` at most. Its lag is 0 when it had
     replayed the position at the first look, else the time it took to, else (still behind:
     lagging, or cut off) the time since the last commit it replayed."""
     identity = server_identity(conn)
@@ -201,7 +207,7 @@ def replica_urls(primary: URL, replicas: object, *, from_env: bool = False) -> l
 
 def replica_connect_args(url: URL) -> dict[str, Any]:
     """Connection options of a replica's engine: give up connecting after
-    :data:`~mnestoma.core.rules.REPLICA_CONNECT_TIMEOUT_S` (a host that does not answer must not
+    :data:`~mnestoma.rules.REPLICA_CONNECT_TIMEOUT_S` (a host that does not answer must not
     hold a read that the primary can serve), unless the URL says otherwise."""
     if "connect_timeout" in url.query:
         return {}

@@ -10,8 +10,8 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
 from mnestoma.core.errors import InvalidInput
-from mnestoma.engines.locking import is_memory_sqlite
 from mnestoma.core.redaction import redact_text
+from mnestoma.engines.locking import is_memory_sqlite
 
 __all__ = [
     "ASYNC_DRIVERS",

@@ -1,5 +1,5 @@
 """The ager: decay, demote, merge, prune and count archive candidates; the whole of it but its
-rules (:mod:`mnestoma.core.rules`) and its statements (:mod:`mnestoma.schema.sql.ager`).
+rules (:mod:`mnestoma.rules`) and its statements (:mod:`mnestoma.schema.sql.ager`).
 
 :func:`run_ager` does a whole run in the caller's transaction (a unit of work's, a dry run's).
 Both facades run it in batches instead, through :func:`age_in_batches`: the run's lock
@@ -20,7 +20,7 @@ after an update moved it) changes nothing the second time, and a run stopped any
 completed by the next run at the same ``now``.
 
 Each run also forgets the planner's chains (``mnest_chains``) whose decayed count at its
-``now`` has faded below :data:`~mnestoma.core.rules.CHAIN_FORGET_BELOW`
+``now`` has faded below :data:`~mnestoma.rules.CHAIN_FORGET_BELOW`
 (:func:`forget_faded_chains`): after the edges, in batches of its own by key range, each its
 own transaction, writers let in before each as before the edges' batches. On PostgreSQL a
 batch skips the chains a writer holds (``FOR UPDATE SKIP LOCKED``) instead of waiting for
@@ -56,16 +56,6 @@ from mnestoma.core.errors import (
     is_unique_violation,
     translate_errors,
 )
-from mnestoma.engines.locking import (
-    MIGRATION_LOCK_KEY,
-    WaitingWriters,
-    beside_store,
-    open_beside_store,
-    pause_on,
-    take_write_lock,
-    try_flock,
-)
-from mnestoma.engines.partitions import note_written, upkeep_after_commit, upkeep_before_write
 from mnestoma.core.retrying import with_retries
 from mnestoma.core.rules import (
     AGER_BATCH_GROWN_MAX_S,
@@ -89,8 +79,19 @@ from mnestoma.core.rules import (
     ager_writers_about,
     archive_cutoff,
 )
-from mnestoma.schema.runner import StatementRunner, _prepare, runner_for
 from mnestoma.core.settings import Settings
+from mnestoma.core.validation import check_batch_rows, check_dry_run, check_progress
+from mnestoma.engines.locking import (
+    MIGRATION_LOCK_KEY,
+    WaitingWriters,
+    beside_store,
+    open_beside_store,
+    pause_on,
+    take_write_lock,
+    try_flock,
+)
+from mnestoma.engines.partitions import note_written, upkeep_after_commit, upkeep_before_write
+from mnestoma.schema.runner import StatementRunner, _prepare, runner_for
 from mnestoma.schema.sql import chains as chains_sql
 from mnestoma.schema.sql.ager import (
     ADVISORY_HELD,
@@ -110,7 +111,6 @@ from mnestoma.schema.sql.ager import (
     wal_autocheckpoint_pragma,
 )
 from mnestoma.schema.sql.tables import AGER_RUNS
-from mnestoma.core.validation import check_batch_rows, check_dry_run, check_progress
 
 __all__ = [
     "AGER_CACHE_KIB",
@@ -138,7 +138,7 @@ __all__ = [
     "run_ager",
 ]
 
-logger = logging.getLogger("mnestoma.maintenance.ager")
+logger = logging.getLogger("mnestoma.ager")  # the logger's public name
 
 # The ager's run lock (PostgreSQL advisory lock): the number after the migrations' lock.
 AGER_LOCK_KEY = MIGRATION_LOCK_KEY + 1
@@ -351,7 +351,7 @@ def _batch_settings(conn: Connection, *, flush: bool) -> None:
     A batch locks only the rows it changes, so writers of other rows go on meanwhile (each
     statement decides row by row on the latest committed version of a row it must wait
     for), and gives up on a row it waited for too long
-    (:data:`~mnestoma.core.rules.AGER_ROW_LOCK_TIMEOUT_S`; the facades try it again)."""
+    (:data:`~mnestoma.rules.AGER_ROW_LOCK_TIMEOUT_S`; the facades try it again)."""
     s = postgresql_ager_statements(True)
     _run(conn, s.table_locks)
     _run(conn, s.row_lock_timeout)
@@ -380,10 +380,10 @@ def _batch_postgresql(conn: Connection, p: dict[str, Any], *, merges: bool) -> A
 
 class BatchGrowth:
     """How far one batch of a run goes while no writer is about: step after step of
-    positions, each sized to take :data:`~mnestoma.core.rules.AGER_BATCH_QUIET_TARGET_S` (a
+    positions, each sized to take :data:`~mnestoma.rules.AGER_BATCH_QUIET_TARGET_S` (a
     writer that comes waits for one step), in the batch's one transaction, until a writer
     waits for it (:meth:`~mnestoma.engines.locking.WaitingWriters.waiting_now`), the run's caller
-    asks it to stop (``go_on``), :data:`~mnestoma.core.rules.AGER_BATCH_GROWN_MAX_S` has gone by,
+    asks it to stop (``go_on``), :data:`~mnestoma.rules.AGER_BATCH_GROWN_MAX_S` has gone by,
     or the run's positions end (``run_end``). What the next batch starts from: ``step``;
     where the batch ended: ``end``; whether a writer came: ``writers_came``."""
 
@@ -433,7 +433,7 @@ class TableWriters:
     queue behind it; but writers and the ager share the machine (its cores, its disk), and
     writers that fell behind would stay behind while the ager went on at full speed. So
     before each batch the run lets the writers in first: :meth:`let_in` waits until none is
-    in, up to :data:`~mnestoma.core.rules.AGER_WRITERS_PATIENCE_S`."""
+    in, up to :data:`~mnestoma.rules.AGER_WRITERS_PATIENCE_S`."""
 
     def __init__(self, conn: Connection) -> None:
         self._conn = conn
@@ -566,8 +566,8 @@ class AgerSession:
     - the temporary table of merge pairs, created once (each step empties it);
     - the WAL's automatic checkpoints held back: a batch's commit checkpoints (PASSIVE, at
       the connection's own ``wal_autocheckpoint``) only when
-      :func:`~mnestoma.core.rules.ager_wal_checkpoints` says so (writers about, or the WAL at
-      :data:`~mnestoma.core.rules.AGER_WAL_CHECKPOINT_MIB`), and the run's last commit does,
+      :func:`~mnestoma.rules.ager_wal_checkpoints` says so (writers about, or the WAL at
+      :data:`~mnestoma.rules.AGER_WAL_CHECKPOINT_MIB`), and the run's last commit does,
       after :meth:`release`. The WAL's size is read from its index (the ``-shm`` file's
       header, as SQLite's file format documents it); where there is none to read (no such
       file, checkpoints off already), nothing is held back.
@@ -765,7 +765,7 @@ def age_in_batches(
     transient, :func:`~mnestoma.core.retrying.with_retries`), under the database's ager lock
     (:func:`ager_run_lock`); the report of the whole run. Batches of
     ``batch_rows`` rows (None: the settings' ``ager_batch_rows``; None there too: batches
-    sized as the run goes to take about :func:`~mnestoma.core.rules.ager_batch_target` each while
+    sized as the run goes to take about :func:`~mnestoma.rules.ager_batch_target` each while
     writers are about, and growing until a writer waits once none has been seen for a while,
     :class:`BatchGrowth`). ``progress(done, total)`` after each batch (the
     total an estimate while the batches are being sized). ``go_on()`` false stops the run
@@ -898,14 +898,14 @@ def forget_faded_chains(
     go_on: Callable[[], None] | None = None,
 ) -> int:
     """The chains a run of the ager forgets (faded below
-    :data:`~mnestoma.core.rules.CHAIN_FORGET_BELOW` at ``now``), in batches by key range, each
+    :data:`~mnestoma.rules.CHAIN_FORGET_BELOW` at ``now``), in batches by key range, each
     written through ``write`` (a transaction of its own); how many it forgot.
 
     As the edges' batches: the writers let in before each (``writers``), ``go_on()`` asked
     before each (it raises to stop the run), batches of ``batch_rows`` chains when the
-    caller fixes them, else sized as the run goes to :func:`~mnestoma.core.rules.ager_batch_target`
+    caller fixes them, else sized as the run goes to :func:`~mnestoma.rules.ager_batch_target`
     (``writers_seen``: when the run last saw a writer, :func:`time.monotonic`), starting at
-    :data:`~mnestoma.core.rules.AGER_BATCH_ROWS`; on SQLite the run's ``session`` decides whether
+    :data:`~mnestoma.rules.AGER_BATCH_ROWS`; on SQLite the run's ``session`` decides whether
     a batch's commit checkpoints, on PostgreSQL a batch commits as any write does (it
     deletes a few index entries, not the pages an edges' batch rewrites). A batch never
     waits for a chain a writer holds (see :func:`~mnestoma.schema.sql.chains.forget_chains`)."""
@@ -956,7 +956,7 @@ def _chains_batch(
 class _Waits:
     """What a run of the ager waited for writers' rows (PostgreSQL): the batches it tried
     again, the longest a batch waited, its smallest batch; said in the log at the run's
-    end, and at once by a batch that has waited :data:`~mnestoma.core.rules.AGER_WAIT_WARN_S`.
+    end, and at once by a batch that has waited :data:`~mnestoma.rules.AGER_WAIT_WARN_S`.
     Also where the run asks whether to go on (:meth:`go_on`), before each batch and while it
     waits."""
 
@@ -978,7 +978,7 @@ class _Waits:
 
     def pause(self, seconds: float) -> None:
         """Wait ``seconds`` before a batch is tried again, asking now and then whether to go
-        on (a run stopped while it waits stops within :data:`~mnestoma.core.rules.AGER_STOP_POLL_S`)."""
+        on (a run stopped while it waits stops within :data:`~mnestoma.rules.AGER_STOP_POLL_S`)."""
         end = time.monotonic() + seconds
         while (left := end - time.monotonic()) > 0:
             pause_on(self._conn, min(left, AGER_STOP_POLL_S))
@@ -1038,8 +1038,8 @@ def _age_batch_waiting(
     lock (PostgreSQL: a writer held a row it wanted, while waiting for one of the batch's, or
     writers queued on it for longer than the batch's lock timeout) rolled back and let the
     writers go on; it is tried again on half its positions (down to one,
-    :func:`~mnestoma.core.rules.ager_shrunk_end`), no longer growing (writers are about), after
-    :func:`~mnestoma.core.rules.ager_batch_retry_pause`, for as long as it takes: a run never
+    :func:`~mnestoma.rules.ager_shrunk_end`), no longer growing (writers are about), after
+    :func:`~mnestoma.rules.ager_batch_retry_pause`, for as long as it takes: a run never
     fails because writers are busy. Other transient failures (a key another transaction
     made a twin of meanwhile) are retried by ``write`` itself."""
     attempt = 0

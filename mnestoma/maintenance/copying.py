@@ -70,7 +70,6 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import IntegrityError
 
 from mnestoma.core.clock import Clock
-from mnestoma.engines import is_memory_sqlite, make_engine, redact_url, resolve_database_url
 from mnestoma.core.errors import (
     ConflictError,
     CopyVerificationError,
@@ -80,14 +79,6 @@ from mnestoma.core.errors import (
     StoresShareRows,
     TargetNotEmpty,
     translate_errors,
-)
-from mnestoma.engines.locking import beside_store, take_write_lock
-from mnestoma.maintenance.migration import (
-    current_revision,
-    head_revision,
-    known_revisions,
-    missing_sqlite_file,
-    upgrade,
 )
 from mnestoma.core.rules import (
     CHAIN_DECAY_LAMBDA,
@@ -105,6 +96,17 @@ from mnestoma.core.rules import (
     outcome_counts,
 )
 from mnestoma.core.settings import Settings, settings_of
+from mnestoma.core.timefmt import iso_utc
+from mnestoma.core.types import JSONDocument
+from mnestoma.engines import is_memory_sqlite, make_engine, redact_url, resolve_database_url
+from mnestoma.engines.locking import beside_store, take_write_lock
+from mnestoma.maintenance.migration import (
+    current_revision,
+    head_revision,
+    known_revisions,
+    missing_sqlite_file,
+    upgrade,
+)
 from mnestoma.schema.sql.chains import CHAIN_KEY
 from mnestoma.schema.sql.copying import (
     CHAIN_MERGED_COLUMNS,
@@ -124,8 +126,6 @@ from mnestoma.schema.sql.copying import (
     statements,
 )
 from mnestoma.schema.sql.tables import AGER_RUNS, CHAINS, EVENTS, MNESTS, QUERIES, EventRow
-from mnestoma.core.timefmt import iso_utc
-from mnestoma.core.types import JSONDocument
 
 __all__ = [
     "CHUNK_SIZE",

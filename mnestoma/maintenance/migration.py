@@ -23,6 +23,14 @@ from sqlalchemy import Connection, Engine, inspect, text
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL
 
+from mnestoma.core.errors import (
+    ConflictError,
+    InvalidInput,
+    SchemaError,
+    is_lock_not_available,
+    translate_errors,
+)
+from mnestoma.core.validation import check_name
 from mnestoma.engines import (
     ENV_DATABASE_URL,
     ENV_DB_PATH,
@@ -33,18 +41,10 @@ from mnestoma.engines import (
     redact_url,
     sync_database_url,
 )
-from mnestoma.core.errors import (
-    ConflictError,
-    InvalidInput,
-    SchemaError,
-    is_lock_not_available,
-    translate_errors,
-)
 from mnestoma.engines.locking import MIGRATION_LOCK_KEY, lock_for_migration, use_wal
-from mnestoma.schema.models import VIEW_NAME, Base
 from mnestoma.maintenance.seed_repair import repair_before_upgrade
+from mnestoma.schema.models import VIEW_NAME, Base
 from mnestoma.schema.sql.partitions import LAYOUT_NAMES, PARTITION_NAME, is_layout_name
-from mnestoma.core.validation import check_name
 
 __all__ = [
     "DEFAULT_MIGRATION_LOCK_TIMEOUT_S",
@@ -99,7 +99,7 @@ LONGEST_RETRY_PAUSE_S = 3.0
 # How often a migrator waiting for another's migration lock asks for it again (PostgreSQL).
 MIGRATION_LOCK_POLL_S = 0.1
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("mnestoma.migration")  # the logger's public name
 
 # Every name the store owns in a database: its tables (from the models, so that a table
 # added there is covered), its view and its version table. On PostgreSQL it owns what it
@@ -161,11 +161,11 @@ def compared_objects(dialect: str) -> Callable[[Any, str | None, str, bool, Any]
 
 def migrations_path() -> Path:
     """Where the Alembic scripts are: inside the installed wheel, else the checkout's."""
-    here = Path(__file__).resolve().parent
-    packaged = here / "migrations"
+    package = Path(__file__).resolve().parent.parent  # mnestoma/, above maintenance/
+    packaged = package / "migrations"
     if (packaged / "env.py").is_file():
         return packaged
-    checkout = here.parent / "migrations"
+    checkout = package.parent / "migrations"
     if (checkout / "env.py").is_file():
         return checkout
     raise SchemaError("the migration scripts are missing from this installation")
@@ -392,7 +392,8 @@ def prepare_for_migration(conn: Connection, noted: dict[str, Any] | None = None)
     """What every online migration does first, inside its transaction: take the migration
     lock, create the schema the URL's ``search_path`` names (PostgreSQL: under the lock, so
     two first migrations never race to create it), adopt a legacy stamp, repair a seed-era
-    store at 0001 (:mod:`mnestoma.maintenance.seed_repair`). In ``noted`` (the Config's attributes) the
+    store at 0001 (:mod:`~mnestoma.maintenance.seed_repair`). In ``noted`` (the Config's
+    attributes) the
     revision found under the lock, at the first attempt only (a retry starts from there)."""
     lock_for_migration(conn)
     if conn.dialect.name == "postgresql":

@@ -46,7 +46,7 @@ from mnestoma.core.types import UTCDateTime
 
 __all__ = ["SEED_REVISION", "SeedRepair", "repair_before_upgrade", "repair_seed_store"]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("mnestoma.seed_repair")  # the logger's public name
 
 SEED_REVISION = "0001"
 # Duplicate groups handled per round trip: memory stays bounded whatever the store holds.

@@ -16,24 +16,10 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, inspect
 from sqlalchemy.engine import URL
-from sqlalchemy.orm import Session
 
-from mnestoma.maintenance.ager import ager_running
 from mnestoma.core.clock import Clock, read_clock, utc_now
-from mnestoma.engines import make_engine, redact_url, resolve_database_url
 from mnestoma.core.display import recorder_name
 from mnestoma.core.errors import MnestomaError, translate_errors
-from mnestoma.maintenance.migration import head_revision, known_revisions, read_revision, sqlite_store_missing
-from mnestoma.schema.models import Mnest
-from mnestoma.engines.replicas import (
-    identity_difference,
-    lsn_of,
-    measure_replica,
-    replica_connect_args,
-    replica_urls,
-    server_identity,
-)
-from mnestoma.store.repository import MnestRepository
 from mnestoma.core.rules import (
     AUTOMATIC_RECORDERS,
     PASSING,
@@ -48,11 +34,31 @@ from mnestoma.core.rules import (
     Recorder,
 )
 from mnestoma.core.settings import Settings
+from mnestoma.core.timefmt import ago, iso_utc, short_utc
+from mnestoma.core.types import parse_sqlite_timestamp
+from mnestoma.engines import make_engine, redact_url, resolve_database_url
+from mnestoma.engines.replicas import (
+    identity_difference,
+    lsn_of,
+    measure_replica,
+    replica_connect_args,
+    replica_urls,
+    server_identity,
+)
+from mnestoma.maintenance.ager import ager_running
+from mnestoma.maintenance.migration import (
+    head_revision,
+    known_revisions,
+    read_revision,
+    sqlite_store_missing,
+)
+from mnestoma.schema import snapshots
+from mnestoma.schema.models import Mnest
+from mnestoma.schema.runner import runner_for
+from mnestoma.schema.sql import read
 from mnestoma.schema.sql import status as sql
 from mnestoma.schema.sql.replication import REPLICA_PROBE, REPLICA_STATUS, SERVER_POSITION
 from mnestoma.schema.sql.tables import AGER_PROGRESS, AGER_RUNS, CHAINS, EVENTS, MNESTS, QUERIES
-from mnestoma.core.timefmt import ago, iso_utc, short_utc
-from mnestoma.core.types import parse_sqlite_timestamp
 
 __all__ = [
     "AGER_WINDOW",
@@ -69,8 +75,8 @@ __all__ = [
 # The sentence when no tracer or processor ever wrote here (what the package offers, and
 # that this store shows no sign of it).
 FEEDING_STATEMENT = (
-    "not fed automatically here: the in-process tracer (mnestoma.recording.tracing) and the "
-    "OpenTelemetry processor (mnestoma.recording.otel) are available, but no passing recorded by "
+    "not fed automatically here: the in-process tracer (mnestoma.tracing) and the "
+    "OpenTelemetry processor (mnestoma.otel) are available, but no passing recorded by "
     "them is in this store."
 )
 # Reads leave no row behind, so the status can only say how a planner would read.
@@ -144,7 +150,7 @@ class ReplicaFacts:
     standby (None: it did not answer, ``error`` says why); ``behind_bytes``, the bytes of WAL
     the primary had written and it had not replayed at the last look; ``lag_s``, at most
     how far behind it is: 0 when it had replayed the primary's position at once, else the
-    time it took to (see :func:`~mnestoma.engines.replicas.measure_replica`), else the time since
+    time it took to (see :func:`~mnestoma.replicas.measure_replica`), else the time since
     the last commit it replayed; ``receiving``, whether a WAL receiver streams to it from its
     primary (False: cut off, it falls behind with the primary's next write); ``refused``, why
     reads would not use it (its cluster or database is not the primary's)."""
@@ -578,11 +584,10 @@ def _collect(
         if AGER_PROGRESS.name in tables:
             _unfinished_ager_runs(conn, status)
         if status.schema == "head":
-            with Session(bind=conn) as session:
-                repo = MnestRepository(session, settings=settings)
-                status.recurring_protos = repo.recurring_protos(
-                    min_uses=RECURRING_MIN_USES, min_weight=RECURRING_MIN_WEIGHT
-                )
+            stmt = read.recurring_protos_statement(conn.dialect.name)
+            params = {"uses": RECURRING_MIN_USES, "floor": RECURRING_MIN_WEIGHT}
+            rows = runner_for(conn).rows(stmt, {**params, "now": settings.now()})
+            status.recurring_protos = [snapshots.mnest(r) for r in rows]
         conn.rollback()
     return status
 
@@ -634,7 +639,7 @@ def _count(
 
 def _count_chains(conn: Connection, status: StoreStatus, *, estimate: bool) -> None:
     """The planner's chains: with ``estimate`` (PostgreSQL), the catalogue's estimate from
-    :data:`~mnestoma.core.rules.STATUS_ESTIMATE_FROM` of them; else (below it, or the table never
+    :data:`~mnestoma.rules.STATUS_ESTIMATE_FROM` of them; else (below it, or the table never
     analysed) counted. SQLite counts them, as it counts the edges per state."""
     known = list(_leaves(conn, CHAINS.name).values()) if estimate else []
     rows = sum(n or 0.0 for n in known)
@@ -693,7 +698,7 @@ def _estimate_mnests(conn: Connection, status: StoreStatus) -> bool:
     ``pg_stats``' shares of ``state``, as :func:`_estimate_events` does for the kinds of
     events. Counting them reads every edge (0.5 s at 3M of them), which the status's fixed
     cost cannot afford. False (nothing set) when the catalogue has no statistics of
-    ``mnests`` yet or estimates fewer than :data:`~mnestoma.core.rules.STATUS_ESTIMATE_FROM`
+    ``mnests`` yet or estimates fewer than :data:`~mnestoma.rules.STATUS_ESTIMATE_FROM`
     rows: the caller counts them."""
     known = _leaves(conn, MNESTS.name)
     total = sum(n or 0.0 for n in known.values())
@@ -716,10 +721,10 @@ def _estimate_events(conn: Connection, status: StoreStatus) -> bool:
     """The status's facts about ``events`` without reading them all (PostgreSQL): the
     rows and their kinds from the catalogue (``reltuples``, each relation's ``pg_stats``
     shares of ``kind``, summed over the partitions), the recorders, outcomes and turns as
-    their shares among the passings of the newest :data:`~mnestoma.core.rules.STATUS_RECENT_EVENTS`
+    their shares among the passings of the newest :data:`~mnestoma.rules.STATUS_RECENT_EVENTS`
     events. False (nothing set) when the catalogue has no statistics of ``events`` yet (a
     table autovacuum has never analysed is a small one) or estimates fewer than
-    :data:`~mnestoma.core.rules.STATUS_ESTIMATE_FROM` events: the caller counts them."""
+    :data:`~mnestoma.rules.STATUS_ESTIMATE_FROM` events: the caller counts them."""
     known = _leaves(conn, EVENTS.name)
     if sum(n or 0.0 for n in known.values()) < STATUS_ESTIMATE_FROM:
         return False
@@ -739,10 +744,10 @@ def _estimate_events(conn: Connection, status: StoreStatus) -> bool:
 
 def _sample_events(conn: Connection, status: StoreStatus) -> bool:
     """The status's facts about ``events`` without reading them all (SQLite, which keeps no
-    estimates): the rows and their kinds from :data:`~mnestoma.core.rules.STATUS_SAMPLED_IDS`
+    estimates): the rows and their kinds from :data:`~mnestoma.rules.STATUS_SAMPLED_IDS`
     ids drawn at random between the lowest and the highest, the rest as on PostgreSQL
     (:func:`_recent_shares`). False (nothing set) below
-    :data:`~mnestoma.core.rules.STATUS_ESTIMATE_FROM` events: the caller counts them."""
+    :data:`~mnestoma.rules.STATUS_ESTIMATE_FROM` events: the caller counts them."""
     lo, hi = conn.execute(sql.EVENT_ID_RANGE).one()
     if lo is None or hi is None or hi - lo + 1 < STATUS_ESTIMATE_FROM:
         return False

@@ -40,17 +40,22 @@ from mnestoma.core.display import (
     style_of,
 )
 from mnestoma.core.errors import InvalidInput, MissingExtra
-from mnestoma.schema.models import Mnest
 from mnestoma.core.records import mnest_record
 from mnestoma.core.rules import CHAIN_DECAY_LAMBDA, MnestState, decayed_count
-from mnestoma.schema.sql import chains as chains_sql
 from mnestoma.core.timefmt import iso_utc
 from mnestoma.core.types import parse_sqlite_timestamp
-from mnestoma.core.validation import check_name, check_optional_name, check_positive_int, check_states
+from mnestoma.core.validation import (
+    check_name,
+    check_optional_name,
+    check_positive_int,
+    check_states,
+)
+from mnestoma.schema.models import Mnest
+from mnestoma.schema.sql import chains as chains_sql
 
 if TYPE_CHECKING:
-    from mnestoma.schema.runner import StatementRunner
     from mnestoma.core.settings import Settings
+    from mnestoma.schema.runner import StatementRunner
 
 __all__ = [
     "DEFAULT_DEPTH",

@@ -2,7 +2,7 @@
 the evidence behind each candidate and the context used.
 
 The counts come from the store in one statement (:func:`mnestoma.schema.sql.chains.next_counts`);
-the formula is :func:`mnestoma.core.rules.next_probabilities` (Witten-Bell smoothing, the chain
+the formula is :func:`mnestoma.rules.next_probabilities` (Witten-Bell smoothing, the chain
 interpolated with the edge). This module turns them into the answer a planner reads.
 """
 
@@ -16,9 +16,9 @@ from typing import Any
 
 from mnestoma.core.errors import InvalidInput
 from mnestoma.core.rules import ContextUsed, next_probabilities, unseen_probability
+from mnestoma.core.validation import check_name
 from mnestoma.schema.runner import StatementRunner
 from mnestoma.schema.sql.chains import next_counts
-from mnestoma.core.validation import check_name
 
 __all__ = [
     "Forecast",
@@ -67,7 +67,7 @@ class Forecast:
 
         Returns:
             Its candidate's ``p``, or, for an executor never seen after the context, its share
-            of the unseen mass (:func:`~mnestoma.core.rules.unseen_probability`): never 0.
+            of the unseen mass (:func:`~mnestoma.rules.unseen_probability`): never 0.
         """
         found = self._by_executor.get(executor)
         return unseen_probability(self.unseen) if found is None else found.p

@@ -1,15 +1,15 @@
 """The planner's door (contract §9): one ordering for ``rank`` and ``suggest_next``.
 
 Both read active edges with their effective weight (computed in SQL by the same expression)
-and sort them here with :func:`mnestoma.core.rules.ranking_key`: the higher effective weight
-first, ties broken by the activation of :func:`mnestoma.core.rules.activation`, then by name so
+and sort them here with :func:`mnestoma.rules.ranking_key`: the higher effective weight
+first, ties broken by the activation of :func:`mnestoma.rules.activation`, then by name so
 that the order never depends on random ids. The SQL cannot finish the job itself because
 SQLite may lack ``ln``; Python does it, once, here.
 
 Each ranked candidate also carries ``success`` (contract §11), the
-:func:`mnestoma.core.rules.success_rate` of its edge's outcomes; ``rank`` orders by it only
+:func:`mnestoma.rules.success_rate` of its edge's outcomes; ``rank`` orders by it only
 when asked (``order_by="success"``), and ``decayed_uses`` (contract §12), the decayed count
-of the edge's passings (:func:`mnestoma.core.rules.decayed_count`), which ``rank`` and
+of the edge's passings (:func:`mnestoma.rules.decayed_count`), which ``rank`` and
 ``suggest_next`` order by when asked (``order_by="decayed_uses"``): the highest count first,
 ties broken as the weight's order is.
 """
@@ -22,8 +22,6 @@ from datetime import datetime
 from typing import Any
 
 from mnestoma.core.errors import InvalidInput
-from mnestoma.schema.models import Mnest
-from mnestoma.planner.planning import Forecast
 from mnestoma.core.rules import (
     DECAYED_USES_ORDER,
     PROBABILITY_ORDER,
@@ -34,6 +32,8 @@ from mnestoma.core.rules import (
     success_rate,
 )
 from mnestoma.core.validation import check_name
+from mnestoma.planner.planning import Forecast
+from mnestoma.schema.models import Mnest
 
 __all__ = [
     "ORDER_BY",
@@ -67,10 +67,10 @@ class Ranked:
     there is no active edge, ``weight`` likewise); ``activation`` breaks ties of score (None
     without an edge); ``mnest`` is the edge that gave the score (the best one over the
     versions when the candidate names no version), or None. ``success`` is
-    :func:`~mnestoma.core.rules.success_rate` of that edge's ``ok_count`` and ``error_count``
+    :func:`~mnestoma.rules.success_rate` of that edge's ``ok_count`` and ``error_count``
     (``success_rate(0, 0)`` without an edge): evidence of what followed, not of weight.
     ``decayed_uses`` is the edge's decayed count of passings now
-    (:func:`~mnestoma.core.rules.decayed_count`; 0.0 without an edge). ``p`` is P(candidate next
+    (:func:`~mnestoma.rules.decayed_count`; 0.0 without an edge). ``p`` is P(candidate next
     | context) and ``context`` the context that answered (``chain``, ``edge`` or ``none``,
     contract §13), with ``order_by="p"`` only (else None).
     """

@@ -27,10 +27,10 @@ from typing import Any
 
 from mnestoma.core.errors import InvalidInput
 from mnestoma.core.rules import MnestState, probability_of, success_rate
-from mnestoma.schema.runner import StatementRunner
-from mnestoma.schema.sql import vet as sql
 from mnestoma.core.timefmt import iso_utc
 from mnestoma.core.validation import check_name, check_optional_name
+from mnestoma.schema.runner import StatementRunner
+from mnestoma.schema.sql import vet as sql
 
 __all__ = [
     "MAX_VET_STEPS",

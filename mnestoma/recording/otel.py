@@ -9,7 +9,7 @@ outcome from B's span status: ERROR is ``"error"``; OK or UNSET, on the ended sp
 ``"ok"`` (instrumentations leave a successful span UNSET). A sequence-only link has none.
 
 Everything but a few dictionary look-ups happens on one writer thread (a
-:class:`mnestoma.recording.writer.Writer`, the tracer's background writer too), off the thread that
+:class:`~mnestoma.recording.writer.Writer`, the tracer's background writer too), off the thread that
 ends the span; a failing store is logged and counted, never raised into the traced program.
 """
 
@@ -35,7 +35,7 @@ try:
     from opentelemetry.trace import StatusCode
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise MissingExtra(
-        "mnestoma.recording.otel needs the OpenTelemetry SDK: pip install 'mnestoma[otel]'"
+        "mnestoma.otel needs the OpenTelemetry SDK: pip install 'mnestoma[otel]'"
     ) from exc
 
 from mnestoma.core.validation import Passing, check_name
@@ -54,7 +54,7 @@ __all__ = [
     "value_digests",
 ]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("mnestoma.otel")  # the logger's public name
 
 #: Version given to a tool that ``version_of`` does not know (spans carry no version).
 DEFAULT_VERSION = "unversioned"
@@ -284,14 +284,15 @@ class MnestomaSpanProcessor(SpanProcessor):
     "sequence"}``; off by default, so that a trace without content records nothing.
 
     ``store`` must be blocking (:class:`mnestoma.Mnestoma`): the processor records from its
-    own thread, where nothing would await an :class:`~mnestoma.doors.asynchronous.AsyncMnestoma`'s
+    own thread, where nothing would await an :class:`~mnestoma.aio.AsyncMnestoma`'s
     ``record_turn``, so an async store is refused with :class:`InvalidInput`.
 
     Bounds: at most ``max_traces`` open traces (the oldest is forgotten first, counted in
     ``stats.traces_evicted``), ``max_spans_per_trace`` tool calls per trace (oldest first),
     ``max_leaves_per_value`` digests per argument or result, ``max_queue`` spans waiting
     for the writer thread (more are dropped and counted). The writer is the tracer's (a
-    :class:`mnestoma.recording.writer.Writer`): it records what is queued at :meth:`shutdown`, and at
+    :class:`~mnestoma.recording.writer.Writer`): it records what is queued at :meth:`shutdown`,
+    and at
     interpreter exit or the end of a multiprocessing child waits at most ``exit_timeout``
     seconds for it.
 

@@ -78,7 +78,7 @@ __all__ = [
     "wish",
 ]
 
-logger = logging.getLogger("mnestoma.recording.tracing")
+logger = logging.getLogger("mnestoma.tracing")
 
 DEFAULT_MAX_OUTPUTS = 1024  # outputs remembered per turn; past it the oldest are forgotten
 MAX_DEPTH = 3  # levels of elements walked below a returned value or an argument
@@ -312,7 +312,7 @@ class Turn:
     ``with turn(store, id) as t:`` or ``async with``. At its end (normal or by an
     exception, which propagates unchanged) its passings go to
     ``store.record_turn(turn_id, passings, recorder="tracer")`` once, or to ``writer``.
-    A store failure is logged on ``mnestoma.recording.tracing`` and counted, and raised only with
+    A store failure is logged on ``mnestoma.tracing`` and counted, and raised only with
     ``strict=True`` when the traced code itself did not raise.
 
     Raises:
@@ -520,7 +520,7 @@ class Turn:
         with self._lock:
             self.tracer_errors += 1
         stats.add(tracer_errors=1)
-        logger.warning("mnestoma.recording.tracing: could not inspect %s; the call went on", what)
+        logger.warning("mnestoma.tracing: could not inspect %s; the call went on", what)
 
     # -- context ------------------------------------------------------------------------
 
@@ -551,7 +551,7 @@ class Turn:
         )
         if self.unrecorded:
             logger.warning(
-                "mnestoma.recording.tracing: turn %r held %d passings; %d more were not recorded",
+                "mnestoma.tracing: turn %r held %d passings; %d more were not recorded",
                 self.turn_id,
                 MAX_PASSINGS,
                 self.unrecorded,
@@ -621,7 +621,7 @@ class Turn:
         self.error = err
         stats.add(store_failures=1)
         logger.warning(
-            "mnestoma.recording.tracing: recording turn %r failed: %s: %s",
+            "mnestoma.tracing: recording turn %r failed: %s: %s",
             self.turn_id,
             type(err).__name__,
             err,

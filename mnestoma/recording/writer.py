@@ -1,7 +1,7 @@
 """One background writer: a bounded queue of items worked through by one thread.
 
-The tracer's :class:`mnestoma.recording.tracing.BackgroundWriter` and the OpenTelemetry span processor
-(:class:`mnestoma.recording.otel.MnestomaSpanProcessor`) both hand their work to a :class:`Writer`, so
+The tracer's :class:`mnestoma.tracing.BackgroundWriter` and the OpenTelemetry span processor
+(:class:`mnestoma.otel.MnestomaSpanProcessor`) both hand their work to a :class:`Writer`, so
 that what happens when the queue is full, how it is flushed and closed, how failures are
 counted and logged, and how it restarts after ``fork()`` is written, and tested, once.
 """

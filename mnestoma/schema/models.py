@@ -192,7 +192,7 @@ class Mnest(Base):
 
     def decayed_uses_at(self, at: datetime) -> float:
         """The decayed count of passings at instant ``at``: ``decayed_uses × exp(−decay_lambda
-        × days(at − ts_last))`` (:func:`mnestoma.core.rules.decayed_count`)."""
+        × days(at − ts_last))`` (:func:`mnestoma.rules.decayed_count`)."""
         from mnestoma.core.types import ensure_aware_utc
 
         return decayed_count(
@@ -379,7 +379,7 @@ class CopiedStore(Base):
 class MnestChain(Base):
     """A chain of two consecutive links of recorded turns, ``prev → src → dst`` by executor
     names (contract §13): the decayed count of its passings at ``ts_last`` (with
-    :data:`~mnestoma.core.rules.CHAIN_DECAY_LAMBDA`), their raw count, first and last. The
+    :data:`~mnestoma.rules.CHAIN_DECAY_LAMBDA`), their raw count, first and last. The
     planner's context: what followed ``src`` when ``prev`` came before it."""
 
     __tablename__ = "mnest_chains"

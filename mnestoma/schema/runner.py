@@ -62,7 +62,7 @@ Columns = tuple[str, ...] | None
 
 class StatementRunner:
     """Runs statements through SQLAlchemy Core on one connection; driver errors become the
-    package's (:func:`~mnestoma.core.errors.translate_errors`)."""
+    package's (:func:`~mnestoma.errors.translate_errors`)."""
 
     __slots__ = ("conn", "dialect")
 

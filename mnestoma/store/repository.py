@@ -17,9 +17,6 @@ from typing import Any, TypeVar, cast
 from sqlalchemy import Connection, Executable
 from sqlalchemy.orm import Session, scoped_session
 
-from mnestoma.planner import ranking
-from mnestoma.schema import snapshots as snap
-from mnestoma.maintenance.ager import run_ager
 from mnestoma.core.clock import Clock
 from mnestoma.core.errors import (
     ConflictError,
@@ -29,17 +26,6 @@ from mnestoma.core.errors import (
     RaceLost,
     translate_errors,
 )
-from mnestoma.planner.graph import GraphReads
-from mnestoma.engines.locking import take_write_lock
-from mnestoma.schema.models import CanonicalQuery, Event, Mnest
-from mnestoma.engines.partitions import (
-    Dropped,
-    TurnEdgeKey,
-    drop_old_partitions,
-    note_written,
-    upkeep_before_write,
-)
-from mnestoma.planner.planning import Forecast, normalise_context, read_forecast
 from mnestoma.core.rules import (
     DECAYED_USES_ORDER,
     DEFAULT_DECAY_LAMBDA,
@@ -59,14 +45,7 @@ from mnestoma.core.rules import (
     outcome_counts,
     reinforce,
 )
-from mnestoma.schema.runner import StatementRunner, as_mappings, runner_for
 from mnestoma.core.settings import Settings, settings_of
-from mnestoma.schema.sql import chains as chains_sql
-from mnestoma.schema.sql import partitions as partitions_sql
-from mnestoma.schema.sql import read as rd
-from mnestoma.schema.sql import record as rec
-from mnestoma.schema.sql import retention as ret
-from mnestoma.schema.sql.tables import MNEST_COLUMNS, Key
 from mnestoma.core.types import ensure_instant
 from mnestoma.core.validation import (
     Passing,
@@ -84,7 +63,28 @@ from mnestoma.core.validation import (
     normalise_passing,
     shorten,
 )
+from mnestoma.engines.locking import take_write_lock
+from mnestoma.engines.partitions import (
+    Dropped,
+    TurnEdgeKey,
+    drop_old_partitions,
+    note_written,
+    upkeep_before_write,
+)
+from mnestoma.maintenance.ager import run_ager
+from mnestoma.planner import ranking
+from mnestoma.planner.graph import GraphReads
+from mnestoma.planner.planning import Forecast, normalise_context, read_forecast
 from mnestoma.planner.vetting import Verdict, normalise_steps, vet_chain
+from mnestoma.schema import snapshots as snap
+from mnestoma.schema.models import CanonicalQuery, Event, Mnest
+from mnestoma.schema.runner import StatementRunner, as_mappings, runner_for
+from mnestoma.schema.sql import chains as chains_sql
+from mnestoma.schema.sql import partitions as partitions_sql
+from mnestoma.schema.sql import read as rd
+from mnestoma.schema.sql import record as rec
+from mnestoma.schema.sql import retention as ret
+from mnestoma.schema.sql.tables import MNEST_COLUMNS, Key
 
 __all__ = ["CanonicalQueryRepository", "MnestRepository", "QueryFrequency", "built"]
 
@@ -335,7 +335,7 @@ class MnestRepository(GraphReads):
         occurrence: int = 1,
     ) -> Mnest:
         """Record a passing to an executor that does not exist yet: the proto row of
-        (src, src_version, dst), created at :data:`~mnestoma.core.rules.INITIAL_WEIGHT` or
+        (src, src_version, dst), created at :data:`~mnestoma.rules.INITIAL_WEIGHT` or
         reinforced. The same as ``record_passing(..., None, dst_exists=False, ...)``, with the
         same checks.
 
@@ -630,7 +630,7 @@ class MnestRepository(GraphReads):
         recorder: str,
         occurrence: int = 1,
     ) -> tuple[Row, Row]:
-        """A reinforcement's UPDATE_REINFORCE values (:data:`~mnestoma.schema.sql.record.REINFORCE_ROW`
+        """A reinforcement's UPDATE_REINFORCE values (:data:`~.record.REINFORCE_ROW`
         order) and its event (:func:`_event`'s tuple, written out: this runs while the write
         lock is held)."""
         ts_last = advance(row[_TS_LAST], now)
@@ -874,7 +874,7 @@ class MnestRepository(GraphReads):
         the value it was ordered by.
 
         Highest effective weight first, ties broken by activation (more uses, more recent
-        use), then by name: the ordering of :meth:`rank` (see :mod:`mnestoma.planner.ranking`). With
+        use), then by name: the ordering of :meth:`rank` (see :mod:`mnestoma.ranking`). With
         ``order_by="decayed_uses"``, the highest decayed count of passings first (contract
         §12), that order among equal counts; each edge then comes with its count.
 
@@ -928,7 +928,7 @@ class MnestRepository(GraphReads):
         that version (chains are by name); ``k`` keeps the ``k`` most likely candidates.
 
         Returns:
-            A :class:`~mnestoma.planner.planning.Forecast`: the candidates most likely first, and the
+            A :class:`~mnestoma.Forecast`: the candidates most likely first, and the
             mass left to executors never seen after the context (``unseen``).
 
         Raises:
@@ -959,7 +959,7 @@ class MnestRepository(GraphReads):
         ``src_executor`` alone.
 
         Returns:
-            One :class:`~mnestoma.planner.ranking.Ranked` per candidate, best first (an empty list
+            One :class:`~mnestoma.ranking.Ranked` per candidate, best first (an empty list
             for no candidates).
 
         Raises:
@@ -1356,7 +1356,7 @@ def built(result: T) -> T:
 
 def _reinforced(row: Row, values: Row) -> Row:
     """The row as :data:`~mnestoma.schema.sql.record.UPDATE_REINFORCE` leaves it, given that
-    statement's values (:data:`~mnestoma.schema.sql.record.REINFORCE_ROW` order)."""
+    statement's values (:data:`~.record.REINFORCE_ROW` order)."""
     _, weight, ts_last, ts_weight, tags, sig, ok, error, count = values
     return _with(
         row,

@@ -22,11 +22,11 @@ from sqlalchemy.orm import Session, SessionTransaction, sessionmaker
 
 from mnestoma.core.clock import Clock
 from mnestoma.core.errors import InvalidInput, translate_errors
+from mnestoma.core.retrying import MAX_ATTEMPTS, retry_pause, with_retries
+from mnestoma.core.settings import Settings, settings_of
 from mnestoma.engines.locking import take_write_lock
 from mnestoma.engines.partitions import upkeep_after_commit
 from mnestoma.store.repository import CanonicalQueryRepository, MnestRepository, built
-from mnestoma.core.retrying import MAX_ATTEMPTS, retry_pause, with_retries
-from mnestoma.core.settings import Settings, settings_of
 
 __all__ = [
     "MAX_ATTEMPTS",

@@ -25,7 +25,6 @@ from factory.alchemy import SQLAlchemyModelFactory
 from sqlalchemy.orm import Session
 
 from mnestoma.core.clock import Clock
-from mnestoma.schema.models import CanonicalQuery, Event, Mnest, MnestChain
 from mnestoma.core.rules import (
     CHAIN_DECAY_LAMBDA,
     DEFAULT_DECAY_LAMBDA,
@@ -36,6 +35,7 @@ from mnestoma.core.rules import (
     spread_count,
 )
 from mnestoma.core.types import ensure_aware_utc
+from mnestoma.schema.models import CanonicalQuery, Event, Mnest, MnestChain
 
 __all__ = [
     "CanonicalQueryFactory",
@@ -314,7 +314,7 @@ class MnestChainFactory(_MnestomaFactory):
 
     Params: ``last_seen_days_ago``, ``first_seen_days_ago``. Trait ``faded``: passed once,
     200 days ago: its decayed count has faded below
-    :data:`~mnestoma.core.rules.CHAIN_FORGET_BELOW`, so ``apply_ager()`` forgets it.
+    :data:`~mnestoma.rules.CHAIN_FORGET_BELOW`, so ``apply_ager()`` forgets it.
     """
 
     class Meta:

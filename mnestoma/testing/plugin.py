@@ -28,6 +28,8 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
+from mnestoma.core.errors import InvalidInput, StoreError
+from mnestoma.core.settings import Settings
 from mnestoma.engines import (
     is_memory_sqlite,
     make_engine,
@@ -35,10 +37,8 @@ from mnestoma.engines import (
     redact_url,
     resolve_database_url,
 )
-from mnestoma.core.errors import InvalidInput, StoreError
 from mnestoma.maintenance.migration import upgrade
 from mnestoma.store.repository import MnestRepository
-from mnestoma.core.settings import Settings
 from mnestoma.store.uow import UnitOfWork
 from mnestoma.testing.clock import MovableClock
 from mnestoma.testing.factories import bind_factories

@@ -532,9 +532,9 @@ def test_demo_status_says_the_store_is_fed_by_the_tracer() -> None:
     status = out.split("== mnestoma status")[1]
     assert "recorders  tracer 17 (last 2026-03-03 03:00:00Z)" in status
     assert (
-        "fed automatically: 17 passings by the in-process tracer (mnestoma.recording.tracing), "
+        "fed automatically: 17 passings by the in-process tracer (mnestoma.tracing), "
         "last at 2026-03-03 03:00:00Z (30 days ago); "
-        "none by the OpenTelemetry processor (mnestoma.recording.otel)."
+        "none by the OpenTelemetry processor (mnestoma.otel)."
     ) in status
     assert "ager       1 run, 1 in the last 30 days; last at 2026-04-02 03:00:00Z (now)" in status
     assert "not fed automatically" not in out

@@ -22,9 +22,9 @@ from sqlalchemy import insert
 
 import mnestoma
 from mnestoma.cli import render
+from mnestoma.core.redaction import redact_url
 from mnestoma.engines import make_engine
 from mnestoma.schema.models import Mnest
-from mnestoma.core.redaction import redact_url
 
 
 @pytest.fixture

@@ -15,9 +15,9 @@ from conftest import mnest_row
 from sqlalchemy import insert
 
 import mnestoma
+from mnestoma.core.errors import InvalidInput
 from mnestoma.doors.asynchronous import AsyncMnestoma
 from mnestoma.engines import make_engine
-from mnestoma.core.errors import InvalidInput
 from mnestoma.schema.models import CanonicalQuery, Event, Mnest
 
 # The C1 controls a terminal may act on (CSI, OSC, NEL), DEL and ESC.

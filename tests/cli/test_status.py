@@ -17,10 +17,15 @@ from sqlalchemy.engine import make_url
 
 import mnestoma
 from mnestoma.core.rules import AgerReport
-from mnestoma.schema.sql.tables import AGER_RUNS
-from mnestoma.maintenance.status import FEEDING_STATEMENT, READING_STATEMENT, collect_status, render_status
-from mnestoma.testing.clock import MovableClock
+from mnestoma.maintenance.status import (
+    FEEDING_STATEMENT,
+    READING_STATEMENT,
+    collect_status,
+    render_status,
+)
 from mnestoma.recording.tracing import executor, turn, wish
+from mnestoma.schema.sql.tables import AGER_RUNS
+from mnestoma.testing.clock import MovableClock
 
 RECORDERS = ["call", "tracer", "otel", "ager", "cli"]
 NEW_KEYS = STATUS_KEYS[STATUS_KEYS.index("passings_by_recorder") :]
@@ -108,9 +113,9 @@ def test_tracer_passings_say_fed_by_the_tracer_with_the_count_and_last_instant(
     assert st.automatic == {"tracer": st.passings_by_recorder["tracer"]}  # type: ignore[index]
     assert (st.automatic["tracer"].passings, st.automatic["tracer"].last) == (4, last)
     assert st.feeding() == (
-        "fed automatically: 4 passings by the in-process tracer (mnestoma.recording.tracing), "
+        "fed automatically: 4 passings by the in-process tracer (mnestoma.tracing), "
         "last at 2026-01-01 14:00:00Z (3 days ago); "
-        "none by the OpenTelemetry processor (mnestoma.recording.otel)."
+        "none by the OpenTelemetry processor (mnestoma.otel)."
     )
     data = status_json(store_url)
     assert data["fed_automatically"] is True
@@ -122,7 +127,7 @@ def test_tracer_passings_say_fed_by_the_tracer_with_the_count_and_last_instant(
         "error": 0,
     }
     assert data["outcomes"] == (
-        "reported by the in-process tracer (mnestoma.recording.tracing): 2 of 4 passings (2 ok, 0 error)"
+        "reported by the in-process tracer (mnestoma.tracing): 2 of 4 passings (2 ok, 0 error)"
     )
     assert data["passings_by_recorder"]["call"]["passings"] == 0
     assert "fed automatically: 4 passings by the in-process tracer" in render_status(st)
@@ -148,8 +153,8 @@ def test_otel_passings_say_fed_by_the_opentelemetry_processor(
     assert set(st.automatic) == {"tracer", "otel"}
     assert st.automatic["otel"].passings == 3 and st.automatic["otel"].last == clock.now
     feeding = st.feeding()
-    assert "2 passings by the in-process tracer (mnestoma.recording.tracing)" in feeding
-    assert "3 passings by the OpenTelemetry processor (mnestoma.recording.otel)" in feeding
+    assert "2 passings by the in-process tracer (mnestoma.tracing)" in feeding
+    assert "3 passings by the OpenTelemetry processor (mnestoma.otel)" in feeding
     assert "last at 2026-01-01 12:05:00Z (now)" in feeding
     assert "recorders  tracer 2 (last 2026-01-01 12:05:00Z), otel 3" in render_status(st)
 

@@ -11,9 +11,9 @@ from click.testing import CliRunner
 from sqlalchemy import create_engine, text
 
 from mnestoma import Mnestoma, Passing
-from mnestoma.maintenance import status as status_module
 from mnestoma.cli import cli
 from mnestoma.core.rules import Recorder
+from mnestoma.maintenance import status as status_module
 from mnestoma.maintenance.status import collect_status, render_status
 
 

@@ -12,8 +12,8 @@ from sqlalchemy import inspect, text
 
 import mnestoma
 from mnestoma.engines import make_engine
-from mnestoma.maintenance.migration import current_revision
 from mnestoma.engines.partitions import forget_partitions
+from mnestoma.maintenance.migration import current_revision
 from mnestoma.testing.clock import MovableClock
 
 T0 = datetime(2026, 1, 1, 12, tzinfo=UTC)

@@ -19,8 +19,8 @@ from sqlalchemy import NullPool, create_engine, text
 from sqlalchemy.engine import make_url
 
 import mnestoma
-from mnestoma.engines.locking import MIGRATION_LOCK_KEY, waiting_file
 from mnestoma.core.redaction import redact_url
+from mnestoma.engines.locking import MIGRATION_LOCK_KEY, waiting_file
 
 HEAD = mnestoma.head_revision()
 START = "0002"

@@ -21,9 +21,9 @@ from click.testing import CliRunner
 from sqlalchemy import Connection, Engine, event, text
 
 import mnestoma
-from mnestoma.maintenance import migration
 from mnestoma.cli import cli
 from mnestoma.engines import make_engine
+from mnestoma.maintenance import migration
 from mnestoma.maintenance.migration import current_revision, head_revision, migration_lock_timeout
 
 TIMEOUT = 0.2  # seconds each attempt waits for a lock in these tests
@@ -69,7 +69,7 @@ class RetryLog(logging.Handler):
 @pytest.fixture
 def retry_log() -> Iterator[RetryLog]:
     handler = RetryLog()
-    logger = logging.getLogger("mnestoma.maintenance.migration")
+    logger = logging.getLogger("mnestoma.migration")
     logger.addHandler(handler)
     try:
         yield handler

@@ -10,8 +10,8 @@ from click.testing import CliRunner
 from sqlalchemy.engine import make_url
 
 import mnestoma
-from mnestoma.doors.asynchronous import AsyncMnestoma
 from mnestoma.cli import cli
+from mnestoma.doors.asynchronous import AsyncMnestoma
 from mnestoma.maintenance.migration import sync_database_url
 
 

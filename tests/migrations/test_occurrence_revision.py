@@ -11,8 +11,8 @@ from sqlalchemy import text
 
 import mnestoma
 from mnestoma.engines import make_engine
-from mnestoma.maintenance.migration import current_revision, head_revision
 from mnestoma.engines.partitions import forget_partitions
+from mnestoma.maintenance.migration import current_revision, head_revision
 from mnestoma.testing.clock import MovableClock
 
 EDGE = ("plan", "1", "search", "1")

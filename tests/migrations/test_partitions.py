@@ -16,11 +16,16 @@ from test_live_upgrade import Writers
 
 import mnestoma
 from mnestoma import Mnestoma, Passing
-from mnestoma.engines import make_engine
-from mnestoma.maintenance.migration import alembic_config, current_revision, head_revision, is_store_name
-from mnestoma.engines.partitions import forget_partitions
-from mnestoma.testing.clock import MovableClock
 from mnestoma.core.types import INSTANTS_END
+from mnestoma.engines import make_engine
+from mnestoma.engines.partitions import forget_partitions
+from mnestoma.maintenance.migration import (
+    alembic_config,
+    current_revision,
+    head_revision,
+    is_store_name,
+)
+from mnestoma.testing.clock import MovableClock
 
 
 def _before_0011() -> str:
@@ -132,7 +137,11 @@ def test_an_async_unit_of_work_makes_the_month_its_commit_reached(pg_store_url: 
     as the sync unit of work does."""
     import asyncio
 
-    from mnestoma.doors.asynchronous import AsyncUnitOfWork, make_async_engine, make_async_session_factory
+    from mnestoma.doors.asynchronous import (
+        AsyncUnitOfWork,
+        make_async_engine,
+        make_async_session_factory,
+    )
 
     engine = make_engine(pg_store_url)
     clock = MovableClock(datetime(2046, 3, 9, tzinfo=UTC))

@@ -20,8 +20,8 @@ from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import URL, make_url
 
 import mnestoma
-from mnestoma.maintenance import migration
 from mnestoma.engines import make_engine
+from mnestoma.maintenance import migration
 from mnestoma.maintenance.migration import current_revision, head_revision, offline_sql
 
 TIMEOUT = 0.2  # seconds a statement waits for a lock in these tests

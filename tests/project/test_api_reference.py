@@ -33,12 +33,12 @@ RAISES_NOTHING = {
     "mnestoma.Mnestoma.unit_of_work",
     "mnestoma.UnitOfWork.rollback",
     "mnestoma.JoinedUnitOfWork.rollback",
-    "mnestoma.doors.asynchronous.AsyncMnestoma.close",
-    "mnestoma.doors.asynchronous.AsyncMnestoma.replica_stats",
-    "mnestoma.doors.asynchronous.AsyncMnestoma.unit_of_work",
-    "mnestoma.doors.asynchronous.AsyncUnitOfWork.rollback",
-    "mnestoma.doors.asynchronous.AsyncJoinedUnitOfWork.rollback",
-    "mnestoma.doors.asynchronous.make_async_session_factory",
+    "mnestoma.aio.AsyncMnestoma.close",
+    "mnestoma.aio.AsyncMnestoma.replica_stats",
+    "mnestoma.aio.AsyncMnestoma.unit_of_work",
+    "mnestoma.aio.AsyncUnitOfWork.rollback",
+    "mnestoma.aio.AsyncJoinedUnitOfWork.rollback",
+    "mnestoma.aio.make_async_session_factory",
     "mnestoma.make_session_factory",
     "mnestoma.head_revision",
     "mnestoma.testing.bind_factories",
@@ -47,17 +47,17 @@ RAISES_NOTHING = {
     "mnestoma.testing.mnestoma_repository",
     "mnestoma.testing.mnestoma_session",
     "mnestoma.testing.mnestoma_uow",
-    "mnestoma.recording.tracing.current_turn",
-    "mnestoma.recording.tracing.propagate",
-    "mnestoma.recording.tracing.BackgroundWriter.submit",
-    "mnestoma.recording.tracing.TracerStats.add",
-    "mnestoma.recording.tracing.TracerStats.reset",
-    "mnestoma.recording.tracing.TracerStats.snapshot",
-    "mnestoma.recording.otel.MnestomaSpanProcessor.force_flush",
-    "mnestoma.recording.otel.MnestomaSpanProcessor.on_end",
-    "mnestoma.recording.otel.MnestomaSpanProcessor.on_start",
-    "mnestoma.recording.otel.MnestomaSpanProcessor.shutdown",
-    "mnestoma.recording.otel.value_digests",
+    "mnestoma.tracing.current_turn",
+    "mnestoma.tracing.propagate",
+    "mnestoma.tracing.BackgroundWriter.submit",
+    "mnestoma.tracing.TracerStats.add",
+    "mnestoma.tracing.TracerStats.reset",
+    "mnestoma.tracing.TracerStats.snapshot",
+    "mnestoma.otel.MnestomaSpanProcessor.force_flush",
+    "mnestoma.otel.MnestomaSpanProcessor.on_end",
+    "mnestoma.otel.MnestomaSpanProcessor.on_start",
+    "mnestoma.otel.MnestomaSpanProcessor.shutdown",
+    "mnestoma.otel.value_digests",
 }
 
 
@@ -174,10 +174,10 @@ def test_the_walk_covers_both_facades_the_units_and_the_migrations() -> None:
     for name in (
         "mnestoma.Mnestoma.record_passing",
         "mnestoma.Mnestoma.graph",
-        "mnestoma.doors.asynchronous.AsyncMnestoma.apply_ager",
+        "mnestoma.aio.AsyncMnestoma.apply_ager",
         "mnestoma.UnitOfWork.commit",
         "mnestoma.MnestRepository.to_networkx",
-        "mnestoma.doors.asynchronous.AsyncMnestRepository.record_turn",
+        "mnestoma.aio.AsyncMnestRepository.record_turn",
         "mnestoma.upgrade",
         "mnestoma.testing.bound_session",
     ):
@@ -232,4 +232,4 @@ def test_every_raises_section_names_errors_that_exist() -> None:
             cls = getattr(errors, error, None) or getattr(builtins, error, None)
             if not (inspect.isclass(cls) and issubclass(cls, BaseException)):
                 unknown.append(f"{name}: {error}")
-    assert not unknown, f"not an exception of mnestoma.core.errors or builtins: {unknown}"
+    assert not unknown, f"not an exception of mnestoma.errors or builtins: {unknown}"

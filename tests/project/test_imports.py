@@ -9,6 +9,7 @@ of every module, the packages' own modules among themselves too.
 from __future__ import annotations
 
 import ast
+import re
 import tomllib
 from pathlib import Path
 
@@ -105,12 +106,17 @@ def test_the_cycle_finder_finds_a_cycle_closed_inside_a_function() -> None:
 
 
 def test_a_function_level_import_is_part_of_the_graph() -> None:
-    source = "def f():\n    from .config import redact_text\n    return redact_text\n"
-    modules = {"mnestoma.core.errors": PACKAGE / "errors.py", "mnestoma.engines": PACKAGE / "config.py"}
+    source = "def f():\n    from ..engines import redact_text\n    return redact_text\n"
+    modules = {
+        "mnestoma.core.errors": PACKAGE / "core" / "errors.py",
+        "mnestoma.engines": PACKAGE / "engines" / "__init__.py",
+    }
     reached = [
         target
         for node in ast.walk(ast.parse(source))
-        for target in _imported("mnestoma.core.errors", modules["mnestoma.core.errors"], modules, node)
+        for target in _imported(
+            "mnestoma.core.errors", modules["mnestoma.core.errors"], modules, node
+        )
     ]
     assert reached == ["mnestoma.engines"]
     assert import_graph()["mnestoma.core.rules"] == set()  # the bottom imports nothing of ours
@@ -121,13 +127,85 @@ def test_the_import_graph_of_the_package_has_no_cycle() -> None:
     assert found == [], f"import cycles in mnestoma/: {found}"
 
 
-def test_every_module_is_in_a_layer_of_the_import_contract() -> None:
-    """A new module is placed in the layers (pyproject.toml), else lint-imports says
-    nothing about what it may import."""
+def _contract_layers() -> list[list[str]]:
+    """The layers of [tool.importlinter] in pyproject.toml, top first, each its rooms."""
     config = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
     [contract] = config["tool"]["importlinter"]["contracts"]
-    named = {
-        f"mnestoma.{name.strip()}" for layer in contract["layers"] for name in layer.split("|")
-    }
-    top = {m.split(".")[0] + "." + m.split(".")[1] for m in import_graph() if m.count(".") >= 1}
-    assert top - named == set(), f"modules in no layer of [tool.importlinter]: {top - named}"
+    return [[name.strip() for name in layer.split("|")] for layer in contract["layers"]]
+
+
+def room_of(module: str) -> str:
+    """The room of a module: the subpackage or top-level module of ``mnestoma`` it is in."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def rooms() -> dict[str, set[str]]:
+    """The package's rooms (its top-level modules and subpackages) and the rooms each imports."""
+    graph: dict[str, set[str]] = {}
+    for module, targets in import_graph().items():
+        if module == "mnestoma":
+            continue
+        graph.setdefault(room_of(module), set()).update(
+            room_of(t) for t in targets if t != "mnestoma" and room_of(t) != room_of(module)
+        )
+    return graph
+
+
+def floors(graph: dict[str, set[str]]) -> dict[str, int]:
+    """Each room's floor: 1 for a room that imports no other, else one above the highest
+    floor it imports (the graph has no cycle)."""
+    found: dict[str, int] = {}
+
+    def floor(room: str) -> int:
+        if room not in found:
+            found[room] = 1 + max((floor(r) for r in graph[room]), default=0)
+        return found[room]
+
+    for room in graph:
+        floor(room)
+    return found
+
+
+def test_the_floor_counter_counts_the_longest_climb() -> None:
+    assert floors({"a": {"b", "c"}, "b": {"c"}, "c": set()}) == {"a": 3, "b": 2, "c": 1}
+
+
+def test_the_rooms_import_each_other_without_a_cycle() -> None:
+    assert cycles(rooms()) == []
+
+
+def test_the_package_stands_on_at_most_nine_floors() -> None:
+    """A newcomer reads the package as a few floors of rooms, each room a concern."""
+    found = floors(rooms())
+    assert max(found.values()) <= 9, sorted(found.items(), key=lambda kv: kv[1])
+    assert found["core"] == 1 and found["__main__"] == max(found.values())
+
+
+def test_the_import_contract_has_at_most_eight_layers_of_rooms() -> None:
+    layers = _contract_layers()
+    assert len(layers) <= 8
+    subpackages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    assert subpackages <= {name for layer in layers for name in layer}
+
+
+def test_every_room_is_in_a_layer_of_the_import_contract() -> None:
+    """A new module is placed in the layers (pyproject.toml), else lint-imports says
+    nothing about what it may import."""
+    named = {name for layer in _contract_layers() for name in layer}
+    missing = set(rooms()) - named
+    assert missing == set(), f"rooms in no layer of [tool.importlinter]: {missing}"
+
+
+def _guide_layers() -> list[list[str]]:
+    """The rooms of each row of docs/maintainers.md's table of layers, top first."""
+    guide = (REPO / "docs" / "maintainers.md").read_text(encoding="utf-8")
+    table = guide.split("## The layers", 1)[1].split("\n\n| layer |", 1)[1].split("\n\n", 1)[0]
+    rows = [line for line in table.splitlines()[1:] if line.startswith("| ")]
+    return [re.findall(r"`([\w]+)/?`", row.split("|")[2]) for row in rows]
+
+
+def test_the_maintainers_guide_shows_the_layers_of_the_import_contract() -> None:
+    """The guide's table of layers names the same rooms, in the same layers, in the same
+    order as the contract lint-imports checks."""
+    assert _guide_layers() == _contract_layers()

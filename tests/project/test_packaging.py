@@ -98,7 +98,7 @@ def test_an_installed_wheel_migrates_a_new_database_from_another_folder(
     env = _clean_env()
     where = _run(
         [str(bindir / "python"), "-c",
-         "import mnestoma.maintenance.migration as m; print(m.migrations_path())"],
+         "import mnestoma.migration as m; print(m.migrations_path())"],
         cwd=elsewhere, env=env,
     ).strip()  # fmt: skip
     assert where.startswith(str(env_dir)), where

@@ -287,7 +287,7 @@ def _covered(page: str, text: str) -> list[tuple[int, int]]:
         filled = _filled(template)
         spans += [(m.start(), m.end()) for m in re.finditer(re.escape(filled), text)]
     if page == "docs/contract.md":  # §4's table, up to the prose after it
-        start = text.index("| name in `mnestoma.core.rules` |")
+        start = text.index("| name in `mnestoma.rules` |")
         spans.append((start, text.index("**Effective weight**", start)))
     return spans
 

@@ -62,7 +62,9 @@ def test_no_module_but_the_compat_module_uses_private_sqlalchemy() -> None:
         for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
         if PRIVATE_USES.search(line)
     ]
-    assert found == [], "private SQLAlchemy outside mnestoma/core/_sqla_compat.py:\n" + "\n".join(found)
+    assert found == [], "private SQLAlchemy outside mnestoma/core/_sqla_compat.py:\n" + "\n".join(
+        found
+    )
 
 
 def test_the_detector_finds_each_kind_of_private_use() -> None:

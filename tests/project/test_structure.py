@@ -1,4 +1,4 @@
-"""Every rule in one place: the states and event kinds are spelled only in mnestoma.core.rules.
+"""Every rule in one place: the states and event kinds are spelled only in mnestoma.rules.
 
 Elsewhere in the package they come from ``MnestState``, ``EventKind`` and the tuples and SQL
 helpers of the rules, so that adding a state or a kind is a change to ``rules.py`` (and a
@@ -16,10 +16,10 @@ from mnestoma.core.rules import EventKind, MnestState
 
 PACKAGE = Path(mnestoma.__file__).resolve().parent
 ROOT = PACKAGE.parent
-RULES = PACKAGE / "rules.py"
+RULES = PACKAGE / "core" / "rules.py"
 FROZEN = PACKAGE / "migrations"  # revisions keep the words they were written with
 # The repair of 0001-era stores is frozen history too: it keeps the words of revision 0001.
-SEED_REPAIR = PACKAGE / "seed_repair.py"
+SEED_REPAIR = PACKAGE / "maintenance" / "seed_repair.py"
 WORDS = frozenset(s.value for s in MnestState) | frozenset(k.value for k in EventKind)
 
 
@@ -91,8 +91,13 @@ class C:
 
 def test_the_package_is_scanned() -> None:
     names = {p.relative_to(PACKAGE).as_posix() for p in _modules()}
-    assert {"models.py", "sqlrules.py", "ager.py", "sql/ager.py"} <= names
-    assert "rules.py" not in names
+    assert {
+        "schema/models.py",
+        "core/sqlrules.py",
+        "maintenance/ager.py",
+        "schema/sql/ager.py",
+    } <= names
+    assert "core/rules.py" not in names
 
 
 def test_states_and_event_kinds_are_spelled_only_in_the_rules() -> None:
@@ -102,7 +107,8 @@ def test_states_and_event_kinds_are_spelled_only_in_the_rules() -> None:
         for line in offenders(path.read_text(encoding="utf-8"), path.relative_to(ROOT).as_posix())
     ]
     assert not found, (
-        f"{len(found)} state or event-kind literal(s) outside mnestoma/core/rules.py; use MnestState, "
+        f"{len(found)} state or event-kind literal(s) outside mnestoma/core/rules.py; use "
+        "MnestState, "
         "EventKind, LIVE_STATES, PASSING_KINDS, sql_literal or sql_list instead:\n"
         + "\n".join(found)
     )

@@ -25,12 +25,12 @@ from sqlalchemy.exc import DBAPIError
 
 import mnestoma
 from mnestoma import AgerReport, Mnestoma
-from mnestoma.maintenance import ager
-from mnestoma.engines import locking
 from mnestoma.core import rules
-from mnestoma.doors.asynchronous import AsyncMnestoma
 from mnestoma.core.errors import InvalidInput, MnestomaError
+from mnestoma.doors.asynchronous import AsyncMnestoma
+from mnestoma.engines import locking
 from mnestoma.engines.locking import WaitingWriters
+from mnestoma.maintenance import ager
 from mnestoma.maintenance.status import collect_status
 
 ROWS = demoting_store(600, seed=11, twins=40)  # the twins come last: merges across batches
@@ -503,7 +503,7 @@ def test_a_postgresql_batch_waits_for_a_row_as_long_as_a_writer_holds_it(
     reset(pg_store_url)
     held, page = held_row_and_page(pg_store_url, left)
     assert page > 0
-    caplog.set_level(logging.INFO, logger="mnestoma.maintenance.ager")
+    caplog.set_level(logging.INFO, logger="mnestoma.ager")
     failures: list[BaseException] = []
     with Mnestoma(pg_store_url, clock=StoppedClock()) as store:
         with store.engine.connect() as writer, store.engine.connect() as reader:
@@ -530,7 +530,7 @@ def test_a_postgresql_batch_waits_for_a_row_as_long_as_a_writer_holds_it(
         assert position == page  # every page before the held row's was done meanwhile
         assert snapshot(store.engine)[0] == left
     assert collect_status(pg_store_url).ager_unfinished == []
-    [said] = [r.getMessage() for r in caplog.records if r.name == "mnestoma.maintenance.ager"]
+    [said] = [r.getMessage() for r in caplog.records if r.name == "mnestoma.ager"]
     assert "tried again" in said and "positions in the smallest batch: 1" in said
 
 

@@ -12,9 +12,9 @@ import pytest
 from sqlalchemy import Connection, text
 
 import mnestoma
-from mnestoma.maintenance.ager import AGER_LOCK_POLL_S, ager_run_lock, ager_running
 from mnestoma.doors.asynchronous import AsyncMnestoma
 from mnestoma.engines import make_engine
+from mnestoma.maintenance.ager import AGER_LOCK_POLL_S, ager_run_lock, ager_running
 
 # How long the run is watched waiting before it is cancelled.
 WAITING_S = 0.5

@@ -36,8 +36,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 import mnestoma
-from mnestoma.engines import locking
-from mnestoma.engines import make_engine
+from mnestoma.engines import locking, make_engine
 
 CTX = multiprocessing.get_context("spawn")
 SOAK = os.environ.get("MNESTOMA_SOAK", "") not in ("", "0")

@@ -45,17 +45,17 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 import mnestoma
 from mnestoma import Passing, UnitOfWork, make_engine, make_session_factory
+from mnestoma.core.clock import MovableClock
+from mnestoma.core.rules import chain_increments
 from mnestoma.doors.asynchronous import (
     AsyncMnestoma,
     AsyncUnitOfWork,
     make_async_engine,
     make_async_session_factory,
 )
-from mnestoma.core.clock import MovableClock
-from mnestoma.schema.models import Event, MnestChain
 from mnestoma.recording.otel import MnestomaSpanProcessor
-from mnestoma.core.rules import chain_increments
 from mnestoma.recording.tracing import executor, turn
+from mnestoma.schema.models import Event, MnestChain
 
 SOAK = os.environ.get("MNESTOMA_SOAK", "") not in ("", "0")
 THREADS = 16 if SOAK else 8

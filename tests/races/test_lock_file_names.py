@@ -15,9 +15,9 @@ import pytest
 from sqlalchemy import make_url
 
 import mnestoma
-from mnestoma.maintenance.ager import ager_run_lock
 from mnestoma.engines import make_engine
 from mnestoma.engines.locking import beside_store, store_files, waiting_file
+from mnestoma.maintenance.ager import ager_run_lock
 
 # How long a run that should wait is watched before the lock it waits for is released.
 WATCH_S = 1.0

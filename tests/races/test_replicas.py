@@ -18,10 +18,10 @@ from conftest import REQUIRE_PG
 
 from benchmarks.replication import Cluster, binaries_missing
 from mnestoma import InvalidInput, Mnestoma, Settings
-from mnestoma.doors.asynchronous import AsyncMnestoma
 from mnestoma.cli import cli
 from mnestoma.cli.options import split_replica_urls
 from mnestoma.core.rules import REPLICA_CONNECT_TIMEOUT_S
+from mnestoma.doors.asynchronous import AsyncMnestoma
 
 pytestmark = pytest.mark.slow
 
@@ -159,7 +159,7 @@ def test_a_replica_stopped_mid_run_is_skipped_with_one_warning_and_no_read_fails
                     failures.append(err)
                     return
 
-        caplog.set_level(logging.WARNING, "mnestoma.engines.replicas")
+        caplog.set_level(logging.WARNING, "mnestoma.replicas")
         threads = [threading.Thread(target=reader) for _ in range(3)]
         for t in threads:
             t.start()
@@ -170,7 +170,7 @@ def test_a_replica_stopped_mid_run_is_skipped_with_one_warning_and_no_read_fails
         for t in threads:
             t.join()
         assert failures == []
-        warnings = [r for r in caplog.records if r.name == "mnestoma.engines.replicas"]
+        warnings = [r for r in caplog.records if r.name == "mnestoma.replicas"]
         assert len(warnings) == 1 and "skipped" in warnings[0].getMessage()
         assert store.replica_stats()["replicas"][0]["skips"] == 1
         # back once it answers again and the skip has run out
@@ -187,7 +187,7 @@ def test_a_lagging_replica_is_skipped_and_its_reads_go_to_the_primary(
         Mnestoma(pair.primary_url, replicas=[pair.replica_url], settings=QUICK) as store,
         Mnestoma(pair.primary_url) as other,
     ):
-        caplog.set_level(logging.WARNING, "mnestoma.engines.replicas")
+        caplog.set_level(logging.WARNING, "mnestoma.replicas")
         pair.pause_replay()
         for i in range(3):  # another facade writes: the paused replica falls behind
             other.record_passing("a", "1", f"b{i}", "2")
@@ -202,7 +202,7 @@ def test_a_lagging_replica_is_skipped_and_its_reads_go_to_the_primary(
         (replica,) = store.replica_stats()["replicas"]
         assert replica["skips"] == 1 and replica["lag_s"] > QUICK.replica_max_lag
         assert "has not replayed" in replica["reason"]
-        warnings = [r for r in caplog.records if r.name == "mnestoma.engines.replicas"]
+        warnings = [r for r in caplog.records if r.name == "mnestoma.replicas"]
         assert len(warnings) == 1
         pair.resume_replay()
         pair.wait_caught_up()
@@ -363,7 +363,7 @@ def test_a_frozen_replica_holds_no_read_past_the_bound_and_is_skipped(
         m = store.record_passing("a", "1", "b", "2")
         pair.wait_caught_up()
         _served_soon(store, lambda: store.get(m.id))
-        caplog.set_level(logging.WARNING, "mnestoma.engines.replicas")
+        caplog.set_level(logging.WARNING, "mnestoma.replicas")
         took: list[float] = []
         failures: list[BaseException] = []
         stop = threading.Event()
@@ -398,7 +398,7 @@ def test_a_frozen_replica_holds_no_read_past_the_bound_and_is_skipped(
         assert replica["reason"] == "it did not answer within 0.5 s"
         assert 1 <= stats["timeouts"] <= 3 and stats["fallbacks"] >= stats["timeouts"]
         assert replica["reads"] >= served_before  # then the primary served every read
-        warnings = [r for r in caplog.records if r.name == "mnestoma.engines.replicas"]
+        warnings = [r for r in caplog.records if r.name == "mnestoma.replicas"]
         assert len(warnings) == 1 and "did not answer" in warnings[0].getMessage()
 
 
@@ -515,7 +515,7 @@ def test_a_replica_of_another_database_is_refused_with_one_warning(
 ) -> None:
     pair.create_database("other_store")  # a store of its own, on the same standby
     elsewhere = pair.url(pair.replica_port, "other_store")
-    caplog.set_level(logging.WARNING, "mnestoma.engines.replicas")
+    caplog.set_level(logging.WARNING, "mnestoma.replicas")
     with (
         Mnestoma(pair.primary_url, replicas=[elsewhere]) as store,
         Mnestoma(pair.primary_url) as other,
@@ -529,7 +529,7 @@ def test_a_replica_of_another_database_is_refused_with_one_warning(
         assert (replica["reads"], replica["skips"], stats["refused"]) == (0, 1, 1)
         assert replica["skipped"]
         assert replica["reason"] == "it is database 'other_store', the primary's is 'mnestoma'"
-        warnings = [r for r in caplog.records if r.name == "mnestoma.engines.replicas"]
+        warnings = [r for r in caplog.records if r.name == "mnestoma.replicas"]
         assert len(warnings) == 1 and "is not used" in warnings[0].getMessage()
     monkeypatch.setenv("MNESTOMA_REPLICA_URLS", elsewhere)
     status = CliRunner().invoke(cli, ["status", "--database-url", pair.primary_url])

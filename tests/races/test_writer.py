@@ -116,7 +116,7 @@ class Door:
 
 
 class TracerDoor(Door):
-    logger = "mnestoma.recording.tracing"
+    logger = "mnestoma.tracing"
 
     def __init__(self, store: Any, *, max_queue: int = 1000) -> None:
         self.store = store
@@ -148,7 +148,7 @@ class TracerDoor(Door):
 
 
 class OtelDoor(Door):
-    logger = "mnestoma.recording.otel"
+    logger = "mnestoma.otel"
 
     def __init__(self, store: Any, *, max_queue: int = 10_000) -> None:
         self.gate: threading.Event | None = None

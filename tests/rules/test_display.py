@@ -10,9 +10,9 @@ from datetime import UTC, datetime
 import pytest
 from click.testing import CliRunner
 
-from mnestoma.core import display
 from mnestoma.cli import cli
 from mnestoma.cli.render import render_edges, render_events
+from mnestoma.core import display
 from mnestoma.core.display import (
     FAILING_ARROW,
     FAILING_COLOUR,
@@ -22,8 +22,6 @@ from mnestoma.core.display import (
     StateStyle,
     state_word,
 )
-from mnestoma.planner.graph import GraphEdge, GraphNode, MnestGraph, to_dot, to_mermaid
-from mnestoma.schema.models import Event, Mnest
 from mnestoma.core.rules import (
     DEFAULT_DECAY_LAMBDA,
     LIVE_STATES,
@@ -32,6 +30,8 @@ from mnestoma.core.rules import (
     check_transition,
 )
 from mnestoma.maintenance.status import RecorderFacts, StoreStatus, render_status
+from mnestoma.planner.graph import GraphEdge, GraphNode, MnestGraph, to_dot, to_mermaid
+from mnestoma.schema.models import Event, Mnest
 
 AT = datetime(2026, 1, 1, 12, tzinfo=UTC)
 

@@ -15,13 +15,12 @@ from typing import Any
 import pytest
 from sqlalchemy.dialects import postgresql, sqlite
 
-from mnestoma.maintenance import copying
-from mnestoma.maintenance import seed_repair
-from mnestoma.store.repository import _event
 from mnestoma.core.rules import EventKind, Recorder
 from mnestoma.core.settings import Settings
+from mnestoma.maintenance import copying, seed_repair
 from mnestoma.schema.sql import ager, record
 from mnestoma.schema.sql.tables import EVENT_COLUMNS, EVENT_ROW, EVENTS, EventRow
+from mnestoma.store.repository import _event
 
 T = datetime(2026, 6, 1, tzinfo=UTC)
 DIALECTS = {"sqlite": sqlite.dialect(), "postgresql": postgresql.dialect()}

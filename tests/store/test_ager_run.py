@@ -17,11 +17,11 @@ from sqlalchemy import Connection, Engine, event, select, text
 import mnestoma
 import mnestoma.maintenance.ager as ager_module
 from mnestoma import AgerReport, Mnestoma, UnitOfWork, make_engine, make_session_factory
-from mnestoma.maintenance.ager import AGER_CACHE_KIB
 from mnestoma.core.errors import MnestomaError
-from mnestoma.schema.models import Mnest
 from mnestoma.core.rules import AgerRow, age
 from mnestoma.core.settings import Settings
+from mnestoma.maintenance.ager import AGER_CACHE_KIB
+from mnestoma.schema.models import Mnest
 from mnestoma.schema.sql.ager import AgerChange, sqlite_ager_statements
 from mnestoma.store.uow import ConnectionUnitOfWork
 

@@ -141,6 +141,7 @@ from mnestoma import (
     SchemaError,
     WriteLockTimeout,
 )
+from mnestoma.core.errors import MissingExtra
 from mnestoma.doors.asynchronous import (
     AsyncMnestoma,
     AsyncMnestRepository,
@@ -150,10 +151,9 @@ from mnestoma.doors.asynchronous import (
     make_async_session_factory,
 )
 from mnestoma.engines import make_engine
-from mnestoma.core.errors import MissingExtra
 from mnestoma.engines.locking import busy_timeout_ms, lock_timeout_seconds
-from mnestoma.testing.clock import MovableClock
 from mnestoma.recording.tracing import turn
+from mnestoma.testing.clock import MovableClock
 
 # --- the sync suite through the async door --------------------------------------------------
 
@@ -735,7 +735,7 @@ def test_the_guide_async_examples_print_what_their_comments_say(
     marker: str, printed: list[str], tmp_path: Path
 ) -> None:
     blocks = re.findall(r"```python\n(.*?)```", SERVICES_GUIDE.read_text(encoding="utf-8"), re.S)
-    [block] = [b for b in blocks if "mnestoma.doors.asynchronous" in b and marker in b]
+    [block] = [b for b in blocks if "mnestoma.aio" in b and marker in b]
     done = run_python(block, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == printed

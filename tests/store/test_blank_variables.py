@@ -14,8 +14,8 @@ from click.testing import CliRunner
 
 import mnestoma
 from mnestoma import InvalidInput
-from mnestoma.doors.asynchronous import AsyncMnestoma, make_async_engine
 from mnestoma.cli import cli
+from mnestoma.doors.asynchronous import AsyncMnestoma, make_async_engine
 from mnestoma.maintenance.migration import checkout_database_url
 from mnestoma.maintenance.status import collect_status
 from mnestoma.testing.plugin import ENV_TEST_DATABASE_URL, _test_database_url

@@ -14,18 +14,18 @@ from sqlalchemy import select
 
 import mnestoma
 from mnestoma import InvalidInput
-from mnestoma.doors.asynchronous import AsyncMnestoma
-from mnestoma.engines import make_engine
-from mnestoma.schema.models import MnestChain
-from mnestoma.recording.otel import MnestomaSpanProcessor
 from mnestoma.core.rules import (
     CHAIN_DECAY_LAMBDA,
     CHAIN_MIN_SUPPORT,
     UNSEEN_SUCCESSORS,
     ContextUsed,
 )
-from mnestoma.testing.clock import MovableClock
+from mnestoma.doors.asynchronous import AsyncMnestoma
+from mnestoma.engines import make_engine
+from mnestoma.recording.otel import MnestomaSpanProcessor
 from mnestoma.recording.tracing import executor, turn
+from mnestoma.schema.models import MnestChain
+from mnestoma.testing.clock import MovableClock
 
 V = "1"
 

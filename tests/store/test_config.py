@@ -15,9 +15,8 @@ from sqlalchemy import text
 
 import mnestoma
 from mnestoma import InvalidInput, make_engine, make_session_factory, resolve_database_url
-from mnestoma.engines import locking
-from mnestoma.engines import WRITE_OPTION, redact_url
 from mnestoma.core.errors import WriteLockTimeout
+from mnestoma.engines import WRITE_OPTION, locking, redact_url
 from mnestoma.engines.locking import LOCK_TIMEOUT_OPTION
 
 ENV = ("MNESTOMA_DATABASE_URL", "MNESTOMA_DB_PATH", "METNOS_WORKSPACE")

@@ -16,10 +16,10 @@ from invariants import check_invariants
 from sqlalchemy import func, insert, inspect, select, text
 
 import mnestoma
+from mnestoma.core.rules import decayed_weight
 from mnestoma.engines import make_engine
 from mnestoma.maintenance.copying import copy_store
 from mnestoma.schema.models import AgerRun, CanonicalQuery, Event, Mnest, MnestChain
-from mnestoma.core.rules import decayed_weight
 from mnestoma.testing.clock import MovableClock
 
 TABLES = (
@@ -784,7 +784,7 @@ def test_appending_a_store_back_into_the_one_it_absorbed_is_refused(
     _one_edge(source, turn=None, at=T0 + timedelta(hours=1))
     copy_store(source, target, append=True, clock=lambda: COPY_AT)
     before = dump(source)
-    with pytest.raises(mnestoma.core.errors.StoresShareRows, match="share rows"):
+    with pytest.raises(mnestoma.errors.StoresShareRows, match="share rows"):
         copy_store(target, source, append=True, clock=lambda: COPY_AT)
     assert dump(source) == before
 
@@ -801,6 +801,6 @@ def test_appending_two_stores_that_both_absorbed_a_third_is_refused(
     copy_store(c, a, append=True, clock=lambda: COPY_AT)
     copy_store(c, b, append=True, clock=lambda: COPY_AT)
     before = dump(b)
-    with pytest.raises(mnestoma.core.errors.StoresShareRows):
+    with pytest.raises(mnestoma.errors.StoresShareRows):
         copy_store(a, b, append=True, clock=lambda: COPY_AT)
     assert dump(b) == before

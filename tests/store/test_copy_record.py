@@ -16,9 +16,9 @@ from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
 import mnestoma
+from mnestoma.core.errors import StoresShareRows
 from mnestoma.engines import make_engine
 from mnestoma.maintenance.copying import copy_store
-from mnestoma.core.errors import StoresShareRows
 from mnestoma.schema.models import Mnest
 
 T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)

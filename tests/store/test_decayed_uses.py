@@ -24,9 +24,9 @@ from mnestoma.core import rules
 from mnestoma.doors.asynchronous import AsyncMnestoma
 from mnestoma.engines import make_engine
 from mnestoma.maintenance.copying import copy_store
+from mnestoma.recording.tracing import executor, turn
 from mnestoma.schema.models import Mnest, MnestomaView
 from mnestoma.testing.clock import MovableClock
-from mnestoma.recording.tracing import executor, turn
 
 A = ("plan", "1", "search", "2")
 LAMBDA = rules.DEFAULT_DECAY_LAMBDA

@@ -15,9 +15,9 @@ from sqlalchemy import Connection, create_engine, event, text
 from sqlalchemy import exc as sa_exc
 
 import mnestoma
-from mnestoma.schema import runner
 from mnestoma.core.errors import ConflictError, DatabaseUnavailable, StoreError
 from mnestoma.core.rules import EventKind, MnestState, Recorder
+from mnestoma.schema import runner
 from mnestoma.schema.sql import record, tables
 
 EDGE = ("plan", "1", "search", "2")

@@ -14,9 +14,9 @@ from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
 from mnestoma import CanonicalQuery, Event, Mnest
+from mnestoma.core.rules import DEFAULT_DECAY_LAMBDA
 from mnestoma.engines import make_engine
 from mnestoma.schema.models import Base
-from mnestoma.core.rules import DEFAULT_DECAY_LAMBDA
 from mnestoma.testing import (
     CanonicalQueryFactory,
     DecayingMnestFactory,

@@ -18,12 +18,12 @@ from sqlalchemy import func, select
 
 import mnestoma
 from mnestoma.cli import cli
-from mnestoma.engines import make_engine
-from mnestoma.maintenance.copying import copy_store
 from mnestoma.core.errors import InvalidInput
-from mnestoma.schema.models import Event, Mnest
 from mnestoma.core.rules import MAX_JSON_DEPTH
 from mnestoma.core.types import ensure_json
+from mnestoma.engines import make_engine
+from mnestoma.maintenance.copying import copy_store
+from mnestoma.schema.models import Event, Mnest
 
 
 def nested(levels: int, *, in_list: bool = False) -> Any:

@@ -33,7 +33,12 @@ T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 SESSION_EVENTS = [n for n in dir(SessionEvents) if not n.startswith("_") and n != "dispatch"]
 # Every module of the package that a service may import (the OpenTelemetry one needs its
 # extra, and is left out where that is missing).
-PACKAGE_MODULES = ["mnestoma", "mnestoma.doors.asynchronous", "mnestoma.recording.tracing", "mnestoma.testing"]
+PACKAGE_MODULES = [
+    "mnestoma",
+    "mnestoma.aio",
+    "mnestoma.tracing",
+    "mnestoma.testing",
+]
 
 
 class ServiceBase(DeclarativeBase):

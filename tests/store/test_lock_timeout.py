@@ -20,13 +20,13 @@ from sqlalchemy import create_engine, text
 import mnestoma
 from mnestoma import InvalidInput, Settings, WriteLockTimeout, make_engine
 from mnestoma.cli import cli
+from mnestoma.core.rules import LOCK_TIMEOUT_MAX_S
 from mnestoma.engines.locking import (
     ENV_LOCK_TIMEOUT,
     LOCK_TIMEOUT_OPTION,
     lock_timeout_of,
     lock_timeout_seconds,
 )
-from mnestoma.core.rules import LOCK_TIMEOUT_MAX_S
 
 pytestmark = pytest.mark.parametrize("engine_name", ["sqlite"])  # SQLite's write lock
 

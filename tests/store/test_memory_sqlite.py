@@ -22,8 +22,8 @@ from sqlalchemy.engine import make_url
 
 import mnestoma
 from mnestoma import InvalidInput
-from mnestoma.doors.asynchronous import AsyncMnestoma
 from mnestoma.cli import cli
+from mnestoma.doors.asynchronous import AsyncMnestoma
 from mnestoma.engines import is_memory_sqlite
 from mnestoma.maintenance.copying import copy_store
 

@@ -14,11 +14,11 @@ from sqlalchemy.exc import IntegrityError
 
 import mnestoma
 from mnestoma import InvalidInput, Passing
+from mnestoma.core.rules import INITIAL_WEIGHT, REINFORCEMENT
 from mnestoma.doors.asynchronous import AsyncMnestoma
 from mnestoma.engines import make_engine
 from mnestoma.maintenance.copying import copy_store
 from mnestoma.schema.models import Event, Mnest
-from mnestoma.core.rules import INITIAL_WEIGHT, REINFORCEMENT
 from mnestoma.testing.clock import MovableClock
 
 A = ("plan", "1", "search", "2")

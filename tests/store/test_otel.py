@@ -464,7 +464,7 @@ def test_a_version_of_that_raises_is_counted(
     store = FakeStore()
     processor, tracer = setup(store, version_of=version_of)
     with (
-        caplog.at_level(logging.ERROR, logger="mnestoma.recording.otel"),
+        caplog.at_level(logging.ERROR, logger="mnestoma.otel"),
         tracer.start_as_current_span("turn"),
     ):
         genai(tracer, "fs.search", {"q": "pdf"}, ["a/report.pdf"])
@@ -505,7 +505,7 @@ def test_tool_spans_without_content_are_counted_and_warned_about_once(
 ) -> None:
     store = FakeStore()
     processor, tracer = setup(store)
-    with caplog.at_level(logging.WARNING, logger="mnestoma.recording.otel"):
+    with caplog.at_level(logging.WARNING, logger="mnestoma.otel"):
         for _ in range(2):  # two traces: one warning for the processor, not one per span
             with tracer.start_as_current_span("turn"):
                 genai(tracer, "fs.search")
@@ -563,7 +563,7 @@ def test_a_failing_store_is_logged_and_counted_not_raised(
 ) -> None:
     store = FakeStore(fail=True)
     processor, tracer = setup(store)
-    with caplog.at_level(logging.WARNING, logger="mnestoma.recording.otel"):
+    with caplog.at_level(logging.WARNING, logger="mnestoma.otel"):
         with tracer.start_as_current_span("turn"):
             search_then_read(tracer)
         flushed(processor)
@@ -573,7 +573,7 @@ def test_a_failing_store_is_logged_and_counted_not_raised(
 
 
 class AsyncStore:
-    """A store whose record_turn must be awaited, like mnestoma.doors.asynchronous.AsyncMnestoma's."""
+    """A store whose record_turn must be awaited, like mnestoma.aio.AsyncMnestoma's."""
 
     async def record_turn(self, turn_id: str, passings: Any, *, recorder: str) -> list[Any]:
         raise AssertionError("never called")
@@ -605,7 +605,7 @@ def test_a_store_that_returns_an_awaitable_is_a_counted_failure(
             return self.inner.record_turn(turn_id, passings, recorder=recorder)  # not awaited
 
     processor, tracer = setup(Deferring())
-    with caplog.at_level(logging.WARNING, logger="mnestoma.recording.otel"):
+    with caplog.at_level(logging.WARNING, logger="mnestoma.otel"):
         with tracer.start_as_current_span("turn"):
             search_then_read(tracer)
         flushed(processor)

@@ -399,7 +399,12 @@ def test_the_command_line_without_psycopg_names_the_extra_on_one_line() -> None:
     ("blocked", "module", "error", "extra"),
     [
         (["factory"], "mnestoma.testing", "ImportError", "testing"),
-        (["opentelemetry", "opentelemetry.context"], "mnestoma.recording.otel", "MissingExtra", "otel"),
+        (
+            ["opentelemetry", "opentelemetry.context"],
+            "mnestoma.otel",
+            "MissingExtra",
+            "otel",
+        ),
     ],
     ids=["the testing kit without factory_boy", "the otel processor without the SDK"],
 )

@@ -20,8 +20,8 @@ from sqlalchemy import event, text, update
 import mnestoma
 from mnestoma.core import rules
 from mnestoma.core.clock import MovableClock
-from mnestoma.schema.sql.tables import MNESTS
 from mnestoma.core.types import EARLIEST_CLOCK, EARLIEST_INSTANT, INSTANTS_END
+from mnestoma.schema.sql.tables import MNESTS
 
 SETTINGS = settings(
     max_examples=150,

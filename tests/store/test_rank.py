@@ -1,7 +1,7 @@
 """The planner's door: rank() and suggest_next() share one ordering (contract §9).
 
 Effective weight first; its ties broken by the ACT-R base-level activation of
-:func:`mnestoma.core.rules.activation`; candidates without an active edge last, in the order given.
+:func:`mnestoma.rules.activation`; candidates without an active edge last, in the order given.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from sqlalchemy import text
 
 from mnestoma import InvalidInput, Mnestoma, Passing, UnitOfWork, make_session_factory
 from mnestoma.cli import cli
-from mnestoma.schema.models import Mnest
+from mnestoma.core.rules import ACTIVATION_DECAY, ACTIVATION_MIN_AGE_DAYS, activation, success_rate
 from mnestoma.planner.ranking import (
     ORDER_BY,
     Ranked,
@@ -30,7 +30,7 @@ from mnestoma.planner.ranking import (
     order_edges,
     rank_candidates,
 )
-from mnestoma.core.rules import ACTIVATION_DECAY, ACTIVATION_MIN_AGE_DAYS, activation, success_rate
+from mnestoma.schema.models import Mnest
 
 NOW = datetime(2026, 4, 1, 12, 0, tzinfo=UTC)
 PURE = settings(max_examples=300, deadline=None, derandomize=True)

@@ -6,8 +6,8 @@ import pytest
 from sqlalchemy import create_engine, text
 
 import mnestoma
-from mnestoma.testing.clock import MovableClock
 from mnestoma.core.types import parse_sqlite_timestamp
+from mnestoma.testing.clock import MovableClock
 
 
 def test_api_writes_are_recorded_as_call(store: mnestoma.Mnestoma) -> None:

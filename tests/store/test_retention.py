@@ -19,11 +19,11 @@ from sqlalchemy import event, func, select
 
 from mnestoma import InvalidInput, Mnestoma, UnitOfWork, make_engine, make_session_factory
 from mnestoma.core import rules
-from mnestoma.doors.asynchronous import AsyncMnestoma
-from mnestoma.schema.models import Event
 from mnestoma.core.rules import PASSING, EventKind
-from mnestoma.schema.sql.tables import EVENTS
+from mnestoma.doors.asynchronous import AsyncMnestoma
 from mnestoma.maintenance.status import collect_status, render_status
+from mnestoma.schema.models import Event
+from mnestoma.schema.sql.tables import EVENTS
 from mnestoma.testing.clock import MovableClock
 
 DAY = timedelta(days=1)

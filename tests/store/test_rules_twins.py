@@ -16,12 +16,11 @@ from schema_kit import built_then_migrated
 from sqlalchemy import Engine, Float, bindparam, create_engine, inspect, select, text, type_coerce
 
 from mnestoma import Mnestoma
-from mnestoma.core import rules
-from mnestoma.core import sqlrules
-from mnestoma.engines import make_engine
-from mnestoma.schema.models import Mnest
+from mnestoma.core import rules, sqlrules
 from mnestoma.core.rules import AgerRow, MnestState
 from mnestoma.core.types import UTCDateTime
+from mnestoma.engines import make_engine
+from mnestoma.schema.models import Mnest
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 DAY_MS = 86_400_000

@@ -13,8 +13,8 @@ from sqlalchemy.exc import DataError, IntegrityError, StatementError
 from sqlalchemy.orm import Session
 
 from mnestoma import InvalidInput, Mnest, MnestomaView, ReadOnlyError
-from mnestoma.engines import make_engine
 from mnestoma.core.errors import translate_errors
+from mnestoma.engines import make_engine
 from mnestoma.schema.models import Event
 
 T0 = datetime(2026, 3, 1, 9, 0, tzinfo=UTC)

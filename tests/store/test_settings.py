@@ -15,10 +15,10 @@ import pytest
 
 import mnestoma
 from mnestoma import InvalidInput, Settings, UnitOfWork, WriteLockTimeout
+from mnestoma.core.rules import LOCK_TIMEOUT_MAX_S
 from mnestoma.doors.asynchronous import AsyncMnestoma, AsyncUnitOfWork, make_async_session_factory
 from mnestoma.engines import make_engine, make_session_factory
 from mnestoma.engines.locking import take_write_lock
-from mnestoma.core.rules import LOCK_TIMEOUT_MAX_S
 from mnestoma.testing.clock import MovableClock
 
 PACKAGE = Path(mnestoma.__file__).resolve().parent

@@ -62,7 +62,7 @@ class BlockingStore(FakeStore):
 
 
 class AsyncFakeStore:
-    """An asynchronous store (like mnestoma.doors.asynchronous.AsyncMnestoma): record_turn is awaited."""
+    """An asynchronous store (like mnestoma.aio.AsyncMnestoma): record_turn is awaited."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, list[Passing], str]] = []
@@ -398,13 +398,16 @@ def test_a_store_failure_is_logged_and_counted_not_raised(
 ) -> None:
     broken = FakeStore(fail=StoreError("disk full"))
     before = stats.snapshot()["store_failures"]
-    with caplog.at_level(logging.WARNING, logger="mnestoma.recording.tracing"), turn(broken, "t") as t:
+    with (
+        caplog.at_level(logging.WARNING, logger="mnestoma.tracing"),
+        turn(broken, "t") as t,
+    ):
         read(search("q")[0])
     assert t.store_failures == 1
     assert isinstance(t.error, StoreError)
     assert stats.snapshot()["store_failures"] == before + 1
     assert any(
-        r.name == "mnestoma.recording.tracing" and "disk full" in r.getMessage() for r in caplog.records
+        r.name == "mnestoma.tracing" and "disk full" in r.getMessage() for r in caplog.records
     )
 
 
@@ -518,7 +521,7 @@ def test_a_huge_output_is_remembered_up_to_the_node_bound(fake: FakeStore) -> No
 def test_past_the_passing_cap_new_passings_are_counted_not_kept(
     fake: FakeStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("mnestoma.recording.tracing.MAX_PASSINGS", 2)
+    monkeypatch.setattr("mnestoma.tracing.MAX_PASSINGS", 2)
     before = stats.snapshot()["unrecorded"]
     with turn(fake, "t") as t:
         files = search("q")
@@ -817,7 +820,7 @@ def test_a_full_background_writer_drops_and_counts_without_blocking(
         assert slow.entered.wait(30)  # t0 is being written; the queue is empty again
         with turn(slow, "t1", writer=writer):
             read(search("q")[0])  # t1 fills the queue
-        with caplog.at_level(logging.WARNING, logger="mnestoma.recording.tracing"):
+        with caplog.at_level(logging.WARNING, logger="mnestoma.tracing"):
             with turn(slow, "t2", writer=writer) as t2:
                 read(search("q")[0])  # t2 does not fit: dropped, the block ends at once
             with pytest.raises(StoreError, match="queue is full"):  # noqa: SIM117
@@ -836,7 +839,7 @@ def test_a_full_background_writer_drops_and_counts_without_blocking(
 def test_a_failing_write_in_the_background_is_counted(caplog: pytest.LogCaptureFixture) -> None:
     broken = FakeStore(fail=StoreError("disk full"))
     with (
-        caplog.at_level(logging.WARNING, logger="mnestoma.recording.tracing"),
+        caplog.at_level(logging.WARNING, logger="mnestoma.tracing"),
         BackgroundWriter(broken) as writer,
     ):
         writer.submit("t", [edge("a", "b")])
@@ -868,7 +871,7 @@ def test_the_background_writer_is_flushed_at_interpreter_exit(tmp_path: Any) -> 
 
     script = (
         "import json, sys\n"
-        "from mnestoma.recording.tracing import BackgroundWriter\n"
+        "from mnestoma.tracing import BackgroundWriter\n"
         "class S:\n"
         "    def record_turn(self, turn_id, passings, *, recorder):\n"
         "        sys.stdout.write(json.dumps([turn_id, len(passings), recorder]) + '\\n')\n"

@@ -10,10 +10,10 @@ from sqlalchemy import Engine, func, select, text
 from mnestoma import MnestRepository, UnitOfWork, make_engine, make_session_factory
 from mnestoma.core import retrying
 from mnestoma.core.errors import ConflictError, InvalidInput, RaceLost
-from mnestoma.schema.models import Mnest
 from mnestoma.core.settings import Settings
-from mnestoma.testing import MnestFactory, bind_factories
+from mnestoma.schema.models import Mnest
 from mnestoma.store.uow import MAX_ATTEMPTS, ConnectionUnitOfWork, with_retries
+from mnestoma.testing import MnestFactory, bind_factories
 
 
 @pytest.fixture

@@ -23,12 +23,8 @@ from conftest import REPO
 from sqlalchemy import event, insert
 
 from mnestoma import InvalidInput, Mnestoma, UnitOfWork, make_session_factory
-from mnestoma.doors.asynchronous import AsyncMnestoma
 from mnestoma.core.rules import DEFAULT_DECAY_LAMBDA, new_mnest_id, success_rate, unseen_probability
-from mnestoma.schema.runner import runner_for
-from mnestoma.schema.sql.tables import MNESTS
-from mnestoma.testing.clock import MovableClock
-from mnestoma.recording.tracing import executor, turn
+from mnestoma.doors.asynchronous import AsyncMnestoma
 from mnestoma.planner.vetting import (
     MAX_VET_STEPS,
     MIN_VET_STEPS,
@@ -37,6 +33,10 @@ from mnestoma.planner.vetting import (
     normalise_steps,
     vet_chain,
 )
+from mnestoma.recording.tracing import executor, turn
+from mnestoma.schema.runner import runner_for
+from mnestoma.schema.sql.tables import MNESTS
+from mnestoma.testing.clock import MovableClock
 
 
 @pytest.fixture

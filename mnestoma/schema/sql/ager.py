@@ -56,7 +56,15 @@ from mnestoma.core.rules import (
     MnestState,
     Recorder,
 )
-from mnestoma.core.sqlrules import advanced, below, decayed, greatest, least, merged_count, now_param
+from mnestoma.core.sqlrules import (
+    advanced,
+    below,
+    decayed,
+    greatest,
+    least,
+    merged_count,
+    now_param,
+)
 from mnestoma.core.types import UTCDateTime
 from mnestoma.schema.sql.tables import AGER_PROGRESS as P
 from mnestoma.schema.sql.tables import EVENT_ROW, EventRow
@@ -400,7 +408,7 @@ def _tid(page: Any) -> Any:
 @dataclass(frozen=True, slots=True)
 class AgerChange:
     """One statement of a run that changes rows: its name, and the counts of
-    :class:`~mnestoma.core.rules.AgerReport` that its row count adds to (none: it only writes).
+    :class:`~mnestoma.rules.AgerReport` that its row count adds to (none: it only writes).
     A run executes its dialect's changes in their order, so that a new step of the ager
     is one more change in the list, read by the run as the others."""
 

@@ -66,8 +66,8 @@ _LAMBDA = literal(CHAIN_DECAY_LAMBDA, Float)
 
 
 def chain_count(dialect: str) -> ColumnElement[Any]:
-    """A chain's decayed count of passings at ``:now`` (:func:`mnestoma.core.rules.decayed_count`
-    with :data:`~mnestoma.core.rules.CHAIN_DECAY_LAMBDA`): every read of chains uses this one."""
+    """A chain's decayed count of passings at ``:now`` (:func:`mnestoma.rules.decayed_count`
+    with :data:`~mnestoma.rules.CHAIN_DECAY_LAMBDA`): every read of chains uses this one."""
     count: ColumnElement[Any] = decayed_count(
         dialect, C.c.decayed_uses, _LAMBDA, C.c.ts_last, now_param()
     )
@@ -89,7 +89,7 @@ def count_chains(dialect: str) -> Insert:
     """Add ``:c_n`` passings at ``:c_now`` to a chain
     (executemany, in key order): a new chain starts at that count; an existing one is
     decayed to the later of its ``ts_last`` and ``:c_now`` and gets them added
-    (:func:`mnestoma.core.rules.counted_passing`, ``c_n``
+    (:func:`mnestoma.rules.counted_passing`, ``c_n``
     times at one instant), its ``ts_last`` never moving back."""
     ins = (sqlite_dialect if dialect == "sqlite" else pg_dialect).insert(C)
     stmt = ins.values(
@@ -161,7 +161,7 @@ def chain_batch_end(dialect: str, after: bool) -> Select[Any]:
 @functools.cache
 def forget_chains(dialect: str, after: bool = False, upto: bool = False) -> Delete:
     """The ager's forgetting: every chain whose decayed count at ``:now`` has faded below
-    :data:`~mnestoma.core.rules.CHAIN_FORGET_BELOW` (compared as the ager compares its
+    :data:`~mnestoma.rules.CHAIN_FORGET_BELOW` (compared as the ager compares its
     thresholds); with ``after``, only keys above :data:`AFTER_KEY`, with ``upto``, only keys
     up to :data:`UPTO_KEY` (one batch of a run).
 

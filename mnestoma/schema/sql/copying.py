@@ -38,8 +38,8 @@ from sqlalchemy import (
 from sqlalchemy import cast as sql_cast
 from sqlalchemy.dialects.postgresql.base import PGDialect
 
-from mnestoma.schema.models import CopiedStore, StoreIdentity
 from mnestoma.core.rules import PASSING, SUMMED_ON_MERGE
+from mnestoma.schema.models import CopiedStore, StoreIdentity
 from mnestoma.schema.sql.chains import CHAIN_KEY
 from mnestoma.schema.sql.tables import AGER_RUNS, CHAINS, EVENTS, MNESTS, QUERIES
 

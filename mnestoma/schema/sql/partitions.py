@@ -15,9 +15,9 @@ from typing import Any, Final
 
 from sqlalchemy import Connection, DateTime, Integer, Table, TextClause, bindparam, event, text
 
-from mnestoma.schema.models import Event
 from mnestoma.core.rules import PASSING_KINDS, EventKind, sql_list, sql_literal
 from mnestoma.core.types import UTCDateTime
+from mnestoma.schema.models import Event
 
 __all__ = [
     "AFTER_CREATE",

@@ -259,7 +259,7 @@ def suggest_statement(
 
     Plain: the ``:k`` strongest active edges out of the source. With ``ties``: every one at
     least as strong as ``:floor``, asked for when the k-th and the next one tie, so that
-    Python can break the tie with the activation (:mod:`mnestoma.planner.ranking`). With
+    Python can break the tie with the activation (:mod:`mnestoma.ranking`). With
     ``by_count``, each row ends with the edge's decayed count of passings as well, and
     "strongest" means the highest count (then the highest effective weight).
     """

@@ -10,8 +10,8 @@ from typing import Any, TypeAlias, cast
 from sqlalchemy import ColumnElement, String, Table, and_, bindparam, literal, literal_column
 from sqlalchemy.sql.expression import FromClause
 
-from mnestoma.schema.models import AgerProgress, AgerRun, CanonicalQuery, Event, Mnest, MnestChain
 from mnestoma.core.rules import EventKind, MnestState, Recorder, sql_literal
+from mnestoma.schema.models import AgerProgress, AgerRun, CanonicalQuery, Event, Mnest, MnestChain
 
 __all__ = [
     "AGER_PROGRESS",
