@@ -66,7 +66,7 @@ def _documented() -> set[str]:
     for page in API.glob("*.rst"):
         text = page.read_text()
         names |= set(re.findall(r"^\.\. auto(?:class|function):: mnestoma\.(\w+)$", text, re.M))
-        for listed in re.findall(r":members: ([\w,\s]+?)\n\n", text):
+        for listed in re.findall(r":members: ([\w,\s]+?)(?:\n\n|\n?\Z)", text):
             names |= {n.strip() for n in listed.split(",")}
     return names
 
