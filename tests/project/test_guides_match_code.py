@@ -1,6 +1,6 @@
 """What the README and the guides say of the code is what the code is: the contract's
-`Settings(...)` signature, the number of the contract's sections, the files the
-maintainers' guide names."""
+`Settings(...)` signature and its list of public names, the number of the contract's
+sections, the files the maintainers' guide names."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 
 from conftest import REPO
 
+import mnestoma
 from mnestoma import Settings
 
 CONTRACT = REPO / "docs" / "contract.md"
@@ -80,3 +81,26 @@ def test_every_file_the_maintainers_guide_names_exists() -> None:
     assert len(named) >= 40, "the pattern no longer finds the guide's paths"
     missing = sorted(p for p in named if not (REPO / p).exists())
     assert not missing, f"docs/maintainers.md names what the checkout lacks: {missing}"
+
+
+def _public_names_listed() -> list[str]:
+    """The names of contract §5's list of what ``mnestoma`` exports, each line's label left
+    out ("errors       MnestomaError, ..." gives MnestomaError, ...)."""
+    prose = _text(CONTRACT)
+    section = prose[prose.index("## 5. ") : prose.index("## 6. ")]
+    block = re.search(r"```text\n(.*?)```", section, re.S)
+    assert block is not None, "contract §5 no longer lists the public names in a block"
+    names = []
+    for line in block[1].splitlines():
+        listed = line if line.startswith(" ") else line.split(maxsplit=1)[1]
+        names += re.findall(r"[A-Za-z_]\w*", listed)
+    return names
+
+
+def test_the_contract_lists_every_public_name() -> None:
+    listed = _public_names_listed()
+    assert len(listed) == len(set(listed)), "contract §5 lists a name twice"
+    assert sorted(listed) == sorted(mnestoma.__all__), (
+        f"contract §5 lists {sorted(set(listed) - set(mnestoma.__all__))} beyond mnestoma.__all__"
+        f" and leaves out {sorted(set(mnestoma.__all__) - set(listed))}"
+    )

@@ -179,6 +179,16 @@ def _agrees(quoted: float, value: float) -> bool:
     return math.isclose(quoted, value, rel_tol=1e-9, abs_tol=1e-12)
 
 
+def test_every_guide_is_read() -> None:
+    """Every page is read for numbers beside names and for the watched numbers; the pages of
+    QUOTES exist, so a renamed page does not drop its quotes unseen."""
+    assert {_name(p) for p in PAGES} == {
+        "README.md",
+        *(f"docs/{p.name}" for p in DOCS.glob("*.md")),
+    }
+    assert all((REPO / page).is_file() for page in QUOTES), sorted(QUOTES)
+
+
 # --- the contract's table ------------------------------------------------------------------
 
 
