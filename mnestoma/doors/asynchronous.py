@@ -35,9 +35,9 @@ from mnestoma.core.errors import (
     StoreError,
     translate_errors,
 )
-from mnestoma.core.rules import EVENT_PRUNE_BATCH, AgerReport, batch_pause, event_batches
+from mnestoma.core.rules import AgerReport
 from mnestoma.core.settings import Settings, settings_of
-from mnestoma.doors.shared import FacadeBase, PruneProgress, check_prune_call, ensure_schema
+from mnestoma.doors.shared import FacadeBase, ensure_schema
 from mnestoma.engines import (
     async_database_url,
     is_sqlite,
@@ -53,14 +53,12 @@ from mnestoma.engines.locking import (
     waiting_file,
     write_lock_timeout,
 )
-from mnestoma.engines.partitions import (
-    FIRST_TURN_EDGE,
-    upkeep_after_commit,
-    upkeep_due_after_commit,
-)
+from mnestoma.engines.partitions import upkeep_after_commit, upkeep_due_after_commit
 from mnestoma.engines.replicas import NOT_READY, ReplicaSet, replica_connect_args, replica_urls
-from mnestoma.maintenance.ager import BatchProgress, age_in_batches, check_ager_call
+from mnestoma.maintenance.ager import BatchProgress, ager_steps
 from mnestoma.maintenance.migration import sqlite_store_missing
+from mnestoma.maintenance.retention import PruneProgress, prune_steps
+from mnestoma.maintenance.steps import OwnConnection, Pause, Read, Step, Write, drive_async, plain
 from mnestoma.schema.models import CanonicalQuery
 from mnestoma.store.repository import CanonicalQueryRepository, MnestRepository, QueryFrequency
 from mnestoma.store.uow import ConnectionUnitOfWork, JoinedUnitOfWork, repository_call, retry_pause
@@ -261,11 +259,6 @@ class AsyncMnestRepository(_OnAsyncSession[MnestRepository], _MnestOperations):
     # the shared table (_MnestOperations), and the repository's own:
     apply_ager = _awaited(MnestRepository.apply_ager, write=True)
     prune_events = _awaited(MnestRepository.prune_events, write=True)
-    prunable_event_ids = _awaited(MnestRepository.prunable_event_ids)
-    prune_event_batch = _awaited(MnestRepository.prune_event_batch, write=True)
-    drop_event_partitions = _awaited(MnestRepository.drop_event_partitions, write=True)
-    drop_detached_partition = _awaited(MnestRepository.drop_detached_partition, write=True)
-    prune_turn_edges = _awaited(MnestRepository.prune_turn_edges, write=True)
 
 
 class AsyncCanonicalQueryRepository(_OnAsyncSession[CanonicalQueryRepository]):
@@ -753,45 +746,8 @@ class AsyncMnestoma(FacadeBase, _MnestOperations):
             StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
                 be reached).
         """
-        rows, dry, progress = check_ager_call(dry_run, batch_rows, progress)
-        await self._ready()
-        if dry:
-            return await self._unit(lambda r: r.apply_ager(), commit=False)
-        cancelled = _Flag()
-        try:
-            return await _to_the_end(self._age(rows, progress, cancelled))
-        except asyncio.CancelledError:
-            cancelled.set()
-            raise
-
-    async def _age(
-        self, rows: int | None, progress: BatchProgress | None, cancelled: _Flag
-    ) -> AgerReport:
-        """A run in batches on a connection of its own, stopped before its next batch once
-        ``cancelled`` is set."""
-        if cancelled:
-            raise asyncio.CancelledError
-        with translate_errors():
-            async with self._bind.connect() as conn:
-                return await conn.run_sync(
-                    lambda sync: self._noted(
-                        sync,
-                        age_in_batches(
-                            sync,
-                            settings=self.settings,
-                            batch_rows=rows,
-                            progress=progress,
-                            go_on=lambda: not cancelled,
-                        ),
-                    )
-                )
-
-    def _noted(self, conn: Connection, report: AgerReport) -> AgerReport:
-        """After a run of the ager on ``conn``: its WAL position noted (read replicas)."""
-        if self._replicas is not None:
-            self._replicas.note_write(conn)
-            conn.rollback()
-        return report
+        steps = ager_steps(self.settings, dry_run=dry_run, batch_rows=batch_rows, progress=progress)
+        return await drive_async(steps, self._step)
 
     async def prune_events(
         self, before: datetime, *, dry_run: bool = False, progress: PruneProgress | None = None
@@ -812,53 +768,40 @@ class AsyncMnestoma(FacadeBase, _MnestOperations):
             StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
                 be reached).
         """
-        dry, report = check_prune_call(dry_run, progress)
-        if dry:
+        dialect = self.engine.dialect.name
+        steps = prune_steps(before, dry_run=dry_run, progress=progress, dialect=dialect)
+        return await drive_async(steps, self._step)
+
+    async def _step(self, step: Step) -> Any:
+        """One step of an operation of several transactions, awaited (see
+        :meth:`mnestoma.Mnestoma._step`): each function runs through ``run_sync``."""
+        if isinstance(step, Read):
             return await self._call(
-                lambda r: r.prune_events(before, dry_run=True), write=False, primary=True
+                lambda r: step.work(plain(r.session)), write=False, primary=True
             )
-        deleted, since = await self._drop_partitions(before)
-        found = await self._call(
-            lambda r: r.prunable_event_ids(before, since=since), write=False, primary=True
-        )
-        batches = list(event_batches(found))
-        if report is not None and (batches or deleted):
-            report(0, len(batches), deleted)
-        for i, (first, last) in enumerate(batches):
-            if i:
-                await asyncio.sleep(batch_pause(self.engine.dialect.name))
-            deleted += await self._prune_batch(before, first, last, since)
-            if report is not None:
-                report(i + 1, len(batches), deleted)
-        return deleted
+        if isinstance(step, Write):
+            return await self._call(lambda r: step.work(plain(r.session)), write=True)
+        if isinstance(step, Pause):
+            await asyncio.sleep(step.seconds)
+            return None
+        await self._ready()
+        cancelled = _Flag()
+        try:
+            return await _to_the_end(self._own_connection(step, cancelled))
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
 
-    async def _prune_batch(
-        self, before: datetime, first: int, last: int, since: datetime | None
-    ) -> int:
-        """One batch of a prune (the events with ids in [first, last]), one transaction."""
-        return await self._call(
-            lambda r: r.prune_event_batch(before, first, last, since=since), write=True
-        )
-
-    async def _drop_partitions(self, before: datetime) -> tuple[int, datetime | None]:
-        """PostgreSQL, events partitioned: the whole months before ``before`` dropped, as
-        :meth:`mnestoma.Mnestoma.prune_events` drops them; how many events went, and the
-        end of the months dropped (None when none was)."""
-        if self.engine.dialect.name != "postgresql":
-            return 0, None
-        dropped = await self._call(lambda r: r.drop_event_partitions(before), write=True)
-        for name in dropped.detached:
-            await self._call(lambda r, name=name: r.drop_detached_partition(name), write=True)  # type: ignore[misc]
-        end, after = dropped.end, FIRST_TURN_EDGE
-        while end is not None:
-            _, last = await self._call(
-                lambda r, a=after: r.prune_turn_edges(end, a, EVENT_PRUNE_BATCH),  # type: ignore[misc]
-                write=True,
-            )
-            if last is None:
-                break
-            after = last
-        return dropped.deleted, dropped.end
+    async def _own_connection(self, step: OwnConnection[T], cancelled: _Flag) -> T:
+        """A run on a connection of its own (the batched ager), stopped before its next
+        batch once ``cancelled`` is set."""
+        if cancelled:
+            raise asyncio.CancelledError
+        with translate_errors():
+            async with self._bind.connect() as conn:
+                return await conn.run_sync(
+                    lambda sync: self._noted(sync, step.work(sync, lambda: not cancelled))
+                )
 
     async def top_queries(self, *, limit: int = 10) -> list[QueryFrequency]:
         """The most frequent canonical forms.

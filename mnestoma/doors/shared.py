@@ -1,6 +1,6 @@
 """What the two facades share (:class:`~mnestoma.Mnestoma`, :class:`~mnestoma.aio.AsyncMnestoma`):
 their settings' clock and recorder, their replica views, the schema check on first use, the
-lock timeout of their engine and the checks of a prune's arguments.
+lock timeout of their engine and the note of a long run's commits.
 
 Below both, so that the sync and the async door stand beside each other and neither imports
 the other.
@@ -9,30 +9,27 @@ the other.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
-from sqlalchemy import Engine, inspect
+from sqlalchemy import Connection, Engine, inspect
 
 from mnestoma.core.clock import Clock
 from mnestoma.core.errors import translate_errors
 from mnestoma.core.settings import Settings
-from mnestoma.core.validation import check_dry_run, check_progress
 from mnestoma.engines.locking import LOCK_TIMEOUT_OPTION
 from mnestoma.engines.replicas import ReplicaSet
 from mnestoma.engines.urls import is_sqlite
 from mnestoma.maintenance.migration import ensure_at_head
+from mnestoma.maintenance.retention import PruneProgress
 
 __all__ = [
     "FacadeBase",
     "PruneProgress",
-    "check_prune_call",
     "ensure_schema",
     "with_lock_timeout",
 ]
 
-# Called as a prune of events goes: (batches done, batches in all, events deleted so far).
-PruneProgress = Callable[[int, int, int], object]
+T = TypeVar("T")
 
 
 class FacadeBase:
@@ -77,10 +74,13 @@ class FacadeBase:
         """
         return {} if self._replicas is None else self._replicas.stats()
 
-
-def check_prune_call(dry_run: object, progress: object) -> tuple[bool, PruneProgress | None]:
-    """The arguments of ``prune_events`` (both doors), checked before its first batch."""
-    return check_dry_run(dry_run), check_progress(progress, "done, total, deleted")
+    def _noted(self, conn: Connection, result: T) -> T:
+        """After a run that committed its own transactions on ``conn`` (the batched ager):
+        the WAL position its commits reached, noted for read-your-writes (replicas)."""
+        if self._replicas is not None:
+            self._replicas.note_write(conn)
+            conn.rollback()
+        return result
 
 
 def with_lock_timeout(engine: Engine, seconds: float | None) -> Engine:

@@ -6,22 +6,16 @@ import functools
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import URL
 
 from mnestoma.core.clock import Clock
 from mnestoma.core.errors import SchemaError, StoreError, translate_errors
-from mnestoma.core.rules import EVENT_PRUNE_BATCH, AgerReport, batch_pause, event_batches
+from mnestoma.core.rules import AgerReport
 from mnestoma.core.settings import Settings, settings_of
-from mnestoma.doors.shared import (
-    FacadeBase,
-    PruneProgress,
-    check_prune_call,
-    ensure_schema,
-    with_lock_timeout,
-)
+from mnestoma.doors.shared import FacadeBase, ensure_schema, with_lock_timeout
 from mnestoma.engines import (
     make_engine,
     make_session_factory,
@@ -30,10 +24,11 @@ from mnestoma.engines import (
     refuse_memory_sqlite,
     resolve_database_url,
 )
-from mnestoma.engines.partitions import FIRST_TURN_EDGE
 from mnestoma.engines.replicas import NOT_READY, ReplicaSet, replica_connect_args, replica_urls
-from mnestoma.maintenance.ager import BatchProgress, age_in_batches, check_ager_call
+from mnestoma.maintenance.ager import BatchProgress, ager_steps
 from mnestoma.maintenance.migration import sqlite_store_missing
+from mnestoma.maintenance.retention import PruneProgress, prune_steps
+from mnestoma.maintenance.steps import Pause, Read, Step, Write, drive
 from mnestoma.schema.models import CanonicalQuery
 from mnestoma.store.repository import MnestRepository, QueryFrequency
 from mnestoma.store.uow import ConnectionUnitOfWork, UnitOfWork, repository_call, written
@@ -218,19 +213,8 @@ class Mnestoma(FacadeBase):
             StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
                 be reached).
         """
-        # every argument checked before the first batch: a bad one refused writes nothing
-        rows, dry, progress = check_ager_call(dry_run, batch_rows, progress)
-        if dry:
-            with self._unit() as unit:
-                return unit.mnests.apply_ager()  # left without commit: rolled back
-        with translate_errors(), self._bind.connect() as conn:
-            report = age_in_batches(
-                conn, settings=self.settings, batch_rows=rows, progress=progress
-            )
-            if self._replicas is not None:
-                self._replicas.note_write(conn)
-                conn.rollback()
-            return report
+        steps = ager_steps(self.settings, dry_run=dry_run, batch_rows=batch_rows, progress=progress)
+        return drive(steps, self._step)
 
     def prune_events(
         self, before: datetime, *, dry_run: bool = False, progress: PruneProgress | None = None
@@ -255,45 +239,23 @@ class Mnestoma(FacadeBase):
             StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
                 be reached).
         """
-        dry, report = check_prune_call(dry_run, progress)
-        if dry:
-            return self._read(lambda u: u.mnests.prune_events(before, dry_run=True), primary=True)
-        deleted, since = self._drop_partitions(before)
-        found = self._read(lambda u: u.mnests.prunable_event_ids(before, since=since), primary=True)
-        batches = list(event_batches(found))
-        if report is not None and (batches or deleted):
-            report(0, len(batches), deleted)
-        for i, (first, last) in enumerate(batches):
-            if i:
-                time.sleep(batch_pause(self.engine.dialect.name))
-            deleted += self._prune_batch(before, first, last, since)
-            if report is not None:
-                report(i + 1, len(batches), deleted)
-        return deleted
+        dialect = self.engine.dialect.name
+        steps = prune_steps(before, dry_run=dry_run, progress=progress, dialect=dialect)
+        return drive(steps, self._step)
 
-    def _prune_batch(self, before: datetime, first: int, last: int, since: datetime | None) -> int:
-        """One batch of a prune (the events with ids in [first, last]), one transaction."""
-        return self._write(lambda u: u.mnests.prune_event_batch(before, first, last, since=since))
-
-    def _drop_partitions(self, before: datetime) -> tuple[int, datetime | None]:
-        """PostgreSQL, events partitioned: the whole months before ``before`` dropped (the
-        swap one transaction, each drop another), then the rows of ``event_turn_edges``
-        their passings had, in batches; how many events went, and the end of the months
-        dropped (before it, only what was kept: None when none was). Nothing elsewhere."""
-        if self.engine.dialect.name != "postgresql":
-            return 0, None
-        dropped = self._write(lambda u: u.mnests.drop_event_partitions(before))
-        for name in dropped.detached:
-            self._write(lambda u, name=name: u.mnests.drop_detached_partition(name))  # type: ignore[misc]
-        end, after = dropped.end, FIRST_TURN_EDGE
-        while end is not None:
-            _, last = self._write(
-                lambda u, a=after: u.mnests.prune_turn_edges(end, a, EVENT_PRUNE_BATCH)  # type: ignore[misc]
-            )
-            if last is None:
-                break
-            after = last
-        return dropped.deleted, dropped.end
+    def _step(self, step: Step) -> Any:
+        """One step of an operation of several transactions (:mod:`mnestoma.maintenance.steps`):
+        a read on the primary, a write (retried when transient), a pause, or a run on a
+        connection of its own."""
+        if isinstance(step, Read):
+            return self._read(lambda unit: step.work(unit.connection), primary=True)
+        if isinstance(step, Write):
+            return self._write(lambda unit: step.work(unit.connection))
+        if isinstance(step, Pause):
+            time.sleep(step.seconds)
+            return None
+        with translate_errors(), self._bind.connect() as conn:
+            return self._noted(conn, step.work(conn, None))
 
     def log_canonical_query(
         self, raw_query: str, canonical_query: str, *, turn_id: str | None = None
