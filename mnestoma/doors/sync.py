@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import URL
 
-from mnestoma.core.clock import Clock
-from mnestoma.core.errors import SchemaError, StoreError, translate_errors
+from mnestoma.core.errors import StoreError, translate_errors
 from mnestoma.core.rules import AgerReport
-from mnestoma.core.settings import Settings, settings_of
-from mnestoma.doors.shared import FacadeBase, ensure_schema, with_lock_timeout
+from mnestoma.doors.shared import FacadeBase, Replicas, ensure_schema, store_url, with_lock_timeout
 from mnestoma.engines import (
     make_engine,
     make_session_factory,
@@ -24,9 +22,8 @@ from mnestoma.engines import (
     refuse_memory_sqlite,
     resolve_database_url,
 )
-from mnestoma.engines.replicas import NOT_READY, ReplicaSet, replica_connect_args, replica_urls
+from mnestoma.engines.replicas import NOT_READY, replica_urls
 from mnestoma.maintenance.ager import BatchProgress, ager_steps
-from mnestoma.maintenance.migration import sqlite_store_missing
 from mnestoma.maintenance.retention import PruneProgress, prune_steps
 from mnestoma.maintenance.steps import Pause, Read, Step, Write, drive
 from mnestoma.schema.models import CanonicalQuery
@@ -59,7 +56,7 @@ def _in_one_transaction(
     return method
 
 
-class Mnestoma(FacadeBase):
+class Mnestoma(FacadeBase[Engine]):
     """The store, ready to use: ``Mnestoma()`` opens the default SQLite file.
 
     A new or empty SQLite database is migrated to head on first use; any other database
@@ -82,40 +79,20 @@ class Mnestoma(FacadeBase):
             be reached).
     """
 
-    def __init__(
-        self,
-        url_or_engine: str | URL | Engine | None = None,
-        *,
-        settings: Settings | None = None,
-        clock: Clock | None = None,
-        recorder: str | None = None,
-        create: bool = True,
-        replicas: Sequence[str | URL] | None = None,
-    ):
-        # checked before anything is opened: bad settings open no engine
-        self.settings = settings_of(settings, clock=clock, recorder=recorder)
-        self._replicas: ReplicaSet | None = None
-        self._owns_replicas = True
-        self._on_primary = False
-        if isinstance(url_or_engine, Engine):
-            self.engine = url_or_engine
+    def _open(self, target: str | URL | Engine | None, create: bool, replicas: Replicas) -> None:
+        if isinstance(target, Engine):
+            self.engine = target
             self._owns_engine = False
             own_pool_after_fork(self.engine)  # a caller's own create_engine engine too
         else:
-            url = resolve_database_url(url_or_engine)
-            refuse_memory_sqlite(url)
-            if not create and sqlite_store_missing(url):
-                raise SchemaError(f"there is no mnestoma store at {redact_url(url)}")
-            self.engine = make_engine(url)
+            self.engine = make_engine(store_url(resolve_database_url(target), create))
             self._owns_engine = True
         refuse_memory_sqlite(self.engine.url)
         self._bind = with_lock_timeout(self.engine, self.settings.lock_timeout)
         try:
             urls = replica_urls(self.engine.url, replicas)
             ensure_schema(self.engine)
-            if urls:
-                engines = [make_engine(u, connect_args=replica_connect_args(u)) for u in urls]
-                self._replicas = ReplicaSet(engines, urls, self.settings)
+            self._with_replicas(urls, make_engine)
         except BaseException:
             self.close()
             raise

@@ -87,12 +87,11 @@ from mnestoma.engines.locking import (
     beside_store,
     open_beside_store,
     pause_on,
-    take_write_lock,
     try_flock,
 )
-from mnestoma.engines.partitions import note_written, upkeep_after_commit, upkeep_before_write
+from mnestoma.engines.partitions import note_written, upkeep_after_commit
 from mnestoma.maintenance.steps import GoOn, OwnConnection, Read, Steps, for_write
-from mnestoma.schema.runner import StatementRunner, _prepare, runner_for
+from mnestoma.schema.runner import StatementRunner, _prepare
 from mnestoma.schema.sql import chains as chains_sql
 from mnestoma.schema.sql.ager import (
     ADVISORY_HELD,
@@ -1126,11 +1125,7 @@ def _written(conn: Connection, write: Callable[[Connection], T]) -> T:
 
     def once() -> T:
         try:
-            upkeep_before_write(conn)  # PostgreSQL: the months' partitions, before any lock
-            runner_for(conn).ready()  # SQLAlchemy's transaction begun before the lock
-            with translate_errors():
-                take_write_lock(conn)
-            result = write(conn)
+            result = write(for_write(conn))
             with translate_errors():
                 conn.commit()
             upkeep_after_commit(conn)

@@ -26,19 +26,8 @@ from mnestoma.engines.locking import take_write_lock
 from mnestoma.engines.partitions import upkeep_before_write
 from mnestoma.schema.runner import runner_for
 
-__all__ = [
-    "GoOn",
-    "OwnConnection",
-    "Pause",
-    "Read",
-    "Step",
-    "Steps",
-    "Write",
-    "drive",
-    "drive_async",
-    "for_write",
-    "plain",
-]
+__all__ = ["GoOn", "OwnConnection", "Pause", "Read", "Step", "Steps", "Write"]
+__all__ += ["drive", "drive_async", "for_write", "plain"]
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
@@ -80,26 +69,35 @@ Step = Read[Any] | Write[Any] | Pause | OwnConnection[Any]
 Steps = Generator[Step, Any, T]
 
 
+@dataclass(frozen=True, slots=True)
+class _Done(Generic[T_co]):
+    """What an operation returned once its last step ran."""
+
+    value: T_co
+
+
+def _sent(steps: Steps[T], result: Any) -> Step | _Done[T]:
+    """The next step of ``steps``, given what the last one gave; or what it returned."""
+    try:
+        return steps.send(result)
+    except StopIteration as end:
+        return _Done(end.value)
+
+
 def drive(steps: Steps[T], run: Callable[[Step], Any]) -> T:
     """The result of the operation ``steps``, each of its steps run by ``run`` in turn."""
-    result: Any = None
-    while True:
-        try:
-            step = steps.send(result)
-        except StopIteration as end:
-            return end.value  # type: ignore[no-any-return]
-        result = run(step)
+    step = _sent(steps, None)
+    while not isinstance(step, _Done):
+        step = _sent(steps, run(step))
+    return step.value
 
 
 async def drive_async(steps: Steps[T], run: Callable[[Step], Awaitable[Any]]) -> T:
-    """:func:`drive`, with each step awaited."""
-    result: Any = None
-    while True:
-        try:
-            step = steps.send(result)
-        except StopIteration as end:
-            return end.value  # type: ignore[no-any-return]
-        result = await run(step)
+    """:func:`drive`, each step awaited."""
+    step = _sent(steps, None)
+    while not isinstance(step, _Done):
+        step = _sent(steps, await run(step))
+    return step.value
 
 
 def plain(bind: Session | Connection) -> Connection:
