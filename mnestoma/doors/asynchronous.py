@@ -16,9 +16,9 @@ import asyncio
 import functools
 import time
 import weakref
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine
 from datetime import datetime
-from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, Self, TypeVar
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import URL
@@ -31,20 +31,18 @@ from mnestoma.core.errors import (
     InvalidInput,
     MissingExtra,
     MnestomaError,
-    SchemaError,
     StoreError,
     translate_errors,
 )
-from mnestoma.core.rules import EVENT_PRUNE_BATCH, AgerReport, batch_pause, event_batches
+from mnestoma.core.rules import AgerReport
 from mnestoma.core.settings import Settings, settings_of
-from mnestoma.doors.shared import FacadeBase, PruneProgress, check_prune_call, ensure_schema
+from mnestoma.doors.shared import FacadeBase, Replicas, ensure_schema, store_url
 from mnestoma.engines import (
     async_database_url,
     is_sqlite,
     make_engine,
     own_pool_after_fork,
     redact_url,
-    refuse_memory_sqlite,
 )
 from mnestoma.engines.locking import (
     LOCK_TIMEOUT_OPTION,
@@ -53,17 +51,22 @@ from mnestoma.engines.locking import (
     waiting_file,
     write_lock_timeout,
 )
-from mnestoma.engines.partitions import (
-    FIRST_TURN_EDGE,
-    upkeep_after_commit,
-    upkeep_due_after_commit,
-)
-from mnestoma.engines.replicas import NOT_READY, ReplicaSet, replica_connect_args, replica_urls
-from mnestoma.maintenance.ager import BatchProgress, age_in_batches, check_ager_call
-from mnestoma.maintenance.migration import sqlite_store_missing
+from mnestoma.engines.replicas import NOT_READY, replica_urls
+from mnestoma.maintenance.ager import BatchProgress, ager_steps
+from mnestoma.maintenance.retention import PruneProgress, prune_steps
+from mnestoma.maintenance.steps import OwnConnection, Pause, Read, Step, Write, drive_async, plain
 from mnestoma.schema.models import CanonicalQuery
 from mnestoma.store.repository import CanonicalQueryRepository, MnestRepository, QueryFrequency
-from mnestoma.store.uow import ConnectionUnitOfWork, JoinedUnitOfWork, repository_call, retry_pause
+from mnestoma.store.uow import (
+    AsyncUnit,
+    ConnectionUnitOfWork,
+    JoinedUnitOfWork,
+    UnitOfWork,
+    check_factory,
+    made_session,
+    repository_call,
+    retry_pause,
+)
 
 try:
     from sqlalchemy.ext.asyncio import (
@@ -208,6 +211,7 @@ class _OnAsyncSession(_AsyncDoor[R]):
         door = cls.__new__(cls)
         _OnAsyncSession.__init__(door, session)
         door._sync = repo
+        door.settings = repo.settings  # type: ignore[attr-defined]
         return door
 
 
@@ -261,11 +265,6 @@ class AsyncMnestRepository(_OnAsyncSession[MnestRepository], _MnestOperations):
     # the shared table (_MnestOperations), and the repository's own:
     apply_ager = _awaited(MnestRepository.apply_ager, write=True)
     prune_events = _awaited(MnestRepository.prune_events, write=True)
-    prunable_event_ids = _awaited(MnestRepository.prunable_event_ids)
-    prune_event_batch = _awaited(MnestRepository.prune_event_batch, write=True)
-    drop_event_partitions = _awaited(MnestRepository.drop_event_partitions, write=True)
-    drop_detached_partition = _awaited(MnestRepository.drop_detached_partition, write=True)
-    prune_turn_edges = _awaited(MnestRepository.prune_turn_edges, write=True)
 
 
 class AsyncCanonicalQueryRepository(_OnAsyncSession[CanonicalQueryRepository]):
@@ -348,7 +347,54 @@ async def _settled(session: Any) -> None:
         await asyncio.wait([task])
 
 
-class AsyncJoinedUnitOfWork:
+class _AsyncUnit:
+    """What the async units share: each is a sync unit of work (``_unit``) on the sync proxy
+    of an ``AsyncSession``, its repositories awaited, its commit, rollback and end run
+    through ``run_sync`` to their end (:func:`_on_session`), once the operation a cancelled
+    caller left running on the session has ended (:func:`_settled`)."""
+
+    mnests: AsyncMnestRepository
+    queries: AsyncCanonicalQueryRepository
+    session: AsyncSession
+    settings: Settings
+    _unit: UnitOfWork | JoinedUnitOfWork
+
+    def _entered(self) -> Self:
+        unit = self._unit.__enter__()
+        self.mnests = AsyncMnestRepository._over(self.session, unit.mnests)
+        self.queries = AsyncCanonicalQueryRepository._over(self.session, unit.queries)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await _to_the_end(self._run(lambda: self._unit.__exit__(None, None, None)))
+
+    async def _run(self, end: Callable[[], None]) -> None:
+        await _settled(self.session)
+        await _on_session(self.session, self.session.run_sync(lambda _sync: end()))
+
+    async def commit(self) -> None:
+        """What the sync unit's ``commit()`` does, awaited.
+
+        Returns:
+            None, once committed.
+
+        Raises:
+            ConflictError: a constraint of the store broken, or (a whole transaction) lost
+                to another writer.
+            StoreError: the database failed or could not be reached.
+        """
+        await self._run(self._unit.commit)
+
+    async def rollback(self) -> None:
+        """What the sync unit's ``rollback()`` does, awaited.
+
+        Returns:
+            None, once rolled back.
+        """
+        await self._run(self._unit.rollback)
+
+
+class AsyncJoinedUnitOfWork(_AsyncUnit):
     """Works in a SAVEPOINT of a caller's ``AsyncSession``; never commits or closes it.
 
     It is :class:`~mnestoma.JoinedUnitOfWork` on the session's sync proxy: the savepoint is
@@ -358,9 +404,6 @@ class AsyncJoinedUnitOfWork:
     Raises:
         InvalidInput: ``session`` is not an ``AsyncSession``, or settings are refused.
     """
-
-    mnests: AsyncMnestRepository
-    queries: AsyncCanonicalQueryRepository
 
     def __init__(
         self,
@@ -378,42 +421,13 @@ class AsyncJoinedUnitOfWork:
             )
         self.session = session
         self.settings = settings_of(settings, clock=clock, recorder=recorder)
-        self._joined = JoinedUnitOfWork(session.sync_session, settings=self.settings)
+        self._unit = JoinedUnitOfWork(session.sync_session, settings=self.settings)
 
     async def __aenter__(self) -> Self:
-        joined = self._joined.__enter__()
-        self.mnests = AsyncMnestRepository._over(self.session, joined.mnests)
-        self.queries = AsyncCanonicalQueryRepository._over(self.session, joined.queries)
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await _to_the_end(self.rollback())
-
-    async def commit(self) -> None:
-        """Release the savepoint into the caller's transaction (nothing to do after reads).
-
-        Returns:
-            None.
-
-        Raises:
-            ConflictError: releasing the savepoint broke a constraint of the store.
-            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
-                be reached).
-        """
-        await _settled(self.session)
-        await _on_session(self.session, self.session.run_sync(lambda _s: self._joined.commit()))
-
-    async def rollback(self) -> None:
-        """Roll back to the savepoint taken before the first write.
-
-        Returns:
-            None.
-        """
-        await _settled(self.session)
-        await _on_session(self.session, self.session.run_sync(lambda _s: self._joined.rollback()))
+        return self._entered()
 
 
-class AsyncUnitOfWork:
+class AsyncUnitOfWork(_AsyncUnit):
     """Opens an ``AsyncSession`` on enter; commits only when asked; rolls back otherwise;
     always closes. The async twin of :class:`~mnestoma.UnitOfWork`:
 
@@ -427,9 +441,7 @@ class AsyncUnitOfWork:
             refused.
     """
 
-    mnests: AsyncMnestRepository
-    queries: AsyncCanonicalQueryRepository
-    session: AsyncSession
+    _unit: UnitOfWork
 
     def __init__(
         self,
@@ -439,83 +451,46 @@ class AsyncUnitOfWork:
         clock: Clock | None = None,
         recorder: str | None = None,
     ) -> None:
-        if isinstance(
-            async_session_factory, AsyncEngine | AsyncConnection | AsyncSession | Engine | Session
-        ) or not callable(async_session_factory):
-            given = type(async_session_factory).__name__
-            if isinstance(async_session_factory, AsyncSession):
-                given += "; AsyncUnitOfWork.joining(session) works in a session"
-            raise InvalidInput(
-                "AsyncUnitOfWork needs an async session factory "
-                f"(make_async_session_factory(engine)), got {given}"
-            )
+        check_factory(
+            async_session_factory,
+            refused=(AsyncEngine, AsyncConnection, AsyncSession, Engine, Session),
+            session=AsyncSession,
+            owner="AsyncUnitOfWork",
+            needs="an async session factory (make_async_session_factory(engine))",
+        )
         self._factory = async_session_factory
         self.settings = settings_of(settings, clock=clock, recorder=recorder)
-        # Called with the sync session after each commit (read replicas, contract §12).
-        self._after_commit: Callable[[Session], object] | None = None
+        self._unit = UnitOfWork(lambda: self.session.sync_session, settings=self.settings)
+
+    @property
+    def _after_commit(self) -> Callable[[Session], object] | None:
+        """Called with the sync session after each commit (read replicas, contract §12)."""
+        return self._unit._after_commit
+
+    @_after_commit.setter
+    def _after_commit(self, after: Callable[[Session], object] | None) -> None:
+        self._unit._after_commit = after
 
     async def __aenter__(self) -> Self:
-        session = self._factory()
-        if not isinstance(session, AsyncSession):
-            raise InvalidInput(
-                f"the session factory of an AsyncUnitOfWork returned {type(session).__name__}, "
-                "not an AsyncSession"
-            )
-        self.session = session
-        self.mnests = AsyncMnestRepository(session, settings=self.settings)
-        self.queries = AsyncCanonicalQueryRepository(session, settings=self.settings)
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await _to_the_end(self._end())
-
-    async def _end(self) -> None:
-        try:
-            await _settled(self.session)
-            await self.session.rollback()
-        finally:
-            await self.session.close()
-
-    async def commit(self) -> None:
-        """Commit the work done so far; a later operation starts a new transaction.
-
-        Returns:
-            None.
-
-        Raises:
-            ConflictError: the commit broke a constraint of the store, or lost to another
-                writer.
-            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
-                be reached).
-        """
-        with translate_errors():
-            await _on_session(self.session, self.session.commit())
-        after = self._after_commit
-        if after is not None:
-            await _on_session(self.session, self.session.run_sync(after))
-            await self.session.rollback()
-        if upkeep_due_after_commit(self.session.sync_session):
-            # PostgreSQL: the months its writes reached that were not made (§12)
-            await _on_session(self.session, self.session.run_sync(upkeep_after_commit))
-
-    async def rollback(self) -> None:
-        """Throw away the work done since the last commit.
-
-        Returns:
-            None.
-        """
-        await _settled(self.session)
-        await self.session.rollback()
+        self.session = made_session(self._factory, AsyncSession, "an AsyncUnitOfWork")
+        return self._entered()
 
     # ``AsyncUnitOfWork.joining(session, *, settings=None, clock=None, recorder=None)``: a
     # unit of work inside an ``AsyncSession`` (and transaction) that the caller owns.
     joining = AsyncJoinedUnitOfWork
 
 
+if TYPE_CHECKING:  # both are an AsyncUnit of the async repositories
+    _units: tuple[type[AsyncUnit[AsyncMnestRepository, AsyncCanonicalQueryRepository]], ...] = (
+        AsyncUnitOfWork,
+        AsyncJoinedUnitOfWork,
+    )
+
+
 # --- the facade -------------------------------------------------------------------------
 
 
-class AsyncMnestoma(FacadeBase, _MnestOperations):
+class AsyncMnestoma(FacadeBase[AsyncEngine], _MnestOperations):
     """The store for async services: every operation of :class:`~mnestoma.Mnestoma`, awaited,
     one transaction per call, with the same retry of transient conflicts.
 
@@ -532,35 +507,18 @@ class AsyncMnestoma(FacadeBase, _MnestOperations):
             is built); the database is not at head (on first use).
     """
 
-    def __init__(
-        self,
-        url_or_engine: str | URL | AsyncEngine | None = None,
-        *,
-        settings: Settings | None = None,
-        clock: Clock | None = None,
-        recorder: str | None = None,
-        create: bool = True,
-        replicas: Sequence[str | URL] | None = None,
+    def _open(
+        self, target: str | URL | AsyncEngine | None, create: bool, replicas: Replicas
     ) -> None:
-        self.settings = settings_of(settings, clock=clock, recorder=recorder)
-        self._replicas: ReplicaSet | None = None
-        self._owns_replicas = True
-        self._on_primary = False
-        if isinstance(url_or_engine, Engine):
+        if isinstance(target, Engine):
             raise InvalidInput(
                 "AsyncMnestoma needs an AsyncEngine (make_async_engine) or a URL; "
                 "a sync Engine goes to Mnestoma"
             )
-        if isinstance(url_or_engine, AsyncEngine):
-            url = url_or_engine.url
-        else:
-            url = async_database_url(url_or_engine)
-        refuse_memory_sqlite(url)
-        if not create and sqlite_store_missing(url):
-            raise SchemaError(f"there is no mnestoma store at {redact_url(url)}")
-        urls = [async_database_url(u) for u in replica_urls(url, replicas)]
-        if isinstance(url_or_engine, AsyncEngine):
-            self.engine = url_or_engine
+        url = target.url if isinstance(target, AsyncEngine) else async_database_url(target)
+        urls = [async_database_url(u) for u in replica_urls(store_url(url, create), replicas)]
+        if isinstance(target, AsyncEngine):
+            self.engine = target
             self._owns_engine = False
             own_pool_after_fork(self.engine.sync_engine)
         else:
@@ -577,9 +535,7 @@ class AsyncMnestoma(FacadeBase, _MnestOperations):
         # soon as the previous one commits, instead of polling SQLite's busy handler.
         self._one_writer = asyncio.Lock() if is_sqlite(url) else None
         self._waiting_file = waiting_file(self.engine.sync_engine.url)
-        if urls:
-            engines = [make_async_engine(u, connect_args=replica_connect_args(u)) for u in urls]
-            self._replicas = ReplicaSet(engines, urls, self.settings)
+        self._with_replicas(urls, make_async_engine)
 
     # --- transactions -----------------------------------------------------------------------
 
@@ -753,45 +709,8 @@ class AsyncMnestoma(FacadeBase, _MnestOperations):
             StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
                 be reached).
         """
-        rows, dry, progress = check_ager_call(dry_run, batch_rows, progress)
-        await self._ready()
-        if dry:
-            return await self._unit(lambda r: r.apply_ager(), commit=False)
-        cancelled = _Flag()
-        try:
-            return await _to_the_end(self._age(rows, progress, cancelled))
-        except asyncio.CancelledError:
-            cancelled.set()
-            raise
-
-    async def _age(
-        self, rows: int | None, progress: BatchProgress | None, cancelled: _Flag
-    ) -> AgerReport:
-        """A run in batches on a connection of its own, stopped before its next batch once
-        ``cancelled`` is set."""
-        if cancelled:
-            raise asyncio.CancelledError
-        with translate_errors():
-            async with self._bind.connect() as conn:
-                return await conn.run_sync(
-                    lambda sync: self._noted(
-                        sync,
-                        age_in_batches(
-                            sync,
-                            settings=self.settings,
-                            batch_rows=rows,
-                            progress=progress,
-                            go_on=lambda: not cancelled,
-                        ),
-                    )
-                )
-
-    def _noted(self, conn: Connection, report: AgerReport) -> AgerReport:
-        """After a run of the ager on ``conn``: its WAL position noted (read replicas)."""
-        if self._replicas is not None:
-            self._replicas.note_write(conn)
-            conn.rollback()
-        return report
+        steps = ager_steps(self.settings, dry_run=dry_run, batch_rows=batch_rows, progress=progress)
+        return await drive_async(steps, self._step)
 
     async def prune_events(
         self, before: datetime, *, dry_run: bool = False, progress: PruneProgress | None = None
@@ -812,53 +731,40 @@ class AsyncMnestoma(FacadeBase, _MnestOperations):
             StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
                 be reached).
         """
-        dry, report = check_prune_call(dry_run, progress)
-        if dry:
+        dialect = self.engine.dialect.name
+        steps = prune_steps(before, dry_run=dry_run, progress=progress, dialect=dialect)
+        return await drive_async(steps, self._step)
+
+    async def _step(self, step: Step) -> Any:
+        """One step of an operation of several transactions, awaited (see
+        :meth:`mnestoma.Mnestoma._step`): each function runs through ``run_sync``."""
+        if isinstance(step, Read):
             return await self._call(
-                lambda r: r.prune_events(before, dry_run=True), write=False, primary=True
+                lambda r: step.work(plain(r.session)), write=False, primary=True
             )
-        deleted, since = await self._drop_partitions(before)
-        found = await self._call(
-            lambda r: r.prunable_event_ids(before, since=since), write=False, primary=True
-        )
-        batches = list(event_batches(found))
-        if report is not None and (batches or deleted):
-            report(0, len(batches), deleted)
-        for i, (first, last) in enumerate(batches):
-            if i:
-                await asyncio.sleep(batch_pause(self.engine.dialect.name))
-            deleted += await self._prune_batch(before, first, last, since)
-            if report is not None:
-                report(i + 1, len(batches), deleted)
-        return deleted
+        if isinstance(step, Write):
+            return await self._call(lambda r: step.work(plain(r.session)), write=True)
+        if isinstance(step, Pause):
+            await asyncio.sleep(step.seconds)
+            return None
+        await self._ready()
+        cancelled = _Flag()
+        try:
+            return await _to_the_end(self._own_connection(step, cancelled))
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
 
-    async def _prune_batch(
-        self, before: datetime, first: int, last: int, since: datetime | None
-    ) -> int:
-        """One batch of a prune (the events with ids in [first, last]), one transaction."""
-        return await self._call(
-            lambda r: r.prune_event_batch(before, first, last, since=since), write=True
-        )
-
-    async def _drop_partitions(self, before: datetime) -> tuple[int, datetime | None]:
-        """PostgreSQL, events partitioned: the whole months before ``before`` dropped, as
-        :meth:`mnestoma.Mnestoma.prune_events` drops them; how many events went, and the
-        end of the months dropped (None when none was)."""
-        if self.engine.dialect.name != "postgresql":
-            return 0, None
-        dropped = await self._call(lambda r: r.drop_event_partitions(before), write=True)
-        for name in dropped.detached:
-            await self._call(lambda r, name=name: r.drop_detached_partition(name), write=True)  # type: ignore[misc]
-        end, after = dropped.end, FIRST_TURN_EDGE
-        while end is not None:
-            _, last = await self._call(
-                lambda r, a=after: r.prune_turn_edges(end, a, EVENT_PRUNE_BATCH),  # type: ignore[misc]
-                write=True,
-            )
-            if last is None:
-                break
-            after = last
-        return dropped.deleted, dropped.end
+    async def _own_connection(self, step: OwnConnection[T], cancelled: _Flag) -> T:
+        """A run on a connection of its own (the batched ager), stopped before its next
+        batch once ``cancelled`` is set."""
+        if cancelled:
+            raise asyncio.CancelledError
+        with translate_errors():
+            async with self._bind.connect() as conn:
+                return await conn.run_sync(
+                    lambda sync: self._noted(sync, step.work(sync, lambda: not cancelled))
+                )
 
     async def top_queries(self, *, limit: int = 10) -> list[QueryFrequency]:
         """The most frequent canonical forms.

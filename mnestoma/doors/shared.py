@@ -1,6 +1,6 @@
 """What the two facades share (:class:`~mnestoma.Mnestoma`, :class:`~mnestoma.aio.AsyncMnestoma`):
 their settings' clock and recorder, their replica views, the schema check on first use, the
-lock timeout of their engine and the checks of a prune's arguments.
+lock timeout of their engine and the note of a long run's commits.
 
 Below both, so that the sync and the async door stand beside each other and neither imports
 the other.
@@ -9,41 +9,74 @@ the other.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
-from typing import Any, Self
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, Self, TypeVar
 
-from sqlalchemy import Engine, inspect
+from sqlalchemy import Connection, Engine, inspect
+from sqlalchemy.engine import URL
 
 from mnestoma.core.clock import Clock
-from mnestoma.core.errors import translate_errors
-from mnestoma.core.settings import Settings
-from mnestoma.core.validation import check_dry_run, check_progress
+from mnestoma.core.errors import SchemaError, translate_errors
+from mnestoma.core.redaction import redact_url
+from mnestoma.core.settings import Settings, settings_of
 from mnestoma.engines.locking import LOCK_TIMEOUT_OPTION
-from mnestoma.engines.replicas import ReplicaSet
-from mnestoma.engines.urls import is_sqlite
-from mnestoma.maintenance.migration import ensure_at_head
+from mnestoma.engines.replicas import ReplicaSet, replica_connect_args
+from mnestoma.engines.urls import is_sqlite, refuse_memory_sqlite
+from mnestoma.maintenance.migration import ensure_at_head, sqlite_store_missing
+from mnestoma.maintenance.retention import PruneProgress
 
 __all__ = [
     "FacadeBase",
     "PruneProgress",
-    "check_prune_call",
+    "Replicas",
     "ensure_schema",
+    "store_url",
     "with_lock_timeout",
 ]
 
-# Called as a prune of events goes: (batches done, batches in all, events deleted so far).
-PruneProgress = Callable[[int, int, int], object]
+T = TypeVar("T")
+E = TypeVar("E")
+# The read replicas a facade is given: their URLs (contract §12).
+Replicas = Sequence[str | URL] | None
 
 
-class FacadeBase:
+class FacadeBase(Generic[E]):
     """The state and views both facades have: their settings, whether their reads stay on the
-    primary, their read replicas and whether they close them."""
+    primary, their read replicas and whether they close them; how they are built (a URL or
+    an engine ``E`` of the door's kind, settings, replicas)."""
 
     settings: Settings
     _replicas: ReplicaSet | None
     _owns_engine: bool
     _owns_replicas: bool
     _on_primary: bool
+
+    def __init__(
+        self,
+        url_or_engine: str | URL | E | None = None,
+        *,
+        settings: Settings | None = None,
+        clock: Clock | None = None,
+        recorder: str | None = None,
+        create: bool = True,
+        replicas: Replicas = None,
+    ) -> None:
+        # checked before anything is opened: bad settings open no engine
+        self.settings = settings_of(settings, clock=clock, recorder=recorder)
+        self._replicas = None
+        self._owns_replicas = True
+        self._on_primary = False
+        self._open(url_or_engine, create, replicas)
+
+    def _open(self, target: str | URL | E | None, create: bool, replicas: Replicas) -> None:
+        """The door's engines: its own, or the caller's ``url_or_engine``, and its replicas'."""
+        raise NotImplementedError
+
+    def _with_replicas(self, urls: list[URL], make: Callable[..., Any]) -> None:
+        """Read replicas at ``urls``, each engine built by ``make`` (the door's kind)."""
+        if urls:
+            engines = [make(u, connect_args=replica_connect_args(u)) for u in urls]
+            self._replicas = ReplicaSet(engines, urls, self.settings)
 
     @property
     def clock(self) -> Clock:
@@ -77,10 +110,22 @@ class FacadeBase:
         """
         return {} if self._replicas is None else self._replicas.stats()
 
+    def _noted(self, conn: Connection, result: T) -> T:
+        """After a run that committed its own transactions on ``conn`` (the batched ager):
+        the WAL position its commits reached, noted for read-your-writes (replicas)."""
+        if self._replicas is not None:
+            self._replicas.note_write(conn)
+            conn.rollback()
+        return result
 
-def check_prune_call(dry_run: object, progress: object) -> tuple[bool, PruneProgress | None]:
-    """The arguments of ``prune_events`` (both doors), checked before its first batch."""
-    return check_dry_run(dry_run), check_progress(progress, "done, total, deleted")
+
+def store_url(url: URL, create: bool) -> URL:
+    """``url``, unless it is an in-memory SQLite database (it cannot be shared), or with
+    ``create=False`` a SQLite file that holds no store (SchemaError)."""
+    refuse_memory_sqlite(url)
+    if not create and sqlite_store_missing(url):
+        raise SchemaError(f"there is no mnestoma store at {redact_url(url)}")
+    return url
 
 
 def with_lock_timeout(engine: Engine, seconds: float | None) -> Engine:

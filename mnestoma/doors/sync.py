@@ -4,24 +4,16 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from datetime import datetime
-from typing import Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import URL
 
-from mnestoma.core.clock import Clock
-from mnestoma.core.errors import SchemaError, StoreError, translate_errors
-from mnestoma.core.rules import EVENT_PRUNE_BATCH, AgerReport, batch_pause, event_batches
-from mnestoma.core.settings import Settings, settings_of
-from mnestoma.doors.shared import (
-    FacadeBase,
-    PruneProgress,
-    check_prune_call,
-    ensure_schema,
-    with_lock_timeout,
-)
+from mnestoma.core.errors import StoreError, translate_errors
+from mnestoma.core.rules import AgerReport
+from mnestoma.doors.shared import FacadeBase, Replicas, ensure_schema, store_url, with_lock_timeout
 from mnestoma.engines import (
     make_engine,
     make_session_factory,
@@ -30,10 +22,10 @@ from mnestoma.engines import (
     refuse_memory_sqlite,
     resolve_database_url,
 )
-from mnestoma.engines.partitions import FIRST_TURN_EDGE
-from mnestoma.engines.replicas import NOT_READY, ReplicaSet, replica_connect_args, replica_urls
-from mnestoma.maintenance.ager import BatchProgress, age_in_batches, check_ager_call
-from mnestoma.maintenance.migration import sqlite_store_missing
+from mnestoma.engines.replicas import NOT_READY, replica_urls
+from mnestoma.maintenance.ager import BatchProgress, ager_steps
+from mnestoma.maintenance.retention import PruneProgress, prune_steps
+from mnestoma.maintenance.steps import Pause, Read, Step, Write, drive
 from mnestoma.schema.models import CanonicalQuery
 from mnestoma.store.repository import MnestRepository, QueryFrequency
 from mnestoma.store.uow import ConnectionUnitOfWork, UnitOfWork, repository_call, written
@@ -64,7 +56,7 @@ def _in_one_transaction(
     return method
 
 
-class Mnestoma(FacadeBase):
+class Mnestoma(FacadeBase[Engine]):
     """The store, ready to use: ``Mnestoma()`` opens the default SQLite file.
 
     A new or empty SQLite database is migrated to head on first use; any other database
@@ -87,40 +79,20 @@ class Mnestoma(FacadeBase):
             be reached).
     """
 
-    def __init__(
-        self,
-        url_or_engine: str | URL | Engine | None = None,
-        *,
-        settings: Settings | None = None,
-        clock: Clock | None = None,
-        recorder: str | None = None,
-        create: bool = True,
-        replicas: Sequence[str | URL] | None = None,
-    ):
-        # checked before anything is opened: bad settings open no engine
-        self.settings = settings_of(settings, clock=clock, recorder=recorder)
-        self._replicas: ReplicaSet | None = None
-        self._owns_replicas = True
-        self._on_primary = False
-        if isinstance(url_or_engine, Engine):
-            self.engine = url_or_engine
+    def _open(self, target: str | URL | Engine | None, create: bool, replicas: Replicas) -> None:
+        if isinstance(target, Engine):
+            self.engine = target
             self._owns_engine = False
             own_pool_after_fork(self.engine)  # a caller's own create_engine engine too
         else:
-            url = resolve_database_url(url_or_engine)
-            refuse_memory_sqlite(url)
-            if not create and sqlite_store_missing(url):
-                raise SchemaError(f"there is no mnestoma store at {redact_url(url)}")
-            self.engine = make_engine(url)
+            self.engine = make_engine(store_url(resolve_database_url(target), create))
             self._owns_engine = True
         refuse_memory_sqlite(self.engine.url)
         self._bind = with_lock_timeout(self.engine, self.settings.lock_timeout)
         try:
             urls = replica_urls(self.engine.url, replicas)
             ensure_schema(self.engine)
-            if urls:
-                engines = [make_engine(u, connect_args=replica_connect_args(u)) for u in urls]
-                self._replicas = ReplicaSet(engines, urls, self.settings)
+            self._with_replicas(urls, make_engine)
         except BaseException:
             self.close()
             raise
@@ -218,19 +190,8 @@ class Mnestoma(FacadeBase):
             StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
                 be reached).
         """
-        # every argument checked before the first batch: a bad one refused writes nothing
-        rows, dry, progress = check_ager_call(dry_run, batch_rows, progress)
-        if dry:
-            with self._unit() as unit:
-                return unit.mnests.apply_ager()  # left without commit: rolled back
-        with translate_errors(), self._bind.connect() as conn:
-            report = age_in_batches(
-                conn, settings=self.settings, batch_rows=rows, progress=progress
-            )
-            if self._replicas is not None:
-                self._replicas.note_write(conn)
-                conn.rollback()
-            return report
+        steps = ager_steps(self.settings, dry_run=dry_run, batch_rows=batch_rows, progress=progress)
+        return drive(steps, self._step)
 
     def prune_events(
         self, before: datetime, *, dry_run: bool = False, progress: PruneProgress | None = None
@@ -255,45 +216,23 @@ class Mnestoma(FacadeBase):
             StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
                 be reached).
         """
-        dry, report = check_prune_call(dry_run, progress)
-        if dry:
-            return self._read(lambda u: u.mnests.prune_events(before, dry_run=True), primary=True)
-        deleted, since = self._drop_partitions(before)
-        found = self._read(lambda u: u.mnests.prunable_event_ids(before, since=since), primary=True)
-        batches = list(event_batches(found))
-        if report is not None and (batches or deleted):
-            report(0, len(batches), deleted)
-        for i, (first, last) in enumerate(batches):
-            if i:
-                time.sleep(batch_pause(self.engine.dialect.name))
-            deleted += self._prune_batch(before, first, last, since)
-            if report is not None:
-                report(i + 1, len(batches), deleted)
-        return deleted
+        dialect = self.engine.dialect.name
+        steps = prune_steps(before, dry_run=dry_run, progress=progress, dialect=dialect)
+        return drive(steps, self._step)
 
-    def _prune_batch(self, before: datetime, first: int, last: int, since: datetime | None) -> int:
-        """One batch of a prune (the events with ids in [first, last]), one transaction."""
-        return self._write(lambda u: u.mnests.prune_event_batch(before, first, last, since=since))
-
-    def _drop_partitions(self, before: datetime) -> tuple[int, datetime | None]:
-        """PostgreSQL, events partitioned: the whole months before ``before`` dropped (the
-        swap one transaction, each drop another), then the rows of ``event_turn_edges``
-        their passings had, in batches; how many events went, and the end of the months
-        dropped (before it, only what was kept: None when none was). Nothing elsewhere."""
-        if self.engine.dialect.name != "postgresql":
-            return 0, None
-        dropped = self._write(lambda u: u.mnests.drop_event_partitions(before))
-        for name in dropped.detached:
-            self._write(lambda u, name=name: u.mnests.drop_detached_partition(name))  # type: ignore[misc]
-        end, after = dropped.end, FIRST_TURN_EDGE
-        while end is not None:
-            _, last = self._write(
-                lambda u, a=after: u.mnests.prune_turn_edges(end, a, EVENT_PRUNE_BATCH)  # type: ignore[misc]
-            )
-            if last is None:
-                break
-            after = last
-        return dropped.deleted, dropped.end
+    def _step(self, step: Step) -> Any:
+        """One step of an operation of several transactions (:mod:`mnestoma.maintenance.steps`):
+        a read on the primary, a write (retried when transient), a pause, or a run on a
+        connection of its own."""
+        if isinstance(step, Read):
+            return self._read(lambda unit: step.work(unit.connection), primary=True)
+        if isinstance(step, Write):
+            return self._write(lambda unit: step.work(unit.connection))
+        if isinstance(step, Pause):
+            time.sleep(step.seconds)
+            return None
+        with translate_errors(), self._bind.connect() as conn:
+            return self._noted(conn, step.work(conn, None))
 
     def log_canonical_query(
         self, raw_query: str, canonical_query: str, *, turn_id: str | None = None

@@ -87,11 +87,11 @@ from mnestoma.engines.locking import (
     beside_store,
     open_beside_store,
     pause_on,
-    take_write_lock,
     try_flock,
 )
-from mnestoma.engines.partitions import note_written, upkeep_after_commit, upkeep_before_write
-from mnestoma.schema.runner import StatementRunner, _prepare, runner_for
+from mnestoma.engines.partitions import note_written, upkeep_after_commit
+from mnestoma.maintenance.steps import GoOn, OwnConnection, Read, Steps, for_write
+from mnestoma.schema.runner import StatementRunner, _prepare
 from mnestoma.schema.sql import chains as chains_sql
 from mnestoma.schema.sql.ager import (
     ADVISORY_HELD,
@@ -128,6 +128,7 @@ __all__ = [
     "ager_bounds",
     "ager_run_lock",
     "ager_running",
+    "ager_steps",
     "ager_writers",
     "archive_candidates",
     "begin_batched_run",
@@ -136,6 +137,7 @@ __all__ = [
     "forget_chains_batch",
     "forget_faded_chains",
     "run_ager",
+    "run_ager_now",
 ]
 
 logger = logging.getLogger("mnestoma.ager")  # the logger's public name
@@ -749,8 +751,38 @@ class RunStopped(Exception):
     async caller cancelled): an interrupted run, which the next completes."""
 
 
-# Asked before each batch, and while a batch waits to be tried again: False stops the run.
-GoOn = Callable[[], bool]
+def run_ager_now(conn: Connection, settings: Settings) -> AgerReport:
+    """A whole run at the clock's now in the caller's write transaction (``conn`` holding the
+    write lock): a repository's ``apply_ager``, and a facade's dry run."""
+    return run_ager(conn, _written_at(conn, settings))
+
+
+def ager_steps(
+    settings: Settings, *, dry_run: object, batch_rows: object, progress: object
+) -> Steps[AgerReport]:
+    """A facade's ``apply_ager``: its arguments checked now, before the run writes anything,
+    and its one step: the run in batches on a connection of its own
+    (:func:`age_in_batches`), or a dry run, one transaction on the primary, rolled back."""
+    rows, dry, report = check_ager_call(dry_run, batch_rows, progress)
+    if dry:
+        return _dry_run(settings)
+    return _batched_run(settings, rows, report)
+
+
+def _dry_run(settings: Settings) -> Steps[AgerReport]:
+    report: AgerReport = yield Read(lambda conn: run_ager_now(for_write(conn), settings))
+    return report
+
+
+def _batched_run(
+    settings: Settings, rows: int | None, report: BatchProgress | None
+) -> Steps[AgerReport]:
+    done: AgerReport = yield OwnConnection(
+        lambda conn, go_on: age_in_batches(
+            conn, settings=settings, batch_rows=rows, progress=report, go_on=go_on
+        )
+    )
+    return done
 
 
 def age_in_batches(
@@ -1093,11 +1125,7 @@ def _written(conn: Connection, write: Callable[[Connection], T]) -> T:
 
     def once() -> T:
         try:
-            upkeep_before_write(conn)  # PostgreSQL: the months' partitions, before any lock
-            runner_for(conn).ready()  # SQLAlchemy's transaction begun before the lock
-            with translate_errors():
-                take_write_lock(conn)
-            result = write(conn)
+            result = write(for_write(conn))
             with translate_errors():
                 conn.commit()
             upkeep_after_commit(conn)

@@ -65,13 +65,11 @@ from mnestoma.core.validation import (
 )
 from mnestoma.engines.locking import take_write_lock
 from mnestoma.engines.partitions import (
-    Dropped,
-    TurnEdgeKey,
-    drop_old_partitions,
     note_written,
     upkeep_before_write,
 )
-from mnestoma.maintenance.ager import run_ager
+from mnestoma.maintenance import retention
+from mnestoma.maintenance.ager import run_ager_now
 from mnestoma.planner import ranking
 from mnestoma.planner.graph import GraphReads
 from mnestoma.planner.planning import Forecast, normalise_context, read_forecast
@@ -80,10 +78,8 @@ from mnestoma.schema import snapshots as snap
 from mnestoma.schema.models import CanonicalQuery, Event, Mnest
 from mnestoma.schema.runner import StatementRunner, as_mappings, runner_for
 from mnestoma.schema.sql import chains as chains_sql
-from mnestoma.schema.sql import partitions as partitions_sql
 from mnestoma.schema.sql import read as rd
 from mnestoma.schema.sql import record as rec
-from mnestoma.schema.sql import retention as ret
 from mnestoma.schema.sql.tables import MNEST_COLUMNS, Key
 
 __all__ = ["CanonicalQueryRepository", "MnestRepository", "QueryFrequency", "built"]
@@ -1162,8 +1158,7 @@ class MnestRepository(GraphReads):
             StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
                 be reached).
         """
-        ex = self._write_ex()
-        return run_ager(ex.conn, self._write_now(ex))
+        return run_ager_now(self._write_ex().conn, self.settings)
 
     # --- retention --------------------------------------------------------------------
 
@@ -1172,7 +1167,7 @@ class MnestRepository(GraphReads):
         still in ``mnests``; how many were (with ``dry_run``: would be, nothing deleted).
 
         All in this unit's transaction; the facades delete in batches instead, each its own
-        transaction (:meth:`prunable_event_ids`, :meth:`prune_event_batch`).
+        transaction (:func:`mnestoma.maintenance.retention.prune_steps`).
 
         Returns:
             How many events were deleted (with ``dry_run``: would be).
@@ -1185,126 +1180,10 @@ class MnestRepository(GraphReads):
             StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
                 be reached).
         """
-        params = {"before": _cutoff(before)}
+        cutoff = _cutoff(before)
         if check_dry_run(dry_run):
-            row = self._ex().first(ret.COUNT_PRUNABLE, params)
-            return 0 if row is None else int(row[0])
-        return int(self._write_ex().execute(ret.DELETE_PRUNABLE, params).rowcount)
-
-    def prunable_event_ids(
-        self, before: datetime, *, since: datetime | None = None
-    ) -> tuple[int, int] | None:
-        """The lowest and highest id of the events a prune at ``before`` would delete now,
-        or None when there is none: the range the batches of a prune cover. With
-        ``since``, only among the events from then on (what lies before the end of the
-        months retention dropped is what it kept).
-
-        Returns:
-            The pair (lowest id, highest id), or None when there is nothing to delete.
-
-        Raises:
-            InvalidInput: ``before`` is not an aware datetime the store can hold.
-            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
-                be reached).
-        """
-        params = {"before": _cutoff(before)}
-        if since is None:
-            row = self._ex().first(ret.PRUNABLE_ID_RANGE, params)
-        else:
-            row = self._ex().first(ret.PRUNABLE_ID_RANGE_SINCE, {**params, "since": _cutoff(since)})
-        if row is None or row[0] is None or row[1] is None:
-            return None
-        return int(row[0]), int(row[1])
-
-    def prune_event_batch(
-        self, before: datetime, first: int, last: int, *, since: datetime | None = None
-    ) -> int:
-        """Delete the events :meth:`prune_events` would, among those whose ids lie in
-        ``[first, last]`` (with ``since``: and whose instant is not before it): one batch
-        of a prune; how many were deleted.
-
-        Returns:
-            How many events were deleted.
-
-        Raises:
-            InvalidInput: ``before`` is not an aware datetime the store can hold.
-            ConflictError: the write lock was not had within the lock timeout
-                (:class:`WriteLockTimeout`), or other writers kept changing the rows it needed.
-            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
-                be reached).
-        """
-        params = {"before": _cutoff(before), "first": int(first), "last": int(last)}
-        stmt = ret.DELETE_PRUNABLE_BATCH
-        if since is not None:
-            stmt, params["since"] = ret.DELETE_PRUNABLE_BATCH_SINCE, _cutoff(since)
-        return int(self._write_ex().execute(stmt, params).rowcount)
-
-    def drop_event_partitions(self, before: datetime) -> Dropped:
-        """PostgreSQL, events partitioned: detach the partitions whose months all lie before
-        ``before``, keeping the ``created`` events of the rows still stored (see
-        :func:`mnestoma.engines.partitions.drop_old_partitions`); nothing elsewhere. The caller
-        commits, then drops what was detached (:meth:`drop_detached_partition`).
-
-        Returns:
-            A :class:`~mnestoma.engines.partitions.Dropped`: how many events went, the tables
-            detached, and the instant before which every event lay in them.
-
-        Raises:
-            InvalidInput: ``before`` is not an aware datetime the store can hold.
-            ConflictError: the write lock was not had within the lock timeout
-                (:class:`WriteLockTimeout`), or a lock it needed stayed busy.
-            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
-                be reached).
-        """
-        conn = self._write_ex().conn
-        with translate_errors():
-            return drop_old_partitions(conn, _cutoff(before))
-
-    def drop_detached_partition(self, name: str) -> None:
-        """Drop a table :meth:`drop_event_partitions` detached: its space goes back to the
-        operating system.
-
-        Returns:
-            None.
-
-        Raises:
-            ValueError: ``name`` is not a table retention detached.
-            ConflictError: the write lock was not had within the lock timeout
-                (:class:`WriteLockTimeout`), or a lock it needed stayed busy.
-            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
-                be reached).
-        """
-        self._write_ex().execute(partitions_sql.drop_table(partitions_sql.detached(name)))
-
-    def prune_turn_edges(
-        self, end: datetime, after: TurnEdgeKey, limit: int
-    ) -> tuple[int, TurnEdgeKey | None]:
-        """One batch of the rows of ``event_turn_edges`` before ``end`` after ``after`` (in
-        (ts, turn_id, mnest_id, occurrence) order): those whose passing went with a dropped
-        partition are deleted.
-
-        Returns:
-            How many were deleted, and the last row looked at (None: none was left).
-
-        Raises:
-            InvalidInput: ``end`` is not an aware datetime the store can hold.
-            ConflictError: the write lock was not had within the lock timeout
-                (:class:`WriteLockTimeout`), or a lock it needed stayed busy.
-            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
-                be reached).
-        """
-        params = {
-            "end": _cutoff(end),
-            "ts": after[0],
-            "turn": after[1],
-            "mnest": after[2],
-            "occ": after[3],
-            "n": int(limit),
-        }
-        row = self._write_ex().first(partitions_sql.PRUNE_TURN_EDGES_BATCH, params)
-        assert row is not None
-        deleted, seen, ts, turn, mnest, occurrence = row
-        return int(deleted), (None if not seen else (ts, turn, mnest, occurrence))
+            return retention.count_prunable(self._ex().conn, cutoff)
+        return retention.delete_prunable(self._write_ex().conn, cutoff)
 
     # --- query log --------------------------------------------------------------------
 

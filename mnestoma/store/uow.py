@@ -5,6 +5,7 @@
 - :class:`ConnectionUnitOfWork`: one transaction on one Core connection, what the facade
   (and the async door) run each call in, because a Session adds only bookkeeping to Core
   statements;
+- :class:`Unit` (and :class:`AsyncUnit`, its awaited twin): what each of them is;
 - :func:`with_retries` (from :mod:`mnestoma.core.retrying`): a write retried when it failed
   transiently, bounded.
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Iterator
-from typing import Any, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, Self, TypeVar
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session, SessionTransaction, sessionmaker
@@ -30,18 +31,108 @@ from mnestoma.store.repository import CanonicalQueryRepository, MnestRepository,
 
 __all__ = [
     "MAX_ATTEMPTS",
+    "AsyncUnit",
     "ConnectionUnitOfWork",
     "JoinedUnitOfWork",
+    "Unit",
     "UnitOfWork",
+    "check_factory",
+    "made_session",
     "retry_pause",
     "with_retries",
     "written",
 ]
 
 T = TypeVar("T")
+M_co = TypeVar("M_co", covariant=True)
+Q_co = TypeVar("Q_co", covariant=True)
 
 
-class JoinedUnitOfWork:
+class Unit(Protocol[M_co, Q_co]):
+    """What every unit of work is: its repositories (``mnests``, ``queries``) in one
+    transaction, ``commit()`` and ``rollback()``, and a context manager that rolls back what
+    was not committed when it is left. :class:`UnitOfWork`, :class:`JoinedUnitOfWork` and
+    :class:`ConnectionUnitOfWork` are one, of the sync repositories."""
+
+    @property
+    def mnests(self) -> M_co: ...
+
+    @property
+    def queries(self) -> Q_co: ...
+
+    def commit(self) -> None: ...
+
+    def rollback(self) -> None: ...
+
+    def __enter__(self) -> Self: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+
+class AsyncUnit(Protocol[M_co, Q_co]):
+    """:class:`Unit`, awaited: ``commit()``, ``rollback()`` and the context manager are
+    coroutines (the async door's ``AsyncUnitOfWork`` and its joined twin)."""
+
+    @property
+    def mnests(self) -> M_co: ...
+
+    @property
+    def queries(self) -> Q_co: ...
+
+    async def commit(self) -> None: ...
+
+    async def rollback(self) -> None: ...
+
+    async def __aenter__(self) -> Self: ...
+
+    async def __aexit__(self, *exc: object) -> None: ...
+
+
+class _Repositories:
+    """What the sync units share: the settings, and their two repositories on one bind."""
+
+    mnests: MnestRepository
+    queries: CanonicalQueryRepository
+    settings: Settings
+
+    def _open(self, bind: Session | Connection, before_write: Callable[[], None] | None) -> None:
+        self.mnests = MnestRepository(bind, settings=self.settings, before_write=before_write)
+        self.queries = CanonicalQueryRepository(
+            bind, settings=self.settings, before_write=before_write
+        )
+
+    def __exit__(self, *exc: object) -> None:
+        self.rollback()
+
+    def rollback(self) -> None:
+        raise NotImplementedError
+
+
+def check_factory(
+    factory: object, *, refused: tuple[type, ...], session: type, owner: str, needs: str
+) -> None:
+    """InvalidInput unless ``factory`` is a session factory: not one of the ``refused``
+    things (an engine, a connection, a ``session``), and callable."""
+    if isinstance(factory, refused) or not callable(factory):
+        given = type(factory).__name__
+        if isinstance(factory, session):
+            given += f"; {owner}.joining(session) works in a session"
+        raise InvalidInput(f"{owner} needs {needs}, got {given}")
+
+
+def made_session(factory: Callable[[], Any], kind: type[T], owner: str) -> T:
+    """The session ``factory`` made for the unit ``owner``, InvalidInput unless a ``kind``."""
+    session = factory()
+    if not isinstance(session, kind):
+        article = "an" if kind.__name__[0] in "AEIOU" else "a"
+        raise InvalidInput(
+            f"the session factory of {owner} returned {type(session).__name__}, "
+            f"not {article} {kind.__name__}"
+        )
+    return session
+
+
+class JoinedUnitOfWork(_Repositories):
     """Works in a SAVEPOINT of a caller's session; never commits or closes that session.
 
     The savepoint is taken before the unit's first write (after the write lock on SQLite),
@@ -74,12 +165,7 @@ class JoinedUnitOfWork:
         self._savepoint: SessionTransaction | None = None
 
     def __enter__(self) -> Self:
-        self.mnests = MnestRepository(
-            self.session, settings=self.settings, before_write=self._open_savepoint
-        )
-        self.queries = CanonicalQueryRepository(
-            self.session, settings=self.settings, before_write=self._open_savepoint
-        )
+        self._open(self.session, self._open_savepoint)
         return self
 
     def _open_savepoint(self) -> None:
@@ -89,9 +175,6 @@ class JoinedUnitOfWork:
         with translate_errors():
             take_write_lock(self.session.connection())
             self._savepoint = self.session.begin_nested()
-
-    def __exit__(self, *exc: object) -> None:
-        self.rollback()
 
     def commit(self) -> None:
         """Release the savepoint into the caller's transaction (nothing to do after reads).
@@ -120,7 +203,7 @@ class JoinedUnitOfWork:
         self._savepoint = None
 
 
-class UnitOfWork:
+class UnitOfWork(_Repositories):
     """Opens a session on enter; commits only when asked; rolls back otherwise; always closes.
 
     >>> with UnitOfWork(session_factory) as uow:
@@ -145,15 +228,13 @@ class UnitOfWork:
         clock: Clock | None = None,
         recorder: str | None = None,
     ):
-        if isinstance(session_factory, Engine | Connection | Session) or not callable(
-            session_factory
-        ):
-            given = type(session_factory).__name__
-            if isinstance(session_factory, Session):
-                given += "; UnitOfWork.joining(session) works in a session"
-            raise InvalidInput(
-                f"UnitOfWork needs a session factory (make_session_factory(engine)), got {given}"
-            )
+        check_factory(
+            session_factory,
+            refused=(Engine, Connection, Session),
+            session=Session,
+            owner="UnitOfWork",
+            needs="a session factory (make_session_factory(engine))",
+        )
         self._factory = session_factory
         self.settings = settings_of(settings, clock=clock, recorder=recorder)
         # Called with the session's connection after each commit (a facade with read
@@ -161,15 +242,8 @@ class UnitOfWork:
         self._after_commit: Callable[[Session], object] | None = None
 
     def __enter__(self) -> Self:
-        session = self._factory()
-        if not isinstance(session, Session):
-            raise InvalidInput(
-                f"the session factory of a UnitOfWork returned {type(session).__name__}, "
-                "not a Session"
-            )
-        self.session = session
-        self.mnests = MnestRepository(self.session, settings=self.settings)
-        self.queries = CanonicalQueryRepository(self.session, settings=self.settings)
+        self.session = made_session(self._factory, Session, "a UnitOfWork")
+        self._open(self.session, None)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -210,7 +284,7 @@ class UnitOfWork:
     joining = JoinedUnitOfWork
 
 
-class ConnectionUnitOfWork:
+class ConnectionUnitOfWork(_Repositories):
     """One transaction on one Core connection; rolled back unless committed.
 
     Given an Engine, it checks a connection out on enter and returns it on exit; given a
@@ -236,6 +310,7 @@ class ConnectionUnitOfWork:
                 self.connection = self._bind.connect()
         else:
             self.connection = self._bind
+        # not through _open: every call of a facade enters one of these
         self.mnests = MnestRepository(self.connection, settings=self.settings)
         self.queries = CanonicalQueryRepository(self.connection, settings=self.settings)
         return self
@@ -312,3 +387,11 @@ def written(
         return built(result)  # a snapshot is built outside the write lock
 
     return with_retries(once)
+
+
+if TYPE_CHECKING:  # each unit is a Unit of the sync repositories
+    _units: tuple[type[Unit[MnestRepository, CanonicalQueryRepository]], ...] = (
+        UnitOfWork,
+        JoinedUnitOfWork,
+        ConnectionUnitOfWork,
+    )

@@ -21,7 +21,9 @@ from mnestoma import InvalidInput, Mnestoma, UnitOfWork, make_engine, make_sessi
 from mnestoma.core import rules
 from mnestoma.core.rules import PASSING, EventKind
 from mnestoma.doors.asynchronous import AsyncMnestoma
+from mnestoma.maintenance.retention import prunable_event_ids, prune_event_batch
 from mnestoma.maintenance.status import collect_status, render_status
+from mnestoma.maintenance.steps import Step, Write
 from mnestoma.schema.models import Event
 from mnestoma.schema.sql.tables import EVENTS
 from mnestoma.testing.clock import MovableClock
@@ -320,20 +322,19 @@ def test_passings_recorded_between_batches_are_all_kept(
     monkeypatch.setattr(rules, "EVENT_PRUNE_BATCH", 4)
     monkeypatch.setattr(rules, "BATCH_PAUSE_S", 0.0)
     writer = Mnestoma(store_url, clock=clock)
-    batch = store._prune_batch
+    step = store._step
     written: list[int] = []
 
-    def batch_then_a_writer(
-        before_: datetime, first: int, last: int, since: datetime | None
-    ) -> int:
-        n = batch(before_, first, last, since)
-        i = len(written)
-        writer.record_passing("s", "1", f"d{i % 6}", "1", turn_id=f"new{i}")
-        writer.record_passing("s", "1", f"n{i}", "1")  # a new edge too
-        written.append(i)
+    def batch_then_a_writer(s: Step) -> Any:
+        n = step(s)
+        if isinstance(s, Write) and getattr(s.work, "func", None) is prune_event_batch:
+            i = len(written)
+            writer.record_passing("s", "1", f"d{i % 6}", "1", turn_id=f"new{i}")
+            writer.record_passing("s", "1", f"n{i}", "1")  # a new edge too
+            written.append(i)
         return n
 
-    monkeypatch.setattr(store, "_prune_batch", batch_then_a_writer)
+    monkeypatch.setattr(store, "_step", batch_then_a_writer)
     try:
         assert store.prune_events(cutoff) == len(doomed)
     finally:
@@ -459,9 +460,9 @@ def test_the_async_repository_prunes_in_its_units_transaction(
                 counted = await uow.mnests.prune_events(t0 + 60 * DAY, dry_run=True)
                 dropped = await uow.mnests.prune_events(t0 + 60 * DAY)  # not committed
             async with am.unit_of_work() as uow:
-                span = await uow.mnests.prunable_event_ids(t0 + 60 * DAY)
+                span = await uow.session.run_sync(prunable_event_ids, t0 + 60 * DAY)
                 assert span is not None
-                done = await uow.mnests.prune_event_batch(t0 + 60 * DAY, *span)
+                done = await uow.session.run_sync(prune_event_batch, t0 + 60 * DAY, *span)
                 await uow.commit()
             return counted, dropped, done
 
@@ -641,9 +642,9 @@ def test_a_prunes_batches_from_an_instant_on_leave_the_events_before_it(
     engine = make_engine(store_url)
     try:
         with UnitOfWork(make_session_factory(engine)) as uow:
-            found = uow.mnests.prunable_event_ids(cutoff, since=since)
+            found = prunable_event_ids(uow.session, cutoff, since=since)
             assert found == (min(later), max(later))
-            assert uow.mnests.prune_event_batch(cutoff, 0, 10**9, since=since) == len(later)
+            assert prune_event_batch(uow.session, cutoff, 0, 10**9, since=since) == len(later)
             uow.commit()
     finally:
         engine.dispose()

@@ -66,6 +66,7 @@ def test_inside_the_package_settings_travel_whole_never_as_clock_or_recorder() -
 USER_DOORS = {
     "Mnestoma",
     "AsyncMnestoma",
+    "FacadeBase",  # the constructor both facades inherit
     "UnitOfWork",
     "JoinedUnitOfWork",
     "AsyncUnitOfWork",
