@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import traceback
+from pathlib import Path
 from typing import Any
 
 from click.testing import CliRunner, Result
@@ -135,6 +136,15 @@ def run_ok(*args: Any) -> Result:
 def run_json(*args: Any) -> Any:
     """``run_ok`` with ``--json``, its stdout parsed."""
     return json.loads(run_ok(*args, "--json").stdout)
+
+
+def refuses_missing_store(path: Path, *args: Any) -> None:
+    """``run`` of ``args`` on the SQLite file ``path``, which does not exist: the command
+    fails, says there is no store, and leaves no file behind."""
+    result = run(*args, "--database-url", f"sqlite:///{path}")
+    assert result.exit_code == 1
+    assert "no mnestoma store" in result.stderr
+    assert not path.exists()
 
 
 def shown(result: Result) -> str:

@@ -10,6 +10,7 @@ server does not answer, refuses the login, or lacks the database), unless
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import os
@@ -350,6 +351,16 @@ def mnest_row(when: datetime, **values: Any) -> dict[str, Any]:
         "state": "active",
     }
     return row | values
+
+
+@contextlib.contextmanager
+def package_engine(url: str | URL) -> Iterator[Engine]:
+    """The package's engine for ``url`` (``make_engine``), disposed when the block ends."""
+    engine = make_engine(url)
+    try:
+        yield engine
+    finally:
+        engine.dispose()
 
 
 # --- markers: `-m "not postgresql"` and `-m "not slow"` select what they say ----------------

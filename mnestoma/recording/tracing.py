@@ -50,7 +50,7 @@ import os
 import sys
 import threading
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar, cast
@@ -231,6 +231,19 @@ def _below(below: list[Any], items: Iterable[Any], room: int) -> None:
             below.extend(itertools.islice(items, room))
 
 
+def _levels(first: Iterable[Any]) -> Iterator[tuple[Iterable[Any], list[Any], bool]]:
+    """Breadth first from ``first``, down to :data:`MAX_DEPTH`: each level, with the list the
+    walker fills with the next one and whether a next one is walked; ends after a level that
+    queued nothing. Shared by what an output is remembered by and what an argument holds."""
+    level = first
+    for depth in range(MAX_DEPTH + 1):
+        below: list[Any] = []
+        yield level, below, depth < MAX_DEPTH
+        if not below:
+            return
+        level = below
+
+
 def _record_fields(v: Any) -> list[Any]:
     return [getattr(v, f.name) for f in dataclasses.fields(v)]
 
@@ -246,11 +259,8 @@ def _index(value: Any) -> tuple[list[Any], list[int]]:
         return [value], [hash(value)]  # the most common output: one plain text
     objs: list[Any] = []
     keys: list[int] = []
-    level: Iterable[Any] = (value,)
     budget = MAX_NODES
-    for depth in range(MAX_DEPTH + 1):
-        below: list[Any] = []
-        deeper = depth < MAX_DEPTH
+    for level, below, deeper in _levels((value,)):
         for v in level:
             if budget <= 0:
                 return objs, keys
@@ -270,9 +280,6 @@ def _index(value: Any) -> tuple[list[Any], list[int]]:
                     _below(below, extra, budget - len(below))
             elif kind == _RECORD and deeper:
                 _below(below, _record_fields(v), budget - len(below))
-        if not below:
-            break
-        level = below
     return objs, keys
 
 
@@ -381,11 +388,8 @@ class Turn:
         by_id = self._by_id
         by_key = self._by_key
         found: list[Executor] = []
-        level = values
         budget = MAX_NODES
-        for depth in range(MAX_DEPTH + 1):
-            below: list[Any] = []
-            deeper = depth < MAX_DEPTH
+        for level, below, deeper in _levels(values):
             for v in level:
                 if budget <= 0:
                     return found
@@ -409,9 +413,6 @@ class Turn:
                         continue
                 if hit[0] not in found:
                     found.append(hit[0])
-            if not below:
-                break
-            level = below
         return found
 
     def _received(

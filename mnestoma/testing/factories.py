@@ -142,7 +142,25 @@ class _MnestomaFactory(SQLAlchemyModelFactory):
         return cls._save(model_class, session_factory(), args, kwargs)
 
 
-class MnestFactory(_MnestomaFactory):
+class _SeenFactory(_MnestomaFactory):
+    """Rows first seen ``first_seen_days_ago`` (14) and last seen ``last_seen_days_ago`` (1)
+    days before the bound clock's now: the edges' and the chains' common params."""
+
+    class Meta:
+        abstract = True
+
+    class Params:
+        now = factory.LazyFunction(factory_now)
+        last_seen_days_ago = 1.0
+        first_seen_days_ago = 14.0
+
+    ts_last = factory.LazyAttribute(lambda o: _days_before(o.now, o.last_seen_days_ago))
+    ts_first = factory.LazyAttribute(
+        lambda o: min(o.ts_last, _days_before(o.now, o.first_seen_days_ago))
+    )
+
+
+class MnestFactory(_SeenFactory):
     """An ``active``, versioned edge ``executor_N@1.0.0 → executor_N_next@1.0.0``.
 
     Params: ``last_seen_days_ago`` (ts_last = ts_weight = now − that), ``first_seen_days_ago``.
@@ -154,9 +172,6 @@ class MnestFactory(_MnestomaFactory):
         model = Mnest
 
     class Params:
-        now = factory.LazyFunction(factory_now)
-        last_seen_days_ago = 1.0
-        first_seen_days_ago = 14.0
         strong = factory.Trait(weight=0.9, uses=12, last_seen_days_ago=0.0)
         weak = factory.Trait(weight=0.12, uses=1)
         old = factory.Trait(
@@ -171,10 +186,6 @@ class MnestFactory(_MnestomaFactory):
     dst_version: Any = "1.0.0"
     weight = 0.45
     uses = 2
-    ts_last = factory.LazyAttribute(lambda o: _days_before(o.now, o.last_seen_days_ago))
-    ts_first = factory.LazyAttribute(
-        lambda o: min(o.ts_last, _days_before(o.now, o.first_seen_days_ago))
-    )
     ts_weight = factory.SelfAttribute("ts_last")
     decay_lambda = DEFAULT_DECAY_LAMBDA
     # its uses spread evenly from ts_first to ts_last, as revision 0010 fills older rows
@@ -228,6 +239,27 @@ class DecayingMnestFactory(MnestFactory):
     state = MnestState.DECAYING.value
 
 
+_ACTIVE, _DECAYING, _PROTO = MnestState.ACTIVE, MnestState.DECAYING, MnestState.PROTO
+
+
+def _event_trait(
+    kind: EventKind,
+    weight_before: float | None,
+    weight_after: float | None,
+    state_before: MnestState,
+    **state_after: str | None,
+) -> factory.Trait:
+    """A trait of :class:`EventFactory`: an event of ``kind``, its weights and states (the
+    state after the factory's own, active, unless ``state_after`` is given)."""
+    return factory.Trait(
+        kind=kind.value,
+        weight_before=weight_before,
+        weight_after=weight_after,
+        state_before=state_before.value,
+        **state_after,
+    )
+
+
 class EventFactory(_MnestomaFactory):
     """A ``created`` event of a mnest.
 
@@ -241,32 +273,13 @@ class EventFactory(_MnestomaFactory):
 
     class Params:
         mnest = None
-        reinforced = factory.Trait(
-            kind=EventKind.REINFORCED.value,
-            weight_before=INITIAL_WEIGHT,
-            weight_after=0.45,
-            state_before=MnestState.ACTIVE.value,
+        # kind, weight before and after, state before (and after, where not active)
+        reinforced = _event_trait(EventKind.REINFORCED, INITIAL_WEIGHT, 0.45, _ACTIVE)
+        transition = _event_trait(
+            EventKind.TRANSITION, 0.19, 0.19, _ACTIVE, state_after=_DECAYING.value
         )
-        transition = factory.Trait(
-            kind=EventKind.TRANSITION.value,
-            weight_before=0.19,
-            weight_after=0.19,
-            state_before=MnestState.ACTIVE.value,
-            state_after=MnestState.DECAYING.value,
-        )
-        promoted = factory.Trait(
-            kind=EventKind.PROMOTED.value,
-            weight_before=0.45,
-            weight_after=0.45,
-            state_before=MnestState.PROTO.value,
-        )
-        pruned = factory.Trait(
-            kind=EventKind.PRUNED.value,
-            weight_before=0.04,
-            weight_after=None,
-            state_before=MnestState.PROTO.value,
-            state_after=None,
-        )
+        promoted = _event_trait(EventKind.PROMOTED, 0.45, 0.45, _PROTO)
+        pruned = _event_trait(EventKind.PRUNED, 0.04, None, _PROTO, state_after=None)
 
     # With neither mnest nor mnest_id given, a MnestFactory row is made (same strategy);
     # an explicit mnest_id overrides this declaration, so no row is made for nothing.
@@ -307,7 +320,7 @@ class CanonicalQueryFactory(_MnestomaFactory):
     )
 
 
-class MnestChainFactory(_MnestomaFactory):
+class MnestChainFactory(_SeenFactory):
     """A chain of the planner (``mnest_chains``): ``executor_N → executor_N_mid →
     executor_N_next`` by names, passed ``uses`` times (2) from 14 days ago to 1 day ago, its
     decayed count those passings spread evenly between the two (as the mnests' factories).
@@ -321,19 +334,12 @@ class MnestChainFactory(_MnestomaFactory):
         model = MnestChain
 
     class Params:
-        now = factory.LazyFunction(factory_now)
-        last_seen_days_ago = 1.0
-        first_seen_days_ago = 14.0
         faded = factory.Trait(uses=1, last_seen_days_ago=200.0, first_seen_days_ago=200.0)
 
     prev_executor = factory.Sequence(lambda n: f"executor_{n}")
     src_executor = factory.Sequence(lambda n: f"executor_{n}_mid")
     dst_executor = factory.Sequence(lambda n: f"executor_{n}_next")
     uses = 2
-    ts_last = factory.LazyAttribute(lambda o: _days_before(o.now, o.last_seen_days_ago))
-    ts_first = factory.LazyAttribute(
-        lambda o: min(o.ts_last, _days_before(o.now, o.first_seen_days_ago))
-    )
     decayed_uses = factory.LazyAttribute(
         lambda o: spread_count(o.uses, CHAIN_DECAY_LAMBDA, o.ts_first, o.ts_last)
     )

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 from cli_kit import MNEST_KEYS, run, run_json, run_ok
+from conftest import package_engine
 from sqlalchemy import func, select
 
 import mnestoma
-from mnestoma.engines import make_engine
 from mnestoma.schema.models import CanonicalQuery, Event, Mnest
 
 EVENT_KEYS = [
@@ -48,24 +48,16 @@ class Clock:
 
 def dump(url: str) -> dict[str, list[dict[str, Any]]]:
     """Every row of every table, sorted by id: equal dumps mean an unchanged store."""
-    engine = make_engine(url)
-    try:
-        with engine.connect() as conn:
-            return {
-                t.name: [dict(r) for r in conn.execute(select(t).order_by(t.c.id)).mappings()]
-                for t in (Mnest.__table__, Event.__table__, CanonicalQuery.__table__)
-            }
-    finally:
-        engine.dispose()
+    with package_engine(url) as engine, engine.connect() as conn:
+        return {
+            t.name: [dict(r) for r in conn.execute(select(t).order_by(t.c.id)).mappings()]
+            for t in (Mnest.__table__, Event.__table__, CanonicalQuery.__table__)
+        }
 
 
 def count(url: str, table: Any) -> int:
-    engine = make_engine(url)
-    try:
-        with engine.connect() as conn:
-            return conn.execute(select(func.count()).select_from(table)).scalar_one()
-    finally:
-        engine.dispose()
+    with package_engine(url) as engine, engine.connect() as conn:
+        return conn.execute(select(func.count()).select_from(table)).scalar_one()
 
 
 @pytest.fixture

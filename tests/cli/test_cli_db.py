@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from alembic.script import ScriptDirectory
-from cli_kit import STATUS_KEYS, run, run_ok
+from cli_kit import STATUS_KEYS, refuses_missing_store, run, run_ok
 from sqlalchemy import inspect
 from sqlalchemy.engine import make_url
 
@@ -260,11 +260,7 @@ def test_a_writing_command_on_a_fresh_sqlite_file_migrates_it(tmp_path: Path) ->
 
 
 def test_a_reading_command_on_a_missing_sqlite_file_creates_nothing(tmp_path: Path) -> None:
-    path = tmp_path / "fresh.sqlite"
-    result = run("edges", "--json", "--database-url", f"sqlite:///{path}")
-    assert result.exit_code == 1
-    assert "no mnestoma store" in result.stderr
-    assert not path.exists()
+    refuses_missing_store(tmp_path / "fresh.sqlite", "edges", "--json")
 
 
 def test_status_says_when_no_passing_carries_a_turn_id(store_url: str) -> None:

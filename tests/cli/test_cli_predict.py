@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_kit import run, run_json, run_ok
+from cli_kit import refuses_missing_store, run, run_json, run_ok
 from conftest import mnest_row
 from sqlalchemy import insert
 
@@ -159,11 +159,7 @@ def test_no_executor_at_all_is_a_usage_error(url: str) -> None:
 
 
 def test_a_missing_sqlite_store_is_said_and_not_created(tmp_path: Path) -> None:
-    missing = tmp_path / "none.sqlite"
-    result = run("predict", "a", "--database-url", f"sqlite:///{missing}")
-    assert result.exit_code == 1
-    assert "no mnestoma store" in result.stderr
-    assert not missing.exists()
+    refuses_missing_store(tmp_path / "none.sqlite", "predict", "a")
 
 
 def test_stored_control_characters_are_escaped_in_the_table_and_in_json(store_url: str) -> None:

@@ -4,6 +4,7 @@ ids); ``--exact`` counts and says it scans; below it, exact counts as before."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -32,12 +33,29 @@ def _fill(url: str) -> None:
         store.log_canonical_query("q", "q")
 
 
-def _analyse(url: str) -> None:
+def _analyse(url: str, *tables: str) -> None:
+    """PostgreSQL: gather the statistics of ``tables`` (the events' and the queries' by
+    default), from which the catalogue's estimates are read."""
     engine = create_engine(url, isolation_level="AUTOCOMMIT")
     with engine.connect() as conn:
-        conn.execute(text("ANALYZE events"))
-        conn.execute(text("ANALYZE canonical_query_log"))
+        for table in tables or ("events", "canonical_query_log"):
+            conn.execute(text(f"ANALYZE {table}"))
     engine.dispose()
+
+
+def _estimating_sqlite_store(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, fill: Callable[[str], None]
+) -> str:
+    """The URL of a SQLite store that ``fill`` wrote, whose status estimates from one event."""
+    url = f"sqlite:///{tmp_path}/store.sqlite"
+    fill(url)
+    monkeypatch.setattr(status_module, "STATUS_ESTIMATE_FROM", 1)
+    return url
+
+
+def _status_json(url: str) -> str:
+    """What ``mnestoma status --json`` prints for the store at ``url``."""
+    return CliRunner().invoke(cli, ["status", "--json", "--database-url", url]).output
 
 
 def _counts(st: Any) -> tuple[Any, ...]:
@@ -85,8 +103,7 @@ def test_a_large_postgresql_store_reads_its_counts_from_the_catalogue_and_says_a
     result = CliRunner().invoke(cli, ["status", "--exact", "--database-url", pg_store_url])
     assert result.exit_code == 0, result.output
     assert "events     40 " in result.output and "--exact scans" in result.output
-    as_json = CliRunner().invoke(cli, ["status", "--json", "--database-url", pg_store_url])
-    assert '"estimated": true' in as_json.output
+    assert '"estimated": true' in _status_json(pg_store_url)
 
 
 def test_the_estimate_of_a_partitioned_table_sums_its_partitions(pg_store_url: str) -> None:
@@ -139,10 +156,7 @@ def test_a_postgresql_store_of_many_edges_reads_its_states_from_the_catalogue(
     exact = collect_status(pg_store_url, exact=True)
     monkeypatch.setattr(status_module, "STATUS_ESTIMATE_FROM", 1)
     assert not collect_status(pg_store_url).mnests_estimated  # no statistics yet: counted
-    engine = create_engine(pg_store_url, isolation_level="AUTOCOMMIT")
-    with engine.connect() as conn:
-        conn.execute(text("ANALYZE mnests"))
-    engine.dispose()
+    _analyse(pg_store_url, "mnests")
     st = collect_status(pg_store_url)
     assert st.mnests_estimated and not exact.mnests_estimated
     # a table this small is sampled whole: the estimates are the counts
@@ -151,17 +165,13 @@ def test_a_postgresql_store_of_many_edges_reads_its_states_from_the_catalogue(
     assert f"mnests     about {exact.mnests} (active about " in shown
     assert "`mnestoma status --exact` reads every row" in shown
     assert f"mnests     {exact.mnests} (active " in render_status(exact)
-    as_json = CliRunner().invoke(cli, ["status", "--json", "--database-url", pg_store_url])
-    assert '"mnests_estimated": true' in as_json.output
+    assert '"mnests_estimated": true' in _status_json(pg_store_url)
 
 
 def test_a_sqlite_store_always_counts_its_edges(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    url = f"sqlite:///{tmp_path}/store.sqlite"
-    _fill(url)
-    monkeypatch.setattr(status_module, "STATUS_ESTIMATE_FROM", 1)
-    st = collect_status(url)
+    st = collect_status(_estimating_sqlite_store(tmp_path, monkeypatch, _fill))
     assert st.estimated and not st.mnests_estimated
     assert "mnests     about" not in render_status(st)
 
@@ -180,10 +190,7 @@ def test_a_large_postgresql_store_reads_its_chains_from_the_catalogue(
     monkeypatch.setattr(status_module, "STATUS_ESTIMATE_FROM", 1)
     counted = collect_status(pg_store_url)
     assert (counted.chains, counted.chains_estimated) == (3, False)  # no statistics yet
-    engine = create_engine(pg_store_url, isolation_level="AUTOCOMMIT")
-    with engine.connect() as conn:
-        conn.execute(text("ANALYZE mnest_chains"))
-    engine.dispose()
+    _analyse(pg_store_url, "mnest_chains")
     st = collect_status(pg_store_url)
     exact = collect_status(pg_store_url, exact=True)
     # a table this small is sampled whole: the estimate is the count
@@ -192,16 +199,12 @@ def test_a_large_postgresql_store_reads_its_chains_from_the_catalogue(
     shown = render_status(st)
     assert "chains     about 3 (" in shown and "`mnestoma status --exact` reads" in shown
     assert "chains     3 (" in render_status(exact)
-    as_json = CliRunner().invoke(cli, ["status", "--json", "--database-url", pg_store_url])
-    assert '"chains_estimated": true' in as_json.output
+    assert '"chains_estimated": true' in _status_json(pg_store_url)
 
 
 def test_a_sqlite_store_always_counts_its_chains(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    url = f"sqlite:///{tmp_path}/store.sqlite"
-    _chains(url)
-    monkeypatch.setattr(status_module, "STATUS_ESTIMATE_FROM", 1)
-    st = collect_status(url)
+    st = collect_status(_estimating_sqlite_store(tmp_path, monkeypatch, _chains))
     assert (st.chains, st.chains_estimated) == (3, False)
     assert "chains     3 (" in render_status(st)

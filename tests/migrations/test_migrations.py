@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 from alembic.script import ScriptDirectory
+from conftest import package_engine
 from schema_kit import built_then_migrated, schema_diff
 from sqlalchemy import exc as sa_exc
 from sqlalchemy import inspect, text
@@ -31,12 +32,8 @@ EXPECTED_TABLES = {
 
 
 def _diff(url: str) -> list:
-    engine = make_engine(url)
-    try:
-        with engine.connect() as conn:
-            return schema_diff(conn)
-    finally:
-        engine.dispose()
+    with package_engine(url) as engine, engine.connect() as conn:
+        return schema_diff(conn)
 
 
 def test_the_scripts_have_exactly_one_head() -> None:
@@ -68,28 +65,22 @@ def test_revisions_tell_the_story_in_order() -> None:
 
 def test_upgrade_builds_tables_view_and_stamps_head(empty_db_url: str) -> None:
     mnestoma.upgrade(empty_db_url)
-    engine = make_engine(empty_db_url)
-    try:
+    with package_engine(empty_db_url) as engine:
         insp = inspect(engine)
         assert set(insp.get_table_names()) >= EXPECTED_TABLES
         assert VIEW_NAME in insp.get_view_names()
         assert current_revision(engine) == head_revision()
-    finally:
-        engine.dispose()
 
 
 def test_upgrade_downgrade_to_base_and_upgrade_again(empty_db_url: str) -> None:
     mnestoma.upgrade(empty_db_url)
     mnestoma.downgrade(empty_db_url, "base")
-    engine = make_engine(empty_db_url)
-    try:
+    with package_engine(empty_db_url) as engine:
         tables = set(inspect(engine).get_table_names()) - {"mnestoma_alembic_version"}
         assert tables == set()
         assert current_revision(engine) is None
         mnestoma.upgrade(engine)
         assert current_revision(engine) == head_revision()
-    finally:
-        engine.dispose()
     assert _diff(empty_db_url) == []
 
 
@@ -101,8 +92,7 @@ def test_migrated_schema_equals_the_models(empty_db_url: str) -> None:
 def _schema_names(
     url: str, tables: tuple[str, ...] = ("mnests", "events", "canonical_query_log")
 ) -> dict:
-    engine = make_engine(url)
-    try:
+    with package_engine(url) as engine:
         insp = inspect(engine)
         return {
             t: (
@@ -112,8 +102,6 @@ def _schema_names(
             )
             for t in tables
         }
-    finally:
-        engine.dispose()
 
 
 def test_downgrade_to_0001_and_back_keeps_every_constraint_name(empty_db_url: str) -> None:
@@ -140,8 +128,7 @@ def test_create_all_from_models_equals_what_migrations_build(
 
 def _check_texts(url: str, tables: tuple[str, ...]) -> dict[str, str]:
     """Every CHECK's rule by name, spaces and the outer parentheses aside."""
-    engine = make_engine(url)
-    try:
+    with package_engine(url) as engine:
         insp = inspect(engine)
         texts = {}
         for t in tables:
@@ -151,25 +138,17 @@ def _check_texts(url: str, tables: tuple[str, ...]) -> dict[str, str]:
                     rule = rule[1:-1].strip()
                 texts[str(c["name"])] = rule
         return texts
-    finally:
-        engine.dispose()
 
 
 def test_every_check_the_models_write_is_the_one_migrations_build(empty_db_url: str) -> None:
     """A rule that derives a CHECK from the rules (the states, the recorders) cannot change
     without a revision: the models' CHECK texts and the revisions' are the same."""
     every_table = tuple(Base.metadata.tables)
-    engine = make_engine(empty_db_url)
-    try:
+    with package_engine(empty_db_url) as engine:
         Base.metadata.create_all(engine)
-    finally:
-        engine.dispose()
     built = _check_texts(empty_db_url, every_table)
-    engine = make_engine(empty_db_url)
-    try:
+    with package_engine(empty_db_url) as engine:
         Base.metadata.drop_all(engine)
-    finally:
-        engine.dispose()
     mnestoma.upgrade(empty_db_url)
     migrated = _check_texts(empty_db_url, every_table)
     assert built and set(built) == set(migrated)
@@ -184,8 +163,7 @@ def test_0009_gives_the_ager_runs_check_the_models_name_and_0008_gets_the_old_on
     empty_db_url: str,
 ) -> None:
     """0003 named the CHECK twice over; 0009 renames it, keeping the rule and every row."""
-    engine = make_engine(empty_db_url)
-    try:
+    with package_engine(empty_db_url) as engine:
         mnestoma.upgrade(engine, "0008")
         assert _ager_runs_checks(engine) == ["ck_ager_runs_ck_ager_runs_duration_nonneg"]
         with engine.begin() as conn:
@@ -216,8 +194,6 @@ def test_0009_gives_the_ager_runs_check_the_models_name_and_0008_gets_the_old_on
         assert _ager_runs_checks(engine) == ["ck_ager_runs_ck_ager_runs_duration_nonneg"]
         with engine.connect() as conn:
             assert conn.execute(text("SELECT count(*) FROM ager_runs")).scalar_one() == 1
-    finally:
-        engine.dispose()
 
 
 def _seed_0001(url: str) -> None:
@@ -305,16 +281,13 @@ def test_downgrade_to_0001_keeps_rows_and_re_anchors_weights_at_ts_last(
     finally:
         m.close()
     mnestoma.downgrade(store_url, "0001")
-    engine = make_engine(store_url)
-    try:
+    with package_engine(store_url) as engine:
         with engine.connect() as conn:
             weight, uses = conn.execute(text("SELECT weight, uses FROM mnests")).one()
         assert uses == 1
         # 0001 decays from ts_last: the stored weight is the weight at ts_last again.
         assert row.weight == pytest.approx(0.30 * math.exp(-0.018 * 10))
         assert weight == pytest.approx(0.30)
-    finally:
-        engine.dispose()
     mnestoma.upgrade(store_url)
 
 
@@ -337,8 +310,7 @@ def test_an_unknown_revision_is_invalid_input(empty_db_url: str) -> None:
 
 
 def test_upgrade_runs_inside_a_callers_connection(empty_db_url: str) -> None:
-    engine = make_engine(empty_db_url)
-    try:
+    with package_engine(empty_db_url) as engine:
         with engine.connect() as conn:
             conn.execute(text("SELECT 1"))  # the caller's transaction is open
             mnestoma.upgrade(conn)
@@ -348,8 +320,6 @@ def test_upgrade_runs_inside_a_callers_connection(empty_db_url: str) -> None:
             mnestoma.upgrade(conn)
             conn.commit()
         assert current_revision(engine) == head_revision()
-    finally:
-        engine.dispose()
 
 
 def _mnests_indexes(engine) -> dict[str, str]:
@@ -381,8 +351,7 @@ def _fillfactor(engine) -> str | None:
 def test_0006_indexes_only_active_rows_by_source_and_0005_gets_the_full_index_back(
     empty_db_url: str,
 ) -> None:
-    engine = make_engine(empty_db_url)
-    try:
+    with package_engine(empty_db_url) as engine:
         mnestoma.upgrade(engine)
         indexes = _mnests_indexes(engine)
         assert "ix_mnests_state_src" not in indexes
@@ -393,19 +362,14 @@ def test_0006_indexes_only_active_rows_by_source_and_0005_gets_the_full_index_ba
         indexes = _mnests_indexes(engine)
         assert "ix_mnests_active_src" not in indexes
         assert "WHERE" not in indexes["ix_mnests_state_src"]
-    finally:
-        engine.dispose()
 
 
 def test_0006_leaves_room_on_postgresql_pages_and_0005_resets_it(pg_empty_db_url: str) -> None:
-    engine = make_engine(pg_empty_db_url)
-    try:
+    with package_engine(pg_empty_db_url) as engine:
         mnestoma.upgrade(engine)
         assert _fillfactor(engine) == "fillfactor=70"
         mnestoma.downgrade(engine, "0005")
         assert _fillfactor(engine) is None
-    finally:
-        engine.dispose()
 
 
 def _in_place_share(engine) -> float:
@@ -434,13 +398,10 @@ def test_postgresql_rewrites_rows_of_bulk_loaded_pages_in_place(pg_empty_db_url:
     """Pages filled to 70 % leave room for the new version of 30/70 of their rows within
     one transaction: such an update (no indexed column changes) stays on its page and
     writes no index entry. Full pages (revision 0005) leave room for almost none."""
-    engine = make_engine(pg_empty_db_url)
-    try:
+    with package_engine(pg_empty_db_url) as engine:
         mnestoma.upgrade(engine, "0005")
         full_pages = _in_place_share(engine)
         mnestoma.upgrade(engine)
         with_room = _in_place_share(engine)
-    finally:
-        engine.dispose()
     assert full_pages < 0.05
     assert 0.38 < with_room < 0.5

@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from alembic.script import ScriptDirectory
+from conftest import package_engine
 from sqlalchemy import Engine, inspect, text
 from sqlalchemy.exc import IntegrityError
 from test_live_upgrade import Writers
@@ -304,8 +305,7 @@ def test_the_revision_partitions_events_while_writers_write(pg_empty_db_url: str
     previous release insert passings: no writer fails, every event is kept in the
     partitioned table, every passing with a turn has its row in event_turn_edges, and the
     old rule's index is gone."""
-    engine = make_engine(pg_empty_db_url)
-    try:
+    with package_engine(pg_empty_db_url) as engine:
         mnestoma.upgrade(engine, BEFORE)
         now = datetime.now(UTC)
         with engine.begin() as conn:
@@ -342,8 +342,6 @@ def test_the_revision_partitions_events_while_writers_write(pg_empty_db_url: str
         assert "ux_events_turn_edge" not in {
             i["name"] for i in inspect(engine).get_indexes("events")
         }
-    finally:
-        engine.dispose()
 
 
 def test_the_revisions_backfill_reads_events_in_batches_of_ids_and_misses_none(
@@ -353,8 +351,7 @@ def test_the_revisions_backfill_reads_events_in_batches_of_ids_and_misses_none(
     of ids (and a batch with none): after 0011 each has its row in event_turn_edges, and
     a passing without a turn or an event that is not a passing has none."""
     span = ScriptDirectory.from_config(alembic_config()).get_revision("0011").module.BACKFILL_SPAN
-    engine = make_engine(pg_empty_db_url)
-    try:
+    with package_engine(pg_empty_db_url) as engine:
         mnestoma.upgrade(engine, BEFORE)
         ids = sorted({1, span - 1, span, span + 1, 2 * span - 1, 2 * span, 4 * span + 7})
         now = datetime.now(UTC)
@@ -379,8 +376,6 @@ def test_the_revisions_backfill_reads_events_in_batches_of_ids_and_misses_none(
         with engine.connect() as conn:
             found = conn.execute(text("SELECT turn_id, mnest_id FROM event_turn_edges")).all()
         assert sorted(found) == sorted((f"t{i}", f"mn_{i}") for i in ids)
-    finally:
-        engine.dispose()
 
 
 def test_downgrade_below_0011_gives_one_table_back_with_every_event(pg_empty_db_url: str) -> None:
@@ -462,44 +457,40 @@ def test_retention_drops_whole_months_and_gives_their_space_back(pg_store_url: s
 def _layout(url: str) -> dict[str, object]:
     """What PostgreSQL holds beside the models' tables: partitions, triggers, functions, the
     side table's columns and keys, every index of events and its partitions' parent."""
-    engine = make_engine(url)
-    try:
-        with engine.connect() as conn:
-            return {
-                "partitions": _partitions(engine),
-                "triggers": sorted(
-                    conn.execute(
-                        text(
-                            "SELECT pg_get_triggerdef(oid) FROM pg_trigger"
-                            " WHERE tgrelid = 'events'::regclass AND NOT tgisinternal"
-                        )
-                    ).scalars()
-                ),
-                "functions": sorted(
-                    conn.execute(
-                        text(
-                            "SELECT pg_get_functiondef(oid) FROM pg_proc"
-                            " WHERE proname LIKE 'mnestoma\\_%'"
-                        )
-                    ).scalars()
-                ),
-                "indexes": sorted(
-                    conn.execute(
-                        text(
-                            "SELECT indexdef FROM pg_indexes"
-                            " WHERE tablename IN ('events', 'event_turn_edges')"
-                        )
-                    ).scalars()
-                ),
-                "side": [
-                    (c["name"], str(c["type"]), c["nullable"])
-                    for c in inspect(engine).get_columns("event_turn_edges")
-                ],
-                "keys": inspect(engine).get_pk_constraint("event_turn_edges"),
-                "events_key": inspect(engine).get_pk_constraint("events"),
-            }
-    finally:
-        engine.dispose()
+    with package_engine(url) as engine, engine.connect() as conn:
+        return {
+            "partitions": _partitions(engine),
+            "triggers": sorted(
+                conn.execute(
+                    text(
+                        "SELECT pg_get_triggerdef(oid) FROM pg_trigger"
+                        " WHERE tgrelid = 'events'::regclass AND NOT tgisinternal"
+                    )
+                ).scalars()
+            ),
+            "functions": sorted(
+                conn.execute(
+                    text(
+                        "SELECT pg_get_functiondef(oid) FROM pg_proc"
+                        " WHERE proname LIKE 'mnestoma\\_%'"
+                    )
+                ).scalars()
+            ),
+            "indexes": sorted(
+                conn.execute(
+                    text(
+                        "SELECT indexdef FROM pg_indexes"
+                        " WHERE tablename IN ('events', 'event_turn_edges')"
+                    )
+                ).scalars()
+            ),
+            "side": [
+                (c["name"], str(c["type"]), c["nullable"])
+                for c in inspect(engine).get_columns("event_turn_edges")
+            ],
+            "keys": inspect(engine).get_pk_constraint("event_turn_edges"),
+            "events_key": inspect(engine).get_pk_constraint("events"),
+        }
 
 
 def test_create_all_builds_the_layout_the_revision_builds(pg_empty_db_url: str) -> None:
@@ -513,11 +504,8 @@ def test_create_all_builds_the_layout_the_revision_builds(pg_empty_db_url: str) 
     migrated = _layout(pg_empty_db_url)
     other = create_pg_database("mnestoma_layout")
     try:
-        engine = make_engine(other)
-        try:
+        with package_engine(other) as engine:
             Base.metadata.create_all(engine)
-        finally:
-            engine.dispose()
         built = _layout(other.render_as_string(hide_password=False))
     finally:
         drop_pg_database(other)

@@ -34,7 +34,7 @@ import os
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -154,34 +154,38 @@ class FacadeDoor(SyncDoor):
 
 
 class UnitDoor(SyncDoor):
+    """A passing in a unit of work of its own."""
+
+    def unit(self) -> contextlib.AbstractContextManager[UnitOfWork]:
+        """The unit of work a write runs in."""
+        return UnitOfWork(self.sessions, clock=self.clock)
+
     def write(self, edge: str, call: int) -> list[Counted]:
-        with UnitOfWork(self.sessions, clock=self.clock) as uow:
+        with self.unit() as uow:
             uow.mnests.record_passing(*key(edge), outcome=outcome_of(call))
             uow.commit()
         return [(key(edge), outcome_of(call))]
 
 
-class JoinedUnitDoor(SyncDoor):
-    def write(self, edge: str, call: int) -> list[Counted]:
+class JoinedUnitDoor(UnitDoor):
+    """A passing in a service's own transaction."""
+
+    @contextlib.contextmanager
+    def unit(self) -> Iterator[UnitOfWork]:
+        """A unit of work that joins a session's own transaction, as a service's code does."""
         with (
             self.sessions() as session,
             session.begin(),
             UnitOfWork.joining(session, clock=self.clock) as uow,
         ):
-            uow.mnests.record_passing(*key(edge), outcome=outcome_of(call))
-            uow.commit()
-        return [(key(edge), outcome_of(call))]
+            yield uow
 
 
-class JoinedTurnDoor(SyncDoor):
+class JoinedTurnDoor(JoinedUnitDoor):
     """A one-passing turn in a service's own transaction (the repository's one-row path)."""
 
     def write(self, edge: str, call: int) -> list[Counted]:
-        with (
-            self.sessions() as session,
-            session.begin(),
-            UnitOfWork.joining(session, clock=self.clock) as uow,
-        ):
+        with self.unit() as uow:
             passing = Passing(*key(edge), outcome=outcome_of(call))
             uow.mnests.record_turn(f"turn-{uuid.uuid4().hex}", [passing])
             uow.commit()
@@ -304,23 +308,31 @@ class AsyncFacadeTurnDoor(AsyncDoor):
 
 
 class AsyncUnitDoor(AsyncDoor):
+    """A passing in an async unit of work of its own."""
+
+    def unit(self) -> contextlib.AbstractAsyncContextManager[AsyncUnitOfWork]:
+        """The unit of work a write runs in."""
+        return AsyncUnitOfWork(self.sessions, clock=self.clock)
+
     async def awrite(self, edge: str, call: int) -> list[Counted]:
-        async with AsyncUnitOfWork(self.sessions, clock=self.clock) as uow:
+        async with self.unit() as uow:
             await uow.mnests.record_passing(*key(edge), outcome=outcome_of(call))
             await uow.commit()
         return [(key(edge), outcome_of(call))]
 
 
-class AsyncJoinedUnitDoor(AsyncDoor):
-    async def awrite(self, edge: str, call: int) -> list[Counted]:
+class AsyncJoinedUnitDoor(AsyncUnitDoor):
+    """A passing in a service's own async transaction."""
+
+    @contextlib.asynccontextmanager
+    async def unit(self) -> AsyncIterator[AsyncUnitOfWork]:
+        """An async unit of work that joins a session's own transaction."""
         async with (
             self.sessions() as session,
             session.begin(),
             AsyncUnitOfWork.joining(session, clock=self.clock) as uow,
         ):
-            await uow.mnests.record_passing(*key(edge), outcome=outcome_of(call))
-            await uow.commit()
-        return [(key(edge), outcome_of(call))]
+            yield uow
 
 
 DOORS: dict[str, type[Door]] = {

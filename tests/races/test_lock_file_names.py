@@ -12,10 +12,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from conftest import package_engine
 from sqlalchemy import make_url
 
 import mnestoma
-from mnestoma.engines import make_engine
 from mnestoma.engines.locking import beside_store, store_files, waiting_file
 from mnestoma.maintenance.ager import ager_run_lock
 
@@ -69,12 +69,8 @@ def test_every_spelling_of_a_store_names_the_lock_files_of_its_real_file(
 @contextmanager
 def ager_lock_held(url: str) -> Iterator[None]:
     """The store's ager lock, held through ``url`` as a run holds it."""
-    engine = make_engine(url)
-    try:
-        with engine.connect() as conn, ager_run_lock(conn):
-            yield
-    finally:
-        engine.dispose()
+    with package_engine(url) as engine, engine.connect() as conn, ager_run_lock(conn):
+        yield
 
 
 class AgerRun(threading.Thread):
@@ -95,12 +91,8 @@ class AgerRun(threading.Thread):
 
 def ager_runs(url: str) -> int:
     """The runs of the ager the store at ``url`` (any spelling) has recorded."""
-    engine = make_engine(url)
-    try:
-        with engine.connect() as conn:
-            return int(conn.exec_driver_sql("SELECT count(*) FROM ager_runs").scalar_one())
-    finally:
-        engine.dispose()
+    with package_engine(url) as engine, engine.connect() as conn:
+        return int(conn.exec_driver_sql("SELECT count(*) FROM ager_runs").scalar_one())
 
 
 @pytest.mark.parametrize("spelling", SPELLINGS)

@@ -83,22 +83,17 @@ def test_weights_stay_in_zero_one(w: float, lam: float, d: float) -> None:
     assert 0.0 <= reinforced_weight(w, lam, T0, now) <= 1.0
 
 
+_A, _D, _S, _P = MnestState.ACTIVE, MnestState.DECAYING, MnestState.SUPERSEDED, MnestState.PROTO
+# (current, target, has_version): the moves the rules allow, then some they refuse
+ALLOWED = [(_A, _D, True), (_A, _S, True), (_D, _A, True), (_S, _A, True), (_P, _S, False)]
+ALLOWED.append((_A, _A, True))  # to the state it is in
+REFUSED = [(_P, _A, False), (_P, _D, False), (_A, _P, True), (_D, _P, True), (_S, _P, True)]
+REFUSED.append((_S, _A, False))  # back to active: only with a version
+
+
 @pytest.mark.parametrize(
     ("current", "target", "has_version", "allowed"),
-    [
-        (MnestState.ACTIVE, MnestState.DECAYING, True, True),
-        (MnestState.ACTIVE, MnestState.SUPERSEDED, True, True),
-        (MnestState.DECAYING, MnestState.ACTIVE, True, True),
-        (MnestState.SUPERSEDED, MnestState.ACTIVE, True, True),
-        (MnestState.PROTO, MnestState.SUPERSEDED, False, True),
-        (MnestState.ACTIVE, MnestState.ACTIVE, True, True),
-        (MnestState.PROTO, MnestState.ACTIVE, False, False),
-        (MnestState.PROTO, MnestState.DECAYING, False, False),
-        (MnestState.ACTIVE, MnestState.PROTO, True, False),
-        (MnestState.DECAYING, MnestState.PROTO, True, False),
-        (MnestState.SUPERSEDED, MnestState.PROTO, True, False),
-        (MnestState.SUPERSEDED, MnestState.ACTIVE, False, False),
-    ],
+    [(*move, True) for move in ALLOWED] + [(*move, False) for move in REFUSED],
 )
 def test_the_transition_table(
     current: MnestState, target: MnestState, has_version: bool, allowed: bool

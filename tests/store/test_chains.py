@@ -9,6 +9,7 @@ import math
 from typing import Any
 
 import pytest
+from conftest import package_engine
 from otel_kit import Setup, otel_setup  # noqa: F401  (the setup fixture)
 from sqlalchemy import select
 
@@ -21,7 +22,6 @@ from mnestoma.core.rules import (
     ContextUsed,
 )
 from mnestoma.doors.asynchronous import AsyncMnestoma
-from mnestoma.engines import make_engine
 from mnestoma.recording.otel import MnestomaSpanProcessor
 from mnestoma.recording.tracing import executor, turn
 from mnestoma.schema.models import MnestChain
@@ -37,12 +37,8 @@ def links(*calls: str) -> list[tuple[str, str, str, str]]:
 
 def chains_of(url: str) -> dict[tuple[str, str, str], tuple[float, int]]:
     """Every chain of the store: (prev, src, dst) → (decayed_uses, uses)."""
-    engine = make_engine(url)
-    try:
-        with engine.connect() as conn:
-            rows = conn.execute(select(MnestChain.__table__)).all()
-    finally:
-        engine.dispose()
+    with package_engine(url) as engine, engine.connect() as conn:
+        rows = conn.execute(select(MnestChain.__table__)).all()
     return {
         (r.prev_executor, r.src_executor, r.dst_executor): (r.decayed_uses, r.uses) for r in rows
     }
@@ -132,8 +128,7 @@ def test_a_chain_fades_with_the_weights_lambda_and_counts_again(
 def test_units_of_work_and_a_joined_session_count_chains(
     store_url: str, clock: MovableClock
 ) -> None:
-    engine = make_engine(store_url)
-    try:
+    with package_engine(store_url) as engine:
         sessions = mnestoma.make_session_factory(engine)
         with mnestoma.UnitOfWork(sessions, clock=clock) as uow:
             uow.mnests.record_turn("u", links("plan", "search", "read"))
@@ -147,8 +142,6 @@ def test_units_of_work_and_a_joined_session_count_chains(
         with mnestoma.UnitOfWork(sessions, clock=clock) as uow:
             uow.mnests.record_turn("rolled back", links("plan", "search", "read"))
             uow.rollback()
-    finally:
-        engine.dispose()
     assert chains_of(store_url) == {("plan", "search", "read"): (2.0, 2)}
 
 
@@ -367,10 +360,6 @@ def test_a_clock_that_steps_back_adds_without_decay_and_never_moves_ts_last_back
     clock.advance(days=3 + 400)  # a year and more: the count all but gone, not negative
     f = store.predict_next(["plan", "search"])
     assert f.used is ContextUsed.EDGE  # the chain's 2·e^(−0.018·400) ≈ 0.0015 < 0.5
-    engine = make_engine(store_url)
-    try:
-        with engine.connect() as conn:
-            (ts_last,) = conn.execute(select(MnestChain.ts_last)).one()
-    finally:
-        engine.dispose()
+    with package_engine(store_url) as engine, engine.connect() as conn:
+        (ts_last,) = conn.execute(select(MnestChain.ts_last)).one()
     assert ts_last == first

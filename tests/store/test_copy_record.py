@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 from cli_kit import run
+from conftest import package_engine
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
 import mnestoma
 from mnestoma.core.errors import StoresShareRows
-from mnestoma.engines import make_engine
 from mnestoma.maintenance.copying import copy_store
 from mnestoma.schema.models import Mnest
 
@@ -33,13 +33,18 @@ def one_edge(url: str, *, at: datetime, turn: str | None = None) -> None:
         m.record_passing(*EDGE, turn_id=turn)
 
 
+def one_edge_each(two_stores: tuple[str, str], *, turns: bool = False) -> tuple[str, str]:
+    """The source and the target, each given the edge: the target at T0, the source an hour
+    later (each in a turn of its own with ``turns``)."""
+    source, target = two_stores
+    one_edge(target, at=T0, turn="t-target" if turns else None)
+    one_edge(source, at=T0 + timedelta(hours=1), turn="t-source" if turns else None)
+    return source, target
+
+
 def rows(url: str, sql: str) -> list[dict[str, Any]]:
-    engine = make_engine(url)
-    try:
-        with engine.connect() as conn:
-            return [dict(r) for r in conn.execute(text(sql)).mappings()]
-    finally:
-        engine.dispose()
+    with package_engine(url) as engine, engine.connect() as conn:
+        return [dict(r) for r in conn.execute(text(sql)).mappings()]
 
 
 def identity(url: str) -> str:
@@ -80,9 +85,7 @@ def snapshot(url: str) -> dict[str, Any]:
 def test_appending_a_source_again_after_retention_is_refused_and_no_use_counts_twice(
     two_stores: tuple[str, str], turns: bool
 ) -> None:
-    source, target = two_stores
-    one_edge(target, at=T0, turn="t-target" if turns else None)
-    one_edge(source, at=T0 + timedelta(hours=1), turn="t-source" if turns else None)
+    source, target = one_edge_each(two_stores, turns=turns)
     [source_row] = rows(source, "SELECT id FROM mnests")
     first = copy_store(source, target, append=True, clock=lambda: COPY_AT)
     assert first.merged == 1
@@ -107,9 +110,7 @@ def test_appending_a_source_again_after_retention_is_refused_and_no_use_counts_t
 def test_the_record_names_the_source_and_what_the_copy_took(
     two_stores: tuple[str, str],
 ) -> None:
-    source, target = two_stores
-    one_edge(target, at=T0)
-    one_edge(source, at=T0 + timedelta(hours=1))
+    source, target = one_edge_each(two_stores)
     with mnestoma.Mnestoma(source, clock=lambda: T0) as m:
         m.log_canonical_query("q", "q")
     report = copy_store(source, target, append=True, clock=lambda: COPY_AT)
@@ -132,9 +133,7 @@ def test_appending_the_target_back_into_its_source_after_retention_is_refused(
     two_stores: tuple[str, str],
 ) -> None:
     """A into B, then B into A: B holds A's rows, whatever A and B have pruned since."""
-    source, target = two_stores
-    one_edge(target, at=T0)
-    one_edge(source, at=T0 + timedelta(hours=1))
+    source, target = one_edge_each(two_stores)
     copy_store(source, target, append=True, clock=lambda: COPY_AT)
     pruned(target)
     pruned(source)
@@ -196,15 +195,9 @@ def test_a_store_without_its_identity_row_is_given_one_and_known_again(
 ) -> None:
     """A source whose identity row is gone (deleted, or tables built by ``create_all``) is
     given one before the copy reads it: appending it again after retention is refused."""
-    source, target = two_stores
-    one_edge(target, at=T0)
-    one_edge(source, at=T0 + timedelta(hours=1))
-    engine = make_engine(source)
-    try:
-        with engine.begin() as conn:
-            conn.execute(text("DELETE FROM mnestoma_store"))
-    finally:
-        engine.dispose()
+    source, target = one_edge_each(two_stores)
+    with package_engine(source) as engine, engine.begin() as conn:
+        conn.execute(text("DELETE FROM mnestoma_store"))
     report = copy_store(source, target, append=True, clock=lambda: COPY_AT)
     assert report.source_store == identity(source)
     pruned(target)
@@ -221,13 +214,9 @@ def test_a_copy_into_an_empty_target_forgets_the_records_of_rows_it_no_longer_ho
     source, target = two_stores
     one_edge(source, at=T0)
     copy_store(source, target, clock=lambda: COPY_AT)
-    engine = make_engine(target)
-    try:
-        with engine.begin() as conn:
-            for table in ("events", "mnests"):
-                conn.execute(text(f"DELETE FROM {table}"))
-    finally:
-        engine.dispose()
+    with package_engine(target) as engine, engine.begin() as conn:
+        for table in ("events", "mnests"):
+            conn.execute(text(f"DELETE FROM {table}"))
     copy_store(source, target, clock=lambda: COPY_AT + timedelta(days=1))
     [record] = records(target).values()
     assert record["store_id"] == identity(source) and record["mnests"] == 1

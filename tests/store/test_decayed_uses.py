@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import package_engine
 from opentelemetry.trace import Tracer
 from otel_kit import Setup, otel_setup  # noqa: F401  (the setup fixture)
 from schema_kit import insert_old_mnests
@@ -22,7 +23,6 @@ import mnestoma
 from mnestoma import InvalidInput, Passing
 from mnestoma.core import rules
 from mnestoma.doors.asynchronous import AsyncMnestoma
-from mnestoma.engines import make_engine
 from mnestoma.maintenance.copying import copy_store
 from mnestoma.recording.tracing import executor, turn
 from mnestoma.schema.models import Mnest, MnestomaView
@@ -107,14 +107,11 @@ def test_the_database_refuses_a_negative_count(store_url: str, store: mnestoma.M
     from sqlalchemy import exc as sa_exc
 
     row = store.record_passing(*A)
-    engine = make_engine(store_url)
-    try:
+    with package_engine(store_url) as engine:
         with pytest.raises(sa_exc.IntegrityError), engine.begin() as conn:
             conn.execute(text("UPDATE mnests SET decayed_uses = -1 WHERE id = :id"), {"id": row.id})
         with engine.connect() as conn:
             assert conn.execute(select(MnestomaView.decayed_uses)).scalar_one() == 1.0
-    finally:
-        engine.dispose()
 
 
 # --- every door that records a passing ---------------------------------------------------------
@@ -141,8 +138,7 @@ def test_record_turn_counts_each_occurrence_of_an_edge(
 def test_units_of_work_and_a_joined_session_count_alike(
     store_url: str, clock: MovableClock
 ) -> None:
-    engine = make_engine(store_url)
-    try:
+    with package_engine(store_url) as engine:
         sessions = mnestoma.make_session_factory(engine)
 
         def in_unit(i: int) -> None:
@@ -162,8 +158,6 @@ def test_units_of_work_and_a_joined_session_count_alike(
         with mnestoma.Mnestoma(engine, clock=clock) as m:
             assert count_of(m) == pytest.approx(EXPECTED, rel=1e-12)
             assert count_of(m, ("search", "2", "read", "1")) == pytest.approx(EXPECTED, rel=1e-12)
-    finally:
-        engine.dispose()
 
 
 def test_the_async_door_counts_and_orders_as_the_sync_one(
@@ -383,8 +377,7 @@ def test_upgrading_a_store_of_0009_fills_the_counts_from_uses(empty_db_url: str)
         ("mn_filled_fast0001", 3, 400.0, 5.0),
     ]
     rows += [(f"mn_filled_many{i:05d}", 1 + i % 9, i % 40, LAMBDA) for i in range(4500)]
-    engine = make_engine(empty_db_url)
-    try:
+    with package_engine(empty_db_url) as engine:
         with engine.begin() as conn:
             insert_old_mnests(
                 conn,
@@ -417,5 +410,3 @@ def test_upgrading_a_store_of_0009_fills_the_counts_from_uses(empty_db_url: str)
         with engine.connect() as conn:
             assert conn.execute(text("SELECT count(*) FROM v_mnestoma")).scalar_one() == len(rows)
         mnestoma.upgrade(engine)
-    finally:
-        engine.dispose()

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 from click.testing import CliRunner
+from conftest import package_engine
 from sqlalchemy import create_engine, text
 
 import mnestoma
@@ -108,25 +109,18 @@ def test_sqlites_own_wait_for_the_lock_is_the_lock_timeout_above_30_s_too(
     """What SQLite's busy handler is given is the whole lock timeout: a write behind a
     long writer waits that long in all, not 30 s first and the timeout again after."""
     monkeypatch.setenv(ENV_LOCK_TIMEOUT, seconds)
-    engine = make_engine(store_url)
-    try:
+    with package_engine(store_url) as engine:
         with engine.begin() as conn:
             conn.execute(text("DELETE FROM ager_runs"))  # a write: BEGIN IMMEDIATE
             busy_ms = conn.exec_driver_sql("PRAGMA busy_timeout").scalar()
         assert busy_ms == round(float(seconds) * 1000)
-    finally:
-        engine.dispose()
 
 
 def first_busy_timeout_ms(url: str) -> int:
     """SQLite's busy timeout on a new connection of the package's engine, from its first
     statement."""
-    engine = make_engine(url)
-    try:
-        with engine.connect() as conn:
-            return int(conn.exec_driver_sql("PRAGMA busy_timeout").scalar_one())
-    finally:
-        engine.dispose()
+    with package_engine(url) as engine, engine.connect() as conn:
+        return int(conn.exec_driver_sql("PRAGMA busy_timeout").scalar_one())
 
 
 def test_a_connection_waits_for_sqlites_locks_as_long_as_the_lock_timeout(

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import package_engine
 from sqlalchemy import func, insert, select
 from sqlalchemy.exc import IntegrityError
 
@@ -16,7 +17,6 @@ import mnestoma
 from mnestoma import InvalidInput, Passing
 from mnestoma.core.rules import INITIAL_WEIGHT, REINFORCEMENT
 from mnestoma.doors.asynchronous import AsyncMnestoma
-from mnestoma.engines import make_engine
 from mnestoma.maintenance.copying import copy_store
 from mnestoma.schema.models import Event, Mnest
 from mnestoma.testing.clock import MovableClock
@@ -111,17 +111,14 @@ def test_an_occurrence_without_a_turn_is_invalid_input(store: mnestoma.Mnestoma)
 def test_the_database_refuses_the_same_turn_edge_and_occurrence_twice(store_url: str) -> None:
     with mnestoma.Mnestoma(store_url) as m:
         row = m.record_passing(*A, turn_id="t")
-    engine = make_engine(store_url)
     base = {"mnest_id": row.id, "kind": "reinforced", "ts": row.ts_last, "turn_id": "t"}
-    try:
+    with package_engine(store_url) as engine:
         with pytest.raises(IntegrityError), engine.begin() as conn:
             conn.execute(insert(Event), [base | {"occurrence": 1}])
         with engine.begin() as conn:  # another occurrence is another passing
             conn.execute(insert(Event), [base | {"occurrence": 2}])
             n = conn.execute(select(func.count()).select_from(Event)).scalar_one()
         assert n == 2
-    finally:
-        engine.dispose()
 
 
 def test_the_async_door_numbers_occurrences_and_ignores_retries(
@@ -141,8 +138,7 @@ def test_the_async_door_numbers_occurrences_and_ignores_retries(
 
 
 def test_units_of_work_take_the_occurrence(store_url: str) -> None:
-    engine = make_engine(store_url)
-    try:
+    with package_engine(store_url) as engine:
         with mnestoma.UnitOfWork(mnestoma.make_session_factory(engine)) as uow:
             uow.mnests.record_passing(*A, turn_id="t")
             uow.mnests.record_passing(*A, turn_id="t", occurrence=2)
@@ -150,8 +146,6 @@ def test_units_of_work_take_the_occurrence(store_url: str) -> None:
             uow.commit()
         with engine.connect() as conn:
             assert conn.execute(select(Mnest.uses)).scalar_one() == 2
-    finally:
-        engine.dispose()
 
 
 def _store_with_repeats(url: str, turn_id: str, clock: MovableClock) -> None:

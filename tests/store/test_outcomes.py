@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import package_engine
 from invariants import check_invariants
 from schema_kit import insert_old_mnests
 from sqlalchemy import exc as sa_exc
@@ -16,7 +17,6 @@ from sqlalchemy import select, text
 import mnestoma
 from mnestoma import InvalidInput, Outcome, Passing
 from mnestoma.doors.asynchronous import AsyncMnestoma
-from mnestoma.engines import make_engine
 from mnestoma.maintenance.copying import copy_store
 from mnestoma.schema.models import Event, Mnest, MnestomaView
 from mnestoma.testing.clock import MovableClock
@@ -215,25 +215,18 @@ def test_the_database_refuses_negative_counts_and_unknown_event_outcomes(
     store_url: str, store: mnestoma.Mnestoma
 ) -> None:
     row = store.record_passing(*A, outcome="ok")
-    engine = make_engine(store_url)
-    try:
+    with package_engine(store_url) as engine:
         with pytest.raises(sa_exc.IntegrityError), engine.begin() as conn:
             conn.execute(text("UPDATE mnests SET error_count = -1 WHERE id = :id"), {"id": row.id})
         with pytest.raises(sa_exc.IntegrityError), engine.begin() as conn:
             conn.execute(text("UPDATE events SET outcome = 'maybe'"))
-    finally:
-        engine.dispose()
     assert counts(store, A) == (1, 1, 0)
 
 
 def test_the_view_shows_the_outcome_counts(store_url: str, store: mnestoma.Mnestoma) -> None:
     store.record_passing(*A, outcome="error")
-    engine = make_engine(store_url)
-    try:
-        with engine.connect() as conn:
-            row = conn.execute(select(MnestomaView.ok_count, MnestomaView.error_count)).one()
-    finally:
-        engine.dispose()
+    with package_engine(store_url) as engine, engine.connect() as conn:
+        row = conn.execute(select(MnestomaView.ok_count, MnestomaView.error_count)).one()
     assert tuple(row) == (0, 1)
 
 
@@ -241,8 +234,7 @@ def test_upgrading_a_store_of_0007_gives_its_rows_zero_counts_and_unknown_outcom
     empty_db_url: str,
 ) -> None:
     mnestoma.upgrade(empty_db_url, "0007")
-    engine = make_engine(empty_db_url)
-    try:
+    with package_engine(empty_db_url) as engine:
         with engine.begin() as conn:
             insert_old_mnests(
                 conn,
@@ -270,8 +262,6 @@ def test_upgrading_a_store_of_0007_gives_its_rows_zero_counts_and_unknown_outcom
         with engine.connect() as conn:
             assert conn.execute(text("SELECT uses FROM mnests")).scalar_one() == 3
             assert conn.execute(text("SELECT count(*) FROM v_mnestoma")).scalar_one() == 1
-    finally:
-        engine.dispose()
 
 
 def test_the_async_door_records_outcomes_as_the_sync_one(
@@ -289,13 +279,10 @@ def test_the_async_door_records_outcomes_as_the_sync_one(
 
 
 def test_a_unit_of_work_records_outcomes(store_url: str, clock: MovableClock) -> None:
-    engine = make_engine(store_url)
-    try:
+    with package_engine(store_url) as engine:
         sessions = mnestoma.make_session_factory(engine)
         with mnestoma.UnitOfWork(sessions, clock=clock) as uow:
             uow.mnests.record_passing(*A, outcome="error")
             uow.commit()
         with mnestoma.Mnestoma(engine, clock=clock) as m:
             assert counts(m, A) == (1, 0, 1)
-    finally:
-        engine.dispose()

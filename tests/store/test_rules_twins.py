@@ -126,21 +126,17 @@ C1, C2 = bindparam("c1", type_=Float()), bindparam("c2", type_=Float())
 L1, L2 = bindparam("l1", type_=Float()), bindparam("l2", type_=Float())
 
 
+def _sql_merged(d: Any) -> Any:
+    """SQL's decayed count of two rows merged: (c1, l1, a) and (c2, l2, b)."""
+    return sqlrules.merged_count(d, (C1, L1, A), (C2, L2, B))
+
+
 @SETTINGS
 @given(c1=st.floats(0, 1e3), c2=st.floats(0, 1e3), l1=lambdas, l2=lambdas, a=instants, b=instants)
 def test_sql_merged_count_is_the_pure_one(
     engine: Engine, c1: float, c2: float, l1: float, l2: float, a: datetime, b: datetime
 ) -> None:
-    got = _eval(
-        engine,
-        lambda d: sqlrules.merged_count(d, (C1, L1, A), (C2, L2, B)),
-        c1=c1,
-        c2=c2,
-        l1=l1,
-        l2=l2,
-        a=a,
-        b=b,
-    )
+    got = _eval(engine, _sql_merged, c1=c1, c2=c2, l1=l1, l2=l2, a=a, b=b)
     expected, last = rules.merged_count((c1, l1, a), (c2, l2, b))
     assert last == max(a, b)
     assert got == pytest.approx(expected, rel=WEIGHT_REL, abs=WEIGHT_ABS)

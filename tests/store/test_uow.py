@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from conftest import package_engine
 from sqlalchemy import Engine, func, select, text
 
-from mnestoma import MnestRepository, UnitOfWork, make_engine, make_session_factory
+from mnestoma import MnestRepository, UnitOfWork, make_session_factory
 from mnestoma.core import retrying
 from mnestoma.core.errors import ConflictError, InvalidInput, RaceLost
 from mnestoma.core.settings import Settings
@@ -18,9 +19,8 @@ from mnestoma.testing import MnestFactory, bind_factories
 
 @pytest.fixture
 def engine(store_url: str) -> Iterator[Engine]:
-    eng = make_engine(store_url)
-    yield eng
-    eng.dispose()
+    with package_engine(store_url) as eng:
+        yield eng
 
 
 def _count(engine: Engine) -> int:
