@@ -22,7 +22,7 @@ from mnestoma.core.errors import DriverCodes, InvalidInput
 if TYPE_CHECKING:
     from mnestoma.schema.sql.spelling import Spelling
 
-__all__ = ["Backend", "backend_of", "backends", "register_backend"]
+__all__ = ["BY_NAME", "Backend", "backend_of", "backends", "register_backend"]
 
 
 @runtime_checkable
@@ -124,6 +124,9 @@ class Backend(Protocol):
 
 
 _BACKENDS: dict[str, Backend] = {}
+# The backends by dialect name, for the guards of the hot paths (a write's partitions, its
+# write lock): ``BY_NAME[conn.dialect.name]`` spares :func:`backend_of`'s call.
+BY_NAME: Mapping[str, Backend] = _BACKENDS
 # Each backend's drivers by its name, and the schemes without a driver that mean its sync
 # one (``mnestoma.engines.urls`` reads them).
 ASYNC_DRIVERS: dict[str, str] = {}
@@ -142,7 +145,6 @@ def register_backend(backend: Backend) -> None:
 
 def backends() -> tuple[Backend, ...]:
     """Every backend, in the order they registered."""
-    _load()
     return tuple(_BACKENDS.values())
 
 
@@ -167,18 +169,9 @@ def backend_of(x: Any) -> Backend:
 
 
 def _named(name: str) -> Backend:
-    """The backend named ``name`` (the homes imported on a first miss)."""
+    """The backend named ``name``. The homes registered when :mod:`mnestoma.engines` was
+    imported, which Python does before any of its modules, this one included."""
     backend = _BACKENDS.get(name)
-    if backend is None:
-        _load()
-        backend = _BACKENDS.get(name)
     if backend is None:
         raise InvalidInput(f"unsupported database {name!r}: use sqlite or postgresql")
     return backend
-
-
-def _load() -> None:
-    """Import the two homes, which register themselves (already done by the package's own
-    ``__init__``; here for a caller that imported this module alone)."""
-    import mnestoma.engines.postgresql
-    import mnestoma.engines.sqlite  # noqa: F401

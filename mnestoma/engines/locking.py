@@ -38,7 +38,7 @@ from mnestoma.core.rules import (
     FORK_WAIT_S,
 )
 from mnestoma.core.validation import check_lock_timeout, shorten
-from mnestoma.engines.backend import backend_of
+from mnestoma.engines.backend import BY_NAME, backend_of
 
 __all__ = [
     "DEFAULT_LOCK_TIMEOUT_S",
@@ -180,7 +180,7 @@ def take_write_lock(conn: Connection) -> None:
     :class:`WriteLockTimeout` when another writer keeps the lock longer than
     :func:`lock_timeout`.
     """
-    if not backend_of(conn).one_writer:
+    if not BY_NAME[conn.dialect.name].one_writer:  # on every write: no call
         return
     dbapi = conn.connection.dbapi_connection
     if dbapi is None:

@@ -51,7 +51,7 @@ from mnestoma.core.rules import (
     PARTITIONS_RECHECK_S,
 )
 from mnestoma.core.types import INSTANTS_END
-from mnestoma.engines.backend import backend_of
+from mnestoma.engines.backend import BY_NAME, backend_of
 from mnestoma.schema.sql import partitions as sq
 from mnestoma.schema.sql.partitions import ENSURE_PARTITIONS, HAS_PARTITIONS, PARTITION_BOUNDS
 
@@ -135,7 +135,7 @@ def _of(engine: Engine) -> _Upkeep:
 def note_written(conn: Connection, at: datetime) -> None:
     """A write on ``conn`` writes events at ``at`` (its clock's now): when ``at``'s month
     is not known made, it is made after the commit. No statement; nothing off PostgreSQL."""
-    if not backend_of(conn).partitioned:
+    if not BY_NAME[conn.dialect.name].partitioned:  # on every write: no call
         return
     with _lock:
         state = _of(conn.engine)
@@ -250,7 +250,7 @@ def upkeep_before_write(session: Any) -> None:
     """Before a write on ``session`` (a Connection or Session) takes its locks: the months
     due, the current one's among them, made where ``session`` is in no transaction yet."""
     bind = _bind_of(session)
-    if bind is None or not backend_of(bind).partitioned:
+    if bind is None or not BY_NAME[bind.dialect.name].partitioned:
         return  # before the clock is read: every SQLite write passes here
     try:
         upkeep(bind, now=utc_now())

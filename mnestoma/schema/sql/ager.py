@@ -724,7 +724,9 @@ def ager_statements(
     """The ager's statements for ``dialect``, for the callers that need only what both have
     (``bounds``, ``archive_count``, ``prune``, ``decay``, ``demote``): the ones its engine's
     home chose (``backend_of(conn).spelling.ager_statements``)."""
-    return spelling_of(dialect).ager_statements(batched)
+    chosen: SQLiteAgerStatements | PostgreSQLAgerStatements
+    chosen = spelling_of(dialect).ager_statements(batched)
+    return chosen
 
 
 @functools.cache

@@ -11,12 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import Table
-
-if TYPE_CHECKING:
-    from mnestoma.schema.sql.ager import PostgreSQLAgerStatements, SQLiteAgerStatements
 
 __all__ = ["Spelling", "register_spelling", "spelling_of"]
 
@@ -42,8 +39,9 @@ class Spelling:
     # Rows another transaction holds are skipped (``FOR UPDATE SKIP LOCKED``, by ``ctid``)
     # when the ager deletes faded chains; else the ager holds the one write lock.
     skips_locked_rows: bool
-    # The ager's statements, batched or not.
-    ager_statements: Callable[[bool], SQLiteAgerStatements | PostgreSQLAgerStatements]
+    # The ager's statements, batched or not (``SQLiteAgerStatements`` or
+    # ``PostgreSQLAgerStatements`` of :mod:`mnestoma.schema.sql.ager`, which reads this module).
+    ager_statements: Callable[[bool], Any]
 
 
 _SPELLINGS: dict[str, Spelling] = {}
