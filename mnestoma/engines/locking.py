@@ -6,7 +6,9 @@ whatever the busy timeout. So every write through this package starts its transa
 with ``BEGIN IMMEDIATE`` and waits for the lock; reads take no lock at all (in WAL mode they
 never wait for a writer). PostgreSQL needs nothing here: its row locks do the same job,
 and migrations take an advisory lock (held for the whole session by an upgrade whose
-revisions commit one by one, see :func:`mnestoma.migration.revision_session`).
+revisions commit one by one, see :func:`mnestoma.migration.revision_session`). The
+functions that serve both engines ask their backend (:func:`~mnestoma.engines.backend_of`);
+the others are SQLite's, which :mod:`mnestoma.engines.sqlite` hands out.
 """
 
 from __future__ import annotations
@@ -956,5 +958,5 @@ def lock_for_migration(conn: Connection) -> None:
     """Serialise migrations of one database: the first migrates, the others wait and find
     it done. SQLite: the write lock; PostgreSQL: a transaction-scoped advisory lock (the
     same key as the session lock of :func:`mnestoma.migration.revision_session`, so either
-    waits for the other)."""
+    waits for the other): ``backend_of(conn).lock_for_migration``."""
     backend_of(conn).lock_for_migration(conn)
