@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from sqlalchemy import exc as sa_exc
@@ -14,6 +15,7 @@ __all__ = [
     "ConflictError",
     "CopyVerificationError",
     "DatabaseUnavailable",
+    "DriverCodes",
     "InvalidInput",
     "InvalidTransition",
     "MissingExtra",
@@ -28,6 +30,7 @@ __all__ = [
     "WriteLockTimeout",
     "is_lock_not_available",
     "is_unique_violation",
+    "register_driver_codes",
     "translate_errors",
 ]
 
@@ -149,14 +152,9 @@ def translate(err: sa_exc.SQLAlchemyError) -> MnestomaError:
     if isinstance(err, sa_exc.IntegrityError):
         return ConflictError(f"constraint violated: {msg}")
     low = msg.lower()
-    if "database is locked" in low or "database is busy" in low:
-        return ConflictError(
-            "SQLite could not give this write the write lock: another writer holds it, or "
-            "the write runs in a transaction that had already read before it wrote (SQLite "
-            "cannot upgrade that read snapshot once another writer committed). Begin the "
-            "transaction with its first write: the package's writes do so themselves "
-            "(BEGIN IMMEDIATE) unless the caller's transaction is already open."
-        )
+    for codes in _REGISTERED:
+        if codes.busy_messages and any(m in low for m in codes.busy_messages):
+            return ConflictError(codes.busy_explanation)
     if err.connection_invalidated or _looks_unreachable(msg):
         return DatabaseUnavailable(f"database unavailable: {msg}")
     return StoreError(f"database error: {msg}")
@@ -164,19 +162,51 @@ def translate(err: sa_exc.SQLAlchemyError) -> MnestomaError:
 
 def _looks_unreachable(msg: str) -> bool:
     low = msg.lower()
-    return any(
-        s in low
-        for s in (
-            "connection refused",
-            "could not connect",
-            "connection failed",
-            "server closed the connection",
-            "terminating connection",
-            "unable to open database",
-            "file is not a database",
-            "consuming input failed",
-        )
-    )
+    return any(s in low for codes in _REGISTERED for s in codes.unreachable_messages)
+
+
+@dataclass(frozen=True, slots=True)
+class DriverCodes:
+    """What one engine's driver errors carry, for the translation here: the engine's home
+    (:mod:`mnestoma.engines.sqlite`, :mod:`mnestoma.engines.postgresql`) holds its table and
+    registers it (:func:`register_driver_codes`); this module names no engine."""
+
+    # Lower-case fragments of the message of a write refused the write lock, and what the
+    # ConflictError raised for it says.
+    busy_messages: tuple[str, ...] = ()
+    busy_explanation: str = ""
+    # Lower-case fragments of the message of a database that cannot be reached or opened.
+    unreachable_messages: tuple[str, ...] = ()
+    # SQLSTATEs of the transient conflicts a bounded retry resolves.
+    retryable_sqlstates: frozenset[str] = frozenset()
+    # SQLSTATEs and driver error names of a unique violation.
+    unique_sqlstates: frozenset[str] = frozenset()
+    unique_errornames: frozenset[str] = frozenset()
+    # SQLSTATEs of a lock wait that ran out (a ``lock_timeout``).
+    lock_not_available_sqlstates: frozenset[str] = frozenset()
+
+
+# Every engine's codes, registered by its home; the sets below are their unions, read by the
+# checks (an error is one driver's: the codes of the others never match it).
+_REGISTERED: list[DriverCodes] = []
+_RETRYABLE: frozenset[str] = frozenset()
+_UNIQUE_STATES: frozenset[str] = frozenset()
+_UNIQUE_NAMES: frozenset[str] = frozenset()
+_LOCK_NOT_AVAILABLE: frozenset[str] = frozenset()
+_BUSY: tuple[str, ...] = ()
+
+
+def register_driver_codes(codes: DriverCodes) -> None:
+    """Have the translation and the checks below read ``codes`` (once per engine)."""
+    global _RETRYABLE, _UNIQUE_STATES, _UNIQUE_NAMES, _LOCK_NOT_AVAILABLE, _BUSY
+    if codes in _REGISTERED:
+        return
+    _REGISTERED.append(codes)
+    _RETRYABLE |= codes.retryable_sqlstates
+    _UNIQUE_STATES |= codes.unique_sqlstates
+    _UNIQUE_NAMES |= codes.unique_errornames
+    _LOCK_NOT_AVAILABLE |= codes.lock_not_available_sqlstates
+    _BUSY += codes.busy_messages
 
 
 # PostgreSQL's lock_not_available: a lock_timeout ran out.
@@ -193,18 +223,19 @@ def _driver_error(err: BaseException) -> BaseException | None:
 
 
 def is_lock_not_available(err: BaseException) -> bool:
-    """True when ``err`` (a driver error, or this package's error standing for one) is
-    PostgreSQL's ``lock_not_available``: a ``lock_timeout`` ran out."""
-    return getattr(_driver_error(err), "sqlstate", None) == LOCK_NOT_AVAILABLE
+    """True when ``err`` (a driver error, or this package's error standing for one) is a
+    lock wait that ran out (PostgreSQL's ``lock_not_available``: a ``lock_timeout``)."""
+    return getattr(_driver_error(err), "sqlstate", None) in _LOCK_NOT_AVAILABLE
 
 
 def is_unique_violation(err: BaseException) -> bool:
-    """True when ``err`` (a driver error, or this package's error standing for one) is
-    PostgreSQL's ``unique_violation`` or SQLite's ``SQLITE_CONSTRAINT_UNIQUE``."""
+    """True when ``err`` (a driver error, or this package's error standing for one) is a
+    unique violation (PostgreSQL's ``unique_violation``, SQLite's
+    ``SQLITE_CONSTRAINT_UNIQUE``)."""
     orig = _driver_error(err)
     return (
-        getattr(orig, "sqlstate", None) == UNIQUE_VIOLATION
-        or getattr(orig, "sqlite_errorname", None) == "SQLITE_CONSTRAINT_UNIQUE"
+        getattr(orig, "sqlstate", None) in _UNIQUE_STATES
+        or getattr(orig, "sqlite_errorname", None) in _UNIQUE_NAMES
     )
 
 
@@ -215,7 +246,7 @@ def is_retryable(err: BaseException) -> bool:
     orig = _driver_error(err)
     if orig is None:
         return False
-    if getattr(orig, "sqlstate", None) in {"40001", "40P01", UNIQUE_VIOLATION}:
+    if getattr(orig, "sqlstate", None) in _RETRYABLE:
         return True
     low = str(orig).lower()
-    return "database is locked" in low or "database is busy" in low
+    return any(m in low for m in _BUSY)

@@ -69,17 +69,18 @@ def carries_secret(value: str) -> bool:
     return redact_text(value) != value
 
 
-def split_url_secrets(url: URL) -> tuple[URL, dict[str, Any]]:
+def split_url_secrets(url: URL, *, connection_strings: bool = True) -> tuple[URL, dict[str, Any]]:
     """The URL without its secrets, and those secrets (for ``connect_args``, which override
     what the URL says).
 
-    A secret query key is dropped from the URL. On PostgreSQL, a query value or a database
-    name holding a connection string with a password stays in the URL with the password
-    hidden (a copy of the URL reaches no other database), its real value in the secrets.
+    A secret query key is dropped from the URL. With ``connection_strings`` (a server's URL,
+    PostgreSQL's; not a file's), a query value or a database name holding a connection
+    string with a password stays in the URL with the password hidden (a copy of the URL
+    reaches no other database), its real value in the secrets.
     """
     secrets: dict[str, Any] = {k: v for k, v in url.query.items() if is_secret_key(k)}
     shown = url.difference_update_query(list(secrets)) if secrets else url
-    if url.get_backend_name() == "sqlite":  # a file name is not a connection string
+    if not connection_strings:  # a file name (SQLite's) is not a connection string
         return shown, secrets
     hidden = {k: v for k, v in shown.query.items() if _value_carries_secret(v)}
     if hidden:

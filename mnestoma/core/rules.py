@@ -425,12 +425,22 @@ def replica_behind_since(readings: Sequence[tuple[float, int]], replayed: int) -
     return None
 
 
+# Each engine's pause between two batches of a prune, registered by the engine's home
+# (``Backend.batch_pause_s``): this module names no engine.
+_BATCH_PAUSES: dict[str, float] = {}
+
+
+def register_batch_pause(dialect: str, seconds: float) -> None:
+    """Have :func:`batch_pause` answer ``seconds`` for ``dialect`` (done by its engine's home)."""
+    _BATCH_PAUSES[dialect] = seconds
+
+
 def batch_pause(dialect: str) -> float:
     """Seconds ``prune_events`` waits between two batches: :data:`BATCH_PAUSE_S` on SQLite
     (one writer at a time), none on PostgreSQL (a writer's rows never wait for a prune's
-    batch). The ager lets writers in its own way
-    (:func:`~mnestoma.maintenance.ager.ager_writers`)."""
-    return BATCH_PAUSE_S if dialect == "sqlite" else 0.0
+    batch), as the engine's home says (``backend_of(dialect).batch_pause_s``). The ager
+    lets writers in its own way (:func:`~mnestoma.maintenance.ager.ager_writers`)."""
+    return _BATCH_PAUSES.get(dialect, 0.0)
 
 
 def ager_writers_about(since_writers_s: float) -> bool:

@@ -1,16 +1,20 @@
 """The SQL twins of :mod:`mnestoma.rules`: the same formulas and comparisons as SQL
 expressions (tests evaluate them on both engines against the pure functions).
 
-Builders that take the dialect name do so because SQLite and PostgreSQL spell day
-arithmetic and the two-argument max differently.
+SQLite and PostgreSQL spell day arithmetic and the two-argument max differently: each
+builder returns one expression, and SQLAlchemy's compiler spells it for the dialect it
+compiles for (``@compiles`` on the constructs below), so no builder asks which engine.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import ColumnElement, Float, bindparam, case, func, literal, or_, type_coerce
+from sqlalchemy import ColumnElement, Float, bindparam, case, func, literal, or_
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import BindParameter
+from sqlalchemy.sql.functions import FunctionElement
 
 from mnestoma.core.rules import SECONDS_PER_DAY, threshold_cut
 from mnestoma.core.types import UTCDateTime
@@ -34,22 +38,73 @@ def now_param(name: str = "now") -> BindParameter[Any]:
     return bindparam(name, type_=UTCDateTime())
 
 
-def greatest(dialect: str, *args: Any) -> ColumnElement[Any]:
+class _Greatest(FunctionElement[Any]):
+    """The larger of the arguments: ``GREATEST`` on PostgreSQL, scalar ``max`` elsewhere."""
+
+    inherit_cache = True
+
+
+class _Least(FunctionElement[Any]):
+    """The smaller of the arguments: ``LEAST`` on PostgreSQL, scalar ``min`` elsewhere."""
+
+    inherit_cache = True
+
+
+class _DaysSince(FunctionElement[float]):
+    """Days from the first argument to the second, as a float: the epoch of the interval
+    over a day's seconds on PostgreSQL, the difference of Julian days elsewhere."""
+
+    type = Float()
+    inherit_cache = True
+
+
+@compiles(_Greatest)
+def _greatest(element: _Greatest, compiler: SQLCompiler, **kw: Any) -> str:
+    return compiler.process(func.max(*element.clauses), **kw)
+
+
+@compiles(_Greatest, "postgresql")
+def _greatest_pg(element: _Greatest, compiler: SQLCompiler, **kw: Any) -> str:
+    return compiler.process(func.greatest(*element.clauses), **kw)
+
+
+@compiles(_Least)
+def _least(element: _Least, compiler: SQLCompiler, **kw: Any) -> str:
+    return compiler.process(func.min(*element.clauses), **kw)
+
+
+@compiles(_Least, "postgresql")
+def _least_pg(element: _Least, compiler: SQLCompiler, **kw: Any) -> str:
+    return compiler.process(func.least(*element.clauses), **kw)
+
+
+@compiles(_DaysSince)
+def _days_since(element: _DaysSince, compiler: SQLCompiler, **kw: Any) -> str:
+    earlier, now = element.clauses
+    days = (func.julianday(now) - func.julianday(earlier)).cast(Float)
+    return compiler.process(days, **kw)
+
+
+@compiles(_DaysSince, "postgresql")
+def _days_since_pg(element: _DaysSince, compiler: SQLCompiler, **kw: Any) -> str:
+    earlier, now = element.clauses
+    seconds = func.extract("epoch", now - earlier) / literal(SECONDS_PER_DAY, Float)
+    return compiler.process(seconds, **kw)  # a float8 already: typed, not cast
+
+
+def greatest(*args: Any) -> ColumnElement[Any]:
     """The larger of the arguments: ``GREATEST`` on PostgreSQL, scalar ``max`` on SQLite."""
-    return func.greatest(*args) if dialect == "postgresql" else func.max(*args)
+    return _Greatest(*args)
 
 
-def least(dialect: str, *args: Any) -> ColumnElement[Any]:
+def least(*args: Any) -> ColumnElement[Any]:
     """The smaller of the arguments."""
-    return func.least(*args) if dialect == "postgresql" else func.min(*args)
+    return _Least(*args)
 
 
-def days_since(dialect: str, earlier: Any, now: Any) -> ColumnElement[float]:
+def days_since(earlier: Any, now: Any) -> ColumnElement[float]:
     """Days from ``earlier`` to ``now`` as a float, not clamped."""
-    if dialect == "postgresql":
-        seconds = func.extract("epoch", now - earlier) / literal(SECONDS_PER_DAY, Float)
-        return type_coerce(seconds, Float)  # a float8 already: typed, not cast
-    return (func.julianday(now) - func.julianday(earlier)).cast(Float)
+    return _DaysSince(earlier, now)
 
 
 def advanced(old: Any, now: Any) -> ColumnElement[Any]:
@@ -73,12 +128,12 @@ VANISHING = 1e-100
 NEGLIGIBLE_RATE = 1e-150
 
 
-def decayed(dialect: str, weight: Any, decay_lambda: Any, since: Any, now: Any) -> Any:
+def decayed(weight: Any, decay_lambda: Any, since: Any, now: Any) -> Any:
     """``weight × exp(−decay_lambda × max(0, days(now − since)))`` in SQL."""
-    days = greatest(dialect, literal(0.0, Float), days_since(dialect, since, now))
+    days = greatest(literal(0.0, Float), days_since(since, now))
     exponent = case(
         (decay_lambda < literal(NEGLIGIBLE_RATE, Float), literal(0.0, Float)),
-        else_=least(dialect, decay_lambda * days, literal(MAX_EXPONENT, Float)),
+        else_=least(decay_lambda * days, literal(MAX_EXPONENT, Float)),
     )
     return case(
         (weight < literal(VANISHING, Float), literal(0.0, Float)),
@@ -92,19 +147,17 @@ def safe_product(a: Any, b: Any) -> Any:
     return case((or_(a < tiny, b < tiny), literal(0.0, Float)), else_=a * b)
 
 
-def decayed_count(dialect: str, count: Any, decay_lambda: Any, ts_last: Any, now: Any) -> Any:
+def decayed_count(count: Any, decay_lambda: Any, ts_last: Any, now: Any) -> Any:
     """A row's decayed count of passings at ``now``, twin of
     :func:`mnestoma.rules.decayed_count`: the weight's decay, anchored at ``ts_last``."""
-    return decayed(dialect, count, decay_lambda, ts_last, now)
+    return decayed(count, decay_lambda, ts_last, now)
 
 
-def merged_count(
-    dialect: str, a: tuple[Any, Any, Any], b: tuple[Any, Any, Any]
-) -> ColumnElement[float]:
+def merged_count(a: tuple[Any, Any, Any], b: tuple[Any, Any, Any]) -> ColumnElement[float]:
     """Two rows' ``(decayed_uses, decay_lambda, ts_last)`` merged, twin of
     :func:`mnestoma.rules.merged_count`: each decayed to the later ``ts_last``, summed."""
-    last = greatest(dialect, a[2], b[2])
-    total: ColumnElement[float] = decayed_count(dialect, *a[:2], a[2], last) + decayed_count(
-        dialect, *b[:2], b[2], last
+    last = greatest(a[2], b[2])
+    total: ColumnElement[float] = decayed_count(*a[:2], a[2], last) + decayed_count(
+        *b[:2], b[2], last
     )
     return total

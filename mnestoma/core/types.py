@@ -8,6 +8,7 @@ from typing import Any
 
 from sqlalchemy import JSON, DateTime
 from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.sqlite import DATETIME as SQLITE_DATETIME
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
 
@@ -102,6 +103,11 @@ def parse_sqlite_timestamp(value: str | datetime) -> datetime:
     return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
 
 
+class _NaiveUTCText(SQLITE_DATETIME):
+    """SQLite's column of instants: naive UTC text in :func:`sqlite_timestamp_text`'s format
+    (:class:`UTCDateTime` fuses its own processing with this text's)."""
+
+
 class UTCDateTime(TypeDecorator[datetime]):
     """Aware UTC datetimes in and out; naive values are refused.
 
@@ -110,14 +116,20 @@ class UTCDateTime(TypeDecorator[datetime]):
     returns it in the session zone, so results are converted back to UTC.
     """
 
-    impl = DateTime(timezone=True)
+    # SQLite's own column type is the text one below (SQLAlchemy's per-dialect variant):
+    # the dialect that stores instants as text is the one that gets its processors.
+    impl = DateTime(timezone=True).with_variant(_NaiveUTCText(), "sqlite")  # type: ignore[no-untyped-call]
     cache_ok = True
+
+    def _as_text(self, dialect: Dialect) -> bool:
+        """True when ``dialect`` stores these instants as naive UTC text."""
+        return isinstance(self.impl_instance.dialect_impl(dialect), _NaiveUTCText)
 
     def process_bind_param(self, value: Any, dialect: Dialect) -> datetime | None:
         if value is None:
             return None
         aware = ensure_instant(value)
-        if dialect.name == "sqlite":
+        if self._as_text(dialect):
             return aware.replace(tzinfo=None)
         return aware
 
@@ -133,7 +145,7 @@ class UTCDateTime(TypeDecorator[datetime]):
     # are fused into one: the same text format, a third of the cost on the hot paths.
 
     def bind_processor(self, dialect: Dialect) -> Any:
-        if dialect.name != "sqlite":
+        if not self._as_text(dialect):
             return super().bind_processor(dialect)
 
         def process(value: Any) -> str | None:
@@ -142,7 +154,7 @@ class UTCDateTime(TypeDecorator[datetime]):
         return process
 
     def result_processor(self, dialect: Dialect, coltype: Any) -> Any:
-        if dialect.name != "sqlite":
+        if not self._as_text(dialect):
             return super().result_processor(dialect, coltype)
 
         def process(value: Any) -> datetime | None:
@@ -202,10 +214,5 @@ def _check_json_text(value: str, what: str) -> None:
 class JSONDocument(TypeDecorator[Any]):
     """JSON on SQLite, JSONB on PostgreSQL; a Python ``None`` is stored as SQL NULL."""
 
-    impl = JSON(none_as_null=True)
+    impl = JSON(none_as_null=True).with_variant(JSONB(none_as_null=True), "postgresql")
     cache_ok = True
-
-    def load_dialect_impl(self, dialect: Dialect) -> Any:
-        if dialect.name == "postgresql":
-            return dialect.type_descriptor(JSONB(none_as_null=True))
-        return dialect.type_descriptor(JSON(none_as_null=True))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,18 +17,25 @@ from sqlalchemy.orm import Session, sessionmaker
 from mnestoma.core._sqla_compat import replace_dialect_method
 from mnestoma.core.errors import InvalidInput, MissingExtra
 from mnestoma.core.redaction import redact_text, scrub_exception, secrets_of, split_url_secrets
+from mnestoma.engines.backend import backend_of
 from mnestoma.engines.forking import own_pool_after_fork
 from mnestoma.engines.listeners import configure_sqlite
 from mnestoma.engines.locking import (
     ENV_LOCK_TIMEOUT,
     busy_timeout_ms,
-    is_memory_sqlite,
     lock_timeout_seconds,
+    memory_database,
 )
-from mnestoma.engines.urls import is_sqlite, resolve_database_url
+from mnestoma.engines.urls import resolve_database_url
 from mnestoma.schema.models import refuse_view_inserts
 
-__all__ = ["PRIVATE_FOLDER_MODE", "make_engine", "make_session_factory"]
+__all__ = [
+    "PRIVATE_FOLDER_MODE",
+    "make_engine",
+    "make_server_engine",
+    "make_session_factory",
+    "make_sqlite_engine",
+]
 
 # The mode of every folder the package creates for a new SQLite store: its owner's alone.
 PRIVATE_FOLDER_MODE = 0o700
@@ -52,16 +60,22 @@ def make_engine(url: str | URL | None = None, **kwargs: Any) -> Engine:
         raise InvalidInput("make_engine takes a URL; this is already an Engine: use it as it is")
     # Secret query keys travel as connect_args: the engine's URL (its repr, its logs) no
     # longer carries them. SQLAlchemy hides only the password of ``user:password@``.
-    resolved, secrets = split_url_secrets(resolve_database_url(url))
-    if is_sqlite(resolved):  # pysqlite ignores them (SQLite has no passwords)
-        engine = _make_sqlite_engine(resolved, **kwargs)
-    else:
-        if secrets:
-            kwargs["connect_args"] = {**secrets, **dict(kwargs.get("connect_args") or {})}
-        kwargs.setdefault("pool_pre_ping", True)
-        engine = _create_engine(resolved, **kwargs)
-        _scrub_connect_errors(engine, secrets_of(resolved, kwargs.get("connect_args")))
+    given = resolve_database_url(url)
+    backend = backend_of(given)
+    resolved, secrets = split_url_secrets(given, connection_strings=backend.server)
+    engine = backend.build_engine(resolved, secrets, **kwargs)
     own_pool_after_fork(engine)
+    return engine
+
+
+def make_server_engine(url: URL, secrets: Mapping[str, Any], **kwargs: Any) -> Engine:
+    """A database server's engine (PostgreSQL): ``secrets`` (taken out of the URL) passed as
+    ``connect_args``, pre-ping, and the driver's errors of a failed connection scrubbed."""
+    if secrets:
+        kwargs["connect_args"] = {**secrets, **dict(kwargs.get("connect_args") or {})}
+    kwargs.setdefault("pool_pre_ping", True)
+    engine = _create_engine(url, **kwargs)
+    _scrub_connect_errors(engine, secrets_of(url, kwargs.get("connect_args")))
     return engine
 
 
@@ -88,12 +102,7 @@ def _create_engine(url: URL, **kwargs: Any) -> Engine:
     try:
         return create_engine(url, **kwargs)
     except ImportError as err:
-        if url.get_backend_name() == "postgresql":
-            raise MissingExtra(
-                f"the PostgreSQL driver of {url.drivername!r} is not installed "
-                f'({err}): pip install "mnestoma[postgresql]" (psycopg 3)'
-            ) from err
-        raise MissingExtra(f"the driver of {url.drivername!r} is not installed: {err}") from err
+        raise MissingExtra(backend_of(url).missing_driver(url, err)) from err
     except (ArgumentError, TypeError) as err:  # an engine option create_engine refuses
         raise InvalidInput(redact_text(str(err).splitlines()[0] if str(err) else "")) from None
 
@@ -115,8 +124,10 @@ def _create_private_folders(folder: Path) -> None:
             os.chmod(made, PRIVATE_FOLDER_MODE)  # a umask that takes the owner's own bits
 
 
-def _make_sqlite_engine(url: URL, **kwargs: Any) -> Engine:
-    if not is_memory_sqlite(url) and url.database and not url.database.startswith("file:"):
+def make_sqlite_engine(url: URL, **kwargs: Any) -> Engine:
+    """A SQLite engine: the file's folders made (0700), one busy timeout (the lock
+    timeout), and the listeners of :mod:`~mnestoma.engines.listeners`."""
+    if not memory_database(url) and url.database and not url.database.startswith("file:"):
         parent = Path(url.database).expanduser().absolute().parent
         try:
             _create_private_folders(parent)

@@ -7,7 +7,7 @@ import weakref
 
 from sqlalchemy import Engine
 
-from mnestoma.engines.locking import track_writes
+from mnestoma.engines.backend import backend_of
 
 __all__ = ["own_pool_after_fork"]
 
@@ -21,7 +21,7 @@ def own_pool_after_fork(engine: Engine) -> None:
     on SQLite, a fork wait for the writes in progress on it (see
     :mod:`~mnestoma.engines.locking`)."""
     _ENGINES.add(engine)
-    track_writes(engine)
+    backend_of(engine).track_writes(engine)
 
 
 def _own_pools_after_fork() -> None:

@@ -6,7 +6,9 @@ whatever the busy timeout. So every write through this package starts its transa
 with ``BEGIN IMMEDIATE`` and waits for the lock; reads take no lock at all (in WAL mode they
 never wait for a writer). PostgreSQL needs nothing here: its row locks do the same job,
 and migrations take an advisory lock (held for the whole session by an upgrade whose
-revisions commit one by one, see :func:`mnestoma.migration.revision_session`).
+revisions commit one by one, see :func:`mnestoma.migration.revision_session`). The
+functions that serve both engines ask their backend (:func:`~mnestoma.engines.backend_of`);
+the others are SQLite's, which :mod:`mnestoma.engines.sqlite` hands out.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple
 from urllib.parse import unquote
 
-from sqlalchemy import URL, Connection, text
+from sqlalchemy import URL, Connection
 from sqlalchemy.engine.interfaces import AdaptedConnection
 
 from mnestoma.core._sqla_compat import replace_dialect_method
@@ -38,6 +40,7 @@ from mnestoma.core.rules import (
     FORK_WAIT_S,
 )
 from mnestoma.core.validation import check_lock_timeout, shorten
+from mnestoma.engines.backend import BY_NAME, backend_of
 
 __all__ = [
     "DEFAULT_LOCK_TIMEOUT_S",
@@ -59,12 +62,14 @@ __all__ = [
     "lock_timeout",
     "lock_timeout_of",
     "lock_timeout_seconds",
+    "memory_database",
     "open_beside_store",
     "pause_on",
     "rest_before_statement",
     "rest_busy_timeout",
     "saying_it_waits",
     "sqlite_file_named",
+    "sqlite_store_files",
     "store_files",
     "take_write_lock",
     "track_writes",
@@ -177,7 +182,7 @@ def take_write_lock(conn: Connection) -> None:
     :class:`WriteLockTimeout` when another writer keeps the lock longer than
     :func:`lock_timeout`.
     """
-    if conn.dialect.name != "sqlite":
+    if not BY_NAME[conn.dialect.name].one_writer:  # on every write: no call
         return
     dbapi = conn.connection.dbapi_connection
     if dbapi is None:
@@ -617,7 +622,7 @@ def track_writes(engine: Any) -> None:
     rolling back or closing it would act on the parent's write.
     """
     dialect = engine.dialect
-    if dialect.name != "sqlite" or getattr(dialect, "_mnestoma_tracks_writes", False):
+    if not backend_of(engine).one_writer or getattr(dialect, "_mnestoma_tracks_writes", False):
         return
     commit, rollback, close = dialect.do_commit, dialect.do_rollback, dialect.do_close
 
@@ -824,9 +829,15 @@ STORE_FILE_SUFFIXES = ("-wal", "-shm", "-journal", "-writers.lock", "-ager.lock"
 
 
 def store_files(url: URL) -> tuple[str, ...]:
+    """Every file of the store at ``url`` (``Backend.store_files``): for a SQLite file
+    database, :func:`sqlite_store_files`; () for an in-memory or a PostgreSQL database."""
+    return backend_of(url).store_files(url)
+
+
+def sqlite_store_files(url: URL) -> tuple[str, ...]:
     """Every file of the SQLite file database at ``url``: the database, then what lies
     beside it (:data:`STORE_FILE_SUFFIXES`), each at the path the URL names and, when that
-    is a link, beside the file it leads to; () for an in-memory or a PostgreSQL database."""
+    is a link, beside the file it leads to; () for an in-memory database."""
     named = sqlite_file_named(url)
     if named is None:
         return ()
@@ -835,13 +846,17 @@ def store_files(url: URL) -> tuple[str, ...]:
 
 
 def is_memory_sqlite(url: URL) -> bool:
-    """True for a SQLite database held in memory (or in a temporary file gone at close),
-    however the URL spells it: no name, ``:memory:``, and SQLite's URI filenames
+    """True for a database held in memory (``Backend.is_memory``): a SQLite one, however
+    the URL spells it (:func:`memory_database`); never a PostgreSQL one."""
+    return backend_of(url).is_memory(url)
+
+
+def memory_database(url: URL) -> bool:
+    """True for a SQLite URL whose database is held in memory (or in a temporary file gone
+    at close), however the URL spells it: no name, ``:memory:``, and SQLite's URI filenames
     (``file::memory:``, ``mode=memory`` or ``vfs=memdb`` anywhere in the query, an empty
     ``file:`` path), with ``uri=true`` or without. Each connection sees its own, or all of
     it is gone at close: no store."""
-    if url.get_backend_name() != "sqlite":
-        return False
     # The filename SQLAlchemy hands SQLite (the URL's query after the database name), read
     # as SQLite reads a URI: parameters split at & and %HH decoded, the path decoded.
     extra = [f"{key}={value}" for key, values in url.query.items() for value in _listed(values)]
@@ -889,7 +904,7 @@ def sqlite_file_named(url: URL) -> str | None:
     unless ``uri=true`` is in the query; then a name that begins with ``file:`` is SQLite's
     URI (its path %-decoded after an empty or ``localhost`` authority, the query and
     fragment its own). None for an in-memory database or another engine's."""
-    if url.get_backend_name() != "sqlite" or is_memory_sqlite(url):
+    if backend_of(url).server or memory_database(url):
         return None
     name = url.database or ""
     if not _is_uri(url):
@@ -943,8 +958,5 @@ def lock_for_migration(conn: Connection) -> None:
     """Serialise migrations of one database: the first migrates, the others wait and find
     it done. SQLite: the write lock; PostgreSQL: a transaction-scoped advisory lock (the
     same key as the session lock of :func:`mnestoma.migration.revision_session`, so either
-    waits for the other)."""
-    if conn.dialect.name == "postgresql":
-        conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
-    else:
-        take_write_lock(conn)
+    waits for the other): ``backend_of(conn).lock_for_migration``."""
+    backend_of(conn).lock_for_migration(conn)

@@ -51,6 +51,7 @@ from mnestoma.core.rules import (
     PARTITIONS_RECHECK_S,
 )
 from mnestoma.core.types import INSTANTS_END
+from mnestoma.engines.backend import BY_NAME, backend_of
 from mnestoma.schema.sql import partitions as sq
 from mnestoma.schema.sql.partitions import ENSURE_PARTITIONS, HAS_PARTITIONS, PARTITION_BOUNDS
 
@@ -134,7 +135,7 @@ def _of(engine: Engine) -> _Upkeep:
 def note_written(conn: Connection, at: datetime) -> None:
     """A write on ``conn`` writes events at ``at`` (its clock's now): when ``at``'s month
     is not known made, it is made after the commit. No statement; nothing off PostgreSQL."""
-    if conn.dialect.name != "postgresql":
+    if not BY_NAME[conn.dialect.name].partitioned:  # on every write: no call
         return
     with _lock:
         state = _of(conn.engine)
@@ -219,7 +220,7 @@ def upkeep(target: Engine | Connection, *, now: datetime | None = None) -> None:
     its own if ``target`` is an engine; nothing on a connection in a transaction, nor off
     PostgreSQL, nor when nothing is due (no statement then)."""
     engine = target if isinstance(target, Engine) else target.engine
-    if engine.dialect.name != "postgresql":
+    if not backend_of(engine).partitioned:
         return
     months = _due(engine, now)
     if months is None:
@@ -249,7 +250,7 @@ def upkeep_before_write(session: Any) -> None:
     """Before a write on ``session`` (a Connection or Session) takes its locks: the months
     due, the current one's among them, made where ``session`` is in no transaction yet."""
     bind = _bind_of(session)
-    if bind is None or bind.dialect.name != "postgresql":
+    if bind is None or not BY_NAME[bind.dialect.name].partitioned:
         return  # before the clock is read: every SQLite write passes here
     try:
         upkeep(bind, now=utc_now())
@@ -273,7 +274,7 @@ def upkeep_due_after_commit(session: Any) -> bool:
     """Would :func:`upkeep_after_commit` on ``session`` run a statement? No statement: an
     async door asks before it enters the session's greenlet for nothing."""
     bind = _bind_of(session)
-    if bind is None or bind.dialect.name != "postgresql":
+    if bind is None or not backend_of(bind).partitioned:
         return False
     engine = bind if isinstance(bind, Engine) else bind.engine
     return _due(engine, None) is not None
@@ -311,7 +312,7 @@ def drop_old_partitions(conn: Connection, before: datetime) -> Dropped:
     partitions detached, the new table attached as ``events_to_<end>`` (every ts before
     ``end``; its CHECK spares the scan). Writers of the current months wait for that swap
     at most."""
-    if conn.dialect.name != "postgresql" or not conn.execute(HAS_PARTITIONS).scalar_one():
+    if not backend_of(conn).partitioned or not conn.execute(HAS_PARTITIONS).scalar_one():
         return Dropped()
     whole = [(str(n), up) for n, up in conn.execute(PARTITION_BOUNDS, {"before": before})]
     if not whole:

@@ -52,7 +52,7 @@ from mnestoma.core.rules import (
 from mnestoma.core.settings import Settings
 from mnestoma.engines import (
     ENV_REPLICA_URLS,
-    is_sqlite,
+    backend_of,
     redact_url,
     refuse_memory_sqlite,
     resolve_database_url,
@@ -192,13 +192,13 @@ def replica_urls(primary: URL, replicas: object, *, from_env: bool = False) -> l
         refuse_memory_sqlite(url)
         urls.append(url)
     where = f" ({ENV_REPLICA_URLS})" if from_env else ""
-    if urls and is_sqlite(primary):
+    if urls and not backend_of(primary).replicas:
         raise InvalidInput(
             f"a SQLite store has no read replicas{where}: replicas are PostgreSQL standbys "
             "fed by streaming replication"
         )
     for url in urls:
-        if is_sqlite(url):
+        if not backend_of(url).replicas:
             raise InvalidInput(
                 f"a read replica must be a PostgreSQL standby, got {redact_url(url)}{where}"
             )

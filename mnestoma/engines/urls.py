@@ -11,6 +11,8 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
 from mnestoma.core.errors import InvalidInput
 from mnestoma.core.redaction import redact_text
+from mnestoma.engines import backend
+from mnestoma.engines.backend import backend_of
 from mnestoma.engines.locking import is_memory_sqlite
 
 __all__ = [
@@ -93,11 +95,12 @@ def resolve_database_url(url: str | URL | None = None) -> URL:
     return URL.create("sqlite+pysqlite", database=str(path.absolute()))
 
 
-# The driver each side opens a database with. Async: aiosqlite, and psycopg 3 in its async
-# mode (SQLAlchemy picks psycopg's async dialect for ``postgresql+psycopg`` on an async
-# engine). Sync (Alembic migrates synchronously, whatever the URL's driver): pysqlite, psycopg.
-ASYNC_DRIVERS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+psycopg"}
-SYNC_DRIVERS = {"sqlite": "sqlite+pysqlite", "postgresql": "postgresql+psycopg"}
+# The driver each side opens a database with, by dialect name, each backend's own (filled as
+# the backends register). Async: aiosqlite, and psycopg 3 in its async mode (SQLAlchemy picks
+# psycopg's async dialect for ``postgresql+psycopg`` on an async engine). Sync (Alembic
+# migrates synchronously, whatever the URL's driver): pysqlite, psycopg.
+ASYNC_DRIVERS = backend.ASYNC_DRIVERS
+SYNC_DRIVERS = backend.SYNC_DRIVERS
 
 
 def async_database_url(url: str | URL | None = None) -> URL:
@@ -106,7 +109,7 @@ def async_database_url(url: str | URL | None = None) -> URL:
     resolved = resolve_database_url(url)
     if resolved.get_dialect().is_async:
         return resolved
-    return resolved.set(drivername=ASYNC_DRIVERS[resolved.get_backend_name()])
+    return resolved.set(drivername=backend_of(resolved).async_driver)
 
 
 def sync_database_url(url: str | URL | None = None) -> URL:
@@ -115,7 +118,7 @@ def sync_database_url(url: str | URL | None = None) -> URL:
     resolved = resolve_database_url(url)
     if not resolved.get_dialect().is_async:
         return resolved
-    return resolved.set(drivername=SYNC_DRIVERS[resolved.get_backend_name()])
+    return resolved.set(drivername=backend_of(resolved).sync_driver)
 
 
 def _parse(url: str | URL) -> URL:
@@ -128,15 +131,11 @@ def _parse(url: str | URL) -> URL:
         parsed = make_url(url) if isinstance(url, str) else url
     except (ArgumentError, ValueError):  # ValueError: a port that is not a number
         raise InvalidInput(f"not a database URL: {redact_text(str(url))!r}") from None
-    # A bare postgresql:// would pick psycopg2; this package speaks psycopg 3.
-    if parsed.drivername in ("postgresql", "postgres"):
-        parsed = parsed.set(drivername="postgresql+psycopg")
-    if parsed.drivername == "sqlite":
-        parsed = parsed.set(drivername="sqlite+pysqlite")
-    if parsed.get_backend_name() not in ("sqlite", "postgresql"):
-        raise InvalidInput(
-            f"unsupported database {parsed.get_backend_name()!r}: use sqlite or postgresql"
-        )
+    # a bare postgresql:// would pick psycopg2; this package speaks psycopg 3
+    driver = backend.BARE_SCHEMES.get(parsed.drivername)
+    if driver is not None:
+        parsed = parsed.set(drivername=driver)
+    backend_of(parsed)  # InvalidInput for a database this package does not support
     try:
         parsed.get_dialect()  # the dialect only: its driver is imported by create_engine
     except NoSuchModuleError:
@@ -147,9 +146,10 @@ def _parse(url: str | URL) -> URL:
 
 
 def is_sqlite(url_or_engine: URL | Engine) -> bool:
-    """True for a SQLite URL or engine."""
+    """True for a SQLite URL or engine: a file store, not a server's
+    (``not backend_of(x).server``)."""
     url = url_or_engine.url if isinstance(url_or_engine, Engine) else url_or_engine
-    return url.get_backend_name() == "sqlite"
+    return not backend_of(url).server
 
 
 def refuse_memory_sqlite(url: URL) -> None:

@@ -98,8 +98,13 @@ from mnestoma.core.rules import (
 from mnestoma.core.settings import Settings, settings_of
 from mnestoma.core.timefmt import iso_utc
 from mnestoma.core.types import JSONDocument
-from mnestoma.engines import is_memory_sqlite, make_engine, redact_url, resolve_database_url
-from mnestoma.engines.locking import beside_store, take_write_lock
+from mnestoma.engines import (
+    backend_of,
+    is_memory_sqlite,
+    make_engine,
+    redact_url,
+    resolve_database_url,
+)
 from mnestoma.maintenance.migration import (
     current_revision,
     head_revision,
@@ -117,9 +122,6 @@ from mnestoma.schema.sql.copying import (
     MERGE_INTO_TARGET,
     MERGED_COLUMNS,
     MNESTS_BY_ID,
-    POSTGRESQL_ANALYZE,
-    POSTGRESQL_LOCK,
-    POSTGRESQL_RESET_IDS,
     PROTO_KEY,
     STORES,
     TABLES,
@@ -298,13 +300,8 @@ def _no_progress(total: int) -> Iterator[Callable[[int], None]]:
 
 
 def _same_database(a: URL, b: URL) -> bool:
-    if a.get_backend_name() != b.get_backend_name():
-        return False
-    if a.get_backend_name() == "sqlite":  # the files SQLite opens, links followed
-        file = beside_store(a, "")
-        return file is not None and file == beside_store(b, "")
-    keys = ("host", "port", "database")
-    return all(getattr(a, k) == getattr(b, k) for k in keys)
+    backend = backend_of(a)
+    return backend is backend_of(b) and backend.same_database(a, b)
 
 
 @dataclass(frozen=True, slots=True)
@@ -420,9 +417,7 @@ def copy_store(
 
 def _source_reader(engine: Engine) -> Engine:
     """One consistent snapshot of the source across its tables."""
-    if engine.dialect.name == "postgresql":
-        return engine.execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)
-    return engine  # SQLite: one read transaction is one snapshot
+    return backend_of(engine).snapshot_reader(engine)
 
 
 def _find_keys(
@@ -463,7 +458,7 @@ class _Job:
             with tconn.begin():
                 # SQLite's write lock from the start: what the copy reads in the target
                 # (emptiness, largest ids, the keys it merges into) holds until it commits.
-                take_write_lock(tconn)
+                backend_of(tconn).take_write_lock(tconn)
                 upgrade(tconn)  # inside the copy's transaction: a failed copy migrates nothing
                 before = self._target_counts(tconn)
                 if not self.append and any(before.values()):
@@ -472,8 +467,7 @@ class _Job:
                         f"the target {redact_url(dst_engine.url)} is not empty ({held}): "
                         "use --append to add to it"
                     )
-                if tconn.dialect.name == "postgresql":
-                    tconn.execute(POSTGRESQL_LOCK)
+                backend_of(tconn).lock_copy_target(tconn)
                 self.target_store = _store_identity(tconn)
                 taken = _records(sconn)  # the stores whose rows the source took
                 if any(before.values()):
@@ -504,8 +498,7 @@ class _Job:
                     self._copy_chains(sconn, tconn, merging=before[CHAINS.name] > 0)
                 if self.keys_created:
                     KEYS.table.drop(tconn)
-                if tconn.dialect.name == "postgresql":
-                    self._after_postgresql_copy(tconn)
+                backend_of(tconn).after_copy(tconn)
                 self._verify(tconn)
                 self._record(tconn, counts, taken)
             sconn.rollback()
@@ -768,12 +761,6 @@ class _Job:
             for t, _ in TABLES
         }
 
-    def _after_postgresql_copy(self, tconn: Connection) -> None:
-        """Identity sequences past every id; statistics, so that the first ager plans well."""
-        for reset in POSTGRESQL_RESET_IDS:
-            tconn.execute(reset)
-        tconn.execute(POSTGRESQL_ANALYZE)
-
     def _verify(self, tconn: Connection) -> None:
         """Read the target back; any difference raises (and rolls the transaction back)."""
         for table, _ in TABLES:
@@ -850,7 +837,7 @@ def _source_identity(engine: Engine) -> str:
         if found is not None:
             return str(found)
         with conn.begin():
-            take_write_lock(conn)
+            backend_of(conn).take_write_lock(conn)
             return _store_identity(conn)
 
 

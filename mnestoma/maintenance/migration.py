@@ -35,13 +35,12 @@ from mnestoma.engines import (
     ENV_DATABASE_URL,
     ENV_DB_PATH,
     ENV_WORKSPACE,
-    is_memory_sqlite,
-    is_sqlite,
+    backend_of,
     make_engine,
     redact_url,
     sync_database_url,
 )
-from mnestoma.engines.locking import MIGRATION_LOCK_KEY, lock_for_migration, use_wal
+from mnestoma.engines.locking import MIGRATION_LOCK_KEY
 from mnestoma.maintenance.seed_repair import repair_before_upgrade
 from mnestoma.schema.models import VIEW_NAME, Base
 from mnestoma.schema.sql.partitions import LAYOUT_NAMES, PARTITION_NAME, is_layout_name
@@ -395,9 +394,9 @@ def prepare_for_migration(conn: Connection, noted: dict[str, Any] | None = None)
     store at 0001 (:mod:`~mnestoma.maintenance.seed_repair`). In ``noted`` (the Config's
     attributes) the
     revision found under the lock, at the first attempt only (a retry starts from there)."""
-    lock_for_migration(conn)
-    if conn.dialect.name == "postgresql":
-        _create_search_path_schema(conn)
+    backend = backend_of(conn)
+    backend.lock_for_migration(conn)
+    backend.prepare_migration(conn)  # PostgreSQL: the search_path's schema, under the lock
     adopt_legacy_version(conn)
     if noted is not None and FOUND not in noted:
         noted[FOUND] = read_revision(conn)
@@ -439,23 +438,6 @@ def _report(noted: dict[str, Any], *, down: bool = False) -> MigrationReport:
         ran = [r.revision for r in script.iterate_revisions(upper, lower or "base")]
         applied = tuple(ran if down else reversed(ran))
     return MigrationReport(before, after, applied)
-
-
-def _create_search_path_schema(conn: Connection) -> None:
-    """``CREATE SCHEMA IF NOT EXISTS`` for the first schema of ``search_path`` (not $user)."""
-    path = conn.execute(text("SHOW search_path")).scalar_one()
-    names = [n.strip() for n in str(path).split(",") if n.strip()]
-    names = [n for n in names if n not in ('"$user"', "$user")]
-    if not names:
-        return
-    first = names[0]
-    schema = first[1:-1].replace('""', '"') if first.startswith('"') else first
-    exists = conn.execute(
-        text("SELECT 1 FROM pg_namespace WHERE nspname = :n"), {"n": schema}
-    ).first()
-    if exists is None:
-        quoted = conn.dialect.identifier_preparer.quote_identifier(schema)
-        conn.execute(text(f"CREATE SCHEMA IF NOT EXISTS {quoted}"))
 
 
 def migration_lock_timeout(value: float | str | None = None) -> float:
@@ -568,12 +550,9 @@ def retry_lock_timeouts(
 
 
 def sqlite_store_missing(url: URL) -> bool:
-    """True for a SQLite file URL whose file does not exist (reading must not create it)."""
-    if not is_sqlite(url) or is_memory_sqlite(url) or not url.database:
-        return False
-    if url.database.startswith("file:"):
-        return False
-    return not Path(url.database).expanduser().exists()
+    """True for a SQLite file URL whose file does not exist (reading must not create it):
+    ``backend_of(url).store_missing(url)``."""
+    return backend_of(url).store_missing(url)
 
 
 def missing_sqlite_file(url: URL) -> Path | None:
@@ -679,7 +658,7 @@ def _analyze_if_migrated(conn: Connection, report: MigrationReport) -> None:
     migration builds indexes and rewrites tables; until statistics exist the planner
     guesses, and a guess can turn a linear statement quadratic (the ager's, once, on a
     store with a hub)."""
-    if conn.dialect.name != "postgresql" or not report.moved:
+    if not backend_of(conn).server or not report.moved:  # a server's statistics
         return
     present = set(inspect(conn).get_table_names())
     quote = conn.dialect.identifier_preparer.quote_identifier
@@ -705,10 +684,7 @@ def _newer_release(where: str, current: str) -> str:
 def _use_wal(engine: Engine) -> None:
     """Switch a SQLite store to WAL (persistent in the file): only for a store this package
     creates or migrates, never when it merely reads a file."""
-    if not is_sqlite(engine) or is_memory_sqlite(engine.url):
-        return
-    with engine.connect() as conn:
-        use_wal(conn)
+    backend_of(engine).prepare_store(engine)
 
 
 def downgrade(

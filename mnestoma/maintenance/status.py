@@ -36,7 +36,7 @@ from mnestoma.core.rules import (
 from mnestoma.core.settings import Settings
 from mnestoma.core.timefmt import ago, iso_utc, short_utc
 from mnestoma.core.types import parse_sqlite_timestamp
-from mnestoma.engines import make_engine, redact_url, resolve_database_url
+from mnestoma.engines import backend_of, make_engine, redact_url, resolve_database_url
 from mnestoma.engines.replicas import (
     identity_difference,
     lsn_of,
@@ -493,7 +493,7 @@ def collect_status(
         url = resolve_database_url(url_or_engine)
         where = redact_url(url)
         if sqlite_store_missing(url):
-            return StoreStatus(where, "sqlite", "missing", None, head, now)
+            return StoreStatus(where, backend_of(url).name, "missing", None, head, now)
         engine = make_engine(url)
         try:
             status = _collect(engine, head, now, settings, exact)
@@ -553,7 +553,7 @@ def _collect(
 ) -> StoreStatus:
     status = StoreStatus(redact_url(engine.url), engine.dialect.name, "none", None, head, now)
     with translate_errors(), engine.connect() as conn:
-        if conn.dialect.name == "postgresql":
+        if backend_of(conn).replicas:  # a server that may be a standby
             standby, _replayed, _received, lag = conn.execute(REPLICA_PROBE).one()
             status.standby = bool(standby)
             status.standby_lag_s = None if lag is None or not standby else float(lag)
@@ -599,8 +599,10 @@ def _count(
     where the store has ``events.recorder`` (revision 0003 on). With ``estimate`` (and a
     store with recorders and outcomes), the counts of events and of the query log are the
     catalogue's estimates where it has any (:func:`_estimate_events`)."""
-    on_pg = conn.dialect.name == "postgresql"
-    if MNESTS.name in tables and not (estimate and on_pg and _estimate_mnests(conn, status)):
+    has_estimates = backend_of(conn).server  # the catalogue's estimates
+    if MNESTS.name in tables and not (
+        estimate and has_estimates and _estimate_mnests(conn, status)
+    ):
         by_state = dict.fromkeys((s.value for s in MnestState), 0)
         for state, n in conn.execute(sql.MNESTS_BY_STATE):
             by_state[state] = int(n)
@@ -610,7 +612,7 @@ def _count(
         and EVENTS.name in tables
         and by_recorder
         and status.outcomes_recorded
-        and (_estimate_events(conn, status) if on_pg else _sample_events(conn, status))
+        and (_estimate_events(conn, status) if has_estimates else _sample_events(conn, status))
     )
     if EVENTS.name in tables and not estimated:
         by_kind = dict.fromkeys((k.value for k in EventKind), 0)
@@ -628,13 +630,13 @@ def _count(
             status.passings_with_turn = int(with_turn)
             status.last_turn_passing = _as_utc(last_with_turn)
     if QUERIES.name in tables:
-        rows = _estimated_rows(conn, QUERIES.name) if estimated and on_pg else None
+        rows = _estimated_rows(conn, QUERIES.name) if estimated and has_estimates else None
         status.query_log_estimated = rows is not None and rows >= STATUS_ESTIMATE_FROM
         if not status.query_log_estimated:  # a small log is counted: never "about 0"
             rows = int(conn.execute(sql.QUERY_LOG_COUNT).scalar_one())
         status.query_log = int(rows or 0)
     if CHAINS.name in tables:
-        _count_chains(conn, status, estimate=estimate and on_pg)
+        _count_chains(conn, status, estimate=estimate and has_estimates)
 
 
 def _count_chains(conn: Connection, status: StoreStatus, *, estimate: bool) -> None:

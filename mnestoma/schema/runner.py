@@ -45,10 +45,12 @@ from mnestoma.core.types import UTCDateTime
 
 __all__ = [
     "MAX_PREPARED",
+    "DriverPath",
     "DriverRunner",
     "StatementRunner",
     "as_mappings",
     "own_listener",
+    "register_driver_path",
     "runner_for",
     "unobserved",
 ]
@@ -58,6 +60,26 @@ Params = Mapping[str, Any]
 # The parameter sets of an executemany: mappings, or with ``Columns``, tuples in their order.
 ParamRows = Sequence[Params] | Sequence[Sequence[Any]]
 Columns = tuple[str, ...] | None
+
+
+@dataclass(frozen=True, slots=True)
+class DriverPath:
+    """Which connections of a dialect run the package's statements at the driver
+    (:class:`DriverRunner`), as the engine's home registers it: this module names no engine."""
+
+    # The drivers whose sync connections do; None: every driver of the dialect, async too.
+    sync_drivers: frozenset[str] | None
+    # Statements observed by a listener go at the driver too (else through Core: there,
+    # exec_driver_sql would save nothing).
+    observed_at_driver: bool
+
+
+_DRIVER_PATHS: dict[str, DriverPath] = {}
+
+
+def register_driver_path(dialect: str, path: DriverPath) -> None:
+    """Have :func:`runner_for` read ``path`` for ``dialect`` (done by its engine's home)."""
+    _DRIVER_PATHS[dialect] = path
 
 
 class StatementRunner:
@@ -375,7 +397,7 @@ class DriverRunner(StatementRunner):
     def __init__(self, conn: Connection) -> None:
         super().__init__(conn)
         # Observed PostgreSQL statements go through Core: exec_driver_sql saves nothing there.
-        self._core_fallback = self.dialect != "sqlite"
+        self._core_fallback = not _DRIVER_PATHS[self.dialect].observed_at_driver
         # Asked once per runner, that is once per repository operation: SQLAlchemy's
         # listener collections are slow to inspect, and an operation's statements are
         # either all observed or none.
@@ -525,6 +547,9 @@ def runner_for(conn: Connection) -> StatementRunner:
     dialect = conn.dialect
     if conn.get_execution_options().get("schema_translate_map"):
         return StatementRunner(conn)
-    if dialect.name == "sqlite" or (dialect.driver == "psycopg" and not dialect.is_async):
+    path = _DRIVER_PATHS.get(dialect.name)
+    if path is not None and (
+        path.sync_drivers is None or (dialect.driver in path.sync_drivers and not dialect.is_async)
+    ):
         return DriverRunner(conn)
     return StatementRunner(conn)

@@ -31,6 +31,7 @@ from sqlalchemy.pool import NullPool
 from mnestoma.core.errors import InvalidInput, StoreError
 from mnestoma.core.settings import Settings
 from mnestoma.engines import (
+    backend_of,
     is_memory_sqlite,
     make_engine,
     redact_text,
@@ -202,11 +203,11 @@ def _test_database_url(
     worker = xdist_worker(config)
     if worker is None:
         yield url
-    elif url.get_backend_name() == "sqlite":
-        with sqlite_worker_file(url, worker) as own:
-            yield own
-    else:
+    elif backend_of(url).server:
         with postgresql_worker_database(url, worker) as own:
+            yield own
+    else:  # a file store: one file per worker
+        with sqlite_worker_file(url, worker) as own:
             yield own
 
 

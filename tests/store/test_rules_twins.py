@@ -84,7 +84,7 @@ def test_sql_days_since_is_the_day_count_between_two_instants(
 ) -> None:
     got = _eval(
         engine,
-        lambda d: sqlrules.days_since(d, SINCE, sqlrules.now_param()),
+        lambda d: sqlrules.days_since(SINCE, sqlrules.now_param()),
         since=since,
         now=now,
     )
@@ -92,7 +92,7 @@ def test_sql_days_since_is_the_day_count_between_two_instants(
 
 
 def _sql_decayed(d: Any) -> Any:
-    return sqlrules.decayed(d, W, LAM, SINCE, sqlrules.now_param())
+    return sqlrules.decayed(W, LAM, SINCE, sqlrules.now_param())
 
 
 @SETTINGS
@@ -112,7 +112,7 @@ def test_sql_decayed_count_is_the_pure_one(
 ) -> None:
     got = _eval(
         engine,
-        lambda d: sqlrules.decayed_count(d, W, LAM, SINCE, sqlrules.now_param()),
+        lambda d: sqlrules.decayed_count(W, LAM, SINCE, sqlrules.now_param()),
         w=c,
         lam=lam,
         since=since,
@@ -128,7 +128,7 @@ L1, L2 = bindparam("l1", type_=Float()), bindparam("l2", type_=Float())
 
 def _sql_merged(d: Any) -> Any:
     """SQL's decayed count of two rows merged: (c1, l1, a) and (c2, l2, b)."""
-    return sqlrules.merged_count(d, (C1, L1, A), (C2, L2, B))
+    return sqlrules.merged_count((C1, L1, A), (C2, L2, B))
 
 
 @SETTINGS
@@ -157,11 +157,11 @@ def test_sql_greatest_and_least_are_max_and_min(
     engine: Engine, x: float, y: float, a: datetime, b: datetime
 ) -> None:
     def pair(d: str) -> Any:
-        return sqlrules.greatest(d, X, Y) - sqlrules.least(d, X, Y)
+        return sqlrules.greatest(X, Y) - sqlrules.least(X, Y)
 
     assert _eval(engine, pair, x=x, y=y) == max(x, y) - min(x, y)
     for fn, py in ((sqlrules.greatest, max), (sqlrules.least, min)):
-        got = _eval(engine, lambda d, fn=fn: type_coerce(fn(d, A, B), UTCDateTime()), a=a, b=b)
+        got = _eval(engine, lambda d, fn=fn: type_coerce(fn(A, B), UTCDateTime()), a=a, b=b)
         assert got == py(a, b)
 
 

@@ -66,6 +66,7 @@ from mnestoma.core.sqlrules import (
     now_param,
 )
 from mnestoma.core.types import UTCDateTime
+from mnestoma.schema.sql.spelling import spelling_of
 from mnestoma.schema.sql.tables import AGER_PROGRESS as P
 from mnestoma.schema.sql.tables import EVENT_ROW, EventRow
 from mnestoma.schema.sql.tables import EVENTS as E
@@ -184,20 +185,20 @@ def _ctid(table: NamedFromClause) -> ColumnElement[str]:
 
 
 def _event(
-    dialect: str,
-    now: Any,
+    ts: Any,
     kind: EventKind,
     mnest_id: Any,
     weights: tuple[Any, Any],
     states: tuple[str, str | None],
     related: Any,
 ) -> Select[Any]:
-    """One event recorded by the ager at ``now``, as a select of :data:`EVENT_ROW`: the row's
+    """One event recorded by the ager at ``ts`` (``now``, typed as each engine's statements
+    need it), as a select of :data:`EVENT_ROW`: the row's
     weights and states before and after, and the row on the other side of a merge."""
     row = EventRow(
         mnest_id=mnest_id,
         kind=kind.value,
-        ts=now.cast(UTCDateTime()) if dialect == "postgresql" else now,
+        ts=ts,
         weight_before=weights[0],
         weight_after=weights[1],
         state_before=states[0],
@@ -213,17 +214,14 @@ def _insert_events(rows: Any) -> Insert:
     return insert(E).from_select(EVENT_ROW, rows)
 
 
-def _pairs_select(dialect: str, now: Any, batched: bool = False) -> Any:
-    """Actives below ``DECAYING_BELOW`` whose key has a decaying row: one row per pair, with
-    what the merge needs of each. No plan may reach one side through an index on part of the key
-    (the (state, src) or the dst_executor index), nor scan one side for each row of the
-    other: for a hub, each of its rows would read all the hub's edges, quadratic in its
-    degree. SQLite's plan (no statistics) is fixed by the query; PostgreSQL's depends on
-    statistics it may not have (after a bulk load), so there the pairs come without a
-    join. With ``batched``, the pairs whose active row is in the batch (``:lo``, ``:hi``)."""
-    if dialect == "sqlite":
-        return _sqlite_pairs(now, batched)
-    return _postgresql_batch_pairs(now) if batched else _postgresql_pairs(now)
+# The pairs of a run: actives below ``DECAYING_BELOW`` whose key has a decaying row, one row
+# per pair, with what the merge needs of each. No plan may reach one side through an index on
+# part of the key (the (state, src) or the dst_executor index), nor scan one side for each row
+# of the other: for a hub, each of its rows would read all the hub's edges, quadratic in its
+# degree. SQLite's plan (no statistics) is fixed by the query (:func:`_sqlite_pairs`);
+# PostgreSQL's depends on statistics it may not have (after a bulk load), so there the pairs
+# come without a join (:func:`_postgresql_pairs`). Batched, the pairs whose active row is in
+# the batch (``:lo``, ``:hi``).
 
 
 def _sqlite_pairs(now: Any, batched: bool) -> Any:
@@ -232,14 +230,14 @@ def _sqlite_pairs(now: Any, batched: bool) -> Any:
     ``batched``, from the batch's actives (a rowid range) instead, each decaying twin looked
     up by the whole key (its state a literal of that index): linear in the batch."""
     a, d = M.alias("a"), M.alias("d")
-    eff_a = decayed("sqlite", a.c.weight, a.c.decay_lambda, a.c.ts_weight, now)
-    eff_d = decayed("sqlite", d.c.weight, d.c.decay_lambda, d.c.ts_weight, now)
+    eff_a = decayed(a.c.weight, a.c.decay_lambda, a.c.ts_weight, now)
+    eff_d = decayed(d.c.weight, d.c.decay_lambda, d.c.ts_weight, now)
     key = ("src_executor", "src_version", "dst_executor", "dst_version")
     same_key = and_(*(a.c[k] == d.c[k] for k in key))
     active = _unindexed(a.c.state) == ACTIVE
     if batched:
         joined = a.join(d, and_(same_key, d.c.state == DECAYING))
-        where = [_in_batch("sqlite", a), active, a.c.dst_version.is_not(None)]
+        where = [_rowid_range(a), active, a.c.dst_version.is_not(None)]
     else:
         joined = d.join(a, and_(same_key, active))
         where = [d.c.state == DECAYING, d.c.dst_version.is_not(None)]
@@ -268,7 +266,7 @@ def _postgresql_pairs(now: Any) -> Any:
     without statistics (a join on the key, planned without them, can take the dst_executor or the
     (state, src) index, or scan one side for each row of the other); nothing is read when
     the store holds no versioned decaying row."""
-    eff = decayed("postgresql", M.c.weight, M.c.decay_lambda, M.c.ts_weight, now)
+    eff = decayed(M.c.weight, M.c.decay_lambda, M.c.ts_weight, now)
     active = M.c.state == ACTIVE
     decaying = M.c.state == DECAYING
 
@@ -313,10 +311,9 @@ def _postgresql_batch_pairs(now: Any) -> Any:
     of a pair are locked as they are read, so the merge works from their latest committed
     values: a batch locks rows, not the table, and a writer may have changed either since
     the statement began (it is then read again, and left out if no longer a pair)."""
-    pg = "postgresql"
     a, d = M.alias("a"), M.alias("d")
-    eff_a = decayed(pg, a.c.weight, a.c.decay_lambda, a.c.ts_weight, now)
-    eff_d = decayed(pg, d.c.weight, d.c.decay_lambda, d.c.ts_weight, now)
+    eff_a = decayed(a.c.weight, a.c.decay_lambda, a.c.ts_weight, now)
+    eff_d = decayed(d.c.weight, d.c.decay_lambda, d.c.ts_weight, now)
     key = ("src_executor", "src_version", "dst_executor", "dst_version")
     twin = (
         select(d.c.id.label("d_id"), eff_d.label("d_eff"))
@@ -341,7 +338,7 @@ def _postgresql_batch_pairs(now: Any) -> Any:
         )
         .select_from(a.join(twin, literal(True)))
         .where(
-            _in_batch(pg, a),
+            _page_range(a),
             a.c.state == ACTIVE,
             a.c.dst_version.is_not(None),
             below(eff_a, DECAYING_BELOW),
@@ -350,43 +347,46 @@ def _postgresql_batch_pairs(now: Any) -> Any:
     )
 
 
-def _merged_weight(dialect: str, pairs: Any) -> Any:
-    return greatest(dialect, pairs.c.a_eff, pairs.c.d_eff)
+def _merged_weight(pairs: Any) -> Any:
+    return greatest(pairs.c.a_eff, pairs.c.d_eff)
 
 
-def _merge_events(dialect: str, now: Any, pairs: Any) -> tuple[Select[Any], Select[Any]]:
-    """The two events of each merge: the absorbed active row's and its decaying twin's."""
-    weight = _merged_weight(dialect, pairs)
+def _merge_events(ts: Any, pairs: Any) -> tuple[Select[Any], Select[Any]]:
+    """The two events of each merge, at ``ts``: the absorbed active row's and its decaying
+    twin's."""
+    weight = _merged_weight(pairs)
     merged = EventKind.MERGED
     a, d = pairs.c.a_id, pairs.c.d_id
-    absorbed = _event(dialect, now, merged, a, (pairs.c.a_eff, weight), (ACTIVE, DECAYING), d)
-    target = _event(dialect, now, merged, d, (pairs.c.d_eff, weight), (DECAYING, DECAYING), a)
+    absorbed = _event(ts, merged, a, (pairs.c.a_eff, weight), (ACTIVE, DECAYING), d)
+    target = _event(ts, merged, d, (pairs.c.d_eff, weight), (DECAYING, DECAYING), a)
     return absorbed, target
 
 
-def _merge_values(dialect: str, now: Any, pairs: Any) -> dict[str, Any]:
+def _merge_values(now: Any, pairs: Any) -> dict[str, Any]:
     """What a merge writes into the decaying row."""
     return {
         **{c: M.c[c] + pairs.c[f"a_{c}"] for c in SUMMED_ON_MERGE},
-        "ts_first": least(dialect, M.c.ts_first, pairs.c.a_first),
-        "ts_last": greatest(dialect, M.c.ts_last, pairs.c.a_last),
+        "ts_first": least(M.c.ts_first, pairs.c.a_first),
+        "ts_last": greatest(M.c.ts_last, pairs.c.a_last),
         "decayed_uses": merged_count(
-            dialect,
             (M.c.decayed_uses, M.c.decay_lambda, M.c.ts_last),
             (pairs.c.a_decayed_uses, pairs.c.a_lambda, pairs.c.a_last),
         ),
-        "weight": _merged_weight(dialect, pairs),
+        "weight": _merged_weight(pairs),
         "ts_weight": advanced(M.c.ts_weight, now),
     }
 
 
-def _in_batch(dialect: str, table: NamedFromClause) -> ColumnElement[bool]:
-    """The rows of one batch of a run: SQLite rowids in ``[:lo, :hi)``, PostgreSQL pages
-    (``ctid`` blocks) in ``[:lo, :hi)``. Either is a range of the table's own order, read
-    by a range scan (SQLite's rowid, PostgreSQL's TID range scan), never through an index."""
-    if dialect == "sqlite":
-        rowid = _rowid(table)
-        return and_(rowid >= bindparam("lo", type_=Integer), rowid < bindparam("hi", type_=Integer))
+def _rowid_range(table: NamedFromClause) -> ColumnElement[bool]:
+    """The rows of one batch of a SQLite run: rowids in ``[:lo, :hi)``, a range of the
+    table's own order read by a range scan, never through an index."""
+    rowid = _rowid(table)
+    return and_(rowid >= bindparam("lo", type_=Integer), rowid < bindparam("hi", type_=Integer))
+
+
+def _page_range(table: NamedFromClause) -> ColumnElement[bool]:
+    """The rows of one batch of a PostgreSQL run: pages (``ctid`` blocks) in ``[:lo, :hi)``,
+    read by a TID range scan, never through an index."""
     ctid = _ctid(table)
     return and_(ctid >= _tid(bindparam("lo")), ctid < _tid(bindparam("hi")))
 
@@ -454,16 +454,16 @@ class PostgreSQLAgerStatements:
 
 
 def _sqlite(now: Any, batched: bool) -> SQLiteAgerStatements:
-    eff = decayed("sqlite", M.c.weight, M.c.decay_lambda, M.c.ts_weight, now)
+    eff = decayed(M.c.weight, M.c.decay_lambda, M.c.ts_weight, now)
     state = _unindexed(M.c.state)
-    in_batch = (_in_batch("sqlite", M),) if batched else ()
+    in_batch = (_rowid_range(M),) if batched else ()
     p = PAIRS
-    absorbed, target = _merge_events("sqlite", now, p)
+    absorbed, target = _merge_events(now, p)
     # Reached by rowid from the pairs (an UPDATE ... FROM would scan mnests for them).
     pair = p.alias("pair")
     merge_values = {
         name: select(value).where(pair.c.d_rowid == _rowid(M)).scalar_subquery()
-        for name, value in _merge_values("sqlite", now, pair).items()
+        for name, value in _merge_values(now, pair).items()
     }
 
     # One scan writes the events of every proto pruned and every active demoted below,
@@ -501,7 +501,7 @@ def _sqlite(now: Any, batched: bool) -> SQLiteAgerStatements:
             AgerChange(
                 PAIRS_STEP,
                 insert(p)
-                .from_select([c.name for c in p.columns], _pairs_select("sqlite", now, batched))
+                .from_select([c.name for c in p.columns], _sqlite_pairs(now, batched))
                 .execution_options(preserve_rowcount=True),
                 merging=True,
             ),
@@ -541,7 +541,7 @@ def _sqlite(now: Any, batched: bool) -> SQLiteAgerStatements:
                 counts=(AgerCount.DECAYED,),
             ),
         ),
-        archive_count=_archive_count("sqlite", now, state),
+        archive_count=_archive_count(now, state),
         pairs_drop=DropTable(p, if_exists=True),
         # The run's rowids (those the table has when it begins), its rows, and whether a
         # merge can be needed (a versioned decaying row: see _any_versioned_decaying).
@@ -559,8 +559,8 @@ def _sqlite(now: Any, batched: bool) -> SQLiteAgerStatements:
     )
 
 
-def _archive_count(dialect: str, now: Any, state: Any) -> Select[int]:
-    eff = decayed(dialect, M.c.weight, M.c.decay_lambda, M.c.ts_weight, now)
+def _archive_count(now: Any, state: Any) -> Select[int]:
+    eff = decayed(M.c.weight, M.c.decay_lambda, M.c.ts_weight, now)
     return select(func.count()).where(
         state == DECAYING,
         M.c.ts_last <= bindparam("cutoff", type_=UTCDateTime()),
@@ -569,20 +569,25 @@ def _archive_count(dialect: str, now: Any, state: Any) -> Select[int]:
 
 
 def _postgresql(now: Any, batched: bool) -> PostgreSQLAgerStatements:
-    pg = "postgresql"
-    eff = decayed(pg, M.c.weight, M.c.decay_lambda, M.c.ts_weight, now)
-    in_batch = (_in_batch(pg, M),) if batched else ()
+    # PostgreSQL types a bare parameter in a select list as text: the events' ts is cast.
+    ts = now.cast(UTCDateTime())
+    eff = decayed(M.c.weight, M.c.decay_lambda, M.c.ts_weight, now)
+    in_batch = (_page_range(M),) if batched else ()
 
     # The merges, one statement: the pairs once, their events, the decaying rows updated,
     # the active rows deleted (its row count).
-    pairs = _pairs_select(pg, now, batched).cte("pairs").prefix_with("MATERIALIZED")
-    absorbed, target = _merge_events(pg, now, pairs)
+    pairs = (
+        (_postgresql_batch_pairs(now) if batched else _postgresql_pairs(now))
+        .cte("pairs")
+        .prefix_with("MATERIALIZED")
+    )
+    absorbed, target = _merge_events(ts, pairs)
     merge_absorbed = _insert_events(absorbed).cte("merge_absorbed")
     merge_target = _insert_events(target).cte("merge_target")
     merge_update = (
         update(M)
         .where(M.c.id == pairs.c.d_id)
-        .values(_merge_values(pg, now, pairs))
+        .values(_merge_values(now, pairs))
         .cte("merge_update")
     )
     merge = (
@@ -599,7 +604,7 @@ def _postgresql(now: Any, batched: bool) -> PostgreSQLAgerStatements:
         .returning(M.c.id, eff.label("e"))
         .cte("gone")
     )
-    pruned = _event(pg, now, EventKind.PRUNED, gone.c.id, (gone.c.e, None), (PROTO, None), None)
+    pruned = _event(ts, EventKind.PRUNED, gone.c.id, (gone.c.e, None), (PROTO, None), None)
     # (an INSERT's row count is read after the statement only when asked to keep it)
     prune = _insert_events(pruned).execution_options(preserve_rowcount=True)
     moved = (
@@ -610,7 +615,7 @@ def _postgresql(now: Any, batched: bool) -> PostgreSQLAgerStatements:
         .cte("moved")
     )
     weights = (moved.c.weight, moved.c.weight)
-    demoted = _event(pg, now, EventKind.TRANSITION, moved.c.id, weights, (ACTIVE, DECAYING), None)
+    demoted = _event(ts, EventKind.TRANSITION, moved.c.id, weights, (ACTIVE, DECAYING), None)
     demote = _insert_events(demoted).execution_options(preserve_rowcount=True)
     # The rows that stay are decayed before the others are demoted: an update that changes
     # no indexed column can stay on its page (HOT, no index entry written) where the page
@@ -676,7 +681,7 @@ def _postgresql(now: Any, batched: bool) -> PostgreSQLAgerStatements:
             AgerChange("decay", decay, counts=(AgerCount.DECAYED,)),
             AgerChange("demote", demote, counts=(AgerCount.TO_DECAYING,)),
         ),
-        archive_count=_archive_count(pg, now, M.c.state),
+        archive_count=_archive_count(now, M.c.state),
         # The run's pages (those the table has when it begins) and its rows, for the batch
         # size in pages.
         bounds=select(
@@ -716,12 +721,12 @@ def postgresql_ager_statements(batched: bool = False) -> PostgreSQLAgerStatement
 def ager_statements(
     dialect: str, batched: bool = False
 ) -> SQLiteAgerStatements | PostgreSQLAgerStatements:
-    """The ager's statements for ``dialect`` (``postgresql``, else SQLite's), for the callers
-    that need only what both have (``bounds``, ``archive_count``, ``prune``, ``decay``,
-    ``demote``)."""
-    if dialect == "postgresql":
-        return postgresql_ager_statements(batched)
-    return sqlite_ager_statements(batched)
+    """The ager's statements for ``dialect``, for the callers that need only what both have
+    (``bounds``, ``archive_count``, ``prune``, ``decay``, ``demote``): the ones its engine's
+    home chose (``backend_of(conn).spelling.ager_statements``)."""
+    chosen: SQLiteAgerStatements | PostgreSQLAgerStatements
+    chosen = spelling_of(dialect).ager_statements(batched)
+    return chosen
 
 
 @functools.cache

@@ -30,12 +30,11 @@ from sqlalchemy import (
     tuple_,
     union_all,
 )
-from sqlalchemy.dialects import postgresql as pg_dialect
-from sqlalchemy.dialects import sqlite as sqlite_dialect
 
 from mnestoma.core.rules import CHAIN_DECAY_LAMBDA, CHAIN_FORGET_BELOW, threshold_cut
 from mnestoma.core.sqlrules import advanced, decayed_count, now_param
 from mnestoma.schema.sql.read import out_of_source
+from mnestoma.schema.sql.spelling import spelling_of
 from mnestoma.schema.sql.tables import CHAINS as C
 from mnestoma.schema.sql.tables import MNESTS as M
 
@@ -68,9 +67,7 @@ _LAMBDA = literal(CHAIN_DECAY_LAMBDA, Float)
 def chain_count(dialect: str) -> ColumnElement[Any]:
     """A chain's decayed count of passings at ``:now`` (:func:`mnestoma.rules.decayed_count`
     with :data:`~mnestoma.rules.CHAIN_DECAY_LAMBDA`): every read of chains uses this one."""
-    count: ColumnElement[Any] = decayed_count(
-        dialect, C.c.decayed_uses, _LAMBDA, C.c.ts_last, now_param()
-    )
+    count: ColumnElement[Any] = decayed_count(C.c.decayed_uses, _LAMBDA, C.c.ts_last, now_param())
     return count
 
 
@@ -91,7 +88,7 @@ def count_chains(dialect: str) -> Insert:
     decayed to the later of its ``ts_last`` and ``:c_now`` and gets them added
     (:func:`mnestoma.rules.counted_passing`, ``c_n``
     times at one instant), its ``ts_last`` never moving back."""
-    ins = (sqlite_dialect if dialect == "sqlite" else pg_dialect).insert(C)
+    ins = spelling_of(dialect).insert(C)
     stmt = ins.values(
         prev_executor=bindparam("c_prev", type_=String()),
         src_executor=bindparam("c_src", type_=String()),
@@ -105,9 +102,7 @@ def count_chains(dialect: str) -> Insert:
     upsert: Insert = stmt.on_conflict_do_update(
         index_elements=[C.c[k] for k in CHAIN_KEY],
         set_={
-            "decayed_uses": decayed_count(
-                dialect, C.c.decayed_uses, _LAMBDA, C.c.ts_last, new.ts_last
-            )
+            "decayed_uses": decayed_count(C.c.decayed_uses, _LAMBDA, C.c.ts_last, new.ts_last)
             + new.decayed_uses,
             "uses": C.c.uses + new.uses,
             "ts_last": advanced(C.c.ts_last, new.ts_last),
@@ -121,7 +116,7 @@ def next_counts(dialect: str, with_version: bool, with_chain: bool) -> Select[An
     """What followed the context, in one statement: rows ``(level, dst_executor, decayed
     count now, uses)``, level 1 for the active edges out of ``:src`` (and ``:sv``) summed
     over their rows by destination, level 2 for the chains ``:prev → :src → dst``."""
-    count = decayed_count(dialect, M.c.decayed_uses, M.c.decay_lambda, M.c.ts_last, now_param())
+    count = decayed_count(M.c.decayed_uses, M.c.decay_lambda, M.c.ts_last, now_param())
     edges = (
         select(
             literal(1).label("level"),
@@ -176,7 +171,7 @@ def forget_chains(dialect: str, after: bool = False, upto: bool = False) -> Dele
         terms.append(_key() > _bound(AFTER_KEY))
     if upto:
         terms.append(_key() <= _bound(UPTO_KEY))
-    if dialect != "postgresql":
+    if not spelling_of(dialect).skips_locked_rows:
         return delete(C).where(*terms)
     # The rows locked, by address: a TID scan of those rows, whatever the plan (a join of the
     # table with its own keys was planned as a scan of the whole table per batch).

@@ -9,11 +9,10 @@ compares what ``create_all`` and the revisions build).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Final
 
-from sqlalchemy import Connection, DateTime, Integer, Table, TextClause, bindparam, event, text
+from sqlalchemy import DDL, DateTime, Integer, TextClause, bindparam, event, text
 
 from mnestoma.core.rules import PASSING_KINDS, EventKind, sql_list, sql_literal
 from mnestoma.core.types import UTCDateTime
@@ -394,18 +393,16 @@ PRUNE_TURN_EDGES_BATCH: Final[TextClause] = text(
 # --- create_all: the layout built beside the models' events ----------------------------------
 
 
-def _partitioned_layout(statements: tuple[str, ...]) -> Callable[..., None]:
-    """A DDL listener running ``statements`` on PostgreSQL: what revision 0011 builds beside
-    the table (partitions, event_turn_edges, its triggers and functions)."""
-
-    def run(target: Table, connection: Connection, **kw: Any) -> None:
-        if connection.dialect.name != "postgresql":
-            return
-        for statement in statements:
-            connection.execute(text(statement))
-
-    return run
+def _partitioned_layout(event_name: str, statements: tuple[str, ...]) -> None:
+    """DDL listeners on ``events`` running ``statements`` on PostgreSQL only (SQLAlchemy's
+    ``execute_if``): what revision 0011 builds beside the table (partitions,
+    event_turn_edges, its triggers and functions). A DDL's text is %-formatted: its own
+    percent signs are doubled."""
+    for statement in statements:
+        ddl = DDL(statement.replace("%", "%%"))  # type: ignore[no-untyped-call]
+        ddl = ddl.execute_if(dialect="postgresql")
+        event.listen(Event.__table__, event_name, ddl)
 
 
-event.listen(Event.__table__, "after_create", _partitioned_layout(AFTER_CREATE))
-event.listen(Event.__table__, "after_drop", _partitioned_layout(AFTER_DROP))
+_partitioned_layout("after_create", AFTER_CREATE)
+_partitioned_layout("after_drop", AFTER_DROP)

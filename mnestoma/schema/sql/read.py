@@ -26,6 +26,7 @@ from sqlalchemy.sql.selectable import NamedFromClause
 
 from mnestoma.core.rules import MnestState
 from mnestoma.core.sqlrules import decayed, decayed_count, now_param, safe_product
+from mnestoma.schema.sql.spelling import Spelling, spelling_of
 from mnestoma.schema.sql.tables import EVENTS as E
 from mnestoma.schema.sql.tables import MNESTS as M
 from mnestoma.schema.sql.tables import QUERIES as Q
@@ -91,7 +92,7 @@ def recurring_protos_statement(dialect: str) -> Select[Any]:
     most used first. ``dst_version IS NULL`` is implied by the state (a proto has no
     version: the table's CHECK) and lets the planner read only the partial index of rows
     without one, not every edge."""
-    eff = decayed(dialect, M.c.weight, M.c.decay_lambda, M.c.ts_weight, now_param())
+    eff = decayed(M.c.weight, M.c.decay_lambda, M.c.ts_weight, now_param())
     return (
         select(M)
         .where(
@@ -118,9 +119,9 @@ QUERY_TOP = (
 # --- the walk, suggestions and ranking: built once per dialect ------------------------------
 
 
-def _row_locator(dialect: str, source: NamedFromClause) -> ColumnElement[Any]:
+def _row_locator(spelling: Spelling, source: NamedFromClause) -> ColumnElement[Any]:
     """What finds a row again fastest: SQLite's rowid (one b-tree lookup, not two), else id."""
-    if dialect == "sqlite":
+    if spelling.rowid:
         return literal_column(f"{source.name}.rowid", Integer)
     return source.c.id
 
@@ -148,17 +149,18 @@ def walk_statement(dialect: str, *, with_floor: bool) -> Select[Any]:
     puts first.
     """
     now = now_param()
-    pg = dialect == "postgresql"
-    sep = func.chr(1) if pg else func.char(1)
-    between = func.chr(2) if pg else func.char(2)  # an executor and its version
-    instr = func.strpos if pg else func.instr
-    eff = decayed(dialect, M.c.weight, M.c.decay_lambda, M.c.ts_weight, now)
+    spelling = spelling_of(dialect)
+    ranked = spelling.ranks_each_depth
+    char, instr = getattr(func, spelling.char), getattr(func, spelling.instr)
+    sep = char(1)
+    between = char(2)  # an executor and its version
+    eff = decayed(M.c.weight, M.c.decay_lambda, M.c.ts_weight, now)
     first_path = M.c.id.cast(Text)
     first_spelled = (
         M.c.src_version + sep + M.c.dst_executor + between + func.coalesce(M.c.dst_version, "")
     ).cast(Text)
     first_columns = [
-        _row_locator(dialect, M).label("loc"),
+        _row_locator(spelling, M).label("loc"),
         M.c.dst_executor.label("dst_executor"),
         M.c.dst_version.label("dst_version"),
         literal(1).label("depth"),
@@ -167,10 +169,16 @@ def walk_statement(dialect: str, *, with_floor: bool) -> Select[Any]:
         (sep + M.c.src_executor + sep + M.c.dst_executor + sep).cast(Text).label("seen"),
         first_spelled.label("spelled"),
     ]
-    if pg:
+    if ranked:
         first_columns.append(
             func.row_number()
-            .over(order_by=(eff.desc(), _bytewise(first_spelled, pg), _bytewise(first_path, pg)))
+            .over(
+                order_by=(
+                    eff.desc(),
+                    _bytewise(first_spelled, spelling),
+                    _bytewise(first_path, spelling),
+                )
+            )
             .label("rank")
         )
     first = select(*first_columns).where(
@@ -183,16 +191,18 @@ def walk_statement(dialect: str, *, with_floor: bool) -> Select[Any]:
     # so that the compound can take ORDER BY and LIMIT before it becomes the CTE.
     start = table("paths", *(column(k, c.type) for k, c in first.selected_columns.items()))
     nxt = M.alias("nxt")
-    eff_n = decayed(dialect, nxt.c.weight, nxt.c.decay_lambda, nxt.c.ts_weight, now)
+    eff_n = decayed(nxt.c.weight, nxt.c.decay_lambda, nxt.c.ts_weight, now)
     # PostgreSQL raises on float underflow, hence its guard (0 below 1e-150, far under any
     # weight that matters); SQLite's product just underflows towards 0, with no error.
-    score = safe_product(start.c.score, eff_n) if pg else start.c.score * eff_n
+    score = (
+        safe_product(start.c.score, eff_n) if spelling.underflow_raises else start.c.score * eff_n
+    )
     path = (start.c.path + literal(",") + nxt.c.id).cast(Text)
     spelled = (
         start.c.spelled + sep + nxt.c.dst_executor + between + func.coalesce(nxt.c.dst_version, "")
     ).cast(Text)
     step_columns = [
-        _row_locator(dialect, nxt),
+        _row_locator(spelling, nxt),
         nxt.c.dst_executor,
         nxt.c.dst_version,
         start.c.depth + 1,
@@ -201,10 +211,10 @@ def walk_statement(dialect: str, *, with_floor: bool) -> Select[Any]:
         (start.c.seen + nxt.c.dst_executor + sep).cast(Text),
         spelled,
     ]
-    if pg:
+    if ranked:
         step_columns.append(
             func.row_number().over(
-                order_by=(score.desc(), _bytewise(spelled, pg), _bytewise(path, pg))
+                order_by=(score.desc(), _bytewise(spelled, spelling), _bytewise(path, spelling))
             )
         )
     step = select(*step_columns).where(
@@ -214,33 +224,33 @@ def walk_statement(dialect: str, *, with_floor: bool) -> Select[Any]:
         start.c.depth < bindparam("max_depth"),
         instr(start.c.seen, sep + nxt.c.dst_executor + sep) == 0,
         *([eff_n >= bindparam("min_weight")] if with_floor else []),
-        *([start.c.rank <= bindparam("limit")] if pg else []),
+        *([start.c.rank <= bindparam("limit")] if ranked else []),
     )
     compound = first.union_all(step)
-    if not pg:
+    if not ranked:
         best = compound.selected_columns
         compound = compound.order_by(best.score.desc(), best.depth, best.spelled, best.path)
         compound = compound.limit(bindparam("limit"))
     paths = compound.cte("paths", recursive=True)
     stmt = (
         select(paths.c.path, *M.c)
-        .join_from(paths, M, _row_locator(dialect, M) == paths.c.loc)
+        .join_from(paths, M, _row_locator(spelling, M) == paths.c.loc)
         .order_by(
             paths.c.score.desc(),
             paths.c.depth,
-            _bytewise(paths.c.spelled, pg),
-            _bytewise(paths.c.path, pg),
+            _bytewise(paths.c.spelled, spelling),
+            _bytewise(paths.c.path, spelling),
         )
         .limit(bindparam("limit"))
     )
     return stmt
 
 
-def _bytewise(text_: ColumnElement[Any], pg: bool) -> ColumnElement[Any]:
+def _bytewise(text_: ColumnElement[Any], spelling: Spelling) -> ColumnElement[Any]:
     """``text_`` compared byte by byte, as SQLite compares text: PostgreSQL's ``C``
     collation (its database's own may order ``B`` and ``a`` otherwise, or skip the
     separators)."""
-    return text_.collate("C") if pg else text_
+    return text_ if spelling.bytewise is None else text_.collate(spelling.bytewise)
 
 
 def out_of_source(table: FromClause, with_version: bool) -> list[ColumnElement[bool]]:
@@ -263,9 +273,9 @@ def suggest_statement(
     ``by_count``, each row ends with the edge's decayed count of passings as well, and
     "strongest" means the highest count (then the highest effective weight).
     """
-    eff = decayed(dialect, M.c.weight, M.c.decay_lambda, M.c.ts_weight, now_param())
+    eff = decayed(M.c.weight, M.c.decay_lambda, M.c.ts_weight, now_param())
     if by_count:
-        count = decayed_count(dialect, M.c.decayed_uses, M.c.decay_lambda, M.c.ts_last, now_param())
+        count = decayed_count(M.c.decayed_uses, M.c.decay_lambda, M.c.ts_last, now_param())
         stmt = select(M, eff.label("effective"), count.label("counted"))
         stmt = stmt.where(*out_of_source(M, with_version))
         stmt = stmt.order_by(count.desc(), eff.desc(), M.c.uses.desc(), M.c.id)
@@ -279,7 +289,7 @@ def suggest_statement(
 @functools.cache
 def rank_statement(dialect: str, with_version: bool) -> Select[Any]:
     """The active edges out of the source to ``:names`` (expanding), with effective weight."""
-    eff = decayed(dialect, M.c.weight, M.c.decay_lambda, M.c.ts_weight, now_param())
+    eff = decayed(M.c.weight, M.c.decay_lambda, M.c.ts_weight, now_param())
     stmt = select(M, eff.label("effective")).where(
         *out_of_source(M, with_version),
         M.c.dst_executor.in_(bindparam("names", expanding=True)),

@@ -23,11 +23,10 @@ from sqlalchemy import (
     text,
     update,
 )
-from sqlalchemy.dialects import postgresql as pg_dialect
-from sqlalchemy.dialects import sqlite as sqlite_dialect
 
 from mnestoma.core.rules import PASSING_KINDS, MnestState
 from mnestoma.schema.sql import tables
+from mnestoma.schema.sql.spelling import spelling_of
 from mnestoma.schema.sql.tables import EVENTS as E
 from mnestoma.schema.sql.tables import MNESTS as M
 from mnestoma.schema.sql.tables import QUERIES as Q
@@ -164,16 +163,15 @@ UPDATE_REINFORCE = (
         decayed_uses=bindparam("b_decayed_uses", type_=Float),
     )
 )
-_INSERT_MNEST = {
-    "sqlite": sqlite_dialect.insert(M).on_conflict_do_nothing().returning(M.c.id),
-    "postgresql": pg_dialect.insert(M).on_conflict_do_nothing().returning(M.c.id),
-}
 
 
+@functools.cache
 def insert_mnest(dialect: str) -> Insert:
     """INSERT ... ON CONFLICT DO NOTHING RETURNING id: a key another transaction created
-    meanwhile comes back missing instead of failing the transaction."""
-    return _INSERT_MNEST[dialect]
+    meanwhile comes back missing instead of failing the transaction (the dialect's own
+    INSERT, :attr:`~mnestoma.schema.sql.spelling.Spelling.insert`)."""
+    stmt: Insert = spelling_of(dialect).insert(M).on_conflict_do_nothing().returning(M.c.id)
+    return stmt
 
 
 INSERT_EVENT = insert(E)

@@ -116,7 +116,7 @@ def vet_statement(dialect: str, steps: int) -> Select[Any]:
         )
         .order_by(
             case((is_active(x), literal_column("0", Integer)), else_=literal_column("1", Integer)),
-            decayed(dialect, x.c.weight, x.c.decay_lambda, x.c.ts_weight, now_param()).desc(),
+            decayed(x.c.weight, x.c.decay_lambda, x.c.ts_weight, now_param()).desc(),
             x.c.uses.desc(),
             x.c.ts_last.desc(),
             x.c.src_version,
@@ -127,7 +127,7 @@ def vet_statement(dialect: str, steps: int) -> Select[Any]:
         .correlate(links)
         .scalar_subquery()
     )
-    eff = decayed(dialect, M.c.weight, M.c.decay_lambda, M.c.ts_weight, now_param())
+    eff = decayed(M.c.weight, M.c.decay_lambda, M.c.ts_weight, now_param())
     best = (
         select(
             literal_column(str(BEST_ROW), Integer).label("kind"),
@@ -160,7 +160,7 @@ def _summaries(dialect: str, links: Any, kind: int) -> Select[Any]:
     ``predict_next`` leaves them. A link with none has no row."""
     lk = links.c
     if kind == EDGE_SUMMARY:
-        count = decayed_count(dialect, M.c.decayed_uses, M.c.decay_lambda, M.c.ts_last, now_param())
+        count = decayed_count(M.c.decayed_uses, M.c.decay_lambda, M.c.ts_last, now_param())
         dst = M.c.dst_executor
         on = and_(
             is_active(M),
