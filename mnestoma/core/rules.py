@@ -72,7 +72,6 @@ __all__ = [
     "ager_shrunk_end",
     "ager_wal_checkpoints",
     "ager_writers_about",
-    "batch_pause",
     "check_transition",
     "clamp_weight",
     "days_between",
@@ -198,10 +197,11 @@ AGER_BATCH_GROWN_MAX_S = 1.0
 # write after a checkpoint starts it again from its beginning).
 AGER_WAL_CHECKPOINT_MIB = 256
 # SQLite: a pause (seconds) in which writers waiting for the write lock take it (they try
-# again every 2 ms at most, see mnestoma.engines.locking): prune_events pauses this long between
-# every two batches (batch_pause); the ager now and then, or between every two batches
-# when it cannot see waiting writers (see AGER_YIELD_EVERY_S). Small beside a batch, so
-# that a run takes little longer than one transaction would.
+# again every 2 ms at most, see mnestoma.engines.locking): prune_events pauses this long
+# between every two batches (the SQLite backend's batch_pause_s); the ager now and then,
+# or between every two batches when it cannot see waiting writers (see
+# AGER_YIELD_EVERY_S). Small beside a batch, so that a run takes little longer than one
+# transaction would.
 BATCH_PAUSE_S = 0.003
 # The ager on SQLite, between two batches: while writers of this package wait for the write
 # lock (each says so while it waits, see engines.locking.WaitingWriters), it waits for them,
@@ -423,24 +423,6 @@ def replica_behind_since(readings: Sequence[tuple[float, int]], replayed: int) -
         if position > replayed:
             return at
     return None
-
-
-# Each engine's pause between two batches of a prune, registered by the engine's home
-# (``Backend.batch_pause_s``): this module names no engine.
-_BATCH_PAUSES: dict[str, float] = {}
-
-
-def register_batch_pause(dialect: str, seconds: float) -> None:
-    """Have :func:`batch_pause` answer ``seconds`` for ``dialect`` (done by its engine's home)."""
-    _BATCH_PAUSES[dialect] = seconds
-
-
-def batch_pause(dialect: str) -> float:
-    """Seconds ``prune_events`` waits between two batches: :data:`BATCH_PAUSE_S` on SQLite
-    (one writer at a time), none on PostgreSQL (a writer's rows never wait for a prune's
-    batch), as the engine's home says (``backend_of(dialect).batch_pause_s``). The ager
-    lets writers in its own way (:func:`~mnestoma.maintenance.ager.ager_writers`)."""
-    return _BATCH_PAUSES.get(dialect, 0.0)
 
 
 def ager_writers_about(since_writers_s: float) -> bool:

@@ -17,7 +17,6 @@ from mnestoma.core.errors import (
     DriverCodes,
     register_driver_codes,
 )
-from mnestoma.core.rules import register_batch_pause
 from mnestoma.engines import partitions
 from mnestoma.engines.backend import register_backend
 from mnestoma.engines.build import make_server_engine
@@ -163,5 +162,4 @@ register_spelling(POSTGRESQL.name, SPELLING)
 register_driver_path(
     POSTGRESQL.name, DriverPath(sync_drivers=frozenset({"psycopg"}), observed_at_driver=False)
 )
-register_batch_pause(POSTGRESQL.name, POSTGRESQL.batch_pause_s)
 register_backend(POSTGRESQL)

@@ -14,7 +14,7 @@ from sqlalchemy import URL, Connection, Engine
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 
 from mnestoma.core.errors import DriverCodes, register_driver_codes
-from mnestoma.core.rules import BATCH_PAUSE_S, register_batch_pause
+from mnestoma.core.rules import BATCH_PAUSE_S
 from mnestoma.engines import locking
 from mnestoma.engines.backend import register_backend
 from mnestoma.engines.build import make_sqlite_engine
@@ -139,5 +139,4 @@ SQLITE = SQLiteBackend()
 register_driver_codes(CODES)
 register_spelling(SQLITE.name, SPELLING)
 register_driver_path(SQLITE.name, DriverPath(sync_drivers=None, observed_at_driver=True))
-register_batch_pause(SQLITE.name, SQLITE.batch_pause_s)
 register_backend(SQLITE)

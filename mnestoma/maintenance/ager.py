@@ -81,6 +81,7 @@ from mnestoma.core.rules import (
 )
 from mnestoma.core.settings import Settings
 from mnestoma.core.validation import check_batch_rows, check_dry_run, check_progress
+from mnestoma.engines.backend import backend_of
 from mnestoma.engines.locking import (
     MIGRATION_LOCK_KEY,
     WaitingWriters,
@@ -179,11 +180,11 @@ def run_ager(conn: Connection, now: datetime) -> AgerReport:
     caller owns; set-based SQL, so memory does not grow with the number of rows."""
     started = time.perf_counter()
     p = {"now": now, "cutoff": archive_cutoff(now)}
-    if conn.dialect.name == "postgresql":
-        report = _run_postgresql(conn, p)
-    else:
+    if backend_of(conn).one_writer:
         with _page_cache(conn, AGER_CACHE_KIB):
             report = _run_sqlite(conn, p)
+    else:
+        report = _run_postgresql(conn, p)
     # The faded chains, in one statement after the edges (on PostgreSQL the run holds the
     # table lock of mnests: no writer is between its edges and its chains meanwhile).
     forgotten = _count(conn, chains_sql.forget_chains(conn.dialect.name), {"now": now})
@@ -276,7 +277,7 @@ def age_batch(
     long as ``growth`` says (its ``end``: where the batch ended); with ``session``, the run's
     (:class:`AgerSession`), it uses what the session keeps and says whether its commit
     checkpoints."""
-    postgresql = conn.dialect.name == "postgresql"
+    postgresql = not backend_of(conn).one_writer
     if session is not None:
         session.batch_begins()
     if postgresql:
@@ -322,7 +323,7 @@ def _whole_table_read(conn: Connection) -> None:
     first read after a bulk load, which sets hint bits on every page (180 MB written at a
     million rows), leaves no burst of dirty pages for the OS to write out later. The
     session's own settings come back with the transaction's end."""
-    if conn.dialect.name == "postgresql":
+    if not backend_of(conn).one_writer:
         s = postgresql_ager_statements(True)
         _run(conn, s.serial_reads)
         _run(conn, s.write_behind)
@@ -476,9 +477,9 @@ def ager_writers(conn: Connection) -> WaitingWriters | TableWriters:
     """What a run in batches on ``conn`` sees of the writers between two batches, and lets
     them in by (:class:`~mnestoma.engines.locking.WaitingWriters` on SQLite, :class:`TableWriters`
     on PostgreSQL)."""
-    if conn.dialect.name == "postgresql":
-        return TableWriters(conn)
-    return WaitingWriters(conn)
+    if backend_of(conn).one_writer:
+        return WaitingWriters(conn)
+    return TableWriters(conn)
 
 
 def _run_sqlite(conn: Connection, p: dict[str, Any]) -> AgerReport:
@@ -585,7 +586,7 @@ class AgerSession:
         self.pairs_ready = False
 
     def __enter__(self) -> AgerSession:
-        if self._conn.dialect.name != "sqlite":
+        if not backend_of(self._conn).one_writer:
             return self
         try:
             self._stack.enter_context(_page_cache(self._conn, AGER_CACHE_KIB))
@@ -1159,7 +1160,7 @@ def ager_run_lock(conn: Connection, go_on: GoOn | None = None) -> Iterator[None]
     (``pg_try_advisory_lock``) rather than queue on the server, where nothing would end
     the wait but the lock.
     """
-    if conn.dialect.name == "postgresql":
+    if not backend_of(conn).one_writer:
         _take_advisory(conn, go_on)
         try:
             yield
@@ -1205,7 +1206,7 @@ def _take_advisory(conn: Connection, go_on: GoOn | None) -> None:
 
 def ager_running(conn: Connection) -> bool:
     """True while some process holds this database's ager lock (a run is under way)."""
-    if conn.dialect.name == "postgresql":
+    if not backend_of(conn).one_writer:
         key = {"hi": AGER_LOCK_KEY >> 32, "lo": AGER_LOCK_KEY & 0xFFFFFFFF}
         held = conn.execute(ADVISORY_HELD, key).scalar_one()
         return bool(held)

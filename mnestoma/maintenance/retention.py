@@ -21,9 +21,10 @@ from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
 from mnestoma.core.errors import translate_errors
-from mnestoma.core.rules import EVENT_PRUNE_BATCH, batch_pause, event_batches
+from mnestoma.core.rules import EVENT_PRUNE_BATCH, event_batches
 from mnestoma.core.types import ensure_instant
 from mnestoma.core.validation import check_dry_run, check_progress
+from mnestoma.engines.backend import backend_of
 from mnestoma.engines.partitions import (
     FIRST_TURN_EDGE,
     Dropped,
@@ -161,7 +162,8 @@ def _counted(before: datetime) -> Steps[int]:
 
 def _pruned(before: datetime, report: PruneProgress | None, dialect: str) -> Steps[int]:
     deleted, since = 0, None
-    if dialect == "postgresql":
+    backend = backend_of(dialect)
+    if backend.partitioned:
         deleted, since = yield from _drop_partitions(before)
     found = yield Read(functools.partial(prunable_event_ids, before=before, since=since))
     batches = list(event_batches(found))
@@ -169,7 +171,7 @@ def _pruned(before: datetime, report: PruneProgress | None, dialect: str) -> Ste
         report(0, len(batches), deleted)
     for i, (first, last) in enumerate(batches):
         if i:
-            yield Pause(batch_pause(dialect))
+            yield Pause(backend.batch_pause_s)
         deleted += yield Write(
             functools.partial(prune_event_batch, before=before, first=first, last=last, since=since)
         )
