@@ -15,9 +15,8 @@ from typing import Any, TypeVar, cast
 from sqlalchemy import Connection, Executable
 from sqlalchemy.orm import Session, scoped_session
 
-from mnestoma.core.clock import Clock
 from mnestoma.core.errors import InvalidInput, translate_errors
-from mnestoma.core.settings import Settings, settings_of
+from mnestoma.core.settings import Settings
 from mnestoma.core.validation import check_recorder
 from mnestoma.engines.locking import take_write_lock
 from mnestoma.engines.partitions import note_written, upkeep_before_write
@@ -39,25 +38,13 @@ Plans = Mapping[str, Sequence[tuple[Executable, tuple[str, ...]]]]
 
 
 class StoreBase:
-    """A repository's session, settings and runners (see :class:`~mnestoma.MnestRepository`).
+    """A repository's session, settings and runners; :class:`~mnestoma.MnestRepository`
+    sets them in its constructor (the one door that takes ``clock=`` / ``recorder=``)."""
 
-    Raises:
-        InvalidInput: ``session`` is neither a Session nor a Connection, or settings are refused.
-    """
-
-    def __init__(
-        self,
-        session: Session | Connection,
-        *,
-        settings: Settings | None = None,
-        clock: Clock | None = None,
-        recorder: str | None = None,
-        before_write: Callable[[], None] | None = None,
-    ) -> None:
-        self._session = check_session(session, type(self).__name__)
-        self.settings = settings_of(settings, clock=clock, recorder=recorder)
-        self._before_write = before_write
-        self._after_commit = False
+    _session: Session | Connection
+    settings: Settings
+    _before_write: Callable[[], None] | None
+    _after_commit: bool
 
     @property
     def session(self) -> Session | Connection:

@@ -9,11 +9,17 @@ queries (:mod:`~mnestoma.store.queries`) and the graph's reads, on the plumbing 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+from sqlalchemy import Connection
+from sqlalchemy.orm import Session
+
+from mnestoma.core.clock import Clock
 from mnestoma.core.errors import translate_errors
 from mnestoma.core.rules import AgerReport
+from mnestoma.core.settings import Settings, settings_of
 from mnestoma.core.types import ensure_instant
 from mnestoma.core.validation import check_dry_run
 from mnestoma.engines.partitions import Dropped, TurnEdgeKey, drop_old_partitions
@@ -23,7 +29,7 @@ from mnestoma.schema.models import CanonicalQuery
 from mnestoma.schema.sql import partitions as partitions_sql
 from mnestoma.schema.sql import retention as ret
 from mnestoma.store.commands import RecordCommands
-from mnestoma.store.plumbing import built
+from mnestoma.store.plumbing import built, check_session
 from mnestoma.store.queries import MAX_WALK_LIMIT, WALK_LIMIT, Queries
 from mnestoma.store.query_log import CanonicalQueryRepository, QueryFrequency
 from mnestoma.store.transitions import StateCommands
@@ -47,6 +53,20 @@ class MnestRepository(RecordCommands, StateCommands, Queries, GraphReads):
     Raises:
         InvalidInput: ``session`` is neither a Session nor a Connection, or settings are refused.
     """
+
+    def __init__(
+        self,
+        session: Session | Connection,
+        *,
+        settings: Settings | None = None,
+        clock: Clock | None = None,
+        recorder: str | None = None,
+        before_write: Callable[[], None] | None = None,
+    ) -> None:
+        self._session = check_session(session, type(self).__name__)
+        self.settings = settings_of(settings, clock=clock, recorder=recorder)
+        self._before_write = before_write
+        self._after_commit = False
 
     # --- ageing -----------------------------------------------------------------------
 
