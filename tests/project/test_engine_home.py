@@ -38,23 +38,6 @@ PACKAGE = Path(mnestoma.__file__).resolve().parent
 ENGINES_HOME = PACKAGE / "engines"
 # At most this many modules may branch on a dialect's name, all of them under engines/.
 MAX_HOME_MODULES = 4
-# Modules edited elsewhere while the engines' homes were built, converted after that work is
-# merged: each still branches on the dialect's name, and each line says what replaces it.
-# Empty this list once they ask backend_of(...) instead.
-PENDING = frozenset(
-    {
-        # ex.dialect == "sqlite" (the one-passing plans, a passing's and a turn's lookups):
-        # backend_of(conn).one_writer, and the plans keyed by backend, not by name
-        "store/repository.py",
-        # engine.dialect.name != "postgresql" before replica reads: backend_of(engine).replicas
-        "doors/sync.py",
-        "doors/asynchronous.py",
-        # conn.dialect.name == "postgresql" (lock, batches, statements, writers):
-        # backend_of(conn).spelling.ager_statements, .one_writer, .server
-        "maintenance/ager.py",
-    }
-)
-
 _NAMES = frozenset({"sqlite", "postgresql", "postgres"})
 
 
@@ -164,16 +147,11 @@ def test_the_detector_ignores_keywords_arguments_and_docstrings(code: str) -> No
 
 def test_only_the_engines_homes_branch_on_the_dialects_name() -> None:
     found = _branching_modules()
-    homes = {m for m in found if m not in PENDING}
+    homes = set(found)
     assert all(m.startswith("engines/") for m in homes), {
         m: found[m] for m in homes if not m.startswith("engines/")
     }
     assert len(homes) <= MAX_HOME_MODULES, sorted(homes)
-
-
-def test_the_pending_list_names_only_modules_that_still_branch() -> None:
-    # a module converted leaves the list: the list empties as the work is merged
-    assert sorted(PENDING - set(_branching_modules())) == []
 
 
 # --- the interface and its lookup ---------------------------------------------------------
@@ -210,9 +188,9 @@ def test_backend_of_answers_for_names_urls_dialects_engines_and_connections() ->
 
 
 def test_each_home_fills_the_neutral_tables_below_engines() -> None:
+    assert SQLITE.batch_pause_s == rules.BATCH_PAUSE_S and POSTGRESQL.batch_pause_s == 0.0
     for backend in (SQLITE, POSTGRESQL):
         assert spelling_of(backend.name) is backend.spelling
-        assert rules.batch_pause(backend.name) == backend.batch_pause_s
         assert backend.codes in errors._REGISTERED
 
 

@@ -381,12 +381,12 @@ def test_a_turn_that_loses_an_insert_race_does_not_deadlock_with_another_turn(
 ) -> None:
     """PostgreSQL only: SQLite runs one writer at a time, the interleaving cannot happen."""
     store_url = pg_store_url
-    from mnestoma.store import repository
+    from mnestoma.store import rows
 
     # ids decide the lock order of a turn: the cold edge sorts before the hot one.
     ids = iter(["mn_zzzzzzzzzzzzzzzzhot", "mn_aaaaaaaaaaaaaaaacold"])
-    real = repository.new_mnest_id
-    monkeypatch.setattr(repository, "new_mnest_id", lambda: next(ids, None) or real())
+    real = rows.new_mnest_id
+    monkeypatch.setattr(rows, "new_mnest_id", lambda: next(ids, None) or real())
     cold = ("cold", "1", "c-race", "1")
     before_setup = mnestoma.Mnestoma(store_url)
     before_setup.record_passing(*HOT_EDGE)  # hot exists; cold does not yet

@@ -20,7 +20,7 @@ from mnestoma.core.settings import Settings
 from mnestoma.maintenance import copying, seed_repair
 from mnestoma.schema.sql import ager, record
 from mnestoma.schema.sql.tables import EVENT_COLUMNS, EVENT_ROW, EVENTS, EventRow
-from mnestoma.store.repository import _event
+from mnestoma.store.rows import event_values
 
 T = datetime(2026, 6, 1, tzinfo=UTC)
 DIALECTS = {"sqlite": sqlite.dialect(), "postgresql": postgresql.dialect()}
@@ -55,7 +55,7 @@ def test_a_row_has_its_values_in_the_shapes_order() -> None:
 
 
 def test_the_repository_builds_its_tuples_in_the_shapes_order() -> None:
-    values = _event("mn_1", EventKind.CREATED, T, recorder=Recorder.CALL.value)
+    values = event_values("mn_1", EventKind.CREATED, T, recorder=Recorder.CALL.value)
     assert len(values) == len(EVENT_ROW)
 
 

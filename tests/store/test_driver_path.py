@@ -312,9 +312,9 @@ def test_a_parameter_missing_from_tuple_rows_keeps_its_compiled_value(
 
 
 def test_an_event_tuple_puts_each_value_in_the_column_event_row_names() -> None:
-    from mnestoma.store.repository import _event
+    from mnestoma.store.rows import event_values
 
-    values = _event(
+    values = event_values(
         "mn_1",
         EventKind.TRANSITION,
         datetime(2026, 1, 1, tzinfo=UTC),

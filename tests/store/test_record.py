@@ -183,19 +183,19 @@ def test_record_turn_rolls_back_when_the_database_fails_midway(
     store: Mnestoma, store_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A failure after some statements ran leaves nothing behind."""
-    from mnestoma.store import repository
+    from mnestoma.store import commands
 
     store.record_passing("a", "1", "b", "1")
     calls = {"n": 0}
-    original = repository.MnestRepository._creation
+    original = commands.creation
 
-    def failing(self, p, turn_id, now, recorder, occurrence=1):  # type: ignore[no-untyped-def]
+    def failing(p, turn_id, now, recorder, occurrence=1):  # type: ignore[no-untyped-def]
         calls["n"] += 1
         if calls["n"] == 2:
             raise RuntimeError("simulated crash in the middle of a turn")
-        return original(self, p, turn_id, now, recorder, occurrence)
+        return original(p, turn_id, now, recorder, occurrence)
 
-    monkeypatch.setattr(repository.MnestRepository, "_creation", failing)
+    monkeypatch.setattr(commands, "creation", failing)
     with pytest.raises(RuntimeError):
         store.record_turn("t", [("a", "1", "b", "1"), ("b", "1", "c", "1"), ("c", "1", "d", "1")])
     engine = make_engine(store_url)

@@ -1,0 +1,431 @@
+"""The recording commands of a repository: ``record_passing``, ``record_proto`` and
+``record_turn`` (contract §4, §13), and the steps they take under the write lock.
+
+Hot paths: Core statements built once at import, executed with bound parameters on the
+session's connection; the statements of a one-passing write are looked up before the lock.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Executable
+
+from mnestoma.core.errors import ConflictError, InvalidInput, RaceLost, translate_errors
+from mnestoma.core.rules import MnestState, chain_increments
+from mnestoma.core.validation import (
+    Passing,
+    check_name,
+    check_occurrence,
+    check_optional_name,
+    normalise_passing,
+)
+from mnestoma.engines.backend import BY_NAME
+from mnestoma.engines.postgresql import POSTGRESQL
+from mnestoma.engines.sqlite import SQLITE
+from mnestoma.schema import snapshots as snap
+from mnestoma.schema.models import Mnest
+from mnestoma.schema.runner import StatementRunner, as_mappings
+from mnestoma.schema.sql import chains as chains_sql
+from mnestoma.schema.sql import record as rec
+from mnestoma.schema.sql.tables import MNEST_COLUMNS
+from mnestoma.store.plumbing import Plans, StoreBase
+from mnestoma.store.rows import (
+    WIDTH,
+    Ident,
+    MnestRow,
+    Row,
+    creation,
+    key_of,
+    key_params,
+    reinforced_mnest,
+    reinforced_row,
+    reinforcement,
+    row_key,
+    sort_key,
+)
+
+__all__ = ["RACE_ROUNDS", "RecordCommands"]
+
+# A passing whose INSERT finds its key created by another transaction meanwhile reads that
+# row again and reinforces it: a race round, not a retry of a failed transaction (those are
+# the unit of work's, see mnestoma.store.uow.with_retries). The second round finds the committed
+# row; a third covers the ager demoting it in between. Past that: RaceLost, which the
+# retry policy runs again in a new transaction.
+RACE_ROUNDS = 3
+
+# Where PostgreSQL's one-statement reinforcement finds its event values in an event tuple.
+_PG_REINFORCE_EVENT_AT = tuple(rec.EVENT_ROW.index(n) for n in rec.PG_REINFORCE_EVENT_PARAMS)
+
+
+def _one_passing_plans(proto: bool, turn: bool) -> Plans:
+    """What :meth:`RecordCommands._record_one` runs, on each engine, for a passing with a
+    turn or without one."""
+    sel: Executable = rec.SELECT_ONE_PROTO if proto else rec.SELECT_ONE_ACTIVE
+    event = (rec.INSERT_EVENT, rec.EVENT_ROW)
+    return {
+        SQLITE.name: (
+            (rec.select_one_counted(proto) if turn else sel, ()),
+            (rec.UPDATE_REINFORCE, rec.REINFORCE_ROW),
+            event,
+            (rec.INSERT_MNEST_LOCKED, MNEST_COLUMNS),
+        ),
+        POSTGRESQL.name: (
+            (sel, ()),
+            (rec.PG_REINFORCE_WITH_EVENT, rec.PG_REINFORCE_ROW),
+            event,
+            (rec.insert_mnest(POSTGRESQL.name), ()),
+        ),
+    }
+
+
+_ONE_PASSING_PLANS = {
+    (proto, turn): _one_passing_plans(proto, turn)
+    for proto in (False, True)
+    for turn in (False, True)
+}
+
+
+class RecordCommands(StoreBase):
+    """The recording commands of :class:`~mnestoma.MnestRepository` (contract §4, §13)."""
+
+    def record_passing(
+        self,
+        src_executor: str,
+        src_version: str,
+        dst_executor: str,
+        dst_version: str | None = None,
+        *,
+        dst_exists: bool = True,
+        turn_id: str | None = None,
+        tags: Any = None,
+        desired_sig: Any = None,
+        recorder: str | None = None,
+        outcome: str | None = None,
+        occurrence: int = 1,
+    ) -> Mnest:
+        """Create or reinforce the edge of one passing (see contract §4); ``outcome`` ("ok",
+        "error" or None: unknown) is counted beside ``uses`` and never changes the weight.
+        With a ``turn_id``, ``occurrence`` says which passing of the edge in the turn this
+        is (contract §13): the same (turn, edge, occurrence) again is a no-op.
+
+        Returns:
+            The edge's row after the passing (created, or reinforced), a detached snapshot.
+
+        Raises:
+            InvalidInput: a name or version, ``tags``, ``desired_sig``, ``recorder`` or
+                ``outcome`` the contract refuses (contract §5), or an ``occurrence`` that is
+                not an int ≥ 1, or other than 1 without a ``turn_id``.
+            ConflictError: the write lock was not had within the lock timeout
+                (:class:`WriteLockTimeout`), or other writers kept changing the rows it needed.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
+        """
+        passing = normalise_passing(
+            Passing(
+                src_executor,
+                src_version,
+                dst_executor,
+                dst_version,
+                dst_exists,
+                tags,
+                desired_sig,
+                outcome,
+            )
+        )
+        turn = check_optional_name(turn_id, "turn_id")
+        nth = check_occurrence(occurrence, turn)
+        who = self._who(recorder)
+        return self._result(self._record_one(passing, turn, who, nth))
+
+    def record_proto(
+        self,
+        src_executor: str,
+        src_version: str,
+        dst_executor: str,
+        *,
+        turn_id: str | None = None,
+        tags: Any = None,
+        desired_sig: Any = None,
+        recorder: str | None = None,
+        occurrence: int = 1,
+    ) -> Mnest:
+        """Record a passing to an executor that does not exist yet: the proto row of
+        (src, src_version, dst), created at :data:`~mnestoma.rules.INITIAL_WEIGHT` or
+        reinforced. The same as ``record_passing(..., None, dst_exists=False, ...)``, with the
+        same checks.
+
+        Returns:
+            The proto row after the passing (created, or reinforced).
+
+        Raises:
+            InvalidInput: a name or version, ``tags``, ``desired_sig``, ``recorder`` or
+                ``occurrence`` the contract refuses.
+            ConflictError: the write lock was not had within the lock timeout
+                (:class:`WriteLockTimeout`), or other writers kept changing the rows it needed.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
+        """
+        return self.record_passing(
+            src_executor,
+            src_version,
+            dst_executor,
+            None,
+            dst_exists=False,
+            turn_id=turn_id,
+            tags=tags,
+            desired_sig=desired_sig,
+            recorder=recorder,
+            occurrence=occurrence,
+        )
+
+    def record_turn(
+        self,
+        turn_id: str,
+        passings: Iterable[Passing | tuple[Any, ...]],
+        *,
+        recorder: str | None = None,
+    ) -> list[Mnest]:
+        """Record every passing of one turn: the k-th time an edge occurs in ``passings`` is
+        its occurrence k, counted once (contract §13), with its own outcome; the same turn
+        recorded again adds nothing.
+
+        Returns:
+            The row of each passing's edge after the turn, in the order the passings were
+            given (an empty list for none).
+
+        Raises:
+            InvalidInput: ``turn_id``, ``recorder``, ``passings`` or one of its passings is
+                refused; nothing of the turn is then recorded.
+            ConflictError: the write lock was not had within the lock timeout
+                (:class:`WriteLockTimeout`), or other writers kept changing the rows it needed.
+            StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
+                be reached).
+        """
+        turn = check_name(turn_id, "turn_id")
+        who = self._who(recorder)
+        if isinstance(passings, str | bytes) or not isinstance(passings, Iterable):
+            raise InvalidInput("passings must be an iterable of Passing or tuples")
+        items = [normalise_passing(p) for p in passings]
+        if not items:
+            return []
+        if len(items) == 1:
+            return [self._record_one(items[0], turn, who, 1)()]
+        return self._record_many(items, turn, who)
+
+    def _record_one(
+        self, p: Passing, turn_id: str | None, recorder: str, occurrence: int
+    ) -> Callable[[], Mnest]:
+        """Record one passing (occurrence ``occurrence`` of its edge in its turn); what builds
+        its snapshot (a step left out of the write lock where the unit of work builds it
+        after the commit, see :meth:`_result`)."""
+        proto = not p.dst_exists
+        sel = rec.SELECT_ONE_PROTO if proto else rec.SELECT_ONE_ACTIVE
+        params = key_params(key_of(p))
+        ex = self._write_ex(_ONE_PASSING_PLANS[(proto, turn_id is not None)])
+        if BY_NAME[ex.dialect].one_writer:
+            if turn_id is None:
+                return self._record_one_locked(ex, sel, params, p, None, recorder, occurrence)
+            lookup = rec.select_one_counted(proto)  # the row, and whether the turn counted it
+            counted = {**params, "turn_id": turn_id, "occ": occurrence}
+            return self._record_one_locked(ex, lookup, counted, p, turn_id, recorder, occurrence)
+        for _ in range(RACE_ROUNDS):
+            found = ex.first(sel, params)
+            now = self._write_now(ex)  # read once the write lock is held
+            if found is not None:
+                row = MnestRow._make(found)
+                counted = {"turn_id": turn_id, "mid": row.id, "occ": occurrence}
+                if turn_id is not None and ex.first(rec.TURN_COUNTED_ONE, counted) is not None:
+                    return functools.partial(snap.mnest, row)
+                values, ev = reinforcement(row, p, turn_id, now, recorder, occurrence)
+                both = values + tuple(ev[i] for i in _PG_REINFORCE_EVENT_AT)
+                ex.many(rec.PG_REINFORCE_WITH_EVENT, [both], rec.PG_REINFORCE_ROW)
+                return functools.partial(reinforced_mnest, row, values)
+            values, ev = creation(p, turn_id, now, recorder, occurrence)
+            (new_row,) = as_mappings(MNEST_COLUMNS, [values])
+            if ex.first(rec.insert_mnest(ex.dialect), new_row) is not None:
+                ex.many(rec.INSERT_EVENT, [ev], rec.EVENT_ROW)
+                return functools.partial(snap.mnest, values)
+            # Another transaction created the row first: lock it and reinforce instead.
+        raise RaceLost("could not record the passing: the edge kept changing under us")
+
+    def _record_one_locked(
+        self,
+        ex: StatementRunner,
+        lookup: Executable,
+        params: dict[str, Any],
+        p: Passing,
+        turn_id: str | None,
+        recorder: str,
+        occurrence: int,
+    ) -> Callable[[], Mnest]:
+        """SQLite, under the write lock (no other writer can create the key meanwhile): one
+        lookup, which with a turn also says whether the turn counted this occurrence already,
+        then the row's write and its event. A read and two writes, the fewest for numbers
+        Python computes; SQLite computing them in two statements (an INSERT ... SELECT and
+        an UPDATE ... RETURNING, exact on its text instants) spends more time in the
+        database than the statement saves in Python."""
+        found = ex.first(lookup, params)
+        now = self._write_now(ex)  # read once the write lock is held
+        if found is None:
+            new, ev = creation(p, turn_id, now, recorder, occurrence)
+            ex.many(rec.INSERT_MNEST_LOCKED, [new], MNEST_COLUMNS)
+            ex.many(rec.INSERT_EVENT, [ev], rec.EVENT_ROW)
+            return functools.partial(snap.mnest, new)
+        if turn_id is not None:
+            if found[WIDTH]:  # the flag after the columns: the turn counted it already
+                return functools.partial(snap.mnest, found)
+            found = found[:WIDTH]
+        row = MnestRow._make(found)
+        values, ev = reinforcement(row, p, turn_id, now, recorder, occurrence)
+        ex.many(rec.UPDATE_REINFORCE, [values], rec.REINFORCE_ROW)
+        ex.many(rec.INSERT_EVENT, [ev], rec.EVENT_ROW)
+        return functools.partial(reinforced_mnest, row, values)
+
+    def _record_many(self, items: list[Passing], turn_id: str, recorder: str) -> list[Mnest]:
+        ex = self._write_ex()
+        # Each edge's passings in the order given: the k-th is its occurrence k (each with
+        # its own outcome; the last tags / desired_sig given win).
+        idents = [(p.dst_exists, key_of(p)) for p in items]  # each passing's edge, in order
+        unique: dict[Ident, list[Passing]] = {}
+        for ident, p in zip(idents, items, strict=True):
+            unique.setdefault(ident, []).append(p)
+        if BY_NAME[ex.dialect].one_writer:
+            # BEGIN IMMEDIATE: no other writer can create one of our keys meanwhile
+            result = self._record_many_once(ex, unique, turn_id, recorder, idents)
+            if result is None:
+                raise ConflictError("another writer created a key of this turn meanwhile")
+            return [result[ident] for ident in idents]
+        conn = ex.conn
+        for attempt in range(RACE_ROUNDS + len(unique)):
+            # A savepoint per attempt: when another transaction creates one of our keys
+            # first, rolling back to it releases every row lock this attempt took, so the
+            # next attempt locks all the turn's rows again in one (id) order. Continuing
+            # instead would lock the new row after the others and could deadlock.
+            if attempt == 1:
+                # Between attempts a whole run of the ager (one transaction, a table lock)
+                # could demote our keys again, and again. From the first retry on, hold it
+                # off: ROW EXCLUSIVE waits for such a run and keeps the next one out until
+                # this turn ends, and conflicts with no other writer (nor with the ager's
+                # batches, which lock rows only and never create a key, so never make an
+                # attempt fail). Taken outside the savepoints, it outlives their rollbacks;
+                # every further retry then means a key another writer created and committed.
+                ex.execute(rec.HOLD_OFF_AGER)
+            with translate_errors():
+                savepoint = conn.begin_nested()
+            try:
+                result = self._record_many_once(ex, unique, turn_id, recorder, idents)
+            except BaseException:
+                if savepoint.is_active:
+                    savepoint.rollback()
+                raise
+            if result is not None:
+                with translate_errors():
+                    savepoint.commit()
+                return [result[ident] for ident in idents]
+            savepoint.rollback()
+        raise RaceLost("could not record the turn: its edges kept changing under us")
+
+    def _record_many_once(
+        self,
+        ex: StatementRunner,
+        pending: dict[Ident, list[Passing]],
+        turn_id: str,
+        recorder: str,
+        order: list[Ident],
+    ) -> dict[Ident, Mnest] | None:
+        """One attempt at a turn (``order``: each passing's edge, as given); None when another
+        transaction created one of its keys."""
+        result: dict[Ident, Mnest] = {}
+        rows = _lock_keys(ex, list(pending))
+        now = self._write_now(ex)
+        found = {(r.state == MnestState.ACTIVE, row_key(r)): r for r in rows}
+        done: set[tuple[str, int]] = set()
+        if found and ex.first(rec.TURN_SEEN, {"turn_id": turn_id}) is not None:
+            # a retried (or continued) turn: which occurrences of its rows did it count?
+            ids = [r.id for r in found.values()]
+            counted = ex.rows(rec.TURN_COUNTED, {"turn_id": turn_id, "ids": ids})
+            done = {(mid, int(occ)) for mid, occ in counted}
+        updates: list[Row] = []
+        creations: list[tuple[Ident, MnestRow, list[Row]]] = []
+        events: list[Row] = []
+        for ident, passings in pending.items():
+            row = found.get(ident)
+            if row is None:
+                new, ev = creation(passings[0], turn_id, now, recorder, 1)
+                new_events = [ev]
+                for k, p in enumerate(passings[1:], 2):
+                    again, ev = reinforcement(new, p, turn_id, now, recorder, k)
+                    new = reinforced_row(new, again)
+                    new_events.append(ev)
+                creations.append((ident, new, new_events))
+                continue
+            for k, p in enumerate(passings, 1):
+                if (row.id, k) in done:
+                    continue
+                values, ev = reinforcement(row, p, turn_id, now, recorder, k)
+                updates.append(values)  # run in order: one row's occurrences one after another
+                events.append(ev)
+                row = reinforced_row(row, values)
+            result[ident] = snap.mnest(row)
+        ex.many(rec.UPDATE_REINFORCE, updates, rec.REINFORCE_ROW)
+        if creations:
+            # In key order. PostgreSQL: one multi-row INSERT ... ON CONFLICT DO NOTHING
+            # RETURNING id, where a key another transaction created meanwhile comes back
+            # missing. SQLite: a plain batch, since the write lock keeps other writers out.
+            creations.sort(key=lambda c: sort_key(c[0]))
+            params = [values for _, values, _ in creations]
+            if BY_NAME[ex.dialect].one_writer:
+                ex.many(rec.INSERT_MNEST_LOCKED, params, MNEST_COLUMNS)  # under the write lock
+            else:
+                new_rows = as_mappings(MNEST_COLUMNS, params)
+                if len(ex.execute(rec.insert_mnest(ex.dialect), new_rows).all()) < len(params):
+                    return None
+            for ident, values, new_events in creations:
+                events.extend(new_events)
+                result[ident] = snap.mnest(values)
+        ex.many(rec.INSERT_EVENT, events, rec.EVENT_ROW)
+        _count_chains(ex, order, found, done, now)
+        return result
+
+
+def _count_chains(
+    ex: StatementRunner,
+    order: list[Ident],
+    found: dict[Ident, MnestRow],
+    done: set[tuple[str, int]],
+    now: datetime,
+) -> None:
+    """Count the chains of the passings this attempt counted (contract §13), in key order,
+    after every row lock of the turn is held. Links to protos are left out of chains."""
+    seen: dict[Ident, int] = {}
+    links: list[tuple[str, str]] = []
+    counted: list[bool] = []
+    for ident in order:
+        exists, (src, _, dst, _) = ident
+        if not exists:
+            continue
+        k = seen[ident] = seen.get(ident, 0) + 1
+        row = found.get(ident)
+        links.append((src, dst))
+        counted.append(row is None or (row.id, k) not in done)
+    added = chain_increments(links, counted)
+    if added:
+        rows = [(*key, n, now) for key, n in sorted(added.items())]
+        ex.many(chains_sql.count_chains(ex.dialect), rows, chains_sql.CHAIN_ROW)
+
+
+def _lock_keys(ex: StatementRunner, idents: list[Ident]) -> list[MnestRow]:
+    """Lock and read the rows of these keys, every chunk in id order."""
+    idents = sorted(idents, key=sort_key)
+    rows: list[MnestRow] = []
+    for i in range(0, len(idents), rec.KEYS_PER_STATEMENT):
+        chunk = idents[i : i + rec.KEYS_PER_STATEMENT]
+        akeys = [k for (exists_, k) in chunk if exists_]
+        pkeys = [k for (exists_, k) in chunk if not exists_]
+        stmt = rec.select_keys(rec.shape_size(len(akeys)), rec.shape_size(len(pkeys)))
+        rows.extend(map(MnestRow._make, ex.rows(stmt, rec.key_params(akeys, pkeys))))
+    return rows

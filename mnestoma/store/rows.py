@@ -1,0 +1,253 @@
+"""The rows a repository reads and writes: a mnest row by name (:class:`MnestRow`), edge
+keys, and the pure computations of a write (a creation, a reinforcement, an event's values).
+
+Parameter rows handed to the statement runner (an event in
+:data:`~mnestoma.schema.sql.record.EVENT_ROW` order, a reinforcement in
+:data:`~mnestoma.schema.sql.record.REINFORCE_ROW` order) stay plain tuples in their
+statement's order: that is the shape the runner binds.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, NamedTuple
+
+from mnestoma.core.rules import (
+    DEFAULT_DECAY_LAMBDA,
+    INITIAL_WEIGHT,
+    EventKind,
+    MnestState,
+    advance,
+    counted_passing,
+    decayed_weight,
+    new_mnest_id,
+    outcome_counts,
+    reinforce,
+)
+from mnestoma.core.validation import Passing
+from mnestoma.schema import snapshots as snap
+from mnestoma.schema.models import Mnest
+from mnestoma.schema.sql.tables import MNEST_COLUMNS, Key
+
+__all__ = [
+    "Ident",
+    "MnestRow",
+    "Row",
+    "creation",
+    "event_values",
+    "key_of",
+    "key_params",
+    "reinforced_mnest",
+    "reinforced_row",
+    "reinforcement",
+    "row_key",
+    "sort_key",
+]
+
+Row = tuple[Any, ...]
+# An edge of a turn: whether its destination exists (active) or not (proto), and its key.
+Ident = tuple[bool, Key]
+_REINFORCED = EventKind.REINFORCED.value
+
+
+class MnestRow(NamedTuple):
+    """A row of ``select(mnests)``: the table's columns, in order, by name."""
+
+    id: str
+    src_executor: str
+    src_version: str
+    dst_executor: str
+    dst_version: str | None
+    weight: float
+    uses: int
+    ts_first: datetime
+    ts_last: datetime
+    ts_weight: datetime
+    decay_lambda: float
+    state: str
+    tags: Any
+    desired_sig: Any
+    ok_count: int
+    error_count: int
+    decayed_uses: float
+
+
+if MnestRow._fields != MNEST_COLUMNS:  # pragma: no cover - a model change this must follow
+    raise RuntimeError(f"MnestRow's fields are not the mnests columns {MNEST_COLUMNS}")
+
+# How many values a MnestRow holds (a lookup may return more: a flag after the columns).
+WIDTH = len(MNEST_COLUMNS)
+
+
+def key_of(p: Passing) -> Key:
+    """The edge key of a passing."""
+    return (p.src_executor, p.src_version, p.dst_executor, p.dst_version)
+
+
+def row_key(r: MnestRow) -> Key:
+    """The edge key of a row."""
+    return (r.src_executor, r.src_version, r.dst_executor, r.dst_version)
+
+
+def key_params(key: Key) -> dict[str, Any]:
+    """The parameters of :func:`~mnestoma.schema.sql.tables.key_is` for one key."""
+    s, sv, d, dv = key
+    params: dict[str, Any] = {"s": s, "sv": sv, "d": d}
+    if dv is not None:
+        params["dv"] = dv
+    return params
+
+
+def sort_key(ident: Ident) -> tuple[str, str, str, str, bool]:
+    """The order a turn locks and creates its edges in."""
+    exists_, (s, sv, d, dv) = ident
+    return (s, sv, d, dv or "", exists_)
+
+
+def event_values(
+    mnest_id: str,
+    kind: EventKind,
+    ts: datetime,
+    *,
+    turn_id: str | None = None,
+    weight_before: float | None = None,
+    weight_after: float | None = None,
+    state_before: str | None = None,
+    state_after: str | None = None,
+    reason: str | None = None,
+    related_id: str | None = None,
+    recorder: str,
+    outcome: str | None = None,
+    occurrence: int = 1,
+) -> Row:
+    """An event's values in :data:`~mnestoma.schema.sql.record.EVENT_ROW` order."""
+    return (
+        mnest_id,
+        kind.value,
+        ts,
+        turn_id,
+        weight_before,
+        weight_after,
+        state_before,
+        state_after,
+        reason,
+        related_id,
+        recorder,
+        outcome,
+        occurrence,
+    )
+
+
+def reinforcement(
+    row: MnestRow,
+    p: Passing,
+    turn_id: str | None,
+    now: datetime,
+    recorder: str,
+    occurrence: int = 1,
+) -> tuple[Row, Row]:
+    """A reinforcement's UPDATE_REINFORCE values (:data:`~.record.REINFORCE_ROW`
+    order) and its event (:func:`event_values`'s tuple, written out: this runs while the
+    write lock is held)."""
+    ts_last = advance(row.ts_last, now)
+    ts_weight = advance(row.ts_weight, now)
+    before = decayed_weight(row.weight, row.decay_lambda, row.ts_weight, ts_weight)
+    after = reinforce(before)
+    mnest_id, state, outcome = row.id, row.state, p.outcome
+    values = (
+        mnest_id,
+        after,
+        ts_last,
+        ts_weight,
+        p.tags if p.tags is not None else row.tags,
+        p.desired_sig if p.desired_sig is not None else row.desired_sig,
+        *outcome_counts(outcome),
+        counted_passing(row.decayed_uses, row.decay_lambda, row.ts_last, ts_last),
+    )
+    ev = (
+        mnest_id,
+        _REINFORCED,
+        ts_last,
+        turn_id,
+        before,
+        after,
+        state,
+        state,
+        None,  # reason
+        None,  # related_id
+        recorder,
+        outcome,
+        occurrence,
+    )
+    return values, ev
+
+
+def creation(
+    p: Passing, turn_id: str | None, now: datetime, recorder: str, occurrence: int = 1
+) -> tuple[MnestRow, Row]:
+    """A new row (the table's columns in order, as :func:`~mnestoma.schema.snapshots.mnest`
+    takes them) and its event."""
+    state = MnestState.ACTIVE if p.dst_exists else MnestState.PROTO
+    mnest_id = new_mnest_id()
+    values = MnestRow(
+        mnest_id,
+        p.src_executor,
+        p.src_version,
+        p.dst_executor,
+        p.dst_version,
+        INITIAL_WEIGHT,
+        1,
+        now,
+        now,
+        now,
+        DEFAULT_DECAY_LAMBDA,
+        state.value,
+        p.tags,
+        p.desired_sig,
+        *outcome_counts(p.outcome),
+        1.0,  # decayed_uses: one passing, now
+    )
+    ev = event_values(
+        mnest_id,
+        EventKind.CREATED,
+        now,
+        turn_id=turn_id,
+        weight_before=None,
+        weight_after=INITIAL_WEIGHT,
+        state_before=None,
+        state_after=state.value,
+        recorder=recorder,
+        outcome=p.outcome,
+        occurrence=occurrence,
+    )
+    return values, ev
+
+
+def reinforced_row(row: MnestRow, values: Row) -> MnestRow:
+    """The row as :data:`~mnestoma.schema.sql.record.UPDATE_REINFORCE` leaves it, given that
+    statement's values (:data:`~.record.REINFORCE_ROW` order)."""
+    _, weight, ts_last, ts_weight, tags, sig, ok, error, count = values
+    return MnestRow(
+        row.id,
+        row.src_executor,
+        row.src_version,
+        row.dst_executor,
+        row.dst_version,
+        weight,
+        row.uses + 1,
+        row.ts_first,
+        ts_last,
+        ts_weight,
+        row.decay_lambda,
+        row.state,
+        tags,
+        sig,
+        row.ok_count + ok,
+        row.error_count + error,
+        count,
+    )
+
+
+def reinforced_mnest(row: MnestRow, values: Row) -> Mnest:
+    """The snapshot of a reinforced row (see :func:`reinforced_row`)."""
+    return snap.mnest(reinforced_row(row, values))
