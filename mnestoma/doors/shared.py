@@ -13,15 +13,7 @@ import copy
 import functools
 from collections.abc import Callable, Coroutine, Sequence
 from datetime import datetime
-from typing import (
-    Any,
-    Concatenate,
-    Generic,
-    ParamSpec,
-    Self,
-    TypeVar,
-    overload,
-)
+from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar, overload
 
 from sqlalchemy import Connection, Engine, inspect
 from sqlalchemy.engine import URL
@@ -52,7 +44,6 @@ __all__ = [
     "store_url",
     "with_lock_timeout",
 ]
-
 
 T = TypeVar("T")
 E = TypeVar("E")
