@@ -18,7 +18,7 @@ import time
 import weakref
 from collections.abc import Callable, Coroutine
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import URL
@@ -36,7 +36,16 @@ from mnestoma.core.errors import (
 )
 from mnestoma.core.rules import AgerReport
 from mnestoma.core.settings import Settings, settings_of
-from mnestoma.doors.shared import FacadeBase, Replicas, ensure_schema, store_url
+from mnestoma.doors.shared import (
+    AsyncDoor,
+    Bind,
+    FacadeBase,
+    MnestOperations,
+    Replicas,
+    ensure_schema,
+    operation,
+    store_url,
+)
 from mnestoma.engines import (
     async_database_url,
     is_sqlite,
@@ -53,7 +62,7 @@ from mnestoma.engines.locking import (
 )
 from mnestoma.engines.replicas import NOT_READY, replica_urls
 from mnestoma.maintenance.ager import BatchProgress, ager_steps
-from mnestoma.maintenance.retention import PruneProgress, prune_steps
+from mnestoma.maintenance.retention import PruneProgress
 from mnestoma.maintenance.steps import OwnConnection, Pause, Read, Step, Write, drive_async, plain
 from mnestoma.schema.models import CanonicalQuery
 from mnestoma.store.repository import CanonicalQueryRepository, MnestRepository, QueryFrequency
@@ -64,7 +73,6 @@ from mnestoma.store.uow import (
     UnitOfWork,
     check_factory,
     made_session,
-    repository_call,
     retry_pause,
 )
 
@@ -92,7 +100,6 @@ __all__ = [
 
 T = TypeVar("T")
 R = TypeVar("R")
-P = ParamSpec("P")
 
 
 # --- engines ----------------------------------------------------------------------------------
@@ -141,28 +148,22 @@ def make_async_session_factory(
 # --- one sync operation, awaited ----------------------------------------------------------
 
 
-class _AsyncDoor(Generic[R]):
+class _AsyncDoor(AsyncDoor, Generic[R]):
     """Something that runs an operation of the sync object ``R`` without blocking the loop."""
 
     async def _call(self, op: Callable[[R], T], *, write: bool) -> T:
         raise NotImplementedError
 
+    @staticmethod
+    def _operation_method(bind: Bind, write: bool) -> Callable[..., Any]:
+        """An operation (:class:`~mnestoma.doors.shared.operation`) as a coroutine method,
+        run through the door's ``_call``."""
 
-def _awaited(
-    op: Callable[Concatenate[R, P], T], *, write: bool = False
-) -> Callable[Concatenate[_AsyncDoor[R], P], Coroutine[Any, Any, T]]:
-    """The sync operation ``op`` as a coroutine method: same signature, checks, errors and
-    result, because it is the same code, run through the door's ``_call``."""
+        async def method(self: _AsyncDoor[Any], /, *args: Any, **kwargs: Any) -> Any:
+            # bound once: a retry replays what the first attempt read
+            return await self._call(bind(args, kwargs), write=write)
 
-    bind = repository_call(op, write=write)
-
-    async def method(self: _AsyncDoor[R], /, *args: P.args, **kwargs: P.kwargs) -> T:
-        # bound once: a retry replays what the first attempt read
-        return await self._call(bind(args, kwargs), write=write)
-
-    functools.update_wrapper(method, op, assigned=("__name__", "__doc__"))
-    method.__qualname__ = op.__name__
-    return method
+        return method
 
 
 def _check_async_session(session: Any, owner: str) -> AsyncSession | AsyncConnection:
@@ -215,28 +216,12 @@ class _OnAsyncSession(_AsyncDoor[R]):
         return door
 
 
-class _MnestOperations(_AsyncDoor[MnestRepository]):
+class _MnestOperations(_AsyncDoor[MnestRepository], MnestOperations):
     """The operations that the async repository and the async facade both await as the sync
-    repository's, each one call (the facade in a transaction of its own)."""
+    repository's, each one call (the facade in a transaction of its own): the shared table
+    (:class:`~mnestoma.doors.shared.MnestOperations`), and the query log's entry."""
 
-    record_passing = _awaited(MnestRepository.record_passing, write=True)
-    record_proto = _awaited(MnestRepository.record_proto, write=True)
-    record_turn = _awaited(MnestRepository.record_turn, write=True)
-    get = _awaited(MnestRepository.get)
-    find = _awaited(MnestRepository.find)
-    edges = _awaited(MnestRepository.edges)
-    events = _awaited(MnestRepository.events)
-    walk = _awaited(MnestRepository.walk)
-    suggest_next = _awaited(MnestRepository.suggest_next)
-    rank = _awaited(MnestRepository.rank)
-    predict_next = _awaited(MnestRepository.predict_next)
-    vet = _awaited(MnestRepository.vet)
-    graph = _awaited(MnestRepository.graph)
-    to_networkx = _awaited(MnestRepository.to_networkx)
-    transition_state = _awaited(MnestRepository.transition_state, write=True)
-    recurring_protos = _awaited(MnestRepository.recurring_protos)
-    promote_proto_to_active = _awaited(MnestRepository.promote_proto_to_active, write=True)
-    log_canonical_query = _awaited(MnestRepository.log_canonical_query, write=True)
+    log_canonical_query = operation(MnestRepository.log_canonical_query, write=True)
 
 
 class AsyncMnestRepository(_OnAsyncSession[MnestRepository], _MnestOperations):
@@ -263,8 +248,8 @@ class AsyncMnestRepository(_OnAsyncSession[MnestRepository], _MnestOperations):
         return MnestRepository(sync, settings=self.settings)
 
     # the shared table (_MnestOperations), and the repository's own:
-    apply_ager = _awaited(MnestRepository.apply_ager, write=True)
-    prune_events = _awaited(MnestRepository.prune_events, write=True)
+    apply_ager = operation(MnestRepository.apply_ager, write=True)
+    prune_events = operation(MnestRepository.prune_events, write=True)
 
 
 class AsyncCanonicalQueryRepository(_OnAsyncSession[CanonicalQueryRepository]):
@@ -291,9 +276,9 @@ class AsyncCanonicalQueryRepository(_OnAsyncSession[CanonicalQueryRepository]):
     def _sync_session_of(self, repo: CanonicalQueryRepository) -> Any:
         return repo._session
 
-    log = _awaited(CanonicalQueryRepository.log, write=True)
-    recent = _awaited(CanonicalQueryRepository.recent)
-    top = _awaited(CanonicalQueryRepository.top)
+    log = operation(CanonicalQueryRepository.log, write=True)
+    recent = operation(CanonicalQueryRepository.recent)
+    top = operation(CanonicalQueryRepository.top)
 
 
 # --- units of work ------------------------------------------------------------------------
@@ -524,6 +509,7 @@ class AsyncMnestoma(FacadeBase[AsyncEngine], _MnestOperations):
         else:
             self.engine = make_async_engine(url)
             self._owns_engine = True
+        self._dialect = self.engine.dialect.name
         self._bind = self.engine
         if self.settings.lock_timeout is not None:
             self._bind = self.engine.execution_options(
@@ -731,9 +717,7 @@ class AsyncMnestoma(FacadeBase[AsyncEngine], _MnestOperations):
             StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
                 be reached).
         """
-        dialect = self.engine.dialect.name
-        steps = prune_steps(before, dry_run=dry_run, progress=progress, dialect=dialect)
-        return await drive_async(steps, self._step)
+        return await drive_async(self._prune_steps(before, dry_run, progress), self._step)
 
     async def _step(self, step: Step) -> Any:
         """One step of an operation of several transactions, awaited (see

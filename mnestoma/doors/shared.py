@@ -1,6 +1,7 @@
 """What the two facades share (:class:`~mnestoma.Mnestoma`, :class:`~mnestoma.aio.AsyncMnestoma`):
-their settings' clock and recorder, their replica views, the schema check on first use, the
-lock timeout of their engine and the note of a long run's commits.
+the table of the repository's operations each makes its methods from, their settings' clock
+and recorder, their replica views, the schema check on first use, the lock timeout of their
+engine and the note of a long run's commits.
 
 Below both, so that the sync and the async door stand beside each other and neither imports
 the other.
@@ -9,8 +10,10 @@ the other.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Sequence
-from typing import Any, Generic, Self, TypeVar
+import functools
+from collections.abc import Callable, Coroutine, Sequence
+from datetime import datetime
+from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar, overload
 
 from sqlalchemy import Connection, Engine, inspect
 from sqlalchemy.engine import URL
@@ -23,21 +26,131 @@ from mnestoma.engines.locking import LOCK_TIMEOUT_OPTION
 from mnestoma.engines.replicas import ReplicaSet, replica_connect_args
 from mnestoma.engines.urls import is_sqlite, refuse_memory_sqlite
 from mnestoma.maintenance.migration import ensure_at_head, sqlite_store_missing
-from mnestoma.maintenance.retention import PruneProgress
+from mnestoma.maintenance.retention import PruneProgress, prune_steps
+from mnestoma.maintenance.steps import Steps
+from mnestoma.store.repository import MnestRepository
+from mnestoma.store.uow import repository_call
 
 __all__ = [
+    "AsyncDoor",
+    "Bind",
     "FacadeBase",
+    "MnestOperations",
     "PruneProgress",
     "Replicas",
+    "SyncDoor",
     "ensure_schema",
+    "operation",
     "store_url",
     "with_lock_timeout",
 ]
 
 T = TypeVar("T")
 E = TypeVar("E")
+R = TypeVar("R")
+P = ParamSpec("P")
+S = TypeVar("S", bound="SyncDoor")
+A = TypeVar("A", bound="AsyncDoor")
 # The read replicas a facade is given: their URLs (contract §12).
 Replicas = Sequence[str | URL] | None
+# One call's arguments bound to an operation: what runs it on a repository (repository_call).
+Bind = Callable[[tuple[Any, ...], dict[str, Any]], Callable[[Any], Any]]
+
+
+# --- the operations, written once for both doors ------------------------------------------
+
+
+class operation(Generic[R, P, T]):
+    """The operation ``op`` of a repository ``R`` as a method of a door: the same signature,
+    checks, errors and result, because it is the same code. A sync door runs it in a
+    transaction of its own (``-> T``), an async door awaits it (``-> Coroutine[..., T]``).
+
+    Each door's class replaces it by a plain method of its kind when the class is made
+    (:class:`Door`), so a call costs what a hand-written method's does; this descriptor
+    gives the static types and the table that both doors read.
+    """
+
+    def __init__(self, op: Callable[Concatenate[R, P], T], *, write: bool = False) -> None:
+        self.op = op
+        self.write = write
+        self.__doc__ = op.__doc__
+        self.__wrapped__ = op
+
+    @overload
+    def __get__(self, instance: None, owner: type[S]) -> Callable[Concatenate[S, P], T]: ...
+    @overload
+    def __get__(
+        self, instance: None, owner: type[A]
+    ) -> Callable[Concatenate[A, P], Coroutine[Any, Any, T]]: ...
+    @overload
+    def __get__(self, instance: None, owner: type[Any]) -> Self: ...
+    @overload
+    def __get__(self, instance: SyncDoor, owner: type[Any]) -> Callable[P, T]: ...
+    @overload
+    def __get__(
+        self, instance: AsyncDoor, owner: type[Any]
+    ) -> Callable[P, Coroutine[Any, Any, T]]: ...
+    def __get__(self, instance: object, owner: type[Any]) -> Any:
+        if instance is None:
+            return self
+        raise TypeError(f"{owner.__qualname__} is not a door: it cannot run {self.op.__name__}")
+
+
+class Door:
+    """A class whose operations (:class:`operation`, its own or inherited) become, when the
+    class is made, methods of the door's kind (:meth:`_operation_method`)."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        seen: set[str] = set()
+        for klass in cls.__mro__:
+            for name, found in vars(klass).items():
+                if name in seen:
+                    continue
+                seen.add(name)
+                if isinstance(found, operation):
+                    bind = repository_call(found.op, write=found.write)
+                    method = cls._operation_method(bind, found.write)
+                    functools.update_wrapper(method, found.op, assigned=("__name__", "__doc__"))
+                    method.__qualname__ = f"{cls.__qualname__}.{name}"
+                    setattr(cls, name, method)
+
+    @staticmethod
+    def _operation_method(bind: Bind, write: bool) -> Callable[..., Any]:
+        """The method ``(self, /, *args, **kwargs)`` that runs ``bind(args, kwargs)`` on a
+        repository of this door (a write retried when it failed transiently)."""
+        raise NotImplementedError
+
+
+class SyncDoor(Door):
+    """A door whose operations return their results (:class:`~mnestoma.Mnestoma`)."""
+
+
+class AsyncDoor(Door):
+    """A door whose operations are awaited (:mod:`mnestoma.aio`)."""
+
+
+class MnestOperations:
+    """The repository's operations that both facades (and the async repository) have, each
+    one call of :class:`~mnestoma.MnestRepository` (a facade's in a transaction of its own)."""
+
+    record_passing = operation(MnestRepository.record_passing, write=True)
+    record_proto = operation(MnestRepository.record_proto, write=True)
+    record_turn = operation(MnestRepository.record_turn, write=True)
+    get = operation(MnestRepository.get)
+    find = operation(MnestRepository.find)
+    edges = operation(MnestRepository.edges)
+    events = operation(MnestRepository.events)
+    walk = operation(MnestRepository.walk)
+    suggest_next = operation(MnestRepository.suggest_next)
+    rank = operation(MnestRepository.rank)
+    predict_next = operation(MnestRepository.predict_next)
+    vet = operation(MnestRepository.vet)
+    graph = operation(MnestRepository.graph)
+    to_networkx = operation(MnestRepository.to_networkx)
+    transition_state = operation(MnestRepository.transition_state, write=True)
+    recurring_protos = operation(MnestRepository.recurring_protos)
+    promote_proto_to_active = operation(MnestRepository.promote_proto_to_active, write=True)
 
 
 class FacadeBase(Generic[E]):
@@ -46,6 +159,7 @@ class FacadeBase(Generic[E]):
     an engine ``E`` of the door's kind, settings, replicas)."""
 
     settings: Settings
+    _dialect: str  # the engine's dialect name, set with it
     _replicas: ReplicaSet | None
     _owns_engine: bool
     _owns_replicas: bool
@@ -109,6 +223,11 @@ class FacadeBase(Generic[E]):
             The counts, by replica and for the primary, as a dict.
         """
         return {} if self._replicas is None else self._replicas.stats()
+
+    def _prune_steps(self, before: datetime, dry_run: object, progress: object) -> Steps[int]:
+        """The steps of ``prune_events`` on this store's database (its dialect's batches);
+        each door drives them, one transaction at a time."""
+        return prune_steps(before, dry_run=dry_run, progress=progress, dialect=self._dialect)
 
     def _noted(self, conn: Connection, result: T) -> T:
         """After a run that committed its own transactions on ``conn`` (the batched ager):

@@ -6,14 +6,23 @@ import functools
 import time
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import URL
 
 from mnestoma.core.errors import StoreError, translate_errors
 from mnestoma.core.rules import AgerReport
-from mnestoma.doors.shared import FacadeBase, Replicas, ensure_schema, store_url, with_lock_timeout
+from mnestoma.doors.shared import (
+    Bind,
+    FacadeBase,
+    MnestOperations,
+    Replicas,
+    SyncDoor,
+    ensure_schema,
+    store_url,
+    with_lock_timeout,
+)
 from mnestoma.engines import (
     make_engine,
     make_session_factory,
@@ -24,39 +33,18 @@ from mnestoma.engines import (
 )
 from mnestoma.engines.replicas import NOT_READY, replica_urls
 from mnestoma.maintenance.ager import BatchProgress, ager_steps
-from mnestoma.maintenance.retention import PruneProgress, prune_steps
+from mnestoma.maintenance.retention import PruneProgress
 from mnestoma.maintenance.steps import Pause, Read, Step, Write, drive
 from mnestoma.schema.models import CanonicalQuery
-from mnestoma.store.repository import MnestRepository, QueryFrequency
-from mnestoma.store.uow import ConnectionUnitOfWork, UnitOfWork, repository_call, written
+from mnestoma.store.repository import QueryFrequency
+from mnestoma.store.uow import ConnectionUnitOfWork, UnitOfWork, written
 
 __all__ = ["Mnestoma"]
 
 T = TypeVar("T")
-P = ParamSpec("P")
 
 
-def _in_one_transaction(
-    op: Callable[Concatenate[MnestRepository, P], T], *, write: bool = False
-) -> Callable[Concatenate[Mnestoma, P], T]:
-    """The repository's operation ``op`` as a method of the facade: the same signature,
-    checks, errors and result (it is the same code), run in a transaction of its own: a
-    write retried when it failed transiently (a generator of items, such as a turn's
-    passings, read once before the first attempt), a read in a read transaction."""
-
-    bind = repository_call(op, write=write)
-
-    def method(self: Mnestoma, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        call = bind(args, kwargs)  # bound once: a retry replays what the first attempt read
-        run = self._write if write else self._read
-        return run(lambda unit: call(unit.mnests))
-
-    functools.update_wrapper(method, op, assigned=("__name__", "__doc__"))
-    method.__qualname__ = f"Mnestoma.{op.__name__}"
-    return method
-
-
-class Mnestoma(FacadeBase[Engine]):
+class Mnestoma(FacadeBase[Engine], SyncDoor, MnestOperations):
     """The store, ready to use: ``Mnestoma()`` opens the default SQLite file.
 
     A new or empty SQLite database is migrated to head on first use; any other database
@@ -87,6 +75,7 @@ class Mnestoma(FacadeBase[Engine]):
         else:
             self.engine = make_engine(store_url(resolve_database_url(target), create))
             self._owns_engine = True
+        self._dialect = self.engine.dialect.name
         refuse_memory_sqlite(self.engine.url)
         self._bind = with_lock_timeout(self.engine, self.settings.lock_timeout)
         try:
@@ -135,27 +124,21 @@ class Mnestoma(FacadeBase[Engine]):
         with ConnectionUnitOfWork(conn, settings=self.settings) as unit:
             return work(unit)
 
-    # --- the contract's operations, each the repository's in one transaction -------------
+    # --- the contract's operations: the shared table (MnestOperations), each the repository's
+    # in one transaction, and the ones below
 
-    record_passing = _in_one_transaction(MnestRepository.record_passing, write=True)
-    record_proto = _in_one_transaction(MnestRepository.record_proto, write=True)
-    record_turn = _in_one_transaction(MnestRepository.record_turn, write=True)
-    get = _in_one_transaction(MnestRepository.get)
-    find = _in_one_transaction(MnestRepository.find)
-    edges = _in_one_transaction(MnestRepository.edges)
-    events = _in_one_transaction(MnestRepository.events)
-    walk = _in_one_transaction(MnestRepository.walk)
-    suggest_next = _in_one_transaction(MnestRepository.suggest_next)
-    rank = _in_one_transaction(MnestRepository.rank)
-    predict_next = _in_one_transaction(MnestRepository.predict_next)
-    vet = _in_one_transaction(MnestRepository.vet)
-    graph = _in_one_transaction(MnestRepository.graph)
-    to_networkx = _in_one_transaction(MnestRepository.to_networkx)
-    transition_state = _in_one_transaction(MnestRepository.transition_state, write=True)
-    recurring_protos = _in_one_transaction(MnestRepository.recurring_protos)
-    promote_proto_to_active = _in_one_transaction(
-        MnestRepository.promote_proto_to_active, write=True
-    )
+    @staticmethod
+    def _operation_method(bind: Bind, write: bool) -> Callable[..., Any]:
+        """An operation of the table: ``bind(args, kwargs)`` run in a transaction of its own,
+        a write retried when it failed transiently (a generator of items, such as a turn's
+        passings, read once before the first attempt), a read in a read transaction."""
+
+        def method(self: Mnestoma, /, *args: Any, **kwargs: Any) -> Any:
+            call = bind(args, kwargs)  # bound once: a retry replays what the first attempt read
+            run = self._write if write else self._read
+            return run(lambda unit: call(unit.mnests))
+
+        return method
 
     # Operations that are more than one repository call, each in transactions of its own.
 
@@ -216,9 +199,7 @@ class Mnestoma(FacadeBase[Engine]):
             StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
                 be reached).
         """
-        dialect = self.engine.dialect.name
-        steps = prune_steps(before, dry_run=dry_run, progress=progress, dialect=dialect)
-        return drive(steps, self._step)
+        return drive(self._prune_steps(before, dry_run, progress), self._step)
 
     def _step(self, step: Step) -> Any:
         """One step of an operation of several transactions (:mod:`mnestoma.maintenance.steps`):

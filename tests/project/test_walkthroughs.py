@@ -149,10 +149,9 @@ FACTS = (
     ),
     Fact(
         "adds an operation to the facades",
-        r"line in `Mnestoma`'s table",
+        r"line in the doors' table",
         (
-            "`mnestoma/doors/sync.py`",
-            "`mnestoma/doors/asynchronous.py`",
+            "`mnestoma/doors/shared.py`",
             "`tests/store/test_aio.py`",
             "`tests/project/test_api_reference.py`",
             "§5",

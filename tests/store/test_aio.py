@@ -150,6 +150,7 @@ from mnestoma.doors.asynchronous import (
     make_async_engine,
     make_async_session_factory,
 )
+from mnestoma.doors.shared import MnestOperations, operation
 from mnestoma.engines import make_engine
 from mnestoma.engines.locking import busy_timeout_ms, lock_timeout_seconds
 from mnestoma.recording.tracing import turn
@@ -250,6 +251,22 @@ def test_every_operation_of_the_sync_repository_is_awaited_with_the_same_paramet
     for name, fn in sync_ops.items():
         assert inspect.iscoroutinefunction(async_ops[name]), name
         assert inspect.signature(async_ops[name]).parameters == inspect.signature(fn).parameters
+
+
+def test_the_shared_table_becomes_plain_methods_of_each_door() -> None:
+    """Both doors make their methods from one table when their classes are made: a call
+    goes to a plain function (no descriptor runs on it), with the repository's signature."""
+    table = {name for name, value in vars(MnestOperations).items() if isinstance(value, operation)}
+    assert "record_passing" in table
+    for door in (Mnestoma, AsyncMnestoma, AsyncMnestRepository):
+        for name in table:
+            method = inspect.getattr_static(door, name)
+            assert inspect.isfunction(method), (door, name)
+            assert inspect.iscoroutinefunction(method) is (door is not Mnestoma), (door, name)
+            assert method.__doc__ == getattr(MnestRepository, name).__doc__
+            assert method.__wrapped__ is getattr(MnestRepository, name)
+    with pytest.raises(TypeError, match="not a door"):
+        MnestOperations().record_passing  # noqa: B018
 
 
 # --- engines ----------------------------------------------------------------------------------
