@@ -6,12 +6,16 @@ JSON, so that a consumer reads the same keys from both.
 
 from __future__ import annotations
 
+from dataclasses import fields
 from datetime import datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from mnestoma.core.timefmt import iso_utc
 
-__all__ = ["jsonable", "mnest_record", "row_record"]
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+__all__ = ["fields_record", "jsonable", "mnest_record", "row_record"]
 
 
 class _Row(Protocol):
@@ -25,6 +29,13 @@ class _Edge(_Row, Protocol):
 def jsonable(value: Any) -> Any:
     """A column value as JSON holds it: a datetime as ISO-8601 UTC, anything else as is."""
     return iso_utc(value) if isinstance(value, datetime) else value
+
+
+def fields_record(obj: DataclassInstance, *, json: bool = False) -> dict[str, Any]:
+    """A dataclass's fields by name, in their order; with ``json``, JSON-ready (times as
+    ISO-8601 UTC). What the small result types' ``as_dict`` return."""
+    values = {f.name: getattr(obj, f.name) for f in fields(obj)}
+    return {k: jsonable(v) for k, v in values.items()} if json else values
 
 
 def row_record(row: _Row) -> dict[str, Any]:

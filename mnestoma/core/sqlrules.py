@@ -38,16 +38,32 @@ def now_param(name: str = "now") -> BindParameter[Any]:
     return bindparam(name, type_=UTCDateTime())
 
 
-class _Greatest(FunctionElement[Any]):
-    """The larger of the arguments: ``GREATEST`` on PostgreSQL, scalar ``max`` elsewhere."""
+def _function_spelled(
+    name: str, doc: str, default: str, postgresql: str
+) -> type[FunctionElement[Any]]:
+    """A function construct SQLAlchemy compiles as ``postgresql`` on PostgreSQL and as
+    ``default`` elsewhere, with the same arguments."""
+    construct: type[FunctionElement[Any]] = type(
+        name, (FunctionElement,), {"__doc__": doc, "inherit_cache": True}
+    )
 
-    inherit_cache = True
+    def spell(function: str) -> Any:
+        def compile_(element: Any, compiler: SQLCompiler, **kw: Any) -> str:
+            return compiler.process(getattr(func, function)(*element.clauses), **kw)
+
+        return compile_
+
+    compiles(construct)(spell(default))
+    compiles(construct, "postgresql")(spell(postgresql))
+    return construct
 
 
-class _Least(FunctionElement[Any]):
-    """The smaller of the arguments: ``LEAST`` on PostgreSQL, scalar ``min`` elsewhere."""
-
-    inherit_cache = True
+_Greatest = _function_spelled(
+    "_Greatest", "The larger of the arguments: GREATEST, or scalar max.", "max", "greatest"
+)
+_Least = _function_spelled(
+    "_Least", "The smaller of the arguments: LEAST, or scalar min.", "min", "least"
+)
 
 
 class _DaysSince(FunctionElement[float]):
@@ -56,26 +72,6 @@ class _DaysSince(FunctionElement[float]):
 
     type = Float()
     inherit_cache = True
-
-
-@compiles(_Greatest)
-def _greatest(element: _Greatest, compiler: SQLCompiler, **kw: Any) -> str:
-    return compiler.process(func.max(*element.clauses), **kw)
-
-
-@compiles(_Greatest, "postgresql")
-def _greatest_pg(element: _Greatest, compiler: SQLCompiler, **kw: Any) -> str:
-    return compiler.process(func.greatest(*element.clauses), **kw)
-
-
-@compiles(_Least)
-def _least(element: _Least, compiler: SQLCompiler, **kw: Any) -> str:
-    return compiler.process(func.min(*element.clauses), **kw)
-
-
-@compiles(_Least, "postgresql")
-def _least_pg(element: _Least, compiler: SQLCompiler, **kw: Any) -> str:
-    return compiler.process(func.least(*element.clauses), **kw)
 
 
 @compiles(_DaysSince)

@@ -20,6 +20,7 @@ from sqlalchemy.engine import URL
 from mnestoma.core.clock import Clock, read_clock, utc_now
 from mnestoma.core.display import recorder_name
 from mnestoma.core.errors import MnestomaError, translate_errors
+from mnestoma.core.records import fields_record
 from mnestoma.core.rules import (
     AUTOMATIC_RECORDERS,
     PASSING,
@@ -135,13 +136,7 @@ class AgerProgressFacts:
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready (times as ISO-8601 UTC)."""
-        return {
-            "ts": iso_utc(self.ts),
-            "started": iso_utc(self.started),
-            "updated": iso_utc(self.updated),
-            "batches": self.batches,
-            "running": self.running,
-        }
+        return fields_record(self, json=True)
 
 
 @dataclass(frozen=True)

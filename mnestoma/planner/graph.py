@@ -40,7 +40,7 @@ from mnestoma.core.display import (
     style_of,
 )
 from mnestoma.core.errors import InvalidInput, MissingExtra
-from mnestoma.core.records import mnest_record
+from mnestoma.core.records import fields_record, mnest_record
 from mnestoma.core.rules import CHAIN_DECAY_LAMBDA, MnestState, decayed_count
 from mnestoma.core.timefmt import iso_utc
 from mnestoma.core.types import parse_sqlite_timestamp
@@ -128,15 +128,7 @@ class GraphChain:
 
     def as_dict(self) -> dict[str, Any]:
         """Its fields, by name (times as datetimes)."""
-        return {
-            "prev": self.prev,
-            "src": self.src,
-            "dst": self.dst,
-            "decayed_uses": self.decayed_uses,
-            "uses": self.uses,
-            "ts_first": self.ts_first,
-            "ts_last": self.ts_last,
-        }
+        return fields_record(self)
 
 
 @dataclass(frozen=True, slots=True)

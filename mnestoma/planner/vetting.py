@@ -26,8 +26,8 @@ from datetime import datetime
 from typing import Any
 
 from mnestoma.core.errors import InvalidInput
+from mnestoma.core.records import fields_record
 from mnestoma.core.rules import MnestState, probability_of, success_rate
-from mnestoma.core.timefmt import iso_utc
 from mnestoma.core.validation import check_name, check_optional_name
 from mnestoma.schema.runner import StatementRunner
 from mnestoma.schema.sql import vet as sql
@@ -83,23 +83,7 @@ class LinkVerdict:
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready fields (the last use as ISO-8601 UTC)."""
-        return {
-            "index": self.index,
-            "src_executor": self.src_executor,
-            "src_version": self.src_version,
-            "dst_executor": self.dst_executor,
-            "dst_version": self.dst_version,
-            "known": self.known,
-            "weight": self.weight,
-            "uses": self.uses,
-            "ok_count": self.ok_count,
-            "error_count": self.error_count,
-            "success": self.success,
-            "last_seen": iso_utc(self.last_seen),
-            "state": self.state,
-            "mnest_id": self.mnest_id,
-            "p": self.p,
-        }
+        return fields_record(self, json=True)
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,8 +7,9 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Executable
 from sqlalchemy.orm import Session
 
 from mnestoma.core.clock import Clock
@@ -95,9 +96,7 @@ class CanonicalQueryRepository:
             StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
                 be reached).
         """
-        n = check_positive_int(limit, "limit", maximum=100_000)
-        rows = runner_for(connection_of(self._session)).rows(rd.QUERY_RECENT, {"limit": n})
-        return [snap.query(r) for r in rows]
+        return [snap.query(r) for r in self._listed(rd.QUERY_RECENT, limit)]
 
     def top(self, *, limit: int = 10) -> list[QueryFrequency]:
         """The most frequent canonical forms, most frequent first.
@@ -110,6 +109,11 @@ class CanonicalQueryRepository:
             StoreError: the database failed (:class:`DatabaseUnavailable`: it could not
                 be reached).
         """
-        n = check_positive_int(limit, "limit", maximum=100_000)
-        rows = runner_for(connection_of(self._session)).rows(rd.QUERY_TOP, {"limit": n})
+        rows = self._listed(rd.QUERY_TOP, limit)
         return [QueryFrequency(r[0], r[1], int(r[2]), r[3]) for r in rows]
+
+    def _listed(self, stmt: Executable, limit: object) -> list[tuple[Any, ...]]:
+        """The rows of one of the log's listings, at most ``limit`` (checked: a positive
+        integer up to 100,000)."""
+        n = check_positive_int(limit, "limit", maximum=100_000)
+        return runner_for(connection_of(self._session)).rows(stmt, {"limit": n})
