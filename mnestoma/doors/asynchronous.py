@@ -63,8 +63,9 @@ from mnestoma.engines.locking import (
 from mnestoma.engines.replicas import NOT_READY, replica_urls
 from mnestoma.maintenance.ager import BatchProgress, ager_steps
 from mnestoma.maintenance.retention import PruneProgress
-from mnestoma.maintenance.steps import OwnConnection, Pause, Read, Step, Write, drive_async, plain
+from mnestoma.maintenance.steps import OwnConnection, Pause, Read, Step, Write, drive_async
 from mnestoma.schema.models import CanonicalQuery
+from mnestoma.schema.runner import connection_of
 from mnestoma.store.repository import CanonicalQueryRepository, MnestRepository, QueryFrequency
 from mnestoma.store.uow import (
     AsyncUnit,
@@ -724,10 +725,10 @@ class AsyncMnestoma(FacadeBase[AsyncEngine], _MnestOperations):
         :meth:`mnestoma.Mnestoma._step`): each function runs through ``run_sync``."""
         if isinstance(step, Read):
             return await self._call(
-                lambda r: step.work(plain(r.session)), write=False, primary=True
+                lambda r: step.work(connection_of(r.session)), write=False, primary=True
             )
         if isinstance(step, Write):
-            return await self._call(lambda r: step.work(plain(r.session)), write=True)
+            return await self._call(lambda r: step.work(connection_of(r.session)), write=True)
         if isinstance(step, Pause):
             await asyncio.sleep(step.seconds)
             return None

@@ -31,8 +31,8 @@ from mnestoma.engines.partitions import (
     TurnEdgeKey,
     drop_old_partitions,
 )
-from mnestoma.maintenance.steps import Pause, Read, Steps, Write, for_write, plain
-from mnestoma.schema.runner import runner_for
+from mnestoma.maintenance.steps import Pause, Read, Steps, Write, for_write
+from mnestoma.schema.runner import connection_of, runner_for
 from mnestoma.schema.sql import partitions as partitions_sql
 from mnestoma.schema.sql import retention as ret
 
@@ -61,7 +61,7 @@ def _cutoff(before: Any) -> datetime:
 
 def count_prunable(bind: Bind, before: datetime) -> int:
     """How many events a prune at ``before`` would delete now (a read)."""
-    row = runner_for(plain(bind)).first(ret.COUNT_PRUNABLE, {"before": _cutoff(before)})
+    row = runner_for(connection_of(bind)).first(ret.COUNT_PRUNABLE, {"before": _cutoff(before)})
     return 0 if row is None else int(row[0])
 
 
@@ -80,7 +80,7 @@ def prunable_event_ids(
     among the events from then on (what lies before the end of the months retention
     dropped is what it kept). InvalidInput: ``before`` is not an instant the store holds."""
     params = {"before": _cutoff(before)}
-    ex = runner_for(plain(bind))
+    ex = runner_for(connection_of(bind))
     if since is None:
         row = ex.first(ret.PRUNABLE_ID_RANGE, params)
     else:

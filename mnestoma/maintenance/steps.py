@@ -24,10 +24,10 @@ from sqlalchemy.orm import Session
 from mnestoma.core.errors import translate_errors
 from mnestoma.engines.locking import take_write_lock
 from mnestoma.engines.partitions import upkeep_before_write
-from mnestoma.schema.runner import runner_for
+from mnestoma.schema.runner import connection_of, runner_for
 
 __all__ = ["GoOn", "OwnConnection", "Pause", "Read", "Step", "Steps", "Write"]
-__all__ += ["drive", "drive_async", "for_write", "plain"]
+__all__ += ["drive", "drive_async", "for_write"]
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
@@ -100,20 +100,11 @@ async def drive_async(steps: Steps[T], run: Callable[[Step], Awaitable[Any]]) ->
     return step.value
 
 
-def plain(bind: Session | Connection) -> Connection:
-    """The connection of ``bind``'s transaction (a Session flushed first)."""
-    if isinstance(bind, Connection):
-        return bind
-    with translate_errors():
-        bind.flush()
-        return bind.connection()
-
-
 def for_write(bind: Session | Connection) -> Connection:
     """The connection of ``bind``, its transaction holding the write lock (SQLite) before
     the step's first statement; on PostgreSQL the months' partitions made before any lock."""
     upkeep_before_write(bind)
-    conn = plain(bind)
+    conn = connection_of(bind)
     runner_for(conn).ready()  # SQLAlchemy's transaction begun before the lock
     with translate_errors():
         take_write_lock(conn)

@@ -35,6 +35,7 @@ from typing import Any, cast
 from sqlalchemy import ColumnDefault, Connection, CursorResult, Executable
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import Session
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import ClauseElement
 from sqlalchemy.types import TypeEngine
@@ -49,6 +50,7 @@ __all__ = [
     "DriverRunner",
     "StatementRunner",
     "as_mappings",
+    "connection_of",
     "own_listener",
     "register_driver_path",
     "runner_for",
@@ -538,6 +540,16 @@ class DriverRunner(StatementRunner):
 def dbapi_errors(conn: Connection) -> type[Exception]:
     """The base class of the connection's driver errors."""
     return cast(type[Exception], conn.dialect.loaded_dbapi.Error)
+
+
+def connection_of(bind: Session | Connection) -> Connection:
+    """The connection of ``bind``'s current transaction, a Session's pending ORM changes
+    flushed first (returns at once when nothing is pending: no scan of the session)."""
+    if isinstance(bind, Connection):
+        return bind
+    with translate_errors():
+        bind.flush()
+        return bind.connection()
 
 
 def runner_for(conn: Connection) -> StatementRunner:

@@ -20,7 +20,7 @@ from mnestoma.core.settings import Settings
 from mnestoma.core.validation import check_recorder
 from mnestoma.engines.locking import take_write_lock
 from mnestoma.engines.partitions import note_written, upkeep_before_write
-from mnestoma.schema.runner import StatementRunner, runner_for
+from mnestoma.schema.runner import StatementRunner, connection_of, runner_for
 
 __all__ = [
     "Plans",
@@ -111,15 +111,6 @@ def check_session(session: Any, owner: str) -> Session | Connection:
             f"{owner} needs a SQLAlchemy Session or Connection, got {type(session).__name__}"
         )
     return cast(Session | Connection, session)
-
-
-def connection_of(session: Session | Connection) -> Connection:
-    """The connection of the current transaction, after flushing pending ORM changes."""
-    if isinstance(session, Connection):
-        return session
-    with translate_errors():
-        session.flush()  # returns at once when nothing is pending (no scan of the session)
-        return session.connection()
 
 
 def write_runner(
