@@ -20,10 +20,14 @@ measurement is one more function and one more entry.
 - ``replica_lag``: the replica's lag (seconds, as the package measures it, and WAL bytes
   behind the primary) sampled every 50 ms during a burst of ``W`` writers, and the time it
   takes to catch up after it;
+- ``capacity``: what a capacity plan starts from: the database's size, the events' (their
+  partitions with their indexes) and the mnests', bytes per event and per mnest, and the
+  WAL one passing writes (``W`` writers through the package for ``S`` seconds);
 - ``retention``: ``prune_events`` of the older half (the first six of the store's twelve
   months, dropped whole; the ``created`` events of the edges among them kept), while 4
   writers record passings at the store's newest month: its time, the writers' p50 / p99 /
-  max, and the database's size before and after (the disk given back);
+  max, the database's size before and after (the disk given back), and who waited for
+  whom meanwhile (``benchmarks.locks``: ``pg_stat_activity`` and ``pg_locks`` sampled);
 - ``upgrade``: ``upgrade`` 0002 → head of a store of its own on the primary (300,000
   mnests and ``N`` events, 10M at most: ``--large`` and ``--huge``) while writers of the
   previous release write raw SQL (``benchmarks.writer_latency``'s upgrade phase).
@@ -52,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from .data import graph_rows, load_postgresql, load_sqlite
+from .locks import LockSampler
 from .replication import Cluster, binaries_missing
 from .writer_latency import (
     OpenLoop,
@@ -407,7 +412,10 @@ def measure_retention(ctx: Context) -> dict[str, Any]:
     size_before = database_mb(url)
     store = Mnestoma(url)
     try:
-        with Writers(ctx, STATUS_WRITERS, STATUS_PERIOD_S, at=newest) as writers:
+        with (
+            Writers(ctx, STATUS_WRITERS, STATUS_PERIOD_S, at=newest) as writers,
+            LockSampler(url) as sampler,
+        ):
             started = time.monotonic()
             deleted = store.prune_events(before)
             ended = time.monotonic()
@@ -421,6 +429,66 @@ def measure_retention(ctx: Context) -> dict[str, Any]:
         "database_mb_before": size_before,
         "database_mb_after": database_mb(url),
         "writers_during": writers.window(started, ended),
+        "writers": writers.figures,
+        "waits": sampler.summary(started - 0.5, ended + 0.5),
+    }
+
+
+# The sizes a capacity plan starts from: the database, events (its partitions and their
+# indexes), mnests, the side table of turns.
+_SIZES = """
+SELECT pg_database_size(current_database()),
+       (SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class c
+        WHERE c.relkind = 'r' AND c.relispartition
+          AND c.relname ~ '^events_' ),
+       pg_total_relation_size('mnests'),
+       pg_total_relation_size('event_turn_edges'),
+       (SELECT count(*) FROM pg_class c WHERE c.relispartition AND c.relname ~ '^events_'
+          AND c.relkind IN ('r', 'p')),
+       (SELECT count(*) FROM mnests)
+"""
+
+
+def measure_capacity(ctx: Context) -> dict[str, Any]:
+    """What a capacity plan needs: bytes on disk per event and per mnest, and the WAL one
+    passing writes (8 writers through the package at the store's newest month for the
+    run's seconds: WAL bytes between the primary's positions before and after, over the
+    passings recorded)."""
+    from sqlalchemy import create_engine, text
+
+    url = ctx.cluster.primary_url
+    engine = create_engine(url, isolation_level="AUTOCOMMIT")
+    newest = month_after(ctx.first, MONTHS - 1) + timedelta(days=3)
+    try:
+        with engine.connect() as conn:
+            database, events, mnests, turns, partitions, rows = conn.execute(text(_SIZES)).one()
+            lsn0 = conn.execute(text("SELECT pg_current_wal_lsn()::text")).scalar_one()
+            with Writers(ctx, at=newest) as writers:
+                time.sleep(ctx.seconds)
+            lsn1 = conn.execute(text("SELECT pg_current_wal_lsn()::text")).scalar_one()
+            wal = int(
+                conn.execute(
+                    text("SELECT pg_wal_lsn_diff(:b, :a)"), {"a": lsn0, "b": lsn1}
+                ).scalar_one()
+            )
+    finally:
+        engine.dispose()
+    calls = writers.figures.get("calls") or 0
+    per_passing = wal / calls if calls else None
+    return {
+        "database_mb": round(int(database) / 1e6, 1),
+        "events_mb": round(int(events) / 1e6, 1),
+        "mnests_mb": round(int(mnests) / 1e6, 1),
+        "event_turn_edges_mb": round(int(turns) / 1e6, 1),
+        "partitions": int(partitions),
+        "bytes_per_event": round(int(events) / max(1, ctx.events), 1),
+        "bytes_per_mnest": round(int(mnests) / max(1, int(rows)), 1),
+        "passings": calls,
+        "wal_bytes": wal,
+        "wal_bytes_per_passing": None if per_passing is None else round(per_passing),
+        "wal_gb_per_day_at_1000_per_s": None
+        if per_passing is None
+        else round(per_passing * 1000 * 86400 / 1e9, 1),
         "writers": writers.figures,
     }
 
@@ -456,6 +524,7 @@ MEASUREMENTS: dict[str, Callable[[Context], dict[str, Any]]] = {
     "status": measure_status,
     "replica_reads": measure_replica_reads,
     "replica_lag": measure_replica_lag,
+    "capacity": measure_capacity,
     "retention": measure_retention,
     "upgrade": measure_upgrade,
 }
