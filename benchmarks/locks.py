@@ -83,7 +83,7 @@ class LockSampler:
             if lo <= at <= hi:
                 for _pid, wtype, wevent, query, waiting, blocked in rows:
                     seen[(f"{wtype}/{wevent}", query, waiting, blocked)].append(at)
-        kinds = []
+        kinds: list[dict[str, Any]] = []
         for (wait, query, waiting, blocked), ats in seen.items():
             longest, run_start, last = 0.0, ats[0], ats[0]
             for at in ats[1:]:
