@@ -128,6 +128,10 @@ PARTITIONS_RECHECK_S = 60.0
 PARTITION_SWAP_LOCK_TIMEOUT_S = 0.05
 PARTITION_SWAP_TRIES = 200
 PARTITION_SWAP_PAUSE_S = 0.005
+# PostgreSQL, events handed to pg_partman (contract §12): whether its part_config names events
+# (then the package makes no month) is remembered per engine this long (seconds), and asked
+# again only when the package would make a month.
+PARTMAN_RECHECK_S = 60.0
 
 # Read replicas (contract §12). Lag is measured against the primary's WAL position: a
 # facade reads the primary's position (pg_current_wal_lsn()) and a replica's replayed one

@@ -52,6 +52,7 @@ from mnestoma.core.rules import (
 )
 from mnestoma.core.types import INSTANTS_END
 from mnestoma.engines.backend import BY_NAME, backend_of
+from mnestoma.engines.partman import knows_partman_months, makes_months
 from mnestoma.schema.sql import partitions as sq
 from mnestoma.schema.sql.partitions import ENSURE_PARTITIONS, HAS_PARTITIONS, PARTITION_BOUNDS
 
@@ -223,7 +224,7 @@ def upkeep(target: Engine | Connection, *, now: datetime | None = None) -> None:
     if not backend_of(engine).partitioned:
         return
     months = _due(engine, now)
-    if months is None:
+    if months is None or makes_months(target):  # pg_partman's premake makes the months
         return
     if isinstance(target, Connection):
         if not target.in_transaction():
@@ -277,7 +278,7 @@ def upkeep_due_after_commit(session: Any) -> bool:
     if bind is None or not backend_of(bind).partitioned:
         return False
     engine = bind if isinstance(bind, Engine) else bind.engine
-    return _due(engine, None) is not None
+    return _due(engine, None) is not None and not knows_partman_months(engine)
 
 
 # --- retention: whole months dropped ---------------------------------------------------------

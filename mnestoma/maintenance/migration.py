@@ -44,6 +44,7 @@ from mnestoma.engines.locking import MIGRATION_LOCK_KEY
 from mnestoma.maintenance.seed_repair import repair_before_upgrade
 from mnestoma.schema.models import VIEW_NAME, Base
 from mnestoma.schema.sql.partitions import LAYOUT_NAMES, PARTITION_NAME, is_layout_name
+from mnestoma.schema.sql.partman import PARTMAN_NAME
 
 __all__ = [
     "DEFAULT_MIGRATION_LOCK_TIMEOUT_S",
@@ -144,7 +145,7 @@ def compared_objects(dialect: str) -> Callable[[Any, str | None, str, bool, Any]
     or ``create_all`` through the models' DDL events; a test compares the two), and an
     index or constraint the models give another engine only (``ux_events_turn_edge``,
     SQLite's) is not expected."""
-    partition = re.compile(PARTITION_NAME)
+    partition = re.compile(f"{PARTITION_NAME}|{PARTMAN_NAME}")  # pg_partman's months too
 
     def include(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
         if type_ == "table" and name == VIEW_NAME:

@@ -31,6 +31,7 @@ from mnestoma.engines.partitions import (
     TurnEdgeKey,
     drop_old_partitions,
 )
+from mnestoma.engines.partman import holds_retention
 from mnestoma.maintenance.steps import Pause, Read, Steps, Write, for_write
 from mnestoma.schema.runner import connection_of, runner_for
 from mnestoma.schema.sql import partitions as partitions_sql
@@ -111,6 +112,8 @@ def drop_event_partitions(bind: Bind, before: datetime) -> Dropped:
     cutoff = _cutoff(before)
     conn = for_write(bind)
     with translate_errors():
+        if holds_retention(conn):  # pg_partman drops the months: rows are deleted only
+            return Dropped()
         return drop_old_partitions(conn, cutoff)
 
 

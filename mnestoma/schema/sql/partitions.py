@@ -17,6 +17,7 @@ from sqlalchemy import DDL, DateTime, Integer, TextClause, bindparam, event, tex
 from mnestoma.core.rules import PASSING_KINDS, EventKind, sql_list, sql_literal
 from mnestoma.core.types import UTCDateTime
 from mnestoma.schema.models import Event
+from mnestoma.schema.sql.partman import PARTMAN_CHILD_NAME, PARTMAN_NAME
 
 __all__ = [
     "AFTER_CREATE",
@@ -205,7 +206,7 @@ PARTITION_NAME = r"^events_(to_)?[0-9]{4,5}(0[1-9]|1[0-2])$|^events_default$"
 LAYOUT_NAMES = (SIDE_TABLE_NAME,)
 # The tables a prune builds or detaches for an instant (left behind only if it stopped).
 RETENTION_NAME = r"^events_keep_[0-9]{6,7}$|^events_(to_)?[0-9]{6,7}_dropped$"
-_LAYOUT = re.compile(f"{PARTITION_NAME}|{RETENTION_NAME}")
+_LAYOUT = re.compile(f"{PARTITION_NAME}|{RETENTION_NAME}|{PARTMAN_NAME}")  # pg_partman's too
 
 
 def is_layout_name(name: str) -> bool:
@@ -238,7 +239,7 @@ PARTITION_BOUNDS: Final[TextClause] = text(
 
 # --- retention: dropping whole months ---------------------------------------------------------
 
-_NAME = re.compile(PARTITION_NAME)
+_NAME = re.compile(f"{PARTITION_NAME}|{PARTMAN_CHILD_NAME}")  # pg_partman's months too
 
 
 def partition(name: str) -> str:
