@@ -2,10 +2,11 @@
 ``pg_locks`` sampled every few milliseconds on a connection of its own.
 
 ``with LockSampler(url) as s: ...`` then ``s.summary(lo, hi)``: for each kind of wait seen
-(what waited: the start of its statement and its wait event; the lock it asked for, on
-which relation; the statements of the sessions blocking it), how many samples saw it and
-the longest run of consecutive samples, so that a writer's stall can be put down to what
-held it up, or to nothing the server shows (a stall of the client, the operating system).
+(whether one of the measured writers waited; the start of its statement and its wait
+event; the lock it asked for, on which relation; the statements of the sessions blocking
+it), how many samples saw it and the longest run of consecutive samples, so that a
+writer's stall can be put down to what held it up, or to nothing the server shows (a
+stall of the client, the operating system).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 # for, the locks it has not been granted and the statements of the sessions blocking it.
 _SAMPLE = """
 SELECT a.pid,
+       coalesce(a.application_name, '') AS app,
        coalesce(a.wait_event_type, '') AS wait_type,
        coalesce(a.wait_event, '') AS wait_event,
        left(regexp_replace(coalesce(a.query, ''), '\\s+', ' ', 'g'), 70) AS query,
@@ -36,6 +38,16 @@ WHERE a.pid <> pg_backend_pid()
   AND a.state IS DISTINCT FROM 'idle'
   AND a.wait_event_type IN ('Lock', 'LWLock', 'IO', 'IPC', 'BufferPin')
 """
+
+
+# The application name the measured writers connect with, so that their waits are told
+# apart from the operation's (``writer_url``).
+WRITERS_APP = "mnestoma-bench-writer"
+
+
+def writer_url(url: str) -> str:
+    """``url`` with the writers' application name."""
+    return f"{url}{'&' if '?' in url else '?'}application_name={WRITERS_APP}"
 
 
 class LockSampler:
@@ -81,10 +93,11 @@ class LockSampler:
         seen: dict[tuple[str, ...], list[float]] = defaultdict(list)
         for at, rows in self.samples:
             if lo <= at <= hi:
-                for _pid, wtype, wevent, query, waiting, blocked in rows:
-                    seen[(f"{wtype}/{wevent}", query, waiting, blocked)].append(at)
+                for _pid, app, wtype, wevent, query, waiting, blocked in rows:
+                    who = "writers" if app == WRITERS_APP else "others"
+                    seen[(who, f"{wtype}/{wevent}", query, waiting, blocked)].append(at)
         kinds: list[dict[str, Any]] = []
-        for (wait, query, waiting, blocked), ats in seen.items():
+        for (who, wait, query, waiting, blocked), ats in seen.items():
             longest, run_start, last = 0.0, ats[0], ats[0]
             for at in ats[1:]:
                 if at - last > 3 * max(self.every_s, 0.02):
@@ -93,6 +106,7 @@ class LockSampler:
                 longest = max(longest, last - run_start)
             kinds.append(
                 {
+                    "who": who,
                     "wait": wait,
                     "statement": query,
                     "lock_wanted": waiting or None,
@@ -103,8 +117,10 @@ class LockSampler:
             )
         kinds.sort(key=lambda k: (-k["longest_s"], -k["samples"]))
         lock_waits = [k for k in kinds if k["wait"].startswith("Lock/")]
+        writers = [k for k in kinds if k["who"] == "writers"]
         return {
             "rounds": self.rounds,
             "longest_lock_wait_s": max((k["longest_s"] for k in lock_waits), default=0.0),
             "waits": kinds[:top],
+            "writers_waits": writers[:top],
         }

@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from .data import graph_rows, load_postgresql, load_sqlite
-from .locks import LockSampler
+from .locks import LockSampler, writer_url
 from .replication import Cluster, binaries_missing
 from .writer_latency import (
     OpenLoop,
@@ -176,7 +176,8 @@ def _writer_process(
     ``at``, their clock starts there (else the system's)."""
     from mnestoma import Mnestoma
 
-    store = Mnestoma(url, clock=None if at is None else RunningClock(at, time.monotonic()))
+    clock = None if at is None else RunningClock(at, time.monotonic())
+    store = Mnestoma(writer_url(url), clock=clock)
     loop = OpenLoop(api_writer(store, edges, n), n, period)
     t0 = loop.start()
     out.send("started")
