@@ -366,9 +366,10 @@ class _Part:
 
 @dataclass(frozen=True, slots=True)
 class _Plan:
-    """What a prune drops: the partitions that take today's path (every one up to the end
-    of the last plain one, the legacy ones), then the months in 0015's form after them, and
-    the partition in 0015's form of everything before (when it is not among the first)."""
+    """What a prune drops: the partitions that take the copying path (the plain ones, made
+    before 0015, and every one up to the end of the last of them), then the months in
+    0015's form after them, and the partition in 0015's form of everything before (when it
+    is not among the first)."""
 
     legacy: tuple[_Part, ...] = ()
     months: tuple[_Part, ...] = ()
@@ -418,7 +419,8 @@ def drop_old_partitions(conn: Connection, before: datetime) -> Dropped:
 
 
 def _drop_legacy(conn: Connection, parts: tuple[_Part, ...], *, nested: bool) -> Dropped:
-    """Today's path, for the partitions before 0015 (and any after them up to the last).
+    """The copying path, for the plain partitions made before 0015 (and any partition
+    before the last of them).
 
     Writes into those partitions are held off (``SHARE``) while the ``created`` events of
     the mnests still stored are copied from them, and from the default partition's rows
