@@ -78,6 +78,7 @@ from mnestoma.core.validation import check_positive_int
 from mnestoma.doors.sync import Mnestoma
 from mnestoma.engines import resolve_database_url
 from mnestoma.engines.locking import DEFAULT_LOCK_TIMEOUT_S, ENV_LOCK_TIMEOUT, store_files
+from mnestoma.maintenance.retention import months_dropped_whole
 from mnestoma.maintenance.status import collect_status, render_status
 from mnestoma.planner.ranking import SUGGEST_ORDER_BY
 from mnestoma.planner.vetting import normalise_steps
@@ -667,14 +668,19 @@ def prune_events(
     merged-away rows go too. The events go in batches of ids, each its own short
     transaction (on SQLite with a pause between batches), so writers wait for one batch at
     most. A turn is counted once per edge through its events: replayed after its events
-    are gone, it counts again on each edge whose event of that turn was deleted.
+    are gone, it counts again on each edge whose event of that turn was deleted. On
+    PostgreSQL the months wholly before the cutoff are dropped unread, their events counted
+    from the catalogue: the count is then "about N".
     """
     cutoff = parse_cutoff(before, older_than, utc_now())
+    estimated = False
     with _store(database_url) as store:
         if dry_run:
             with spinner("counting the events to delete (dry run), in one read"):
                 n = store.prune_events(cutoff, dry_run=True)
         else:
+            with store.engine.connect() as conn:  # a read of the catalogue
+                estimated = months_dropped_whole(conn, cutoff) > 0
             with (
                 spinner("finding the events to delete") as found,
                 batch_progress("pruning events", "events deleted") as batch_done,
@@ -685,7 +691,7 @@ def prune_events(
                     batch_done(done, total, deleted)
 
                 n = store.prune_events(cutoff, progress=progress)
-        render_prune(n, cutoff, dry_run, as_json)
+        render_prune(n, cutoff, dry_run, as_json, estimated=estimated)
 
 
 # --- copy ---------------------------------------------------------------------------------

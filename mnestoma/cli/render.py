@@ -370,10 +370,14 @@ def render_ager(report: AgerReport, at: datetime, dry_run: bool, as_json: bool) 
         click.echo(f"  {key:<19}{data[key]}")
 
 
-def render_prune(events: int, before: datetime, dry_run: bool, as_json: bool) -> None:
-    """Print how many events a prune deleted, or would delete."""
+def render_prune(
+    events: int, before: datetime, dry_run: bool, as_json: bool, *, estimated: bool = False
+) -> None:
+    """Print how many events a prune deleted, or would delete; "about N" when the count is
+    an estimate (``estimated``: months dropped whole, counted from the catalogue)."""
     if as_json:
-        echo_json({"events": events, "before": iso_utc(before), "dry_run": dry_run})
+        data = {"events": events, "before": iso_utc(before), "dry_run": dry_run}
+        echo_json({**data, "estimated": estimated})
         return
     noun = "event" if events == 1 else "events"
     if dry_run:
@@ -381,7 +385,8 @@ def render_prune(events: int, before: datetime, dry_run: bool, as_json: bool) ->
             f"would delete {events} {noun} before {short_utc(before)} (dry run: nothing deleted)"
         )
     else:
-        click.echo(f"deleted {events} {noun} before {short_utc(before)}")
+        count = f"about {events}" if estimated else str(events)
+        click.echo(f"deleted {count} {noun} before {short_utc(before)}")
 
 
 def render_top_queries(rows: Sequence[QueryFrequency], as_json: bool) -> None:

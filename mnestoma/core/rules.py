@@ -121,13 +121,17 @@ EVENT_PARTITION_MARGIN = timedelta(days=7)
 PARTITION_UPKEEP_LOCK_TIMEOUT_S = 0.05
 PARTITION_UPKEEP_RETRY_S = 1.0
 PARTITIONS_RECHECK_S = 60.0
-# prune_events on PostgreSQL swaps the partitions it drops for the one that keeps the live
-# mnests' created events under this lock timeout (seconds), tried again up to this many
-# times, pausing this long more after each failed try (0.2 s at most): writers wait for
-# one try at most.
-PARTITION_SWAP_LOCK_TIMEOUT_S = 0.05
-PARTITION_SWAP_TRIES = 200
-PARTITION_SWAP_PAUSE_S = 0.005
+# prune_events on PostgreSQL takes every lock it needs of the partitions (the swap of the
+# months it drops for the partition that keeps the live mnests' created events, the
+# partitions held while their kept rows are copied, the drops, the deletes among the kept
+# rows and in event_turn_edges) under this lock timeout (seconds), each try rolled back and
+# tried again up to this many times, pausing this long more after each failed try, and
+# RETENTION_LOCK_PAUSE_MAX_S at most: writers queue behind it for one try at most. The
+# tries spent, the prune stops with a ConflictError, the store as that step found it.
+RETENTION_LOCK_TIMEOUT_S = 0.05
+RETENTION_LOCK_TRIES = 200
+RETENTION_LOCK_PAUSE_S = 0.005
+RETENTION_LOCK_PAUSE_MAX_S = 0.2
 # PostgreSQL, events handed to pg_partman (contract §12): whether its part_config names events
 # (then the package makes no month) is remembered per engine this long (seconds), and asked
 # again only when the package would make a month.

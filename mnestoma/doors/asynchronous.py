@@ -707,7 +707,8 @@ class AsyncMnestoma(FacadeBase[AsyncEngine], _MnestOperations):
         :meth:`mnestoma.Mnestoma.prune_events`); ``dry_run`` counts them, in one read.
 
         Returns:
-            How many events were deleted (with ``dry_run``: would be).
+            How many events were deleted (with ``dry_run``: would be, counted exactly); on
+            PostgreSQL the months dropped whole count from the catalogue.
 
         Raises:
             InvalidInput: ``before`` is not an aware datetime the store can hold, ``dry_run``

@@ -187,9 +187,13 @@ class Mnestoma(FacadeBase[Engine], SyncDoor, MnestOperations):
         which waiting writers take the lock), so a writer waits for one batch at most.
         ``progress(done, total, deleted)`` is called once the batches are known (done 0),
         then after each. A dry run counts them in one read transaction, which takes no lock.
+        On PostgreSQL the months wholly before ``before`` are dropped whole, never read:
+        their events are counted from the catalogue (``reltuples``), so that the count is
+        then an estimate (the command line says "about N").
 
         Returns:
-            How many events were deleted (with ``dry_run``: would be).
+            How many events were deleted (with ``dry_run``: would be, counted exactly); on
+            PostgreSQL the months dropped whole count from the catalogue.
 
         Raises:
             InvalidInput: ``before`` is not an aware datetime the store can hold, ``dry_run``

@@ -16,13 +16,18 @@ the same as on a store whose events are one table.
   before the next write. Meanwhile the default partition holds its rows; making the month
   moves them into its partition.
 
-Making a month is ``mnestoma_events_partitions`` (revision 0011): an instant's exclusive
-lock on ``events`` per month made, waited for
+Making a month is ``mnestoma_events_partitions`` (revision 0011; since 0015 each month it
+makes is partitioned by kind, ``mnestoma_events_month``): an instant's exclusive lock on
+``events`` per month made, waited for
 :data:`~mnestoma.rules.PARTITION_UPKEEP_LOCK_TIMEOUT_S` at most; when that runs out it is
 tried again :data:`~mnestoma.rules.PARTITION_UPKEEP_RETRY_S` later, and the write goes on.
 No month past the last the store holds (:data:`~mnestoma.core.types.INSTANTS_END`) is made.
 A store whose ``events`` is not partitioned (a PostgreSQL store not yet at 0011) is looked
 at again after :data:`~mnestoma.rules.PARTITIONS_RECHECK_S`; SQLite has nothing of this.
+
+Retention drops whole months (:func:`drop_old_partitions`): a month in 0015's form without
+reading a row of it, a plain one (made before 0015) by copying what it keeps; every lock it
+takes waited for briefly and tried again (:func:`under_short_locks`).
 """
 
 from __future__ import annotations
@@ -30,31 +35,38 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 from weakref import WeakKeyDictionary
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
 from mnestoma.core.clock import utc_now
-from mnestoma.core.errors import MnestomaError, is_lock_not_available, translate_errors
+from mnestoma.core.errors import (
+    ConflictError,
+    MnestomaError,
+    is_lock_not_available,
+    translate_errors,
+)
 from mnestoma.core.rules import (
     EVENT_PARTITION_MARGIN,
     EVENT_PARTITIONS_AHEAD,
-    PARTITION_SWAP_LOCK_TIMEOUT_S,
-    PARTITION_SWAP_PAUSE_S,
-    PARTITION_SWAP_TRIES,
     PARTITION_UPKEEP_LOCK_TIMEOUT_S,
     PARTITION_UPKEEP_RETRY_S,
     PARTITIONS_RECHECK_S,
+    RETENTION_LOCK_PAUSE_MAX_S,
+    RETENTION_LOCK_PAUSE_S,
+    RETENTION_LOCK_TIMEOUT_S,
+    RETENTION_LOCK_TRIES,
 )
 from mnestoma.core.types import INSTANTS_END
 from mnestoma.engines.backend import BY_NAME, backend_of
 from mnestoma.engines.partman import knows_partman_months, makes_months
 from mnestoma.schema.sql import partitions as sq
-from mnestoma.schema.sql.partitions import ENSURE_PARTITIONS, HAS_PARTITIONS, PARTITION_BOUNDS
+from mnestoma.schema.sql.partitions import ENSURE_PARTITIONS, HAS_PARTITIONS
 
 __all__ = [
     "FIRST_TURN_EDGE",
@@ -63,8 +75,10 @@ __all__ = [
     "drop_old_partitions",
     "forget_partitions",
     "month_start",
+    "months_dropped_whole",
     "months_made_ahead",
     "note_written",
+    "under_short_locks",
     "upkeep",
     "upkeep_after_commit",
     "upkeep_before_write",
@@ -289,42 +303,147 @@ TurnEdgeKey = tuple[datetime, str, str, int]
 # Before every row of event_turn_edges.
 FIRST_TURN_EDGE: TurnEdgeKey = (datetime(1000, 1, 1, tzinfo=UTC), "", "", 0)
 
+T = TypeVar("T")
+
+
+def under_short_locks(conn: Connection, work: Callable[[], T], what: str) -> T:
+    """``work()`` on ``conn``, in its transaction, with every lock it takes waited for
+    :data:`~mnestoma.rules.RETENTION_LOCK_TIMEOUT_S` at most: a try whose lock was busy is
+    rolled back (a savepoint) and made again after a short pause, up to
+    :data:`~mnestoma.rules.RETENTION_LOCK_TRIES` times, so that writers queue behind it for
+    one try at most; the transaction's lock timeout as it was after. ConflictError (naming
+    ``what``) once the tries are spent: nothing ``work`` did is left."""
+    waited = str(conn.execute(sq.CURRENT_LOCK_TIMEOUT).scalar_one())
+    short = f"{max(1, round(RETENTION_LOCK_TIMEOUT_S * 1000))}ms"
+    attempt = 0
+    while True:
+        savepoint = conn.begin_nested()
+        try:
+            conn.execute(sq.LOCAL_LOCK_TIMEOUT, {"t": short})
+            result = work()
+        except DBAPIError as err:
+            savepoint.rollback()
+            if not is_lock_not_available(err):
+                raise
+            attempt += 1
+            if attempt >= RETENTION_LOCK_TRIES:
+                raise ConflictError(
+                    f"{what}: a lock stayed busy through {attempt} tries of {short};"
+                    " nothing of it was done, run it again"
+                ) from err
+            time.sleep(min(RETENTION_LOCK_PAUSE_S * attempt, RETENTION_LOCK_PAUSE_MAX_S))
+            continue
+        savepoint.commit()
+        conn.execute(sq.LOCAL_LOCK_TIMEOUT, {"t": waited})
+        return result
+
 
 @dataclass(frozen=True, slots=True)
 class Dropped:
     """What dropping the partitions before a prune's cutoff did: how many events went with
-    them, the tables detached (to drop once the swap is committed), and the instant every
-    event before which lay in them (None when no partition was whole before the cutoff)."""
+    them (``estimated``: the months in 0015's form counted from the catalogue), the tables
+    detached (to drop once the swap is committed), the instant every event before which
+    lay in them (None when no partition was whole before the cutoff), and the partition of
+    everything before it when it is in 0015's form (``kept``: its rows not kept are deleted
+    after, :func:`delete_not_kept`)."""
 
     deleted: int = 0
     detached: tuple[str, ...] = ()
     end: datetime | None = None
+    kept: str | None = None
+    estimated: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class _Part:
+    """A partition of events wholly before a cutoff: its name, range (``lower`` None for
+    MINVALUE) and form (see :data:`mnestoma.schema.sql.partitions.WHOLE_PARTITIONS`)."""
+
+    name: str
+    lower: datetime | None
+    upper: datetime
+    form: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """What a prune drops: the partitions that take the copying path (the plain ones, made
+    before 0015, and every one up to the end of the last of them), then the months in
+    0015's form after them, and the partition in 0015's form of everything before (when it
+    is not among the first)."""
+
+    legacy: tuple[_Part, ...] = ()
+    months: tuple[_Part, ...] = ()
+    kept: _Part | None = None
+
+
+def _plan(conn: Connection, before: datetime) -> _Plan:
+    """The partitions of events wholly before ``before``, sorted into a :class:`_Plan`
+    (the catalogue only)."""
+    if not backend_of(conn).partitioned or not conn.execute(HAS_PARTITIONS).scalar_one():
+        return _Plan()
+    whole = [
+        _Part(str(name), lower, upper, str(form))
+        for name, lower, upper, form in conn.execute(sq.WHOLE_PARTITIONS, {"before": before})
+    ]
+    legacy_end = max((p.upper for p in whole if p.form == sq.LEGACY_FORM), default=None)
+    legacy = tuple(p for p in whole if legacy_end is not None and p.upper <= legacy_end)
+    rest = [p for p in whole if p not in legacy]
+    kept = next((p for p in rest if p.form == sq.KEPT_FORM), None)
+    return _Plan(legacy, tuple(p for p in rest if p.form == sq.MONTH_FORM), kept)
+
+
+def months_dropped_whole(conn: Connection, before: datetime) -> int:
+    """How many months in 0015's form a prune at ``before`` would drop whole, counting
+    their events from the catalogue (a read of the catalogue; 0 off PostgreSQL)."""
+    return len(_plan(conn, before).months)
 
 
 def drop_old_partitions(conn: Connection, before: datetime) -> Dropped:
     """Detach every partition of ``events`` whose months all lie before ``before``, in
     ``conn``'s transaction (its caller commits, then drops the tables detached).
 
+    Months in 0015's form are never read (:func:`_drop_months`): a swap of catalogue changes
+    keeps their ``_created`` leaves under the partition of everything before, and their
+    ``_rest`` leaves go with the tables dropped, their rows counted from the catalogue.
+    The plain partitions before 0015 (and everything up to the last of them) take the
+    path that reads them (:func:`_drop_legacy`)."""
+    plan = _plan(conn, before)
+    dropped = Dropped()
+    if plan.legacy:
+        dropped = _drop_legacy(conn, plan.legacy, nested=bool(plan.months))
+    if plan.months:
+        return _drop_months(conn, plan, dropped)
+    if plan.kept is not None:
+        return Dropped(end=plan.kept.upper, kept=plan.kept.name)
+    return dropped
+
+
+def _drop_legacy(conn: Connection, parts: tuple[_Part, ...], *, nested: bool) -> Dropped:
+    """The copying path, for the plain partitions made before 0015 (and any partition
+    before the last of them).
+
     Writes into those partitions are held off (``SHARE``) while the ``created`` events of
     the mnests still stored are copied from them, and from the default partition's rows
     before their end, into a new table beside ``events``, checked and indexed there; then,
-    under :data:`~mnestoma.rules.PARTITION_SWAP_LOCK_TIMEOUT_S` tried again up to
-    :data:`~mnestoma.rules.PARTITION_SWAP_TRIES` times, catalogue changes only: the old
-    partitions detached, the new table attached as ``events_to_<end>`` (every ts before
-    ``end``; its CHECK spares the scan). Writers of the current months wait for that swap
-    at most."""
-    if not backend_of(conn).partitioned or not conn.execute(HAS_PARTITIONS).scalar_one():
-        return Dropped()
-    whole = [(str(n), up) for n, up in conn.execute(PARTITION_BOUNDS, {"before": before})]
-    if not whole:
-        return Dropped()
-    end = max(up for _, up in whole)
-    names = [n for n, _ in whole]
+    in one swap of catalogue changes, the old partitions detached, the new table attached
+    as ``events_to_<end>`` (every ts before ``end``; its CHECK spares the scan, and is kept
+    when the table will be nested under months in 0015's form: ``nested``). Every lock is
+    taken by :func:`under_short_locks`: writers of the current months wait for one try at
+    most."""
+    names = [p.name for p in parts]
+    end = max(p.upper for p in parts)
     final = f"events_to_{end.astimezone(UTC):%Y%m}"
     keep = f"events_keep_{end.astimezone(UTC):%Y%m}"
+
+    def hold() -> None:
+        for statement in sq.LOCK_READ:
+            conn.execute(statement)
+        for name in [*names, sq.DEFAULT_PARTITION]:
+            conn.execute(sq.lock_old(name))
+
+    under_short_locks(conn, hold, "the partitions retention drops")
     conn.execute(sq.drop_table(keep))
-    for name in [*names, sq.DEFAULT_PARTITION]:
-        conn.execute(sq.lock_old(name))
     total = sum(int(conn.execute(sq.count_rows(n)).scalar_one()) for n in names)
     total += int(
         conn.execute(
@@ -339,29 +458,74 @@ def drop_old_partitions(conn: Connection, before: datetime) -> Dropped:
         conn.execute(statement)
     kept = int(conn.execute(sq.count_table(keep)).scalar_one())
     detached = [f"{n}_dropped" if n == final else n for n in names]
-    for attempt in range(PARTITION_SWAP_TRIES):
-        savepoint = conn.begin_nested()
-        try:
-            conn.execute(
-                sq.LOCAL_LOCK_TIMEOUT,
-                {"t": f"{max(1, round(PARTITION_SWAP_LOCK_TIMEOUT_S * 1000))}ms"},
-            )
-            conn.execute(sq.LOCK_EVENTS)
-            for name, gone in zip(names, detached, strict=True):
-                conn.execute(sq.detach(name))
-                if gone != name:
-                    conn.execute(sq.rename(name, gone))
-            conn.execute(sq.DELETE_DEFAULT_BEFORE_END, {"end": end})
-            conn.execute(sq.rename(keep, final))
-            conn.execute(sq.attach_keep(final, end))
+
+    def swap() -> None:
+        conn.execute(sq.LOCK_EVENTS)
+        for name, gone in zip(names, detached, strict=True):
+            conn.execute(sq.detach(name))
+            if gone != name:
+                conn.execute(sq.rename(name, gone))
+        conn.execute(sq.DELETE_DEFAULT_BEFORE_END, {"end": end})
+        conn.execute(sq.rename(keep, final))
+        conn.execute(sq.attach_keep(final, end))
+        if not nested:
             conn.execute(sq.drop_bound(final, keep))
-        except DBAPIError as err:
-            savepoint.rollback()
-            if not is_lock_not_available(err) or attempt + 1 == PARTITION_SWAP_TRIES:
-                raise
-            time.sleep(min(PARTITION_SWAP_PAUSE_S * (attempt + 1), 0.2))
-            continue
-        savepoint.commit()
-        break
+
+    under_short_locks(conn, swap, "the swap of the partitions retention drops")
     conn.execute(sq.turn_edges_of(final))  # those of the default's rows kept
     return Dropped(total - kept, tuple(detached), end)
+
+
+def _drop_months(conn: Connection, plan: _Plan, prior: Dropped) -> Dropped:
+    """The months in 0015's form of ``plan`` dropped without a row of theirs read.
+
+    Their events are counted from the catalogue (``reltuples`` of the ``_rest`` leaves).
+    Then one swap of catalogue changes under :func:`under_short_locks`: ``events`` locked;
+    each month detached, its ``_created`` leaf detached from it and the month renamed
+    ``<month>_dropped`` (dropped once the swap is committed, its ``_rest`` leaf with it);
+    the partition of everything before detached (or, after :func:`_drop_legacy`, the plain
+    table it made nested under a new one; or a new one made, empty, with its default leaf);
+    each ``_created`` leaf attached to it for its month (its CHECK spares the scan); the
+    default partition's rows before the end moved into it (the ``created`` events of the
+    mnests still stored) or deleted; it renamed ``events_to_<end>`` and attached to
+    ``events`` for every ts before the end. The rows it holds that are not kept (the
+    ``created`` events of mnests gone since) are deleted after, in a step of their own."""
+    months = plan.months
+    end = max(p.upper for p in months)
+    final = f"events_to_{end.astimezone(UTC):%Y%m}"
+    rests = [f"{p.name}_rest" for p in months]
+    estimate = float(conn.execute(sq.ESTIMATED_ROWS, {"tables": rests}).scalar_one())
+    plain = prior.end  # the end of the plain table _drop_legacy attached, if it ran
+    plain_name = None if plain is None else f"events_to_{plain.astimezone(UTC):%Y%m}"
+
+    def swap() -> int:
+        conn.execute(sq.LOCK_EVENTS)
+        for p in months:
+            conn.execute(sq.detach(p.name))
+            conn.execute(sq.detach_from(p.name, f"{p.name}_created"))
+            conn.execute(sq.rename(p.name, f"{p.name}_dropped"))
+        if plan.kept is not None:
+            conn.execute(sq.detach(plan.kept.name))
+            conn.execute(sq.rename(plan.kept.name, final))
+            conn.execute(sq.rename(f"{plan.kept.name}_default", f"{final}_default"))
+        else:
+            for statement in sq.create_kept(final):
+                conn.execute(statement)
+            if plain is not None and plain_name is not None:
+                conn.execute(sq.detach(plain_name))
+                conn.execute(sq.attach_range(final, plain_name, None, plain))
+        for p in months:
+            conn.execute(sq.attach_range(final, f"{p.name}_created", p.lower, p.upper))
+        gone = int(conn.execute(sq.move_default_kept(final), {"end": end}).scalar_one())
+        conn.execute(sq.attach_keep(final, end))
+        return gone
+
+    gone = under_short_locks(conn, swap, "the swap of the months retention drops")
+    conn.execute(sq.turn_edges_of(f"{final}_default"))  # those of the default's rows kept
+    return Dropped(
+        prior.deleted + gone + round(estimate),
+        (*prior.detached, *(f"{p.name}_dropped" for p in months)),
+        end,
+        final,
+        estimated=True,
+    )

@@ -109,9 +109,10 @@ STORE_NAMES = frozenset(Base.metadata.tables) | {VIEW_NAME, VERSION_TABLE}
 
 def is_store_name(name: str | None) -> bool:
     """True for a table or view of the store's: :data:`STORE_NAMES`, and on PostgreSQL
-    ``event_turn_edges``, the partitions of ``events`` (``events_YYYYMM``,
-    ``events_to_YYYYMM``, ``events_default``) and the tables a prune left behind if it
-    stopped halfway (contract §12)."""
+    ``event_turn_edges``, the partitions of ``events`` at every level (``events_YYYYMM``
+    and its leaves ``events_YYYYMM_created`` and ``events_YYYYMM_rest``,
+    ``events_to_YYYYMM`` and its leaf ``events_to_YYYYMM_default``, ``events_default``) and
+    the tables a prune left behind if it stopped halfway (contract §12)."""
     return name is not None and (name in STORE_NAMES or is_layout_name(name))
 
 

@@ -2,12 +2,20 @@
 or in batches (both facades, :func:`prune_steps`), and on PostgreSQL the drops of whole
 months of events before it.
 
-The batched prune: on PostgreSQL the whole months before the cutoff dropped first (the swap
-one transaction, each drop another, then the rows of ``event_turn_edges`` their passings
-had, in batches), then the range of ids of the events left to delete read once, and the
-events in it deleted in batches of ids, each its own short write transaction (on SQLite
-with a pause between them, in which waiting writers take the lock). Each step takes the
-connection (or session) of the transaction its door runs it in.
+The batched prune: on PostgreSQL what a stopped prune left detached dropped first, then the
+whole months before the cutoff dropped (the swap one transaction, each drop another; the
+rows the partition of everything before does not keep deleted in another; then the rows of
+``event_turn_edges`` their passings had, in batches), then the range of ids of the events
+left to delete read once, and the events in it deleted in batches of ids, each its own
+short write transaction (on SQLite with a pause between them, in which waiting writers take
+the lock). Each step takes the connection (or session) of the transaction its door runs it
+in; on PostgreSQL every lock of the partitions' steps is waited for briefly and tried
+again (:func:`mnestoma.engines.partitions.under_short_locks`).
+
+The count a prune returns is exact, but for the months in 0015's form it drops whole: their
+events are counted from the catalogue, never read (``reltuples`` of their ``_rest`` leaves),
+and the count is then an estimate (:func:`months_dropped_whole` says beforehand whether a
+prune will drop any).
 """
 
 from __future__ import annotations
@@ -24,12 +32,14 @@ from mnestoma.core.errors import translate_errors
 from mnestoma.core.rules import EVENT_PRUNE_BATCH, event_batches
 from mnestoma.core.types import ensure_instant
 from mnestoma.core.validation import check_dry_run, check_progress
+from mnestoma.engines import partitions as parts
 from mnestoma.engines.backend import backend_of
 from mnestoma.engines.partitions import (
     FIRST_TURN_EDGE,
     Dropped,
     TurnEdgeKey,
     drop_old_partitions,
+    under_short_locks,
 )
 from mnestoma.engines.partman import holds_retention
 from mnestoma.maintenance.steps import Pause, Read, Steps, Write, for_write
@@ -40,9 +50,12 @@ from mnestoma.schema.sql import retention as ret
 __all__ = [
     "PruneProgress",
     "count_prunable",
+    "delete_not_kept",
     "delete_prunable",
     "drop_detached_partition",
     "drop_event_partitions",
+    "drop_leftover_partitions",
+    "months_dropped_whole",
     "prunable_event_ids",
     "prune_event_batch",
     "prune_steps",
@@ -108,7 +121,8 @@ def drop_event_partitions(bind: Bind, before: datetime) -> Dropped:
     """PostgreSQL, events partitioned: detach the partitions whose months all lie before
     ``before``, keeping the ``created`` events of the rows still stored (see
     :func:`mnestoma.engines.partitions.drop_old_partitions`); nothing elsewhere. The caller
-    commits, then drops what was detached (:func:`drop_detached_partition`)."""
+    commits, then drops what was detached (:func:`drop_detached_partition`) and deletes what
+    the partition of everything before does not keep (:func:`delete_not_kept`)."""
     cutoff = _cutoff(before)
     conn = for_write(bind)
     with translate_errors():
@@ -117,11 +131,48 @@ def drop_event_partitions(bind: Bind, before: datetime) -> Dropped:
         return drop_old_partitions(conn, cutoff)
 
 
+def months_dropped_whole(bind: Bind, before: datetime) -> int:
+    """How many months in 0015's form a prune at ``before`` would drop whole now, their
+    events counted from the catalogue (the prune's count is then an estimate): a read of the
+    catalogue, 0 off PostgreSQL."""
+    cutoff = _cutoff(before)
+    with translate_errors():
+        return parts.months_dropped_whole(connection_of(bind), cutoff)
+
+
 def drop_detached_partition(bind: Bind, name: str) -> None:
     """Drop a table :func:`drop_event_partitions` detached: its space goes back to the
     operating system (ValueError: ``name`` is not a table retention detached)."""
     stmt = partitions_sql.drop_table(partitions_sql.detached(name))
-    runner_for(for_write(bind)).execute(stmt)
+    conn = for_write(bind)
+    with translate_errors():
+        under_short_locks(conn, lambda: conn.execute(stmt), f"the drop of {name}")
+
+
+def drop_leftover_partitions(bind: Bind) -> int:
+    """PostgreSQL: drop the months a prune detached and did not drop (it stopped after its
+    swap); how many. Nothing elsewhere."""
+    conn = for_write(bind)
+    if not backend_of(conn).partitioned:
+        return 0
+    with translate_errors():
+        names = [str(n) for n in conn.execute(partitions_sql.LEFTOVERS).scalars()]
+        for name in names:
+            drop_detached_partition(conn, name)
+    return len(names)
+
+
+def delete_not_kept(bind: Bind, kept: str) -> int:
+    """Delete from ``kept`` (the partition of everything before, in 0015's form) every row
+    retention does not keep: all but the ``created`` events of the mnests still stored;
+    only its rows are read. How many were deleted."""
+    stmt = partitions_sql.delete_not_kept(kept)
+    conn = for_write(bind)
+    with translate_errors():
+        result = under_short_locks(
+            conn, lambda: conn.execute(stmt).rowcount, "the rows retention does not keep"
+        )
+    return int(result)
 
 
 def prune_turn_edges(
@@ -138,7 +189,13 @@ def prune_turn_edges(
         "occ": after[3],
         "n": int(limit),
     }
-    row = runner_for(for_write(bind)).first(partitions_sql.PRUNE_TURN_EDGES_BATCH, params)
+    conn = for_write(bind)
+    with translate_errors():
+        row = under_short_locks(
+            conn,
+            lambda: runner_for(conn).first(partitions_sql.PRUNE_TURN_EDGES_BATCH, params),
+            "the rows of event_turn_edges retention deletes",
+        )
     assert row is not None
     deleted, seen, ts, turn, mnest, occurrence = row
     return int(deleted), (None if not seen else (ts, turn, mnest, occurrence))
@@ -184,13 +241,18 @@ def _pruned(before: datetime, report: PruneProgress | None, dialect: str) -> Ste
 
 
 def _drop_partitions(before: datetime) -> Steps[tuple[int, datetime | None]]:
-    """PostgreSQL, events partitioned: the whole months before ``before`` dropped (the swap
-    one transaction, each drop another), then the rows of ``event_turn_edges`` their
-    passings had, in batches; how many events went, and the end of the months dropped
-    (before it, only what was kept: None when none was)."""
+    """PostgreSQL, events partitioned: what a stopped prune left detached dropped; the whole
+    months before ``before`` dropped (the swap one transaction, each drop another, then the
+    rows the partition of everything before does not keep deleted), then the rows of
+    ``event_turn_edges`` their passings had, in batches; how many events went, and the end
+    of the months dropped (before it, only what was kept: None when none was)."""
+    yield Write(drop_leftover_partitions)
     dropped: Dropped = yield Write(functools.partial(drop_event_partitions, before=before))
     for name in dropped.detached:
         yield Write(functools.partial(drop_detached_partition, name=name))
+    deleted = dropped.deleted
+    if dropped.kept is not None:
+        deleted += yield Write(functools.partial(delete_not_kept, kept=dropped.kept))
     end, after = dropped.end, FIRST_TURN_EDGE
     while end is not None:
         _, last = yield Write(
@@ -199,4 +261,4 @@ def _drop_partitions(before: datetime) -> Steps[tuple[int, datetime | None]]:
         if last is None:
             break
         after = last
-    return dropped.deleted, dropped.end
+    return deleted, dropped.end

@@ -164,7 +164,8 @@ def test_a_services_autogenerate_without_a_hook_would_drop_the_store(
     assert dropped - layout == models
     if engine_name == "postgresql":  # what it builds beside them would go too
         assert "event_turn_edges" in layout and "events_default" in layout
-        assert any(n.startswith("events_to_") for n in layout)
+        assert any(n.endswith("_created") for n in layout)
+        assert any(n.endswith("_rest") for n in layout)
     else:
         assert layout == set()
 
@@ -204,7 +205,8 @@ def test_a_services_autogenerate_sees_nothing_of_partitions_made_up_to_the_store
     [
         "events_202612", "events_to_202701", "events_default", "events_999912",
         "events_to_1000001", "events_1000003", "event_turn_edges", "events_keep_203001",
-        "events_202601_dropped", "events_to_203502_dropped",
+        "events_202601_dropped", "events_to_203502_dropped", "events_202612_created",
+        "events_202612_rest", "events_to_202701_default", "events_1000001_rest",
     ],
 )  # fmt: skip
 def test_the_tables_postgresql_builds_beside_the_models_are_store_names(name: str) -> None:
@@ -216,7 +218,7 @@ def test_the_tables_postgresql_builds_beside_the_models_are_store_names(name: st
 @pytest.mark.parametrize(
     "name",
     ["events_archive", "events_2026", "events_202613", "events_20261", "my_events_202601",
-     "events_202601_old", "orders", None],
+     "events_202601_old", "events_202601_default", "events_to_202601_rest", "orders", None],
 )  # fmt: skip
 def test_a_services_own_tables_named_like_events_are_not_store_names(name: str | None) -> None:
     assert not is_store_name(name)

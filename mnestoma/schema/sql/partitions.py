@@ -1,9 +1,10 @@
 """PostgreSQL's events partitioned by month (contract §12): what builds the layout beside
-the models' tables (``create_all``, in the models' ``after_create`` of ``events``), and the
-statements that make the partitions of the coming months.
+the models' tables (``create_all``, in the models' ``after_create`` of ``events``), the
+statements that make the partitions of the coming months, and retention's.
 
-The functions and triggers are those revisions 0011 and 0013 create, word for word (a test
-compares what ``create_all`` and the revisions build).
+The functions and triggers are those revisions 0011, 0013 and 0015 create, word for word,
+and a new store's partitions are those the revisions leave on an empty one (a test compares
+what ``create_all`` and the revisions build).
 """
 
 from __future__ import annotations
@@ -79,18 +80,50 @@ LANGUAGE sql STABLE AS $fn$
     CROSS JOIN LATERAL (SELECT pg_get_expr(c.relpartbound, c.oid) AS expr) b
     WHERE i.inhparent = 'events'::regclass AND b.expr <> 'DEFAULT'
 $fn$"""
+# Literals of PL/pgSQL's dynamic SQL, inside a string literal.
+_CREATED_QUOTED = sql_literal(EventKind.CREATED).replace("'", "''")
+
+# A month in the form revision 0015 gives it, under any range parent (events, or a staging
+# table): ``part`` FOR VALUES FROM (lo) TO (hi), itself partitioned by list of kind, with
+# two leaves, ``<part>_created`` (its CHECK of the month's bounds lets it be attached under
+# another range parent without a scan) and ``<part>_rest`` (DEFAULT), each with its own
+# primary key on id; the partitioned indexes of the parent cascade to both.
+MONTH = f"""CREATE OR REPLACE FUNCTION mnestoma_events_month(
+    parent regclass, part text, lo timestamptz, hi timestamptz
+) RETURNS void LANGUAGE plpgsql AS $fn$
+BEGIN
+    EXECUTE format(
+        'CREATE TABLE %I PARTITION OF %s FOR VALUES FROM (%L) TO (%L) PARTITION BY LIST (kind)',
+        part, parent, lo, hi);
+    EXECUTE format(
+        'CREATE TABLE %I PARTITION OF %I (CONSTRAINT %I PRIMARY KEY (id),'
+        ' CONSTRAINT %I CHECK (ts >= %L AND ts < %L)) FOR VALUES IN ({_CREATED_QUOTED})',
+        part || '_created', part, part || '_created_pkey', part || '_created_bound', lo, hi);
+    EXECUTE format(
+        'CREATE TABLE %I PARTITION OF %I (CONSTRAINT %I PRIMARY KEY (id)) DEFAULT',
+        part || '_rest', part, part || '_rest_pkey');
+END
+$fn$"""
+
 _PARTITIONS_HEAD = (
     "CREATE OR REPLACE FUNCTION mnestoma_events_partitions(at timestamptz, ahead integer)"
 )
+# The months from ``at``'s (UTC) to ``ahead`` months after it that no partition covers
+# yet, each made by mnestoma_events_month under an instant's exclusive lock on events; the
+# rows of such a month that the default partition caught move into it (deleted there and
+# inserted through events: the triggers keep event_turn_edges in step). Returns the end of
+# the partitions that follow on from at's month without a gap (at least the end of the last
+# month ensured).
 PARTITIONS = (
     _PARTITIONS_HEAD
-    + f"""
+    + """
 RETURNS timestamptz LANGUAGE plpgsql AS $fn$
 DECLARE
     first_month timestamp := date_trunc('month', at AT TIME ZONE 'UTC');
     lo timestamptz;
     hi timestamptz;
     part text;
+    moved jsonb;
     made_to timestamptz;
     next_end timestamptz;
 BEGIN
@@ -106,25 +139,12 @@ BEGIN
             CONTINUE WHEN EXISTS (
                 SELECT 1 FROM mnestoma_events_bounds() b WHERE b.lower <= lo AND lo < b.upper
             );
-            IF EXISTS (SELECT 1 FROM events_default WHERE ts >= lo AND ts < hi) THEN
-                EXECUTE format(
-                    'CREATE TABLE %I (LIKE events INCLUDING DEFAULTS INCLUDING CONSTRAINTS,'
-                    ' CONSTRAINT %I PRIMARY KEY (id))', part, part || '_pkey');
-                EXECUTE format(
-                    'WITH moved AS (DELETE FROM events_default WHERE ts >= %L AND ts < %L'
-                    ' RETURNING *) INSERT INTO %I SELECT * FROM moved', lo, hi, part);
-                EXECUTE format(
-                    'ALTER TABLE events ATTACH PARTITION %I FOR VALUES FROM (%L) TO (%L)',
-                    part, lo, hi);
-                EXECUTE format(
-                    'INSERT INTO event_turn_edges (turn_id, mnest_id, ts, occurrence)'
-                    ' SELECT turn_id, mnest_id, ts, occurrence FROM %I'
-                    ' WHERE turn_id IS NOT NULL AND kind IN ({_PASSING_QUOTED})'
-                    ' ON CONFLICT DO NOTHING', part);
-            ELSE
-                EXECUTE format(
-                    'CREATE TABLE %I PARTITION OF events (CONSTRAINT %I PRIMARY KEY (id))'
-                    ' FOR VALUES FROM (%L) TO (%L)', part, part || '_pkey', lo, hi);
+            EXECUTE 'WITH gone AS (DELETE FROM events_default WHERE ts >= $1 AND ts < $2'
+                ' RETURNING *) SELECT jsonb_agg(to_jsonb(gone)) FROM gone'
+                INTO moved USING lo, hi;
+            PERFORM mnestoma_events_month('events', part, lo, hi);
+            IF moved IS NOT NULL THEN
+                INSERT INTO events SELECT * FROM jsonb_populate_recordset(NULL::events, moved);
             END IF;
         EXCEPTION WHEN duplicate_table THEN
             NULL;  -- another session made it meanwhile
@@ -157,21 +177,19 @@ TRIGGERS = (
     " EXECUTE FUNCTION mnestoma_turn_edges_truncated()",
 )
 
-# The partitions of a new store, as revision 0011 leaves an empty one: every ts before the
-# bound (the first of the month after next week's) in events_to_YYYYMM, the default
-# partition, and the months from the bound on.
+# The partitions of a new store, as the revisions leave an empty one: no partition of the
+# past (0011's catch-all, empty there, is dropped by 0015), the default partition, and
+# months in 0015's form from the current one (0015) and from 0011's bound (the first of the
+# month after next week's) on, three ahead of each.
 LAYOUT = """DO $do$
 DECLARE
     bound timestamptz := (date_trunc('month', (now() + interval '7 days') AT TIME ZONE 'UTC')
                           + interval '1 month') AT TIME ZONE 'UTC';
-    part text := 'events_to_' || to_char(bound AT TIME ZONE 'UTC', 'YYYYMM');
 BEGIN
-    EXECUTE format(
-        'CREATE TABLE %I PARTITION OF events (CONSTRAINT %I PRIMARY KEY (id))'
-        ' FOR VALUES FROM (MINVALUE) TO (%L)', part, part || '_pkey', bound);
     CREATE TABLE events_default PARTITION OF events
         (CONSTRAINT events_default_pkey PRIMARY KEY (id)) DEFAULT;
     PERFORM mnestoma_events_partitions(bound, 3);
+    PERFORM mnestoma_events_partitions(now(), 3);
 END
 $do$"""
 
@@ -183,6 +201,7 @@ AFTER_CREATE: Final[tuple[str, ...]] = (
     TURN_EDGE_REMOVED,
     TURN_EDGES_TRUNCATED,
     BOUNDS,
+    MONTH,
     PARTITIONS,
     *TRIGGERS,
     LAYOUT,
@@ -191,6 +210,7 @@ AFTER_CREATE: Final[tuple[str, ...]] = (
 AFTER_DROP: Final[tuple[str, ...]] = (
     "DROP TABLE IF EXISTS event_turn_edges",
     "DROP FUNCTION IF EXISTS mnestoma_events_partitions(timestamptz, integer)",
+    "DROP FUNCTION IF EXISTS mnestoma_events_month(regclass, text, timestamptz, timestamptz)",
     "DROP FUNCTION IF EXISTS mnestoma_events_bounds()",
     "DROP FUNCTION IF EXISTS mnestoma_turn_edge_added()",
     "DROP FUNCTION IF EXISTS mnestoma_turn_edge_removed()",
@@ -198,14 +218,21 @@ AFTER_DROP: Final[tuple[str, ...]] = (
 )
 
 # The names of the layout that are not the models' own tables: the side table, and the
-# partitions of events (events_YYYYMM, events_to_YYYYMM, events_default).
+# partitions of events at every level (events_YYYYMM and its leaves events_YYYYMM_created
+# and events_YYYYMM_rest; events_to_YYYYMM and its default leaf events_to_YYYYMM_default;
+# events_default).
 SIDE_TABLE_NAME = "event_turn_edges"
 # A month is named by its year (four digits, five from year 10000 on: the month of the
 # store's last instants ends there) and its month.
-PARTITION_NAME = r"^events_(to_)?[0-9]{4,5}(0[1-9]|1[0-2])$|^events_default$"
+_MONTH = "[0-9]{4,5}(0[1-9]|1[0-2])"
+PARTITION_NAME = (
+    f"^events_(to_)?{_MONTH}$|^events_{_MONTH}_(created|rest)$|^events_to_{_MONTH}_default$"
+    "|^events_default$"
+)
 LAYOUT_NAMES = (SIDE_TABLE_NAME,)
 # The tables a prune builds or detaches for an instant (left behind only if it stopped).
-RETENTION_NAME = r"^events_keep_[0-9]{6,7}$|^events_(to_)?[0-9]{6,7}_dropped$"
+DROPPED_NAME = r"^events_(to_)?[0-9]{6,7}_dropped$"
+RETENTION_NAME = rf"^events_keep_[0-9]{{6,7}}$|{DROPPED_NAME}"
 _LAYOUT = re.compile(f"{PARTITION_NAME}|{RETENTION_NAME}|{PARTMAN_NAME}")  # pg_partman's too
 
 
@@ -261,6 +288,14 @@ def lock_old(name: str) -> TextClause:
     return text(f"LOCK TABLE {partition(name)} IN SHARE MODE")
 
 
+# What the copy of the kept rows reads besides the partitions: events (its columns, for the
+# new table) and mnests (which rows are still stored). Writers go on.
+LOCK_READ: Final[tuple[TextClause, ...]] = (
+    text("LOCK TABLE events IN ACCESS SHARE MODE"),
+    text("LOCK TABLE mnests IN ACCESS SHARE MODE"),
+)
+
+
 def count_rows(name: str, *, before_end: bool = False) -> TextClause:
     """How many rows a partition holds (with ``before_end``: those before ``:end``)."""
     where = " WHERE ts < :end" if before_end else ""
@@ -304,6 +339,9 @@ def finish_keep(keep: str, end: datetime) -> tuple[TextClause, ...]:
 
 
 DEFAULT_PARTITION = "events_default"
+# The lock timeout of the transaction (set back after a step that took its locks under a
+# short one), and a lock timeout for the rest of the transaction.
+CURRENT_LOCK_TIMEOUT: Final[TextClause] = text("SELECT current_setting('lock_timeout')")
 LOCAL_LOCK_TIMEOUT: Final[TextClause] = text("SELECT set_config('lock_timeout', :t, true)")
 
 
@@ -359,6 +397,102 @@ def detached(name: str) -> str:
 
 def drop_table(name: str) -> TextClause:
     return text(f"DROP TABLE IF EXISTS {name}")
+
+
+# --- retention: months in 0015's form, dropped without reading them -----------------------
+
+# The forms of a partition of events (WHOLE_PARTITIONS).
+MONTH_FORM = "month"
+KEPT_FORM = "kept"
+LEGACY_FORM = "legacy"
+
+# Each partition of events but the default whose range ends by :before, oldest first, with
+# its range (its lower bound NULL for MINVALUE) and its form: 'month' (0015's: partitioned
+# by list of kind, with exactly the leaves <name>_created and <name>_rest), 'kept' (the
+# partition of everything before, partitioned by range, with its default leaf
+# <name>_default), else 'legacy' (a plain table: anything 0011 made, or what retention
+# kept before 0015). The catalogue only.
+WHOLE_PARTITIONS: Final[TextClause] = text(
+    "SELECT c.relname::text, CASE WHEN b.lower > '-infinity' THEN b.lower END, b.upper,"
+    " CASE WHEN c.relkind <> 'p' THEN 'legacy'"
+    "  WHEN b.lower = '-infinity' AND EXISTS ("
+    "   SELECT 1 FROM pg_inherits i JOIN pg_class l ON l.oid = i.inhrelid"
+    "   WHERE i.inhparent = c.oid AND l.relname = c.relname || '_default'"
+    "   AND pg_get_expr(l.relpartbound, l.oid) = 'DEFAULT') THEN 'kept'"
+    "  WHEN b.lower > '-infinity' AND ("
+    "   SELECT array_agg(l.relname::text || ':' || l.relkind::text ORDER BY l.relname)"
+    "   FROM pg_inherits i JOIN pg_class l ON l.oid = i.inhrelid WHERE i.inhparent = c.oid)"
+    "   = ARRAY[c.relname || '_created:r', c.relname || '_rest:r'] THEN 'month'"
+    "  ELSE 'legacy' END"
+    " FROM mnestoma_events_bounds() b JOIN pg_class c ON c.oid = b.part"
+    " WHERE b.upper <= :before ORDER BY b.lower"
+).bindparams(bindparam("before", type_=UTCDateTime()))
+
+# The rows of some tables by the catalogue, never read: reltuples where the table was
+# analysed or vacuumed, else the statistics' count of its live rows.
+ESTIMATED_ROWS: Final[TextClause] = text(
+    "SELECT coalesce(sum(CASE WHEN c.reltuples >= 0 THEN c.reltuples"
+    " ELSE pg_stat_get_live_tuples(c.oid) END), 0)::float8"
+    " FROM pg_class c WHERE c.oid = ANY(CAST(:tables AS regclass[]))"
+)
+
+
+def detach_from(parent: str, name: str) -> TextClause:
+    """``name`` detached from ``parent`` (a catalogue change)."""
+    return text(f"ALTER TABLE {partition(parent)} DETACH PARTITION {partition(name)}")
+
+
+def create_kept(final: str) -> tuple[TextClause, ...]:
+    """The partition of everything before an instant, in 0015's form: partitioned by range
+    of ts (the columns and CHECKs of events), with its default leaf."""
+    default = partition(f"{partition(final)}_default")
+    return (
+        text(
+            f"CREATE TABLE {final} (LIKE events INCLUDING DEFAULTS INCLUDING CONSTRAINTS)"
+            " PARTITION BY RANGE (ts)"
+        ),
+        text(
+            f"CREATE TABLE {default} PARTITION OF {final}"
+            f" (CONSTRAINT {default}_pkey PRIMARY KEY (id)) DEFAULT"
+        ),
+    )
+
+
+def attach_range(parent: str, name: str, lower: datetime | None, upper: datetime) -> TextClause:
+    """``name`` attached to ``parent`` for the ts from ``lower`` (None: MINVALUE) to
+    ``upper``; a CHECK of ``name`` that implies the range spares the scan."""
+    low = "MINVALUE" if lower is None else instant(lower)
+    return text(
+        f"ALTER TABLE {partition(parent)} ATTACH PARTITION {partition(name)}"
+        f" FOR VALUES FROM ({low}) TO ({instant(upper)})"
+    )
+
+
+def move_default_kept(final: str) -> TextClause:
+    """The default partition's rows before ``:end`` deleted, the ``created`` events of the
+    mnests still stored among them moved into ``final`` (detached meanwhile); how many went."""
+    return text(
+        "WITH gone AS (DELETE FROM events_default WHERE ts < :end RETURNING *),"
+        f" kept AS (INSERT INTO {partition(final)} SELECT * FROM gone"
+        f" WHERE {_KEPT.format(table='gone')} RETURNING 1)"
+        " SELECT (SELECT count(*) FROM gone) - (SELECT count(*) FROM kept)"
+    ).bindparams(bindparam("end", type_=UTCDateTime()))
+
+
+def delete_not_kept(kept: str) -> TextClause:
+    """The rows of the partition of everything before that retention does not keep: all but
+    the ``created`` events of the mnests still stored (only kept rows are read)."""
+    name = partition(kept)
+    return text(f"DELETE FROM {name} WHERE NOT ({_KEPT.format(table=name)})")
+
+
+# The months a prune detached that a stopped prune left behind (not attached anywhere).
+LEFTOVERS: Final[TextClause] = text(
+    "SELECT c.relname::text FROM pg_class c"
+    " WHERE c.relnamespace = (SELECT relnamespace FROM pg_class WHERE oid = 'events'::regclass)"
+    " AND c.relkind IN ('r', 'p') AND NOT c.relispartition AND c.relname ~ :pattern"
+    " ORDER BY c.relname"
+).bindparams(pattern=DROPPED_NAME)
 
 
 # One batch of the rows of event_turn_edges before :end, in (ts, turn_id, mnest_id,
