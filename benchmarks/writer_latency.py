@@ -894,11 +894,17 @@ def month_after(first: datetime, months: int) -> datetime:
 
 def make_months(conn: Any, months: int) -> datetime:
     """PostgreSQL, events partitioned: the partitions of ``months`` months from the first
-    after every partition bounded below by MINVALUE (the store's history); its start."""
+    after every partition bounded below by MINVALUE (the history of a store from before
+    revision 0015), else from next month's (a store made at 0015 or later has no such
+    partition); its start."""
     from sqlalchemy import text
 
     first: datetime = conn.execute(
-        text("SELECT max(upper) FROM mnestoma_events_bounds() WHERE lower = '-infinity'")
+        text(
+            "SELECT coalesce(max(upper) FILTER (WHERE lower = '-infinity'),"
+            " (date_trunc('month', now() AT TIME ZONE 'UTC') + interval '1 month')"
+            " AT TIME ZONE 'UTC') FROM mnestoma_events_bounds()"
+        )
     ).scalar_one()
     conn.execute(
         text("SELECT mnestoma_events_partitions(:at, :ahead)"), {"at": first, "ahead": months - 1}
