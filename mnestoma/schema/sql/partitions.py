@@ -17,6 +17,7 @@ from sqlalchemy import DDL, DateTime, Integer, TextClause, bindparam, event, tex
 from mnestoma.core.rules import PASSING_KINDS, EventKind, sql_list, sql_literal
 from mnestoma.core.types import UTCDateTime
 from mnestoma.schema.models import Event
+from mnestoma.schema.sql.splitting import SPLIT_NAME
 
 __all__ = [
     "AFTER_CREATE",
@@ -205,12 +206,12 @@ PARTITION_NAME = r"^events_(to_)?[0-9]{4,5}(0[1-9]|1[0-2])$|^events_default$"
 LAYOUT_NAMES = (SIDE_TABLE_NAME,)
 # The tables a prune builds or detaches for an instant (left behind only if it stopped).
 RETENTION_NAME = r"^events_keep_[0-9]{6,7}$|^events_(to_)?[0-9]{6,7}_dropped$"
-_LAYOUT = re.compile(f"{PARTITION_NAME}|{RETENTION_NAME}")
+_LAYOUT = re.compile(f"{PARTITION_NAME}|{RETENTION_NAME}|{SPLIT_NAME}")
 
 
 def is_layout_name(name: str) -> bool:
     """True for a table the store builds beside the models' on PostgreSQL: the side table,
-    a partition of events, or a table of retention's."""
+    a partition of events, or a table of retention's or of split-history's."""
     return name in LAYOUT_NAMES or bool(_LAYOUT.match(name))
 
 
