@@ -418,6 +418,43 @@ def _sqlite_history(path: str, start: datetime, months: int = 14) -> str:
     return url
 
 
+def _drop_catch_all(url: str) -> None:
+    """The partition of every event before the first month made, detached and dropped: a
+    store made by the new layout has none."""
+    with package_engine(url) as engine, engine.begin() as conn:
+        (name,) = conn.execute(
+            text("SELECT part::text FROM mnestoma_events_bounds() WHERE lower = '-infinity'")
+        ).one()
+        conn.execute(text(f"ALTER TABLE events DETACH PARTITION {name}"))
+        conn.execute(text(f"DROP TABLE {name}"))
+
+
+def test_copy_makes_each_events_month_then_split_rebuilds_the_old_ones(
+    pg_empty_db_url: str, tmp_path: Any
+) -> None:
+    """A copy into a store without a catch-all (as the new layout makes them) puts every
+    event in a partition of its month, none in the default one, months years apart
+    included; where those months are of the old layout, split-history rebuilds them."""
+    source = _sqlite_history(str(tmp_path / "source.sqlite"), datetime(2031, 3, 5, tzinfo=UTC))
+    with Mnestoma(source, clock=MovableClock(datetime(2040, 6, 1, tzinfo=UTC))) as store:
+        store.record_passing("far", "1", "future", "1")  # a month years after the others
+    mnestoma.upgrade(pg_empty_db_url)
+    with_month_function(pg_empty_db_url)
+    _drop_catch_all(pg_empty_db_url)
+    copy_store(source, pg_empty_db_url)
+    with package_engine(pg_empty_db_url) as engine:
+        with engine.connect() as conn:
+            where = conn.execute(WHERE).all()
+        assert all(p == f"events_{_month(ts)}" for _, p, ts, _ in where), where
+        before = snapshot(engine)
+        with Mnestoma(engine) as store:
+            report = store.split_history()
+        assert len(report.partitions) == len({_month(ts) for _, _, ts, _ in where})
+        assert snapshot(engine) == before
+        assert_every_event_in_its_month(engine)
+        assert_nothing_left(engine)
+
+
 def test_split_after_copy_and_copy_append(pg_empty_db_url: str, tmp_path: Any) -> None:
     """A copy into a store at head that keeps the old catch-all, then a copy --append of
     another store: the events of both (and the merges' events) land in the old layout;
