@@ -18,11 +18,13 @@ partitioned by kind, made by the store's ``mnestoma_events_month``), online:
    and triggers on it mirror every insert, delete, update and TRUNCATE into the staging
    table, in the writer's own transaction. The staging table's comment records the old
    partition, its lowest id, the watermark and how far the copy went.
-2. **The copy**, in batches of :data:`~mnestoma.rules.SPLIT_BATCH_ROWS` ids from the lowest
-   to the watermark, each its own short transaction: the old partition held in ``SHARE``
-   mode (its writers wait for one batch; lock timeout and tries as above), its rows of
-   those ids not in the staging table yet copied there, the comment moved on in the same
-   transaction; a pause of :data:`~mnestoma.rules.SPLIT_PAUSE_S` after each.
+2. **The copy**, in batches of the next :data:`~mnestoma.rules.SPLIT_BATCH_ROWS` ids the old
+   partition holds, from the lowest to the watermark (read from its primary key, so that the
+   sparse ids of what retention kept make no empty batches), each its own short
+   transaction: the old partition held in ``SHARE`` mode (its writers wait for one batch;
+   lock timeout and tries as above), its rows of those ids not in the staging table yet
+   copied there, the comment moved on in the same transaction; a pause of
+   :data:`~mnestoma.rules.SPLIT_PAUSE_S` after each.
 3. **The swap** (one short transaction, same lock timeout and tries): ``events`` locked;
    rows the staging default caught given months of their own; the old partition detached
    (renamed ``<name>_dropped``), each staged month detached from the staging table, renamed
@@ -108,8 +110,8 @@ SplitProgress = Callable[[str, int, int, int], object]
 class OldPartition:
     """A partition of ``events`` in the old layout that holds rows: its name, its range's
     first month (None: MINVALUE, every event before ``upper``) and the month it ends at
-    (excluded), and its rows as the catalogue and the statistics estimate them (None: they
-    know of none yet: rows written since the last ANALYZE, whose counts are not in)."""
+    (excluded), and its rows as the planner estimates them from the catalogue (None: no
+    ANALYZE or VACUUM has counted any row of it yet)."""
 
     name: str
     lower: Month | None
@@ -173,10 +175,13 @@ class _Staging:
     def done(self) -> bool:
         return self.copied >= self.watermark
 
-    def batches(self, size: int) -> tuple[int, int]:
-        """(batches done, batches in all) over the ids from the lowest to the watermark."""
+    def batches(self, size: int, rows: int | None) -> tuple[int, int]:
+        """About how many batches of ``size`` rows are done and how many there are in all,
+        from the partition's ``rows`` as estimated (else its span of ids), in the share of
+        its ids copied (a progress line's numbers, not a count)."""
         span = self.watermark - self.first + 1
-        return math.ceil(max(0, self.copied - self.first + 1) / size), math.ceil(span / size)
+        total = max(1, math.ceil((rows if rows else span) / size))
+        return min(total, total * max(0, self.copied - self.first + 1) // span), total
 
 
 # --- reads ---------------------------------------------------------------------------------
@@ -198,7 +203,7 @@ def old_partitions(bind: Bind, *, exact: bool = True) -> list[OldPartition]:
         if not (conn.execute(sq.holds_rows(name)).scalar_one() if exact else pages):
             continue
         lower = None if lo_y is None else (int(lo_y), int(lo_m))
-        rows = round(tuples) if tuples and tuples > 0 else None
+        rows = round(tuples) if tuples else None
         found.append(OldPartition(name, lower, (int(up_y), int(up_m)), rows))
     return found
 
@@ -246,6 +251,13 @@ def oldest_month(bind: Bind, name: str) -> Month | None:
     """The month of a partition's oldest event (one scan of it: ``ts`` has no index)."""
     year, month = connection_of(bind).execute(sq.oldest_month(name)).one()
     return None if year is None else (int(year), int(month))
+
+
+def rows_estimate(bind: Bind, name: str) -> int | None:
+    """A partition's rows as the planner estimates them from the catalogue (None: not
+    counted yet)."""
+    found = connection_of(bind).execute(sq.ROWS_ESTIMATE, {"name": name}).scalar()
+    return round(found) if found else None
 
 
 def leftovers(bind: Bind) -> list[str]:
@@ -346,16 +358,18 @@ def copy_next_batch(bind: Bind, size: int) -> tuple[_Staging, int] | None:
         state = _staging(conn)
         if state is None or state.done:
             return None if state is None else (state, 0)
-        last = min(state.copied + size, state.watermark)
 
-        def batch() -> int:
+        def batch() -> tuple[int, int]:
             conn.execute(sq.lock_old(state.old, "SHARE"))
+            bounds = {"after": state.copied, "watermark": state.watermark, "n": size}
+            end, found = conn.execute(sq.batch_end(state.old), bounds).one()
+            last = state.watermark if found < size else int(end)
             params = {"first": state.copied + 1, "last": last}
             copied = conn.execute(sq.copy_batch(state.old), params).rowcount
             conn.execute(sq.comment(state.old, state.first, state.watermark, last))
-            return int(copied)
+            return last, int(copied)
 
-        copied = _retried(conn, batch)
+        last, copied = _retried(conn, batch)
         return _Staging(state.old, state.first, state.watermark, last), copied
 
 
@@ -517,7 +531,8 @@ def _split(size: int, report: SplitProgress | None) -> Steps[SplitReport]:
             if state is None:
                 seen.append(old.name)
                 continue
-        done, total = state.batches(size)
+        rows = yield Read(functools.partial(rows_estimate, name=state.old))
+        done, total = state.batches(size, rows)
         if report is not None:
             report(state.old, done, total, 0)
         moved = 0
@@ -532,7 +547,8 @@ def _split(size: int, report: SplitProgress | None) -> Steps[SplitReport]:
             state, n = step
             moved += n
             batches += 1
-            done = min(done + 1, total)
+            done += 1
+            total = done if state.done else max(total, done + 1)
             if report is not None:
                 report(state.old, done, total, moved)
         copied += moved

@@ -219,7 +219,7 @@ class StoreStatus:
     estimate (PostgreSQL, from ``STATUS_ESTIMATE_FROM`` of them, unless ``exact``; else
     counted).
     ``history_to_split`` (PostgreSQL, events partitioned): the partitions of ``events`` in
-    the old layout that hold rows, each with its rows as the catalogue estimates them (read
+    the old layout that hold rows, each with its rows as the planner estimates them (read
     from the catalogue only), which ``mnestoma split-history`` rebuilds into months; None
     elsewhere.
     ``scanned``: the counts were asked exact, and every row was read.
@@ -907,7 +907,7 @@ def _render_history(status: StoreStatus) -> str | None:
     n = len(waiting)
     rows = f"about {known} events"
     if unknown:
-        rows += f" (and {unknown} not counted by the statistics yet)"
+        rows += f" (and {unknown} not analysed yet)"
     return (
         f"history    {n} partition{'s' if n != 1 else ''} of events in the old layout hold "
         f"{rows}: `mnestoma split-history` puts each event in its month"

@@ -163,6 +163,13 @@ def test_split_after_an_upgrade_puts_every_event_in_its_month(pg_empty_db_url: s
         )
         again = run_ok("split-history", "--database-url", pg_empty_db_url).stdout
         assert again.startswith("nothing to split")
+        cutoff = now - timedelta(days=300)  # retention goes on over the months made
+        with Mnestoma(engine) as store:
+            gone = sum(1 for r in before[0] if r.ts < cutoff)
+            assert store.prune_events(cutoff) == gone > 0
+        with engine.connect() as conn:
+            left = conn.execute(text("SELECT count(*) FROM events")).scalar_one()
+        assert left == len(before[0]) - gone
     finally:
         engine.dispose()
 
@@ -250,6 +257,7 @@ def test_split_while_writers_write_keeps_every_write(pg_empty_db_url: str) -> No
     stop = threading.Event()
     errors: list[BaseException] = []
     written: list[int] = []
+    wrote = threading.Semaphore(0)  # released after each write
 
     def writer(i: int) -> None:
         with Mnestoma(engine) as store:
@@ -261,6 +269,7 @@ def test_split_while_writers_write_keeps_every_write(pg_empty_db_url: str) -> No
                     errors.append(err)
                     return
                 n += 1
+                wrote.release()
             written.append(n)
 
     with engine.connect() as conn:
@@ -268,6 +277,11 @@ def test_split_while_writers_write_keeps_every_write(pg_empty_db_url: str) -> No
     changed: dict[str, Any] = {}
 
     def during(partition: str, done: int, total: int, copied: int) -> None:
+        if done == 1 and not changed:  # writes between two batches: mirrored, not copied
+            while wrote.acquire(blocking=False):
+                pass
+            for _ in range(3):
+                assert wrote.acquire(timeout=30)
         if done != 2 or changed:
             return
         with engine.begin() as conn:
@@ -502,6 +516,30 @@ def test_the_command_splits_and_says_what_it_did(pg_split_url: str) -> None:
     assert run_ok("split-history", "--database-url", pg_split_url).stdout.startswith(
         "nothing to split"
     )
+
+
+def test_the_async_door_splits_too(pg_split_url: str) -> None:
+    """``AsyncMnestoma.split_history`` drives the same steps, each through ``run_sync``."""
+    import asyncio
+
+    from mnestoma.aio import AsyncMnestoma
+
+    with Mnestoma(pg_split_url) as store:
+        store.record_turn("t1", [Passing("a", "1", "b", "1"), Passing("b", "1", "c", "1")])
+
+    async def split() -> Any:
+        store = AsyncMnestoma(pg_split_url)
+        try:
+            waiting = await store.split_history(dry_run=True)
+            return waiting, await store.split_history(batch_rows=1)
+        finally:
+            await store.close()
+
+    waiting, report = asyncio.run(split())
+    assert waiting.partitions == report.partitions and report.copied == 2
+    with package_engine(pg_split_url) as engine:
+        assert_every_event_in_its_month(engine)
+        assert_nothing_left(engine)
 
 
 def test_a_store_without_the_month_function_is_told_to_upgrade(pg_store_url: str) -> None:

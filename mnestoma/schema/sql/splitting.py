@@ -126,23 +126,32 @@ _UTC_MONTH = ", ".join(
 )
 _FIRST_OF_MONTH = "date_trunc('month', {x} AT TIME ZONE 'UTC') = {x} AT TIME ZONE 'UTC'"
 
+# A relation's rows as the planner estimates them, from the catalogue alone: the density of
+# its last ANALYZE or VACUUM (``reltuples`` over ``relpages``) times the pages it has now
+# (NULL when neither has counted any row of it yet).
+_ESTIMATE = (
+    "(CASE WHEN c.relpages > 0 AND c.reltuples >= 0 THEN c.reltuples / c.relpages"
+    " * (pg_relation_size(c.oid) / current_setting('block_size')::int) END)::float8"
+)
+
 # Each partition of events in the old layout (a plain table, not the default partition),
 # oldest first: its name, its lower bound's year and month (NULL: MINVALUE), its upper
-# bound's, whether both bounds are firsts of months, its rows as the catalogue and the
-# statistics estimate them (the greater of ``reltuples``, which the last ANALYZE set, and
-# the live rows counted since; 0 when neither knows of any), and whether it has pages. No
-# row is read.
+# bound's, whether both bounds are firsts of months, its rows as estimated above, and
+# whether it has pages. No row is read.
 LEGACY_PARTITIONS: Final[TextClause] = text(
     "SELECT c.relname,"
     f" {_UTC_MONTH.format(x='nullif(b.lower, $$-infinity$$)')},"
     f" {_UTC_MONTH.format(x='b.upper')},"
     f" ({_FIRST_OF_MONTH.format(x='b.upper')})"
     f" AND (b.lower = '-infinity' OR {_FIRST_OF_MONTH.format(x='b.lower')}),"
-    " greatest(c.reltuples, coalesce(s.n_live_tup, 0))::float8, pg_relation_size(c.oid) > 0"
+    f" {_ESTIMATE}, pg_relation_size(c.oid) > 0"
     " FROM mnestoma_events_bounds() b JOIN pg_class c ON c.oid = b.part"
-    " LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid"
     " WHERE c.relkind = 'r' AND b.upper < 'infinity'"
     " ORDER BY b.lower, b.upper"
+)
+# One partition's rows, estimated as above.
+ROWS_ESTIMATE: Final[TextClause] = text(
+    f"SELECT {_ESTIMATE} FROM pg_class c WHERE c.oid = to_regclass(:name)"
 )
 
 
@@ -374,6 +383,19 @@ def comment(old: str, first: int, watermark: int, copied: int) -> TextClause:
 
 # The copy's batches (and the comment they write) one at a time, whoever runs them.
 LOCK_STAGING: Final[TextClause] = text(f"LOCK TABLE {STAGING_NAME} IN SHARE UPDATE EXCLUSIVE MODE")
+
+
+def batch_end(old: str) -> TextClause:
+    """The highest of the next ``:n`` ids after ``:after`` (up to ``:watermark``) that the
+    old partition holds, and how many there are (fewer than ``:n``: the last batch)."""
+    return text(
+        "SELECT max(id), count(*) FROM (SELECT id FROM"
+        f" {old_partition(old)} WHERE id > :after AND id <= :watermark ORDER BY id LIMIT :n) s"
+    ).bindparams(
+        bindparam("after", type_=BigInteger()),
+        bindparam("watermark", type_=BigInteger()),
+        bindparam("n", type_=BigInteger()),
+    )
 
 
 def copy_batch(old: str) -> TextClause:
