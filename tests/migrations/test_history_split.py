@@ -174,6 +174,33 @@ def test_split_after_an_upgrade_puts_every_event_in_its_month(pg_empty_db_url: s
         engine.dispose()
 
 
+def test_sparse_ids_make_full_batches(pg_empty_db_url: str) -> None:
+    """A partition whose ids are far apart (what retention kept of dropped months) is
+    copied in batches of the ids it holds, not of the numbers between them."""
+    now = datetime.now(UTC)
+    with package_engine(pg_empty_db_url) as engine:
+        mnestoma.upgrade(engine, BEFORE_0011)
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO events (id, mnest_id, kind, ts)"
+                    " SELECT g * 1000, 'mn_' || g, 'created',"
+                    " CAST(:now AS timestamptz) - g * interval '2 days'"
+                    " FROM generate_series(1, 95) g"
+                ),
+                {"now": now},
+            )
+            conn.execute(text("SELECT setval('events_id_seq', 100000)"))
+        mnestoma.upgrade(engine)
+        with_month_function(pg_empty_db_url)
+        before = snapshot(engine)
+        with Mnestoma(engine) as store:
+            report = store.split_history(batch_rows=10)
+        assert report.copied == 95 and report.batches == 10
+        assert snapshot(engine) == before
+        assert_every_event_in_its_month(engine)
+
+
 def _month_shape(conn: Any, month: str) -> dict[str, list[tuple[Any, ...]]]:
     """A month's tables, indexes, constraints, triggers and defaults, its name written X."""
     tree = f"pg_partition_tree('{month}') t JOIN pg_class c ON c.oid = t.relid"
