@@ -456,6 +456,16 @@ def swap_split(bind: Bind) -> tuple[str, tuple[str, ...]] | None:
         return state.old, _retried(conn, swap)
 
 
+def drop_mirror_function(bind: Bind) -> None:
+    """The mirror function dropped once no split is under way and no table carries its
+    trigger (an old partition retention detached meanwhile carries it until dropped)."""
+    conn = for_write(bind)
+    with translate_errors():
+        conn.execute(sq.SPLIT_LOCK)
+        if _staging(conn) is None and not conn.execute(sq.MIRRORS_LEFT).scalar_one():
+            conn.execute(sq.DROP_MIRROR_FUNCTION)
+
+
 def drop_split_leftover(bind: Bind, name: str) -> None:
     """Drop an old partition a swap detached (its space goes back to the system), and the
     mirror function once no table carries its trigger; in the caller's transaction."""
@@ -562,6 +572,8 @@ def _split(size: int, report: SplitProgress | None) -> Steps[SplitReport]:
             months.extend(made)
         for name in (yield Read(leftovers)):
             yield Write(functools.partial(drop_split_leftover, name=name))
+    if seen:
+        yield Write(drop_mirror_function)
     return SplitReport(
         partitions=tuple(rebuilt), months=tuple(months), copied=copied, batches=batches
     )

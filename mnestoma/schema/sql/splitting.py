@@ -17,7 +17,7 @@ from typing import Final
 from sqlalchemy import BigInteger, TextClause, bindparam, text
 
 __all__ = [
-    "COPY_BATCH",
+    "COMMENT",
     "EVENTS_INDEXES",
     "HAS_MONTH_FUNCTION",
     "LEFTOVERS",
@@ -25,12 +25,23 @@ __all__ = [
     "MAKE_MONTH",
     "MIRROR_FUNCTION",
     "MIRROR_TRIGGER",
+    "ROWS_ESTIMATE",
     "SPLIT_LOCK",
+    "SPLIT_NAME",
     "STAGING",
     "STAGING_MONTHS",
     "STAGING_NAME",
     "STRAY_MONTHS",
     "Month",
+    "attach_month",
+    "batch_end",
+    "comment",
+    "copy_batch",
+    "create_staging",
+    "mirror_triggers",
+    "month_name",
+    "old_partition",
+    "staged",
 ]
 
 # The staging table, its default leaf, and the prefix of a month staged under a name that
@@ -221,10 +232,11 @@ STRAY_MONTHS: Final[TextClause] = text(
 )
 
 # Tables of the split that the swap detached from events and that are not dropped yet
-# (they carry the mirror trigger).
+# (named ``<name>_dropped``, they carry the mirror trigger; an old partition retention
+# detached meanwhile is retention's to drop).
 LEFTOVERS: Final[TextClause] = text(
     "SELECT c.relname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid"
-    f" WHERE t.tgname = '{MIRROR_TRIGGER}'"
+    f" WHERE t.tgname = '{MIRROR_TRIGGER}' AND c.relname LIKE '%\\_dropped'"
     " AND NOT EXISTS (SELECT 1 FROM pg_inherits i WHERE i.inhrelid = c.oid)"
     " ORDER BY c.relname"
 )
@@ -234,10 +246,9 @@ MIRRORS_LEFT: Final[TextClause] = text(
 )
 
 
-# The indexes and CHECKs of the tables of one staged month (the month and its leaves):
-# ('index', table, name) and ('check', table, name), for the renames of the swap.
 def month_objects(name: str) -> TextClause:
-    """The indexes and CHECK constraints of a staged month and of its leaves."""
+    """The tables, indexes and CHECK constraints of a staged month and of its leaves, as
+    (kind, table, name) rows, for the renames of the swap."""
     relation = f"to_regclass('{staged(name)}')"
     return text(
         "SELECT 'index', c.relname, ic.relname"
@@ -405,9 +416,6 @@ def copy_batch(old: str) -> TextClause:
         f"INSERT INTO {STAGING_NAME} SELECT * FROM {old_partition(old)}"
         " WHERE id BETWEEN :first AND :last ON CONFLICT DO NOTHING"
     ).bindparams(bindparam("first", type_=BigInteger()), bindparam("last", type_=BigInteger()))
-
-
-COPY_BATCH = copy_batch
 
 
 # --- the swap ---------------------------------------------------------------------------------
