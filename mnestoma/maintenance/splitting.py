@@ -208,12 +208,18 @@ def old_partitions(bind: Bind, *, exact: bool = True) -> list[OldPartition]:
     return found
 
 
-def waiting_history(conn: Connection) -> list[OldPartition] | None:
-    """The partitions of ``events`` in the old layout that hold rows, from the catalogue
-    only (``mnestoma status``); None where events are not partitioned."""
+def waiting_history(conn: Connection, *, counted: bool = False) -> list[OldPartition] | None:
+    """The partitions of ``events`` in the old layout that hold rows (``mnestoma status``):
+    from the catalogue only, their rows estimated; with ``counted``, each one's rows
+    counted (a status that counts every event: a small store, or ``--exact``), those that
+    hold none left out. None where events are not partitioned."""
     if not backend_of(conn).partitioned or not conn.execute(HAS_PARTITIONS).scalar_one():
         return None
-    return old_partitions(conn, exact=False)
+    found = old_partitions(conn, exact=False)
+    if not counted:
+        return found
+    rows = [(p, int(conn.execute(sq.count_rows(p.name)).scalar_one())) for p in found]
+    return [OldPartition(p.name, p.lower, p.upper, n) for p, n in rows if n]
 
 
 def _staging(conn: Connection) -> _Staging | None:

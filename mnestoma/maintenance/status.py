@@ -219,9 +219,9 @@ class StoreStatus:
     estimate (PostgreSQL, from ``STATUS_ESTIMATE_FROM`` of them, unless ``exact``; else
     counted).
     ``history_to_split`` (PostgreSQL, events partitioned): the partitions of ``events`` in
-    the old layout that hold rows, each with its rows as the planner estimates them (read
-    from the catalogue only), which ``mnestoma split-history`` rebuilds into months; None
-    elsewhere.
+    the old layout that hold rows, which ``mnestoma split-history`` rebuilds into months,
+    each with its rows: as the planner estimates them from the catalogue where the events'
+    counts are estimates (``estimated``), else counted; None elsewhere.
     ``scanned``: the counts were asked exact, and every row was read.
     ``standby``: this database is a hot standby (a read replica), ``standby_lag_s`` its
     lag (None when not known: ``standby_cut_off``, no WAL receiver streams to it from a
@@ -584,7 +584,7 @@ def _collect(
         estimate = not exact
         _count(conn, tables, status, by_recorder="recorder" in event_columns, estimate=estimate)
         if EVENTS.name in tables:
-            status.history_to_split = waiting_history(conn)
+            status.history_to_split = waiting_history(conn, counted=not status.estimated)
         if AGER_RUNS.name in tables:
             _count_ager_runs(conn, status)
         if AGER_PROGRESS.name in tables:
@@ -897,15 +897,15 @@ def _render_retention(status: StoreStatus) -> str | None:
 
 
 def _render_history(status: StoreStatus) -> str | None:
-    """The ``history`` line: how much of events waits to be split into months (the
-    catalogue's estimate); None when nothing waits."""
+    """The ``history`` line: how much of events waits to be split into months ("about N"
+    where the events' counts are estimates); None when nothing waits."""
     waiting = status.history_to_split
     if not waiting:
         return None
     known = sum(p.rows or 0 for p in waiting)
     unknown = sum(p.rows is None for p in waiting)
     n = len(waiting)
-    rows = f"about {known} events"
+    rows = f"{status.count(known)} events"
     if unknown:
         rows += f" (and {unknown} not analysed yet)"
     return (

@@ -171,6 +171,11 @@ def holds_rows(name: str) -> TextClause:
     return text(f"SELECT EXISTS (SELECT 1 FROM {old_partition(name)})")
 
 
+def count_rows(name: str) -> TextClause:
+    """How many rows a partition holds (a scan of it)."""
+    return text(f"SELECT count(*) FROM {old_partition(name)}")
+
+
 def oldest_month(name: str) -> TextClause:
     """The year and month of a partition's oldest event (UTC): one scan of it, once, before
     its split begins (``events.ts`` has no index)."""
