@@ -74,6 +74,7 @@ STATUS_KEYS = [
     "standby_lag_s",
     "standby_cut_off",
     "replicas",
+    "history_to_split",
 ]
 
 # Every subcommand that opens the store it is given; ``{target}`` is a SQLite file's path.
@@ -98,6 +99,7 @@ SUBCOMMANDS = [
     ["vet", "a@1", "b@1"],
     ["prune-events", "--before", "2020-01-01T00:00:00Z"],
     ["age"],
+    ["split-history"],
     ["copy", "--to", "sqlite:///{target}"],
 ]
 

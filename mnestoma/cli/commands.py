@@ -30,7 +30,7 @@ from mnestoma.cli.options import (
     replicas_of,
     url_option_callback,
 )
-from mnestoma.cli.progress import batch_progress, progress_bar, spinner
+from mnestoma.cli.progress import batch_progress, partition_progress, progress_bar, spinner
 from mnestoma.cli.render import (
     check_output_path,
     echo_json,
@@ -44,6 +44,7 @@ from mnestoma.cli.render import (
     render_protos,
     render_prune,
     render_recent_queries,
+    render_split,
     render_store,
     render_suggestions,
     render_top_queries,
@@ -69,6 +70,8 @@ from mnestoma.core.rules import (
     PROTO_PRUNE_BELOW,
     RECURRING_MIN_USES,
     RECURRING_MIN_WEIGHT,
+    SPLIT_BATCH_ROWS,
+    SPLIT_LOCK_TIMEOUT_S,
     MnestState,
     Recorder,
     check_transition,
@@ -692,6 +695,52 @@ def prune_events(
 
                 n = store.prune_events(cutoff, progress=progress)
         render_prune(n, cutoff, dry_run, as_json, estimated=estimated)
+
+
+# The help of ``mnestoma split-history``, its numbers taken where they are set.
+_SPLIT_HELP = f"""PostgreSQL: put every event in its month. Each partition of events in
+the old layout that holds rows (a month made before revision 0015, or every event before a
+month: the table as it was before 0011) is rebuilt into months of the new layout, one at a
+time, oldest first, while services write.
+
+Its rows are copied into a staging table in batches of ids, each its own short
+transaction during which writes into that partition wait; writes made meanwhile are
+mirrored by triggers. Then one short transaction (each lock waited for
+{SPLIT_LOCK_TIMEOUT_S * 1000:g} ms at most, tried again) puts the months in the partition's
+place, and the old table is dropped. It needs the disk of the partition being rebuilt twice
+over, until that drop. On a terminal it shows its progress by batch on stderr. A run
+stopped midway (killed, its connection dropped) is completed by the next; `mnestoma
+status` says how much history waits. On SQLite there is nothing to split.
+"""
+
+
+@cli.command("split-history", help=_SPLIT_HELP)
+@number_option(
+    "--batch",
+    int,
+    1,
+    "N",
+    f"How many event ids one batch copies (default {SPLIT_BATCH_ROWS}).",
+)
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="List the partitions that wait, with their rows as the catalogue estimates them; "
+    "change nothing.",
+)
+@json_option
+@database_url_option
+def split_history(
+    batch: int | None, dry_run: bool, as_json: bool, database_url: str | None
+) -> None:
+    """``mnestoma split-history``; its help is ``_SPLIT_HELP``."""
+    with _store(database_url) as store:
+        if dry_run:
+            report = store.split_history(dry_run=True)
+        else:
+            with partition_progress("splitting", "rows copied") as progress:
+                report = store.split_history(batch_rows=batch, progress=progress)
+        render_split(report, as_json)
 
 
 # --- copy ---------------------------------------------------------------------------------

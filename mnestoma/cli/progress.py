@@ -17,6 +17,7 @@ __all__ = [
     "PROGRESS_THRESHOLD",
     "SPINNER_DELAY_S",
     "batch_progress",
+    "partition_progress",
     "progress_bar",
     "spinner",
     "stderr_is_terminal",
@@ -127,3 +128,27 @@ def batch_progress(label: str, counted: str | None = None) -> Iterator[Callable[
     finally:
         if width:
             click.echo("\r" + " " * width + "\r", nl=False, err=True)
+
+
+@contextlib.contextmanager
+def partition_progress(label: str, counted: str) -> Iterator[Callable[[str, int, int, int], None]]:
+    """:func:`batch_progress` for a run over partitions, one after the other: the callable it
+    yields takes (partition, batches done, batches in all, what they came to so far) and
+    draws ``label PARTITION: batch 3/40, 15,000 rows copied (1.2 s)``, a line a partition."""
+    current: tuple[str, contextlib.ExitStack, Callable[..., None]] | None = None
+
+    def draw(partition: str, done: int, total: int, count: int) -> None:
+        nonlocal current
+        if current is None or current[0] != partition:
+            if current is not None:
+                current[1].close()
+            stack = contextlib.ExitStack()
+            line = stack.enter_context(batch_progress(f"{label} {partition}", counted))
+            current = (partition, stack, line)
+        current[2](done, total, count)
+
+    try:
+        yield draw
+    finally:
+        if current is not None:
+            current[1].close()

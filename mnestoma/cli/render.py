@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from sqlalchemy.engine import URL
 
     from mnestoma.maintenance.copying import CopyReport
+    from mnestoma.maintenance.splitting import SplitReport
     from mnestoma.planner.planning import Forecast
     from mnestoma.planner.vetting import Verdict
 
@@ -52,6 +53,7 @@ __all__ = [
     "render_protos",
     "render_prune",
     "render_recent_queries",
+    "render_split",
     "render_store",
     "render_suggestions",
     "render_top_queries",
@@ -387,6 +389,47 @@ def render_prune(
     else:
         count = f"about {events}" if estimated else str(events)
         click.echo(f"deleted {count} {noun} before {short_utc(before)}")
+
+
+# What split-history says where events are one table.
+NOTHING_TO_SPLIT_SQLITE = (
+    "nothing to split: events are one table in this store (SQLite keeps no partitions); "
+    "split-history rebuilds the partitions of a PostgreSQL store"
+)
+
+
+def render_split(report: SplitReport, as_json: bool) -> None:
+    """Print what a split did, or with a dry run what waits to be split."""
+    if as_json:
+        echo_json(report.as_dict())
+        return
+    if not report.partitioned:
+        click.echo(NOTHING_TO_SPLIT_SQLITE)
+        return
+    if report.dry_run:
+        if not report.waiting:
+            click.echo("nothing to split: every event of events is in a month of its own")
+            return
+        n = len(report.waiting)
+        click.echo(
+            f"would split {n} partition{'s' if n != 1 else ''} of events in the old layout "
+            "(dry run: nothing changed):"
+        )
+        for p in report.waiting:
+            span = f"from {p.as_dict()['from']}" if p.lower is not None else "from the start"
+            rows = "rows not analysed yet" if p.rows is None else f"about {p.rows} events"
+            click.echo(f"  {p.name}: {span} to {p.as_dict()['to']}, {rows}")
+        return
+    if not report.partitions:
+        click.echo("nothing to split: every event of events is in a month of its own")
+        return
+    n, m = len(report.partitions), len(report.months)
+    click.echo(
+        f"split {n} partition{'s' if n != 1 else ''} ({', '.join(report.partitions)}) into "
+        f"{m} month{'s' if m != 1 else ''} ({report.months[0]} to {report.months[-1]}): "
+        f"{report.copied} rows copied in {report.batches} "
+        f"batch{'es' if report.batches != 1 else ''}, those written meanwhile mirrored"
+    )
 
 
 def render_top_queries(rows: Sequence[QueryFrequency], as_json: bool) -> None:

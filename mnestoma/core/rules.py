@@ -136,6 +136,16 @@ RETENTION_LOCK_PAUSE_MAX_S = 0.2
 # (then the package makes no month) is remembered per engine this long (seconds), and asked
 # again only when the package would make a month.
 PARTMAN_RECHECK_S = 60.0
+# mnestoma split-history (PostgreSQL): the rows of a partition of the old layout are copied
+# into the months that replace it SPLIT_BATCH_ROWS ids at a time, each batch its own
+# transaction holding the old partition in SHARE mode (its writers wait for one batch), with
+# a pause of SPLIT_PAUSE_S after each. A lock (the batch's, the triggers' made at the start,
+# the swap's) is waited for SPLIT_LOCK_TIMEOUT_S at most and tried again up to SPLIT_TRIES
+# times, pausing as retention does after each failed try.
+SPLIT_BATCH_ROWS = 2000
+SPLIT_PAUSE_S = 0.02
+SPLIT_LOCK_TIMEOUT_S = 0.05
+SPLIT_TRIES = 200
 
 # Read replicas (contract §12). Lag is measured against the primary's WAL position: a
 # facade reads the primary's position (pg_current_wal_lsn()) and a replica's replayed one

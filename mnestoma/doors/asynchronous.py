@@ -63,6 +63,7 @@ from mnestoma.engines.locking import (
 from mnestoma.engines.replicas import NOT_READY, replica_urls
 from mnestoma.maintenance.ager import BatchProgress, ager_steps
 from mnestoma.maintenance.retention import PruneProgress
+from mnestoma.maintenance.splitting import SplitProgress, SplitReport
 from mnestoma.maintenance.steps import OwnConnection, Pause, Read, Step, Write, drive_async
 from mnestoma.schema.models import CanonicalQuery
 from mnestoma.schema.runner import connection_of
@@ -720,6 +721,32 @@ class AsyncMnestoma(FacadeBase[AsyncEngine], _MnestOperations):
                 be reached).
         """
         return await drive_async(self._prune_steps(before, dry_run, progress), self._step)
+
+    async def split_history(
+        self,
+        *,
+        batch_rows: int | None = None,
+        dry_run: bool = False,
+        progress: SplitProgress | None = None,
+    ) -> SplitReport:
+        """PostgreSQL: rebuild each partition of ``events`` in the old layout that holds
+        rows into months of the new layout, online, each batch its own transaction (see
+        :meth:`mnestoma.Mnestoma.split_history`); ``dry_run`` lists what waits.
+
+        Returns:
+            The :class:`~mnestoma.maintenance.splitting.SplitReport` of the run (with
+            ``dry_run``: the partitions that wait).
+
+        Raises:
+            InvalidInput: ``batch_rows`` is not a positive integer, ``dry_run`` not a bool,
+                or ``progress`` not callable; nothing is then changed.
+            SchemaError: on this facade's first use, the database is not at head; or the
+                store has no ``mnestoma_events_month``, or a table ``events_split`` that the
+                split did not make.
+            StoreError: the database failed, or a lock stayed busy through every try; the
+                batches before stay copied and the next run goes on from there.
+        """
+        return await drive_async(self._split_steps(batch_rows, dry_run, progress), self._step)
 
     async def _step(self, step: Step) -> Any:
         """One step of an operation of several transactions, awaited (see

@@ -27,6 +27,7 @@ from mnestoma.engines.replicas import ReplicaSet, replica_connect_args
 from mnestoma.engines.urls import is_sqlite, refuse_memory_sqlite
 from mnestoma.maintenance.migration import ensure_at_head, sqlite_store_missing
 from mnestoma.maintenance.retention import PruneProgress, prune_steps
+from mnestoma.maintenance.splitting import SplitReport, split_steps
 from mnestoma.maintenance.steps import Steps
 from mnestoma.store.repository import MnestRepository
 from mnestoma.store.uow import repository_call
@@ -228,6 +229,15 @@ class FacadeBase(Generic[E]):
         """The steps of ``prune_events`` on this store's database (its dialect's batches);
         each door drives them, one transaction at a time."""
         return prune_steps(before, dry_run=dry_run, progress=progress, dialect=self._dialect)
+
+    def _split_steps(
+        self, batch_rows: object, dry_run: object, progress: object
+    ) -> Steps[SplitReport]:
+        """The steps of ``split_history`` on this store's database (nothing off
+        PostgreSQL); each door drives them, one transaction at a time."""
+        return split_steps(
+            batch_rows=batch_rows, dry_run=dry_run, progress=progress, dialect=self._dialect
+        )
 
     def _noted(self, conn: Connection, result: T) -> T:
         """After a run that committed its own transactions on ``conn`` (the batched ager):

@@ -34,6 +34,7 @@ from mnestoma.engines import (
 from mnestoma.engines.replicas import NOT_READY, replica_urls
 from mnestoma.maintenance.ager import BatchProgress, ager_steps
 from mnestoma.maintenance.retention import PruneProgress
+from mnestoma.maintenance.splitting import SplitProgress, SplitReport
 from mnestoma.maintenance.steps import Pause, Read, Step, Write, drive
 from mnestoma.schema.models import CanonicalQuery
 from mnestoma.store.repository import QueryFrequency
@@ -204,6 +205,43 @@ class Mnestoma(FacadeBase[Engine], SyncDoor, MnestOperations):
                 be reached).
         """
         return drive(self._prune_steps(before, dry_run, progress), self._step)
+
+    def split_history(
+        self,
+        *,
+        batch_rows: int | None = None,
+        dry_run: bool = False,
+        progress: SplitProgress | None = None,
+    ) -> SplitReport:
+        """PostgreSQL: rebuild each partition of ``events`` in the old layout that holds
+        rows (a month made before revision 0015, or every event before a month) into months
+        of the new layout, one at a time, oldest first, while services write (contract §12).
+
+        Online: the rows are copied into a staging table ``batch_rows`` ids at a time
+        (:data:`~mnestoma.rules.SPLIT_BATCH_ROWS` by default), each batch its own short
+        transaction during which writes into that partition wait; writes made meanwhile
+        are mirrored by triggers; then one short transaction puts the new months in the old
+        partition's place (catalogue changes only), and the old table is dropped. It needs
+        the disk of the partition being rebuilt twice over. A run stopped at any point is
+        completed by the next. ``progress(partition, done, total, copied)`` is called once
+        a partition's batches are known (done 0), then after each. A dry run lists what
+        waits, from the catalogue, and changes nothing. On SQLite there is nothing to split.
+
+        Returns:
+            The :class:`~mnestoma.maintenance.splitting.SplitReport`: the partitions
+            rebuilt, the months made, the rows the batches copied (with ``dry_run``: the
+            partitions that wait, with their rows as the catalogue estimates them).
+
+        Raises:
+            InvalidInput: ``batch_rows`` is not a positive integer, ``dry_run`` not a bool,
+                or ``progress`` not callable; nothing is then changed.
+            SchemaError: the store has no ``mnestoma_events_month`` (a store behind
+                revision 0015), or a table ``events_split`` that the split did not make.
+            StoreError: the database failed, or a lock stayed busy through every try
+                (:data:`~mnestoma.rules.SPLIT_TRIES`); the batches before stay copied and
+                the next run goes on from there.
+        """
+        return drive(self._split_steps(batch_rows, dry_run, progress), self._step)
 
     def _step(self, step: Step) -> Any:
         """One step of an operation of several transactions (:mod:`mnestoma.maintenance.steps`):

@@ -306,15 +306,24 @@ FIRST_TURN_EDGE: TurnEdgeKey = (datetime(1000, 1, 1, tzinfo=UTC), "", "", 0)
 T = TypeVar("T")
 
 
-def under_short_locks(conn: Connection, work: Callable[[], T], what: str) -> T:
+def under_short_locks(
+    conn: Connection,
+    work: Callable[[], T],
+    what: str,
+    *,
+    timeout_s: float | None = None,
+    tries: int | None = None,
+) -> T:
     """``work()`` on ``conn``, in its transaction, with every lock it takes waited for
-    :data:`~mnestoma.rules.RETENTION_LOCK_TIMEOUT_S` at most: a try whose lock was busy is
-    rolled back (a savepoint) and made again after a short pause, up to
-    :data:`~mnestoma.rules.RETENTION_LOCK_TRIES` times, so that writers queue behind it for
-    one try at most; the transaction's lock timeout as it was after. ConflictError (naming
-    ``what``) once the tries are spent: nothing ``work`` did is left."""
+    ``timeout_s`` (:data:`~mnestoma.rules.RETENTION_LOCK_TIMEOUT_S`) at most: a try whose
+    lock was busy is rolled back (a savepoint) and made again after a short pause, up to
+    ``tries`` (:data:`~mnestoma.rules.RETENTION_LOCK_TRIES`) times, so that writers queue
+    behind it for one try at most; the transaction's lock timeout as it was after.
+    ConflictError (naming ``what``) once the tries are spent: nothing ``work`` did is left."""
     waited = str(conn.execute(sq.CURRENT_LOCK_TIMEOUT).scalar_one())
-    short = f"{max(1, round(RETENTION_LOCK_TIMEOUT_S * 1000))}ms"
+    timeout_s = RETENTION_LOCK_TIMEOUT_S if timeout_s is None else timeout_s
+    tries = RETENTION_LOCK_TRIES if tries is None else tries
+    short = f"{max(1, round(timeout_s * 1000))}ms"
     attempt = 0
     while True:
         savepoint = conn.begin_nested()
@@ -326,7 +335,7 @@ def under_short_locks(conn: Connection, work: Callable[[], T], what: str) -> T:
             if not is_lock_not_available(err):
                 raise
             attempt += 1
-            if attempt >= RETENTION_LOCK_TRIES:
+            if attempt >= tries:
                 raise ConflictError(
                     f"{what}: a lock stayed busy through {attempt} tries of {short};"
                     " nothing of it was done, run it again"

@@ -3,7 +3,11 @@
 The target is migrated to head and filled inside one transaction; before it commits, its
 content is read back and compared with what it must now hold (row counts and a checksum).
 Any difference rolls everything back, so a failed copy leaves the target as it was; a SQLite
-target file that the copy itself created is removed (with its -wal and -shm).
+target file that the copy itself created is removed (with its -wal and -shm). On PostgreSQL
+the month of each event is made (``mnestoma_events_partitions``, in the copy's transaction)
+before the event is inserted, so that none lands in the default partition; only a store
+that still has a catch-all before the new layout's months (``events_to_YYYYMM`` of the old
+layout) takes the events of its range there, for ``mnestoma split-history`` to rebuild.
 
 With ``append`` the target may already hold rows. Integer ids (events, query log, ager runs)
 are shifted past the target's largest; mnest ids, random tokens, are kept, and one known to
@@ -97,7 +101,7 @@ from mnestoma.core.rules import (
 )
 from mnestoma.core.settings import Settings, settings_of
 from mnestoma.core.timefmt import iso_utc
-from mnestoma.core.types import JSONDocument
+from mnestoma.core.types import INSTANTS_END, JSONDocument
 from mnestoma.engines import (
     backend_of,
     is_memory_sqlite,
@@ -105,6 +109,7 @@ from mnestoma.engines import (
     redact_url,
     resolve_database_url,
 )
+from mnestoma.engines.partitions import month_start
 from mnestoma.maintenance.migration import (
     current_revision,
     head_revision,
@@ -127,6 +132,7 @@ from mnestoma.schema.sql.copying import (
     TABLES,
     statements,
 )
+from mnestoma.schema.sql.partitions import ENSURE_PARTITIONS, HAS_PARTITIONS
 from mnestoma.schema.sql.tables import AGER_RUNS, CHAINS, EVENTS, MNESTS, QUERIES, EventRow
 
 __all__ = [
@@ -452,6 +458,8 @@ class _Job:
     source_store: str = ""  # the source's identity, read (or given) before the copy begins
     target_store: str = field(init=False)  # the target's, read in the copy's transaction
     chains_merged: int = 0  # source chains merged into a target chain of the same key
+    months: bool = False  # PostgreSQL, events partitioned: each event's month made first
+    months_made: set[datetime] = field(default_factory=set)
 
     def run(self, src_engine: Engine, dst_engine: Engine) -> CopyReport:
         with _source_reader(src_engine).connect() as sconn, dst_engine.connect() as tconn:
@@ -468,6 +476,9 @@ class _Job:
                         "use --append to add to it"
                     )
                 backend_of(tconn).lock_copy_target(tconn)
+                self.months = backend_of(tconn).partitioned and bool(
+                    tconn.execute(HAS_PARTITIONS).scalar_one()
+                )
                 self.target_store = _store_identity(tconn)
                 taken = _records(sconn)  # the stores whose rows the source took
                 if any(before.values()):
@@ -544,9 +555,20 @@ class _Job:
         digest = self.expected[table.name]
         for row in rows:
             digest.add(row)
+        if table is EVENTS and self.months:
+            self._make_months(tconn, rows)
         tconn.execute(statements(table).insert, rows)
         if source:
             self.advance(len(rows))
+
+    def _make_months(self, tconn: Connection, rows: list[dict[str, Any]]) -> None:
+        """PostgreSQL: the month of each of these events made before they are inserted
+        (``mnestoma_events_partitions``, in the copy's transaction), so that none lands in
+        the default partition; a month a partition already covers is left as it is."""
+        wanted = {month_start(row["ts"]) for row in rows} - self.months_made
+        for month in sorted(wanted):
+            tconn.execute(ENSURE_PARTITIONS, {"at": month, "ahead": 0, "cap": INSTANTS_END})
+        self.months_made |= wanted
 
     # --- mnests, and the target rows they merge into -----------------------------------
 

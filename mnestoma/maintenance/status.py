@@ -53,6 +53,7 @@ from mnestoma.maintenance.migration import (
     read_revision,
     sqlite_store_missing,
 )
+from mnestoma.maintenance.splitting import OldPartition, waiting_history
 from mnestoma.schema import snapshots
 from mnestoma.schema.models import Mnest
 from mnestoma.schema.runner import runner_for
@@ -217,6 +218,10 @@ class StoreStatus:
     table, before revision 0014), ``chains_estimated``: that number is the catalogue's
     estimate (PostgreSQL, from ``STATUS_ESTIMATE_FROM`` of them, unless ``exact``; else
     counted).
+    ``history_to_split`` (PostgreSQL, events partitioned): the partitions of ``events`` in
+    the old layout that hold rows, which ``mnestoma split-history`` rebuilds into months,
+    each with its rows: as the planner estimates them from the catalogue where the events'
+    counts are estimates (``estimated``), else counted; None elsewhere.
     ``scanned``: the counts were asked exact, and every row was read.
     ``standby``: this database is a hot standby (a read replica), ``standby_lag_s`` its
     lag (None when not known: ``standby_cut_off``, no WAL receiver streams to it from a
@@ -256,6 +261,7 @@ class StoreStatus:
     standby_lag_s: float | None = None
     standby_cut_off: bool = False
     replicas: list[ReplicaFacts] | None = None
+    history_to_split: list[OldPartition] | None = None
 
     def count(self, n: int) -> str:
         """A count as the status shows it: "about N" when it is an estimate."""
@@ -458,6 +464,9 @@ class StoreStatus:
             "standby_lag_s": self.standby_lag_s,
             "standby_cut_off": self.standby_cut_off,
             "replicas": None if self.replicas is None else [r.as_dict() for r in self.replicas],
+            "history_to_split": None
+            if self.history_to_split is None
+            else [p.as_dict() for p in self.history_to_split],
         }
 
 
@@ -574,6 +583,8 @@ def _collect(
         status.outcomes_recorded = "outcome" in event_columns
         estimate = not exact
         _count(conn, tables, status, by_recorder="recorder" in event_columns, estimate=estimate)
+        if EVENTS.name in tables:
+            status.history_to_split = waiting_history(conn, counted=not status.estimated)
         if AGER_RUNS.name in tables:
             _count_ager_runs(conn, status)
         if AGER_PROGRESS.name in tables:
@@ -885,6 +896,24 @@ def _render_retention(status: StoreStatus) -> str | None:
     return line
 
 
+def _render_history(status: StoreStatus) -> str | None:
+    """The ``history`` line: how much of events waits to be split into months ("about N"
+    where the events' counts are estimates); None when nothing waits."""
+    waiting = status.history_to_split
+    if not waiting:
+        return None
+    known = sum(p.rows or 0 for p in waiting)
+    unknown = sum(p.rows is None for p in waiting)
+    n = len(waiting)
+    rows = f"{status.count(known)} events"
+    if unknown:
+        rows += f" (and {unknown} not analysed yet)"
+    return (
+        f"history    {n} partition{'s' if n != 1 else ''} of events in the old layout hold "
+        f"{rows}: `mnestoma split-history` puts each event in its month"
+    )
+
+
 def _render_recorders(status: StoreStatus) -> str | None:
     """The ``recorders`` line: who wrote the passings, when last; None when nothing to say."""
     if status.passings_by_recorder is None:
@@ -971,6 +1000,9 @@ def render_status(status: StoreStatus) -> str:
             retention = _render_retention(status)
             if retention:
                 lines.append(retention)
+            history = _render_history(status)
+            if history:
+                lines.append(history)
             lines.append(
                 f"passings   {status.count(status.passings)} (created/reinforced events), "
                 f"{status.count(status.passings_with_turn)} with a turn_id"

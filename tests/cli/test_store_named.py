@@ -33,12 +33,13 @@ COMMANDS = [
     ["age", "--dry-run"],
     ["prune-events", "--before", "2000-01-01"],
     ["prune-events", "--before", "2000-01-01", "--dry-run"],
+    ["split-history", "--dry-run"],
     ["db", "current"],
     ["db", "history", "--indicate-current"],
 ]
 JSON_COMMANDS = {"record", "edges", "events", "walk", "suggest", "predict", "vet", "protos"}
 JSON_COMMANDS |= {"queries"}
-JSON_COMMANDS |= {"promote", "transition", "age", "prune-events"}
+JSON_COMMANDS |= {"promote", "transition", "age", "prune-events", "split-history"}
 
 
 def _ids(store_url: str) -> dict[str, str]:

@@ -18,7 +18,7 @@ CONTRACT = REPO / "docs" / "contract.md"
 MAX_LINES = 450
 
 # Operations of contract §5's list that only the facades hold.
-FACADE_ONLY = {"top_queries", "recent_queries", "unit_of_work", "close"}
+FACADE_ONLY = {"top_queries", "recent_queries", "unit_of_work", "close", "split_history"}
 # Public attributes a repository keeps besides the operations.
 PLUMBING = {"session"}
 

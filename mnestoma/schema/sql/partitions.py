@@ -19,6 +19,7 @@ from mnestoma.core.rules import PASSING_KINDS, EventKind, sql_list, sql_literal
 from mnestoma.core.types import UTCDateTime
 from mnestoma.schema.models import Event
 from mnestoma.schema.sql.partman import PARTMAN_CHILD_NAME, PARTMAN_NAME
+from mnestoma.schema.sql.splitting import SPLIT_NAME
 
 __all__ = [
     "AFTER_CREATE",
@@ -233,12 +234,13 @@ LAYOUT_NAMES = (SIDE_TABLE_NAME,)
 # The tables a prune builds or detaches for an instant (left behind only if it stopped).
 DROPPED_NAME = r"^events_(to_)?[0-9]{6,7}_dropped$"
 RETENTION_NAME = rf"^events_keep_[0-9]{{6,7}}$|{DROPPED_NAME}"
-_LAYOUT = re.compile(f"{PARTITION_NAME}|{RETENTION_NAME}|{PARTMAN_NAME}")  # pg_partman's too
+# pg_partman's months and template, and split-history's tables, are the store's too.
+_LAYOUT = re.compile(f"{PARTITION_NAME}|{RETENTION_NAME}|{PARTMAN_NAME}|{SPLIT_NAME}")
 
 
 def is_layout_name(name: str) -> bool:
     """True for a table the store builds beside the models' on PostgreSQL: the side table,
-    a partition of events, or a table of retention's."""
+    a partition of events, or a table of retention's or of split-history's."""
     return name in LAYOUT_NAMES or bool(_LAYOUT.match(name))
 
 
