@@ -28,6 +28,10 @@ measurement is one more function and one more entry.
   writers record passings at the store's newest month: its time, the writers' p50 / p99 /
   max, the database's size before and after (the disk given back), and who waited for
   whom meanwhile (``benchmarks.locks``: ``pg_stat_activity`` and ``pg_locks`` sampled);
+- ``split``: ``split_history`` of a store of its own upgraded from before 0015 (the run's
+  mnests and events over twelve months, all in the partition 0011 made of the history),
+  while 4 writers record passings into it, then ``prune_events`` of the older half of the
+  months it made: each one's time, the writers' figures and who waited for whom;
 - ``upgrade``: ``upgrade`` 0002 → head of a store of its own on the primary (300,000
   mnests and ``N`` events, 10M at most: ``--large`` and ``--huge``) while writers of the
   previous release write raw SQL (``benchmarks.writer_latency``'s upgrade phase).
@@ -197,13 +201,15 @@ class Writers:
         writers: int | None = None,
         period_s: float | None = None,
         at: datetime | None = None,
+        url: str | None = None,
+        edges: list[Any] | None = None,
     ):
         spawn = get_context("spawn")
         self._stop = spawn.Event()
         self._receive, send = spawn.Pipe(duplex=False)
         args = (
-            ctx.cluster.primary_url,
-            ctx.edges,
+            url or ctx.cluster.primary_url,
+            edges or ctx.edges,
             writers or ctx.writers,
             period_s or ctx.period_s,
             self._stop,
@@ -494,6 +500,121 @@ def measure_capacity(ctx: Context) -> dict[str, Any]:
     }
 
 
+# The store split-history rebuilds: the history of a store from before 0015, in the
+# partition that holds everything before the bound revision 0011 set.
+SPLIT_DATABASE = "scale_split"
+
+
+def _old_layout_store(ctx: Context) -> tuple[str, datetime, int]:
+    """A database of its own on the primary, built as a store upgraded from before 0015
+    holds its history: at revision 0014, the run's mnests and events over the
+    :data:`MONTHS` months before the partition of everything before 0011's bound ends (so
+    every event lies in that one partition, the current month's writes too), then
+    upgraded to head (0015 leaves a partition that holds rows as it is). Its URL, the
+    first month, and how many events."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    import mnestoma
+
+    admin = create_engine(ctx.cluster.primary_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f"DROP DATABASE IF EXISTS {SPLIT_DATABASE}"))
+        conn.execute(text(f"CREATE DATABASE {SPLIT_DATABASE}"))
+    admin.dispose()
+    url = (
+        make_url(ctx.cluster.primary_url)
+        .set(database=SPLIT_DATABASE)
+        .render_as_string(hide_password=False)
+    )
+    mnestoma.upgrade(url, "0014")
+    executors = max(ctx.mnests // DEGREE, DEGREE + 2)
+    rows = load_postgresql(url, graph_rows(executors, DEGREE))
+    per_row = max(1, round(ctx.events / rows))
+    engine = create_engine(url)
+    try:
+        with engine.begin() as conn:
+            bound = conn.execute(
+                text("SELECT max(upper) FROM mnestoma_events_bounds() WHERE lower = '-infinity'")
+            ).scalar_one()
+            first = month_after(bound, -MONTHS)
+            for statement, more in ((_CREATED_SQL, 0), (_REINFORCED_SQL, per_row - 1)):
+                conn.execute(text(statement), {"first": first, "more": more})
+            count = int(conn.execute(text("SELECT count(*) FROM events")).scalar_one())
+        settle(engine)
+    finally:
+        engine.dispose()
+    mnestoma.upgrade(url)
+    return url, first, count
+
+
+_CREATED_SQL = (
+    f"WITH c AS ({_CREATED_AT}) INSERT INTO events (mnest_id, kind, ts, weight_after,"
+    f" state_after) SELECT id, 'created', :first + {_SPAN} * u, weight, state FROM c"
+)
+_REINFORCED_SQL = (
+    f"WITH c AS ({_CREATED_AT}) INSERT INTO events (mnest_id, kind, ts, weight_before,"
+    f" weight_after, state_before, state_after) SELECT c.id, 'reinforced',"
+    f" :first + {_SPAN} * (c.u + s * {_STEP} - floor(c.u + s * {_STEP})), c.weight,"
+    " c.weight, c.state, c.state FROM c CROSS JOIN generate_series(1, :more) AS s"
+)
+
+
+def measure_split(ctx: Context) -> dict[str, Any]:
+    """``split_history`` of a store upgraded from before 0015 (every event in one
+    partition), with 4 open-loop writers recording passings now (into that partition,
+    mirrored); then ``prune_events`` of the older half of the months it made, with the
+    writers again: each one's time, the writers' figures and who waited for whom."""
+    from mnestoma import Mnestoma
+
+    url, first, count = _old_layout_store(ctx)
+    edges = pick_edges(url, 400)
+    store = Mnestoma(url)
+    figures: dict[str, Any] = {"events": count, "first_month": first.isoformat()}
+    try:
+        waiting = store.split_history(dry_run=True).waiting
+        figures["partitions_waiting"] = [p.as_dict() for p in waiting]
+        with (
+            Writers(ctx, STATUS_WRITERS, STATUS_PERIOD_S, url=url, edges=edges) as writers,
+            LockSampler(url) as sampler,
+        ):
+            started = time.monotonic()
+            report = store.split_history()
+            ended = time.monotonic()
+            time.sleep(0.5)
+        figures["split"] = {
+            "split_s": round(ended - started, 1),
+            "months": len(report.months),
+            "copied": report.copied,
+            "batches": report.batches,
+            "writers_during": writers.window(started, ended),
+            "waits": sampler.summary(started, ended),
+        }
+        before = month_after(first, MONTHS // 2)
+        size_before = database_mb(url)
+        with (
+            Writers(ctx, STATUS_WRITERS, STATUS_PERIOD_S, url=url, edges=edges) as writers,
+            LockSampler(url) as sampler,
+        ):
+            started = time.monotonic()
+            deleted = store.prune_events(before)
+            ended = time.monotonic()
+            time.sleep(0.5)
+        figures["retention"] = {
+            "before": before.isoformat(),
+            "deleted": deleted,
+            "prune_s": round(ended - started, 2),
+            "database_mb_before": size_before,
+            "database_mb_after": database_mb(url),
+            "writers_during": writers.window(started, ended),
+            "writers": writers.figures,
+            "waits": sampler.summary(started - 0.5, ended + 0.5),
+        }
+    finally:
+        store.close()
+    return figures
+
+
 UPGRADE_MNESTS = 300_000  # an old store: 300,000 mnests and (at most) 10M events
 UPGRADE_EVENTS_MAX = 10_000_000
 
@@ -527,6 +648,7 @@ MEASUREMENTS: dict[str, Callable[[Context], dict[str, Any]]] = {
     "replica_lag": measure_replica_lag,
     "capacity": measure_capacity,
     "retention": measure_retention,
+    "split": measure_split,
     "upgrade": measure_upgrade,
 }
 

@@ -138,7 +138,7 @@ RETENTION_LOCK_PAUSE_MAX_S = 0.2
 PARTMAN_RECHECK_S = 60.0
 # mnestoma split-history (PostgreSQL): the rows of a partition of the old layout are copied
 # into the months that replace it SPLIT_BATCH_ROWS ids at a time, each batch its own
-# transaction holding the old partition in SHARE mode (its writers wait for one batch), with
+# transaction locking the rows it copies FOR SHARE (an insert is not held up), with
 # a pause of SPLIT_PAUSE_S after each. A lock (the batch's, the triggers' made at the start,
 # the swap's) is waited for SPLIT_LOCK_TIMEOUT_S at most and tried again up to SPLIT_TRIES
 # times, pausing as retention does after each failed try.

@@ -21,9 +21,10 @@ partitioned by kind, made by the store's ``mnestoma_events_month``), online:
 2. **The copy**, in batches of the next :data:`~mnestoma.rules.SPLIT_BATCH_ROWS` ids the old
    partition holds, from the lowest to the watermark (read from its primary key, so that the
    sparse ids of what retention kept make no empty batches), each its own short
-   transaction: the old partition held in ``SHARE`` mode (its writers wait for one batch;
-   lock timeout and tries as above), its rows of those ids not in the staging table yet
-   copied there, the comment moved on in the same transaction; a pause of
+   transaction: its rows of those ids not in the staging table yet copied there, each row
+   locked ``FOR SHARE`` as it is read (a delete or update of it waits for the batch; the
+   writers' inserts are not held up; lock timeout and tries as above), the comment moved
+   on in the same transaction; a pause of
    :data:`~mnestoma.rules.SPLIT_PAUSE_S` after each.
 3. **The swap** (one short transaction, same lock timeout and tries): ``events`` locked;
    rows the staging default caught given months of their own; the old partition detached
@@ -39,9 +40,11 @@ its transaction ends. So each write to it either committed before the triggers e
 rows are in the old partition, with ids up to the watermark, read once that lock was had),
 or takes its lock after they were committed and sees them (a lock taken reads the
 catalogue's changes): its change is mirrored in its own transaction, committed or rolled
-back with it. Every batch holds the old partition in ``SHARE`` mode, so no write to it runs
-during the batch: a row copied is the old partition's row as it is, and a delete or update
-of it comes after, mirrored. A row a write mirrored (whatever its id) is never copied again
+back with it. Every batch locks each row it copies ``FOR SHARE`` until it commits: a delete
+or update of a row that committed before the lock was taken is seen by it (the row is
+skipped, or its newest version copied), and one that comes after waits for the batch's
+commit, then is mirrored into the staging table, where the row now is. A row copied is
+the old partition's row as it is. A row a write mirrored (whatever its id) is never copied again
 (``ON CONFLICT DO NOTHING`` on the leaves' primary keys), and a row deleted before its batch
 is not there to copy. When the last batch commits, the staging table holds exactly the old
 partition's rows, and keeps doing so until the swap, which locks both out of reach.
@@ -353,7 +356,6 @@ def copy_next_batch(bind: Bind, size: int) -> tuple[_Staging, int] | None:
             return None if state is None else (state, 0)
 
         def batch() -> tuple[int, int]:
-            conn.execute(sq.lock_old(state.old, "SHARE"))
             bounds = {"after": state.copied, "watermark": state.watermark, "n": size}
             end, found = conn.execute(sq.batch_end(state.old), bounds).one()
             last = state.watermark if found < size else int(end)

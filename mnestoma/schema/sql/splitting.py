@@ -416,10 +416,12 @@ def batch_end(old: str) -> TextClause:
 
 def copy_batch(old: str) -> TextClause:
     """The old partition's rows whose ids lie in ``[:first, :last]`` into the staging table,
-    but those already there (mirrored, or a batch run before a kill)."""
+    but those already there (mirrored, or a batch run before a kill); each row copied is
+    locked ``FOR SHARE`` until the batch commits (a delete or update of it waits, then is
+    mirrored; inserts are not held up)."""
     return text(
         f"INSERT INTO {STAGING_NAME} SELECT * FROM {old_partition(old)}"
-        " WHERE id BETWEEN :first AND :last ON CONFLICT DO NOTHING"
+        " WHERE id BETWEEN :first AND :last FOR SHARE ON CONFLICT DO NOTHING"
     ).bindparams(bindparam("first", type_=BigInteger()), bindparam("last", type_=BigInteger()))
 
 
