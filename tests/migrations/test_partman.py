@@ -1,9 +1,9 @@
 """Events handed to pg_partman (contract §12; the operations guide, "Handing events to
 pg_partman"): pg_partman installed from the operating system's packages where the server
 lacks it, ``events`` handed over by the guide's own commands in a database of its own,
-pg_partman's months made ahead and none by the package (no DDL at all), retention as the
-guide says with and without a retention held by pg_partman, writes and reads, the schema
-comparison clean, and the way back."""
+pg_partman's plain months made ahead after the package's months by kind and none by the
+package (no DDL at all), retention as the guide says with and without a retention held by
+pg_partman, writes and reads, the schema comparison clean, and the way back."""
 
 from __future__ import annotations
 
@@ -36,6 +36,8 @@ from mnestoma.testing.clock import MovableClock
 GUIDE = REPO / "docs" / "operations.md"
 SECTION = "### Handing events to pg_partman"
 PARTMAN_MONTH = re.compile(r"^events_p([0-9]{4,5})_([0-9]{2})$")
+# A leaf of a month by kind (revision 0015): its month's name and the kinds it holds.
+LEAF = re.compile(r"^(events_[0-9]{6,7})_(created|rest)$")
 # The guide's premake, raised so that pg_partman makes months of its own at once (it takes
 # over from the end of the package's months, four or five months ahead of now).
 PREMAKE = 8
@@ -195,8 +197,49 @@ def partitions(url: URL) -> dict[str, tuple[datetime | None, datetime | None]]:
     return {name: (lower, upper) for name, lower, upper in rows}
 
 
+# The forms of a partition of events (forms()).
+BY_KIND = "by kind"
+PLAIN = "plain"
+RANGES = "by range"
+
+
+def forms(url: URL) -> dict[str, str]:
+    """The form of each partition of events but the default: a month by kind (partitioned by
+    list of kind), a plain table, or one partitioned by range (what retention keeps)."""
+    engine = _engine(url)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(
+                text(
+                    "SELECT c.relname, c.relkind::text, pg_get_partkeydef(c.oid)"
+                    " FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+                    " WHERE i.inhparent = 'events'::regclass"
+                    " AND pg_get_expr(c.relpartbound, c.oid) <> 'DEFAULT'"
+                )
+            ).all()
+    finally:
+        engine.dispose()
+    found = {}
+    for name, relkind, key in rows:
+        if relkind == "r":
+            found[name] = PLAIN
+        elif key == "LIST (kind)":
+            found[name] = BY_KIND
+        else:
+            assert key == "RANGE (ts)", (name, key)
+            found[name] = RANGES
+    return found
+
+
+def month_of(table: str) -> str:
+    """The partition of events that holds ``table``: a leaf of a month by kind is its
+    month's; a plain month, or the default, is its own."""
+    leaf = LEAF.match(table)
+    return table if leaf is None else leaf[1]
+
+
 def where(url: URL, mnest_id: str) -> list[tuple[str, str]]:
-    """(partition, kind) of each event of ``mnest_id``, by id."""
+    """(table, kind) of each event of ``mnest_id``, by id: the leaf that holds it."""
     engine = _engine(url)
     try:
         with engine.connect() as conn:
@@ -303,6 +346,13 @@ def test_pg_partman_makes_the_months_ahead_and_the_package_none(handed: URL) -> 
     assert month(now, PREMAKE) <= made[-1] <= month(now, PREMAKE + 1)
     assert made == [month(package_end, i) for i in range(len(made))]
     assert all(is_store_name(n) for n in parts) and is_store_name("events_template")
+    # Counted in months, not leaves: the package's months by kind, pg_partman's plain.
+    shapes = forms(handed)
+    ours = {n for n in shapes if PARTMAN_MONTH.match(n) is None}
+    assert {shapes[f"events_p{m:%Y_%m}"] for m in made} == {PLAIN}
+    assert ours and {shapes[n] for n in ours} == {BY_KIND}
+    assert set(parts) == {*shapes, "events_default"}
+    assert min(parts[n][0] for n in ours) == month(now)  # no partition before the current month
 
     run_script(handed, DDL_LOG)
     gap = month(made[-1], 2)  # no partition holds it: the package would make it
@@ -317,8 +367,13 @@ def test_pg_partman_makes_the_months_ahead_and_the_package_none(handed: URL) -> 
     assert partitions(handed) == parts
     assert ddl_run(handed) == []
     assert where(handed, far.id) == [("events_default", "created")]
-    current = [p for p, _ in where(handed, edge.id)]
-    assert len(set(current)) == 1 and current[0] != "events_default"
+    current = where(handed, edge.id)
+    [current_month] = {month_of(t) for t, _ in current}  # one month: the package's, by kind
+    assert shapes[current_month] == BY_KIND
+    assert current == [
+        (f"{current_month}_created", "created"),
+        (f"{current_month}_rest", "reinforced"),
+    ]
 
     engine = make_engine(url)
     try:
@@ -401,10 +456,14 @@ def test_handed_back_the_package_makes_the_months_again(
         third = store.record_passing("plan", "1", "review", "1")
     made = partitions(handed)
     gap_month = f"events_{gap:%Y%m}"
-    assert set(made) - set(parts) == {f"events_{month(gap, i):%Y%m}" for i in range(4)}
+    new_months = {f"events_{month(gap, i):%Y%m}" for i in range(4)}
+    assert set(made) - set(parts) == new_months
     assert made[gap_month] == (gap, month(gap, 1))
-    for edge in (first, second, third):  # moved out of the default into their month
-        assert where(handed, edge.id) == [(gap_month, "created")]
+    shapes = forms(handed)  # the package's months by kind again, pg_partman's plain as made
+    assert {shapes[n] for n in new_months} == {BY_KIND}
+    assert {shapes[n] for n in made if PARTMAN_MONTH.match(n)} == {PLAIN}
+    for edge in (first, second, third):  # moved out of the default into their month's leaf
+        assert where(handed, edge.id) == [(f"{gap_month}_created", "created")]
     engine = make_engine(url)
     try:
         with engine.connect() as conn:
