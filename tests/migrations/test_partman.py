@@ -2,8 +2,9 @@
 pg_partman"): pg_partman installed from the operating system's packages where the server
 lacks it, ``events`` handed over by the guide's own commands in a database of its own,
 pg_partman's plain months made ahead after the package's months by kind and none by the
-package (no DDL at all), retention as the guide says with and without a retention held by
-pg_partman, writes and reads, the schema comparison clean, and the way back."""
+package (no DDL at all), what would stop its maintenance listed before, retention as the
+guide says with and without a retention held by pg_partman, writes and reads, the schema
+comparison clean, and the way back."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from mnestoma import Mnestoma
 from mnestoma.engines import make_engine
 from mnestoma.engines import partman as partman_module
 from mnestoma.engines.partman import Partman, holds_retention, look, makes_months
+from mnestoma.maintenance import retention
 from mnestoma.maintenance.migration import is_store_name
 from mnestoma.schema.sql.partitions import is_layout_name
 from mnestoma.testing.clock import MovableClock
@@ -139,6 +141,17 @@ def _block(first_line: str) -> str:
     return found
 
 
+def query_script(url: URL, script: str) -> list[list[tuple[object, ...]]]:
+    """The rows of each statement of ``script`` (queries separated by ``;`` at a line's end)."""
+    conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
+    statements = [q for q in re.split(r";\s*\n", script) if q.strip()]
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        return [conn.execute(q.encode()).fetchall() for q in statements]
+
+
+CHECK = "SELECT part, lower FROM mnestoma_events_bounds()"
+
+
 def run_script(url: URL, script: str) -> None:
     """``script`` (several statements, its own BEGIN and COMMIT) as psql would run it."""
     conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
@@ -160,6 +173,7 @@ def handed() -> Iterator[URL]:
         setup = _block("CREATE SCHEMA partman;")
         setup = setup.replace("<database>", str(url.database))
         run_script(url, setup.replace("<services_role>", "CURRENT_USER"))
+        assert query_script(url, _block(CHECK)) == [[], []]  # nothing stops pg_partman later
         run_script(url, _block("BEGIN;"))
         run_script(
             url,
@@ -387,6 +401,16 @@ def test_pg_partman_makes_the_months_ahead_and_the_package_none(handed: URL) -> 
     maintenance(handed)
 
 
+def dropped_unread(url: URL, before: datetime) -> int:
+    """How many months a prune at ``before`` would drop without reading them (by kind)."""
+    engine = _engine(url)
+    try:
+        with engine.connect() as conn:
+            return retention.months_dropped_whole(conn, before)
+    finally:
+        engine.dispose()
+
+
 def _written(url: str, first: datetime) -> tuple[str, str]:
     """An edge created and reinforced in pg_partman's first month, one at the system's time:
     their ids."""
@@ -397,6 +421,27 @@ def _written(url: str, first: datetime) -> tuple[str, str]:
         now = store.record_passing("plan", "1", "answer", "1")
         store.record_passing("plan", "1", "answer", "1")
     return ahead.id, now.id
+
+
+def test_the_guides_check_lists_what_would_stop_pg_partman_later() -> None:
+    require_postgresql()
+    url = create_pg_database("mnestoma_partman_check")
+    try:
+        mnestoma.upgrade(url.render_as_string(hide_password=False))
+        assert query_script(url, _block(CHECK)) == [[], []]
+        now = datetime.now(UTC)
+        stray, ahead = month(now, 12), month(now, 6) + timedelta(days=2)
+        run_script(
+            url,
+            f"SELECT mnestoma_events_partitions('{stray.isoformat()}', 0);"
+            " INSERT INTO events (mnest_id, kind, ts, recorder)"
+            f" VALUES ('m', 'created', '{ahead.isoformat()}', 'call');",
+        )
+        gaps, rows = query_script(url, _block(CHECK))
+        assert [(str(p), lower) for p, lower in gaps] == [(f"events_{stray:%Y%m}", stray)]
+        assert [ts for _, ts in rows] == [ahead]
+    finally:
+        drop_pg_database(url)
 
 
 def test_without_a_pg_partman_retention_the_prune_drops_its_months_as_the_packages(
@@ -438,6 +483,50 @@ def test_with_a_pg_partman_retention_the_prune_deletes_rows_only(handed: URL) ->
     for m, events in before.items():
         assert where(handed, m) == [(p, k) for p, k in events if k == "created"]
     assert where(handed, ahead) == [(f"events_p{first:%Y_%m}", "created")]
+
+
+def test_a_month_made_by_both_renamed_to_pg_partmans_name(handed: URL) -> None:
+    url = handed.render_as_string(hide_password=False)
+    both = month(partman_months(partitions(handed))[-1], 1)
+    # A process that made a month in the minute of the handover: the package's, by kind.
+    run_script(handed, f"SELECT mnestoma_events_partitions('{both.isoformat()}', 0);")
+    ours = f"events_{both:%Y%m}"
+    assert forms(handed)[ours] == BY_KIND
+    run_script(
+        handed,
+        f"UPDATE partman.part_config SET premake = {PREMAKE + 2}"
+        " WHERE parent_table = 'public.events';",
+    )
+    with pytest.raises(psycopg.Error, match="overlap"):
+        maintenance(handed)
+    run_script(handed, f"ALTER TABLE {ours} RENAME TO events_p{both:%Y_%m};")
+    maintenance(handed)  # it takes that month for its own and goes on after it
+    made = partman_months(partitions(handed))
+    assert both in made and made[-1] > both
+    renamed = f"events_p{both:%Y_%m}"
+    assert forms(handed)[renamed] == BY_KIND  # its leaves keep their names
+    with Mnestoma(url, clock=MovableClock(both + timedelta(days=5))) as store:
+        edge = store.record_passing("plan", "1", "search", "1")
+        store.record_passing("plan", "1", "search", "1")
+    leaves = [(f"{ours}_created", "created"), (f"{ours}_rest", "reinforced")]
+    assert where(handed, edge.id) == leaves
+    # Its leaves no longer carry its name: retention takes it for a plain month and copies.
+    cutoff = month(both, 1)
+    assert dropped_unread(handed, cutoff) == 0
+    with Mnestoma(url) as store:
+        assert store.prune_events(cutoff, dry_run=True) == 1
+        assert store.prune_events(cutoff) == 1
+    after = partitions(handed)
+    assert renamed not in after
+    assert where(handed, edge.id) == [(f"events_to_{cutoff:%Y%m}", "created")]
+    maintenance(handed)
+    assert partitions(handed) == after
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            assert schema_diff(conn) == []
+    finally:
+        engine.dispose()
 
 
 def test_handed_back_the_package_makes_the_months_again(
