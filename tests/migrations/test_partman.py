@@ -2,9 +2,9 @@
 pg_partman"): pg_partman installed from the operating system's packages where the server
 lacks it, ``events`` handed over by the guide's own commands in a database of its own,
 pg_partman's plain months made ahead after the package's months by kind and none by the
-package (no DDL at all), what would stop its maintenance listed before, retention as the
-guide says with and without a retention held by pg_partman, writes and reads, the schema
-comparison clean, and the way back."""
+package (no DDL at all), retention as the guide says with and without a retention held by
+pg_partman (pg_partman's months copied, the ``created`` event of every mnest still stored
+kept), writes and reads, the schema comparison clean, and the way back."""
 
 from __future__ import annotations
 
@@ -451,6 +451,9 @@ def test_without_a_pg_partman_retention_the_prune_drops_its_months_as_the_packag
     first = partman_months(partitions(handed))[0]
     ahead, now = _written(url, first)
     cutoff = month(first, 1)
+    # pg_partman's month is plain: it and every partition before it (the package's months
+    # by kind among them) take the path that copies what it keeps, its count exact.
+    assert dropped_unread(handed, cutoff) == 0
     with Mnestoma(url) as store:
         assert store.prune_events(cutoff, dry_run=True) == 2
         assert store.prune_events(cutoff) == 2
@@ -463,6 +466,75 @@ def test_without_a_pg_partman_retention_the_prune_drops_its_months_as_the_packag
     assert partman_months(parts)[0] == cutoff  # its later months stay
     maintenance(handed)  # one month of its naming is newer than every other: it goes on
     assert partitions(handed) == parts
+
+
+def test_without_a_pg_partman_retention_the_prunes_keep_every_live_mnests_created_event(
+    handed: URL,
+) -> None:
+    url = handed.render_as_string(hide_password=False)
+    parts = partitions(handed)
+    first = partman_months(parts)[0]
+    ours = [n for n, f in forms(handed).items() if f == BY_KIND]
+    start = min(parts[n][0] or first for n in ours)  # the package's first month
+    # Edges created (and reinforced) in a month of the package's ahead, before its first
+    # month (no partition holds it, and while handed nothing makes it: the default holds
+    # them), in pg_partman's first month, at the system's time; one more, gone since.
+    at = {
+        "ahead": month(start, 1),
+        "before": month(start, -3),
+        "partman": first,
+        "gone": month(start, 2),
+    }
+    ids = {}
+    for name, when in at.items():
+        with Mnestoma(url, clock=MovableClock(when + timedelta(days=5))) as store:
+            ids[name] = store.record_passing("plan", "1", name, "1").id
+            store.record_passing("plan", "1", name, "1")
+    with Mnestoma(url) as store:
+        ids["now"] = store.record_passing("plan", "1", "now", "1").id
+        store.record_passing("plan", "1", "now", "1")
+    assert {t for t, _ in where(handed, ids["before"])} == {"events_default"}
+    assert {t for t, _ in where(handed, ids["partman"])} == {f"events_p{first:%Y_%m}"}
+    gone = ids.pop("gone")
+    run_script(handed, f"DELETE FROM mnests WHERE id = '{gone}';")
+    live = sorted(ids.values())
+
+    # A cutoff at pg_partman's first month: the package's months by kind, dropped unread.
+    assert dropped_unread(handed, first) == len(ours)
+    with Mnestoma(url) as store:
+        store.prune_events(first)
+        for mnest_id in live:
+            kinds = [e.kind for e in store.events(mnest_id=mnest_id)]
+            assert kinds == ["created", "reinforced"][: 2 if mnest_id == ids["partman"] else 1]
+    kept = f"events_to_{first:%Y%m}"
+    assert forms(handed)[kept] == RANGES and partitions(handed)[kept] == (None, first)
+    assert where(handed, ids["before"]) == [(f"{kept}_default", "created")]
+    assert where(handed, gone) == []  # its created event not kept
+    maintenance(handed)  # the partition of everything before does not stop it
+
+    # A cutoff past pg_partman's first month: a plain month, so the copying path (exact).
+    cutoff = month(first, 1)
+    assert dropped_unread(handed, cutoff) == 0
+    with Mnestoma(url) as store:
+        assert store.prune_events(cutoff, dry_run=True) == 1  # the reinforced in its month
+        assert store.prune_events(cutoff) == 1
+        for mnest_id in live:
+            assert [e.kind for e in store.events(mnest_id=mnest_id)] == ["created"], mnest_id
+    after = partitions(handed)
+    final = f"events_to_{cutoff:%Y%m}"
+    assert forms(handed)[final] == PLAIN and after[final] == (None, cutoff)
+    assert kept not in after and f"events_p{first:%Y_%m}" not in after
+    for mnest_id in live:
+        assert where(handed, mnest_id) == [(final, "created")]
+    assert partman_months(after)[0] == cutoff
+    maintenance(handed)
+    assert partitions(handed) == after
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            assert schema_diff(conn) == []
+    finally:
+        engine.dispose()
 
 
 def test_with_a_pg_partman_retention_the_prune_deletes_rows_only(handed: URL) -> None:
