@@ -26,8 +26,8 @@ A store whose ``events`` is not partitioned (a PostgreSQL store not yet at 0011)
 at again after :data:`~mnestoma.rules.PARTITIONS_RECHECK_S`; SQLite has nothing of this.
 
 Retention drops whole months (:func:`drop_old_partitions`): a month in 0015's form without
-reading a row of it, a plain one (made before 0015) by copying what it keeps; every lock it
-takes waited for briefly and tried again (:func:`under_short_locks`).
+reading a row of it, a plain one (made before 0015, or by pg_partman) by copying what it
+keeps; every lock it takes waited for briefly and tried again (:func:`under_short_locks`).
 """
 
 from __future__ import annotations
@@ -377,9 +377,9 @@ class _Part:
 @dataclass(frozen=True, slots=True)
 class _Plan:
     """What a prune drops: the partitions that take the copying path (the plain ones, made
-    before 0015, and every one up to the end of the last of them), then the months in
-    0015's form after them, and the partition in 0015's form of everything before (when it
-    is not among the first)."""
+    before 0015 or by pg_partman, and every one up to the end of the last of them), then
+    the months in 0015's form after them, and the partition in 0015's form of everything
+    before (when it is not among the first)."""
 
     legacy: tuple[_Part, ...] = ()
     months: tuple[_Part, ...] = ()
@@ -415,8 +415,8 @@ def drop_old_partitions(conn: Connection, before: datetime) -> Dropped:
     Months in 0015's form are never read (:func:`_drop_months`): a swap of catalogue changes
     keeps their ``_created`` leaves under the partition of everything before, and their
     ``_rest`` leaves go with the tables dropped, their rows counted from the catalogue.
-    The plain partitions before 0015 (and everything up to the last of them) take the
-    path that reads them (:func:`_drop_legacy`)."""
+    The plain partitions (made before 0015, or pg_partman's months) and everything up to
+    the last of them take the path that reads them (:func:`_drop_legacy`)."""
     plan = _plan(conn, before)
     dropped = Dropped()
     if plan.legacy:
@@ -429,8 +429,8 @@ def drop_old_partitions(conn: Connection, before: datetime) -> Dropped:
 
 
 def _drop_legacy(conn: Connection, parts: tuple[_Part, ...], *, nested: bool) -> Dropped:
-    """The copying path, for the plain partitions made before 0015 (and any partition
-    before the last of them).
+    """The copying path, for the plain partitions (made before 0015, or pg_partman's
+    months) and any partition before the last of them.
 
     Writes into those partitions are held off (``SHARE``) while the ``created`` events of
     the mnests still stored are copied from them, and from the default partition's rows

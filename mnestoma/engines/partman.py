@@ -13,7 +13,11 @@ operations guide, "Handing events to pg_partman"). The package then asks, per en
   make a month, so a store without the extension pays one catalogue read now and then.
 - **Does pg_partman drop the old months?** Its row holds a ``retention``. Then
   ``prune_events`` drops no partition and deletes rows only, as on a store whose events are
-  one table (:mod:`mnestoma.maintenance.retention`): asked afresh at each prune.
+  one table (:mod:`mnestoma.maintenance.retention`): asked afresh at each prune. Without
+  one, the prune drops pg_partman's months too; they are plain tables (pg_partman 4.7
+  cannot partition a month by kind), so it copies what it keeps of them, and of every
+  partition before them, as of the partitions made before revision 0015
+  (:func:`mnestoma.engines.partitions.drop_old_partitions`).
 
 Without the extension, or with a role that may not read its ``part_config`` (logged once
 per engine), the answer is no: the package's own upkeep is the default and needs nothing.

@@ -1,9 +1,10 @@
 """Events handed to pg_partman (contract §12; the operations guide, "Handing events to
 pg_partman"): pg_partman installed from the operating system's packages where the server
 lacks it, ``events`` handed over by the guide's own commands in a database of its own,
-pg_partman's months made ahead and none by the package (no DDL at all), retention as the
-guide says with and without a retention held by pg_partman, writes and reads, the schema
-comparison clean, and the way back."""
+pg_partman's plain months made ahead after the package's months by kind and none by the
+package (no DDL at all), retention as the guide says with and without a retention held by
+pg_partman (pg_partman's months copied, the ``created`` event of every mnest still stored
+kept), writes and reads, the schema comparison clean, and the way back."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from mnestoma import Mnestoma
 from mnestoma.engines import make_engine
 from mnestoma.engines import partman as partman_module
 from mnestoma.engines.partman import Partman, holds_retention, look, makes_months
+from mnestoma.maintenance import retention
 from mnestoma.maintenance.migration import is_store_name
 from mnestoma.schema.sql.partitions import is_layout_name
 from mnestoma.testing.clock import MovableClock
@@ -36,6 +38,8 @@ from mnestoma.testing.clock import MovableClock
 GUIDE = REPO / "docs" / "operations.md"
 SECTION = "### Handing events to pg_partman"
 PARTMAN_MONTH = re.compile(r"^events_p([0-9]{4,5})_([0-9]{2})$")
+# A leaf of a month by kind (revision 0015): its month's name and the kinds it holds.
+LEAF = re.compile(r"^(events_[0-9]{6,7})_(created|rest)$")
 # The guide's premake, raised so that pg_partman makes months of its own at once (it takes
 # over from the end of the package's months, four or five months ahead of now).
 PREMAKE = 8
@@ -137,6 +141,17 @@ def _block(first_line: str) -> str:
     return found
 
 
+def query_script(url: URL, script: str) -> list[list[tuple[object, ...]]]:
+    """The rows of each statement of ``script`` (queries separated by ``;`` at a line's end)."""
+    conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
+    statements = [q for q in re.split(r";\s*\n", script) if q.strip()]
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        return [conn.execute(q.encode()).fetchall() for q in statements]
+
+
+CHECK = "SELECT part, lower FROM mnestoma_events_bounds()"
+
+
 def run_script(url: URL, script: str) -> None:
     """``script`` (several statements, its own BEGIN and COMMIT) as psql would run it."""
     conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
@@ -158,6 +173,7 @@ def handed() -> Iterator[URL]:
         setup = _block("CREATE SCHEMA partman;")
         setup = setup.replace("<database>", str(url.database))
         run_script(url, setup.replace("<services_role>", "CURRENT_USER"))
+        assert query_script(url, _block(CHECK)) == [[], []]  # nothing stops pg_partman later
         run_script(url, _block("BEGIN;"))
         run_script(
             url,
@@ -195,8 +211,49 @@ def partitions(url: URL) -> dict[str, tuple[datetime | None, datetime | None]]:
     return {name: (lower, upper) for name, lower, upper in rows}
 
 
+# The forms of a partition of events (forms()).
+BY_KIND = "by kind"
+PLAIN = "plain"
+RANGES = "by range"
+
+
+def forms(url: URL) -> dict[str, str]:
+    """The form of each partition of events but the default: a month by kind (partitioned by
+    list of kind), a plain table, or one partitioned by range (what retention keeps)."""
+    engine = _engine(url)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(
+                text(
+                    "SELECT c.relname, c.relkind::text, pg_get_partkeydef(c.oid)"
+                    " FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+                    " WHERE i.inhparent = 'events'::regclass"
+                    " AND pg_get_expr(c.relpartbound, c.oid) <> 'DEFAULT'"
+                )
+            ).all()
+    finally:
+        engine.dispose()
+    found = {}
+    for name, relkind, key in rows:
+        if relkind == "r":
+            found[name] = PLAIN
+        elif key == "LIST (kind)":
+            found[name] = BY_KIND
+        else:
+            assert key == "RANGE (ts)", (name, key)
+            found[name] = RANGES
+    return found
+
+
+def month_of(table: str) -> str:
+    """The partition of events that holds ``table``: a leaf of a month by kind is its
+    month's; a plain month, or the default, is its own."""
+    leaf = LEAF.match(table)
+    return table if leaf is None else leaf[1]
+
+
 def where(url: URL, mnest_id: str) -> list[tuple[str, str]]:
-    """(partition, kind) of each event of ``mnest_id``, by id."""
+    """(table, kind) of each event of ``mnest_id``, by id: the leaf that holds it."""
     engine = _engine(url)
     try:
         with engine.connect() as conn:
@@ -303,6 +360,13 @@ def test_pg_partman_makes_the_months_ahead_and_the_package_none(handed: URL) -> 
     assert month(now, PREMAKE) <= made[-1] <= month(now, PREMAKE + 1)
     assert made == [month(package_end, i) for i in range(len(made))]
     assert all(is_store_name(n) for n in parts) and is_store_name("events_template")
+    # Counted in months, not leaves: the package's months by kind, pg_partman's plain.
+    shapes = forms(handed)
+    ours = {n for n in shapes if PARTMAN_MONTH.match(n) is None}
+    assert {shapes[f"events_p{m:%Y_%m}"] for m in made} == {PLAIN}
+    assert ours and {shapes[n] for n in ours} == {BY_KIND}
+    assert set(parts) == {*shapes, "events_default"}
+    assert min(parts[n][0] for n in ours) == month(now)  # no partition before the current month
 
     run_script(handed, DDL_LOG)
     gap = month(made[-1], 2)  # no partition holds it: the package would make it
@@ -317,8 +381,13 @@ def test_pg_partman_makes_the_months_ahead_and_the_package_none(handed: URL) -> 
     assert partitions(handed) == parts
     assert ddl_run(handed) == []
     assert where(handed, far.id) == [("events_default", "created")]
-    current = [p for p, _ in where(handed, edge.id)]
-    assert len(set(current)) == 1 and current[0] != "events_default"
+    current = where(handed, edge.id)
+    [current_month] = {month_of(t) for t, _ in current}  # one month: the package's, by kind
+    assert shapes[current_month] == BY_KIND
+    assert current == [
+        (f"{current_month}_created", "created"),
+        (f"{current_month}_rest", "reinforced"),
+    ]
 
     engine = make_engine(url)
     try:
@@ -330,6 +399,16 @@ def test_pg_partman_makes_the_months_ahead_and_the_package_none(handed: URL) -> 
     # month; a mistake's row deleted, its maintenance goes on.
     run_script(handed, f"DELETE FROM events WHERE mnest_id = '{far.id}';")
     maintenance(handed)
+
+
+def dropped_unread(url: URL, before: datetime) -> int:
+    """How many months a prune at ``before`` would drop without reading them (by kind)."""
+    engine = _engine(url)
+    try:
+        with engine.connect() as conn:
+            return retention.months_dropped_whole(conn, before)
+    finally:
+        engine.dispose()
 
 
 def _written(url: str, first: datetime) -> tuple[str, str]:
@@ -344,6 +423,27 @@ def _written(url: str, first: datetime) -> tuple[str, str]:
     return ahead.id, now.id
 
 
+def test_the_guides_check_lists_what_would_stop_pg_partman_later() -> None:
+    require_postgresql()
+    url = create_pg_database("mnestoma_partman_check")
+    try:
+        mnestoma.upgrade(url.render_as_string(hide_password=False))
+        assert query_script(url, _block(CHECK)) == [[], []]
+        now = datetime.now(UTC)
+        stray, ahead = month(now, 12), month(now, 6) + timedelta(days=2)
+        run_script(
+            url,
+            f"SELECT mnestoma_events_partitions('{stray.isoformat()}', 0);"
+            " INSERT INTO events (mnest_id, kind, ts, recorder)"
+            f" VALUES ('m', 'created', '{ahead.isoformat()}', 'call');",
+        )
+        gaps, rows = query_script(url, _block(CHECK))
+        assert [(str(p), lower) for p, lower in gaps] == [(f"events_{stray:%Y%m}", stray)]
+        assert [ts for _, ts in rows] == [ahead]
+    finally:
+        drop_pg_database(url)
+
+
 def test_without_a_pg_partman_retention_the_prune_drops_its_months_as_the_packages(
     handed: URL,
 ) -> None:
@@ -351,6 +451,9 @@ def test_without_a_pg_partman_retention_the_prune_drops_its_months_as_the_packag
     first = partman_months(partitions(handed))[0]
     ahead, now = _written(url, first)
     cutoff = month(first, 1)
+    # pg_partman's month is plain: it and every partition before it (the package's months
+    # by kind among them) take the path that copies what it keeps, its count exact.
+    assert dropped_unread(handed, cutoff) == 0
     with Mnestoma(url) as store:
         assert store.prune_events(cutoff, dry_run=True) == 2
         assert store.prune_events(cutoff) == 2
@@ -363,6 +466,75 @@ def test_without_a_pg_partman_retention_the_prune_drops_its_months_as_the_packag
     assert partman_months(parts)[0] == cutoff  # its later months stay
     maintenance(handed)  # one month of its naming is newer than every other: it goes on
     assert partitions(handed) == parts
+
+
+def test_without_a_pg_partman_retention_the_prunes_keep_every_live_mnests_created_event(
+    handed: URL,
+) -> None:
+    url = handed.render_as_string(hide_password=False)
+    parts = partitions(handed)
+    first = partman_months(parts)[0]
+    ours = [n for n, f in forms(handed).items() if f == BY_KIND]
+    start = min(parts[n][0] or first for n in ours)  # the package's first month
+    # Edges created (and reinforced) in a month of the package's ahead, before its first
+    # month (no partition holds it, and while handed nothing makes it: the default holds
+    # them), in pg_partman's first month, at the system's time; one more, gone since.
+    at = {
+        "ahead": month(start, 1),
+        "before": month(start, -3),
+        "partman": first,
+        "gone": month(start, 2),
+    }
+    ids = {}
+    for name, when in at.items():
+        with Mnestoma(url, clock=MovableClock(when + timedelta(days=5))) as store:
+            ids[name] = store.record_passing("plan", "1", name, "1").id
+            store.record_passing("plan", "1", name, "1")
+    with Mnestoma(url) as store:
+        ids["now"] = store.record_passing("plan", "1", "now", "1").id
+        store.record_passing("plan", "1", "now", "1")
+    assert {t for t, _ in where(handed, ids["before"])} == {"events_default"}
+    assert {t for t, _ in where(handed, ids["partman"])} == {f"events_p{first:%Y_%m}"}
+    gone = ids.pop("gone")
+    run_script(handed, f"DELETE FROM mnests WHERE id = '{gone}';")
+    live = sorted(ids.values())
+
+    # A cutoff at pg_partman's first month: the package's months by kind, dropped unread.
+    assert dropped_unread(handed, first) == len(ours)
+    with Mnestoma(url) as store:
+        store.prune_events(first)
+        for mnest_id in live:
+            kinds = [e.kind for e in store.events(mnest_id=mnest_id)]
+            assert kinds == ["created", "reinforced"][: 2 if mnest_id == ids["partman"] else 1]
+    kept = f"events_to_{first:%Y%m}"
+    assert forms(handed)[kept] == RANGES and partitions(handed)[kept] == (None, first)
+    assert where(handed, ids["before"]) == [(f"{kept}_default", "created")]
+    assert where(handed, gone) == []  # its created event not kept
+    maintenance(handed)  # the partition of everything before does not stop it
+
+    # A cutoff past pg_partman's first month: a plain month, so the copying path (exact).
+    cutoff = month(first, 1)
+    assert dropped_unread(handed, cutoff) == 0
+    with Mnestoma(url) as store:
+        assert store.prune_events(cutoff, dry_run=True) == 1  # the reinforced in its month
+        assert store.prune_events(cutoff) == 1
+        for mnest_id in live:
+            assert [e.kind for e in store.events(mnest_id=mnest_id)] == ["created"], mnest_id
+    after = partitions(handed)
+    final = f"events_to_{cutoff:%Y%m}"
+    assert forms(handed)[final] == PLAIN and after[final] == (None, cutoff)
+    assert kept not in after and f"events_p{first:%Y_%m}" not in after
+    for mnest_id in live:
+        assert where(handed, mnest_id) == [(final, "created")]
+    assert partman_months(after)[0] == cutoff
+    maintenance(handed)
+    assert partitions(handed) == after
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            assert schema_diff(conn) == []
+    finally:
+        engine.dispose()
 
 
 def test_with_a_pg_partman_retention_the_prune_deletes_rows_only(handed: URL) -> None:
@@ -385,6 +557,50 @@ def test_with_a_pg_partman_retention_the_prune_deletes_rows_only(handed: URL) ->
     assert where(handed, ahead) == [(f"events_p{first:%Y_%m}", "created")]
 
 
+def test_a_month_made_by_both_renamed_to_pg_partmans_name(handed: URL) -> None:
+    url = handed.render_as_string(hide_password=False)
+    both = month(partman_months(partitions(handed))[-1], 1)
+    # A process that made a month in the minute of the handover: the package's, by kind.
+    run_script(handed, f"SELECT mnestoma_events_partitions('{both.isoformat()}', 0);")
+    ours = f"events_{both:%Y%m}"
+    assert forms(handed)[ours] == BY_KIND
+    run_script(
+        handed,
+        f"UPDATE partman.part_config SET premake = {PREMAKE + 2}"
+        " WHERE parent_table = 'public.events';",
+    )
+    with pytest.raises(psycopg.Error, match="overlap"):
+        maintenance(handed)
+    run_script(handed, f"ALTER TABLE {ours} RENAME TO events_p{both:%Y_%m};")
+    maintenance(handed)  # it takes that month for its own and goes on after it
+    made = partman_months(partitions(handed))
+    assert both in made and made[-1] > both
+    renamed = f"events_p{both:%Y_%m}"
+    assert forms(handed)[renamed] == BY_KIND  # its leaves keep their names
+    with Mnestoma(url, clock=MovableClock(both + timedelta(days=5))) as store:
+        edge = store.record_passing("plan", "1", "search", "1")
+        store.record_passing("plan", "1", "search", "1")
+    leaves = [(f"{ours}_created", "created"), (f"{ours}_rest", "reinforced")]
+    assert where(handed, edge.id) == leaves
+    # Its leaves no longer carry its name: retention takes it for a plain month and copies.
+    cutoff = month(both, 1)
+    assert dropped_unread(handed, cutoff) == 0
+    with Mnestoma(url) as store:
+        assert store.prune_events(cutoff, dry_run=True) == 1
+        assert store.prune_events(cutoff) == 1
+    after = partitions(handed)
+    assert renamed not in after
+    assert where(handed, edge.id) == [(f"events_to_{cutoff:%Y%m}", "created")]
+    maintenance(handed)
+    assert partitions(handed) == after
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            assert schema_diff(conn) == []
+    finally:
+        engine.dispose()
+
+
 def test_handed_back_the_package_makes_the_months_again(
     handed: URL, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -401,10 +617,14 @@ def test_handed_back_the_package_makes_the_months_again(
         third = store.record_passing("plan", "1", "review", "1")
     made = partitions(handed)
     gap_month = f"events_{gap:%Y%m}"
-    assert set(made) - set(parts) == {f"events_{month(gap, i):%Y%m}" for i in range(4)}
+    new_months = {f"events_{month(gap, i):%Y%m}" for i in range(4)}
+    assert set(made) - set(parts) == new_months
     assert made[gap_month] == (gap, month(gap, 1))
-    for edge in (first, second, third):  # moved out of the default into their month
-        assert where(handed, edge.id) == [(gap_month, "created")]
+    shapes = forms(handed)  # the package's months by kind again, pg_partman's plain as made
+    assert {shapes[n] for n in new_months} == {BY_KIND}
+    assert {shapes[n] for n in made if PARTMAN_MONTH.match(n)} == {PLAIN}
+    for edge in (first, second, third):  # moved out of the default into their month's leaf
+        assert where(handed, edge.id) == [(f"{gap_month}_created", "created")]
     engine = make_engine(url)
     try:
         with engine.connect() as conn:

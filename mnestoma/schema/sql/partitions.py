@@ -412,8 +412,9 @@ LEGACY_FORM = "legacy"
 # its range (its lower bound NULL for MINVALUE) and its form: 'month' (0015's: partitioned
 # by list of kind, with exactly the leaves <name>_created and <name>_rest), 'kept' (the
 # partition of everything before, partitioned by range, with its default leaf
-# <name>_default), else 'legacy' (a plain table: anything 0011 made, or what retention
-# kept before 0015). The catalogue only.
+# <name>_default), else 'legacy' (a plain table: anything 0011 made, what retention kept
+# before 0015, a month of pg_partman's; or a month whose leaves do not carry its name, as
+# one renamed to pg_partman's name). The catalogue only.
 WHOLE_PARTITIONS: Final[TextClause] = text(
     "SELECT c.relname::text, CASE WHEN b.lower > '-infinity' THEN b.lower END, b.upper,"
     " CASE WHEN c.relkind <> 'p' THEN 'legacy'"

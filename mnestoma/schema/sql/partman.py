@@ -58,7 +58,8 @@ def part_config_of(schema: str) -> TextClause:
 
 # The months pg_partman makes under events, named by its monthly datetime_string YYYY_MM
 # after the prefix _p (events_p2027_05; five digits of year from 10000 on), whether
-# attached or left detached by its retention; the template table that gives them their
+# attached or left detached by its retention: plain tables, which retention drops by its
+# copying path, as the partitions made before 0015; the template table that gives them their
 # primary key (its own default name template_<schema>_events, or events_template beside
 # events, as the operations guide creates it).
 PARTMAN_CHILD_NAME = r"^events_p[0-9]{4,5}_(0[1-9]|1[0-2])$"
