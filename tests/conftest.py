@@ -353,53 +353,6 @@ def mnest_row(when: datetime, **values: Any) -> dict[str, Any]:
     return row | values
 
 
-# The function that makes a month of the new layout (``mnestoma_events_month``), as the
-# layout's design gives it, for a store whose revisions do not create it yet: split-history
-# calls it by name. Made only where it is missing.
-EVENTS_MONTH_FUNCTION = """CREATE OR REPLACE FUNCTION mnestoma_events_month(
-    parent regclass, part text, lo timestamptz, hi timestamptz
-) RETURNS void LANGUAGE plpgsql AS $fn$
-BEGIN
-    EXECUTE format(
-        'CREATE TABLE %I PARTITION OF %s FOR VALUES FROM (%L) TO (%L) PARTITION BY LIST (kind)',
-        part, parent, lo, hi);
-    EXECUTE format(
-        'CREATE TABLE %I PARTITION OF %I (CONSTRAINT %I PRIMARY KEY (id),'
-        ' CONSTRAINT %I CHECK (ts >= %L AND ts < %L)) FOR VALUES IN (%L)',
-        part || '_created', part, part || '_created_pkey', part || '_created_bound',
-        lo, hi, 'created');
-    EXECUTE format(
-        'CREATE TABLE %I PARTITION OF %I (CONSTRAINT %I PRIMARY KEY (id)) DEFAULT',
-        part || '_rest', part, part || '_rest_pkey');
-END
-$fn$"""
-
-
-def with_month_function(url: str | URL) -> None:
-    """Give the PostgreSQL store at ``url`` ``mnestoma_events_month`` where it has none."""
-    engine = create_engine(url, poolclass=NullPool)
-    try:
-        with engine.begin() as conn:
-            missing = conn.execute(
-                text(
-                    "SELECT to_regprocedure("
-                    "'mnestoma_events_month(regclass, text, timestamptz, timestamptz)') IS NULL"
-                )
-            ).scalar_one()
-            if missing:
-                conn.execute(text(EVENTS_MONTH_FUNCTION))
-    finally:
-        engine.dispose()
-
-
-@pytest.fixture
-def pg_split_url(pg_empty_db_url: str) -> str:
-    """A new PostgreSQL store at head that has ``mnestoma_events_month`` (split-history)."""
-    mnestoma.upgrade(pg_empty_db_url)
-    with_month_function(pg_empty_db_url)
-    return pg_empty_db_url
-
-
 @contextlib.contextmanager
 def package_engine(url: str | URL) -> Iterator[Engine]:
     """The package's engine for ``url`` (``make_engine``), disposed when the block ends."""

@@ -699,9 +699,10 @@ def prune_events(
 
 # The help of ``mnestoma split-history``, its numbers taken where they are set.
 _SPLIT_HELP = f"""PostgreSQL: put every event in its month. Each partition of events in
-the old layout that holds rows (a month made before revision 0015, or every event before a
-month: the table as it was before 0011) is rebuilt into months of the new layout, one at a
-time, oldest first, while services write.
+the old layout that holds rows (a plain table revision 0015 kept: a month written to before
+it, or every event before a month, as revision 0011 made it) is rebuilt into months of the
+new layout, one at a time, oldest first, while services write. A store made at 0015 or
+later has none.
 
 Its rows are copied into a staging table in batches of ids, each its own short
 transaction during which writes into that partition wait; writes made meanwhile are

@@ -214,8 +214,9 @@ class Mnestoma(FacadeBase[Engine], SyncDoor, MnestOperations):
         progress: SplitProgress | None = None,
     ) -> SplitReport:
         """PostgreSQL: rebuild each partition of ``events`` in the old layout that holds
-        rows (a month made before revision 0015, or every event before a month) into months
-        of the new layout, one at a time, oldest first, while services write (contract §12).
+        rows (a plain table revision 0015 kept: a month written to before it, or every event
+        before a month) into months of the new layout, one at a time, oldest first, while
+        services write (contract §12).
 
         Online: the rows are copied into a staging table ``batch_rows`` ids at a time
         (:data:`~mnestoma.rules.SPLIT_BATCH_ROWS` by default), each batch its own short
@@ -235,8 +236,9 @@ class Mnestoma(FacadeBase[Engine], SyncDoor, MnestOperations):
         Raises:
             InvalidInput: ``batch_rows`` is not a positive integer, ``dry_run`` not a bool,
                 or ``progress`` not callable; nothing is then changed.
-            SchemaError: the store has no ``mnestoma_events_month`` (a store behind
-                revision 0015), or a table ``events_split`` that the split did not make.
+            SchemaError: the store has no ``mnestoma_events_month`` (dropped by hand: a
+                store before revision 0015 is refused as the facade opens it, behind
+                head), or a table ``events_split`` that the split did not make.
             StoreError: the database failed, or a lock stayed busy through every try
                 (:data:`~mnestoma.rules.SPLIT_TRIES`); the batches before stay copied and
                 the next run goes on from there.

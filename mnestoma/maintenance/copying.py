@@ -4,10 +4,12 @@ The target is migrated to head and filled inside one transaction; before it comm
 content is read back and compared with what it must now hold (row counts and a checksum).
 Any difference rolls everything back, so a failed copy leaves the target as it was; a SQLite
 target file that the copy itself created is removed (with its -wal and -shm). On PostgreSQL
-the month of each event is made (``mnestoma_events_partitions``, in the copy's transaction)
-before the event is inserted, so that none lands in the default partition; only a store
-that still has a catch-all before the new layout's months (``events_to_YYYYMM`` of the old
-layout) takes the events of its range there, for ``mnestoma split-history`` to rebuild.
+the month of each event is made (``mnestoma_events_partitions``, in the copy's transaction:
+a month of the new layout) before the event is inserted, so that none lands in the default
+partition and a copy into a new store leaves nothing to split; only a store that still has
+plain partitions of the old layout (a catch-all ``events_to_YYYYMM``, a month written to
+before revision 0015) takes the events of their ranges there, for ``mnestoma split-history``
+to rebuild.
 
 With ``append`` the target may already hold rows. Integer ids (events, query log, ager runs)
 are shifted past the target's largest; mnest ids, random tokens, are kept, and one known to

@@ -1,10 +1,12 @@
 """``mnestoma split-history`` (PostgreSQL, contract §12): every event in its month.
 
 A partition of ``events`` in the old layout is a plain table: one month (``events_YYYYMM``,
-made before revision 0015), or every event before a month (``events_to_YYYYMM``: the table
-as it was before revision 0011, or what retention kept before 0015). Those that hold rows
-are rebuilt, one at a time and oldest first, into months of the new layout (each
-partitioned by kind, made by the store's ``mnestoma_events_month``), online:
+made before revision 0015), or every event before a month (``events_to_YYYYMM``: the one
+revision 0011 made, the table as it was and what was written before that month since, or
+what retention kept before 0015). Revision 0015 converts those that hold no row and copies
+none; those that hold rows (a store made at 0015 or later has none) are rebuilt, one at a
+time and oldest first, into months of the new layout (each partitioned by kind, made by the
+store's ``mnestoma_events_month``), online:
 
 1. **The start** (one transaction): the staging table ``events_split``, partitioned by
    range of ``ts``, with the old partition's columns in their order and events' indexes;
@@ -245,7 +247,8 @@ def staging_state(bind: Bind) -> _Staging | None:
 
 
 def _ready(bind: Bind) -> None:
-    """The store can split (its month function is there), else SchemaError."""
+    """The store can split (its month function is there), else SchemaError. A store before
+    0015 is refused sooner, as behind head: this guards a function dropped by hand."""
     conn = connection_of(bind)
     if not conn.execute(sq.HAS_MONTH_FUNCTION).scalar_one():
         raise SchemaError(

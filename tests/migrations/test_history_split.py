@@ -1,35 +1,43 @@
 """``mnestoma split-history`` on PostgreSQL (contract §12): the partitions of ``events`` in the
-old layout that hold rows (the table as it was before 0011, the months made before the new
-layout, what a copy put there) rebuilt into months of the new layout, every event in its
-month, the same rows, ``event_turn_edges`` untouched, nothing left behind: after an upgrade,
-after ``copy`` and ``copy --append``, after a kill at any point, while writers write."""
+old layout that hold rows (the table as it was before 0011, a month that held rows when 0015
+ran, what a ``copy --append`` put there) rebuilt into months of the new layout, every event in
+its month, the same rows, ``event_turn_edges`` untouched, nothing left behind: after an
+upgrade, after ``copy --append``, after a kill at any point, while writers write; retention
+then drops those months unread. A new store (or a copy into one) has nothing to split.
+
+The old layout is built as a store gets it: events written at 0010 or 0014, then the store
+upgraded to head (0015 leaves a partition that holds rows as it is)."""
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import threading
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from cli_kit import run, run_ok
-from conftest import package_engine, with_month_function
+from conftest import mnest_row, package_engine
 from helpers_proc import run_python
-from sqlalchemy import Engine, event, text
+from sqlalchemy import Engine, NullPool, create_engine, event, insert, text
 
 import mnestoma
-from mnestoma import Mnestoma, Passing
+from mnestoma import Mnestoma, Passing, SchemaError
+from mnestoma.core.rules import new_mnest_id
 from mnestoma.engines import make_engine
 from mnestoma.engines.partitions import forget_partitions
+from mnestoma.maintenance import retention
 from mnestoma.maintenance.copying import copy_store
 from mnestoma.maintenance.splitting import old_partitions
 from mnestoma.maintenance.status import collect_status, render_status
+from mnestoma.schema.sql.tables import MNESTS
 from mnestoma.testing.clock import MovableClock
 
 BEFORE_0011 = "0010"
+BEFORE_0015 = "0014"
 # Every event with its partition, as rows to compare (the partition left out).
 EVENT_ROWS = text("SELECT * FROM events ORDER BY id")
 TURN_EDGES = text("SELECT * FROM event_turn_edges ORDER BY turn_id, mnest_id, occurrence")
@@ -39,6 +47,8 @@ LEFT_BEHIND = text(
     " AND (relname LIKE 'events\\_split%' OR relname LIKE '%\\_dropped') ORDER BY 1"
 )
 MIRROR_FUNCTION = text("SELECT to_regprocedure('mnestoma_split_mirrored()') IS NOT NULL")
+# The mnests the history's events name (each with a valid id: a test may store some).
+SEEDED_MNESTS = [new_mnest_id() for _ in range(9)]
 RAW_EVENT = text(
     "INSERT INTO events (mnest_id, kind, ts, turn_id) VALUES (:m, :kind, :ts, :t) RETURNING id"
 )
@@ -55,20 +65,21 @@ def _month(ts: datetime) -> str:
 
 
 def seed_history(engine: Engine, now: datetime, days: int = 425) -> None:
-    """Events on every day of the ``days`` before ``now`` (14 months): a created event now and
-    then, passings with a turn, transitions, written as the store's release before 0011 did."""
+    """Events on every day of the ``days`` before ``now`` (14 months) of the mnests
+    :data:`SEEDED_MNESTS` (not stored): a created event now and then, passings with a turn,
+    transitions, written as the store's release before 0011 did."""
     with engine.begin() as conn:
         conn.execute(
             text(
                 "INSERT INTO events (mnest_id, kind, ts, turn_id)"
-                " SELECT 'mn_' || (g % 9),"
+                " SELECT (CAST(:ids AS text[]))[g % 9 + 1],"
                 " CASE WHEN g % 7 = 0 THEN 'created' WHEN g % 5 = 0 THEN 'transition'"
                 " ELSE 'reinforced' END,"
                 " CAST(:now AS timestamptz) - g * interval '1 day' - interval '1 hour',"
                 " CASE WHEN g % 5 = 0 THEN NULL ELSE 't' || g END"
                 " FROM generate_series(0, :days) g"
             ),
-            {"now": now, "days": days},
+            {"now": now, "days": days, "ids": SEEDED_MNESTS},
         )
 
 
@@ -100,24 +111,59 @@ def assert_nothing_left(engine: Engine) -> None:
         assert not conn.execute(MIRROR_FUNCTION).scalar_one()
 
 
-def upgraded_history(url: str, now: datetime) -> Engine:
-    """A store at 0010 with events over 14 months, upgraded to head (0011 puts them in one
-    partition, ``events_to_<bound>``), able to split, and a few raw events in the month
-    after that bound (a partition of its own in the old layout)."""
+PARTITIONS = text(
+    "SELECT c.relname::text, c.relkind::text FROM mnestoma_events_bounds() b"
+    " JOIN pg_class c ON c.oid = b.part ORDER BY b.lower"
+)
+CATCH_ALL_BOUND = text("SELECT upper FROM mnestoma_events_bounds() WHERE lower = '-infinity'")
+
+
+def partitions_of_events(engine: Engine) -> dict[str, str]:
+    """Each partition of events (but the default) and its kind: ``r`` a plain table (the
+    old layout), ``p`` a month of the new one."""
+    with engine.connect() as conn:
+        return {str(name): str(kind) for name, kind in conn.execute(PARTITIONS)}
+
+
+def upgraded_history(url: str, now: datetime, *, head: bool = True) -> Engine:
+    """A store at 0010 with events over 14 months, upgraded to 0014 (0011 puts them in one
+    partition, ``events_to_<bound>``, and makes plain months from that bound on), a few raw
+    events in the month at that bound (a plain month that holds rows), then (``head``)
+    upgraded to head: 0015 leaves both as they are and converts the empty months after
+    them."""
     engine = make_engine(url)
     mnestoma.upgrade(engine, BEFORE_0011)
     seed_history(engine, now)
-    mnestoma.upgrade(engine)
-    with_month_function(url)
+    mnestoma.upgrade(engine, BEFORE_0015)
     with engine.connect() as conn:
-        (bound,) = conn.execute(
-            text("SELECT upper FROM mnestoma_events_bounds() WHERE lower = '-infinity'")
-        ).one()
+        (bound,) = conn.execute(CATCH_ALL_BOUND).one()
     with engine.begin() as conn:
         for i, kind in enumerate(("created", "reinforced", "reinforced")):
             params = {"m": "mn_next", "kind": kind, "ts": bound + timedelta(days=2), "t": f"n{i}"}
             conn.execute(RAW_EVENT, params)
+    if head:
+        mnestoma.upgrade(engine)
     return engine
+
+
+def _old_layout(url: str, *, upgrade: bool = True) -> None:
+    """A store at 0014 with an event in its catch-all (the partition of everything before
+    the months 0011 made: it holds the current month), then (``upgrade``) at head: 0015
+    keeps that partition as it is, since it holds a row."""
+    mnestoma.upgrade(url, BEFORE_0015)
+    with package_engine(url) as engine, engine.begin() as conn:
+        params = {"m": "mn_old", "kind": "created", "ts": datetime.now(UTC) - timedelta(days=40)}
+        conn.execute(RAW_EVENT, params | {"t": None})
+    if upgrade:
+        mnestoma.upgrade(url)
+
+
+@pytest.fixture
+def old_layout_url(pg_empty_db_url: str) -> str:
+    """A store at head whose current month's events go to the catch-all of the old layout
+    (:func:`_old_layout`)."""
+    _old_layout(pg_empty_db_url)
+    return pg_empty_db_url
 
 
 # --- after an upgrade -------------------------------------------------------------------
@@ -131,10 +177,12 @@ def test_split_after_an_upgrade_puts_every_event_in_its_month(pg_empty_db_url: s
     engine = upgraded_history(pg_empty_db_url, now)
     try:
         before = snapshot(engine)
+        layout = list(partitions_of_events(engine).items())
+        assert re.match(r"events_to_\d{6}$", layout[0][0]) and layout[0][1] == "r"
+        assert re.match(r"events_\d{6}$", layout[1][0]) and layout[1][1] == "r"
+        assert layout[2:] and all(kind == "p" for _, kind in layout[2:])  # 0015 made them
         waiting = collect_status(engine).history_to_split
-        names = [p.name for p in waiting or []]
-        assert len(names) == 2 and re.match(r"events_to_\d{6}$", names[0])
-        assert re.match(r"events_\d{6}$", names[1])
+        assert [p.name for p in waiting or []] == [name for name, _ in layout[:2]]
         assert "history    2 partitions of events in the old layout" in render_status(
             collect_status(engine)
         )
@@ -163,13 +211,7 @@ def test_split_after_an_upgrade_puts_every_event_in_its_month(pg_empty_db_url: s
         )
         again = run_ok("split-history", "--database-url", pg_empty_db_url).stdout
         assert again.startswith("nothing to split")
-        cutoff = now - timedelta(days=300)  # retention goes on over the months made
-        with Mnestoma(engine) as store:
-            gone = sum(1 for r in before[0] if r.ts < cutoff)
-            assert store.prune_events(cutoff) == gone > 0
-        with engine.connect() as conn:
-            left = conn.execute(text("SELECT count(*) FROM events")).scalar_one()
-        assert left == len(before[0]) - gone
+        assert all(kind == "p" for kind in partitions_of_events(engine).values())
     finally:
         engine.dispose()
 
@@ -192,7 +234,6 @@ def test_sparse_ids_make_full_batches(pg_empty_db_url: str) -> None:
             )
             conn.execute(text("SELECT setval('events_id_seq', 100000)"))
         mnestoma.upgrade(engine)
-        with_month_function(pg_empty_db_url)
         before = snapshot(engine)
         with Mnestoma(engine) as store:
             report = store.split_history(batch_rows=10)
@@ -459,103 +500,209 @@ def _sqlite_history(path: str, start: datetime, months: int = 14) -> str:
     return url
 
 
-def _drop_catch_all(url: str) -> None:
-    """The partition of every event before the first month made, detached and dropped: a
-    store made by the new layout has none."""
-    with package_engine(url) as engine, engine.begin() as conn:
-        (name,) = conn.execute(
-            text("SELECT part::text FROM mnestoma_events_bounds() WHERE lower = '-infinity'")
-        ).one()
-        conn.execute(text(f"ALTER TABLE events DETACH PARTITION {name}"))
-        conn.execute(text(f"DROP TABLE {name}"))
+def _where_copied(engine: Engine) -> list[tuple[str, datetime, str]]:
+    """Each event's partition as a copy left it (its leaf for a month of the new form)."""
+    with engine.connect() as conn:
+        return [(where, ts, kind) for _, where, ts, kind in conn.execute(WHERE)]
 
 
-def test_copy_makes_each_events_month_then_split_rebuilds_the_old_ones(
-    pg_empty_db_url: str, tmp_path: Any
-) -> None:
-    """A copy into a store without a catch-all (as the new layout makes them) puts every
-    event in a partition of its month, none in the default one, months years apart
-    included; where those months are of the old layout, split-history rebuilds them."""
+def _nothing_waits(url: str) -> None:
+    """Status, the dry run and a run of split-history all say that nothing waits."""
+    with package_engine(url) as engine:
+        status = collect_status(engine)
+        assert status.history_to_split == [] and "history    " not in render_status(status)
+        with Mnestoma(engine) as store:
+            assert store.split_history(dry_run=True).waiting == ()
+            assert store.split_history().partitions == ()
+
+
+def test_a_copy_into_a_new_store_needs_no_split(pg_empty_db_url: str, tmp_path: Any) -> None:
+    """A new store has no catch-all: a copy makes each event's month in the new form before
+    writing it (months years apart included), so every event is in the leaf of its month,
+    none in the default partition, and nothing waits for split-history."""
     source = _sqlite_history(str(tmp_path / "source.sqlite"), datetime(2031, 3, 5, tzinfo=UTC))
     with Mnestoma(source, clock=MovableClock(datetime(2040, 6, 1, tzinfo=UTC))) as store:
         store.record_passing("far", "1", "future", "1")  # a month years after the others
     mnestoma.upgrade(pg_empty_db_url)
-    with_month_function(pg_empty_db_url)
-    _drop_catch_all(pg_empty_db_url)
-    copy_store(source, pg_empty_db_url)
     with package_engine(pg_empty_db_url) as engine:
+        assert all(kind == "p" for kind in partitions_of_events(engine).values())
         with engine.connect() as conn:
-            where = conn.execute(WHERE).all()
-        assert all(p == f"events_{_month(ts)}" for _, p, ts, _ in where), where
-        before = snapshot(engine)
-        with Mnestoma(engine) as store:
-            report = store.split_history()
-        assert len(report.partitions) == len({_month(ts) for _, _, ts, _ in where})
-        assert snapshot(engine) == before
+            assert conn.execute(CATCH_ALL_BOUND).all() == []
+    report = copy_store(source, pg_empty_db_url)
+    assert report.rows["events"] > 14 * 3
+    with package_engine(pg_empty_db_url) as engine:
+        assert all(kind == "p" for kind in partitions_of_events(engine).values())
+        assert "events_204006" in partitions_of_events(engine)
         assert_every_event_in_its_month(engine)
-        assert_nothing_left(engine)
+    _nothing_waits(pg_empty_db_url)
 
 
-def test_split_after_copy_and_copy_append(pg_empty_db_url: str, tmp_path: Any) -> None:
-    """A copy into a store at head that keeps the old catch-all, then a copy --append of
-    another store: the events of both (and the merges' events) land in the old layout;
-    split-history puts every one in its month."""
+@pytest.mark.parametrize("upgraded", ["before the copy", "by the copy"])
+def test_copy_append_into_a_store_whose_older_months_are_plain(
+    pg_empty_db_url: str, tmp_path: Any, upgraded: str
+) -> None:
+    """A store whose history is in the old layout (a catch-all and a plain month, holding
+    rows), at head or at 0014 (the copy upgrades it in its own transaction), takes two
+    ``copy --append`` whose events span those partitions' months, months of the new form
+    after them and a month years ahead: an event of a plain partition's range goes there,
+    every other into the leaf of its month (made by the copy where missing), none into the
+    default partition, the merges' events included; split-history then puts every event in
+    its month."""
     now = datetime.now(UTC)
     first = _sqlite_history(str(tmp_path / "first.sqlite"), now - timedelta(days=430))
-    second = _sqlite_history(str(tmp_path / "second.sqlite"), now - timedelta(days=200), 9)
-    mnestoma.upgrade(pg_empty_db_url)
-    with_month_function(pg_empty_db_url)
+    second = _sqlite_history(str(tmp_path / "second.sqlite"), now - timedelta(days=200), 10)
+    with Mnestoma(second, clock=MovableClock(datetime(2040, 6, 1, tzinfo=UTC))) as store:
+        store.record_passing("far", "1", "future", "1")
+    upgraded_history(pg_empty_db_url, now, head=upgraded == "before the copy").dispose()
     with package_engine(pg_empty_db_url) as engine:
-        copy_store(first, pg_empty_db_url)
-        assert [p.name[:10] for p in old_partitions(engine.connect())] == ["events_to_"]
-        with Mnestoma(engine) as store:
-            store.split_history(batch_rows=7)
-        assert_every_event_in_its_month(engine)
-        report = copy_store(second, pg_empty_db_url, append=True)
-        assert report.merged > 0
-        assert old_partitions(engine.connect()) != []  # the months ahead of the old layout
+        with engine.connect() as conn:
+            (bound,) = conn.execute(CATCH_ALL_BOUND).one()
+        catch_all, month = f"events_to_{_month(bound)}", f"events_{_month(bound)}"
+        copy_store(first, pg_empty_db_url, append=True)
+        assert mnestoma.current_revision(engine) == mnestoma.head_revision()
+        assert copy_store(second, pg_empty_db_url, append=True).merged > 0
+        layout = partitions_of_events(engine)
+        assert [n for n, kind in layout.items() if kind == "r"] == [catch_all, month]
+        assert layout["events_204006"] == "p"
+        where = _where_copied(engine)
+        assert {w for w, ts, _ in where if ts < bound} == {catch_all}
+        assert {w for w, ts, _ in where if _month(ts) == _month(bound)} == {month}
+        later = [(w, ts, kind) for w, ts, kind in where if ts >= bound and w != month]
+        assert later and all(
+            w == f"events_{_month(ts)}_{'created' if kind == 'created' else 'rest'}"
+            for w, ts, kind in later
+        ), later
+        assert "merged" in {kind for w, _, kind in where if w == catch_all}
         before = snapshot(engine)
         with Mnestoma(engine) as store:
-            store.split_history(batch_rows=7)
+            report = store.split_history(batch_rows=7)
+        assert report.partitions == (catch_all, month)
         assert snapshot(engine) == before
         assert_every_event_in_its_month(engine)
         assert_nothing_left(engine)
+    _nothing_waits(pg_empty_db_url)
+
+
+# --- retention after a split ------------------------------------------------------------------
+
+OTHER_SESSIONS = text(
+    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+    " AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
+)
+READS = text(
+    "SELECT relname, seq_scan, seq_tup_read, coalesce(idx_scan, 0), coalesce(idx_tup_fetch, 0)"
+    " FROM pg_stat_user_tables WHERE relname = ANY(:tables)"
+)
+
+
+def _reads(url: str, tables: list[str]) -> dict[str, tuple[int, ...]]:
+    """How often each table was read (scans, and the rows they returned), by the statistics
+    of the sessions that have ended: every other session of the store is waited for (a
+    session reports its statistics as it ends)."""
+    engine = create_engine(url, poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            deadline = time.monotonic() + 30
+            while conn.execute(OTHER_SESSIONS).scalar():
+                assert time.monotonic() < deadline, "another session stayed connected"
+                time.sleep(0.02)
+            conn.execute(text("SELECT pg_stat_clear_snapshot()"))
+            rows = conn.execute(READS, {"tables": tables}).all()
+    finally:
+        engine.dispose()
+    found = {name: tuple(int(n) for n in counts) for name, *counts in rows}
+    assert sorted(found) == sorted(tables)
+    return found
+
+
+def test_retention_drops_the_months_a_split_made_unread(
+    pg_empty_db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a split, a prune whose cutoff lies months after the oldest event drops each
+    month the split made before it without reading its ``_rest`` leaf (its scans and rows
+    read unchanged while the detached months wait to be dropped); before the cutoff only
+    the ``created`` events of the mnests still stored are left."""
+    url = pg_empty_db_url
+    now = datetime.now(UTC)
+    stored = set(SEEDED_MNESTS[1:3])
+    engine = upgraded_history(url, now)
+    try:
+        with engine.begin() as conn:
+            rows = [mnest_row(now, id=i, src_executor=f"s{n}") for n, i in enumerate(stored)]
+            conn.execute(insert(MNESTS), rows)
+        with Mnestoma(engine) as store:
+            report = store.split_history()
+        with engine.connect() as conn:
+            conn.execute(text("ANALYZE events"))  # the catalogue's counts made exact
+            conn.commit()
+        events = snapshot(engine)[0]
+    finally:
+        engine.dispose()
+    cutoff = (now - timedelta(days=200)).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    dropped = [m for m in report.months if m < f"events_{_month(cutoff)}"]
+    assert len(dropped) >= 6
+    rests = [f"{m}_rest" for m in dropped]
+    before = _reads(url, rests)
+    kept_back: list[str] = []
+    real_drop = retention.drop_detached_partition
+
+    def drop_later(bind: Any, name: str) -> None:
+        if name.removesuffix("_dropped") in dropped:
+            kept_back.append(name)  # their statistics are read first
+            return
+        real_drop(bind, name)
+
+    monkeypatch.setattr(retention, "drop_detached_partition", drop_later)
+    gone = [
+        r for r in events if r.ts < cutoff and not (r.kind == "created" and r.mnest_id in stored)
+    ]
+    with Mnestoma(url) as store:
+        assert store.prune_events(cutoff) == len(gone)
+    assert sorted(kept_back) == sorted(f"{m}_dropped" for m in dropped)
+    assert _reads(url, rests) == before  # never read
+    with package_engine(url) as engine, engine.connect() as conn:
+        conn.execute(text(f"SELECT count(*) FROM {rests[0]}")).scalar()  # a read is seen
+        left = conn.execute(
+            text("SELECT DISTINCT mnest_id, kind FROM events WHERE ts < :c"), {"c": cutoff}
+        ).all()
+    assert sorted(left) == [(m, "created") for m in sorted(stored)]
+    assert _reads(url, rests[:1]) != {rests[0]: before[rests[0]]}
 
 
 # --- the command line -------------------------------------------------------------------------
 
 
-def test_the_command_splits_and_says_what_it_did(pg_split_url: str) -> None:
+def test_the_command_splits_and_says_what_it_did(old_layout_url: str) -> None:
     """``mnestoma split-history`` on a store whose current month's events are in the
     partition of the old layout: the text and JSON reports, a bad batch refused."""
-    with Mnestoma(pg_split_url) as store:
+    with Mnestoma(old_layout_url) as store:
         store.record_turn("t1", [Passing("a", "1", "b", "1"), Passing("b", "1", "c", "1")])
-    assert run("split-history", "--batch", "0", "--database-url", pg_split_url).exit_code == 2
-    dry = run_ok("split-history", "--dry-run", "--database-url", pg_split_url).stdout
+    assert run("split-history", "--batch", "0", "--database-url", old_layout_url).exit_code == 2
+    dry = run_ok("split-history", "--dry-run", "--database-url", old_layout_url).stdout
     assert dry.startswith("would split 1 partition of events") and "events_to_" in dry
     out = json.loads(
-        run_ok("split-history", "--json", "--batch", "1", "--database-url", pg_split_url).stdout
+        run_ok("split-history", "--json", "--batch", "1", "--database-url", old_layout_url).stdout
     )
-    assert out["partitions"][0].startswith("events_to_") and out["copied"] == 2
+    assert out["partitions"][0].startswith("events_to_") and out["copied"] == 3
     assert out["batches"] >= 1 and out["months"] and out["dry_run"] is False
-    with package_engine(pg_split_url) as engine:
+    with package_engine(old_layout_url) as engine:
         assert_every_event_in_its_month(engine)
-    assert run_ok("split-history", "--database-url", pg_split_url).stdout.startswith(
+    assert run_ok("split-history", "--database-url", old_layout_url).stdout.startswith(
         "nothing to split"
     )
 
 
-def test_the_async_door_splits_too(pg_split_url: str) -> None:
+def test_the_async_door_splits_too(old_layout_url: str) -> None:
     """``AsyncMnestoma.split_history`` drives the same steps, each through ``run_sync``."""
     import asyncio
 
     from mnestoma.aio import AsyncMnestoma
 
-    with Mnestoma(pg_split_url) as store:
+    with Mnestoma(old_layout_url) as store:
         store.record_turn("t1", [Passing("a", "1", "b", "1"), Passing("b", "1", "c", "1")])
 
     async def split() -> Any:
-        store = AsyncMnestoma(pg_split_url)
+        store = AsyncMnestoma(old_layout_url)
         try:
             waiting = await store.split_history(dry_run=True)
             return waiting, await store.split_history(batch_rows=1)
@@ -563,25 +710,28 @@ def test_the_async_door_splits_too(pg_split_url: str) -> None:
             await store.close()
 
     waiting, report = asyncio.run(split())
-    assert waiting.partitions == report.partitions and report.copied == 2
-    with package_engine(pg_split_url) as engine:
+    assert waiting.partitions == report.partitions and report.copied == 3
+    with package_engine(old_layout_url) as engine:
         assert_every_event_in_its_month(engine)
         assert_nothing_left(engine)
 
 
-def test_a_store_without_the_month_function_is_told_to_upgrade(pg_store_url: str) -> None:
-    if os.environ.get("MNESTOMA_TEST_MONTH_FUNCTION_BUILT_IN"):
-        pytest.skip("the revisions make the function")
-    with package_engine(pg_store_url) as engine, engine.connect() as conn:
-        if (
-            conn.execute(
-                text(
-                    "SELECT to_regprocedure("
-                    "'mnestoma_events_month(regclass, text, timestamptz, timestamptz)')"
-                )
-            ).scalar()
-            is not None
-        ):
-            pytest.skip("the store's revisions make the function")
-    result = run("split-history", "--database-url", pg_store_url)
-    assert result.exit_code == 1 and "mnestoma_events_month" in result.stderr
+def test_a_store_at_0014_is_told_to_upgrade(pg_empty_db_url: str) -> None:
+    """A store at 0014 (history in its catch-all, no ``mnestoma_events_month`` yet): the
+    command, its dry run and the facade refuse it as behind head, saying to run ``mnestoma
+    db upgrade``, and change nothing."""
+    _old_layout(pg_empty_db_url, upgrade=False)
+    with package_engine(pg_empty_db_url) as engine:
+        layout = partitions_of_events(engine)
+        before = snapshot(engine)
+    for args in ([], ["--dry-run"], ["--json"]):
+        result = run("split-history", *args, "--database-url", pg_empty_db_url)
+        assert result.exit_code == 1, result.output
+        assert "behind head" in result.stderr and "mnestoma db upgrade" in result.stderr
+    with pytest.raises(SchemaError, match=r"behind head.*mnestoma db upgrade"):
+        Mnestoma(pg_empty_db_url).split_history()  # the store is refused as it is opened
+    with package_engine(pg_empty_db_url) as engine:
+        assert mnestoma.current_revision(engine) == BEFORE_0015
+        assert partitions_of_events(engine) == layout and snapshot(engine) == before
+        with engine.connect() as conn:
+            assert conn.execute(LEFT_BEHIND).all() == []
