@@ -108,6 +108,7 @@ from mnestoma.engines import (
     backend_of,
     is_memory_sqlite,
     make_engine,
+    partman,
     redact_url,
     resolve_database_url,
 )
@@ -478,8 +479,11 @@ class _Job:
                         "use --append to add to it"
                     )
                 backend_of(tconn).lock_copy_target(tconn)
-                self.months = backend_of(tconn).partitioned and bool(
-                    tconn.execute(HAS_PARTITIONS).scalar_one()
+                # the months are made here unless pg_partman makes them (contract §12)
+                self.months = (
+                    backend_of(tconn).partitioned
+                    and bool(tconn.execute(HAS_PARTITIONS).scalar_one())
+                    and not partman.look(tconn).months
                 )
                 self.target_store = _store_identity(tconn)
                 taken = _records(sconn)  # the stores whose rows the source took

@@ -16,6 +16,8 @@ from typing import Final
 
 from sqlalchemy import BigInteger, TextClause, bindparam, text
 
+from mnestoma.schema.sql.partman import PARTMAN_CHILD_NAME
+
 __all__ = [
     "COMMENT",
     "EVENTS_INDEXES",
@@ -145,10 +147,11 @@ _ESTIMATE = (
     " * (pg_relation_size(c.oid) / current_setting('block_size')::int) END)::float8"
 )
 
-# Each partition of events in the old layout (a plain table, not the default partition),
-# oldest first: its name, its lower bound's year and month (NULL: MINVALUE), its upper
-# bound's, whether both bounds are firsts of months, its rows as estimated above, and
-# whether it has pages. No row is read.
+# Each partition of events in the old layout (a plain table, not the default partition,
+# nor one of pg_partman's months: pg_partman goes on from its own), oldest first: its
+# name, its lower bound's year and month (NULL: MINVALUE), its upper bound's, whether both
+# bounds are firsts of months, its rows as estimated above, and whether it has pages. No
+# row is read.
 LEGACY_PARTITIONS: Final[TextClause] = text(
     "SELECT c.relname,"
     f" {_UTC_MONTH.format(x='nullif(b.lower, $$-infinity$$)')},"
@@ -158,6 +161,7 @@ LEGACY_PARTITIONS: Final[TextClause] = text(
     f" {_ESTIMATE}, pg_relation_size(c.oid) > 0"
     " FROM mnestoma_events_bounds() b JOIN pg_class c ON c.oid = b.part"
     " WHERE c.relkind = 'r' AND b.upper < 'infinity'"
+    f" AND c.relname !~ '{PARTMAN_CHILD_NAME}'"  # pg_partman's months are its own
     " ORDER BY b.lower, b.upper"
 )
 # One partition's rows, estimated as above.
