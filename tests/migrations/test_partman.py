@@ -17,6 +17,7 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -26,13 +27,15 @@ from sqlalchemy import Engine, NullPool, create_engine, text
 from sqlalchemy.engine import URL, make_url
 
 import mnestoma
-from mnestoma import Mnestoma
+from mnestoma import Mnestoma, Passing
 from mnestoma.engines import make_engine
 from mnestoma.engines import partman as partman_module
 from mnestoma.engines.partman import Partman, holds_retention, look, makes_months
 from mnestoma.maintenance import retention
+from mnestoma.maintenance.copying import copy_store
 from mnestoma.maintenance.migration import is_store_name
 from mnestoma.schema.sql.partitions import is_layout_name
+from mnestoma.schema.sql.splitting import LEGACY_PARTITIONS
 from mnestoma.testing.clock import MovableClock
 
 GUIDE = REPO / "docs" / "operations.md"
@@ -599,6 +602,94 @@ def test_a_month_made_by_both_renamed_to_pg_partmans_name(handed: URL) -> None:
             assert schema_diff(conn) == []
     finally:
         engine.dispose()
+
+
+PARTMAN_TABLES = text(
+    "SELECT c.relname, c.oid::bigint, c.relkind::text, i.inhparent::regclass::text"
+    " FROM pg_class c LEFT JOIN pg_inherits i ON i.inhrelid = c.oid"
+    " WHERE c.relname ~ '^events_p[0-9]{4,5}_[0-9]{2}$' AND c.relkind IN ('r', 'p')"
+)
+
+
+def partman_tables(url: URL) -> dict[str, tuple[int, str, str | None]]:
+    """Each table named as pg_partman's months: its oid, its kind (``r`` plain) and the
+    table it is attached to (None: none)."""
+    engine = _engine(url)
+    try:
+        with engine.connect() as conn:
+            return {str(n): (int(o), str(k), p) for n, o, k, p in conn.execute(PARTMAN_TABLES)}
+    finally:
+        engine.dispose()
+
+
+def test_split_history_leaves_pg_partmans_months_as_they_are(handed: URL) -> None:
+    """pg_partman's months are plain tables, as the old layout's are, but its own: the
+    catalogue's list of the old layout names none of them, nothing waits, and a run leaves
+    each as it was (same table, attached, plain, its rows), pg_partman going on after."""
+    url = handed.render_as_string(hide_password=False)
+    first = partman_months(partitions(handed))[0]
+    ahead, now = _written(url, first)  # rows in pg_partman's first month
+    held = f"events_p{first:%Y_%m}"
+    assert {t for t, _ in where(handed, ahead)} == {held}
+    before = partman_tables(handed)
+    assert held in before and {(k, p) for _, k, p in before.values()} == {("r", "events")}
+    events = {m: where(handed, m) for m in (ahead, now)}
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:  # what the catalogue takes for the old layout's
+            listed = [str(row[0]) for row in conn.execute(LEGACY_PARTITIONS)]
+        assert not [n for n in listed if PARTMAN_MONTH.match(n)], listed
+        with Mnestoma(engine) as store:
+            dry = store.split_history(dry_run=True)
+            assert dry.waiting == () and dry.partitions == ()
+            report = store.split_history()
+        assert report.partitions == () and report.months == () and report.copied == 0
+    finally:
+        engine.dispose()
+    assert partman_tables(handed) == before  # the same tables, attached, plain
+    assert {m: where(handed, m) for m in events} == events
+    maintenance(handed)  # pg_partman goes on from its newest month
+
+
+def _sqlite_store(path: Path, at: datetime) -> str:
+    """A SQLite store whose events are all in ``at``'s month: a turn, a passing reinforced."""
+    url = f"sqlite:///{path}"
+    with Mnestoma(url, clock=MovableClock(at)) as store:
+        store.record_turn("t1", [Passing("a", "1", "b", "1"), Passing("b", "1", "c", "1")])
+        store.record_passing("x", "1", "y", "1")
+        store.record_passing("x", "1", "y", "1")
+    return url
+
+
+def test_copy_append_makes_no_month_where_pg_partman_makes_them(
+    handed: URL, tmp_path: Path
+) -> None:
+    """A copy into a store handed to pg_partman, of events in a month it has not made yet,
+    makes no partition (no DDL at all): they land in the default partition, the copy
+    verified."""
+    url = handed.render_as_string(hide_password=False)
+    parts = partitions(handed)
+    gap = month(partman_months(parts)[-1], 2)  # past pg_partman's premake: no partition holds it
+    source = _sqlite_store(tmp_path / "source.sqlite", gap + timedelta(days=3))
+    sqlite = create_engine(source, poolclass=NullPool)
+    try:
+        with sqlite.connect() as conn:
+            copied = int(conn.execute(text("SELECT count(*) FROM events")).scalar_one())
+    finally:
+        sqlite.dispose()
+    run_script(handed, DDL_LOG)
+    report = copy_store(source, url, append=True)
+    assert report.rows["events"] == copied > 0
+    assert partitions(handed) == parts  # no month of the package's, nor any other
+    assert ddl_run(handed) == []
+    engine = _engine(handed)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(text("SELECT tableoid::regclass::text, ts FROM events")).all()
+    finally:
+        engine.dispose()
+    assert len(rows) == copied and {t for t, _ in rows} == {"events_default"}
+    assert {month(ts) for _, ts in rows} == {gap}
 
 
 def test_handed_back_the_package_makes_the_months_again(
