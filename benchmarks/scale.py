@@ -409,26 +409,26 @@ def measure_replica_lag(ctx: Context) -> dict[str, Any]:
     }
 
 
-def measure_retention(ctx: Context) -> dict[str, Any]:
-    """``prune_events`` of the older half of the months, with writers at the newest."""
-    from mnestoma import Mnestoma
-
-    url = ctx.cluster.primary_url
-    before = month_after(ctx.first, MONTHS // 2)
-    newest = month_after(ctx.first, MONTHS - 1) + timedelta(days=3)
+def _pruned(
+    ctx: Context,
+    store: Any,
+    url: str,
+    before: datetime,
+    *,
+    at: datetime | None = None,
+    edges: list[Any] | None = None,
+) -> dict[str, Any]:
+    """``store.prune_events(before)`` with 4 open-loop writers (at ``at``, else now) and the
+    waits sampled: its time, the writers' figures, the database's size before and after."""
     size_before = database_mb(url)
-    store = Mnestoma(url)
-    try:
-        with (
-            Writers(ctx, STATUS_WRITERS, STATUS_PERIOD_S, at=newest) as writers,
-            LockSampler(url) as sampler,
-        ):
-            started = time.monotonic()
-            deleted = store.prune_events(before)
-            ended = time.monotonic()
-            time.sleep(0.5)  # the writers' calls the drop delayed end before they stop
-    finally:
-        store.close()
+    with (
+        Writers(ctx, STATUS_WRITERS, STATUS_PERIOD_S, at=at, url=url, edges=edges) as writers,
+        LockSampler(url) as sampler,
+    ):
+        started = time.monotonic()
+        deleted = store.prune_events(before)
+        ended = time.monotonic()
+        time.sleep(0.5)  # the writers' calls the drop delayed end before they stop
     return {
         "before": before.isoformat(),
         "deleted": deleted,
@@ -439,6 +439,20 @@ def measure_retention(ctx: Context) -> dict[str, Any]:
         "writers": writers.figures,
         "waits": sampler.summary(started - 0.5, ended + 0.5),
     }
+
+
+def measure_retention(ctx: Context) -> dict[str, Any]:
+    """``prune_events`` of the older half of the months, with writers at the newest."""
+    from mnestoma import Mnestoma
+
+    url = ctx.cluster.primary_url
+    before = month_after(ctx.first, MONTHS // 2)
+    newest = month_after(ctx.first, MONTHS - 1) + timedelta(days=3)
+    store = Mnestoma(url)
+    try:
+        return _pruned(ctx, store, url, before, at=newest)
+    finally:
+        store.close()
 
 
 # The sizes a capacity plan starts from: the database, events (its partitions and their
@@ -591,25 +605,7 @@ def measure_split(ctx: Context) -> dict[str, Any]:
             "waits": sampler.summary(started, ended),
         }
         before = month_after(first, MONTHS // 2)
-        size_before = database_mb(url)
-        with (
-            Writers(ctx, STATUS_WRITERS, STATUS_PERIOD_S, url=url, edges=edges) as writers,
-            LockSampler(url) as sampler,
-        ):
-            started = time.monotonic()
-            deleted = store.prune_events(before)
-            ended = time.monotonic()
-            time.sleep(0.5)
-        figures["retention"] = {
-            "before": before.isoformat(),
-            "deleted": deleted,
-            "prune_s": round(ended - started, 2),
-            "database_mb_before": size_before,
-            "database_mb_after": database_mb(url),
-            "writers_during": writers.window(started, ended),
-            "writers": writers.figures,
-            "waits": sampler.summary(started - 0.5, ended + 0.5),
-        }
+        figures["retention"] = _pruned(ctx, store, url, before, edges=edges)
     finally:
         store.close()
     return figures
