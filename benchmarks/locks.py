@@ -124,3 +124,52 @@ class LockSampler:
             "waits": kinds[:top],
             "writers_waits": writers[:top],
         }
+
+
+class StatementTimes:
+    """The time each statement the entering thread runs takes (SQLAlchemy's cursor events
+    on every engine), while it is entered and until :meth:`stop`: what an operation's time
+    goes on, beside what the server shows it waiting for."""
+
+    def __init__(self) -> None:
+        self.times: list[tuple[float, str]] = []
+        self._started: dict[int, float] = {}
+        self._on = False
+        self._thread = threading.get_ident()
+
+    def _before(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if self._on and threading.get_ident() == self._thread:
+            self._started[id(cursor)] = time.perf_counter()
+
+    def _after(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        began = self._started.pop(id(cursor), None)
+        if self._on and began is not None:
+            self.times.append((time.perf_counter() - began, " ".join(statement.split())[:70]))
+
+    def __enter__(self) -> StatementTimes:
+        from sqlalchemy import Engine, event
+
+        event.listen(Engine, "before_cursor_execute", self._before)
+        event.listen(Engine, "after_cursor_execute", self._after)
+        self._on = True
+        return self
+
+    def stop(self) -> None:
+        """No statement is timed from now on."""
+        self._on = False
+
+    def __exit__(self, *exc: object) -> None:
+        from sqlalchemy import Engine, event
+
+        self._on = False
+        event.remove(Engine, "before_cursor_execute", self._before)
+        event.remove(Engine, "after_cursor_execute", self._after)
+
+    def summary(self, top: int = 6) -> dict[str, Any]:
+        """How many statements, their time in all, and the slowest."""
+        slowest = sorted(self.times, reverse=True)[:top]
+        return {
+            "statements": len(self.times),
+            "total_s": round(sum(t for t, _ in self.times), 3),
+            "slowest": [{"s": round(t, 3), "statement": text} for t, text in slowest],
+        }

@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import Any
 
 from .data import graph_rows, load_postgresql, load_sqlite
-from .locks import LockSampler, writer_url
+from .locks import LockSampler, StatementTimes, writer_url
 from .replication import Cluster, binaries_missing
 from .writer_latency import (
     OpenLoop,
@@ -424,10 +424,12 @@ def _pruned(
     with (
         Writers(ctx, STATUS_WRITERS, STATUS_PERIOD_S, at=at, url=url, edges=edges) as writers,
         LockSampler(url) as sampler,
+        StatementTimes() as statements,
     ):
         started = time.monotonic()
         deleted = store.prune_events(before)
         ended = time.monotonic()
+        statements.stop()
         time.sleep(0.5)  # the writers' calls the drop delayed end before they stop
     return {
         "before": before.isoformat(),
@@ -438,6 +440,7 @@ def _pruned(
         "writers_during": writers.window(started, ended),
         "writers": writers.figures,
         "waits": sampler.summary(started - 0.5, ended + 0.5),
+        "statements": statements.summary(),
     }
 
 
