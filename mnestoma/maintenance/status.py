@@ -909,7 +909,8 @@ def _render_history(status: StoreStatus) -> str | None:
     if unknown:
         rows += f" (and {unknown} not analysed yet)"
     return (
-        f"history    {n} partition{'s' if n != 1 else ''} of events in the old layout hold "
+        f"history    {n} partition{'s' if n != 1 else ''} of events in the old layout"
+        f" hold{'s' if n == 1 else ''} "
         f"{rows}: `mnestoma split-history` puts each event in its month"
     )
 
