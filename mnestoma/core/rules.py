@@ -512,9 +512,24 @@ def advance(old: datetime, now: datetime) -> datetime:
     return old if old > now else now
 
 
+# Below these the decay is floored alike in Python and in SQL (PostgreSQL raises "value out of
+# range: underflow" where Python returns 0.0 or a subnormal): an exponent is capped at
+# MAX_EXPONENT, a weight under VANISHING decays to 0, and a decay speed under NEGLIGIBLE_RATE
+# decays nothing. Nothing observable changes (every value they touch is below 1e-87), and the
+# SQL twins (mnestoma.core.sqlrules) then give the same float as this module, bit for bit.
+MAX_EXPONENT = 200.0
+VANISHING = 1e-100
+NEGLIGIBLE_RATE = 1e-150
+
+
 def decayed_weight(weight: float, decay_lambda: float, since: datetime, now: datetime) -> float:
-    """``weight × exp(−decay_lambda × days(now − since))``: the effective weight at ``now``."""
-    return weight * math.exp(-decay_lambda * days_between(since, now))
+    """``weight × exp(−decay_lambda × days(now − since))``: the effective weight at ``now``
+    (floored as :data:`MAX_EXPONENT` says)."""
+    if weight < VANISHING:
+        return 0.0
+    if decay_lambda < NEGLIGIBLE_RATE:
+        return weight
+    return weight * math.exp(-min(decay_lambda * days_between(since, now), MAX_EXPONENT))
 
 
 def threshold_cut(threshold: float) -> float:
@@ -592,6 +607,7 @@ ACTIVATION_DECAY = 0.5
 # Ages are in days and floored at one minute: a use "just now" is not infinitely recent.
 ACTIVATION_MIN_AGE_DAYS = 1.0 / 1440.0
 
+__all__ += ["MAX_EXPONENT", "NEGLIGIBLE_RATE", "VANISHING"]
 __all__ += ["ACTIVATION_DECAY", "ACTIVATION_MIN_AGE_DAYS", "activation", "ranking_key"]
 
 

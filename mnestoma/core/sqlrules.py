@@ -10,13 +10,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import ColumnElement, Float, bindparam, case, func, literal, or_
+from sqlalchemy import ColumnElement, Float, Integer, bindparam, case, func, literal, or_
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import BindParameter
 from sqlalchemy.sql.functions import FunctionElement
 
-from mnestoma.core.rules import SECONDS_PER_DAY, threshold_cut
+from mnestoma.core.rules import (
+    MAX_EXPONENT,
+    NEGLIGIBLE_RATE,
+    REINFORCEMENT,
+    SECONDS_PER_DAY,
+    VANISHING,
+    threshold_cut,
+)
 from mnestoma.core.types import UTCDateTime
 
 __all__ = [
@@ -25,10 +32,13 @@ __all__ = [
     "days_since",
     "decayed",
     "decayed_count",
+    "exact_days_since",
     "greatest",
     "least",
     "merged_count",
     "now_param",
+    "passing_count",
+    "reinforced",
     "safe_product",
 ]
 
@@ -88,6 +98,40 @@ def _days_since_pg(element: _DaysSince, compiler: SQLCompiler, **kw: Any) -> str
     return compiler.process(seconds, **kw)  # a float8 already: typed, not cast
 
 
+class _ExactDaysSince(FunctionElement[float]):
+    """Days from the first argument to the second, as :func:`mnestoma.rules.days_between`
+    computes them before its clamp, to the same float: the whole microseconds between the two
+    over a day's seconds. SQLite reads them off its text instants
+    (``YYYY-MM-DD HH:MM:SS.ffffff``: whole seconds by ``strftime('%s')``, microseconds by
+    ``substr``), where ``julianday`` would round to the millisecond; PostgreSQL's interval
+    epoch is exact already."""
+
+    type = Float()
+    inherit_cache = True
+
+
+@compiles(_ExactDaysSince)
+def _exact_days_since(element: _ExactDaysSince, compiler: SQLCompiler, **kw: Any) -> str:
+    earlier, now = element.clauses
+    seconds = func.strftime("%s", now).cast(Integer) - func.strftime("%s", earlier).cast(Integer)
+    micros = func.substr(now, 21).cast(Integer) - func.substr(earlier, 21).cast(Integer)
+    total = seconds * literal(1_000_000, Integer) + micros
+    days = total / literal(1e6, Float) / literal(SECONDS_PER_DAY, Float)
+    return compiler.process(days, **kw)
+
+
+@compiles(_ExactDaysSince, "postgresql")
+def _exact_days_since_pg(element: _ExactDaysSince, compiler: SQLCompiler, **kw: Any) -> str:
+    return compiler.process(_DaysSince(*element.clauses), **kw)
+
+
+def exact_days_since(earlier: Any, now: Any) -> ColumnElement[float]:
+    """Days from ``earlier`` to ``now``, not clamped, the same float on both engines as in
+    Python (the writes compute their numbers with it; the ager's :func:`days_since` is
+    cheaper and exact to the millisecond)."""
+    return _ExactDaysSince(earlier, now)
+
+
 def greatest(*args: Any) -> ColumnElement[Any]:
     """The larger of the arguments: ``GREATEST`` on PostgreSQL, scalar ``max`` on SQLite."""
     return _Greatest(*args)
@@ -115,18 +159,12 @@ def below(effective: Any, threshold: float) -> ColumnElement[bool]:
     return cut
 
 
-# PostgreSQL raises "value out of range: underflow" where Python quietly returns 0.0:
-# exponents are capped and vanishing weights are 0. Below 1e-87 nothing is observable.
-MAX_EXPONENT = 200.0
-VANISHING = 1e-100
-# A decay speed this small decays nothing observable (exp(-x) is 1 for x below 1e-16), and
-# its product with a short time could underflow: its exponent is 0.
-NEGLIGIBLE_RATE = 1e-150
-
-
-def decayed(weight: Any, decay_lambda: Any, since: Any, now: Any) -> Any:
-    """``weight × exp(−decay_lambda × max(0, days(now − since)))`` in SQL."""
-    days = greatest(literal(0.0, Float), days_since(since, now))
+def decayed(weight: Any, decay_lambda: Any, since: Any, now: Any, *, exact: bool = False) -> Any:
+    """``weight × exp(−decay_lambda × max(0, days(now − since)))`` in SQL, floored as
+    :func:`mnestoma.rules.decayed_weight` is; ``exact``: the days of
+    :func:`exact_days_since`, for the same float as Python's."""
+    spell = exact_days_since if exact else days_since
+    days = greatest(literal(0.0, Float), spell(since, now))
     exponent = case(
         (decay_lambda < literal(NEGLIGIBLE_RATE, Float), literal(0.0, Float)),
         else_=least(decay_lambda * days, literal(MAX_EXPONENT, Float)),
@@ -157,3 +195,26 @@ def merged_count(a: tuple[Any, Any, Any], b: tuple[Any, Any, Any]) -> ColumnElem
         *b[:2], b[2], last
     )
     return total
+
+
+def reinforced(weight: Any, decay_lambda: Any, since: Any, now: Any) -> ColumnElement[float]:
+    """The weight after one more passing at ``now``, twin of
+    :func:`mnestoma.rules.reinforced_weight` to the same float: the exact decay from ``since``,
+    plus REINFORCEMENT, clamped to [0, 1]."""
+    raised = decayed(weight, decay_lambda, since, now, exact=True) + literal(REINFORCEMENT, Float)
+    clamped: ColumnElement[float] = case(
+        (raised < literal(0.0, Float), literal(0.0, Float)),
+        (raised > literal(1.0, Float), literal(1.0, Float)),
+        else_=raised,
+    )
+    return clamped
+
+
+def passing_count(count: Any, decay_lambda: Any, ts_last: Any, now: Any) -> ColumnElement[float]:
+    """A row's decayed count after one more passing at ``now``, twin of
+    :func:`mnestoma.rules.counted_passing` to the same float (``now`` here is the row's new
+    ``ts_last``)."""
+    added: ColumnElement[float] = decayed(count, decay_lambda, ts_last, now, exact=True) + literal(
+        1.0, Float
+    )
+    return added
