@@ -38,6 +38,7 @@ __all__ = [
     "merged_count",
     "now_param",
     "passing_count",
+    "reinforce",
     "reinforced",
     "safe_product",
 ]
@@ -197,17 +198,23 @@ def merged_count(a: tuple[Any, Any, Any], b: tuple[Any, Any, Any]) -> ColumnElem
     return total
 
 
-def reinforced(weight: Any, decay_lambda: Any, since: Any, now: Any) -> ColumnElement[float]:
-    """The weight after one more passing at ``now``, twin of
-    :func:`mnestoma.rules.reinforced_weight` to the same float: the exact decay from ``since``,
-    plus REINFORCEMENT, clamped to [0, 1]."""
-    raised = decayed(weight, decay_lambda, since, now, exact=True) + literal(REINFORCEMENT, Float)
+def reinforce(effective: Any) -> ColumnElement[float]:
+    """An effective weight after one more passing, twin of :func:`mnestoma.rules.reinforce`
+    to the same float: plus REINFORCEMENT, clamped to [0, 1]."""
+    raised = effective + literal(REINFORCEMENT, Float)
     clamped: ColumnElement[float] = case(
         (raised < literal(0.0, Float), literal(0.0, Float)),
         (raised > literal(1.0, Float), literal(1.0, Float)),
         else_=raised,
     )
     return clamped
+
+
+def reinforced(weight: Any, decay_lambda: Any, since: Any, now: Any) -> ColumnElement[float]:
+    """The weight after one more passing at ``now``, twin of
+    :func:`mnestoma.rules.reinforced_weight` to the same float: the exact decay from ``since``,
+    then :func:`reinforce`."""
+    return reinforce(decayed(weight, decay_lambda, since, now, exact=True))
 
 
 def passing_count(count: Any, decay_lambda: Any, ts_last: Any, now: Any) -> ColumnElement[float]:

@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import Executable
 
 from mnestoma.core.errors import ConflictError, InvalidInput, RaceLost, translate_errors
-from mnestoma.core.rules import MnestState, chain_increments
+from mnestoma.core.rules import MnestState, chain_increments, new_mnest_id, outcome_counts
 from mnestoma.core.validation import (
     Passing,
     check_name,
@@ -57,9 +57,6 @@ __all__ = ["RACE_ROUNDS", "RecordCommands"]
 # retry policy runs again in a new transaction.
 RACE_ROUNDS = 3
 
-# Where PostgreSQL's one-statement reinforcement finds its event values in an event tuple.
-_PG_REINFORCE_EVENT_AT = tuple(rec.EVENT_ROW.index(n) for n in rec.PG_REINFORCE_EVENT_PARAMS)
-
 
 def _one_passing_plans(proto: bool, turn: bool) -> Plans:
     """What :meth:`RecordCommands._record_one` runs, on each engine, for a passing with a
@@ -73,12 +70,7 @@ def _one_passing_plans(proto: bool, turn: bool) -> Plans:
             event,
             (rec.INSERT_MNEST_LOCKED, MNEST_COLUMNS),
         ),
-        POSTGRESQL.name: (
-            (sel, ()),
-            (rec.PG_REINFORCE_WITH_EVENT, rec.PG_REINFORCE_ROW),
-            event,
-            (rec.insert_mnest(POSTGRESQL.name), ()),
-        ),
+        POSTGRESQL.name: ((rec.pg_passing(proto, turn), ()),),
     }
 
 
@@ -232,24 +224,30 @@ class RecordCommands(StoreBase):
             lookup = rec.select_one_counted(proto)  # the row, and whether the turn counted it
             counted = {**params, "turn_id": turn_id, "occ": occurrence}
             return self._record_one_locked(ex, lookup, counted, p, turn_id, recorder, occurrence)
+        # PostgreSQL: one statement locks the row, computes and writes the passing and its
+        # event (or creates the row), "now" read once before it (contract §4).
+        stmt = rec.pg_passing(proto, turn_id is not None)
+        now = self._write_now(ex)
+        ok, error = outcome_counts(p.outcome)
+        params.update(
+            now=now,
+            new_id=new_mnest_id(),
+            tags=p.tags,
+            desired_sig=p.desired_sig,
+            ok=ok,
+            error=error,
+            turn_id=turn_id,
+            recorder=recorder,
+            outcome=p.outcome,
+            occ=occurrence,
+        )
         for _ in range(RACE_ROUNDS):
-            found = ex.first(sel, params)
-            now = self._write_now(ex)  # read once the write lock is held
-            if found is not None:
-                row = MnestRow._make(found)
-                counted = {"turn_id": turn_id, "mid": row.id, "occ": occurrence}
-                if turn_id is not None and ex.first(rec.TURN_COUNTED_ONE, counted) is not None:
-                    return functools.partial(snap.mnest, row)
-                values, ev = reinforcement(row, p, turn_id, now, recorder, occurrence)
-                both = values + tuple(ev[i] for i in _PG_REINFORCE_EVENT_AT)
-                ex.many(rec.PG_REINFORCE_WITH_EVENT, [both], rec.PG_REINFORCE_ROW)
-                return functools.partial(reinforced_mnest, row, values)
-            values, ev = creation(p, turn_id, now, recorder, occurrence)
-            (new_row,) = as_mappings(MNEST_COLUMNS, [values])
-            if ex.first(rec.insert_mnest(ex.dialect), new_row) is not None:
-                ex.many(rec.INSERT_EVENT, [ev], rec.EVENT_ROW)
-                return functools.partial(snap.mnest, values)
-            # Another transaction created the row first: lock it and reinforce instead.
+            found = ex.first(stmt, params)
+            # Nothing: another transaction created the key meanwhile; "again": another
+            # committed a change to the row after this statement's snapshot, so whether the
+            # turn counted it is asked again, the row's lock held by now.
+            if found is not None and found[0] != rec.PASSED_AGAIN:
+                return functools.partial(snap.mnest, found[1:])
         raise RaceLost("could not record the passing: the edge kept changing under us")
 
     def _record_one_locked(

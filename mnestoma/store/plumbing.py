@@ -61,8 +61,9 @@ class StoreBase:
         return self.settings.now()
 
     def _write_now(self, ex: StatementRunner) -> datetime:
-        """The clock's now for a write's events, read once its locks are held; on
-        PostgreSQL, a month whose partition is not known made is made after the commit."""
+        """The clock's now for a write, read once per call (contract §4: a passing on
+        PostgreSQL reads it before the one statement that locks its row); on PostgreSQL, a
+        month whose partition is not known made is made after the commit."""
         now = self._now()
         note_written(ex.conn, now)
         return now

@@ -32,7 +32,7 @@ from helpers_proc import (
     writer_process,
 )
 from invariants import check_invariants, plain_engine, wait_for_other_sessions_to_end
-from sqlalchemy import text
+from sqlalchemy import event, text
 from sqlalchemy.engine import make_url
 
 import mnestoma
@@ -295,6 +295,27 @@ class GateClock:
         return datetime.now(UTC) + self.offset
 
 
+class GateAfterStatement:
+    """Holds a writer inside its write lock: the first statement of its engine that touches
+    ``mnests`` (on PostgreSQL the passing's one statement, which locks the row; on SQLite the
+    first once BEGIN IMMEDIATE holds the lock) waits for the test once it has run, before
+    the COMMIT."""
+
+    def __init__(self, engine: Any) -> None:
+        self.reached = threading.Event()
+        self.go = threading.Event()
+        self.calls = 0
+        event.listen(engine, "after_cursor_execute", self._after)
+
+    def _after(self, conn: Any, cursor: Any, statement: str, *_: Any) -> None:
+        if "mnests" not in statement:
+            return
+        self.calls += 1
+        if self.calls == 1:
+            self.reached.set()
+            self.go.wait(20)
+
+
 def wait_for_lock_waiters(url: str, n: int, timeout: float = 10.0) -> None:
     """Wait until ``n`` sessions of this PostgreSQL database wait on a lock."""
     engine = plain_engine(url)
@@ -348,8 +369,9 @@ def test_the_ager_waits_for_a_writer_holding_a_row_instead_of_deadlocking(
         plain.record_passing(*HOT_EDGE)
     before = deadlocks(store_url)
     on_sqlite = make_url(store_url).get_backend_name() == "sqlite"
-    gate = GateClock()
-    writer = mnestoma.Mnestoma(store_url, clock=gate)
+    writer_engine = make_engine(store_url)
+    gate = GateAfterStatement(writer_engine)
+    writer = mnestoma.Mnestoma(writer_engine)
     ager_engine = make_engine(store_url)
     ager = mnestoma.Mnestoma(ager_engine, clock=lambda: datetime.now(UTC) + timedelta(days=60))
     try:
@@ -368,6 +390,7 @@ def test_the_ager_waits_for_a_writer_holding_a_row_instead_of_deadlocking(
     finally:
         gate.go.set()
         writer.close()
+        writer_engine.dispose()
         ager.close()
         ager_engine.dispose()
     assert "error" not in w_box and "error" not in a_box, (w_box, a_box)

@@ -9,28 +9,43 @@ import functools
 from typing import Any
 
 from sqlalchemy import (
+    ColumnElement,
+    CompoundSelect,
     Float,
     Insert,
     Integer,
     Select,
+    String,
     TextClause,
     Update,
     bindparam,
     exists,
+    func,
     insert,
+    literal,
+    literal_column,
+    null,
     or_,
     select,
     text,
+    union_all,
     update,
 )
 
-from mnestoma.core.rules import PASSING_KINDS, MnestState
+from mnestoma.core import sqlrules
+from mnestoma.core.rules import (
+    DEFAULT_DECAY_LAMBDA,
+    INITIAL_WEIGHT,
+    PASSING_KINDS,
+    EventKind,
+    MnestState,
+)
 from mnestoma.schema.sql import tables
 from mnestoma.schema.sql.spelling import spelling_of
 from mnestoma.schema.sql.tables import EVENTS as E
+from mnestoma.schema.sql.tables import MNEST_COLUMNS, Key, key_is, kind_in
 from mnestoma.schema.sql.tables import MNESTS as M
 from mnestoma.schema.sql.tables import QUERIES as Q
-from mnestoma.schema.sql.tables import Key, key_is, kind_in
 
 __all__ = [
     "EVENT_ROW",
@@ -39,9 +54,11 @@ __all__ = [
     "INSERT_MNEST_LOCKED",
     "INSERT_QUERY",
     "KEYS_PER_STATEMENT",
-    "PG_REINFORCE_EVENT_PARAMS",
-    "PG_REINFORCE_ROW",
-    "PG_REINFORCE_WITH_EVENT",
+    "PASSED_AGAIN",
+    "PASSED_COUNTED",
+    "PASSED_CREATED",
+    "PASSED_REINFORCED",
+    "PG_PASSING_PARAMS",
     "PROMOTE",
     "REINFORCE_ROW",
     "SELECT_BY_ID_LOCKED",
@@ -49,12 +66,12 @@ __all__ = [
     "SELECT_ONE_PROTO",
     "SET_STATE",
     "TURN_COUNTED",
-    "TURN_COUNTED_ONE",
     "TURN_SEEN",
     "UPDATE_REINFORCE",
     "insert_mnest",
     "key_params",
     "key_taken",
+    "pg_passing",
     "select_keys",
     "select_one_counted",
     "shape_size",
@@ -107,13 +124,6 @@ TURN_SEEN = select(E.c.id).where(E.c.turn_id == bindparam("turn_id"), _COUNTED).
 TURN_COUNTED = select(E.c.mnest_id, E.c.occurrence).where(
     E.c.turn_id == bindparam("turn_id"),
     E.c.mnest_id.in_(bindparam("ids", expanding=True)),
-    _COUNTED,
-)
-# Has the turn counted this occurrence of this row?
-TURN_COUNTED_ONE = select(E.c.mnest_id).where(
-    E.c.turn_id == bindparam("turn_id"),
-    E.c.mnest_id == bindparam("mid"),
-    E.c.occurrence == bindparam("occ"),
     _COUNTED,
 )
 
@@ -184,27 +194,6 @@ EVENT_ROW: tuple[str, ...] = tables.EVENT_ROW
 # create a key meanwhile, so creations need neither ON CONFLICT nor RETURNING.
 INSERT_MNEST_LOCKED = insert(M)
 
-# the event columns bound by PG_REINFORCE_WITH_EVENT: its mnest_id is the updated row's id,
-# and a reinforcement has no reason and no related row
-PG_REINFORCE_EVENT_PARAMS = tuple(
-    c for c in EVENT_ROW if c not in ("mnest_id", "reason", "related_id")
-)
-
-
-# PG_REINFORCE_WITH_EVENT's parameters: a REINFORCE_ROW followed by these event values.
-PG_REINFORCE_ROW = REINFORCE_ROW + PG_REINFORCE_EVENT_PARAMS
-
-
-def _reinforce_with_event() -> Insert:
-    """PostgreSQL: the reinforcement and its event in one statement (a data-modifying CTE),
-    so a hot row's lock is held one round trip shorter."""
-    upd = UPDATE_REINFORCE.returning(M.c.id).cte("reinforced_row")
-    binds = [bindparam(name, type_=E.c[name].type) for name in PG_REINFORCE_EVENT_PARAMS]
-    return insert(E).from_select(["mnest_id", *PG_REINFORCE_EVENT_PARAMS], select(upd.c.id, *binds))
-
-
-PG_REINFORCE_WITH_EVENT = _reinforce_with_event()
-
 # PostgreSQL: what a turn takes before retrying; it conflicts with the EXCLUSIVE lock of a
 # whole run of the ager in one transaction, not with other writers (nor with the ager's
 # batches, which lock rows only and never create a key).
@@ -226,3 +215,186 @@ PROMOTE: Update = (
 )
 
 INSERT_QUERY = insert(Q).returning(Q.c.id)
+
+
+# =============================================================================================
+# PostgreSQL: a passing in one statement (contract §4: "now" is read once per call, before the
+# statement). A data-modifying CTE locks the key's live row, computes the reinforcement with
+# the SQL twins of the rules (the same floats as Python), writes it and its event, or creates
+# the row and its event when there is none; the turn's exactly-once guard is in it too. So a
+# hot row's lock is held for this one statement and the COMMIT after it.
+# =============================================================================================
+
+# What the statement's first column says of the row that follows it.
+PASSED_REINFORCED = "r"  # reinforced now
+PASSED_CREATED = "c"  # created now
+PASSED_COUNTED = "n"  # the turn counted this occurrence already: the row as it is
+# The row changed after the statement's snapshot was taken (another writer committed while
+# this one waited for its lock), so whether the turn counted it cannot be told from that
+# snapshot: nothing written, the statement is run again (its lock is held by then).
+PASSED_AGAIN = "a"
+# Nothing came back: another transaction created the key meanwhile (ON CONFLICT DO NOTHING).
+
+# The parameters besides the key's (:s, :sv, :d, :dv): the clock's now, the new row's id (used
+# only when it creates), the passing's tags and desired_sig (NULL: keep the row's), its
+# outcome counts, and the event's turn, recorder, outcome and occurrence.
+PG_PASSING_PARAMS = (
+    "now",
+    "new_id",
+    "tags",
+    "desired_sig",
+    "ok",
+    "error",
+    "turn_id",
+    "recorder",
+    "outcome",
+    "occ",
+)
+
+
+def _param(name: str, column: str, table: Any = M) -> Any:
+    """A bound parameter typed as ``table.column``."""
+    return bindparam(name, type_=table.c[column].type)
+
+
+@functools.cache
+def pg_passing(proto: bool, turn: bool) -> CompoundSelect[Any]:
+    """One passing on PostgreSQL as one statement; its rows: the flag (``PASSED_*``) then
+    the row's columns in :data:`~mnestoma.schema.sql.tables.MNEST_COLUMNS` order."""
+    state = MnestState.PROTO if proto else MnestState.ACTIVE
+    now = sqlrules.now_param()
+    xmin: ColumnElement[Any] = literal_column("mnests.xmin")
+    ts_last = sqlrules.advanced(M.c.ts_last, now)
+    ts_weight = sqlrules.advanced(M.c.ts_weight, now)
+    # Computed where the row is locked: on a row another writer changed meanwhile, PostgreSQL
+    # computes them again from the version it locks.
+    computed = [
+        xmin.label("row_xmin"),
+        ts_last.label("new_ts_last"),
+        ts_weight.label("new_ts_weight"),
+        sqlrules.decayed(M.c.weight, M.c.decay_lambda, M.c.ts_weight, ts_weight, exact=True).label(
+            "weight_before"
+        ),
+        sqlrules.passing_count(M.c.decayed_uses, M.c.decay_lambda, M.c.ts_last, ts_last).label(
+            "new_decayed_uses"
+        ),
+    ]
+    if turn:
+        counted = exists(
+            select(E.c.id).where(
+                E.c.turn_id == _param("turn_id", "turn_id", E),
+                E.c.mnest_id == M.c.id,
+                E.c.occurrence == _param("occ", "occurrence", E),
+                _COUNTED,
+            )
+        )
+        computed.append(counted.label("counted"))
+    live = key_is(M, proto=proto, state=state)
+    locked = select(M, *computed).where(live).with_for_update().cte("locked")
+    o = locked.c
+    guard: list[Any] = [M.c.id == o.id]
+    extra: list[Select[Any]] = []
+    if turn:
+        # The row as the statement's snapshot sees it, unlocked: another xmin than the locked
+        # row's means that a writer committed a change after the snapshot was taken.
+        seen = select(M.c.id, xmin.label("row_xmin")).where(live).cte("seen")
+        same = exists(select(seen.c.id).where(seen.c.id == o.id, seen.c.row_xmin == o.row_xmin))
+        guard += [~o.counted, same]
+        as_it_is = [o[c] for c in MNEST_COLUMNS]
+        extra = [
+            select(literal(PASSED_COUNTED), *as_it_is).where(o.counted),
+            select(literal(PASSED_AGAIN), *as_it_is).where(~o.counted, ~same),
+        ]
+    upd = (
+        update(M)
+        .where(*guard)
+        .values(
+            weight=sqlrules.reinforce(o.weight_before),
+            uses=M.c.uses + 1,
+            ts_last=o.new_ts_last,
+            ts_weight=o.new_ts_weight,
+            tags=func.coalesce(_param("tags", "tags"), M.c.tags),
+            desired_sig=func.coalesce(_param("desired_sig", "desired_sig"), M.c.desired_sig),
+            ok_count=M.c.ok_count + bindparam("ok", type_=Integer),
+            error_count=M.c.error_count + bindparam("error", type_=Integer),
+            decayed_uses=o.new_decayed_uses,
+        )
+        .returning(*M.c, o.weight_before)
+        .cte("reinforced_row")
+    )
+    new_row = {
+        "id": _param("new_id", "id"),
+        "src_executor": bindparam("s", type_=M.c.src_executor.type),
+        "src_version": bindparam("sv", type_=M.c.src_version.type),
+        "dst_executor": bindparam("d", type_=M.c.dst_executor.type),
+        "dst_version": null() if proto else bindparam("dv", type_=M.c.dst_version.type),
+        "weight": literal(INITIAL_WEIGHT, Float),
+        "uses": literal(1, Integer),
+        "ts_first": now,
+        "ts_last": now,
+        "ts_weight": now,
+        "decay_lambda": literal(DEFAULT_DECAY_LAMBDA, Float),
+        "state": literal_column(f"'{state.value}'", String),
+        "tags": _param("tags", "tags"),
+        "desired_sig": _param("desired_sig", "desired_sig"),
+        "ok_count": bindparam("ok", type_=Integer),
+        "error_count": bindparam("error", type_=Integer),
+        "decayed_uses": literal(1.0, Float),
+    }
+    created = (
+        spelling_of("postgresql")
+        .insert(M)
+        .from_select(
+            list(MNEST_COLUMNS),
+            select(*(new_row[c] for c in MNEST_COLUMNS)).where(~exists(select(o.id))),
+        )
+        .on_conflict_do_nothing()
+        .returning(*M.c)
+        .cte("created_row")
+    )
+    u, c = upd.c, created.c
+    turn_id = _param("turn_id", "turn_id", E)
+    recorder = _param("recorder", "recorder", E)
+    outcome = _param("outcome", "outcome", E)
+    occ = _param("occ", "occurrence", E)
+    reinforced_event = tables.EventRow(
+        mnest_id=u.id,
+        kind=literal_column(f"'{EventKind.REINFORCED.value}'", String),
+        ts=u.ts_last,
+        turn_id=turn_id,
+        weight_before=u.weight_before,
+        weight_after=u.weight,
+        state_before=u.state,
+        state_after=u.state,
+        recorder=recorder,
+        outcome=outcome,
+        occurrence=occ,
+    )
+    created_event = tables.EventRow(
+        mnest_id=c.id,
+        kind=literal_column(f"'{EventKind.CREATED.value}'", String),
+        ts=c.ts_first,
+        turn_id=turn_id,
+        weight_after=c.weight,
+        state_after=c.state,
+        recorder=recorder,
+        outcome=outcome,
+        occurrence=occ,
+    )
+    events = (
+        insert(E)
+        .from_select(
+            list(EVENT_ROW),
+            union_all(
+                select(*reinforced_event.select_list()).select_from(upd),
+                select(*created_event.select_list()).select_from(created),
+            ),
+        )
+        .cte("written_events")
+    )
+    rows = union_all(
+        select(literal(PASSED_REINFORCED), *(u[n] for n in MNEST_COLUMNS)),
+        select(literal(PASSED_CREATED), *(c[n] for n in MNEST_COLUMNS)),
+        *extra,
+    )
+    return rows.add_cte(events)
