@@ -441,3 +441,47 @@ def test_a_turn_that_loses_an_insert_race_does_not_deadlock_with_another_turn(
     assert got[key_of(*HOT_EDGE)] == 3
     assert got[key_of(*cold)] == 3
     check_invariants(store_url)
+
+
+def test_a_turns_passing_that_waited_for_the_same_turns_lock_counts_once(
+    pg_store_url: str,
+) -> None:
+    """PostgreSQL: the second recording of a turn's passing takes its snapshot, then waits
+    for the row's lock while the first one commits. From that snapshot it cannot tell that
+    the turn counted the passing: it must find out, write nothing and return the row, inside
+    a service's own transaction (which a failed statement would abort: no retry there)."""
+    store_url = pg_store_url
+    with mnestoma.Mnestoma(store_url) as plain:
+        plain.record_passing(*HOT_EDGE)
+    first_engine = make_engine(store_url)
+    gate = GateAfterStatement(first_engine)
+    first = mnestoma.Mnestoma(first_engine)
+    second_engine = make_engine(store_url)
+    sessions = mnestoma.make_session_factory(second_engine)
+
+    def in_the_services_transaction() -> list[Any]:
+        with sessions() as session, session.begin():
+            uow = mnestoma.UnitOfWork.joining(session)
+            with uow:
+                return uow.mnests.record_turn("turn-twice", [HOT_EDGE])
+
+    try:
+        t1, box1 = in_thread(first.record_turn, "turn-twice", [HOT_EDGE])
+        assert gate.reached.wait(10), "the first recording never held the row"
+        t2, box2 = in_thread(in_the_services_transaction)
+        wait_for_lock_waiters(store_url, 1)  # the second waits for the row, its snapshot taken
+        gate.go.set()
+        t1.join(30)
+        t2.join(30)
+    finally:
+        gate.go.set()
+        first.close()
+        first_engine.dispose()
+        second_engine.dispose()
+    assert "error" not in box1 and "error" not in box2, (box1, box2)
+    assert [m.uses for m in box1["result"]] == [2]
+    assert [m.uses for m in box2["result"]] == [2]  # the row as the first left it
+    with mnestoma.Mnestoma(store_url) as store:
+        assert store.find(*HOT_EDGE).uses == 2
+        assert len(store.events(turn_id="turn-twice")) == 1
+    check_invariants(store_url)
