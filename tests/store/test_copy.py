@@ -16,6 +16,7 @@ from invariants import check_invariants
 from sqlalchemy import func, insert, inspect, select, text
 
 import mnestoma
+import mnestoma.errors
 from mnestoma.core.rules import decayed_weight
 from mnestoma.engines import make_engine
 from mnestoma.maintenance.copying import copy_store
