@@ -39,7 +39,7 @@ __all__ = [
     "now_param",
     "passing_count",
     "reinforce",
-    "reinforced",
+    "reinforced_weight",
     "safe_product",
 ]
 
@@ -210,7 +210,7 @@ def reinforce(effective: Any) -> ColumnElement[float]:
     return clamped
 
 
-def reinforced(weight: Any, decay_lambda: Any, since: Any, now: Any) -> ColumnElement[float]:
+def reinforced_weight(weight: Any, decay_lambda: Any, since: Any, now: Any) -> ColumnElement[float]:
     """The weight after one more passing at ``now``, twin of
     :func:`mnestoma.rules.reinforced_weight` to the same float: the exact decay from ``since``,
     then :func:`reinforce`."""
