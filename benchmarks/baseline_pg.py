@@ -6,23 +6,31 @@ two measure the same thing: one transaction per call, the row locked with
 event in one statement, then ``COMMIT``. Same schema (``mnestoma.upgrade``), same rules and
 numbers as :mod:`benchmarks.baseline`. It only records passings to active edges: the
 writers workload needs nothing else.
+
+While the writers workload times its lock holds (``holds`` set), the locking select also
+has the server mark the instant the row is granted, and the mark is read once ``COMMIT``
+returns (:mod:`benchmarks.lock_hold`).
 """
 
 from __future__ import annotations
 
 import secrets
+import time
 from datetime import UTC, datetime
 from typing import Any
 
 from .baseline import DEFAULT_DECAY_LAMBDA, INITIAL_WEIGHT, Clock, reinforce
+from .lock_hold import marked_select
 
-__all__ = ["PgBaseline"]
+__all__ = ["PgBaseline", "psycopg_conninfo"]
 
+_SEL_COLUMNS = "id, weight, decay_lambda, ts_weight"
 _SEL_ACTIVE = (
-    "SELECT id, weight, decay_lambda, ts_weight FROM mnests WHERE src_executor = %s"
+    f"SELECT {_SEL_COLUMNS} FROM mnests WHERE src_executor = %s"
     " AND src_version = %s AND dst_executor = %s AND dst_version = %s AND state = 'active'"
     " FOR UPDATE"
 )
+_SEL_ACTIVE_MARKED = marked_select(_SEL_ACTIVE, _SEL_COLUMNS)
 _REINFORCE = (
     "WITH r AS (UPDATE mnests SET weight = %(after)s, uses = uses + 1,"
     " ts_last = greatest(ts_last, %(now)s), ts_weight = greatest(ts_weight, %(now)s)"
@@ -52,15 +60,20 @@ def _utc_now() -> datetime:
     return datetime.now(UTC)
 
 
+def psycopg_conninfo(url: str) -> str:
+    """A SQLAlchemy URL (``postgresql+psycopg://...``) as a libpq connection string."""
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).set(drivername="postgresql").render_as_string(False)
+
+
 class PgBaseline:
     """``record_passing`` on active edges, on one psycopg connection."""
 
     def __init__(self, url: str, *, clock: Clock | None = None) -> None:
         import psycopg
-        from sqlalchemy.engine import make_url
 
-        conninfo = make_url(url).set(drivername="postgresql").render_as_string(False)
-        self._con = psycopg.connect(conninfo)
+        self._con = psycopg.connect(psycopg_conninfo(url))
         self._clock: Clock = clock or _utc_now
         # Set by the writers workload (benchmarks.lock_hold): marks each hold of the row lock.
         self.holds: Any = None
@@ -74,19 +87,26 @@ class PgBaseline:
         holds = self.holds
         try:
             with con.transaction():
-                return self._record(con, key, holds)
-        finally:
+                mid = self._record(con, key, holds)
+        except BaseException:
             if holds is not None:
                 holds.released()
+            raise
+        if holds is not None:
+            at = time.time()
+            holds.released()
+            holds.committed(con.pgconn, at)
+        return mid
 
     def _record(self, con: Any, key: tuple[str, str, str, str], holds: Any) -> str:
+        select = _SEL_ACTIVE if holds is None else _SEL_ACTIVE_MARKED
         while True:
-            row = con.execute(_SEL_ACTIVE, key).fetchone()
+            row = con.execute(select, key).fetchone()
             if holds is not None and row is not None:
                 holds.taken()
             now = self._clock()  # read once the row lock is held
             if row is not None:
-                mid, weight, lam, ts_weight = row
+                mid, weight, lam, ts_weight = row[:4]
                 before, after = reinforce(weight, lam, (now - ts_weight).total_seconds())
                 params = {"id": mid, "now": now, "before": before, "after": after}
                 con.execute(_REINFORCE, params)

@@ -1,11 +1,46 @@
 """How long each call holds the write lock, timed alike for the package and the baselines.
 
-The hold is what several writers on one edge queue for: on SQLite from the moment
-``BEGIN IMMEDIATE`` returns (the lock is held) to the moment ``COMMIT`` returns (it is
-released); on PostgreSQL from the moment the ``SELECT ... FOR UPDATE`` returns (the row is
-locked) to the moment ``COMMIT`` returns. The baselines mark both moments in their own code;
-the package is timed from outside, at the same two moments, by wrapping the functions that
-take and release the lock for the length of a block (:func:`timing_lock_holds`).
+The hold is what several writers on one edge queue for. Two figures:
+
+**Client-side** (every engine). On SQLite from the moment ``BEGIN IMMEDIATE`` returns (the
+lock is held) to the moment ``COMMIT`` returns (it is released); on PostgreSQL from the
+moment a ``SELECT ... FOR UPDATE`` returns (the row is locked) to the moment ``COMMIT``
+returns. The hand-written loops mark both moments in their own code; the package is timed
+from outside, at the same two moments, by wrapping the functions that take and release the
+lock for the length of a block (:func:`timing_lock_holds`). It only sees a lock taken by a
+statement that locks and writes nothing: on PostgreSQL, a side that locks the row with the
+statement that writes it (lock, compute and write in one statement) has no client-side
+figure, since the client cannot tell when, inside that statement, the row was locked.
+
+**Server-side** (PostgreSQL, every side the same way). The server notes the instant it
+hands the hot row to the transaction, and the client notes when ``COMMIT`` returns:
+
+- :func:`install_lock_marks` adds to the hot table (``mnests``, or the lean loop's
+  ``lean_edges``) a ``BEFORE UPDATE`` row trigger that calls ``bench_mark_lock()``.
+  PostgreSQL locks the row before it fires a ``BEFORE UPDATE`` row trigger (and waits there
+  for a writer that holds it), so for a statement that locks the row by updating it, the
+  mark is the instant the lock was granted. ``bench_mark_lock()`` writes
+  ``"<xid> <clock_timestamp() as epoch seconds>"`` into the session setting
+  ``bench.locked_at``; only the first mark of a transaction counts.
+- A row locked earlier by a ``SELECT ... FOR UPDATE`` fires no trigger. The hand-written
+  loops therefore call ``bench_mark_lock()`` in the projection of their locking select
+  (:func:`marked_select`: ``SELECT ..., bench_mark_lock() FROM (SELECT ... FOR UPDATE)``),
+  which PostgreSQL evaluates above the row lock, once the row is granted; their ``UPDATE``
+  then fires the trigger, which leaves the first mark alone. The package's statements are
+  its own: a plain ``SELECT ... FOR UPDATE`` of the package before its write is not marked,
+  so its figure then starts at its ``UPDATE``, late; :class:`HoldTimes` counts such locks
+  (``unmarked_locks``) and the report says so.
+- Right after ``COMMIT`` returns, the client notes its wall time (``time.time()``) and reads
+  the setting on the same connection, outside any transaction (one more round trip, after
+  the lock is released). The hold is that wall time minus the mark's instant. A rolled-back
+  transaction leaves no mark (the setting rolls back with it); a transaction that locked
+  nothing leaves the previous one's, which is not counted twice.
+
+Both clocks are the host's wall clock (``clock_timestamp()`` and ``time.time()``): the
+server-side figure is meaningful only with the server on the benchmark's own host. It
+counts the lock's handover to the waiter (the mark is taken once the waiter runs again),
+the work under the lock, the commit, and its return to the client, alike for every side.
+Every side pays the trigger on its ``UPDATE``; the loops pay one mark more in their select.
 """
 
 from __future__ import annotations
@@ -16,18 +51,93 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["HoldTimes", "timing_lock_holds"]
+__all__ = [
+    "HAND_WRITTEN",
+    "MARK_LOCK",
+    "HoldTimes",
+    "install_lock_marks",
+    "marked_select",
+    "read_lock_mark",
+    "timing_lock_holds",
+]
 
 _now = time.perf_counter
+_wall = time.time
 _thread = threading.get_ident
+
+# The implementations that mark their own lock holds (the hand-written loops).
+HAND_WRITTEN = ("baseline", "baseline-pg", "lean-pg")
+
+# Called where the lock is granted: in a trigger, or in a locking select's projection.
+MARK_LOCK = "bench_mark_lock()"
+_SETTING = "bench.locked_at"
+_MARK_FUNCTION = f"""
+CREATE OR REPLACE FUNCTION bench_mark_lock() RETURNS text LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+  IF split_part(current_setting('{_SETTING}', true), ' ', 1)
+     IS DISTINCT FROM pg_current_xact_id()::text THEN
+    PERFORM set_config('{_SETTING}', pg_current_xact_id()::text || ' '
+      || extract(epoch FROM clock_timestamp())::text, false);
+  END IF;
+  RETURN NULL;
+END $$
+"""
+_MARK_TRIGGER_FUNCTION = """
+CREATE OR REPLACE FUNCTION bench_mark_lock_on_update() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  PERFORM bench_mark_lock();
+  RETURN NEW;
+END $$
+"""
+_MARK_TRIGGER = (
+    "CREATE TRIGGER bench_lock_marked BEFORE UPDATE ON {table} FOR EACH ROW"
+    " EXECUTE FUNCTION bench_mark_lock_on_update()"
+)
+_READ_MARK = f"SELECT current_setting('{_SETTING}', true)".encode()
+_IDLE = 0  # psycopg.pq.TransactionStatus.IDLE
+
+
+def install_lock_marks(conninfo: str, table: str) -> None:
+    """Make the server mark when a transaction is granted a row of ``table``: the function
+    ``bench_mark_lock()`` and the ``BEFORE UPDATE`` trigger that calls it."""
+    import psycopg
+
+    with psycopg.connect(conninfo, autocommit=True) as con:
+        con.execute(_MARK_FUNCTION)
+        con.execute(_MARK_TRIGGER_FUNCTION)
+        con.execute(_MARK_TRIGGER.format(table=table))
+
+
+def marked_select(locking_select: str, columns: str) -> str:
+    """``locking_select`` (a ``SELECT ... FOR UPDATE`` of ``columns``) with the server's
+    mark evaluated above the row lock: the same rows, and the mark as one more column."""
+    return f"SELECT {columns}, {MARK_LOCK} FROM ({locking_select}) AS locked"
+
+
+def read_lock_mark(pgconn: Any) -> tuple[str, float] | None:
+    """The last mark of this session, as (transaction id, epoch seconds), read outside any
+    transaction on the driver's connection (a ``psycopg.pq.PGconn``, idle)."""
+    result = pgconn.exec_(_READ_MARK)
+    value = result.get_value(0, 0) if result.ntuples else None
+    if not value:
+        return None
+    xid, _, at = bytes(value).decode().partition(" ")
+    return xid, float(at)
 
 
 class HoldTimes:
-    """The hold of each call, in seconds, per thread (the writers may be threads)."""
+    """The hold of each call, in seconds, per thread (the writers may be threads): the
+    client-side figure (``holds``) and, on PostgreSQL, the server-side one
+    (``server_holds``)."""
 
     def __init__(self) -> None:
         self.holds: list[float] = []
+        self.server_holds: list[float] = []
+        # Locks the package took with a plain SELECT ... FOR UPDATE before its write (the
+        # server-side mark is then its UPDATE's, later than the lock).
+        self.unmarked_locks = 0
         self._since: dict[int, float] = {}
+        self._last_mark: dict[int, str] = {}
 
     def taken(self) -> None:
         """The lock is held from now (a second mark in the same transaction is ignored)."""
@@ -39,16 +149,28 @@ class HoldTimes:
         if since is not None:
             self.holds.append(_now() - since)
 
+    def committed(self, pgconn: Any, at: float) -> None:
+        """``COMMIT`` returned at wall time ``at`` on ``pgconn``: one server-side hold more,
+        when the transaction left a mark of its own (see the module's docstring)."""
+        mark = read_lock_mark(pgconn)
+        if mark is None:
+            return
+        xid, locked_at = mark
+        if self._last_mark.get(id(pgconn)) == xid:
+            return
+        self._last_mark[id(pgconn)] = xid
+        self.server_holds.append(at - locked_at)
+
 
 @contextmanager
 def timing_lock_holds(impl: str, store: Any = None) -> Iterator[HoldTimes]:
-    """Time the lock holds of ``impl`` for the block. A baseline ``store`` marks them itself
-    (its ``holds``); the package is timed by wrapping, for the block, the function that
-    returns once SQLite's ``BEGIN IMMEDIATE`` has the lock and the one that notes the end of
-    a write right after ``COMMIT`` returns (SQLite), or the statement runner and the
-    dialect's commit and rollback (PostgreSQL)."""
+    """Time the lock holds of ``impl`` for the block. A hand-written loop ``store`` marks
+    them itself (its ``holds``); the package is timed by wrapping, for the block, the
+    function that returns once SQLite's ``BEGIN IMMEDIATE`` has the lock and the one that
+    notes the end of a write right after ``COMMIT`` returns (SQLite), or the statement
+    runner and the dialect's commit and rollback (PostgreSQL)."""
     times = HoldTimes()
-    if impl in ("baseline", "baseline-pg"):
+    if impl in HAND_WRITTEN:
         store.holds = times
         try:
             yield times
@@ -86,6 +208,11 @@ def _package_sqlite(times: HoldTimes) -> Iterator[None]:
         locking._end_write = end  # type: ignore[assignment]
 
 
+def _locks_by_select(sql: str) -> bool:
+    """A plain ``SELECT ... FOR UPDATE``: it locks rows and writes none."""
+    return "FOR UPDATE" in sql and sql.lstrip().upper().startswith("SELECT")
+
+
 @contextmanager
 def _package_postgresql(times: HoldTimes) -> Iterator[None]:
     from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
@@ -100,13 +227,20 @@ def _package_postgresql(times: HoldTimes) -> Iterator[None]:
         self: DriverRunner, dbapi: Any, prepared: Any, data: Any, many: bool
     ) -> list[tuple[Any, ...]]:
         rows = at_driver(self, dbapi, prepared, data, many)
-        if rows and "FOR UPDATE" in prepared.sql:
+        if rows and _locks_by_select(prepared.sql):
+            if _thread() not in times._since:
+                times.unmarked_locks += 1
             times.taken()
         return rows
 
     def timed_commit(self: Any, dbapi_connection: Any) -> None:
+        pgconn = dbapi_connection.pgconn
+        in_transaction = pgconn.transaction_status != _IDLE
         commit(self, dbapi_connection)
+        at = _wall()
         times.released()
+        if in_transaction:
+            times.committed(pgconn, at)
 
     def timed_rollback(self: Any, dbapi_connection: Any) -> None:
         rollback(self, dbapi_connection)

@@ -2,8 +2,9 @@
 
 A *store* is either a :class:`mnestoma.Mnestoma` or a :class:`benchmarks.baseline.Baseline`:
 both offer the same five methods. ``impl`` names which one: ``package``, ``baseline`` or
-``package-pg``, and for the writers only ``baseline-pg`` (:class:`PgBaseline`); ``where`` is
-a SQLite file path or a PostgreSQL URL.
+``package-pg``, and for the writers only ``baseline-pg`` (:class:`PgBaseline`, the package's
+schema by hand) and ``lean-pg`` (:class:`LeanLoop`, two plain tables of its own); ``where``
+is a SQLite file path or a PostgreSQL URL.
 """
 
 from __future__ import annotations
@@ -21,10 +22,12 @@ from typing import Any
 
 from mnestoma.store.repository import MAX_WALK_LIMIT
 
+from . import lean_pg
 from .baseline import Baseline
-from .baseline_pg import PgBaseline
+from .baseline_pg import PgBaseline, psycopg_conninfo
 from .data import NOW, FixedClock
-from .lock_hold import HoldTimes, timing_lock_holds
+from .lean_pg import LeanLoop
+from .lock_hold import HAND_WRITTEN, HoldTimes, install_lock_marks, timing_lock_holds
 
 __all__ = [
     "Edge",
@@ -47,10 +50,12 @@ __all__ = [
 
 Edge = tuple[str, str, str, str]
 HOT_EDGE: Edge = ("planner", "1", "search", "1")
+# The implementations that run on PostgreSQL, and the table each one's hot edge lives in.
+POSTGRESQL_IMPLS = {"package-pg": "mnests", "baseline-pg": "mnests", "lean-pg": "lean_edges"}
 
 
 def _url(impl: str, where: str) -> str:
-    if impl in ("package-pg", "baseline-pg"):
+    if impl in POSTGRESQL_IMPLS:
         return where
     return f"sqlite:///{Path(where).absolute()}"
 
@@ -62,6 +67,8 @@ def open_store(impl: str, where: str, clock: Any = None) -> Any:
         return Baseline(where, clock=clock)
     if impl == "baseline-pg":
         return PgBaseline(where, clock=clock)
+    if impl == "lean-pg":
+        return LeanLoop(where, clock=clock)
     from mnestoma import Mnestoma
 
     return Mnestoma(_url(impl, where), clock=clock)
@@ -284,15 +291,16 @@ def _writer(
     use_real_clock: bool,
     timed_here: bool,
 ) -> None:
-    """One writer: ``calls`` passings on the hot edge; puts (ok, failed, start, end, holds)
-    on ``results``. ``timed_here``: this writer times its own lock holds (a process); the
-    threads of one process are timed by :func:`run_writers` instead."""
+    """One writer: ``calls`` passings on the hot edge; puts its outcome on ``results`` (calls
+    done and failed, start and end, the lock holds). ``timed_here``: this writer times its
+    own lock holds (a process); the threads of one process are timed by :func:`run_writers`
+    instead."""
     from datetime import UTC
 
     clock = (lambda: datetime.now(UTC)) if use_real_clock else None
     store = open_store(impl, where, clock)
     ok = failed = 0
-    holds: list[float] = []
+    times: HoldTimes | None = None
     try:
         store.suggest_next("warm-up")
         with _timed(impl, store, timed_here) as times:
@@ -305,11 +313,20 @@ def _writer(
                 except Exception:
                     failed += 1
             end = time.perf_counter()
-            if times is not None:
-                holds = list(times.holds)
     finally:
         store.close()
-    results.put((ok, failed, start, end, holds))
+    results.put({"ok": ok, "failed": failed, "start": start, "end": end, **_held(times)})
+
+
+def _held(times: HoldTimes | None) -> dict[str, Any]:
+    """What ``times`` recorded, as plain data (empty without it)."""
+    if times is None:
+        return {"holds": [], "server_holds": [], "unmarked_locks": 0}
+    return {
+        "holds": list(times.holds),
+        "server_holds": list(times.server_holds),
+        "unmarked_locks": times.unmarked_locks,
+    }
 
 
 @contextmanager
@@ -339,14 +356,45 @@ def _spread(xs: Sequence[float]) -> dict[str, float]:
     return {"median": statistics.median(ys), "p10": at(0.1), "p90": at(0.9)}
 
 
+def _prepare_postgresql(impl: str, where: str) -> None:
+    """Before a race on PostgreSQL: the lean loop's tables, and the server's lock marks on
+    the hot table (:mod:`benchmarks.lock_hold`)."""
+    if impl == "lean-pg":
+        lean_pg.create_tables(where)
+    install_lock_marks(psycopg_conninfo(where), POSTGRESQL_IMPLS[impl])
+
+
+def _hot_edge_counts(impl: str, where: str) -> tuple[int, int]:
+    """The hot edge's ``uses`` and the number of reinforcement events."""
+    if impl == "lean-pg":
+        return lean_pg.counts(where, HOT_EDGE)
+    from sqlalchemy import text
+
+    with _reading(impl, where) as conn:
+        uses = conn.execute(
+            text(
+                "SELECT uses FROM mnests WHERE src_executor = :s AND src_version = :sv"
+                " AND dst_executor = :d AND dst_version = :dv AND state = 'active'"
+            ),
+            dict(zip(("s", "sv", "d", "dv"), HOT_EDGE, strict=True)),
+        ).scalar_one()
+        reinforced = conn.execute(
+            text("SELECT count(*) FROM events WHERE kind = 'reinforced'")
+        ).scalar_one()
+    return int(uses), int(reinforced)
+
+
 def run_writers(
     impl: str, where: str, writers: int, calls: int, *, processes: bool = True
 ) -> dict[str, Any]:
     """``writers`` concurrent writers on one hot edge; calls/s, the lost-update check, and
-    how long each call held the write lock (:mod:`benchmarks.lock_hold`)."""
+    how long each call held the write lock (:mod:`benchmarks.lock_hold`): ``hold_us`` timed
+    by the client, ``server_hold_us`` from the server's mark (PostgreSQL)."""
     import multiprocessing
     import queue as queue_mod
 
+    if impl in POSTGRESQL_IMPLS:
+        _prepare_postgresql(impl, where)
     store = open_store(impl, where)
     store.record_passing(*HOT_EDGE)  # the edge exists before the race: uses starts at 1
     store.close()
@@ -376,25 +424,13 @@ def run_writers(
             outcomes = [results.get(timeout=600) for _ in workers]
             for w in workers:
                 w.join()
-        outcomes = [(*o[:4], []) for o in outcomes]
-        outcomes[0] = (*outcomes[0][:4], list(times.holds))
-    ok = sum(o[0] for o in outcomes)
-    failed = sum(o[1] for o in outcomes)
-    elapsed = max(o[3] for o in outcomes) - min(o[2] for o in outcomes)
-    holds = [h for o in outcomes for h in o[4]]
-    from sqlalchemy import text
-
-    with _reading(impl, where) as conn:
-        uses = conn.execute(
-            text(
-                "SELECT uses FROM mnests WHERE src_executor = :s AND src_version = :sv"
-                " AND dst_executor = :d AND dst_version = :dv AND state = 'active'"
-            ),
-            dict(zip(("s", "sv", "d", "dv"), HOT_EDGE, strict=True)),
-        ).scalar_one()
-        reinforced = conn.execute(
-            text("SELECT count(*) FROM events WHERE kind = 'reinforced'")
-        ).scalar_one()
+        outcomes[0] = {**outcomes[0], **_held(times)}  # the threads' holds, timed as one
+    ok = sum(o["ok"] for o in outcomes)
+    failed = sum(o["failed"] for o in outcomes)
+    elapsed = max(o["end"] for o in outcomes) - min(o["start"] for o in outcomes)
+    holds = [h for o in outcomes for h in o["holds"]]
+    server_holds = [h for o in outcomes for h in o["server_holds"]]
+    uses, reinforced = _hot_edge_counts(impl, where)
     return {
         "calls": ok,
         "failed": failed,
@@ -405,6 +441,9 @@ def run_writers(
         "reinforced_events": reinforced,
         "hold_us": {k: v * 1e6 for k, v in _spread(holds).items()},
         "holds": len(holds),
+        "server_hold_us": {k: v * 1e6 for k, v in _spread(server_holds).items()},
+        "server_holds": len(server_holds),
+        "unmarked_locks": sum(o["unmarked_locks"] for o in outcomes),
     }
 
 
@@ -412,7 +451,7 @@ def run_writers(
 def _threads_timed(impl: str) -> Iterator[HoldTimes]:
     """The lock holds of a run of writer threads in this process: the package's functions
     wrapped once for all of them, the baselines' threads marking into one shared record."""
-    if impl in ("baseline", "baseline-pg"):
+    if impl in HAND_WRITTEN:
         times = _RUN_HOLDS[impl] = HoldTimes()
         try:
             yield times

@@ -108,9 +108,14 @@ def test_the_writers_rate_is_the_median_of_interleaved_rounds(tmp_path: Path) ->
 def test_every_target_gets_a_verdict_line(quick_report: bench.Report) -> None:
     text = bench.format_report(quick_report, with_pg=False)
     assert "| target" in text
-    assert "PostgreSQL 8 writers" in text
-    # 14, and the ager's default run against its one-batch run for each shape (SQLite)
-    assert len(quick_report.verdicts) == 14 + len(bench.AGER_SHAPES)
+    for target in (
+        "PostgreSQL 8 writers ≥ 1.3 × the psycopg reference",
+        "PostgreSQL 8 writers ≥ 1.0 × the lean psycopg loop",
+        "PostgreSQL lock hold ≤ 0.7 × the hand-written loop's (server-side)",
+    ):
+        assert target in text, target
+    # 16, and the ager's default run against its one-batch run for each shape (SQLite)
+    assert len(quick_report.verdicts) == 16 + len(bench.AGER_SHAPES)
 
 
 def test_baseline_follows_the_contract_numbers(files: SqliteFiles) -> None:
@@ -207,12 +212,25 @@ def test_quick_mode_on_postgresql(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
             for c in report.checks
         ), shape
     (writers,) = [r for r in report.results if r.workload == "writers"]
-    for impl in ("package-pg", "baseline-pg"):
-        assert writers.details["outcome"][impl]["lost"] == 0, impl
-        assert writers.details["outcome"][impl]["failed"] == 0, impl
+    for impl in ("package-pg", "baseline-pg", "lean-pg"):
+        outcome = writers.details["outcome"][impl]
+        assert outcome["lost"] == 0, impl
+        assert outcome["failed"] == 0, impl
+        # the server marked the lock of every call of every side, and no hold is negative
+        for one in outcome["rounds"]:
+            assert one["server_holds"] == one["calls"], impl
+            assert one["server_hold_us"]["p10"] > 0, impl
+    assert outcome["unmarked_locks"] == 0  # the lean loop marks the lock it takes
     assert "package PostgreSQL / baseline psycopg" in writers.note
-    (verdict,) = [v for v in report.verdicts if v.target.startswith("PostgreSQL")]
-    assert "psycopg by hand" in verdict.measured
+    assert "package PostgreSQL / lean psycopg loop" in writers.note
+    assert "server-side hold package PostgreSQL / lean psycopg loop" in writers.note
+    rates = [v for v in report.verdicts if v.target.startswith("PostgreSQL 8 writers")]
+    assert [v.measured.split(";")[1].split(":")[0].strip() for v in rates] == [
+        "baseline psycopg",
+        "lean psycopg loop",
+    ]
+    (hold,) = [v for v in report.verdicts if v.target.startswith("PostgreSQL lock hold")]
+    assert "lean loop" in hold.measured and "package / reference" in hold.measured
 
 
 @pytest.mark.postgresql
@@ -239,6 +257,94 @@ def test_psycopg_reference_follows_the_contract_numbers(tmp_path: Path) -> None:
     assert row[4:6] == ("active", 3)
     assert row[6] == pytest.approx(0.45 * math.exp(-0.018 * 10) + 0.15)
     assert events == {"created": 1, "reinforced": 2}
+
+
+@pytest.mark.postgresql
+def test_lean_loop_follows_the_contract_numbers() -> None:
+    require_postgresql()
+    from benchmarks import lean_pg
+    from benchmarks.data import PostgresServer
+
+    server = PostgresServer(PG_ADMIN_URL)
+    try:
+        url = server.url(server.clone("empty"))
+        lean_pg.create_tables(url)
+        clock = FixedClock(NOW)
+        loop = lean_pg.LeanLoop(url, clock=clock)
+        first = loop.record_passing("a", "1", "b", "1")
+        assert loop.record_passing("a", "1", "b", "1") == first
+        clock.now = NOW + timedelta(days=10)
+        loop.record_passing("a", "1", "b", "1")
+        loop.close()
+        uses, reinforced = lean_pg.counts(url, ("a", "1", "b", "1"))
+        import psycopg
+
+        from benchmarks.baseline_pg import psycopg_conninfo
+
+        with psycopg.connect(psycopg_conninfo(url)) as con:
+            weight, ts_last = con.execute("SELECT weight, ts_last FROM lean_edges").fetchone()
+            afters = [r[0] for r in con.execute("SELECT weight_after FROM lean_events ORDER BY ts")]
+    finally:
+        server.close()
+    assert (uses, reinforced) == (3, 2)
+    # 0.30, +0.15 → 0.45; ten days at 0.018/day, then +0.15
+    assert weight == pytest.approx(0.45 * math.exp(-0.018 * 10) + 0.15)
+    assert afters == [0.30, pytest.approx(0.45), pytest.approx(weight)]
+    assert ts_last == NOW + timedelta(days=10)
+
+
+@pytest.mark.postgresql
+def test_the_server_side_hold_starts_when_the_row_is_granted() -> None:
+    """A call that waits for another transaction's row lock: its server-side hold leaves the
+    wait out, whether its lock comes from a marked SELECT ... FOR UPDATE (the lean loop) or
+    from its UPDATE (the trigger)."""
+    require_postgresql()
+    import threading
+    import time
+
+    import psycopg
+
+    from benchmarks import lean_pg
+    from benchmarks.baseline_pg import psycopg_conninfo
+    from benchmarks.data import PostgresServer
+    from benchmarks.lock_hold import HoldTimes, install_lock_marks
+
+    server = PostgresServer(PG_ADMIN_URL)
+    wait = 0.4
+    try:
+        url = server.url(server.clone("empty"))
+        conninfo = psycopg_conninfo(url)
+        lean_pg.create_tables(url)
+        install_lock_marks(conninfo, lean_pg.EDGES_TABLE)
+        loop = lean_pg.LeanLoop(url)
+        loop.record_passing("a", "1", "b", "1")
+        times = HoldTimes()
+        loop.holds = times
+        update = psycopg.connect(conninfo)
+
+        def by_update() -> None:
+            with update.transaction():
+                update.execute("UPDATE lean_edges SET uses = uses + 1")
+            times.committed(update.pgconn, time.time())
+
+        for call in (lambda: loop.record_passing("a", "1", "b", "1"), by_update):
+            holder = psycopg.connect(conninfo)
+            holder.execute("SELECT 1 FROM lean_edges FOR UPDATE")
+            released = threading.Timer(wait, holder.commit)
+            started = time.perf_counter()
+            released.start()
+            call()
+            took = time.perf_counter() - started
+            released.join()
+            holder.close()
+            assert took >= wait
+        loop.close()
+        update.close()
+    finally:
+        server.close()
+    assert len(times.server_holds) == 2
+    assert all(0 < h < wait / 2 for h in times.server_holds), times.server_holds
+    assert len(times.holds) == 1  # the client-side figure: the lean loop's select only
 
 
 def test_quick_report_is_written_as_json_with_every_workload(
