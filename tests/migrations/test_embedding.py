@@ -292,7 +292,7 @@ def test_a_postgresql_store_can_live_in_a_schema_of_its_own(tmp_path: Path) -> N
         engine.dispose()
         assert mnestoma.current_revision(store_url) == mnestoma.head_revision()
     finally:
-        drop_pg_database(base)
+        drop_pg_database(base, later=True)
 
 
 DOWNSTREAM_TESTS = """
@@ -325,7 +325,7 @@ def test_the_testing_kit_under_pytest_xdist_passes_a_downstream_suite(
         )  # fmt: skip
     finally:
         if db is not None:
-            drop_pg_database(db)
+            drop_pg_database(db, later=True)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "8 passed" in done.stdout
 

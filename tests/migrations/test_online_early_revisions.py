@@ -36,7 +36,7 @@ def databases() -> Iterator[list[URL]]:
         yield urls
     finally:
         for url in urls:
-            drop_pg_database(url)
+            drop_pg_database(url, later=True)
 
 
 def _libpq(url: URL) -> str:

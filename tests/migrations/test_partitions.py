@@ -546,7 +546,7 @@ def test_create_all_builds_the_layout_the_revision_builds(pg_empty_db_url: str) 
             Base.metadata.create_all(engine)
         built = _layout(other.render_as_string(hide_password=False))
     finally:
-        drop_pg_database(other)
+        drop_pg_database(other, later=True)
     assert built == migrated
     assert migrated["events_key"]["constrained_columns"] == []  # each partition has its own
     names = [str(row[0]) for row in migrated["tree"]]  # type: ignore[attr-defined]

@@ -186,7 +186,7 @@ def handed() -> Iterator[URL]:
         )
         yield url
     finally:
-        drop_pg_database(url)
+        drop_pg_database(url, later=True)
 
 
 # --- what the database holds -----------------------------------------------------------------
@@ -444,7 +444,7 @@ def test_the_guides_check_lists_what_would_stop_pg_partman_later() -> None:
         assert [(str(p), lower) for p, lower in gaps] == [(f"events_{stray:%Y%m}", stray)]
         assert [ts for _, ts in rows] == [ahead]
     finally:
-        drop_pg_database(url)
+        drop_pg_database(url, later=True)
 
 
 def test_without_a_pg_partman_retention_the_prune_drops_its_months_as_the_packages(

@@ -61,7 +61,7 @@ def alembic_engine(engine_name: str, tmp_path: Path) -> Iterator[Engine]:
         yield engine
     finally:
         engine.dispose()
-        drop_pg_database(url)
+        drop_pg_database(url, later=True)
 
 
 def _version_table_at_base(alembic_runner: MigrationContext) -> None:

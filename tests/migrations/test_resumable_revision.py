@@ -211,7 +211,7 @@ def template_0007() -> Iterator[URL]:
     finally:
         engine.dispose()
     yield url
-    drop_pg_database(url)
+    drop_pg_database(url, later=True)
 
 
 def _copy_of(template: URL, name: str) -> URL:
@@ -250,7 +250,7 @@ def test_the_0008_script_run_again_with_psql_after_a_stop_anywhere_reaches_0008(
             finally:
                 engine.dispose()
         finally:
-            drop_pg_database(url)
+            drop_pg_database(url, later=True)
 
 
 def test_the_0008_script_whose_validation_timed_out_reaches_0008_when_run_again(
@@ -278,4 +278,4 @@ def test_the_0008_script_whose_validation_timed_out_reaches_0008_when_run_again(
         assert current_revision(rendered) == "0008"
     finally:
         holder.dispose()
-        drop_pg_database(url)
+        drop_pg_database(url, later=True)

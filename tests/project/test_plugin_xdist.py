@@ -153,8 +153,8 @@ def downstream_pg_url() -> Iterator[URL]:
         yield url
     finally:
         for name in pg_databases_like(f"{url.database}_"):
-            drop_pg_database(url.set(database=name))
-        drop_pg_database(url)
+            drop_pg_database(url.set(database=name), later=True)
+        drop_pg_database(url, later=True)
 
 
 # --- PostgreSQL, end to end -------------------------------------------------------------------
