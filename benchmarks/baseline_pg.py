@@ -17,12 +17,14 @@ from __future__ import annotations
 import secrets
 import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from .baseline import DEFAULT_DECAY_LAMBDA, INITIAL_WEIGHT, Clock, reinforce
 from .lock_hold import marked_select
 
-__all__ = ["PgBaseline", "psycopg_conninfo"]
+T = TypeVar("T")
+
+__all__ = ["PgBaseline", "PsycopgLoop", "psycopg_conninfo"]
 
 _SEL_COLUMNS = "id, weight, decay_lambda, ts_weight"
 _SEL_ACTIVE = (
@@ -67,8 +69,10 @@ def psycopg_conninfo(url: str) -> str:
     return make_url(url).set(drivername="postgresql").render_as_string(False)
 
 
-class PgBaseline:
-    """``record_passing`` on active edges, on one psycopg connection."""
+class PsycopgLoop(Generic[T]):
+    """A hand-written recorder on one psycopg connection: each call one transaction, and
+    while the writers workload times the lock holds (``holds`` set), the instant its
+    ``COMMIT`` returns marked. Subclasses write the passing (``_record``)."""
 
     def __init__(self, url: str, *, clock: Clock | None = None) -> None:
         import psycopg
@@ -78,16 +82,16 @@ class PgBaseline:
         # Set by the writers workload (benchmarks.lock_hold): marks each hold of the row lock.
         self.holds: Any = None
 
-    def record_passing(
-        self, src_executor: str, src_version: str, dst_executor: str, dst_version: str
-    ) -> str:
-        """Create (weight 0.30) or reinforce (+0.15 on the decayed weight) one active edge."""
+    def _record(self, con: Any, key: Any, holds: Any) -> T:
+        raise NotImplementedError
+
+    def _in_transaction(self, key: Any) -> T:
+        """``_record(key)`` in a transaction of its own, its hold marked when timed."""
         con = self._con
-        key = (src_executor, src_version, dst_executor, dst_version)
         holds = self.holds
         try:
             with con.transaction():
-                mid = self._record(con, key, holds)
+                result = self._record(con, key, holds)
         except BaseException:
             if holds is not None:
                 holds.released()
@@ -96,7 +100,21 @@ class PgBaseline:
             at = time.time()
             holds.released()
             holds.committed(con.pgconn, at)
-        return mid
+        return result
+
+    def close(self) -> None:
+        """Close the connection."""
+        self._con.close()
+
+
+class PgBaseline(PsycopgLoop[str]):
+    """``record_passing`` on active edges, on one psycopg connection."""
+
+    def record_passing(
+        self, src_executor: str, src_version: str, dst_executor: str, dst_version: str
+    ) -> str:
+        """Create (weight 0.30) or reinforce (+0.15 on the decayed weight) one active edge."""
+        return self._in_transaction((src_executor, src_version, dst_executor, dst_version))
 
     def _record(self, con: Any, key: tuple[str, str, str, str], holds: Any) -> str:
         select = _SEL_ACTIVE if holds is None else _SEL_ACTIVE_MARKED
@@ -124,7 +142,3 @@ class PgBaseline:
         with self._con.transaction():
             params = {"src": src_executor, "k": k, "now": self._clock()}
             return self._con.execute(_SUGGEST, params).fetchall()
-
-    def close(self) -> None:
-        """Close the connection."""
-        self._con.close()

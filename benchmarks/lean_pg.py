@@ -18,12 +18,10 @@ mark the instant the row is granted (:mod:`benchmarks.lock_hold`).
 
 from __future__ import annotations
 
-import time
-from datetime import UTC, datetime
 from typing import Any
 
-from .baseline import DEFAULT_DECAY_LAMBDA, INITIAL_WEIGHT, Clock, reinforce
-from .baseline_pg import psycopg_conninfo
+from .baseline import DEFAULT_DECAY_LAMBDA, INITIAL_WEIGHT, reinforce
+from .baseline_pg import PsycopgLoop, psycopg_conninfo
 from .lock_hold import marked_select
 
 __all__ = ["EDGES_TABLE", "LeanLoop", "counts", "create_tables", "edge_key"]
@@ -84,40 +82,14 @@ def counts(url: str, edge: tuple[str, str, str, str]) -> tuple[int, int]:
     return int(uses), int(reinforced[0] if reinforced else 0)
 
 
-def _utc_now() -> datetime:
-    return datetime.now(UTC)
-
-
-class LeanLoop:
+class LeanLoop(PsycopgLoop[int]):
     """``record_passing`` on the lean tables, on one psycopg connection."""
-
-    def __init__(self, url: str, *, clock: Clock | None = None) -> None:
-        import psycopg
-
-        self._con = psycopg.connect(psycopg_conninfo(url))
-        self._clock: Clock = clock or _utc_now
-        # Set by the writers workload (benchmarks.lock_hold): marks each hold of the row lock.
-        self.holds: Any = None
 
     def record_passing(
         self, src_executor: str, src_version: str, dst_executor: str, dst_version: str
     ) -> int:
         """Create (weight 0.30) or reinforce (+0.15 on the decayed weight) one edge; its id."""
-        con = self._con
-        key = edge_key(src_executor, src_version, dst_executor, dst_version)
-        holds = self.holds
-        try:
-            with con.transaction():
-                edge_id = self._record(con, key, holds)
-        except BaseException:
-            if holds is not None:
-                holds.released()
-            raise
-        if holds is not None:
-            at = time.time()
-            holds.released()
-            holds.committed(con.pgconn, at)
-        return edge_id
+        return self._in_transaction(edge_key(src_executor, src_version, dst_executor, dst_version))
 
     def _record(self, con: Any, key: tuple[str, str], holds: Any) -> int:
         select = _SELECT if holds is None else _SELECT_MARKED
@@ -143,7 +115,3 @@ class LeanLoop:
         """The k heaviest edges out of a ``src`` (opens the connection before a race)."""
         with self._con.transaction():
             return self._con.execute(_STRONGEST, (src_executor, k)).fetchall()
-
-    def close(self) -> None:
-        """Close the connection."""
-        self._con.close()
