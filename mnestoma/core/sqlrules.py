@@ -103,9 +103,12 @@ class _ExactDaysSince(FunctionElement[float]):
     """Days from the first argument to the second, as :func:`mnestoma.rules.days_between`
     computes them before its clamp, to the same float: the whole microseconds between the two
     over a day's seconds. SQLite reads them off its text instants
-    (``YYYY-MM-DD HH:MM:SS.ffffff``: whole seconds by ``strftime('%s')``, microseconds by
-    ``substr``), where ``julianday`` would round to the millisecond; PostgreSQL's interval
-    epoch is exact already."""
+    (``YYYY-MM-DD HH:MM:SS.ffffff``: whole seconds from ``julianday`` of the instants cut
+    to the second, microseconds by ``substr``), where ``julianday`` of the whole instants
+    would round to the millisecond; PostgreSQL's interval epoch is exact already. Exact for
+    instants up to 285 years apart (2**53 microseconds); past that SQLite's count of
+    microseconds is rounded to a double before the division, and the day count may differ
+    from Python's in its last bit (every decay at the default speed is floored to 0 by then)."""
 
     type = Float()
     inherit_cache = True
@@ -114,7 +117,12 @@ class _ExactDaysSince(FunctionElement[float]):
 @compiles(_ExactDaysSince)
 def _exact_days_since(element: _ExactDaysSince, compiler: SQLCompiler, **kw: Any) -> str:
     earlier, now = element.clauses
-    seconds = func.strftime("%s", now).cast(Integer) - func.strftime("%s", earlier).cast(Integer)
+    # whole seconds: julianday() of the instants cut to the second, rounded (its error, tens
+    # of microseconds, is far from half a second)
+    whole = (
+        func.julianday(func.substr(now, 1, 19)) - func.julianday(func.substr(earlier, 1, 19))
+    ) * literal(SECONDS_PER_DAY, Float)
+    seconds = func.round(whole).cast(Integer)
     micros = func.substr(now, 21).cast(Integer) - func.substr(earlier, 21).cast(Integer)
     total = seconds * literal(1_000_000, Integer) + micros
     days = total / literal(1e6, Float) / literal(SECONDS_PER_DAY, Float)

@@ -63,6 +63,7 @@ QUOTES: dict[str, list[str]] = {
         "`recurring_protos(min_uses={RECURRING_MIN_USES}, min_weight={RECURRING_MIN_WEIGHT:.2f})`",
         "recurring_protos(*, min_uses={RECURRING_MIN_USES}, min_weight={RECURRING_MIN_WEIGHT:.2f})",
         "saturates: {INITIAL_WEIGHT:.2f}, +{REINFORCEMENT:.2f} a passing, clamped at 1",
+        "adds +{REINFORCEMENT:.2f} with no decay and leaves both instants as they were",
         "its numbers ({INITIAL_WEIGHT:.2f}, +{REINFORCEMENT:.2f}, {DEFAULT_DECAY_LAMBDA} a day,"
         " {DECAYING_BELOW:.2f}, {PROTO_PRUNE_BELOW:.2f})",
         "at the same instant: {INITIAL_WEIGHT:.2f}, {SECOND_PASSING:.2f}, {THIRD_PASSING:.2f}"
