@@ -12,7 +12,9 @@ from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Executable
+from sqlalchemy import Connection, Executable
+from sqlalchemy.exc import UnboundExecutionError
+from sqlalchemy.orm import Session
 
 from mnestoma.core.errors import ConflictError, InvalidInput, RaceLost, translate_errors
 from mnestoma.core.rules import MnestState, chain_increments, new_mnest_id, outcome_counts
@@ -79,6 +81,21 @@ _ONE_PASSING_PLANS = {
     for proto in (False, True)
     for turn in (False, True)
 }
+
+
+def _one_writer(session: Session | Connection) -> bool:
+    """Whether the store ``session`` writes to takes one writer at a time (SQLite), asked
+    before the write lock: a Connection's dialect, else that of the bind the Session gives
+    its connection (a Session without one fails at its first statement, as before)."""
+    if isinstance(session, Connection):
+        bind: Any = session
+    else:
+        try:
+            bind = session.get_bind()
+        except UnboundExecutionError:
+            return False
+    backend = BY_NAME.get(bind.dialect.name)
+    return backend is not None and backend.one_writer
 
 
 class RecordCommands(StoreBase):
@@ -217,13 +234,20 @@ class RecordCommands(StoreBase):
         proto = not p.dst_exists
         sel = rec.SELECT_ONE_PROTO if proto else rec.SELECT_ONE_ACTIVE
         params = key_params(key_of(p))
+        # SQLite, one writer at a time: "now" is read once, before the write lock (contract
+        # §4: timestamps never move back, the decay runs from the later instant), so that
+        # the writers queued for the lock do not wait for the clock too (and no month's
+        # partition to note: SQLite has none).
+        now = self._now() if _one_writer(self._session) else None
         ex = self._write_ex(_ONE_PASSING_PLANS[(proto, turn_id is not None)])
-        if BY_NAME[ex.dialect].one_writer:
+        if now is not None:
             if turn_id is None:
-                return self._record_one_locked(ex, sel, params, p, None, recorder, occurrence)
+                return self._record_one_locked(ex, sel, params, p, None, recorder, occurrence, now)
             lookup = rec.select_one_counted(proto)  # the row, and whether the turn counted it
             counted = {**params, "turn_id": turn_id, "occ": occurrence}
-            return self._record_one_locked(ex, lookup, counted, p, turn_id, recorder, occurrence)
+            return self._record_one_locked(
+                ex, lookup, counted, p, turn_id, recorder, occurrence, now
+            )
         # PostgreSQL: one statement locks the row, computes and writes the passing and its
         # event (or creates the row), "now" read once before it (contract §4).
         stmt = rec.pg_passing(proto, turn_id is not None)
@@ -259,15 +283,16 @@ class RecordCommands(StoreBase):
         turn_id: str | None,
         recorder: str,
         occurrence: int,
+        now: datetime,
     ) -> Callable[[], Mnest]:
-        """SQLite, under the write lock (no other writer can create the key meanwhile): one
-        lookup, which with a turn also says whether the turn counted this occurrence already,
-        then the row's write and its event. A read and two writes, the fewest for numbers
-        Python computes; SQLite computing them in two statements (an INSERT ... SELECT and
-        an UPDATE ... RETURNING, exact on its text instants) spends more time in the
-        database than the statement saves in Python."""
+        """SQLite, under the write lock (no other writer can create the key meanwhile), with
+        ``now`` read before it: one lookup, which with a turn also says whether the turn
+        counted this occurrence already, then the row's write and its event. A read and
+        two plain writes: SQLite computing the reinforcement itself in two statements
+        (the event's INSERT ... SELECT, then UPDATE ... RETURNING, with the exact SQL twins
+        of the rules) spends more time under the lock than the lookup and the arithmetic
+        it saves (see docs/performance.md)."""
         found = ex.first(lookup, params)
-        now = self._write_now(ex)  # read once the write lock is held
         if found is None:
             new, ev = creation(p, turn_id, now, recorder, occurrence)
             ex.many(rec.INSERT_MNEST_LOCKED, [new], MNEST_COLUMNS)
