@@ -224,7 +224,10 @@ def test_the_ager_runs_the_same_few_statements_whatever_the_row_count(
         seen: list[str] = []
 
         def count(conn, cursor, statement, params, context, executemany) -> None:  # type: ignore[no-untyped-def]
-            seen.append(statement)
+            # A run that is the first in its month makes the month's partition on PostgreSQL
+            # (its lock timeout set, then the upkeep): once a month, not once a row.
+            if "lock_timeout', " not in statement and "mnestoma_events_partitions" not in statement:
+                seen.append(statement)
 
         event.listen(store.engine, "before_cursor_execute", count)
         try:
