@@ -17,6 +17,7 @@ from sqlalchemy.exc import UnboundExecutionError
 from sqlalchemy.orm import Session
 
 from mnestoma.core.errors import ConflictError, InvalidInput, RaceLost, translate_errors
+from mnestoma.core.errors import is_unique_violation as counted_meanwhile
 from mnestoma.core.rules import MnestState, chain_increments, new_mnest_id, outcome_counts
 from mnestoma.core.validation import (
     Passing,
@@ -322,12 +323,17 @@ class RecordCommands(StoreBase):
             if result is None:
                 raise ConflictError("another writer created a key of this turn meanwhile")
             return [result[ident] for ident in idents]
+        # PostgreSQL: one statement locks the turn's rows, computes and writes every passing,
+        # its event and the turn's chains, "now" read once before it (contract §4).
+        new_rows_order = sorted(unique, key=sort_key)
+        now = self._write_now(ex)
+        params = rec.pg_turn_params(unique, idents, new_rows_order, now, turn_id, recorder)
         conn = ex.conn
         for attempt in range(RACE_ROUNDS + len(unique)):
             # A savepoint per attempt: when another transaction creates one of our keys
-            # first, rolling back to it releases every row lock this attempt took, so the
-            # next attempt locks all the turn's rows again in one (id) order. Continuing
-            # instead would lock the new row after the others and could deadlock.
+            # first, rolling back to it undoes the attempt and releases every row lock it
+            # took, so the next attempt locks all the turn's rows again in one (id) order.
+            # Continuing instead would lock the new row after the others and could deadlock.
             if attempt == 1:
                 # Between attempts a whole run of the ager (one transaction, a table lock)
                 # could demote our keys again, and again. From the first retry on, hold it
@@ -340,15 +346,19 @@ class RecordCommands(StoreBase):
             with translate_errors():
                 savepoint = conn.begin_nested()
             try:
-                result = self._record_many_once(ex, unique, turn_id, recorder, idents)
-            except BaseException:
+                found = _pg_turn_once(ex, params, list(unique))
+            except BaseException as err:
                 if savepoint.is_active:
                     savepoint.rollback()
+                if isinstance(err, ConflictError) and counted_meanwhile(err):
+                    # the same turn, recorded by another transaction after this statement's
+                    # snapshot: the database refused its events again; the next one sees them
+                    continue
                 raise
-            if result is not None:
+            if found is not None:
                 with translate_errors():
                     savepoint.commit()
-                return [result[ident] for ident in idents]
+                return [found[ident] for ident in idents]
             savepoint.rollback()
         raise RaceLost("could not record the turn: its edges kept changing under us")
 
@@ -413,6 +423,17 @@ class RecordCommands(StoreBase):
         ex.many(rec.INSERT_EVENT, events, rec.EVENT_ROW)
         _count_chains(ex, order, found, done, now)
         return result
+
+
+def _pg_turn_once(
+    ex: StatementRunner, params: dict[str, Any], edges: list[Ident]
+) -> dict[Ident, Mnest] | None:
+    """One attempt at a turn on PostgreSQL: each edge's row after the turn; None when another
+    transaction created one of its keys meanwhile (the attempt is then to be undone)."""
+    rows = ex.rows(rec.pg_turn(), params)
+    if len(rows) < len(edges):
+        return None
+    return {edges[r[1] - 1]: snap.mnest(r[2:]) for r in rows}
 
 
 def _count_chains(

@@ -275,24 +275,7 @@ def test_soak_writers_ager_and_kills_keep_every_invariant(store_url: str) -> Non
             assert got.get(key, 0) == n
 
 
-# --- deterministic lock-order scenarios (threads in this process, gated by the clock) ---------
-
-
-class GateClock:
-    """A clock whose first call, made once the call holds its write lock, waits for the test."""
-
-    def __init__(self, offset: timedelta = timedelta(0)) -> None:
-        self.offset = offset
-        self.reached = threading.Event()
-        self.go = threading.Event()
-        self.calls = 0
-
-    def __call__(self) -> datetime:
-        self.calls += 1
-        if self.calls == 1:
-            self.reached.set()
-            self.go.wait(20)
-        return datetime.now(UTC) + self.offset
+# --- deterministic lock-order scenarios (threads in this process, gated after a statement) --
 
 
 class GateAfterStatement:
@@ -402,38 +385,53 @@ def test_the_ager_waits_for_a_writer_holding_a_row_instead_of_deadlocking(
 def test_a_turn_that_loses_an_insert_race_does_not_deadlock_with_another_turn(
     pg_store_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """PostgreSQL only: SQLite runs one writer at a time, the interleaving cannot happen."""
+    """PostgreSQL only: SQLite runs one writer at a time, the interleaving cannot happen. A
+    turn whose one statement finds a key created by another transaction meanwhile undoes the
+    attempt, its row locks with it, before it locks that key's row: a turn holding that row
+    and waiting for one of the first turn's rows gets it."""
     store_url = pg_store_url
-    from mnestoma.store import rows
+    from mnestoma.store import commands
 
     # ids decide the lock order of a turn: the cold edge sorts before the hot one.
     ids = iter(["mn_zzzzzzzzzzzzzzzzhot", "mn_aaaaaaaaaaaaaaaacold"])
-    real = rows.new_mnest_id
-    monkeypatch.setattr(rows, "new_mnest_id", lambda: next(ids, None) or real())
+    real = commands.new_mnest_id
+    monkeypatch.setattr(commands, "new_mnest_id", lambda: next(ids, None) or real())
     cold = ("cold", "1", "c-race", "1")
     before_setup = mnestoma.Mnestoma(store_url)
     before_setup.record_passing(*HOT_EDGE)  # hot exists; cold does not yet
     before = deadlocks(store_url)
-    gate = GateClock()
-    first = mnestoma.Mnestoma(store_url, clock=gate)
+    creator_engine, first_engine = make_engine(store_url), make_engine(store_url)
+    creating, first_gate = GateAfterStatement(creator_engine), GateAfterStatement(first_engine)
+    creator = mnestoma.Mnestoma(creator_engine)
+    first = mnestoma.Mnestoma(first_engine)
     third = mnestoma.Mnestoma(store_url)
     try:
-        # 1. a turn locks the hot edge, finds no cold edge, and pauses before inserting it
+        # 1. a passing creates the cold edge and waits before its COMMIT
+        t0, box0 = in_thread(creator.record_passing, *cold)
+        assert creating.reached.wait(10)
+        # 2. a turn locks the hot edge and waits to insert the cold one
         t1, box1 = in_thread(first.record_turn, "turn-1", [HOT_EDGE, cold])
-        assert gate.reached.wait(10)
-        # 2. a passing creates the cold edge and commits
-        before_setup.record_passing(*cold)
-        # 3. another turn locks the cold edge (lower id first) and waits for the hot one
+        wait_for_lock_waiters(store_url, 1)
+        # 3. the passing commits: the turn's statement finds the cold key taken, and the
+        # turn pauses before it undoes the attempt, the hot edge still locked
+        creating.go.set()
+        assert first_gate.reached.wait(10)
+        t0.join(30)
+        # 4. another turn locks the cold edge (lower id first) and waits for the hot one
         t3, box3 = in_thread(third.record_turn, "turn-3", [HOT_EDGE, cold])
         wait_for_lock_waiters(store_url, 1)
-        # 4. the first turn loses its insert race and goes back to lock the cold edge
-        gate.go.set()
+        # 5. the first turn undoes its attempt and locks both edges again, in id order
+        first_gate.go.set()
         t1.join(30)
         t3.join(30)
     finally:
-        gate.go.set()
-        for s in (first, third, before_setup):
+        creating.go.set()
+        first_gate.go.set()
+        for s in (creator, first, third, before_setup):
             s.close()
+        creator_engine.dispose()
+        first_engine.dispose()
+    assert "error" not in box0, box0
     assert "error" not in box1 and "error" not in box3, (box1, box3)
     assert new_deadlocks(store_url, before) == 0, "two turns deadlocked (then retried)"
     with mnestoma.Mnestoma(store_url) as store:

@@ -196,6 +196,14 @@ def test_record_turn_rolls_back_when_the_database_fails_midway(
         return original(p, turn_id, now, recorder, occurrence)
 
     monkeypatch.setattr(commands, "creation", failing)
+    # PostgreSQL records a turn in one statement: the crash comes once it has run
+    ran_statement = commands._pg_turn_once
+
+    def crashing(*args, **kwargs):  # type: ignore[no-untyped-def]
+        ran_statement(*args, **kwargs)
+        raise RuntimeError("simulated crash after the turn's statement")
+
+    monkeypatch.setattr(commands, "_pg_turn_once", crashing)
     with pytest.raises(RuntimeError):
         store.record_turn("t", [("a", "1", "b", "1"), ("b", "1", "c", "1"), ("c", "1", "d", "1")])
     engine = make_engine(store_url)

@@ -47,6 +47,7 @@ __all__ = [
     "chain_count",
     "chains_from",
     "count_chains",
+    "count_chains_from",
     "forget_chains",
     "next_counts",
 ]
@@ -98,6 +99,11 @@ def count_chains(dialect: str) -> Insert:
         ts_first=now_param("c_now"),
         ts_last=now_param("c_now"),
     )
+    return _adding(stmt)
+
+
+def _adding(stmt: Any) -> Insert:
+    """``stmt``, an INSERT of new chains, adding its counts to the chains that exist."""
     new = stmt.excluded
     upsert: Insert = stmt.on_conflict_do_update(
         index_elements=[C.c[k] for k in CHAIN_KEY],
@@ -109,6 +115,14 @@ def count_chains(dialect: str) -> Insert:
         },
     )
     return upsert
+
+
+def count_chains_from(counts: Select[Any]) -> Insert:
+    """PostgreSQL: :func:`count_chains` for rows a select gives, ``(prev, src, dst,
+    passings as a float, passings, now, now)``, added in the order it gives them (key order:
+    the one order chains are locked in)."""
+    columns = [*CHAIN_KEY, "decayed_uses", "uses", "ts_first", "ts_last"]
+    return _adding(spelling_of("postgresql").insert(C).from_select(columns, counts))
 
 
 @functools.cache
