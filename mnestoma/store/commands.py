@@ -16,9 +16,8 @@ from sqlalchemy import Connection, Executable
 from sqlalchemy.exc import UnboundExecutionError
 from sqlalchemy.orm import Session
 
-from mnestoma.core.errors import ConflictError, InvalidInput, RaceLost, translate_errors
-from mnestoma.core.errors import is_unique_violation as counted_meanwhile
-from mnestoma.core.rules import MnestState, chain_increments, new_mnest_id, outcome_counts
+from mnestoma.core.errors import ConflictError, InvalidInput
+from mnestoma.core.rules import MnestState, chain_increments
 from mnestoma.core.validation import (
     Passing,
     check_name,
@@ -31,10 +30,12 @@ from mnestoma.engines.postgresql import POSTGRESQL
 from mnestoma.engines.sqlite import SQLITE
 from mnestoma.schema import snapshots as snap
 from mnestoma.schema.models import Mnest
-from mnestoma.schema.runner import StatementRunner, as_mappings
+from mnestoma.schema.runner import StatementRunner
 from mnestoma.schema.sql import chains as chains_sql
 from mnestoma.schema.sql import record as rec
 from mnestoma.schema.sql.tables import MNEST_COLUMNS
+from mnestoma.store import pg_writes as pg
+from mnestoma.store.pg_writes import RACE_ROUNDS
 from mnestoma.store.plumbing import Plans, StoreBase
 from mnestoma.store.rows import (
     WIDTH,
@@ -52,13 +53,6 @@ from mnestoma.store.rows import (
 )
 
 __all__ = ["RACE_ROUNDS", "RecordCommands"]
-
-# A passing whose INSERT finds its key created by another transaction meanwhile reads that
-# row again and reinforces it: a race round, not a retry of a failed transaction (those are
-# the unit of work's, see mnestoma.store.uow.with_retries). The second round finds the committed
-# row; a third covers the ager demoting it in between. Past that: RaceLost, which the
-# retry policy runs again in a new transaction.
-RACE_ROUNDS = 3
 
 
 def _one_passing_plans(proto: bool, turn: bool) -> Plans:
@@ -249,31 +243,8 @@ class RecordCommands(StoreBase):
             return self._record_one_locked(
                 ex, lookup, counted, p, turn_id, recorder, occurrence, now
             )
-        # PostgreSQL: one statement locks the row, computes and writes the passing and its
-        # event (or creates the row), "now" read once before it (contract §4).
-        stmt = rec.pg_passing(proto, turn_id is not None)
-        now = self._write_now(ex)
-        ok, error = outcome_counts(p.outcome)
-        params.update(
-            now=now,
-            new_id=new_mnest_id(),
-            tags=p.tags,
-            desired_sig=p.desired_sig,
-            ok=ok,
-            error=error,
-            turn_id=turn_id,
-            recorder=recorder,
-            outcome=p.outcome,
-            occ=occurrence,
-        )
-        for _ in range(RACE_ROUNDS):
-            found = ex.first(stmt, params)
-            # Nothing: another transaction created the key meanwhile; "again": another
-            # committed a change to the row after this statement's snapshot, so whether the
-            # turn counted it is asked again, the row's lock held by now.
-            if found is not None and found[0] != rec.PASSED_AGAIN:
-                return functools.partial(snap.mnest, found[1:])
-        raise RaceLost("could not record the passing: the edge kept changing under us")
+        # PostgreSQL: one statement, "now" read once before it (contract §4).
+        return pg.record_one(ex, p, params, self._write_now(ex), turn_id, recorder, occurrence)
 
     def _record_one_locked(
         self,
@@ -323,44 +294,8 @@ class RecordCommands(StoreBase):
             if result is None:
                 raise ConflictError("another writer created a key of this turn meanwhile")
             return [result[ident] for ident in idents]
-        # PostgreSQL: one statement locks the turn's rows, computes and writes every passing,
-        # its event and the turn's chains, "now" read once before it (contract §4).
-        new_rows_order = sorted(unique, key=sort_key)
-        now = self._write_now(ex)
-        params = rec.pg_turn_params(unique, idents, new_rows_order, now, turn_id, recorder)
-        conn = ex.conn
-        for attempt in range(RACE_ROUNDS + len(unique)):
-            # A savepoint per attempt: when another transaction creates one of our keys
-            # first, rolling back to it undoes the attempt and releases every row lock it
-            # took, so the next attempt locks all the turn's rows again in one (id) order.
-            # Continuing instead would lock the new row after the others and could deadlock.
-            if attempt == 1:
-                # Between attempts a whole run of the ager (one transaction, a table lock)
-                # could demote our keys again, and again. From the first retry on, hold it
-                # off: ROW EXCLUSIVE waits for such a run and keeps the next one out until
-                # this turn ends, and conflicts with no other writer (nor with the ager's
-                # batches, which lock rows only and never create a key, so never make an
-                # attempt fail). Taken outside the savepoints, it outlives their rollbacks;
-                # every further retry then means a key another writer created and committed.
-                ex.execute(rec.HOLD_OFF_AGER)
-            with translate_errors():
-                savepoint = conn.begin_nested()
-            try:
-                found = _pg_turn_once(ex, params, list(unique))
-            except BaseException as err:
-                if savepoint.is_active:
-                    savepoint.rollback()
-                if isinstance(err, ConflictError) and counted_meanwhile(err):
-                    # the same turn, recorded by another transaction after this statement's
-                    # snapshot: the database refused its events again; the next one sees them
-                    continue
-                raise
-            if found is not None:
-                with translate_errors():
-                    savepoint.commit()
-                return [found[ident] for ident in idents]
-            savepoint.rollback()
-        raise RaceLost("could not record the turn: its edges kept changing under us")
+        # PostgreSQL: one statement for the whole turn, "now" read once before it (§4).
+        return pg.record_turn(ex, unique, idents, self._write_now(ex), turn_id, recorder)
 
     def _record_many_once(
         self,
@@ -370,8 +305,8 @@ class RecordCommands(StoreBase):
         recorder: str,
         order: list[Ident],
     ) -> dict[Ident, Mnest] | None:
-        """One attempt at a turn (``order``: each passing's edge, as given); None when another
-        transaction created one of its keys."""
+        """A turn on SQLite, under the write lock (``order``: each passing's edge, as given);
+        None when another writer created one of its keys (it cannot: the lock keeps them out)."""
         result: dict[Ident, Mnest] = {}
         rows = _lock_keys(ex, list(pending))
         now = self._write_now(ex)
@@ -406,34 +341,16 @@ class RecordCommands(StoreBase):
             result[ident] = snap.mnest(row)
         ex.many(rec.UPDATE_REINFORCE, updates, rec.REINFORCE_ROW)
         if creations:
-            # In key order. PostgreSQL: one multi-row INSERT ... ON CONFLICT DO NOTHING
-            # RETURNING id, where a key another transaction created meanwhile comes back
-            # missing. SQLite: a plain batch, since the write lock keeps other writers out.
+            # In key order, a plain batch: the write lock keeps other writers out.
             creations.sort(key=lambda c: sort_key(c[0]))
             params = [values for _, values, _ in creations]
-            if BY_NAME[ex.dialect].one_writer:
-                ex.many(rec.INSERT_MNEST_LOCKED, params, MNEST_COLUMNS)  # under the write lock
-            else:
-                new_rows = as_mappings(MNEST_COLUMNS, params)
-                if len(ex.execute(rec.insert_mnest(ex.dialect), new_rows).all()) < len(params):
-                    return None
+            ex.many(rec.INSERT_MNEST_LOCKED, params, MNEST_COLUMNS)
             for ident, values, new_events in creations:
                 events.extend(new_events)
                 result[ident] = snap.mnest(values)
         ex.many(rec.INSERT_EVENT, events, rec.EVENT_ROW)
         _count_chains(ex, order, found, done, now)
         return result
-
-
-def _pg_turn_once(
-    ex: StatementRunner, params: dict[str, Any], edges: list[Ident]
-) -> dict[Ident, Mnest] | None:
-    """One attempt at a turn on PostgreSQL: each edge's row after the turn; None when another
-    transaction created one of its keys meanwhile (the attempt is then to be undone)."""
-    rows = ex.rows(rec.pg_turn(), params)
-    if len(rows) < len(edges):
-        return None
-    return {edges[r[1] - 1]: snap.mnest(r[2:]) for r in rows}
 
 
 def _count_chains(

@@ -390,15 +390,17 @@ def test_a_turn_that_loses_an_insert_race_does_not_deadlock_with_another_turn(
     attempt, its row locks with it, before it locks that key's row: a turn holding that row
     and waiting for one of the first turn's rows gets it."""
     store_url = pg_store_url
-    from mnestoma.store import commands
+    from mnestoma.store import pg_writes
 
-    # ids decide the lock order of a turn: the cold edge sorts before the hot one.
+    # ids decide the lock order of a turn: the cold edge (created by a passing) sorts before
+    # the hot one.
     ids = iter(["mn_zzzzzzzzzzzzzzzzhot", "mn_aaaaaaaaaaaaaaaacold"])
-    real = commands.new_mnest_id
-    monkeypatch.setattr(commands, "new_mnest_id", lambda: next(ids, None) or real())
+    real = pg_writes.new_mnest_id
+    monkeypatch.setattr(pg_writes, "new_mnest_id", lambda: next(ids, None) or real())
     cold = ("cold", "1", "c-race", "1")
     before_setup = mnestoma.Mnestoma(store_url)
     before_setup.record_passing(*HOT_EDGE)  # hot exists; cold does not yet
+    assert before_setup.find(*HOT_EDGE).id == "mn_zzzzzzzzzzzzzzzzhot"
     before = deadlocks(store_url)
     creator_engine, first_engine = make_engine(store_url), make_engine(store_url)
     creating, first_gate = GateAfterStatement(creator_engine), GateAfterStatement(first_engine)

@@ -183,7 +183,7 @@ def test_record_turn_rolls_back_when_the_database_fails_midway(
     store: Mnestoma, store_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A failure after some statements ran leaves nothing behind."""
-    from mnestoma.store import commands
+    from mnestoma.store import commands, pg_writes
 
     store.record_passing("a", "1", "b", "1")
     calls = {"n": 0}
@@ -197,13 +197,13 @@ def test_record_turn_rolls_back_when_the_database_fails_midway(
 
     monkeypatch.setattr(commands, "creation", failing)
     # PostgreSQL records a turn in one statement: the crash comes once it has run
-    ran_statement = commands._pg_turn_once
+    ran_statement = pg_writes._turn_once
 
     def crashing(*args, **kwargs):  # type: ignore[no-untyped-def]
         ran_statement(*args, **kwargs)
         raise RuntimeError("simulated crash after the turn's statement")
 
-    monkeypatch.setattr(commands, "_pg_turn_once", crashing)
+    monkeypatch.setattr(pg_writes, "_turn_once", crashing)
     with pytest.raises(RuntimeError):
         store.record_turn("t", [("a", "1", "b", "1"), ("b", "1", "c", "1"), ("c", "1", "d", "1")])
     engine = make_engine(store_url)

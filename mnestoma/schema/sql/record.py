@@ -17,7 +17,6 @@ from sqlalchemy import (
     ColumnElement,
     CompoundSelect,
     Float,
-    Insert,
     Integer,
     Select,
     String,
@@ -85,7 +84,6 @@ __all__ = [
     "TURN_COUNTED",
     "TURN_SEEN",
     "UPDATE_REINFORCE",
-    "insert_mnest",
     "key_params",
     "key_taken",
     "pg_passing",
@@ -190,15 +188,6 @@ UPDATE_REINFORCE = (
         decayed_uses=bindparam("b_decayed_uses", type_=Float),
     )
 )
-
-
-@functools.cache
-def insert_mnest(dialect: str) -> Insert:
-    """INSERT ... ON CONFLICT DO NOTHING RETURNING id: a key another transaction created
-    meanwhile comes back missing instead of failing the transaction (the dialect's own
-    INSERT, :attr:`~mnestoma.schema.sql.spelling.Spelling.insert`)."""
-    stmt: Insert = spelling_of(dialect).insert(M).on_conflict_do_nothing().returning(M.c.id)
-    return stmt
 
 
 INSERT_EVENT = insert(E)
