@@ -127,6 +127,17 @@ class StatementRunner:
         found = self.rows(stmt, params)
         return found[0] if found else None
 
+    def first_committing(
+        self, stmt: Executable, params: Params | None = None
+    ) -> tuple[Any, ...] | None:
+        """:meth:`first`, for a statement that ends its transaction: where it runs at
+        psycopg's driver, the ``COMMIT`` is sent with it, in one round trip (pipeline mode),
+        so that the row locks it takes are held for the statement and the commit only, and
+        for no round trip of the client. Here, and wherever the statement does not run at
+        the driver, the statement alone: the transaction's owner commits as ever (its commit
+        finds the transaction already committed otherwise, and does nothing)."""
+        return self.first(stmt, params)
+
     def scalars(self, stmt: Executable, params: Params | None = None) -> list[Any]:
         """The first column of every row."""
         return [r[0] for r in self.rows(stmt, params)]
@@ -354,12 +365,15 @@ def _prepare(conn: Connection, stmt: Executable, column_keys: tuple[str, ...]) -
 _OWN_LISTENERS: weakref.WeakSet[Callable[..., Any]] = weakref.WeakSet()
 _OBSERVING_EVENTS = ("before_execute", "after_execute", "after_cursor_execute")
 _DRIVER_CONNECTIONS: tuple[type, ...] = (sqlite3.Connection,)
+# The driver connections that can send a statement and its COMMIT in one round trip.
+_PIPELINES: tuple[type, ...] = ()
 try:
     import psycopg
 except ImportError:  # pragma: no cover - PostgreSQL is an extra
     pass
 else:
     _DRIVER_CONNECTIONS += (psycopg.Connection,)
+    _PIPELINES += (psycopg.Connection,)
 
 
 def own_listener(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -466,10 +480,11 @@ class DriverRunner(StatementRunner):
         return dbapi
 
     def _at_driver(
-        self, dbapi: Any, prepared: _Prepared, data: Any, many: bool
+        self, dbapi: Any, prepared: _Prepared, data: Any, many: bool, commit: bool = False
     ) -> list[tuple[Any, ...]]:
         """Run ``prepared`` on a driver cursor, after the package's own listeners, as
-        SQLAlchemy would run them; its rows (none for a write without RETURNING). A driver
+        SQLAlchemy would run them; its rows (none for a write without RETURNING); with
+        ``commit``, the COMMIT sent with it in one pipeline (psycopg only). A driver
         error is raised as the package's error, chained to SQLAlchemy's wrapper of it (as
         for the statements SQLAlchemy runs); a lost connection is invalidated."""
         sql = prepared.sql
@@ -481,6 +496,11 @@ class DriverRunner(StatementRunner):
                 if many:
                     cursor.executemany(sql, data)
                     return []
+                if commit:
+                    with dbapi.pipeline():
+                        cursor.execute(sql, data)
+                        dbapi.commit()
+                        return prepared.fetch(cursor)
                 cursor.execute(sql, data)
                 return prepared.fetch(cursor)
             finally:
@@ -513,6 +533,18 @@ class DriverRunner(StatementRunner):
                 return prepared.fetch(result.cursor) if result.cursor else []
             finally:
                 result.close()
+
+    def first_committing(
+        self, stmt: Executable, params: Params | None = None
+    ) -> tuple[Any, ...] | None:
+        prepared = self._planned(stmt, ())
+        dbapi = None if prepared is None else self._driver()
+        if prepared is None or dbapi is None or not isinstance(dbapi, _PIPELINES):
+            return self.first(stmt, params)
+        found = self._at_driver(
+            dbapi, prepared, prepared.args(params or {}, self._instants), False, True
+        )
+        return found[0] if found else None
 
     def many(self, stmt: Executable, rows: ParamRows, columns: Columns = None) -> None:
         if not rows:

@@ -244,7 +244,9 @@ class RecordCommands(StoreBase):
                 ex, lookup, counted, p, turn_id, recorder, occurrence, now
             )
         # PostgreSQL: one statement, "now" read once before it (contract §4).
-        return pg.record_one(ex, p, params, self._write_now(ex), turn_id, recorder, occurrence)
+        now = self._write_now(ex)
+        commit = self._commits_itself
+        return pg.record_one(ex, p, params, now, turn_id, recorder, occurrence, commit=commit)
 
     def _record_one_locked(
         self,

@@ -41,10 +41,14 @@ def record_one(
     turn_id: str | None,
     recorder: str,
     occurrence: int,
+    *,
+    commit: bool = False,
 ) -> Callable[[], Mnest]:
     """One passing (``params``: its key's) as one statement that locks the key's row,
     computes and writes the passing and its event, or creates the row; what builds its
-    snapshot."""
+    snapshot. ``commit``: the transaction is the passing's own, and the statement commits
+    it in the same round trip (a passing with a turn does not: a statement that must run
+    again does so with the row's lock held)."""
     stmt = rec.pg_passing(not p.dst_exists, turn_id is not None)
     ok, error = outcome_counts(p.outcome)
     params.update(
@@ -59,8 +63,9 @@ def record_one(
         outcome=p.outcome,
         occ=occurrence,
     )
+    run = ex.first_committing if commit and turn_id is None else ex.first
     for _ in range(RACE_ROUNDS):
-        found = ex.first(stmt, params)
+        found = run(stmt, params)
         # Nothing: another transaction created the key meanwhile; "again": another
         # committed a change to the row after this statement's snapshot, so whether the
         # turn counted it is asked again, the row's lock held by now.

@@ -45,6 +45,9 @@ class StoreBase:
     settings: Settings
     _before_write: Callable[[], None] | None
     _after_commit: bool
+    # The transaction is the operation's own, committed right after it: its last statement
+    # may commit it (see _commit_with_last_statement).
+    _commits_itself: bool = False
 
     @property
     def session(self) -> Session | Connection:
@@ -79,6 +82,14 @@ class StoreBase:
         if self._after_commit:
             return cast(T, _AfterCommit(build))
         return build()
+
+    def _commit_with_last_statement(self) -> None:
+        """Let a write whose transaction is its own (a facade's call: the unit of work
+        commits right after it) send the ``COMMIT`` with its last statement, in one round
+        trip where the driver can (:meth:`StatementRunner.first_committing`): its row locks
+        are then held for no round trip of the client. The unit's own commit finds nothing
+        left to commit."""
+        self._commits_itself = True
 
     def _build_results_after_commit(self) -> None:
         """Have the writes that return a snapshot leave it to be built once the unit of work

@@ -64,6 +64,7 @@ class MnestRepository(RecordCommands, StateCommands, Queries, GraphReads):
         self.settings = settings_of(settings, clock=clock, recorder=recorder)
         self._before_write = before_write
         self._after_commit = False
+        self._commits_itself = False
 
     # --- ageing -----------------------------------------------------------------------
 

@@ -380,6 +380,7 @@ def written(
     def once() -> T:
         with ConnectionUnitOfWork(bind, settings=settings) as unit:
             unit.mnests._build_results_after_commit()
+            unit.mnests._commit_with_last_statement()
             result = work(unit)
             unit.commit()
             if after_commit is not None:  # must not raise: the write is committed
