@@ -156,10 +156,25 @@ class PostgreSQLBackend:
         conn.execute(POSTGRESQL_ANALYZE)
 
 
+def _native_placeholders() -> tuple[str, Any] | None:
+    """``$1`` placeholders, run on psycopg's RawCursor, which sends them as they are (from
+    psycopg 3.2); None with an older psycopg, whose cursor rewrites ``%(name)s`` instead."""
+    try:
+        from psycopg import RawCursor
+    except ImportError:  # psycopg missing (an extra), or older than 3.2
+        return None
+    return "numeric_dollar", RawCursor
+
+
 POSTGRESQL = PostgreSQLBackend()
 register_driver_codes(CODES)
 register_spelling(POSTGRESQL.name, SPELLING)
 register_driver_path(
-    POSTGRESQL.name, DriverPath(sync_drivers=frozenset({"psycopg"}), observed_at_driver=False)
+    POSTGRESQL.name,
+    DriverPath(
+        sync_drivers=frozenset({"psycopg"}),
+        observed_at_driver=False,
+        native=_native_placeholders(),
+    ),
 )
 register_backend(POSTGRESQL)

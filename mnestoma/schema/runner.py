@@ -21,6 +21,7 @@ SQLAlchemy again and is seen there (SQLite: ``exec_driver_sql``; PostgreSQL: Cor
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import operator
 import sqlite3
@@ -74,6 +75,11 @@ class DriverPath:
     # Statements observed by a listener go at the driver too (else through Core: there,
     # exec_driver_sql would save nothing).
     observed_at_driver: bool
+    # The server's own placeholders and a cursor that takes them as they are (psycopg's
+    # RawCursor and ``$1``): a statement compiled so runs at the driver without the driver
+    # rewriting its text at each execution (psycopg caches that rewriting only for texts of
+    # at most 4,096 characters and 50 parameters, which a passing's one statement exceeds).
+    native: tuple[str, Callable[[Any], Any]] | None = None
 
 
 _DRIVER_PATHS: dict[str, DriverPath] = {}
@@ -191,6 +197,9 @@ class _Prepared:
     resolved: list[tuple[tuple[int, Processor], ...]] = field(default_factory=list)
     # For rows given as tuples in ``columns`` order: what lists them in parameter order.
     picked: list[Callable[[Sequence[Any]], list[Any]]] = field(default_factory=list)
+    # The cursor the statement runs on, when compiled with the server's own placeholders
+    # (see DriverPath.native); else the connection's.
+    cursor: Callable[[Any], Any] | None = None
 
     def args(self, values: Params, seen: dict[datetime, Any]) -> tuple[Any, ...] | dict[str, Any]:
         """One row of parameters as the driver takes them; ``seen`` converts each instant
@@ -293,8 +302,32 @@ _PREPARED: OrderedDict[tuple[Any, ...], tuple[Executable, _Prepared | None]] = O
 _PREPARED_LOCK = threading.Lock()
 
 
-def _compile(stmt: Executable, dialect: Dialect, column_keys: tuple[str, ...]) -> _Prepared | None:
-    """Compile for the driver; None when the statement needs Core (expanding parameters)."""
+_NATIVE_DIALECTS: dict[tuple[int, str], Dialect] = {}
+
+
+def _natively(dialect: Dialect, paramstyle: str) -> Dialect:
+    """``dialect`` compiling the server's own positional placeholders (a copy, made once)."""
+    key = (id(dialect), paramstyle)
+    found = _NATIVE_DIALECTS.get(key)
+    if found is None:
+        found = copy.copy(dialect)
+        found.paramstyle = paramstyle
+        found.positional = True
+        _NATIVE_DIALECTS[key] = found
+    return found
+
+
+def _compile(
+    stmt: Executable, dialect: Dialect, column_keys: tuple[str, ...], native: bool
+) -> _Prepared | None:
+    """Compile for the driver; None when the statement needs Core (expanding parameters).
+    ``native``: with the server's own placeholders where the dialect's driver path has them
+    (run on its cursor for them); else as SQLAlchemy's cursor takes it (``exec_driver_sql``)."""
+    path = _DRIVER_PATHS.get(dialect.name)
+    cursor = None
+    if native and path is not None and path.native is not None and not dialect.is_async:
+        paramstyle, cursor = path.native
+        dialect = _natively(dialect, paramstyle)
     element = cast(ClauseElement, stmt)
     compiled = cast(
         SQLCompiler, element.compile(dialect=dialect, column_keys=list(column_keys) or None)
@@ -333,16 +366,28 @@ def _compile(stmt: Executable, dialect: Dialect, column_keys: tuple[str, ...]) -
         named,
         needed,
         column_keys,
+        cursor=cursor,
     )
     if column_keys:  # a write: its rows give these names (as mapping keys or tuple columns)
         prepared.check_columns(column_keys)
     return prepared
 
 
-def _prepare(conn: Connection, stmt: Executable, column_keys: tuple[str, ...]) -> _Prepared | None:
+def _prepare(
+    conn: Connection, stmt: Executable, column_keys: tuple[str, ...], *, native: bool = False
+) -> _Prepared | None:
+    """``stmt`` compiled for the driver, from the cache; ``native``: for the driver runner's
+    own cursor (see :func:`_compile`)."""
     dialect = conn.dialect
     # the same statement compiles differently for another dialect, driver or server
-    key = (id(stmt), column_keys, type(dialect), dialect.paramstyle, dialect.server_version_info)
+    key = (
+        id(stmt),
+        column_keys,
+        type(dialect),
+        dialect.paramstyle,
+        dialect.server_version_info,
+        native,
+    )
     # A hit takes no lock (each OrderedDict call is atomic); an entry another thread evicted
     # meanwhile is still the right one to use.
     entry = _PREPARED.get(key)
@@ -350,7 +395,7 @@ def _prepare(conn: Connection, stmt: Executable, column_keys: tuple[str, ...]) -
         with contextlib.suppress(KeyError):
             _PREPARED.move_to_end(key)
         return entry[1]
-    prepared = _compile(stmt, conn.dialect, column_keys)
+    prepared = _compile(stmt, conn.dialect, column_keys, native)
     with _PREPARED_LOCK:
         _PREPARED[key] = (stmt, prepared)
         _PREPARED.move_to_end(key)
@@ -431,14 +476,14 @@ class DriverRunner(StatementRunner):
         """Find ``stmt`` compiled (or compile it) now, for rows in ``columns`` order (() for a
         read, or mappings named as the statement's first row names them): a write looks its
         statements up before it takes the lock."""
-        self._plans[(id(stmt), columns)] = _prepare(self.conn, stmt, columns)
+        self._plans[(id(stmt), columns)] = _prepare(self.conn, stmt, columns, native=True)
 
     def _planned(self, stmt: Executable, columns: tuple[str, ...]) -> _Prepared | None:
         plans = self._plans
         key = (id(stmt), columns)
         if key in plans:
             return plans[key]
-        return _prepare(self.conn, stmt, columns)
+        return _prepare(self.conn, stmt, columns, native=True)
 
     def ready(self) -> None:
         """Look now whether a statement may run at the driver, and begin SQLAlchemy's
@@ -489,7 +534,7 @@ class DriverRunner(StatementRunner):
         for the statements SQLAlchemy runs); a lost connection is invalidated."""
         sql = prepared.sql
         try:
-            cursor = dbapi.cursor()
+            cursor = dbapi.cursor() if prepared.cursor is None else prepared.cursor(dbapi)
             try:
                 for listener in self._own:
                     listener(self.conn, cursor, sql, data, None, many)
