@@ -224,9 +224,14 @@ def _package_postgresql(times: HoldTimes) -> Iterator[None]:
     commit, rollback = PGDialect_psycopg.do_commit, PGDialect_psycopg.do_rollback
 
     def timed_at_driver(
-        self: DriverRunner, dbapi: Any, prepared: Any, data: Any, many: bool
+        self: DriverRunner, dbapi: Any, prepared: Any, data: Any, many: bool, commit: bool = False
     ) -> list[tuple[Any, ...]]:
-        rows = at_driver(self, dbapi, prepared, data, many)
+        rows = at_driver(self, dbapi, prepared, data, many, commit)
+        if commit:  # the statement and its COMMIT in one pipeline: committed as it returns
+            at = _wall()
+            times.released()
+            times.committed(dbapi.pgconn, at)
+            return rows
         if rows and _locks_by_select(prepared.sql):
             if _thread() not in times._since:
                 times.unmarked_locks += 1
