@@ -302,18 +302,22 @@ _PREPARED: OrderedDict[tuple[Any, ...], tuple[Executable, _Prepared | None]] = O
 _PREPARED_LOCK = threading.Lock()
 
 
-_NATIVE_DIALECTS: dict[tuple[int, str], Dialect] = {}
+# Each engine's dialect, copied once per placeholder style; a copy goes with its dialect
+# (keyed by the object, not its id(), which a later engine's dialect could take over).
+_NATIVE_DIALECTS: weakref.WeakKeyDictionary[Dialect, dict[str, Dialect]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def _natively(dialect: Dialect, paramstyle: str) -> Dialect:
     """``dialect`` compiling the server's own positional placeholders (a copy, made once)."""
-    key = (id(dialect), paramstyle)
-    found = _NATIVE_DIALECTS.get(key)
+    copies = _NATIVE_DIALECTS.setdefault(dialect, {})
+    found = copies.get(paramstyle)
     if found is None:
         found = copy.copy(dialect)
         found.paramstyle = paramstyle
         found.positional = True
-        _NATIVE_DIALECTS[key] = found
+        copies[paramstyle] = found
     return found
 
 
