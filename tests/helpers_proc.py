@@ -236,6 +236,30 @@ def killed_turn_process(url: str, turn_id: str, passings: list[tuple[Any, ...]],
     os._exit(0)  # n was past the last statement: the turn committed
 
 
+def killed_at_commit_process(url: str, when: str) -> None:
+    """Record one passing through the facade and SIGKILL this process ``when`` ("before" or
+    "after") the statement that commits it at the driver (SQLite: the event's INSERT and
+    the COMMIT right after it; PostgreSQL: the statement and its COMMIT, one pipeline).
+    Nobody observes the statements: a listener would send them through SQLAlchemy."""
+    import mnestoma
+    from mnestoma.schema.runner import DriverRunner
+
+    store = mnestoma.Mnestoma(url)
+    store.get("mn_warmupwarmupwarmup")
+    name = "first_committing" if store.engine.dialect.name == "postgresql" else "many_committing"
+    original = getattr(DriverRunner, name)
+
+    def killing(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if when == "before":
+            os.kill(os.getpid(), signal.SIGKILL)
+        original(self, *args, **kwargs)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    setattr(DriverRunner, name, killing)
+    store.record_passing("kc", "1", "dst", "1")
+    os._exit(0)  # never reached: the write commits at the driver, killed around it
+
+
 def killed_ager_process(url: str, now_iso: str, n: int) -> None:
     """Run the ager at ``now`` and SIGKILL this process after its ``n``-th statement."""
     import mnestoma

@@ -31,7 +31,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
 from sqlalchemy import ColumnDefault, Connection, CursorResult, Executable
 from sqlalchemy import exc as sa_exc
@@ -143,6 +143,15 @@ class StatementRunner:
         the driver, the statement alone: the transaction's owner commits as ever (its commit
         finds the transaction already committed otherwise, and does nothing)."""
         return self.first(stmt, params)
+
+    def many_committing(self, stmt: Executable, rows: ParamRows, columns: Columns = None) -> None:
+        """:meth:`many`, for the last statement of a transaction that is the operation's
+        own: where it runs at the driver and nobody observes the connection's commits, the
+        ``COMMIT`` follows it there at once (through the dialect, as SQLAlchemy commits),
+        so that the write lock is held for no step of the operation after its last
+        statement. Elsewhere the statement alone: the transaction's owner commits as ever
+        (its commit finds nothing left to commit otherwise)."""
+        self.many(stmt, rows, columns)
 
     def scalars(self, stmt: Executable, params: Params | None = None) -> list[Any]:
         """The first column of every row."""
@@ -450,6 +459,7 @@ class DriverRunner(StatementRunner):
     per-statement and per-row processing costs more than the database's own work."""
 
     __slots__ = (
+        "_commits_here",
         "_core_fallback",
         "_dbapi",
         "_instants",
@@ -468,6 +478,7 @@ class DriverRunner(StatementRunner):
         # either all observed or none.
         self._unobserved: bool | None = None
         self._dbapi: Any = None
+        self._commits_here: Any = None
         self._own: tuple[Callable[..., Any], ...] = ()
         self._locked = False
         # Each instant bound by the operation's statements, converted once: a passing binds
@@ -523,6 +534,11 @@ class DriverRunner(StatementRunner):
         if not conn.in_transaction():
             with translate_errors():
                 conn.begin()  # what the first statement would do: commit() must see it
+        # Where nobody observes the connection's commits, :meth:`many_committing` commits
+        # at the driver, through the dialect as SQLAlchemy would (the pool's proxy of the
+        # driver's connection, looked up now, before any lock).
+        if not connection_listeners(conn).commit:
+            self._commits_here = conn.connection
         # An operation never ends its transaction midway: the rest of its statements can
         # run here too.
         self._dbapi = dbapi
@@ -555,18 +571,24 @@ class DriverRunner(StatementRunner):
             finally:
                 cursor.close()
         except dbapi_errors(self.conn) as err:
-            dialect = self.conn.dialect
-            wrapped = sa_exc.DBAPIError.instance(
-                sql,
-                data,
-                err,
-                dialect.loaded_dbapi.Error,
-                connection_invalidated=dialect.is_disconnect(cast(Any, err), dbapi, None),
-                dialect=dialect,
-            )
-            if isinstance(wrapped, sa_exc.DBAPIError) and wrapped.connection_invalidated:
-                self.conn.invalidate(err)
-            raise translate(wrapped) from wrapped
+            self._raise_translated(sql, data, err, dbapi)
+
+    def _raise_translated(self, sql: str, data: Any, err: Exception, dbapi: Any) -> NoReturn:
+        """Raise the driver error ``err`` as the package's error, chained to SQLAlchemy's
+        wrapper of it (as for the statements SQLAlchemy runs); a lost connection is
+        invalidated."""
+        dialect = self.conn.dialect
+        wrapped = sa_exc.DBAPIError.instance(
+            sql,
+            data,
+            err,
+            dialect.loaded_dbapi.Error,
+            connection_invalidated=dialect.is_disconnect(cast(Any, err), dbapi, None),
+            dialect=dialect,
+        )
+        if isinstance(wrapped, sa_exc.DBAPIError) and wrapped.connection_invalidated:
+            self.conn.invalidate(err)
+        raise translate(wrapped) from wrapped
 
     def rows(self, stmt: Executable, params: Params | None = None) -> list[tuple[Any, ...]]:
         prepared = self._planned(stmt, ())
@@ -594,6 +616,16 @@ class DriverRunner(StatementRunner):
             dbapi, prepared, prepared.args(params or {}, self._instants), False, True
         )
         return found[0] if found else None
+
+    def many_committing(self, stmt: Executable, rows: ParamRows, columns: Columns = None) -> None:
+        self.many(stmt, rows, columns)
+        fairy = self._commits_here
+        if fairy is not None:
+            conn = self.conn
+            try:
+                conn.dialect.do_commit(fairy)
+            except dbapi_errors(conn) as err:
+                self._raise_translated("COMMIT", None, err, self._dbapi)
 
     def many(self, stmt: Executable, rows: ParamRows, columns: Columns = None) -> None:
         if not rows:

@@ -270,7 +270,7 @@ class RecordCommands(StoreBase):
         if found is None:
             new, ev = creation(p, turn_id, now, recorder, occurrence)
             ex.many(rec.INSERT_MNEST_LOCKED, [new], MNEST_COLUMNS)
-            ex.many(rec.INSERT_EVENT, [ev], rec.EVENT_ROW)
+            self._last_write(ex)(rec.INSERT_EVENT, [ev], rec.EVENT_ROW)
             return functools.partial(snap.mnest, new)
         if turn_id is not None:
             if found[WIDTH]:  # the flag after the columns: the turn counted it already
@@ -279,8 +279,14 @@ class RecordCommands(StoreBase):
         row = MnestRow._make(found)
         values, ev = reinforcement(row, p, turn_id, now, recorder, occurrence)
         ex.many(rec.UPDATE_REINFORCE, [values], rec.REINFORCE_ROW)
-        ex.many(rec.INSERT_EVENT, [ev], rec.EVENT_ROW)
+        self._last_write(ex)(rec.INSERT_EVENT, [ev], rec.EVENT_ROW)
         return functools.partial(reinforced_mnest, row, values)
+
+    def _last_write(self, ex: StatementRunner) -> Callable[[Executable, Any, Any], None]:
+        """How the last statement of a SQLite write runs: with its ``COMMIT`` right after it
+        where the transaction is the call's own (:meth:`StoreBase._commit_with_last_statement`),
+        so that no step after it holds the write lock; else as any statement."""
+        return ex.many_committing if self._commits_itself else ex.many
 
     def _record_many(self, items: list[Passing], turn_id: str, recorder: str) -> list[Mnest]:
         ex = self._write_ex()
@@ -350,20 +356,25 @@ class RecordCommands(StoreBase):
             for ident, values, new_events in creations:
                 events.extend(new_events)
                 result[ident] = snap.mnest(values)
-        ex.many(rec.INSERT_EVENT, events, rec.EVENT_ROW)
-        _count_chains(ex, order, found, done, now)
+        chains = _chain_rows(order, found, done, now)
+        last = self._last_write(ex)
+        if chains:
+            ex.many(rec.INSERT_EVENT, events, rec.EVENT_ROW)
+            last(chains_sql.count_chains(ex.dialect), chains, chains_sql.CHAIN_ROW)
+        else:
+            last(rec.INSERT_EVENT, events, rec.EVENT_ROW)
         return result
 
 
-def _count_chains(
-    ex: StatementRunner,
+def _chain_rows(
     order: list[Ident],
     found: dict[Ident, MnestRow],
     done: set[tuple[str, int]],
     now: datetime,
-) -> None:
-    """Count the chains of the passings this attempt counted (contract §13), in key order,
-    after every row lock of the turn is held. Links to protos are left out of chains."""
+) -> list[Row]:
+    """The chain counts to add for the passings this attempt counted (contract §13), in key
+    order, written after every row lock of the turn is held. Links to protos are left out
+    of chains."""
     seen: dict[Ident, int] = {}
     links: list[tuple[str, str]] = []
     counted: list[bool] = []
@@ -376,9 +387,7 @@ def _count_chains(
         links.append((src, dst))
         counted.append(row is None or (row.id, k) not in done)
     added = chain_increments(links, counted)
-    if added:
-        rows = [(*key, n, now) for key, n in sorted(added.items())]
-        ex.many(chains_sql.count_chains(ex.dialect), rows, chains_sql.CHAIN_ROW)
+    return [(*key, n, now) for key, n in sorted(added.items())]
 
 
 def _lock_keys(ex: StatementRunner, idents: list[Ident]) -> list[MnestRow]:

@@ -20,6 +20,7 @@ import pytest
 from conftest import MovableClock
 from helpers_proc import (
     killed_ager_process,
+    killed_at_commit_process,
     killed_turn_process,
     turn_loop_process,
 )
@@ -131,6 +132,26 @@ def test_a_turn_killed_after_any_statement_leaves_all_of_it_or_none(store_url: s
     assert uses["old1"] == uses["old2"] == uses["old3"] == 1 + committed
     assert uses["new1"] == uses["new2"] == uses["wish"] == committed
     check_invariants(store_url)
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_passing_killed_around_the_commit_sent_with_its_last_statement_leaves_all_or_none(
+    store_url: str, when: str
+) -> None:
+    """A facade's passing commits at the driver with its last statement (SQLite: right
+    after it; PostgreSQL: in the same pipeline): killed just before, nothing of it is
+    left; killed just after, all of it is, though the unit of work never committed."""
+    with mnestoma.Mnestoma(store_url) as store:
+        store.record_passing("kc", "1", "dst", "1")
+    code = run_killed(killed_at_commit_process, store_url, when)
+    assert code == -signal.SIGKILL
+    check_invariants(store_url)
+    with mnestoma.Mnestoma(store_url) as store:
+        found = store.find("kc", "1", "dst", "1")
+        assert found is not None
+        assert found.uses == (1 if when == "before" else 2)
+        assert len(store.events(mnest_id=found.id)) == found.uses  # created, then one a passing
+        assert store.record_passing("kc", "1", "dst", "1").uses == found.uses + 1  # unlocked
 
 
 # The kill delays are drawn from a seeded generator: a failing run can be replayed.
