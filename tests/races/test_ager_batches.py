@@ -259,9 +259,13 @@ def test_a_write_waiting_for_the_sqlite_lock_says_so_until_it_has_it(tmp_path: A
             while not writers.waiting() and time.monotonic() < deadline:
                 time.sleep(0.001)
             assert writers.waiting()
+            # a write waits: let_in says writers are about, after waiting its longest for
+            # the write to get in (asked while the lock is still held, so that the write
+            # cannot have got in before the question, however the threads are scheduled)
+            assert writers.let_in()
+            assert writers.waiting()
             holder.execute("COMMIT")
             holder.close()
-            assert writers.let_in()  # waits until the write is in: writers are about
             writer.join(10)
             assert not writer.is_alive()
             assert not writers.waiting()
