@@ -137,7 +137,8 @@ class StatementRunner:
         self, stmt: Executable, params: Params | None = None
     ) -> tuple[Any, ...] | None:
         """:meth:`first`, for a statement that ends its transaction: where it runs at
-        psycopg's driver, the ``COMMIT`` is sent with it, in one round trip (pipeline mode),
+        psycopg's driver and nobody observes the connection's commits, the ``COMMIT`` is
+        sent with it, in one round trip (pipeline mode),
         so that the row locks it takes are held for the statement and the commit only, and
         for no round trip of the client. Here, and wherever the statement does not run at
         the driver, the statement alone: the transaction's owner commits as ever (its commit
@@ -534,9 +535,10 @@ class DriverRunner(StatementRunner):
         if not conn.in_transaction():
             with translate_errors():
                 conn.begin()  # what the first statement would do: commit() must see it
-        # Where nobody observes the connection's commits, :meth:`many_committing` commits
-        # at the driver, through the dialect as SQLAlchemy would (the pool's proxy of the
-        # driver's connection, looked up now, before any lock).
+        # Where nobody observes the connection's commits, :meth:`first_committing` and
+        # :meth:`many_committing` commit at the driver (the pool's proxy of the driver's
+        # connection, looked up now, before any lock); else SQLAlchemy commits, after the
+        # listeners.
         if not connection_listeners(conn).commit:
             self._commits_here = conn.connection
         # An operation never ends its transaction midway: the rest of its statements can
@@ -610,7 +612,12 @@ class DriverRunner(StatementRunner):
     ) -> tuple[Any, ...] | None:
         prepared = self._planned(stmt, ())
         dbapi = None if prepared is None else self._driver()
-        if prepared is None or dbapi is None or not isinstance(dbapi, _PIPELINES):
+        if (
+            prepared is None
+            or dbapi is None
+            or self._commits_here is None  # a listener observes the commits
+            or not isinstance(dbapi, _PIPELINES)
+        ):
             return self.first(stmt, params)
         found = self._at_driver(
             dbapi, prepared, prepared.args(params or {}, self._instants), False, True

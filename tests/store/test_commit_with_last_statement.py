@@ -1,71 +1,98 @@
-"""SQLite: a facade's write commits right after its last statement, at the driver, so that
-no step of the call after it holds the write lock; a write in a transaction the caller owns
-never commits it, and a connection whose commits somebody observes commits as ever."""
+"""A facade's write commits with its last statement, at the driver, so that no step of the
+call after it holds the write lock (SQLite) or the row's lock (PostgreSQL: the COMMIT sent
+with the one statement, in psycopg's pipeline mode, for no round trip of the client). A
+write in a transaction the caller owns never commits it, and a connection whose statements
+or commits somebody observes commits through SQLAlchemy, as ever."""
 
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import event
+from sqlalchemy import create_engine, event, text
 
 import mnestoma
 from mnestoma.schema.runner import DriverRunner
 
 EDGE = ("cl.src", "1", "cl.dst", "1")
 NEXT = ("cl.dst", "1", "cl.end", "1")
+SELECT_USES = (
+    f"SELECT uses FROM mnests WHERE src_executor = '{EDGE[0]}'"
+    f" AND dst_executor = '{EDGE[2]}' AND state = 'active'"
+)
+# The method each engine's facade writes its last statement with.
+COMMITTING = {"sqlite": "many_committing", "postgresql": "first_committing"}
+
+Probe = Callable[[], "int | None"]
 
 
-@pytest.fixture
-def sqlite_url(tmp_path: Path) -> str:
-    url = f"sqlite:///{tmp_path / 'store.sqlite'}"
-    mnestoma.upgrade(url)
-    return url
+def _sqlite_probe(url: str) -> Iterator[Probe]:
+    path = url.removeprefix("sqlite:///")
 
-
-def _free_uses(path: str) -> int | None:
-    """The edge's committed uses when another connection takes the write lock at once
-    (None: the lock is held)."""
-    other = sqlite3.connect(path, timeout=0, isolation_level=None)
-    try:
+    def free_uses() -> int | None:
+        other = sqlite3.connect(path, timeout=0, isolation_level=None)
         try:
-            other.execute("BEGIN IMMEDIATE")
-        except sqlite3.OperationalError:
-            return None
-        row = other.execute(
-            "SELECT uses FROM mnests WHERE src_executor = ? AND dst_executor = ?"
-            " AND state = 'active'",
-            (EDGE[0], EDGE[2]),
-        ).fetchone()
-        other.execute("ROLLBACK")
-        return None if row is None else int(row[0])
-    finally:
-        other.close()
+            try:
+                other.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError:
+                return None
+            row = other.execute(SELECT_USES).fetchone()
+            other.execute("ROLLBACK")
+            return None if row is None else int(row[0])
+        finally:
+            other.close()
+
+    yield free_uses
+
+
+def _postgresql_probe(url: str) -> Iterator[Probe]:
+    engine = create_engine(url, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+
+        def free_uses() -> int | None:
+            try:
+                found = conn.execute(text(SELECT_USES + " FOR UPDATE NOWAIT")).scalar()
+            except Exception:  # lock_not_available: another session holds the row
+                return None
+            return None if found is None else int(found)
+
+        yield free_uses
+    engine.dispose()
 
 
 @pytest.fixture
-def looking(sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int | None]]:
+def free_uses(store_url: str, engine_name: str) -> Iterator[Probe]:
+    """The edge's committed uses when another connection can take its lock at once (the
+    write lock on SQLite, the row's on PostgreSQL); None while somebody holds it."""
+    yield from (_sqlite_probe if engine_name == "sqlite" else _postgresql_probe)(store_url)
+
+
+@pytest.fixture
+def looking(
+    engine_name: str, free_uses: Probe, monkeypatch: pytest.MonkeyPatch
+) -> list[int | None]:
     """What another connection sees as each write's last statement returns, before the
     facade's own commit runs."""
-    path = sqlite_url.removeprefix("sqlite:///")
     seen: list[int | None] = []
-    original = DriverRunner.many_committing
+    name = COMMITTING[engine_name]
+    original = getattr(DriverRunner, name)
 
-    def look(self: DriverRunner, *args: Any, **kwargs: Any) -> None:
-        original(self, *args, **kwargs)
-        seen.append(_free_uses(path))
+    def look(self: DriverRunner, *args: Any, **kwargs: Any) -> Any:
+        found = original(self, *args, **kwargs)
+        seen.append(free_uses())
+        return found
 
-    monkeypatch.setattr(DriverRunner, "many_committing", look)
-    yield seen
+    monkeypatch.setattr(DriverRunner, name, look)
+    return seen
 
 
 def test_a_facades_passing_is_committed_and_the_lock_free_when_its_last_statement_returns(
-    sqlite_url: str, looking: list[int | None]
+    store_url: str, looking: list[int | None]
 ) -> None:
-    with mnestoma.Mnestoma(sqlite_url) as store:
+    with mnestoma.Mnestoma(store_url) as store:
         store.record_passing(*EDGE)  # created
         m = store.record_passing(*EDGE)  # reinforced
     assert m.uses == 2
@@ -73,45 +100,64 @@ def test_a_facades_passing_is_committed_and_the_lock_free_when_its_last_statemen
 
 
 def test_a_facades_turn_is_committed_and_the_lock_free_when_its_last_statement_returns(
-    sqlite_url: str, looking: list[int | None]
+    store_url: str, engine_name: str, looking: list[int | None]
 ) -> None:
-    with mnestoma.Mnestoma(sqlite_url) as store:
+    """SQLite; on PostgreSQL a turn's one statement may run again with its locks held, and
+    the unit of work commits it."""
+    with mnestoma.Mnestoma(store_url) as store:
         rows = store.record_turn("t1", [EDGE, NEXT])  # its last statement counts a chain
         assert [r.uses for r in rows] == [1, 1]
         rows = store.record_turn("t2", [EDGE, EDGE])  # no chain: the events are the last
         assert [r.uses for r in rows] == [3, 3]
         assert store.record_turn("t2", [EDGE, EDGE])[0].uses == 3  # again: nothing counted
-    assert looking == [1, 3, 3]
+    assert looking == ([1, 3, 3] if engine_name == "sqlite" else [])
 
 
 def test_a_passing_in_the_callers_transaction_is_not_committed_by_its_last_statement(
-    sqlite_url: str,
+    store_url: str, free_uses: Probe
 ) -> None:
-    path = sqlite_url.removeprefix("sqlite:///")
-    with mnestoma.Mnestoma(sqlite_url) as store:
+    with mnestoma.Mnestoma(store_url) as store:
         store.record_passing(*EDGE)
-    engine = mnestoma.make_engine(sqlite_url)
+    engine = mnestoma.make_engine(store_url)
     sessions = mnestoma.make_session_factory(engine)
     try:
         with mnestoma.UnitOfWork(sessions) as uow:
             assert uow.mnests.record_passing(*EDGE).uses == 2
             assert uow.mnests.record_turn("t", [EDGE, NEXT])[0].uses == 3
-            assert _free_uses(path) is None  # the caller's transaction holds the lock
+            assert free_uses() is None  # the caller's transaction holds the lock
             uow.rollback()
-        assert _free_uses(path) == 1  # nothing of it was committed
+        assert free_uses() == 1  # nothing of it was committed
     finally:
         engine.dispose()
 
 
+def test_a_facades_passing_whose_statements_are_observed_commits_through_sqlalchemy(
+    store_url: str, engine_name: str, free_uses: Probe
+) -> None:
+    """A statement listener sends every statement through SQLAlchemy: the last one alone,
+    then the unit's commit, each seen by the listener."""
+    statements: list[str] = []
+    engine = mnestoma.make_engine(store_url)
+    event.listen(engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+    try:
+        with mnestoma.Mnestoma(engine) as store:
+            store.record_passing(*EDGE)
+            assert store.record_passing(*EDGE).uses == 2
+    finally:
+        engine.dispose()
+    assert free_uses() == 2
+    written = "WITH locked" if engine_name == "postgresql" else "INSERT INTO events"
+    assert sum(s.lstrip().startswith(written) for s in statements) == 2
+
+
 def test_a_facades_passing_whose_commits_are_observed_commits_through_sqlalchemy(
-    sqlite_url: str, looking: list[int | None]
+    store_url: str, free_uses: Probe, looking: list[int | None]
 ) -> None:
     """A ``commit`` listener of the service sees each commit before it happens: the last
     statement leaves the lock held, and the unit's commit, seen by the listener, ends it."""
-    path = sqlite_url.removeprefix("sqlite:///")
     commits: list[int | None] = []
-    engine = mnestoma.make_engine(sqlite_url)
-    event.listen(engine, "commit", lambda conn: commits.append(_free_uses(path)))
+    engine = mnestoma.make_engine(store_url)
+    event.listen(engine, "commit", lambda conn: commits.append(free_uses()))
     try:
         with mnestoma.Mnestoma(engine) as store:
             store.record_passing(*EDGE)
@@ -120,14 +166,18 @@ def test_a_facades_passing_whose_commits_are_observed_commits_through_sqlalchemy
         engine.dispose()
     assert looking == [None, None]  # still locked after the last statement
     assert commits == [None, None]  # the listener ran before the commit, as ever
-    assert _free_uses(path) == 2
+    assert free_uses() == 2
 
 
 def test_a_commit_that_fails_at_the_driver_raises_the_packages_error_and_leaves_the_store_as_it_was(
-    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    path = sqlite_url.removeprefix("sqlite:///")
-    with mnestoma.Mnestoma(sqlite_url) as store:
+    """SQLite, where the commit at the driver goes through the dialect (PostgreSQL's goes
+    in psycopg's pipeline)."""
+    url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    mnestoma.upgrade(url)
+    free_uses = next(_sqlite_probe(url))
+    with mnestoma.Mnestoma(url) as store:
         store.record_passing(*EDGE)
         dialect = store.engine.dialect
         original = dialect.do_commit
@@ -144,5 +194,5 @@ def test_a_commit_that_fails_at_the_driver_raises_the_packages_error_and_leaves_
             store.record_passing(*EDGE)
         assert not isinstance(caught.value.__cause__, sqlite3.Error)  # SQLAlchemy's wrapper
         assert failed == [True]
-        assert _free_uses(path) == 1  # rolled back, the lock released
+        assert free_uses() == 1  # rolled back, the lock released
         assert store.record_passing(*EDGE).uses == 2
