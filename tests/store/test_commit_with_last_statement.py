@@ -131,20 +131,26 @@ def test_a_passing_in_the_callers_transaction_is_not_committed_by_its_last_state
         engine.dispose()
 
 
-def test_a_facades_passing_whose_statements_are_observed_commits_through_sqlalchemy(
-    store_url: str, engine_name: str, free_uses: Probe
-) -> None:
-    """A statement listener sends every statement through SQLAlchemy: the last one alone,
-    then the unit's commit, each seen by the listener."""
-    statements: list[str] = []
-    engine = mnestoma.make_engine(store_url)
-    event.listen(engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+def _two_passings_observed(url: str, event_name: str, listener: Callable[..., None]) -> None:
+    """Two passings on one edge through a facade on an engine with ``listener`` on
+    ``event_name``."""
+    engine = mnestoma.make_engine(url)
+    event.listen(engine, event_name, listener)
     try:
         with mnestoma.Mnestoma(engine) as store:
             store.record_passing(*EDGE)
             assert store.record_passing(*EDGE).uses == 2
     finally:
         engine.dispose()
+
+
+def test_a_facades_passing_whose_statements_are_observed_commits_through_sqlalchemy(
+    store_url: str, engine_name: str, free_uses: Probe
+) -> None:
+    """A statement listener sends every statement through SQLAlchemy: the last one alone,
+    then the unit's commit, each seen by the listener."""
+    statements: list[str] = []
+    _two_passings_observed(store_url, "before_cursor_execute", lambda *a: statements.append(a[2]))
     assert free_uses() == 2
     written = "WITH locked" if engine_name == "postgresql" else "INSERT INTO events"
     assert sum(s.lstrip().startswith(written) for s in statements) == 2
@@ -156,14 +162,7 @@ def test_a_facades_passing_whose_commits_are_observed_commits_through_sqlalchemy
     """A ``commit`` listener of the service sees each commit before it happens: the last
     statement leaves the lock held, and the unit's commit, seen by the listener, ends it."""
     commits: list[int | None] = []
-    engine = mnestoma.make_engine(store_url)
-    event.listen(engine, "commit", lambda conn: commits.append(free_uses()))
-    try:
-        with mnestoma.Mnestoma(engine) as store:
-            store.record_passing(*EDGE)
-            assert store.record_passing(*EDGE).uses == 2
-    finally:
-        engine.dispose()
+    _two_passings_observed(store_url, "commit", lambda conn: commits.append(free_uses()))
     assert looking == [None, None]  # still locked after the last statement
     assert commits == [None, None]  # the listener ran before the commit, as ever
     assert free_uses() == 2
