@@ -54,8 +54,10 @@ from mnestoma.core.errors import (
 from mnestoma.core.rules import (
     EVENT_PARTITION_MARGIN,
     EVENT_PARTITIONS_AHEAD,
+    PARTITION_MOVE_MAX_ROWS,
     PARTITION_UPKEEP_LOCK_TIMEOUT_S,
     PARTITION_UPKEEP_RETRY_S,
+    PARTITION_WAITING_RECHECK_S,
     PARTITIONS_RECHECK_S,
     RETENTION_LOCK_PAUSE_MAX_S,
     RETENTION_LOCK_PAUSE_S,
@@ -96,14 +98,16 @@ _LAST_MONTH = INSTANTS_END.year * 12 + INSTANTS_END.month - 1
 class _Upkeep:
     """What is known of one engine's store: whether its events are partitioned (None: not
     looked at yet; ``checked``: when, monotonic), the ranges [start, end) of months known
-    made, the months written at that are not known made, and when a failed try may be
-    made again (monotonic)."""
+    made, the months written at that are not known made, when a failed try may be made
+    again (monotonic), and the months left to split-history (their rows in the default
+    partition too many to move under a lock), each with when to ask again (monotonic)."""
 
     partitioned: bool | None = None
     checked: float = 0.0
     made: list[tuple[datetime, datetime]] = field(default_factory=list)
     pending: set[datetime] = field(default_factory=set)
     retry_after: float = 0.0
+    left: dict[datetime, float] = field(default_factory=dict)
 
     def covers(self, at: datetime) -> bool:
         """True when ``at``'s month is made and the end of the months made is not within
@@ -171,9 +175,19 @@ def _due(engine: Engine, now: datetime | None) -> list[datetime] | None:
         months = set(state.pending)
         if now is not None and not state.covers(now):
             months.add(month_start(now))
+        months = {m for m in months if state.left.get(m, 0.0) <= clock}
         if not months and state.partitioned is not None:
             return None
         return sorted(months)
+
+
+def _months_after(month: datetime, n: int) -> datetime:
+    """The first instant of the month ``n`` months after ``month`` (a first of a month),
+    INSTANTS_END at most."""
+    index = month.year * 12 + month.month - 1 + n
+    if index > _LAST_MONTH:
+        return INSTANTS_END
+    return datetime(index // 12, index % 12 + 1, 1, tzinfo=UTC)
 
 
 def _run(conn: Connection, months: list[datetime]) -> None:
@@ -182,6 +196,7 @@ def _run(conn: Connection, months: list[datetime]) -> None:
     with _lock:
         known = _of(engine).partitioned
     made: list[tuple[datetime, datetime]] = []
+    left: list[datetime] = []
     try:
         with translate_errors():
             transaction = conn.begin()
@@ -198,7 +213,10 @@ def _run(conn: Connection, months: list[datetime]) -> None:
                     ahead = months_made_ahead(month)
                     params = {"at": month, "ahead": ahead, "cap": INSTANTS_END}
                     end, changed_now = conn.execute(ENSURE_PARTITIONS, params).one()
-                    made.append((month, end))
+                    if end > month:
+                        made.append((month, end))
+                    if end < _months_after(month, ahead + 1):
+                        left.append(max(end, month))  # its rows wait in the default
                     changed = changed or bool(changed_now)
             except BaseException:
                 transaction.rollback()
@@ -227,6 +245,17 @@ def _run(conn: Connection, months: list[datetime]) -> None:
             return
         state.made = [*state.made, *made][-_RANGES_KEPT:]
         state.pending = {m for m in state.pending if not state.covers(m)}
+        first_seen = [m for m in left if m not in state.left]  # said once per engine
+        for month in left:
+            state.left[month] = time.monotonic() + PARTITION_WAITING_RECHECK_S
+    for month in first_seen:
+        logger.warning(
+            "the partition of events for %s is not made: the default partition holds more "
+            "than %d of its events (or a split of them is under way); its writes go there "
+            "too, and `mnestoma split-history` moves them into their month online",
+            f"{month:%Y-%m}",
+            PARTITION_MOVE_MAX_ROWS,
+        )
 
 
 def upkeep(target: Engine | Connection, *, now: datetime | None = None) -> None:

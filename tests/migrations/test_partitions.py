@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import Any
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -283,6 +284,67 @@ def test_a_row_past_the_partitions_lands_in_the_default_and_moves_out_with_its_m
         assert ("events_204105", "mn_far") in _where(engine)
         with pytest.raises(IntegrityError), engine.begin() as conn:
             conn.execute(text(PASSING_EVENT), {"m": "mn_far", "ts": far, "t": "t-far"})
+    finally:
+        engine.dispose()
+        forget_partitions()
+
+
+BULK_EVENTS = (
+    "INSERT INTO events (mnest_id, kind, ts)"
+    " SELECT 'mn_bulk', 'reinforced', CAST(:ts AS timestamptz) FROM generate_series(1, :n)"
+)
+
+
+def test_a_month_whose_default_rows_are_too_many_to_move_under_a_lock_is_left_to_the_split(
+    pg_store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A writer's upkeep moves a month's rows out of the default partition under its lock
+    on events only up to PARTITION_MOVE_MAX_ROWS (10,000): with one more, that month is not
+    made, its writes go to the default too, the months after it are made, it is said once,
+    and it is not asked for again before PARTITION_WAITING_RECHECK_S."""
+    from sqlalchemy import event
+
+    from mnestoma.core.rules import PARTITION_MOVE_MAX_ROWS, PARTITION_WAITING_RECHECK_S
+
+    assert (PARTITION_MOVE_MAX_ROWS, PARTITION_WAITING_RECHECK_S) == (10_000, 60.0)
+    moved, left = datetime(2041, 5, 5, tzinfo=UTC), datetime(2043, 5, 5, tzinfo=UTC)
+    engine = make_engine(pg_store_url)
+    try:
+        with engine.begin() as conn:
+            # With the passing's own event, exactly PARTITION_MOVE_MAX_ROWS wait: they move.
+            conn.execute(text(BULK_EVENTS), {"ts": moved, "n": PARTITION_MOVE_MAX_ROWS - 1})
+            conn.execute(text(BULK_EVENTS), {"ts": left, "n": PARTITION_MOVE_MAX_ROWS + 1})
+        with Mnestoma(pg_store_url, clock=MovableClock(moved)) as m:
+            m.record_passing("a", "1", "b", "1")
+        made = _partitions(engine)
+        assert "events_204105" in made
+        with engine.connect() as conn:
+            count = "SELECT count(*) FROM events_default WHERE ts < '2042-01-01'"
+            assert conn.execute(text(count)).scalar_one() == 0
+        clock = MovableClock(left)
+        with Mnestoma(pg_store_url, clock=clock) as m:
+            asked: list[str] = []
+
+            def note(
+                _conn: object, _cursor: object, statement: str, params: Any, *_: object
+            ) -> None:
+                if "ensured" in statement and params["at"].year == left.year:
+                    asked.append(statement)
+
+            event.listen(m.engine, "before_cursor_execute", note)
+            with caplog.at_level("WARNING", logger="mnestoma.partitions"):
+                m.record_passing("a", "1", "b", "1")
+                clock.advance(seconds=1)
+                m.record_passing("a", "1", "b", "1")
+            assert len(asked) == 1  # the month left is not asked for again at once
+            said = [r.getMessage() for r in caplog.records if "2043-05" in r.getMessage()]
+            assert len(said) == 1 and "split-history" in said[0]
+        made = _partitions(engine)
+        assert "events_204305" not in made
+        assert {"events_204306", "events_204307", "events_204308"} <= set(made)
+        with engine.connect() as conn:
+            waiting = "SELECT count(*) FROM events_default WHERE ts >= '2043-05-01'"
+            assert conn.execute(text(waiting)).scalar_one() == PARTITION_MOVE_MAX_ROWS + 1 + 2
     finally:
         engine.dispose()
         forget_partitions()

@@ -15,7 +15,13 @@ from typing import Final
 
 from sqlalchemy import DDL, DateTime, Integer, TextClause, bindparam, event, text
 
-from mnestoma.core.rules import PASSING_KINDS, EventKind, sql_list, sql_literal
+from mnestoma.core.rules import (
+    PARTITION_MOVE_MAX_ROWS,
+    PASSING_KINDS,
+    EventKind,
+    sql_list,
+    sql_literal,
+)
 from mnestoma.core.types import UTCDateTime
 from mnestoma.schema.models import Event
 from mnestoma.schema.sql.partman import PARTMAN_CHILD_NAME, PARTMAN_NAME
@@ -112,12 +118,14 @@ _PARTITIONS_HEAD = (
 # The months from ``at``'s (UTC) to ``ahead`` months after it that no partition covers
 # yet, each made by mnestoma_events_month under an instant's exclusive lock on events; the
 # rows of such a month that the default partition caught move into it (deleted there and
-# inserted through events: the triggers keep event_turn_edges in step). Returns the end of
-# the partitions that follow on from at's month without a gap (at least the end of the last
-# month ensured).
+# inserted through events: the triggers keep event_turn_edges in step), unless there are
+# more than PARTITION_MOVE_MAX_ROWS of them (counted before the lock, reading one more at
+# most): that month is left to split-history, which moves them online (revision 0016).
+# Returns the end of the partitions that follow on from the first of at's month without a
+# gap (that first itself when at's month has none).
 PARTITIONS = (
     _PARTITIONS_HEAD
-    + """
+    + f"""
 RETURNS timestamptz LANGUAGE plpgsql AS $fn$
 DECLARE
     first_month timestamp := date_trunc('month', at AT TIME ZONE 'UTC');
@@ -125,6 +133,7 @@ DECLARE
     hi timestamptz;
     part text;
     moved jsonb;
+    waiting bigint;
     made_to timestamptz;
     next_end timestamptz;
 BEGIN
@@ -134,6 +143,11 @@ BEGIN
         CONTINUE WHEN EXISTS (
             SELECT 1 FROM mnestoma_events_bounds() b WHERE b.lower <= lo AND lo < b.upper
         );
+        -- Rows the default partition caught for the month move under the lock below only
+        -- when they are few; more are left there for split-history, which moves them online.
+        EXECUTE 'SELECT count(*) FROM (SELECT 1 FROM events_default WHERE ts >= $1 AND ts < $2'
+            ' LIMIT {PARTITION_MOVE_MAX_ROWS + 1}) w' INTO waiting USING lo, hi;
+        CONTINUE WHEN waiting > {PARTITION_MOVE_MAX_ROWS};
         part := 'events_' || to_char(lo AT TIME ZONE 'UTC', 'YYYYMM');
         BEGIN
             LOCK TABLE events IN ACCESS EXCLUSIVE MODE;
@@ -151,8 +165,9 @@ BEGIN
             NULL;  -- another session made it meanwhile
         END;
     END LOOP;
-    -- The end of the partitions that follow on from at's month without a gap.
-    made_to := (first_month + make_interval(months => ahead + 1)) AT TIME ZONE 'UTC';
+    -- The end of the partitions that follow on from the first of at's month without a gap
+    -- (that first itself when at's month has none).
+    made_to := first_month AT TIME ZONE 'UTC';
     LOOP
         SELECT b.upper INTO next_end FROM mnestoma_events_bounds() b
         WHERE b.lower <= made_to AND made_to < b.upper;
