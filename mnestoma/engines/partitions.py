@@ -14,7 +14,11 @@ the same as on a store whose events are one table.
 - A write notes the clock's now it writes at (:func:`note_written`, no statement): a month
   not known made is made right after the write's commit (:func:`upkeep_after_commit`), or
   before the next write. Meanwhile the default partition holds its rows; making the month
-  moves them into its partition.
+  moves them into its partition under its lock, if they are at most
+  :data:`~mnestoma.rules.PARTITION_MOVE_MAX_ROWS` (revision 0016). A month with more is
+  left to ``split-history``, said once, and asked for again after
+  :data:`~mnestoma.rules.PARTITION_WAITING_RECHECK_S`: no writer waits while millions of
+  rows move.
 
 Making a month is ``mnestoma_events_partitions`` (revision 0011; since 0015 each month it
 makes is partitioned by kind, ``mnestoma_events_month``): an instant's exclusive lock on

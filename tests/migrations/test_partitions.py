@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import Any
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from alembic.script import ScriptDirectory

@@ -2,7 +2,7 @@
 the models' tables (``create_all``, in the models' ``after_create`` of ``events``), the
 statements that make the partitions of the coming months, and retention's.
 
-The functions and triggers are those revisions 0011, 0013 and 0015 create, word for word,
+The functions and triggers are those revisions 0011, 0013, 0015 and 0016 create, word for word,
 and a new store's partitions are those the revisions leave on an empty one (a test compares
 what ``create_all`` and the revisions build).
 """
