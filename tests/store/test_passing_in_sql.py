@@ -26,6 +26,7 @@ import mnestoma
 from mnestoma.core import rules
 from mnestoma.core.clock import MovableClock
 from mnestoma.core.types import EARLIEST_CLOCK, EARLIEST_INSTANT, INSTANTS_END
+from mnestoma.engines import partitions
 from mnestoma.schema.sql.tables import MNESTS
 
 SETTINGS = settings(
@@ -138,9 +139,14 @@ def clock() -> MovableClock:
 
 @pytest.fixture(scope="module")
 def store(module_store_url: str, clock: MovableClock) -> Iterator[mnestoma.Mnestoma]:
-    m = mnestoma.Mnestoma(module_store_url, clock=clock)
-    yield m
-    m.close()
+    # The instants span nine thousand years: on PostgreSQL each passing's month would be
+    # made, with three ahead, hundreds of partitions that have nothing to do with the
+    # weights. Upkeep is switched off here; the default partition takes those events.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(partitions, "_due", lambda engine, now: None)
+        m = mnestoma.Mnestoma(module_store_url, clock=clock)
+        yield m
+        m.close()
 
 
 _names = itertools.count()
