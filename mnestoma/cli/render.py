@@ -411,13 +411,17 @@ def render_split(report: SplitReport, as_json: bool) -> None:
             click.echo("nothing to split: every event of events is in a month of its own")
             return
         n = len(report.waiting)
+        layout = "" if any(p.is_default for p in report.waiting) else " in the old layout"
         click.echo(
-            f"would split {n} partition{'s' if n != 1 else ''} of events in the old layout "
+            f"would split {n} partition{'s' if n != 1 else ''} of events{layout} "
             "(dry run: nothing changed):"
         )
         for p in report.waiting:
-            span = f"from {p.as_dict()['from']}" if p.lower is not None else "from the start"
             rows = "rows not analysed yet" if p.rows is None else f"about {p.rows} events"
+            if p.is_default:
+                click.echo(f"  {p.name}: the months no partition covers, {rows}")
+                continue
+            span = f"from {p.as_dict()['from']}" if p.lower is not None else "from the start"
             click.echo(f"  {p.name}: {span} to {p.as_dict()['to']}, {rows}")
         return
     if not report.partitions:
@@ -426,7 +430,7 @@ def render_split(report: SplitReport, as_json: bool) -> None:
     n, m = len(report.partitions), len(report.months)
     click.echo(
         f"split {n} partition{'s' if n != 1 else ''} ({', '.join(report.partitions)}) into "
-        f"{m} month{'s' if m != 1 else ''} ({report.months[0]} to {report.months[-1]}): "
+        f"{m} month{'s' if m != 1 else ''} ({min(report.months)} to {max(report.months)}): "
         f"{report.copied} rows copied in {report.batches} "
         f"batch{'es' if report.batches != 1 else ''}, those written meanwhile mirrored"
     )

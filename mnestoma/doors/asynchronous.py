@@ -730,7 +730,8 @@ class AsyncMnestoma(FacadeBase[AsyncEngine], _MnestOperations):
         progress: SplitProgress | None = None,
     ) -> SplitReport:
         """PostgreSQL: rebuild each partition of ``events`` in the old layout that holds
-        rows into months of the new layout, online, each batch its own transaction (see
+        rows, then the default partition's rows, into months of the new layout, online,
+        each batch its own transaction (see
         :meth:`mnestoma.Mnestoma.split_history`); ``dry_run`` lists what waits.
 
         Returns:

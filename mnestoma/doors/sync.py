@@ -215,8 +215,9 @@ class Mnestoma(FacadeBase[Engine], SyncDoor, MnestOperations):
     ) -> SplitReport:
         """PostgreSQL: rebuild each partition of ``events`` in the old layout that holds
         rows (a plain table revision 0015 kept: a month written to before it, or every event
-        before a month) into months of the new layout, one at a time, oldest first, while
-        services write (contract §12).
+        before a month) into months of the new layout, one at a time, oldest first, then the
+        rows the default partition caught (months no partition covered) into their months,
+        a new empty default partition in its place, while services write (contract §12).
 
         Online: the rows are copied into a staging table ``batch_rows`` ids at a time
         (:data:`~mnestoma.rules.SPLIT_BATCH_ROWS` by default), each batch its own short

@@ -8,18 +8,19 @@ none; those that hold rows (a store made at 0015 or later has none) are rebuilt,
 time and oldest first, into months of the new layout (each partitioned by kind, made by the
 store's ``mnestoma_events_month``), online:
 
-1. **The start** (one transaction): the staging table ``events_split``, partitioned by
-   range of ``ts``, with the old partition's columns in their order and events' indexes;
-   under it a month for each month the old partition's rows span (a catch-all's from the
-   month of its oldest event, found in one scan before this transaction, up to its bound),
-   each ``_rest`` leaf with a CHECK of its bounds (the ``_created`` leaf has its own), and
-   a default leaf for a row dated before the first month (a write into the far past while
-   the split runs). Then, under :data:`~mnestoma.rules.SPLIT_LOCK_TIMEOUT_S` tried again up
-   to :data:`~mnestoma.rules.SPLIT_TRIES` times, the old partition is locked against
-   writers (``SHARE ROW EXCLUSIVE``), the highest id it holds is read (the *watermark*),
-   and triggers on it mirror every insert, delete, update and TRUNCATE into the staging
-   table, in the writer's own transaction. The staging table's comment records the old
-   partition, its lowest id, the watermark and how far the copy went.
+1. **The start** (one transaction, its locks waited for
+   :data:`~mnestoma.rules.SPLIT_LOCK_TIMEOUT_S` at most and the whole tried again up to
+   :data:`~mnestoma.rules.SPLIT_TRIES` times): the staging table ``events_split``,
+   partitioned by range of ``ts``, with the old partition's columns in their order and
+   events' indexes; under it a month for each month the old partition's rows span (a
+   catch-all's from the month of its oldest event, found in one scan before this
+   transaction, up to its bound), each ``_rest`` leaf with a CHECK of its bounds (the
+   ``_created`` leaf has its own), and a default leaf for a row dated in no month staged
+   (a write into the far past while the split runs). Then, last, the old partition is
+   locked against writers (``SHARE ROW EXCLUSIVE``), the highest id it holds is read (the
+   *watermark*), and triggers on it mirror every insert, delete, update and TRUNCATE into
+   the staging table, in the writer's own transaction. The staging table's comment records
+   the old partition, its lowest id, the watermark and how far the copy went.
 2. **The copy**, in batches of the next :data:`~mnestoma.rules.SPLIT_BATCH_ROWS` ids the old
    partition holds, from the lowest to the watermark (read from its primary key, so that the
    sparse ids of what retention kept make no empty batches), each its own short
@@ -57,6 +58,25 @@ batch (a batch is committed with the comment that counts it); after the swap, an
 detached with the mirror trigger on it, which the next run drops. One split runs at a time
 (an advisory lock around each change of step, the staging table's lock around each batch).
 
+**The default partition** ``events_default`` catches the rows of a month no partition
+covers (a clock in the future or the past, a raw INSERT, a month the writers' upkeep left to
+this command). When it holds rows it is split the same way, after the old layout's
+partitions: it has no range, so the months staged are those of its rows, found in one scan
+before the start (``oldest_month``'s cost); a row written meanwhile into a month not
+staged lands in the staging default leaf and gets a month of its own at the swap. A month of
+those the writers' upkeep makes between the scan and the start moves its rows out of the
+default partition; the start, holding the default partition against writers, drops a
+staged month that a partition of events now covers (it holds no row: the staging table
+holds nothing yet). Once started, a staged month holds its final name, so the upkeep's
+``CREATE`` of that month fails with ``duplicate_table``, which it catches (rolling back what
+it did for that month, the default's rows it would have moved included): the month stays
+the split's. A prune meanwhile may attach its partition of everything before over staged
+months: the rows it deleted from the default partition were deleted from them too (the
+mirror), and the swap drops those months, found empty. The swap detaches the default
+partition (renamed ``events_default_dropped``), attaches the months, and makes a new empty
+``events_default`` as a new store has it, whose indexes events' partitioned indexes give.
+Where pg_partman makes the months, the default partition is its own and is not split.
+
 The turn-edge triggers of ``events`` never fire for the copy: the staging table is no
 partition of ``events``, ``event_turn_edges`` keeps its rows, and no row's ``ts`` changes.
 The operation is :func:`split_steps`, driven by both doors (``split_history``).
@@ -83,6 +103,7 @@ from mnestoma.core.rules import (
 from mnestoma.core.validation import check_dry_run, check_positive_int, check_progress
 from mnestoma.engines.backend import backend_of
 from mnestoma.engines.partitions import under_short_locks
+from mnestoma.engines.partman import look
 from mnestoma.maintenance.steps import Pause, Read, Steps, Write, for_write
 from mnestoma.schema.runner import connection_of
 from mnestoma.schema.sql import splitting as sq
@@ -96,6 +117,7 @@ __all__ = [
     "begin_split",
     "copy_next_batch",
     "drop_split_leftover",
+    "months_to_stage",
     "old_partitions",
     "split_steps",
     "swap_split",
@@ -111,22 +133,29 @@ SplitProgress = Callable[[str, int, int, int], object]
 
 @dataclass(frozen=True, slots=True)
 class OldPartition:
-    """A partition of ``events`` in the old layout that holds rows: its name, its range's
-    first month (None: MINVALUE, every event before ``upper``) and the month it ends at
-    (excluded), and its rows as the planner estimates them from the catalogue (None: no
-    ANALYZE or VACUUM has counted any row of it yet)."""
+    """A partition of ``events`` that holds rows waiting to be split into months: one in the
+    old layout, or the default partition (``events_default``, no range: ``lower`` and
+    ``upper`` None). Its name, its range's first month (None: MINVALUE, every event before
+    ``upper``) and the month it ends at (excluded), and its rows as the planner estimates
+    them from the catalogue (None: no ANALYZE or VACUUM has counted any row of it yet)."""
 
     name: str
     lower: Month | None
-    upper: Month
+    upper: Month | None
     rows: int | None
 
+    @property
+    def is_default(self) -> bool:
+        """The default partition: the rows of months no partition covers."""
+        return self.upper is None
+
     def as_dict(self) -> dict[str, Any]:
-        """JSON-ready: the bounds as ``YYYY-MM`` (``lower`` None for MINVALUE)."""
+        """JSON-ready: the bounds as ``YYYY-MM`` (``lower`` None for MINVALUE, both None
+        for the default partition)."""
         return {
             "name": self.name,
             "from": None if self.lower is None else _month_text(self.lower),
-            "to": _month_text(self.upper),
+            "to": None if self.upper is None else _month_text(self.upper),
             "rows": self.rows,
         }
 
@@ -191,10 +220,12 @@ class _Staging:
 
 
 def old_partitions(bind: Bind, *, exact: bool = True) -> list[OldPartition]:
-    """The partitions of ``events`` in the old layout that hold rows, oldest first: with
-    ``exact``, each one asked (one row read at most); else as the catalogue has them (a
-    table with pages; rows it has lost since are not known without reading it). Empty where
-    events are not partitioned."""
+    """The partitions of ``events`` that wait to be split: those in the old layout that
+    hold rows, oldest first, then the default partition if it holds rows (unless pg_partman
+    makes the months: its default partition is then pg_partman's). With ``exact``, each one
+    asked (one row read at most); else as the catalogue has them (a table with pages; rows
+    it has lost since are not known without reading it), but the default partition, asked
+    in both cases when it has pages. Empty where events are not partitioned."""
     conn = connection_of(bind)
     if not backend_of(conn).partitioned or not conn.execute(HAS_PARTITIONS).scalar_one():
         return []
@@ -208,14 +239,33 @@ def old_partitions(bind: Bind, *, exact: bool = True) -> list[OldPartition]:
         lower = None if lo_y is None else (int(lo_y), int(lo_m))
         rows = round(tuples) if tuples else None
         found.append(OldPartition(name, lower, (int(up_y), int(up_m)), rows))
+    default = _waiting_default(conn)
+    if default is not None:
+        found.append(default)
     return found
 
 
+def _waiting_default(conn: Connection) -> OldPartition | None:
+    """The default partition of events if it holds rows and is the package's (pg_partman
+    does not make the months), else None; its rows estimated from the catalogue. Asked
+    whenever it has pages (one row read at most), even for the catalogue's list: rows
+    routinely pass through it (the writers' upkeep moves them out), and the pages they
+    leave behind, which the catalogue counts until a VACUUM, say nothing of what it holds."""
+    facts = conn.execute(sq.DEFAULT_FACTS).first()
+    if facts is None or not facts[1]:
+        return None
+    if not conn.execute(sq.holds_rows(sq.DEFAULT_NAME)).scalar_one() or look(conn).months:
+        return None
+    return OldPartition(sq.DEFAULT_NAME, None, None, round(facts[0]) if facts[0] else None)
+
+
 def waiting_history(conn: Connection, *, counted: bool = False) -> list[OldPartition] | None:
-    """The partitions of ``events`` in the old layout that hold rows (``mnestoma status``):
-    from the catalogue only, their rows estimated; with ``counted``, each one's rows
-    counted (a status that counts every event: a small store, or ``--exact``), those that
-    hold none left out. None where events are not partitioned."""
+    """The partitions of ``events`` that wait to be split (``mnestoma status``; see
+    :func:`old_partitions`): from the catalogue, their rows estimated (the default
+    partition asked whether it holds a row); with
+    ``counted``, each one's rows counted (a status that counts every event: a small store,
+    or ``--exact``), those that hold none left out. None where events are not
+    partitioned."""
     if not backend_of(conn).partitioned or not conn.execute(HAS_PARTITIONS).scalar_one():
         return None
     found = old_partitions(conn, exact=False)
@@ -261,6 +311,18 @@ def oldest_month(bind: Bind, name: str) -> Month | None:
     """The month of a partition's oldest event (one scan of it: ``ts`` has no index)."""
     year, month = connection_of(bind).execute(sq.oldest_month(name)).one()
     return None if year is None else (int(year), int(month))
+
+
+def months_to_stage(bind: Bind, old: OldPartition) -> list[Month]:
+    """The months to stage for ``old``'s split, oldest first: those its range spans (a
+    catch-all's from the month of its oldest event: one scan of it), or for the default
+    partition the months of its rows (one scan of it). A row of another month is caught by
+    the staging default leaf and given its month at the swap."""
+    conn = connection_of(bind)
+    if old.upper is None:
+        return [(int(y), int(m)) for y, m in conn.execute(sq.DEFAULT_MONTHS)]
+    first = old.lower if old.lower is not None else oldest_month(conn, old.name)
+    return sq.months_between(first or old.upper, old.upper)
 
 
 def rows_estimate(bind: Bind, name: str) -> int | None:
@@ -309,10 +371,28 @@ def _make_month(conn: Connection, month: Month) -> None:
     conn.execute(sq.rest_bound(name, month))
 
 
-def begin_split(bind: Bind, old: OldPartition, oldest: Month | None) -> _Staging | None:
-    """The start of ``old``'s split (module docstring, 1), in the caller's transaction; its
-    staging state (a split already begun: that one's), or None when ``old`` is no longer a
-    partition of events holding rows."""
+def _drop_covered(conn: Connection, old: str) -> None:
+    """The staged months that a partition of events other than ``old`` covers, dropped
+    (module docstring, the default partition): they hold no row, since the staging table
+    holds the rows of ``old``, and PostgreSQL keeps none of a partition's range in the
+    default partition; SchemaError, nothing dropped, if one does."""
+    covered = [str(n) for n in conn.execute(sq.covered_months(old)).scalars()]
+    full = [n for n in covered if conn.execute(sq.staged_holds_rows(n)).scalar_one()]
+    if full:
+        raise SchemaError(
+            f"the months {', '.join(full)} staged by split-history hold rows that a partition"
+            " of events now covers: not swapped; look at them before running split-history"
+            " again"
+        )
+    for name in covered:
+        conn.execute(sq.drop_staged(name))
+
+
+def begin_split(bind: Bind, old: OldPartition, months: list[Month]) -> _Staging | None:
+    """The start of ``old``'s split (module docstring, 1) with ``months`` staged
+    (:func:`months_to_stage`), in the caller's transaction; its staging state (a split
+    already begun: that one's), or None when ``old`` is no longer a partition of events
+    holding rows."""
     conn = for_write(bind)
     with translate_errors():
         conn.execute(sq.SPLIT_LOCK)
@@ -321,26 +401,30 @@ def begin_split(bind: Bind, old: OldPartition, oldest: Month | None) -> _Staging
             return begun
         if not _attached(conn, old.name):
             return None
-        conn.execute(sq.create_staging(old.name))
-        for definition in conn.execute(sq.EVENTS_INDEXES).scalars():
-            conn.execute(sq.staging_index(str(definition)))
-        conn.execute(sq.CREATE_STAGING_DEFAULT)
-        first = old.lower if old.lower is not None else oldest
-        for month in sq.months_between(first or old.upper, old.upper):
-            _make_month(conn, month)
-        conn.execute(sq.MIRROR_FUNCTION)
 
-        def triggers() -> tuple[int, int] | None:
+        # All of it in one try (a savepoint): a try whose lock was busy gives back every lock
+        # it took, the read of the old partition's columns and the staged months' names
+        # included, so that a writer's upkeep making a month meanwhile (it locks events and
+        # the default partition, and creates a month's tables) never waits on this one.
+        def start() -> tuple[int, int] | None:
+            conn.execute(sq.create_staging(old.name))
+            for definition in conn.execute(sq.EVENTS_INDEXES).scalars():
+                conn.execute(sq.staging_index(str(definition)))
+            conn.execute(sq.CREATE_STAGING_DEFAULT)
+            for month in months:
+                _make_month(conn, month)
+            conn.execute(sq.MIRROR_FUNCTION)
             conn.execute(sq.lock_old(old.name, "SHARE ROW EXCLUSIVE"))
             lowest, watermark = conn.execute(sq.id_range(old.name)).one()
             if lowest is None:
                 return None
+            _drop_covered(conn, old.name)  # a month of the default's made since its scan
             for statement in sq.mirror_triggers(old.name):
                 conn.execute(statement)
             conn.execute(sq.comment(old.name, lowest, watermark, int(lowest) - 1))
             return int(lowest), int(watermark)
 
-        ids = _retried(conn, triggers)
+        ids = _retried(conn, start)
         if ids is None:  # emptied meanwhile: nothing to split, nothing kept
             conn.execute(sq.DROP_STAGING)
             return None
@@ -372,8 +456,8 @@ def copy_next_batch(bind: Bind, size: int) -> tuple[_Staging, int] | None:
 
 
 def _settle_strays(conn: Connection) -> None:
-    """Rows the staging default caught (dated before its first month) given months of
-    their own under the staging table; ``events`` and the old partition are locked."""
+    """Rows the staging default caught (dated in no month staged) given months of their own
+    under the staging table; ``events`` and the old partition are locked."""
     if not conn.execute(sq.STRAYS_LEFT).scalar_one():
         return
     months = [(int(y), int(m)) for y, m in conn.execute(sq.STRAY_MONTHS)]
@@ -422,9 +506,10 @@ def _detach_old(conn: Connection, old: str) -> None:
 
 def swap_split(bind: Bind) -> tuple[str, tuple[str, ...]] | None:
     """The swap (module docstring, 3) of the split under way once its copy is done, in the
-    caller's transaction: the old partition and the months attached in its place. None
-    when there is no split under way; a split whose old partition is no longer one of
-    events (retention dropped it meanwhile) is given up: its staging table dropped."""
+    caller's transaction: the old partition and the months attached in its place (for the
+    default partition, a new empty one made after). None when there is no split under
+    way; a split whose old partition is no longer one of events (retention dropped it
+    meanwhile) is given up: its staging table dropped."""
     conn = for_write(bind)
     with translate_errors():
         conn.execute(sq.SPLIT_LOCK)
@@ -439,6 +524,7 @@ def swap_split(bind: Bind) -> tuple[str, tuple[str, ...]] | None:
 
         def swap() -> tuple[str, ...]:
             conn.execute(sq.LOCK_EVENTS)
+            _drop_covered(conn, state.old)  # under retention's partition of everything before
             _settle_strays(conn)
             _detach_old(conn, state.old)
             made: list[str] = []
@@ -448,6 +534,8 @@ def swap_split(bind: Bind) -> tuple[str, tuple[str, ...]] | None:
                 conn.execute(sq.attach_month(final, (int(lo_y), int(lo_m))))
                 conn.execute(sq.drop_rest_bound(final))
                 made.append(final)
+            if state.old == sq.DEFAULT_NAME:
+                conn.execute(sq.CREATE_DEFAULT)
             conn.execute(sq.DROP_STAGING)
             return tuple(made)
 
@@ -532,10 +620,8 @@ def _split(size: int, report: SplitProgress | None) -> Steps[SplitReport]:
             if not todo:
                 break
             old = todo[0]
-            oldest = None
-            if old.lower is None:
-                oldest = yield Read(functools.partial(oldest_month, name=old.name))
-            state = yield Write(functools.partial(begin_split, old=old, oldest=oldest))
+            staged = yield Read(functools.partial(months_to_stage, old=old))
+            state = yield Write(functools.partial(begin_split, old=old, months=staged))
             if state is None:
                 seen.append(old.name)
                 continue

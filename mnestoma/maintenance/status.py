@@ -219,9 +219,10 @@ class StoreStatus:
     estimate (PostgreSQL, from ``STATUS_ESTIMATE_FROM`` of them, unless ``exact``; else
     counted).
     ``history_to_split`` (PostgreSQL, events partitioned): the partitions of ``events`` in
-    the old layout that hold rows, which ``mnestoma split-history`` rebuilds into months,
-    each with its rows: as the planner estimates them from the catalogue where the events'
-    counts are estimates (``estimated``), else counted; None elsewhere.
+    the old layout that hold rows, then the default partition if it holds rows, which
+    ``mnestoma split-history`` rebuilds into months, each with its rows: as the planner
+    estimates them from the catalogue where the events' counts are estimates
+    (``estimated``), else counted; None elsewhere.
     ``scanned``: the counts were asked exact, and every row was read.
     ``standby``: this database is a hot standby (a read replica), ``standby_lag_s`` its
     lag (None when not known: ``standby_cut_off``, no WAL receiver streams to it from a
@@ -904,13 +905,15 @@ def _render_history(status: StoreStatus) -> str | None:
         return None
     known = sum(p.rows or 0 for p in waiting)
     unknown = sum(p.rows is None for p in waiting)
-    n = len(waiting)
+    n = sum(not p.is_default for p in waiting)
     rows = f"{status.count(known)} events"
     if unknown:
         rows += f" (and {unknown} not analysed yet)"
+    holders = [f"{n} partition{'s' if n != 1 else ''} of events in the old layout"] if n else []
+    if any(p.is_default for p in waiting):
+        holders.append("the default partition" if n else "the default partition of events")
     return (
-        f"history    {n} partition{'s' if n != 1 else ''} of events in the old layout"
-        f" hold{'s' if n == 1 else ''} "
+        f"history    {' and '.join(holders)} hold{'s' if len(waiting) == 1 else ''} "
         f"{rows}: `mnestoma split-history` puts each event in its month"
     )
 

@@ -419,7 +419,7 @@ import os, signal
 import mnestoma
 from mnestoma.maintenance import splitting
 
-url, where, k = {url!r}, {where!r}, {k!r}
+url, where, k, batch = {url!r}, {where!r}, {k!r}, {batch!r}
 
 
 def die(*args, **kwargs):
@@ -445,7 +445,7 @@ if where == "in-batch":
 if where == "after-swap":
     splitting.drop_split_leftover = die
 with mnestoma.Mnestoma(url) as store:
-    store.split_history(batch_rows=30, progress=progress)
+    store.split_history(batch_rows=batch, progress=progress)
 print("not killed")
 """
 
@@ -462,7 +462,7 @@ def test_a_split_killed_at_any_point_is_completed_by_the_next_run(
     engine = upgraded_history(pg_empty_db_url, datetime.now(UTC))
     try:
         before = snapshot(engine)
-        done = run_python(_KILLED.format(url=pg_empty_db_url, where=where, k=k))
+        done = run_python(_KILLED.format(url=pg_empty_db_url, where=where, k=k, batch=30))
         assert done.returncode == -9, done.stderr
         with engine.connect() as conn:
             left = conn.execute(LEFT_BEHIND).scalars().all()

@@ -34,6 +34,7 @@ from mnestoma.engines.partman import Partman, holds_retention, look, makes_month
 from mnestoma.maintenance import retention
 from mnestoma.maintenance.copying import copy_store
 from mnestoma.maintenance.migration import is_store_name
+from mnestoma.maintenance.status import collect_status
 from mnestoma.schema.sql.partitions import is_layout_name
 from mnestoma.schema.sql.splitting import LEGACY_PARTITIONS
 from mnestoma.testing.clock import MovableClock
@@ -666,7 +667,7 @@ def test_copy_append_makes_no_month_where_pg_partman_makes_them(
 ) -> None:
     """A copy into a store handed to pg_partman, of events in a month it has not made yet,
     makes no partition (no DDL at all): they land in the default partition, the copy
-    verified."""
+    verified, and nothing waits for split-history there (pg_partman moves them)."""
     url = handed.render_as_string(hide_password=False)
     parts = partitions(handed)
     gap = month(partman_months(parts)[-1], 2)  # past pg_partman's premake: no partition holds it
@@ -690,6 +691,10 @@ def test_copy_append_makes_no_month_where_pg_partman_makes_them(
         engine.dispose()
     assert len(rows) == copied and {t for t, _ in rows} == {"events_default"}
     assert {month(ts) for _, ts in rows} == {gap}
+    # the default partition is pg_partman's to empty: split-history and status leave it be
+    with Mnestoma(url) as store:
+        assert store.split_history(dry_run=True).waiting == ()
+    assert collect_status(url).history_to_split == []
 
 
 def test_handed_back_the_package_makes_the_months_again(

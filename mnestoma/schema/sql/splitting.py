@@ -1,7 +1,8 @@
 """The statements of ``mnestoma split-history`` (PostgreSQL, contract §12): the partitions
-of ``events`` in the old layout, the staging table ``events_split`` and its months, the
-triggers that mirror the old partition's writes into it, the batches of the copy, and the
-swap of catalogue changes that puts the months in the old partition's place.
+of ``events`` in the old layout and the default partition, the staging table
+``events_split`` and its months, the triggers that mirror the old partition's writes into
+it, the batches of the copy, and the swap of catalogue changes that puts the months in the
+old partition's place (and, for the default partition, a new empty one).
 
 A month of the new layout is made by ``mnestoma_events_month(parent, part, lo, hi)``, the
 store's function (revision 0015), called by name. DDL takes no parameters: every name
@@ -20,6 +21,10 @@ from mnestoma.schema.sql.partman import PARTMAN_CHILD_NAME
 
 __all__ = [
     "COMMENT",
+    "CREATE_DEFAULT",
+    "DEFAULT_FACTS",
+    "DEFAULT_MONTHS",
+    "DEFAULT_NAME",
     "EVENTS_INDEXES",
     "HAS_MONTH_FUNCTION",
     "LEFTOVERS",
@@ -39,6 +44,7 @@ __all__ = [
     "batch_end",
     "comment",
     "copy_batch",
+    "covered_months",
     "create_staging",
     "mirror_triggers",
     "month_name",
@@ -53,10 +59,13 @@ STAGING_DEFAULT = "events_split_default"
 STAGING_STRAYS = "events_split_strays"
 TEMP_PREFIX = "events_split_"
 MIRROR_TRIGGER = "events_split_mirrored"
+# The default partition of events: the rows of months no partition covers, split too.
+DEFAULT_NAME = "events_default"
 # What a table of the split that is left behind is named: the staging table and its months
 # (``events_split``, ``events_split_YYYYMM`` and their leaves), the old partition detached by
-# the swap (``<name>_dropped``, as retention names what it detaches).
-SPLIT_NAME = r"^events_split(_[a-z0-9_]+)?$"
+# the swap (``<name>_dropped``, as retention names what it detaches: retention's pattern
+# covers a month's, this one the default partition's).
+SPLIT_NAME = rf"^events_split(_[a-z0-9_]+)?$|^{DEFAULT_NAME}_dropped$"
 
 # A month of the new layout: its year (four digits, five from year 10000) and month.
 Month = tuple[int, int]
@@ -67,9 +76,10 @@ _OBJECT = re.compile(r"^[a-z0-9_]{1,63}$")
 
 
 def old_partition(name: str) -> str:
-    """``name``, checked to be a partition of the old layout (``events_YYYYMM`` or
-    ``events_to_YYYYMM``), so that it can be written into a statement as it is."""
-    if not _OLD.match(name):
+    """``name``, checked to be a partition split-history rebuilds (one of the old layout,
+    ``events_YYYYMM`` or ``events_to_YYYYMM``, or the default partition ``events_default``),
+    so that it can be written into a statement as it is."""
+    if not (_OLD.match(name) or name == DEFAULT_NAME):
         raise ValueError(f"not a partition of events: {name!r}")
     return name
 
@@ -168,6 +178,21 @@ LEGACY_PARTITIONS: Final[TextClause] = text(
 ROWS_ESTIMATE: Final[TextClause] = text(
     f"SELECT {_ESTIMATE} FROM pg_class c WHERE c.oid = to_regclass(:name)"
 )
+# The default partition of events (a plain table attached as its DEFAULT): its rows as
+# estimated above, and whether it has pages (none: it holds no row); no row when events has
+# none. No row is read.
+DEFAULT_FACTS: Final[TextClause] = text(
+    f"SELECT {_ESTIMATE}, pg_relation_size(c.oid) > 0"
+    " FROM pg_class c JOIN pg_inherits i ON i.inhrelid = c.oid"
+    f" WHERE c.oid = to_regclass('{DEFAULT_NAME}') AND c.relkind = 'r'"
+    " AND i.inhparent = to_regclass('events')"
+    " AND pg_get_expr(c.relpartbound, c.oid) = 'DEFAULT'"
+)
+# The months (UTC) of the rows the default partition holds, oldest first: one scan of it,
+# once, before its split begins.
+DEFAULT_MONTHS: Final[TextClause] = text(
+    f"SELECT DISTINCT {_UTC_MONTH.format(x='ts')} FROM {DEFAULT_NAME} ORDER BY 1, 2"
+)
 
 
 def holds_rows(name: str) -> TextClause:
@@ -216,14 +241,9 @@ IS_ATTACHED: Final[TextClause] = text(
     " WHERE inhparent = to_regclass('events') AND inhrelid = to_regclass(:name))"
 )
 
-# The months of the staging table (not its default leaf): each name and its bounds' years
-# and months, oldest first.
-STAGING_MONTHS: Final[TextClause] = text(
-    "SELECT c.relname,"
-    + _UTC_MONTH.format(x="b.lower")
-    + ", "
-    + _UTC_MONTH.format(x="b.upper")
-    + " FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+# The months of the staging table (not its default leaf), with their bounds.
+_STAGED_BOUNDS = (
+    " FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
     " CROSS JOIN LATERAL (SELECT"
     r" substring(pg_get_expr(c.relpartbound, c.oid) FROM $r$FROM \('([^']*)'\)$r$)::timestamptz"
     " AS lower,"
@@ -231,11 +251,35 @@ STAGING_MONTHS: Final[TextClause] = text(
     " AS upper) b"
     f" WHERE i.inhparent = to_regclass('{STAGING_NAME}')"
     " AND pg_get_expr(c.relpartbound, c.oid) <> 'DEFAULT'"
-    " ORDER BY b.lower"
+)
+# The months of the staging table: each name and its bounds' years and months, oldest first.
+STAGING_MONTHS: Final[TextClause] = text(
+    "SELECT c.relname,"
+    + _UTC_MONTH.format(x="b.lower")
+    + ", "
+    + _UTC_MONTH.format(x="b.upper")
+    + _STAGED_BOUNDS
+    + " ORDER BY b.lower"
 )
 
-# The months of the rows the staging table's default leaf caught (writes dated before the
-# first month staged), oldest first.
+
+def covered_months(old: str) -> TextClause:
+    """The months of the staging table that a partition of events other than ``old``
+    covers (a month of the default partition's rows made meanwhile, or retention's
+    partition of everything before): their names."""
+    return text(
+        "SELECT c.relname"
+        + _STAGED_BOUNDS
+        + " AND EXISTS (SELECT 1 FROM mnestoma_events_bounds() e"
+        f"  WHERE e.part <> to_regclass('{old_partition(old)}')"
+        "  AND e.lower < b.upper AND b.lower < e.upper)"
+        " ORDER BY b.lower"
+    )
+
+
+# The months of the rows the staging table's default leaf caught (rows dated in no month
+# staged: a write into the far past while a catch-all is split, a write into a month of no
+# partition while the default partition is), oldest first.
 STRAY_MONTHS: Final[TextClause] = text(
     f"SELECT DISTINCT {_UTC_MONTH.format(x='ts')} FROM {STAGING_DEFAULT} ORDER BY 1, 2"
 )
@@ -269,6 +313,16 @@ def month_objects(name: str) -> TextClause:
         " UNION ALL SELECT 'table', c.relname, c.relname"
         f" FROM pg_partition_tree({relation}) t JOIN pg_class c ON c.oid = t.relid"
     )
+
+
+def staged_holds_rows(name: str) -> TextClause:
+    """Whether a month of the staging table holds a row (it reads one at most)."""
+    return text(f"SELECT EXISTS (SELECT 1 FROM {staged(name)})")
+
+
+def drop_staged(name: str) -> TextClause:
+    """A month of the staging table dropped, its leaves with it."""
+    return text(f"DROP TABLE {staged(name)}")
 
 
 def table_indexes(name: str) -> TextClause:
@@ -474,6 +528,14 @@ def attach_month(name: str, month: Month) -> TextClause:
 
 
 DROP_STAGING: Final[TextClause] = text(f"DROP TABLE IF EXISTS {STAGING_NAME}")
+
+# A new empty default partition of events, in place of the one a swap detached: the
+# statement that builds a new store's (LAYOUT in mnestoma.schema.sql.partitions); events'
+# partitioned indexes give it theirs, named as on a new store.
+CREATE_DEFAULT: Final[TextClause] = text(
+    f"CREATE TABLE {DEFAULT_NAME} PARTITION OF events"
+    f" (CONSTRAINT {DEFAULT_NAME}_pkey PRIMARY KEY (id)) DEFAULT"
+)
 
 
 def dropped_name(old: str) -> str:
