@@ -25,7 +25,7 @@ from mnestoma.core.rules import (
 from mnestoma.core.types import UTCDateTime
 from mnestoma.schema.models import Event
 from mnestoma.schema.sql.partman import PARTMAN_CHILD_NAME, PARTMAN_NAME
-from mnestoma.schema.sql.splitting import SPLIT_NAME
+from mnestoma.schema.sql.splitting import DEFAULT_DDL, SPLIT_NAME
 
 __all__ = [
     "AFTER_CREATE",
@@ -197,13 +197,12 @@ TRIGGERS = (
 # past (0011's catch-all, empty there, is dropped by 0015), the default partition, and
 # months in 0015's form from the current one (0015) and from 0011's bound (the first of the
 # month after next week's) on, three ahead of each.
-LAYOUT = """DO $do$
+LAYOUT = f"""DO $do$
 DECLARE
     bound timestamptz := (date_trunc('month', (now() + interval '7 days') AT TIME ZONE 'UTC')
                           + interval '1 month') AT TIME ZONE 'UTC';
 BEGIN
-    CREATE TABLE events_default PARTITION OF events
-        (CONSTRAINT events_default_pkey PRIMARY KEY (id)) DEFAULT;
+    {DEFAULT_DDL};
     PERFORM mnestoma_events_partitions(bound, 3);
     PERFORM mnestoma_events_partitions(now(), 3);
 END

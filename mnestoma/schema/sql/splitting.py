@@ -22,6 +22,7 @@ from mnestoma.schema.sql.partman import PARTMAN_CHILD_NAME
 __all__ = [
     "COMMENT",
     "CREATE_DEFAULT",
+    "DEFAULT_DDL",
     "DEFAULT_FACTS",
     "DEFAULT_MONTHS",
     "DEFAULT_NAME",
@@ -532,10 +533,11 @@ DROP_STAGING: Final[TextClause] = text(f"DROP TABLE IF EXISTS {STAGING_NAME}")
 # A new empty default partition of events, in place of the one a swap detached: the
 # statement that builds a new store's (LAYOUT in mnestoma.schema.sql.partitions); events'
 # partitioned indexes give it theirs, named as on a new store.
-CREATE_DEFAULT: Final[TextClause] = text(
+DEFAULT_DDL: Final[str] = (
     f"CREATE TABLE {DEFAULT_NAME} PARTITION OF events"
-    f" (CONSTRAINT {DEFAULT_NAME}_pkey PRIMARY KEY (id)) DEFAULT"
+    f"\n        (CONSTRAINT {DEFAULT_NAME}_pkey PRIMARY KEY (id)) DEFAULT"
 )
+CREATE_DEFAULT: Final[TextClause] = text(DEFAULT_DDL)
 
 
 def dropped_name(old: str) -> str:
