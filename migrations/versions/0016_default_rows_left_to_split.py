@@ -1,16 +1,17 @@
-"""PostgreSQL: a month whose rows wait in the default partition by the thousand is no longer
-made by a writer's upkeep under an exclusive lock on ``events`` (contract §12).
+"""PostgreSQL: no month of ``events`` is made by a writer's upkeep while the default partition
+is large (contract §12).
 
-``mnestoma_events_partitions`` made a month by moving the rows ``events_default`` caught
-for it (a clock ahead or behind, a raw ``INSERT``, a month whose lock stayed busy) while it
-held ``LOCK TABLE events IN ACCESS EXCLUSIVE MODE``: every reader and writer of ``events``
-waited for the move, seconds for millions of rows. It is replaced (``CREATE OR REPLACE``:
-no lock on ``events``) by one that first counts those rows, reading 10,001 of them at
-most, before any lock: a month with more than 10,000 is left to ``mnestoma split-history``,
-which moves them online in batches; one with fewer is made as before (a move of
-milliseconds). It now returns the end of the partitions that follow on from the first of
-``at``'s month without a gap, that first itself when the month has none, so that the
-caller knows which month it left.
+Making a month under ``LOCK TABLE events IN ACCESS EXCLUSIVE MODE`` reads the whole of
+``events_default``: PostgreSQL checks that none of its rows belongs to the new month, and
+``mnestoma_events_partitions`` moves those that do. With millions of rows there (a clock
+ahead or behind for a while, a bulk ``INSERT`` of history) every reader and writer of
+``events`` waited seconds. The function is replaced (``CREATE OR REPLACE``: no lock on
+``events``) by one that first looks at the default partition's size in the catalogue
+(``pg_relation_size``, no row read): above 4 MiB it makes no month, and the rows there, and
+the writes to the months not made meanwhile, wait for ``mnestoma split-history``, which
+moves them into their months online and leaves an empty default partition. It now returns
+the end of the partitions that follow on from the first of ``at``'s month without a gap,
+that first itself when the month has none, so that the caller knows which month it left.
 
 SQLite: nothing changes. The downgrade puts back 0015's function.
 
@@ -37,10 +38,10 @@ WHY_FUNCTION = (
 _HEAD = "CREATE OR REPLACE FUNCTION mnestoma_events_partitions(at timestamptz, ahead integer)"
 
 # The months not covered yet from at's (UTC) to ahead months after it, each made by
-# mnestoma_events_month under an instant's exclusive lock on events, but one for which the
-# default partition holds more than 10,000 rows (rules.PARTITION_MOVE_MAX_ROWS when this was
-# written): those wait for split-history. The rows of a month made move into it (deleted
-# from the default, inserted through events: the triggers keep event_turn_edges in step).
+# mnestoma_events_month under an instant's exclusive lock on events, none while the default
+# partition is larger than 4 MiB (rules.PARTITION_DEFAULT_MAX_BYTES when this was written):
+# those wait for split-history. The rows of a month made move into it (deleted from the
+# default, inserted through events: the triggers keep event_turn_edges in step).
 # Returns the end of the partitions that follow on from the first of at's month without a
 # gap (that first itself when at's month has none).
 PARTITIONS = (
@@ -53,7 +54,6 @@ DECLARE
     hi timestamptz;
     part text;
     moved jsonb;
-    waiting bigint;
     made_to timestamptz;
     next_end timestamptz;
 BEGIN
@@ -63,11 +63,11 @@ BEGIN
         CONTINUE WHEN EXISTS (
             SELECT 1 FROM mnestoma_events_bounds() b WHERE b.lower <= lo AND lo < b.upper
         );
-        -- Rows the default partition caught for the month move under the lock below only
-        -- when they are few; more are left there for split-history, which moves them online.
-        EXECUTE 'SELECT count(*) FROM (SELECT 1 FROM events_default WHERE ts >= $1 AND ts < $2'
-            ' LIMIT 10001) w' INTO waiting USING lo, hi;
-        CONTINUE WHEN waiting > 10000;
+        -- Under the lock below the default partition is read whole (none of its rows may
+        -- belong to the month; those that do move): only while it is small. A larger one
+        -- waits for split-history, which empties it online.
+        CONTINUE WHEN coalesce(pg_relation_size(to_regclass('events_default')), 0)
+            > 4194304;
         part := 'events_' || to_char(lo AT TIME ZONE 'UTC', 'YYYYMM');
         BEGIN
             LOCK TABLE events IN ACCESS EXCLUSIVE MODE;

@@ -121,11 +121,12 @@ EVENT_PARTITION_MARGIN = timedelta(days=7)
 PARTITION_UPKEEP_LOCK_TIMEOUT_S = 0.05
 PARTITION_UPKEEP_RETRY_S = 1.0
 PARTITIONS_RECHECK_S = 60.0
-# Making a month moves the rows the default partition caught for it under that exclusive
-# lock only when they are at most this many (a move of milliseconds); a month with more is
-# left to split-history, which moves them online, and writers ask for it again after
-# PARTITION_WAITING_RECHECK_S (revision 0016 holds the number as a literal).
-PARTITION_MOVE_MAX_ROWS = 10_000
+# Making a month reads the default partition whole under that exclusive lock (PostgreSQL
+# checks that none of its rows belongs to the month; those that do move into it): no month
+# is made while it is larger than this (its size in the catalogue; about 30,000 events, read
+# in a few milliseconds). Its rows then wait for split-history, which moves them online, and
+# writers ask again after PARTITION_WAITING_RECHECK_S (revision 0016 holds the number).
+PARTITION_DEFAULT_MAX_BYTES = 4 * 1024 * 1024
 PARTITION_WAITING_RECHECK_S = 60.0
 # prune_events on PostgreSQL takes every lock it needs of the partitions (the swap of the
 # months it drops for the partition that keeps the live mnests' created events, the

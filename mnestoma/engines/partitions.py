@@ -14,11 +14,12 @@ the same as on a store whose events are one table.
 - A write notes the clock's now it writes at (:func:`note_written`, no statement): a month
   not known made is made right after the write's commit (:func:`upkeep_after_commit`), or
   before the next write. Meanwhile the default partition holds its rows; making the month
-  moves them into its partition under its lock, if they are at most
-  :data:`~mnestoma.rules.PARTITION_MOVE_MAX_ROWS` (revision 0016). A month with more is
-  left to ``split-history``, said once, and asked for again after
-  :data:`~mnestoma.rules.PARTITION_WAITING_RECHECK_S`: no writer waits while millions of
-  rows move.
+  moves them into its partition under its lock. Making a month reads the default partition
+  whole under that lock, so none is made while it is larger than
+  :data:`~mnestoma.rules.PARTITION_DEFAULT_MAX_BYTES` (revision 0016): its rows wait for
+  ``split-history``, it is said once, and the months are asked for again after
+  :data:`~mnestoma.rules.PARTITION_WAITING_RECHECK_S`. No writer waits while millions of
+  rows are read.
 
 Making a month is ``mnestoma_events_partitions`` (revision 0011; since 0015 each month it
 makes is partitioned by kind, ``mnestoma_events_month``): an instant's exclusive lock on
@@ -58,7 +59,7 @@ from mnestoma.core.errors import (
 from mnestoma.core.rules import (
     EVENT_PARTITION_MARGIN,
     EVENT_PARTITIONS_AHEAD,
-    PARTITION_MOVE_MAX_ROWS,
+    PARTITION_DEFAULT_MAX_BYTES,
     PARTITION_UPKEEP_LOCK_TIMEOUT_S,
     PARTITION_UPKEEP_RETRY_S,
     PARTITION_WAITING_RECHECK_S,
@@ -258,7 +259,7 @@ def _run(conn: Connection, months: list[datetime]) -> None:
             "than %d of its events (or a split of them is under way); its writes go there "
             "too, and `mnestoma split-history` moves them into their month online",
             f"{month:%Y-%m}",
-            PARTITION_MOVE_MAX_ROWS,
+            PARTITION_DEFAULT_MAX_BYTES,
         )
 
 

@@ -483,11 +483,10 @@ def test_a_split_of_the_default_partition_killed_anywhere_is_completed_by_the_ne
 def test_a_month_the_writers_left_to_the_split_is_made_by_it_and_written_into_after(
     pg_store_url: str,
 ) -> None:
-    """More than PARTITION_MOVE_MAX_ROWS events of a month in the default partition: writers
-    at that month leave it (their events join the rest there), split-history makes it with
-    every one of them, and the next writer's events land in it."""
-    from mnestoma.core.rules import PARTITION_MOVE_MAX_ROWS
-
+    """A default partition larger than PARTITION_DEFAULT_MAX_BYTES: writers make no month
+    (their events join the rest there), split-history makes the month with every one of
+    them, and the next writer's events land in it."""
+    bulk = 60_000
     at = datetime(2044, 7, 9, tzinfo=UTC)
     engine = make_engine(pg_store_url)
     try:
@@ -497,14 +496,14 @@ def test_a_month_the_writers_left_to_the_split_is_made_by_it_and_written_into_af
                     "INSERT INTO events (mnest_id, kind, ts) SELECT 'mn_bulk', 'reinforced',"
                     " CAST(:ts AS timestamptz) FROM generate_series(1, :n)"
                 ),
-                {"ts": at, "n": PARTITION_MOVE_MAX_ROWS + 1},
+                {"ts": at, "n": bulk},
             )
         with Mnestoma(pg_store_url, clock=MovableClock(at)) as store:
             store.record_turn("t-left", [Passing("a", "1", "b", "1")])
             with engine.connect() as conn:
                 assert "events_204407" not in set(conn.execute(PARTITION_NAMES).scalars())
-                assert conn.execute(IN_DEFAULT).scalar_one() == PARTITION_MOVE_MAX_ROWS + 2
-            report = store.split_history(batch_rows=4_000)
+                assert conn.execute(IN_DEFAULT).scalar_one() == bulk + 1
+            report = store.split_history(batch_rows=20_000)
         assert "events_default" in report.partitions and "events_204407" in report.months
         forget_partitions()
         with Mnestoma(pg_store_url, clock=MovableClock(at)) as store:
@@ -512,7 +511,7 @@ def test_a_month_the_writers_left_to_the_split_is_made_by_it_and_written_into_af
         with engine.connect() as conn:
             assert conn.execute(IN_DEFAULT).scalar_one() == 0
             in_month = "SELECT count(*) FROM events_204407"
-            assert conn.execute(text(in_month)).scalar_one() == PARTITION_MOVE_MAX_ROWS + 3
+            assert conn.execute(text(in_month)).scalar_one() == bulk + 2
         assert_every_event_in_its_month(engine)
     finally:
         engine.dispose()

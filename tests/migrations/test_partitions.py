@@ -295,56 +295,61 @@ BULK_EVENTS = (
 )
 
 
-def test_a_month_whose_default_rows_are_too_many_to_move_under_a_lock_is_left_to_the_split(
+DEFAULT_SIZE = text("SELECT pg_relation_size('events_default')")
+
+
+def test_no_month_is_made_while_the_default_partition_is_too_large_to_read_under_a_lock(
     pg_store_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A writer's upkeep moves a month's rows out of the default partition under its lock
-    on events only up to PARTITION_MOVE_MAX_ROWS (10,000): with one more, that month is not
-    made, its writes go to the default too, the months after it are made, it is said once,
-    and it is not asked for again before PARTITION_WAITING_RECHECK_S."""
+    """Making a month reads the default partition whole under an exclusive lock on events:
+    a writer's upkeep makes one (moving its rows) while the default partition holds at most
+    PARTITION_DEFAULT_MAX_BYTES (4 MiB), and none above: the months' writes go to the
+    default too, the months after are not made either, it is said once, and not asked for
+    again before PARTITION_WAITING_RECHECK_S (60 s)."""
     from sqlalchemy import event
 
-    from mnestoma.core.rules import PARTITION_MOVE_MAX_ROWS, PARTITION_WAITING_RECHECK_S
+    from mnestoma.core.rules import PARTITION_DEFAULT_MAX_BYTES, PARTITION_WAITING_RECHECK_S
 
-    assert (PARTITION_MOVE_MAX_ROWS, PARTITION_WAITING_RECHECK_S) == (10_000, 60.0)
-    moved, left = datetime(2041, 5, 5, tzinfo=UTC), datetime(2043, 5, 5, tzinfo=UTC)
+    assert (PARTITION_DEFAULT_MAX_BYTES, PARTITION_WAITING_RECHECK_S) == (4 * 1024**2, 60.0)
+    # Months no other test of the module makes (the months made stay with the database).
+    moved, left = datetime(2061, 5, 5, tzinfo=UTC), datetime(2063, 5, 5, tzinfo=UTC)
     engine = make_engine(pg_store_url)
     try:
         with engine.begin() as conn:
-            # With the passing's own event, exactly PARTITION_MOVE_MAX_ROWS wait: they move.
-            conn.execute(text(BULK_EVENTS), {"ts": moved, "n": PARTITION_MOVE_MAX_ROWS - 1})
-            conn.execute(text(BULK_EVENTS), {"ts": left, "n": PARTITION_MOVE_MAX_ROWS + 1})
+            conn.execute(text(BULK_EVENTS), {"ts": moved, "n": 1_000})
+        with engine.connect() as conn:
+            assert 0 < conn.execute(DEFAULT_SIZE).scalar_one() <= PARTITION_DEFAULT_MAX_BYTES
         with Mnestoma(pg_store_url, clock=MovableClock(moved)) as m:
             m.record_passing("a", "1", "b", "1")
-        made = _partitions(engine)
-        assert "events_204105" in made
+        assert "events_206105" in _partitions(engine)
         with engine.connect() as conn:
-            count = "SELECT count(*) FROM events_default WHERE ts < '2042-01-01'"
-            assert conn.execute(text(count)).scalar_one() == 0
+            assert conn.execute(text("SELECT count(*) FROM events_default")).scalar_one() == 0
+        with engine.begin() as conn:
+            conn.execute(text(BULK_EVENTS), {"ts": left, "n": 60_000})
+        with engine.connect() as conn:
+            assert conn.execute(DEFAULT_SIZE).scalar_one() > PARTITION_DEFAULT_MAX_BYTES
         clock = MovableClock(left)
         with Mnestoma(pg_store_url, clock=clock) as m:
-            asked: list[str] = []
+            asked: list[datetime] = []
 
-            def note(
-                _conn: object, _cursor: object, statement: str, params: Any, *_: object
-            ) -> None:
-                if "ensured" in statement and params["at"].year == left.year:
-                    asked.append(statement)
+            def note(_conn: object, _cur: object, statement: str, params: Any, *_: object) -> None:
+                if "ensured" in statement and params["at"].year > 2062:
+                    asked.append(params["at"])
 
             event.listen(m.engine, "before_cursor_execute", note)
             with caplog.at_level("WARNING", logger="mnestoma.partitions"):
                 m.record_passing("a", "1", "b", "1")
                 clock.advance(seconds=1)
                 m.record_passing("a", "1", "b", "1")
-            assert len(asked) == 1  # the month left is not asked for again at once
-            said = [r.getMessage() for r in caplog.records if "2043-05" in r.getMessage()]
-            assert len(said) == 1 and "split-history" in said[0]
-        made = _partitions(engine)
-        assert "events_204305" not in made
-        assert {"events_204306", "events_204307", "events_204308"} <= set(made)
+                clock.set(datetime(2065, 1, 9, tzinfo=UTC))  # a month with no row anywhere
+                m.record_passing("a", "1", "b", "1")
+            assert [f"{a:%Y-%m}" for a in asked] == ["2063-05", "2065-01"]
+            said = [r.getMessage() for r in caplog.records if "not made" in r.getMessage()]
+            assert len(said) == 2 and "2063-05" in said[0] and "split-history" in said[0]
+        assert not any(n.startswith(("events_2063", "events_2065")) for n in _partitions(engine))
         with engine.connect() as conn:
-            waiting = "SELECT count(*) FROM events_default WHERE ts >= '2043-05-01'"
-            assert conn.execute(text(waiting)).scalar_one() == PARTITION_MOVE_MAX_ROWS + 1 + 2
+            waiting = "SELECT count(*) FROM events_default WHERE ts >= '2063-05-01'"
+            assert conn.execute(text(waiting)).scalar_one() == 60_000 + 3
     finally:
         engine.dispose()
         forget_partitions()

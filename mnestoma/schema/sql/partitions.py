@@ -16,7 +16,7 @@ from typing import Final
 from sqlalchemy import DDL, DateTime, Integer, TextClause, bindparam, event, text
 
 from mnestoma.core.rules import (
-    PARTITION_MOVE_MAX_ROWS,
+    PARTITION_DEFAULT_MAX_BYTES,
     PASSING_KINDS,
     EventKind,
     sql_list,
@@ -118,9 +118,10 @@ _PARTITIONS_HEAD = (
 # The months from ``at``'s (UTC) to ``ahead`` months after it that no partition covers
 # yet, each made by mnestoma_events_month under an instant's exclusive lock on events; the
 # rows of such a month that the default partition caught move into it (deleted there and
-# inserted through events: the triggers keep event_turn_edges in step), unless there are
-# more than PARTITION_MOVE_MAX_ROWS of them (counted before the lock, reading one more at
-# most): that month is left to split-history, which moves them online (revision 0016).
+# inserted through events: the triggers keep event_turn_edges in step); none while the
+# default partition is larger than PARTITION_DEFAULT_MAX_BYTES (its size in the catalogue):
+# making a month reads it whole under that lock, so its rows wait for split-history, which
+# moves them online (revision 0016).
 # Returns the end of the partitions that follow on from the first of at's month without a
 # gap (that first itself when at's month has none).
 PARTITIONS = (
@@ -133,7 +134,6 @@ DECLARE
     hi timestamptz;
     part text;
     moved jsonb;
-    waiting bigint;
     made_to timestamptz;
     next_end timestamptz;
 BEGIN
@@ -143,11 +143,11 @@ BEGIN
         CONTINUE WHEN EXISTS (
             SELECT 1 FROM mnestoma_events_bounds() b WHERE b.lower <= lo AND lo < b.upper
         );
-        -- Rows the default partition caught for the month move under the lock below only
-        -- when they are few; more are left there for split-history, which moves them online.
-        EXECUTE 'SELECT count(*) FROM (SELECT 1 FROM events_default WHERE ts >= $1 AND ts < $2'
-            ' LIMIT {PARTITION_MOVE_MAX_ROWS + 1}) w' INTO waiting USING lo, hi;
-        CONTINUE WHEN waiting > {PARTITION_MOVE_MAX_ROWS};
+        -- Under the lock below the default partition is read whole (none of its rows may
+        -- belong to the month; those that do move): only while it is small. A larger one
+        -- waits for split-history, which empties it online.
+        CONTINUE WHEN coalesce(pg_relation_size(to_regclass('events_default')), 0)
+            > {PARTITION_DEFAULT_MAX_BYTES};
         part := 'events_' || to_char(lo AT TIME ZONE 'UTC', 'YYYYMM');
         BEGIN
             LOCK TABLE events IN ACCESS EXCLUSIVE MODE;
