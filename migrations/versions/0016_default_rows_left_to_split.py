@@ -39,7 +39,7 @@ _HEAD = "CREATE OR REPLACE FUNCTION mnestoma_events_partitions(at timestamptz, a
 
 # The months not covered yet from at's (UTC) to ahead months after it, each made by
 # mnestoma_events_month under an instant's exclusive lock on events, none while the default
-# partition is larger than 4 MiB (rules.PARTITION_DEFAULT_MAX_BYTES when this was written):
+# partition is larger than 4 MiB (rules.PARTITION_DEFAULT_MAX_MIB when this was written):
 # those wait for split-history. The rows of a month made move into it (deleted from the
 # default, inserted through events: the triggers keep event_turn_edges in step).
 # Returns the end of the partitions that follow on from the first of at's month without a

@@ -125,8 +125,8 @@ PARTITIONS_RECHECK_S = 60.0
 # checks that none of its rows belongs to the month; those that do move into it): no month
 # is made while it is larger than this (its size in the catalogue; about 30,000 events, read
 # in a few milliseconds). Its rows then wait for split-history, which moves them online, and
-# writers ask again after PARTITION_WAITING_RECHECK_S (revision 0016 holds the number).
-PARTITION_DEFAULT_MAX_BYTES = 4 * 1024 * 1024
+# writers ask again after PARTITION_WAITING_RECHECK_S (revision 0016 holds it in bytes).
+PARTITION_DEFAULT_MAX_MIB = 4
 PARTITION_WAITING_RECHECK_S = 60.0
 # prune_events on PostgreSQL takes every lock it needs of the partitions (the swap of the
 # months it drops for the partition that keeps the live mnests' created events, the

@@ -16,7 +16,7 @@ the same as on a store whose events are one table.
   before the next write. Meanwhile the default partition holds its rows; making the month
   moves them into its partition under its lock. Making a month reads the default partition
   whole under that lock, so none is made while it is larger than
-  :data:`~mnestoma.rules.PARTITION_DEFAULT_MAX_BYTES` (revision 0016): its rows wait for
+  :data:`~mnestoma.rules.PARTITION_DEFAULT_MAX_MIB` (revision 0016): its rows wait for
   ``split-history``, it is said once, and the months are asked for again after
   :data:`~mnestoma.rules.PARTITION_WAITING_RECHECK_S`. No writer waits while millions of
   rows are read.
@@ -59,7 +59,7 @@ from mnestoma.core.errors import (
 from mnestoma.core.rules import (
     EVENT_PARTITION_MARGIN,
     EVENT_PARTITIONS_AHEAD,
-    PARTITION_DEFAULT_MAX_BYTES,
+    PARTITION_DEFAULT_MAX_MIB,
     PARTITION_UPKEEP_LOCK_TIMEOUT_S,
     PARTITION_UPKEEP_RETRY_S,
     PARTITION_WAITING_RECHECK_S,
@@ -253,13 +253,14 @@ def _run(conn: Connection, months: list[datetime]) -> None:
         first_seen = [m for m in left if m not in state.left]  # said once per engine
         for month in left:
             state.left[month] = time.monotonic() + PARTITION_WAITING_RECHECK_S
-    for month in first_seen:
+    if first_seen:
         logger.warning(
-            "the partition of events for %s is not made: the default partition holds more "
-            "than %d of its events (or a split of them is under way); its writes go there "
-            "too, and `mnestoma split-history` moves them into their month online",
-            f"{month:%Y-%m}",
-            PARTITION_DEFAULT_MAX_BYTES,
+            "the partition of events for %s is not made: the default partition is larger "
+            "than %d MiB (or a split of it is under way), and making a month reads it under "
+            "an exclusive lock on events; the month's writes go to the default partition "
+            "meanwhile, and `mnestoma split-history` moves its rows into their months online",
+            ", ".join(f"{m:%Y-%m}" for m in first_seen),
+            PARTITION_DEFAULT_MAX_MIB,
         )
 
 

@@ -483,7 +483,7 @@ def test_a_split_of_the_default_partition_killed_anywhere_is_completed_by_the_ne
 def test_a_month_the_writers_left_to_the_split_is_made_by_it_and_written_into_after(
     pg_store_url: str,
 ) -> None:
-    """A default partition larger than PARTITION_DEFAULT_MAX_BYTES: writers make no month
+    """A default partition larger than PARTITION_DEFAULT_MAX_MIB: writers make no month
     (their events join the rest there), split-history makes the month with every one of
     them, and the next writer's events land in it."""
     bulk = 60_000

@@ -303,14 +303,14 @@ def test_no_month_is_made_while_the_default_partition_is_too_large_to_read_under
 ) -> None:
     """Making a month reads the default partition whole under an exclusive lock on events:
     a writer's upkeep makes one (moving its rows) while the default partition holds at most
-    PARTITION_DEFAULT_MAX_BYTES (4 MiB), and none above: the months' writes go to the
+    PARTITION_DEFAULT_MAX_MIB (4 MiB), and none above: the months' writes go to the
     default too, the months after are not made either, it is said once, and not asked for
     again before PARTITION_WAITING_RECHECK_S (60 s)."""
     from sqlalchemy import event
 
-    from mnestoma.core.rules import PARTITION_DEFAULT_MAX_BYTES, PARTITION_WAITING_RECHECK_S
+    from mnestoma.core.rules import PARTITION_DEFAULT_MAX_MIB, PARTITION_WAITING_RECHECK_S
 
-    assert (PARTITION_DEFAULT_MAX_BYTES, PARTITION_WAITING_RECHECK_S) == (4 * 1024**2, 60.0)
+    assert (PARTITION_DEFAULT_MAX_MIB, PARTITION_WAITING_RECHECK_S) == (4, 60.0)
     # Months no other test of the module makes (the months made stay with the database).
     moved, left = datetime(2061, 5, 5, tzinfo=UTC), datetime(2063, 5, 5, tzinfo=UTC)
     engine = make_engine(pg_store_url)
@@ -318,7 +318,9 @@ def test_no_month_is_made_while_the_default_partition_is_too_large_to_read_under
         with engine.begin() as conn:
             conn.execute(text(BULK_EVENTS), {"ts": moved, "n": 1_000})
         with engine.connect() as conn:
-            assert 0 < conn.execute(DEFAULT_SIZE).scalar_one() <= PARTITION_DEFAULT_MAX_BYTES
+            assert (
+                0 < conn.execute(DEFAULT_SIZE).scalar_one() <= PARTITION_DEFAULT_MAX_MIB * 1024**2
+            )
         with Mnestoma(pg_store_url, clock=MovableClock(moved)) as m:
             m.record_passing("a", "1", "b", "1")
         assert "events_206105" in _partitions(engine)
@@ -327,7 +329,7 @@ def test_no_month_is_made_while_the_default_partition_is_too_large_to_read_under
         with engine.begin() as conn:
             conn.execute(text(BULK_EVENTS), {"ts": left, "n": 60_000})
         with engine.connect() as conn:
-            assert conn.execute(DEFAULT_SIZE).scalar_one() > PARTITION_DEFAULT_MAX_BYTES
+            assert conn.execute(DEFAULT_SIZE).scalar_one() > PARTITION_DEFAULT_MAX_MIB * 1024**2
         clock = MovableClock(left)
         with Mnestoma(pg_store_url, clock=clock) as m:
             asked: list[datetime] = []

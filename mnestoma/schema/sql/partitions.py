@@ -16,7 +16,7 @@ from typing import Final
 from sqlalchemy import DDL, DateTime, Integer, TextClause, bindparam, event, text
 
 from mnestoma.core.rules import (
-    PARTITION_DEFAULT_MAX_BYTES,
+    PARTITION_DEFAULT_MAX_MIB,
     PASSING_KINDS,
     EventKind,
     sql_list,
@@ -119,7 +119,7 @@ _PARTITIONS_HEAD = (
 # yet, each made by mnestoma_events_month under an instant's exclusive lock on events; the
 # rows of such a month that the default partition caught move into it (deleted there and
 # inserted through events: the triggers keep event_turn_edges in step); none while the
-# default partition is larger than PARTITION_DEFAULT_MAX_BYTES (its size in the catalogue):
+# default partition is larger than PARTITION_DEFAULT_MAX_MIB (its size in the catalogue):
 # making a month reads it whole under that lock, so its rows wait for split-history, which
 # moves them online (revision 0016).
 # Returns the end of the partitions that follow on from the first of at's month without a
@@ -147,7 +147,7 @@ BEGIN
         -- belong to the month; those that do move): only while it is small. A larger one
         -- waits for split-history, which empties it online.
         CONTINUE WHEN coalesce(pg_relation_size(to_regclass('events_default')), 0)
-            > {PARTITION_DEFAULT_MAX_BYTES};
+            > {PARTITION_DEFAULT_MAX_MIB * 1024 * 1024};
         part := 'events_' || to_char(lo AT TIME ZONE 'UTC', 'YYYYMM');
         BEGIN
             LOCK TABLE events IN ACCESS EXCLUSIVE MODE;
