@@ -59,7 +59,7 @@ def test_a_write_gives_up_after_a_lock_timeout_shorter_than_30_s(
     monkeypatch.setenv(ENV_LOCK_TIMEOUT, "2")
     with mnestoma.Mnestoma(held_lock) as store:
         waited = seconds_to_fail(lambda: store.record_passing("a", "1", "b", "1"))
-    assert 1.5 <= waited < 4
+    assert 1.5 <= waited < 10  # not SQLite's 30 s (room for a loaded machine's stalls)
 
 
 @pytest.mark.slow  # seconds by design: out of the quick tier
@@ -78,7 +78,7 @@ def test_an_async_write_gives_up_after_a_lock_timeout_shorter_than_30_s(
                 await am.record_passing("a", "1", "b", "1")
             return time.monotonic() - started
 
-    assert 1.5 <= asyncio.run(main()) < 4
+    assert 1.5 <= asyncio.run(main()) < 10  # not SQLite's 30 s
 
 
 def test_a_zero_lock_timeout_fails_at_once(held_lock: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -97,7 +97,7 @@ def test_a_longer_busy_timeout_given_by_the_caller_does_not_stretch_the_lock_tim
     try:
         with mnestoma.Mnestoma(engine) as store:
             waited = seconds_to_fail(lambda: store.record_passing("a", "1", "b", "1"))
-        assert 0.8 <= waited < 2.5
+        assert 0.8 <= waited < 10  # not the caller's 40 s
     finally:
         engine.dispose()
 
@@ -142,7 +142,7 @@ def test_a_write_on_a_callers_own_engine_waits_the_lock_timeout_and_leaves_its_b
     try:
         with mnestoma.Mnestoma(engine) as store:
             waited = seconds_to_fail(lambda: store.record_passing("a", "1", "b", "1"))
-        assert 0.8 <= waited < 2.5
+        assert 0.8 <= waited < 4  # not pysqlite's 5 s
         with engine.connect() as conn:  # the pool's one connection, the write's
             assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == 5000
     finally:
