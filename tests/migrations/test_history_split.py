@@ -14,7 +14,7 @@ import json
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -282,34 +282,50 @@ def test_a_split_month_is_the_month_a_store_partitioned_from_the_start_has(
     their rows (PostgreSQL says so at DEBUG1)."""
     now = datetime.now(UTC)
     upgraded_history(pg_empty_db_url, now).dispose()
+    engine, notices = engine_with_notices(pg_empty_db_url)
+    try:
+        with Mnestoma(engine) as store:
+            report = store.split_history()
+        with engine.begin() as conn:
+            made = fresh_month_shape(conn)
+            for month in (report.months[0], report.months[-1]):  # from the catch-all; renamed
+                assert _month_shape(conn, month) == made, month
+        assert_attached_unread(notices, report.months)
+    finally:
+        engine.dispose()
+
+
+def engine_with_notices(url: str) -> tuple[Engine, list[str]]:
+    """An engine whose sessions report at DEBUG1, and the list their notices go to."""
     notices: list[str] = []
-    engine = make_engine(pg_empty_db_url, connect_args={"options": "-c client_min_messages=debug1"})
+    engine = make_engine(url, connect_args={"options": "-c client_min_messages=debug1"})
 
     @event.listens_for(engine, "connect")
     def listen(dbapi_conn: Any, _record: Any) -> None:
         dbapi_conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
 
-    try:
-        with Mnestoma(engine) as store:
-            report = store.split_history()
-        with engine.begin() as conn:
-            conn.execute(
-                text(
-                    "SELECT mnestoma_events_month('events', 'events_299901',"
-                    " '2999-01-01 00:00:00+00', '2999-02-01 00:00:00+00')"
-                )
-            )
-            made = _month_shape(conn, "events_299901")
-            for month in (report.months[0], report.months[-1]):  # from the catch-all; renamed
-                assert _month_shape(conn, month) == made, month
-        for month in report.months:
-            for leaf in ("created", "rest"):
-                assert (
-                    f'partition constraint for table "{month}_{leaf}" is implied by existing '
-                    "constraints" in notices
-                ), (month, leaf)
-    finally:
-        engine.dispose()
+    return engine, notices
+
+
+def fresh_month_shape(conn: Any) -> dict[str, list[tuple[Any, ...]]]:
+    """The shape of a month the store's function makes under events now (year 2999)."""
+    conn.execute(
+        text(
+            "SELECT mnestoma_events_month('events', 'events_299901',"
+            " '2999-01-01 00:00:00+00', '2999-02-01 00:00:00+00')"
+        )
+    )
+    return _month_shape(conn, "events_299901")
+
+
+def assert_attached_unread(notices: list[str], months: Sequence[str]) -> None:
+    """Each leaf of ``months`` was attached without a scan (PostgreSQL says so at DEBUG1)."""
+    for month in months:
+        for leaf in ("created", "rest"):
+            assert (
+                f'partition constraint for table "{month}_{leaf}" is implied by existing '
+                "constraints" in notices
+            ), (month, leaf)
 
 
 # --- while writers write ------------------------------------------------------------------
