@@ -59,8 +59,8 @@ detached with the mirror trigger on it, which the next run drops. One split runs
 (an advisory lock around each change of step, the staging table's lock around each batch).
 
 **The default partition** ``events_default`` catches the rows of a month no partition
-covers (a clock in the future or the past, a raw INSERT, a month the writers' upkeep left to
-this command). When it holds rows it is split the same way, after the old layout's
+covers (a clock in the future or the past, a raw INSERT, the months the writers' upkeep does
+not make while it is larger than :data:`~mnestoma.rules.PARTITION_DEFAULT_MAX_MIB`). When it holds rows it is split the same way, after the old layout's
 partitions: it has no range, so the months staged are those of its rows, found in one scan
 before the start (``oldest_month``'s cost); a row written meanwhile into a month not
 staged lands in the staging default leaf and gets a month of its own at the swap. A month of
