@@ -166,13 +166,19 @@ def delete_not_kept(bind: Bind, kept: str) -> int:
     """Delete from ``kept`` (the partition of everything before, in 0015's form) every row
     retention does not keep: all but the ``created`` events of the mnests still stored;
     only its rows are read. How many were deleted."""
-    stmt = partitions_sql.delete_not_kept(kept)
+    collect = partitions_sql.collect_not_kept(kept)
+    delete = partitions_sql.delete_collected(kept)
     conn = for_write(bind)
+
+    def work() -> int:
+        conn.execute(partitions_sql.DROP_NOT_KEPT)  # a prune before it in this transaction
+        found = conn.execute(collect).rowcount
+        gone = conn.execute(delete).rowcount if found else 0
+        conn.execute(partitions_sql.DROP_NOT_KEPT)
+        return int(gone)
+
     with translate_errors():
-        result = under_short_locks(
-            conn, lambda: conn.execute(stmt).rowcount, "the rows retention does not keep"
-        )
-    return int(result)
+        return under_short_locks(conn, work, "the rows retention does not keep")
 
 
 def prune_turn_edges(

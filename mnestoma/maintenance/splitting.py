@@ -58,24 +58,25 @@ batch (a batch is committed with the comment that counts it); after the swap, an
 detached with the mirror trigger on it, which the next run drops. One split runs at a time
 (an advisory lock around each change of step, the staging table's lock around each batch).
 
-**The default partition** ``events_default`` catches the rows of a month no partition
-covers (a clock in the future or the past, a raw INSERT, the months the writers' upkeep does
-not make while it is larger than :data:`~mnestoma.rules.PARTITION_DEFAULT_MAX_MIB`). When it holds rows it is split the same way, after the old layout's
-partitions: it has no range, so the months staged are those of its rows, found in one scan
-before the start (``oldest_month``'s cost); a row written meanwhile into a month not
-staged lands in the staging default leaf and gets a month of its own at the swap. A month of
-those the writers' upkeep makes between the scan and the start moves its rows out of the
-default partition; the start, holding the default partition against writers, drops a
-staged month that a partition of events now covers (it holds no row: the staging table
-holds nothing yet). Once started, a staged month holds its final name, so the upkeep's
-``CREATE`` of that month fails with ``duplicate_table``, which it catches (rolling back what
-it did for that month, the default's rows it would have moved included): the month stays
-the split's. A prune meanwhile may attach its partition of everything before over staged
-months: the rows it deleted from the default partition were deleted from them too (the
-mirror), and the swap drops those months, found empty. The swap detaches the default
-partition (renamed ``events_default_dropped``), attaches the months, and makes a new empty
-``events_default`` as a new store has it, whose indexes events' partitioned indexes give.
-Where pg_partman makes the months, the default partition is its own and is not split.
+**The default partition** ``events_default`` catches the rows of a month no partition covers
+(a clock in the future or the past, a raw INSERT, the months the writers' upkeep does not
+make while it is larger than :data:`~mnestoma.rules.PARTITION_DEFAULT_MAX_MIB`). When it
+holds rows it is split the same way, after the old layout's partitions: it has no range, so
+the months staged are those of its rows, found in one scan before the start
+(``oldest_month``'s cost); a row written meanwhile into a month not staged lands in the
+staging default leaf and gets a month of its own at the swap. A month of those the writers'
+upkeep makes between the scan and the start moves its rows out of the default partition; the
+start, holding the default partition against writers, drops a staged month that a partition
+of events now covers (it holds no row: the staging table holds nothing yet). Once started, a
+staged month holds its final name, so the upkeep's ``CREATE`` of that month fails with
+``duplicate_table``, which it catches (rolling back what it did for that month, the
+default's rows it would have moved included): the month stays the split's. A prune meanwhile
+may attach its partition of everything before over staged months: the rows it deleted from
+the default partition were deleted from them too (the mirror), and the swap drops those
+months, found empty. The swap detaches the default partition (renamed
+``events_default_dropped``), attaches the months, and makes a new empty ``events_default``
+as a new store has it, whose indexes events' partitioned indexes give. Where pg_partman
+makes the months, the default partition is its own and is not split.
 
 The turn-edge triggers of ``events`` never fire for the copy: the staging table is no
 partition of ``events``, ``event_turn_edges`` keeps its rows, and no row's ``ts`` changes.
