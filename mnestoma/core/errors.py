@@ -28,6 +28,7 @@ __all__ = [
     "StoresShareRows",
     "TargetNotEmpty",
     "WriteLockTimeout",
+    "is_insufficient_privilege",
     "is_lock_not_available",
     "is_unique_violation",
     "register_driver_codes",
@@ -184,6 +185,8 @@ class DriverCodes:
     unique_errornames: frozenset[str] = frozenset()
     # SQLSTATEs of a lock wait that ran out (a ``lock_timeout``).
     lock_not_available_sqlstates: frozenset[str] = frozenset()
+    # SQLSTATEs of a privilege the role lacks (PostgreSQL's ``insufficient_privilege``).
+    insufficient_privilege_sqlstates: frozenset[str] = frozenset()
 
 
 # Every engine's codes, registered by its home; the sets below are their unions, read by the
@@ -193,12 +196,13 @@ _RETRYABLE: frozenset[str] = frozenset()
 _UNIQUE_STATES: frozenset[str] = frozenset()
 _UNIQUE_NAMES: frozenset[str] = frozenset()
 _LOCK_NOT_AVAILABLE: frozenset[str] = frozenset()
+_NO_PRIVILEGE: frozenset[str] = frozenset()
 _BUSY: tuple[str, ...] = ()
 
 
 def register_driver_codes(codes: DriverCodes) -> None:
     """Have the translation and the checks below read ``codes`` (once per engine)."""
-    global _RETRYABLE, _UNIQUE_STATES, _UNIQUE_NAMES, _LOCK_NOT_AVAILABLE, _BUSY
+    global _RETRYABLE, _UNIQUE_STATES, _UNIQUE_NAMES, _LOCK_NOT_AVAILABLE, _NO_PRIVILEGE, _BUSY
     if codes in _REGISTERED:
         return
     _REGISTERED.append(codes)
@@ -206,11 +210,14 @@ def register_driver_codes(codes: DriverCodes) -> None:
     _UNIQUE_STATES |= codes.unique_sqlstates
     _UNIQUE_NAMES |= codes.unique_errornames
     _LOCK_NOT_AVAILABLE |= codes.lock_not_available_sqlstates
+    _NO_PRIVILEGE |= codes.insufficient_privilege_sqlstates
     _BUSY += codes.busy_messages
 
 
 # PostgreSQL's lock_not_available: a lock_timeout ran out.
 LOCK_NOT_AVAILABLE = "55P03"
+# PostgreSQL's insufficient_privilege.
+INSUFFICIENT_PRIVILEGE = "42501"
 # PostgreSQL's unique_violation.
 UNIQUE_VIOLATION = "23505"
 
@@ -226,6 +233,13 @@ def is_lock_not_available(err: BaseException) -> bool:
     """True when ``err`` (a driver error, or this package's error standing for one) is a
     lock wait that ran out (PostgreSQL's ``lock_not_available``: a ``lock_timeout``)."""
     return getattr(_driver_error(err), "sqlstate", None) in _LOCK_NOT_AVAILABLE
+
+
+def is_insufficient_privilege(err: BaseException) -> bool:
+    """True when ``err`` (a driver error, or this package's error standing for one) says the
+    role lacks a privilege (PostgreSQL's ``insufficient_privilege``: no ``TEMPORARY`` on the
+    database, say)."""
+    return getattr(_driver_error(err), "sqlstate", None) in _NO_PRIVILEGE
 
 
 def is_unique_violation(err: BaseException) -> bool:

@@ -12,6 +12,7 @@ from sqlalchemy import URL, Connection, Engine, text
 from sqlalchemy.dialects import postgresql as pg_dialect
 
 from mnestoma.core.errors import (
+    INSUFFICIENT_PRIVILEGE,
     LOCK_NOT_AVAILABLE,
     UNIQUE_VIOLATION,
     DriverCodes,
@@ -43,6 +44,7 @@ CODES = DriverCodes(
     retryable_sqlstates=frozenset({"40001", "40P01", UNIQUE_VIOLATION}),
     unique_sqlstates=frozenset({UNIQUE_VIOLATION}),
     lock_not_available_sqlstates=frozenset({LOCK_NOT_AVAILABLE}),
+    insufficient_privilege_sqlstates=frozenset({INSUFFICIENT_PRIVILEGE}),
 )
 
 # How PostgreSQL's statements are spelled (read by mnestoma.schema.sql).

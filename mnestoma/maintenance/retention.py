@@ -26,9 +26,10 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from mnestoma.core.errors import translate_errors
+from mnestoma.core.errors import is_insufficient_privilege, translate_errors
 from mnestoma.core.rules import EVENT_PRUNE_BATCH, event_batches
 from mnestoma.core.types import ensure_instant
 from mnestoma.core.validation import check_dry_run, check_progress
@@ -172,7 +173,13 @@ def delete_not_kept(bind: Bind, kept: str) -> int:
 
     def work() -> int:
         conn.execute(partitions_sql.DROP_NOT_KEPT)  # a prune before it in this transaction
-        found = conn.execute(collect).rowcount
+        try:
+            with conn.begin_nested():
+                found = conn.execute(collect).rowcount
+        except DBAPIError as err:
+            if not is_insufficient_privilege(err):
+                raise
+            return int(conn.execute(partitions_sql.delete_not_kept(kept)).rowcount)
         gone = conn.execute(delete).rowcount if found else 0
         conn.execute(partitions_sql.DROP_NOT_KEPT)
         return int(gone)

@@ -197,6 +197,37 @@ def test_a_month_is_dropped_unread_its_created_events_kept_and_its_disk_given_ba
     assert not _exists(admin, "events_203701_rest")
 
 
+@pytest.mark.parametrize("temporary", ["allowed", "refused"])
+def test_the_created_events_of_gone_mnests_go_whether_or_not_the_role_may_make_a_temp_table(
+    store_at_head: str, admin: Engine, monkeypatch: pytest.MonkeyPatch, temporary: str
+) -> None:
+    """The check of the kept ``created`` events gathers the ids of those to delete in a
+    temporary table of the session's own schema (a table of that name elsewhere is left
+    alone); a role without the ``TEMPORARY`` privilege gets the same result from the one
+    ``DELETE`` it falls back to."""
+    from mnestoma.schema.sql import partitions as partitions_sql
+
+    url = store_at_head
+    live, gone = _january(url, admin)
+    with admin.begin() as conn:
+        conn.execute(text("CREATE TABLE public.mnestoma_not_kept (id bigint)"))
+        conn.execute(text("INSERT INTO public.mnestoma_not_kept VALUES (1)"))
+    if temporary == "refused":
+        refused = text(
+            "DO $$BEGIN RAISE EXCEPTION 'permission denied to create temporary tables'"
+            " USING ERRCODE = 'insufficient_privilege'; END$$"
+        )
+        monkeypatch.setattr(partitions_sql, "collect_not_kept", lambda kept: refused)
+    with Mnestoma(url, clock=MovableClock(APR)) as m:
+        assert m.prune_events(FEB + timedelta(days=15)) == 3000 + 1 + 1
+    left = _kept_events(url)
+    assert (live, "created", "t-live") in left
+    assert not [e for e in left if e[0] == gone]
+    with admin.connect() as conn:
+        kept = conn.execute(text("SELECT id FROM public.mnestoma_not_kept")).scalars().all()
+    assert kept == [1]
+
+
 def test_a_later_prune_nests_the_months_it_drops_under_the_kept_partition(
     store_at_head: str, admin: Engine
 ) -> None:

@@ -496,21 +496,30 @@ def move_default_kept(final: str) -> TextClause:
     ).bindparams(bindparam("end", type_=UTCDateTime()))
 
 
-# The ids of the rows retention does not keep, gathered before they are deleted.
-NOT_KEPT_TABLE = "mnestoma_not_kept"
+# The ids of the rows retention does not keep, gathered before they are deleted: a table of
+# the session's own schema, named through it (no table of another schema is ever touched).
+NOT_KEPT_TABLE = "pg_temp.mnestoma_not_kept"
+
+
+def _not_kept(kept: str) -> str:
+    """The rows of ``kept`` retention does not keep: all but the ``created`` events of the
+    mnests still stored. One ``NOT EXISTS``, so that the planner may join it as an
+    anti-join: half the time of a ``NOT (kind = ... AND EXISTS ...)``, whose subquery runs
+    once a row."""
+    return (
+        f"{partition(kept)} k WHERE NOT EXISTS (SELECT 1 FROM mnests m"
+        f" WHERE m.id = k.mnest_id AND k.kind = {sql_literal(EventKind.CREATED)})"
+    )
 
 
 def collect_not_kept(kept: str) -> TextClause:
     """The ids of the rows of the partition of everything before that retention does not
-    keep (all but the ``created`` events of the mnests still stored) into a temporary table.
-    A ``CREATE TABLE AS`` may read in parallel, which a ``DELETE`` never does: the anti-join
-    of every kept row against ``mnests`` is the longest read of a prune (one ``NOT EXISTS``,
-    half the time of a ``NOT (kind = ... AND EXISTS ...)``, whose subquery runs once a row)."""
-    name = partition(kept)
+    keep into a temporary table. A ``CREATE TABLE AS`` may read in parallel, which a
+    ``DELETE`` never does: the anti-join of every kept row against ``mnests`` is the longest
+    read of a prune."""
     return text(
-        f"CREATE TEMPORARY TABLE {NOT_KEPT_TABLE} ON COMMIT DROP AS SELECT k.id FROM {name} k"
-        " WHERE NOT EXISTS (SELECT 1 FROM mnests m"
-        f" WHERE m.id = k.mnest_id AND k.kind = {sql_literal(EventKind.CREATED)})"
+        f"CREATE TEMPORARY TABLE {NOT_KEPT_TABLE.removeprefix('pg_temp.')} ON COMMIT DROP"
+        f" AS SELECT k.id FROM {_not_kept(kept)}"
     )
 
 
@@ -518,6 +527,12 @@ def delete_collected(kept: str) -> TextClause:
     """The rows whose ids :func:`collect_not_kept` gathered deleted from ``kept`` (each
     leaf's primary key finds them; ids are unique across the partitions)."""
     return text(f"DELETE FROM {partition(kept)} k USING {NOT_KEPT_TABLE} g WHERE k.id = g.id")
+
+
+def delete_not_kept(kept: str) -> TextClause:
+    """The same rows deleted in one statement, read by one process: for a role that may
+    not make a temporary table (no ``TEMPORARY`` privilege on the database)."""
+    return text(f"DELETE FROM {_not_kept(kept)}")
 
 
 DROP_NOT_KEPT: Final[TextClause] = text(f"DROP TABLE IF EXISTS {NOT_KEPT_TABLE}")
