@@ -703,7 +703,7 @@ the old layout that holds rows (a plain table revision 0015 kept: a month writte
 it, or every event before a month, as revision 0011 made it) is rebuilt into months of the
 new layout, one at a time, oldest first, while services write. A store made at 0015 or
 later has none. Then the rows the default partition caught (months no partition covered:
-a clock far off, a month the writers left to this command) go into their months, and a
+a clock far off, the months not made while it is over 4 MiB) go into their months, and a
 new empty default partition takes its place.
 
 Its rows are copied into a staging table in batches of ids, each its own short

@@ -104,8 +104,9 @@ class _Upkeep:
     """What is known of one engine's store: whether its events are partitioned (None: not
     looked at yet; ``checked``: when, monotonic), the ranges [start, end) of months known
     made, the months written at that are not known made, when a failed try may be made
-    again (monotonic), and the months left to split-history (their rows in the default
-    partition too many to move under a lock), each with when to ask again (monotonic)."""
+    again (monotonic), and the months not made while the default partition was too large
+    to read under a lock (their rows wait for split-history), each with when to ask again
+    (monotonic)."""
 
     partitioned: bool | None = None
     checked: float = 0.0

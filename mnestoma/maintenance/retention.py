@@ -172,7 +172,6 @@ def delete_not_kept(bind: Bind, kept: str) -> int:
     conn = for_write(bind)
 
     def work() -> int:
-        conn.execute(partitions_sql.DROP_NOT_KEPT)  # a prune before it in this transaction
         try:
             with conn.begin_nested():
                 found = conn.execute(collect).rowcount

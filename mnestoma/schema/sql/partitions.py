@@ -25,7 +25,7 @@ from mnestoma.core.rules import (
 from mnestoma.core.types import UTCDateTime
 from mnestoma.schema.models import Event
 from mnestoma.schema.sql.partman import PARTMAN_CHILD_NAME, PARTMAN_NAME
-from mnestoma.schema.sql.splitting import DEFAULT_DDL, SPLIT_NAME
+from mnestoma.schema.sql.splitting import DEFAULT_DDL, DEFAULT_NAME, SPLIT_NAME
 
 __all__ = [
     "AFTER_CREATE",
@@ -354,7 +354,7 @@ def finish_keep(keep: str, end: datetime) -> tuple[TextClause, ...]:
     )
 
 
-DEFAULT_PARTITION = "events_default"
+DEFAULT_PARTITION = DEFAULT_NAME
 # The lock timeout of the transaction (set back after a step that took its locks under a
 # short one), and a lock timeout for the rest of the transaction.
 CURRENT_LOCK_TIMEOUT: Final[TextClause] = text("SELECT current_setting('lock_timeout')")
@@ -498,7 +498,8 @@ def move_default_kept(final: str) -> TextClause:
 
 # The ids of the rows retention does not keep, gathered before they are deleted: a table of
 # the session's own schema, named through it (no table of another schema is ever touched).
-NOT_KEPT_TABLE = "pg_temp.mnestoma_not_kept"
+_NOT_KEPT = "mnestoma_not_kept"
+NOT_KEPT_TABLE = f"pg_temp.{_NOT_KEPT}"
 
 
 def _not_kept(kept: str) -> str:
@@ -518,8 +519,7 @@ def collect_not_kept(kept: str) -> TextClause:
     ``DELETE`` never does: the anti-join of every kept row against ``mnests`` is the longest
     read of a prune."""
     return text(
-        f"CREATE TEMPORARY TABLE {NOT_KEPT_TABLE.removeprefix('pg_temp.')} ON COMMIT DROP"
-        f" AS SELECT k.id FROM {_not_kept(kept)}"
+        f"CREATE TEMPORARY TABLE {_NOT_KEPT} ON COMMIT DROP AS SELECT k.id FROM {_not_kept(kept)}"
     )
 
 
