@@ -26,6 +26,7 @@ __all__ = [
     "detached",
     "dialect_error_hooks",
     "greenlet_spawn",
+    "logs_as_its_engine",
     "prefetch_columns",
     "replace_dialect_method",
     "retype",
@@ -61,6 +62,13 @@ def dialect_error_hooks(conn: Connection) -> bool:
     """Whether the engine has ``handle_error`` listeners (they live on the dialect's own
     dispatcher, undocumented): a statement run at the driver would skip them."""
     return bool(conn.dialect.dispatch.handle_error)
+
+
+def logs_as_its_engine(conn: Connection) -> bool:
+    """Whether the connection logs its statements as its engine would now: a Connection
+    reads its engine's SQL logging once, when it is made (``_echo``, undocumented), so one
+    kept open across calls must be replaced once logging is turned on or off."""
+    return bool(conn._echo) == bool(conn.engine._should_log_info())
 
 
 def replace_dialect_method(dialect: Dialect, name: str, method: Callable[..., Any]) -> None:

@@ -38,7 +38,7 @@ from mnestoma.maintenance.splitting import SplitProgress, SplitReport
 from mnestoma.maintenance.steps import Pause, Read, Step, Write, drive
 from mnestoma.schema.models import CanonicalQuery
 from mnestoma.store.repository import QueryFrequency
-from mnestoma.store.uow import ConnectionUnitOfWork, UnitOfWork, written
+from mnestoma.store.uow import ConnectionUnitOfWork, KeptConnection, UnitOfWork, written
 
 __all__ = ["Mnestoma"]
 
@@ -68,6 +68,9 @@ class Mnestoma(FacadeBase[Engine], SyncDoor, MnestOperations):
             be reached).
     """
 
+    # The connection its writes keep between calls (its own engine only, see _open).
+    _kept: KeptConnection | None = None
+
     def _open(self, target: str | URL | Engine | None, create: bool, replicas: Replicas) -> None:
         if isinstance(target, Engine):
             self.engine = target
@@ -87,6 +90,9 @@ class Mnestoma(FacadeBase[Engine], SyncDoor, MnestOperations):
             self.close()
             raise
         self._writes = make_session_factory(self._bind)
+        # Its own engine's connection kept between writes; a service's engine is left to
+        # check out and in as the service configured its pool.
+        self._kept = KeptConnection(self._bind) if self._owns_engine else None
 
     # --- transaction helpers --------------------------------------------------------------
 
@@ -97,7 +103,9 @@ class Mnestoma(FacadeBase[Engine], SyncDoor, MnestOperations):
         """Run ``work`` in one write transaction; retry transient conflicts, bounded. With
         replicas, the WAL position the commit reached is noted (read-your-writes)."""
         after = None if self._replicas is None else self._replicas.note_write
-        return written(self._bind, work, settings=self.settings, after_commit=after)
+        return written(
+            self._bind, work, settings=self.settings, after_commit=after, kept=self._kept
+        )
 
     def _read(self, work: Callable[[ConnectionUnitOfWork], T], *, primary: bool = False) -> T:
         """Run ``work`` in a read transaction (SQLite: a plain BEGIN, no write lock): on a
@@ -319,6 +327,8 @@ class Mnestoma(FacadeBase[Engine], SyncDoor, MnestOperations):
             None.
         """
         if self._owns_engine:
+            if self._kept is not None:
+                self._kept.close()
             self.engine.dispose()
         if self._replicas is not None and self._owns_replicas:
             for engine in self._replicas.engines:

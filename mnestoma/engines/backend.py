@@ -88,6 +88,11 @@ class Backend(Protocol):
         """Begin ``conn``'s transaction holding the write lock (SQLite), or nothing."""
         ...
 
+    def idle_connection_alive(self, dbapi_connection: Any) -> bool:
+        """True when a connection left idle (the driver's, or the pool's proxy of it) can be
+        used as it is, without a round trip; False when it may have been lost meanwhile."""
+        ...
+
     def lock_for_migration(self, conn: Connection) -> None:
         """Serialise migrations of one database, in ``conn``'s transaction."""
         ...

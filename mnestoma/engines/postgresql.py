@@ -117,6 +117,10 @@ class PostgreSQLBackend:
     def take_write_lock(self, conn: Connection) -> None:
         """Nothing: row locks do the job."""
 
+    def idle_connection_alive(self, dbapi_connection: Any) -> bool:
+        """Idle, healthy and its socket silent (see :func:`ping_when_stirred`)."""
+        return _quiet(dbapi_connection)
+
     def lock_for_migration(self, conn: Connection) -> None:
         """A transaction-scoped advisory lock (the key of the migrations' session lock, so
         either waits for the other)."""

@@ -104,6 +104,10 @@ class SQLiteBackend:
         """``BEGIN IMMEDIATE``, waiting for the lock (:func:`locking.take_write_lock`)."""
         locking.take_write_lock(conn)
 
+    def idle_connection_alive(self, dbapi_connection: Any) -> bool:
+        """True: a file's connection is not lost while it sits idle."""
+        return True
+
     def lock_for_migration(self, conn: Connection) -> None:
         """The write lock: migrations wait for each other and for the writers."""
         locking.take_write_lock(conn)

@@ -6,6 +6,7 @@ public API: every such use is in that one module."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 from datetime import UTC, datetime
 from pathlib import Path
@@ -117,6 +118,21 @@ def test_connection_listeners_and_error_hooks_show_who_observes_the_statements()
         assert compat.connection_listeners(conn).before_execute
         assert list(compat.connection_listeners(conn).before_cursor_execute) == []
         assert compat.dialect_error_hooks(conn)
+    engine.dispose()
+
+
+def test_a_connection_made_before_sql_logging_was_turned_on_does_not_log_as_its_engine(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    engine = create_engine("sqlite://")
+    with engine.connect() as conn:
+        assert compat.logs_as_its_engine(conn)
+        with caplog.at_level(logging.INFO, logger="sqlalchemy.engine.Engine"):
+            assert not compat.logs_as_its_engine(conn)
+            conn.exec_driver_sql("SELECT 'unseen'")  # the connection still does not log
+            assert "unseen" not in caplog.text
+            with engine.connect() as later:
+                assert compat.logs_as_its_engine(later)
     engine.dispose()
 
 

@@ -363,6 +363,29 @@ def test_a_forked_child_s_store_does_not_reuse_the_parent_s_pooled_connection(
     assert row.uses == 3
 
 
+def test_a_forked_child_leaves_the_connection_its_parent_kept_to_the_parent(
+    store: mnestoma.Mnestoma,
+) -> None:
+    """The connection the store keeps between its writes (see KeptConnection) is the
+    parent's: the child's writes keep one of their own, and the parent goes on with its."""
+
+    def kept_driver() -> Any:
+        with store._kept.taken() as conn:  # type: ignore[union-attr]
+            assert conn is not None
+            return conn.connection.dbapi_connection
+
+    store.record_passing("search", "1", "read", "1")
+    parent = kept_driver()
+
+    def child() -> bool:
+        store.record_passing("search", "1", "read", "1")
+        return kept_driver() is parent
+
+    assert not in_forked_child(child)
+    assert kept_driver() is parent
+    assert store.record_passing("search", "1", "read", "1").uses == 3
+
+
 def test_a_store_on_the_caller_s_own_engine_gets_its_own_pool_in_a_forked_child(
     store_url: str,
 ) -> None:

@@ -1,0 +1,149 @@
+"""A facade keeps one connection of its own engine between its writes (no pool checkout or
+check-in per call), and replaces it whenever it could not be trusted as it is."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import pytest
+from conftest import MovableClock
+from sqlalchemy import Engine, event
+
+import mnestoma
+from mnestoma.errors import InvalidInput
+
+EDGE = ("a", "1", "b", "1")
+
+
+def _checkouts(engine: Engine) -> list[int]:
+    """A list that grows by one at each checkout from ``engine``'s pool (as it is now)."""
+    seen: list[int] = []
+
+    def on_checkout(*_: Any) -> None:
+        seen.append(1)
+
+    event.listen(engine.pool, "checkout", on_checkout)
+    return seen
+
+
+def test_a_facades_writes_check_one_connection_out_for_all_of_them(store_url: str) -> None:
+    with mnestoma.Mnestoma(store_url) as store:
+        store.record_passing(*EDGE)
+        seen = _checkouts(store.engine)
+        for _ in range(5):
+            store.record_passing(*EDGE)
+        store.record_turn("t1", [EDGE, ("b", "1", "c", "1")])
+        assert seen == []
+        assert store.record_passing(*EDGE).uses == 8
+
+
+def test_a_facade_on_a_services_engine_checks_out_per_write_as_the_service_configured(
+    store_url: str,
+) -> None:
+    engine = mnestoma.make_engine(store_url)
+    try:
+        with mnestoma.Mnestoma(engine) as store:
+            seen = _checkouts(engine)
+            for _ in range(3):
+                store.record_passing(*EDGE)
+            assert len(seen) == 3
+            assert engine.pool.checkedout() == 0
+    finally:
+        engine.dispose()
+
+
+def test_a_failed_write_gives_its_connection_back_and_the_next_write_works(
+    store_url: str,
+) -> None:
+    with mnestoma.Mnestoma(store_url) as store:
+        store.record_passing(*EDGE)
+        assert store.engine.pool.checkedout() == 1  # the kept one
+        with pytest.raises(InvalidInput):
+            store.record_passing(*EDGE, outcome="maybe")
+        assert store.engine.pool.checkedout() == 0  # given back to the pool
+        assert store.record_passing(*EDGE).uses == 2
+        assert store.engine.pool.checkedout() == 1
+
+
+def test_close_returns_the_kept_connection_and_a_primary_view_leaves_it(
+    store_url: str,
+) -> None:
+    store = mnestoma.Mnestoma(store_url)
+    store.record_passing(*EDGE)
+    view = store.primary
+    view.record_passing(*EDGE)
+    view.close()  # the engines are the store's
+    assert store.engine.pool.checkedout() == 1
+    assert store.record_passing(*EDGE).uses == 3
+    pool = store.engine.pool
+    store.close()
+    assert pool.checkedout() == 0
+
+
+def test_a_listener_added_after_the_first_write_sees_the_next_ones(store_url: str) -> None:
+    with mnestoma.Mnestoma(store_url) as store:
+        store.record_passing(*EDGE)
+        seen: list[str] = []
+
+        def before(_c: Any, _cur: Any, statement: str, *_: Any) -> None:
+            seen.append(statement)
+
+        event.listen(store.engine, "before_cursor_execute", before)
+        try:
+            store.record_passing(*EDGE)
+        finally:
+            event.remove(store.engine, "before_cursor_execute", before)
+        assert any("mnests" in s for s in seen)
+        assert any("events" in s for s in seen)
+
+
+def test_sql_logging_turned_on_after_the_first_write_shows_the_next_ones(
+    store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with mnestoma.Mnestoma(store_url) as store:
+        store.record_passing(*EDGE)
+        with caplog.at_level(logging.INFO, logger="sqlalchemy.engine.Engine"):
+            store.record_passing(*EDGE)
+        logged = " ".join(r.getMessage() for r in caplog.records)
+        assert "FROM mnests" in logged
+        caplog.clear()
+        store.record_passing(*EDGE)  # logging off again: nothing more
+        assert "FROM mnests" not in " ".join(r.getMessage() for r in caplog.records)
+
+
+def test_a_disposed_pool_is_left_for_a_connection_of_the_new_one(store_url: str) -> None:
+    with mnestoma.Mnestoma(store_url) as store:
+        store.record_passing(*EDGE)
+        old = store.engine.pool
+        store.engine.dispose()
+        assert store.record_passing(*EDGE).uses == 2
+        assert store.engine.pool is not old
+        assert store.engine.pool.checkedout() == 1
+
+
+def test_threads_that_find_the_kept_connection_taken_write_through_the_pool(
+    store_url: str, clock: MovableClock
+) -> None:
+    with mnestoma.Mnestoma(store_url, clock=clock) as store:
+        store.record_passing(*EDGE)
+        errors: list[BaseException] = []
+        start = threading.Barrier(6)
+
+        def writer() -> None:
+            start.wait()
+            try:
+                for _ in range(20):
+                    store.record_passing(*EDGE)
+            except BaseException as err:  # reported below
+                errors.append(err)
+
+        threads = [threading.Thread(target=writer) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        assert store.record_passing(*EDGE).uses == 1 + 6 * 20 + 1
+        assert store.engine.pool.checkedout() == 1
