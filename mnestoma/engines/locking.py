@@ -130,9 +130,29 @@ def lock_timeout(conn: Connection) -> float:
 
 def lock_timeout_of(options: Mapping[str, Any]) -> float:
     """The lock timeout that execution ``options`` give (see :func:`lock_timeout`), checked,
-    an error naming the option when it is the one at fault."""
+    an error naming the option when it is the one at fault. Asked at every write: a value
+    that passed the check is remembered (by its type and value, and the environment's text
+    where it is read from there), one that fails is checked, and refused, each time."""
     given = options.get(LOCK_TIMEOUT_OPTION)
-    return lock_timeout_seconds(given, ENV_LOCK_TIMEOUT if given is None else LOCK_TIMEOUT_OPTION)
+    env = os.environ.get(ENV_LOCK_TIMEOUT, "") if given is None else ""
+    key = (type(given), given, env)
+    try:
+        return _CHECKED_TIMEOUTS[key]
+    except (KeyError, TypeError):  # not seen yet, or a value that cannot be a key
+        pass
+    seconds = lock_timeout_seconds(
+        given, ENV_LOCK_TIMEOUT if given is None else LOCK_TIMEOUT_OPTION
+    )
+    with contextlib.suppress(TypeError):
+        if len(_CHECKED_TIMEOUTS) >= _CHECKED_TIMEOUTS_MAX:
+            _CHECKED_TIMEOUTS.clear()
+        _CHECKED_TIMEOUTS[key] = seconds
+    return seconds
+
+
+# The lock timeouts already checked (see lock_timeout_of); a handful in any one process.
+_CHECKED_TIMEOUTS: dict[tuple[type, Any, str], float] = {}
+_CHECKED_TIMEOUTS_MAX = 64
 
 
 def lock_timeout_seconds(value: Any = None, what: str = ENV_LOCK_TIMEOUT) -> float:

@@ -110,6 +110,11 @@ class StatementRunner:
         """Compile ``stmt`` now for the rows this runner will give it (``columns``: tuples in
         that order; () for a read or mappings): nothing to do here."""
 
+    def plan_all(self, plans: Sequence[tuple[Executable, tuple[str, ...]]]) -> None:
+        """:meth:`plan` each (statement, columns) of ``plans``."""
+        for stmt, columns in plans:
+            self.plan(stmt, columns)
+
     def execute(
         self, stmt: Executable, params: Params | Sequence[Params] | None = None
     ) -> CursorResult[Any]:
@@ -312,6 +317,13 @@ _PREPARED: OrderedDict[tuple[Any, ...], tuple[Executable, _Prepared | None]] = O
 _PREPARED_LOCK = threading.Lock()
 
 
+# The compiled statements of each sequence given to DriverRunner.plan_all, per kind of
+# dialect and server; each entry holds its sequence (its id() stays its own while cached).
+_PLAN_SETS: dict[
+    tuple[Any, ...], tuple[Sequence[Any], dict[tuple[int, tuple[str, ...]], _Prepared | None]]
+] = {}
+
+
 # Each engine's dialect, copied once per placeholder style; a copy goes with its dialect
 # (keyed by the object, not its id(), which a later engine's dialect could take over).
 _NATIVE_DIALECTS: weakref.WeakKeyDictionary[Dialect, dict[str, Dialect]] = (
@@ -493,6 +505,25 @@ class DriverRunner(StatementRunner):
         read, or mappings named as the statement's first row names them): a write looks its
         statements up before it takes the lock."""
         self._plans[(id(stmt), columns)] = _prepare(self.conn, stmt, columns, native=True)
+
+    def plan_all(self, plans: Sequence[tuple[Executable, tuple[str, ...]]]) -> None:
+        """:meth:`plan` each of ``plans`` (a write's statements, looked up at every write):
+        the compiled statements of one such sequence are found once per kind of dialect and
+        server, and held with it."""
+        dialect = self.conn.dialect
+        key = (id(plans), type(dialect), dialect.paramstyle, dialect.server_version_info)
+        entry = _PLAN_SETS.get(key)
+        if entry is None or entry[0] is not plans:
+            found = {
+                (id(stmt), cols): _prepare(self.conn, stmt, cols, native=True)
+                for stmt, cols in plans
+            }
+            entry = (plans, found)
+            with _PREPARED_LOCK:
+                if len(_PLAN_SETS) >= MAX_PREPARED:
+                    _PLAN_SETS.clear()
+                _PLAN_SETS[key] = entry
+        self._plans.update(entry[1])
 
     def _planned(self, stmt: Executable, columns: tuple[str, ...]) -> _Prepared | None:
         plans = self._plans

@@ -143,8 +143,7 @@ def write_runner(
     ex = runner_for(conn)
     ex.ready()
     if plans is not None:
-        for stmt, columns in plans.get(ex.dialect, ()):
-            ex.plan(stmt, columns)
+        ex.plan_all(plans.get(ex.dialect, ()))
     with translate_errors():
         take_write_lock(conn)
     ex.lock_held()

@@ -236,3 +236,23 @@ def test_the_settings_the_variable_and_the_option_share_one_check(
     ):
         with pytest.raises(InvalidInput, match=f"^{door} must be a number of seconds from 0 to"):
             check()
+
+
+def test_the_lock_timeout_asked_at_each_write_follows_the_environment_and_refuses_each_time(
+    engine_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(ENV_LOCK_TIMEOUT, "2")
+    assert lock_timeout_of({}) == 2.0
+    monkeypatch.setenv(ENV_LOCK_TIMEOUT, "3.5")
+    assert lock_timeout_of({}) == 3.5
+    assert lock_timeout_of({LOCK_TIMEOUT_OPTION: 1}) == 1.0
+    for _ in range(2):  # True equals 1, yet is refused, every time
+        with pytest.raises(InvalidInput, match=LOCK_TIMEOUT_OPTION):
+            lock_timeout_of({LOCK_TIMEOUT_OPTION: True})
+        with pytest.raises(InvalidInput, match=LOCK_TIMEOUT_OPTION):
+            lock_timeout_of({LOCK_TIMEOUT_OPTION: -1})
+        with pytest.raises(InvalidInput, match=LOCK_TIMEOUT_OPTION):
+            lock_timeout_of({LOCK_TIMEOUT_OPTION: [1]})
+    monkeypatch.setenv(ENV_LOCK_TIMEOUT, "soon")
+    with pytest.raises(InvalidInput, match=ENV_LOCK_TIMEOUT):
+        lock_timeout_of({})
