@@ -12,8 +12,9 @@ statement that locks and writes nothing: on PostgreSQL, a side that locks the ro
 statement that writes it (lock, compute and write in one statement) has no client-side
 figure, since the client cannot tell when, inside that statement, the row was locked.
 
-**Server-side** (PostgreSQL, every side the same way). The server notes the instant it
-hands the hot row to the transaction, and the client notes when ``COMMIT`` returns:
+**Server-side** (PostgreSQL, every side the same way). The server notes two instants on its
+own clock, ``clock_timestamp()``: when it hands the hot row to the transaction, and when the
+transaction commits. The hold is the second minus the first, for the same transaction id.
 
 - :func:`install_lock_marks` adds to the hot table (``mnests``, or the lean loop's
   ``lean_edges``) a ``BEFORE UPDATE`` row trigger that calls ``bench_mark_lock()``.
@@ -21,7 +22,11 @@ hands the hot row to the transaction, and the client notes when ``COMMIT`` retur
   for a writer that holds it), so for a statement that locks the row by updating it, the
   mark is the instant the lock was granted. ``bench_mark_lock()`` writes
   ``"<xid> <clock_timestamp() as epoch seconds>"`` into the session setting
-  ``bench.locked_at``; only the first mark of a transaction counts.
+  ``bench.locked_at``; only the first mark of a transaction counts. The package's one
+  statement locks the row in a ``FOR UPDATE`` CTE and updates it in a later one: its mark
+  comes after the lock by what the statement does in between, PostgreSQL's recheck of a
+  row another writer changed since the statement began included, so its figure is short
+  by that much.
 - A row locked earlier by a ``SELECT ... FOR UPDATE`` fires no trigger. The hand-written
   loops therefore call ``bench_mark_lock()`` in the projection of their locking select
   (:func:`marked_select`: ``SELECT ..., bench_mark_lock() FROM (SELECT ... FOR UPDATE)``),
@@ -30,17 +35,36 @@ hands the hot row to the transaction, and the client notes when ``COMMIT`` retur
   its own: a plain ``SELECT ... FOR UPDATE`` of the package before its write is not marked,
   so its figure then starts at its ``UPDATE``, late; :class:`HoldTimes` counts such locks
   (``unmarked_locks``) and the report says so.
+- The commit mark: :func:`install_lock_marks` also adds a constraint trigger,
+  ``AFTER UPDATE ... DEFERRABLE INITIALLY DEFERRED``, which PostgreSQL fires at ``COMMIT``
+  (whether sent alone, or in one pipeline with the statement as the package sends it),
+  after every statement of the transaction and just before its commit record. It writes
+  ``"<xid> <clock_timestamp()>"`` into ``bench.committing_at``; with several rows updated
+  the last one, the nearest to the commit, stays. The setting is the session's
+  (``set_config(..., false)``), so it outlives the commit it marks.
 - Right after ``COMMIT`` returns, the client notes its wall time (``time.time()``) and reads
-  the setting on the same connection, outside any transaction (one more round trip, after
-  the lock is released). The hold is that wall time minus the mark's instant. A rolled-back
-  transaction leaves no mark (the setting rolls back with it); a transaction that locked
-  nothing leaves the previous one's, which is not counted twice.
+  both settings in one query on the same connection, outside any transaction (one more round
+  trip, after the lock is released). A rolled-back transaction leaves no mark (the settings
+  roll back with it); a transaction that locked nothing leaves the previous one's, which is
+  not counted twice.
 
-Both clocks are the host's wall clock (``clock_timestamp()`` and ``time.time()``): the
-server-side figure is meaningful only with the server on the benchmark's own host. It
-counts the lock's handover to the waiter (the mark is taken once the waiter runs again),
-the work under the lock, the commit, and its return to the client, alike for every side.
-Every side pays the trigger on its ``UPDATE``; the loops pay one mark more in their select.
+What the server-side hold leaves out: what follows the commit mark, the commit record's
+WAL flush and the release of the row to its waiter. That is the same work on every side
+(one commit record a call), so the figure compares the sides' windows without the part
+they share; where the flush is slow it is most of each side's whole hold, and the ratio of
+two server-side holds is then much further from 1 than that of the whole holds (which the
+rate of writers on one row follows). Nor does it count the handover to the next writer
+(from the release until that writer runs again and takes the row), which comes before
+that writer's grant mark. It counts the work under the lock and, for the loops, their
+round trips from the locking select to their ``COMMIT``. Every side pays the two triggers
+on its ``UPDATE``; the loops pay one mark more in their select.
+
+The same grant mark also gives the earlier figure, kept as ``return_holds``: up to the
+client's wall time once ``COMMIT`` returned. It adds the WAL flush, the release, the way
+back to the client and the client being scheduled again, so a side that sends its
+``COMMIT`` with its statement (the row released before the client reads its results) is
+charged for time the row is free. It mixes two clocks (``clock_timestamp()`` and
+``time.time()``), so it is meaningful only with the server on the benchmark's own host.
 """
 
 from __future__ import annotations
@@ -57,7 +81,7 @@ __all__ = [
     "HoldTimes",
     "install_lock_marks",
     "marked_select",
-    "read_lock_mark",
+    "read_marks",
     "timing_lock_holds",
 ]
 
@@ -93,19 +117,41 @@ _MARK_TRIGGER = (
     "CREATE TRIGGER bench_lock_marked BEFORE UPDATE ON {table} FOR EACH ROW"
     " EXECUTE FUNCTION bench_mark_lock_on_update()"
 )
-_READ_MARK = f"SELECT current_setting('{_SETTING}', true)".encode()
+# Fired at COMMIT, before the commit record: the last instant of the hold on the server.
+_COMMIT_SETTING = "bench.committing_at"
+_COMMIT_MARK_FUNCTION = f"""
+CREATE OR REPLACE FUNCTION bench_mark_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  PERFORM set_config('{_COMMIT_SETTING}', pg_current_xact_id()::text || ' '
+    || extract(epoch FROM clock_timestamp())::text, false);
+  RETURN NULL;
+END $$
+"""
+_COMMIT_MARK_TRIGGER = (
+    "CREATE CONSTRAINT TRIGGER bench_commit_marked AFTER UPDATE ON {table}"
+    " DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION bench_mark_commit()"
+)
+_READ_MARKS = (
+    f"SELECT current_setting('{_SETTING}', true), current_setting('{_COMMIT_SETTING}', true)"
+).encode()
 _IDLE = 0  # psycopg.pq.TransactionStatus.IDLE
+
+# A server's mark: (transaction id, epoch seconds on the server's clock).
+_Mark = tuple[str, float]
 
 
 def install_lock_marks(conninfo: str, table: str) -> None:
-    """Make the server mark when a transaction is granted a row of ``table``: the function
-    ``bench_mark_lock()`` and the ``BEFORE UPDATE`` trigger that calls it."""
+    """Make the server mark when a transaction is granted a row of ``table`` (the function
+    ``bench_mark_lock()`` and the ``BEFORE UPDATE`` trigger that calls it) and when a
+    transaction that updated one commits (the deferred constraint trigger)."""
     import psycopg
 
     with psycopg.connect(conninfo, autocommit=True) as con:
         con.execute(_MARK_FUNCTION)
         con.execute(_MARK_TRIGGER_FUNCTION)
         con.execute(_MARK_TRIGGER.format(table=table))
+        con.execute(_COMMIT_MARK_FUNCTION)
+        con.execute(_COMMIT_MARK_TRIGGER.format(table=table))
 
 
 def marked_select(locking_select: str, columns: str) -> str:
@@ -114,11 +160,18 @@ def marked_select(locking_select: str, columns: str) -> str:
     return f"SELECT {columns}, {MARK_LOCK} FROM ({locking_select}) AS locked"
 
 
-def read_lock_mark(pgconn: Any) -> tuple[str, float] | None:
-    """The last mark of this session, as (transaction id, epoch seconds), read outside any
-    transaction on the driver's connection (a ``psycopg.pq.PGconn``, idle)."""
-    result = pgconn.exec_(_READ_MARK)
-    value = result.get_value(0, 0) if result.ntuples else None
+def read_marks(pgconn: Any) -> tuple[_Mark | None, _Mark | None]:
+    """This session's last grant mark and last commit mark, each as (transaction id, epoch
+    seconds), read in one query outside any transaction on the driver's connection (a
+    ``psycopg.pq.PGconn``, idle)."""
+    result = pgconn.exec_(_READ_MARKS)
+    if not result.ntuples:
+        return None, None
+    return _mark(result.get_value(0, 0)), _mark(result.get_value(0, 1))
+
+
+def _mark(value: bytes | None) -> _Mark | None:
+    """One setting's ``"<xid> <epoch>"`` as a mark (None when unset)."""
     if not value:
         return None
     xid, _, at = bytes(value).decode().partition(" ")
@@ -127,12 +180,14 @@ def read_lock_mark(pgconn: Any) -> tuple[str, float] | None:
 
 class HoldTimes:
     """The hold of each call, in seconds, per thread (the writers may be threads): the
-    client-side figure (``holds``) and, on PostgreSQL, the server-side one
-    (``server_holds``)."""
+    client-side figure (``holds``) and, on PostgreSQL, the server-side one from the grant
+    mark to the commit mark (``server_holds``) and from the grant mark to ``COMMIT``'s
+    return at the client (``return_holds``)."""
 
     def __init__(self) -> None:
         self.holds: list[float] = []
         self.server_holds: list[float] = []
+        self.return_holds: list[float] = []
         # Locks the package took with a plain SELECT ... FOR UPDATE before its write (the
         # server-side mark is then its UPDATE's, later than the lock).
         self.unmarked_locks = 0
@@ -151,15 +206,18 @@ class HoldTimes:
 
     def committed(self, pgconn: Any, at: float) -> None:
         """``COMMIT`` returned at wall time ``at`` on ``pgconn``: one server-side hold more,
-        when the transaction left a mark of its own (see the module's docstring)."""
-        mark = read_lock_mark(pgconn)
-        if mark is None:
+        when the transaction left a grant mark of its own (see the module's docstring); its
+        server-to-server figure when its commit mark is of the same transaction."""
+        locked, committing = read_marks(pgconn)
+        if locked is None:
             return
-        xid, locked_at = mark
+        xid, locked_at = locked
         if self._last_mark.get(id(pgconn)) == xid:
             return
         self._last_mark[id(pgconn)] = xid
-        self.server_holds.append(at - locked_at)
+        self.return_holds.append(at - locked_at)
+        if committing is not None and committing[0] == xid:
+            self.server_holds.append(committing[1] - locked_at)
 
 
 @contextmanager

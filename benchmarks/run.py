@@ -810,6 +810,9 @@ def bench_writers(b: Bench, report: Report) -> None:
     server_holds = {
         _pair(p): _shares(rounds[p[0]], rounds[p[1]], "server_hold_us") for p in server_pairs
     }
+    return_holds = {
+        _pair(p): _shares(rounds[p[0]], rounds[p[1]], "return_hold_us") for p in server_pairs
+    }
     note = "lost updates: " + ", ".join(f"{i} {o['lost']}" for i, o in outcome.items())
     for pkg, ref in pairs:
         share = _over(outcome[pkg]["calls_per_s"], outcome[ref]["calls_per_s"])
@@ -827,13 +830,22 @@ def bench_writers(b: Bench, report: Report) -> None:
     if b.pg:
         note += (
             "; lock held per call, server-side (the server's mark as the row is granted →"
-            " COMMIT returns), µs, median (p90): "
+            " its mark at COMMIT, before the commit record), µs, median (p90): "
             + ", ".join(f"{LABELS[i]} {_us(outcome[i], 'server_hold')}" for i in PG_IMPLS)
         )
         for pkg, ref in server_pairs:
             hold = _over(outcome[pkg]["server_hold_us"], outcome[ref]["server_hold_us"])
             spread = _spread_text(server_holds[_pair((pkg, ref))])
             note += f"; server-side hold {_vs(pkg, ref)} = {_fmt(hold, '×')} ({spread})"
+        note += (
+            "; from the same mark to COMMIT returning at the client (with the WAL flush,"
+            " the release and the way back), µs, median (p90): "
+            + ", ".join(f"{LABELS[i]} {_us(outcome[i], 'return_hold')}" for i in PG_IMPLS)
+        )
+        for pkg, ref in server_pairs:
+            hold = _over(outcome[pkg]["return_hold_us"], outcome[ref]["return_hold_us"])
+            spread = _spread_text(return_holds[_pair((pkg, ref))])
+            note += f"; to COMMIT's return {_vs(pkg, ref)} = {_fmt(hold, '×')} ({spread})"
         if outcome[PG]["unmarked_locks"]:
             note += "; " + _unmarked_text(outcome[PG]["unmarked_locks"])
     report.results.append(
@@ -849,6 +861,7 @@ def bench_writers(b: Bench, report: Report) -> None:
                 "shares": shares,
                 "hold_ratios": holds,
                 "server_hold_ratios": server_holds,
+                "return_hold_ratios": return_holds,
             },
         )
     )
@@ -864,6 +877,8 @@ def _writers_outcome(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "hold_p90_us": _median([o["hold_us"]["p90"] for o in runs]),
         "server_hold_us": _median([o["server_hold_us"]["median"] for o in runs]),
         "server_hold_p90_us": _median([o["server_hold_us"]["p90"] for o in runs]),
+        "return_hold_us": _median([o["return_hold_us"]["median"] for o in runs]),
+        "return_hold_p90_us": _median([o["return_hold_us"]["p90"] for o in runs]),
         "unmarked_locks": sum(o["unmarked_locks"] for o in runs),
         # a round with more uses than calls is as wrong as one with fewer: no cancelling
         "lost": sum(abs(o["lost"]) for o in runs),

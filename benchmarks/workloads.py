@@ -321,10 +321,11 @@ def _writer(
 def _held(times: HoldTimes | None) -> dict[str, Any]:
     """What ``times`` recorded, as plain data (empty without it)."""
     if times is None:
-        return {"holds": [], "server_holds": [], "unmarked_locks": 0}
+        return {"holds": [], "server_holds": [], "return_holds": [], "unmarked_locks": 0}
     return {
         "holds": list(times.holds),
         "server_holds": list(times.server_holds),
+        "return_holds": list(times.return_holds),
         "unmarked_locks": times.unmarked_locks,
     }
 
@@ -357,8 +358,8 @@ def _spread(xs: Sequence[float]) -> dict[str, float]:
 
 
 def _prepare_postgresql(impl: str, where: str) -> None:
-    """Before a race on PostgreSQL: the lean loop's tables, and the server's lock marks on
-    the hot table (:mod:`benchmarks.lock_hold`)."""
+    """Before a race on PostgreSQL: the lean loop's tables, and the server's grant and
+    commit marks on the hot table (:mod:`benchmarks.lock_hold`)."""
     if impl == "lean-pg":
         lean_pg.create_tables(where)
     install_lock_marks(psycopg_conninfo(where), POSTGRESQL_IMPLS[impl])
@@ -389,7 +390,9 @@ def run_writers(
 ) -> dict[str, Any]:
     """``writers`` concurrent writers on one hot edge; calls/s, the lost-update check, and
     how long each call held the write lock (:mod:`benchmarks.lock_hold`): ``hold_us`` timed
-    by the client, ``server_hold_us`` from the server's mark (PostgreSQL)."""
+    by the client; on PostgreSQL ``server_hold_us`` from the server's grant mark to its
+    commit mark, ``return_hold_us`` from the grant mark to ``COMMIT``'s return at the
+    client."""
     import multiprocessing
     import queue as queue_mod
 
@@ -430,6 +433,7 @@ def run_writers(
     elapsed = max(o["end"] for o in outcomes) - min(o["start"] for o in outcomes)
     holds = [h for o in outcomes for h in o["holds"]]
     server_holds = [h for o in outcomes for h in o["server_holds"]]
+    return_holds = [h for o in outcomes for h in o["return_holds"]]
     uses, reinforced = _hot_edge_counts(impl, where)
     return {
         "calls": ok,
@@ -443,6 +447,8 @@ def run_writers(
         "holds": len(holds),
         "server_hold_us": {k: v * 1e6 for k, v in _spread(server_holds).items()},
         "server_holds": len(server_holds),
+        "return_hold_us": {k: v * 1e6 for k, v in _spread(return_holds).items()},
+        "return_holds": len(return_holds),
         "unmarked_locks": sum(o["unmarked_locks"] for o in outcomes),
     }
 

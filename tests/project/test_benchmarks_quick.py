@@ -216,10 +216,12 @@ def test_quick_mode_on_postgresql(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         outcome = writers.details["outcome"][impl]
         assert outcome["lost"] == 0, impl
         assert outcome["failed"] == 0, impl
-        # the server marked the lock of every call of every side, and no hold is negative
+        # the server marked the grant and the commit of every call of every side, no hold
+        # is negative, and the commit mark comes before COMMIT returns to the client
         for one in outcome["rounds"]:
-            assert one["server_holds"] == one["calls"], impl
+            assert one["server_holds"] == one["return_holds"] == one["calls"], impl
             assert one["server_hold_us"]["p10"] > 0, impl
+            assert one["server_hold_us"]["median"] < one["return_hold_us"]["median"], impl
     assert outcome["unmarked_locks"] == 0  # the lean loop marks the lock it takes
     assert "package PostgreSQL / baseline psycopg" in writers.note
     assert "package PostgreSQL / lean psycopg loop" in writers.note
@@ -345,6 +347,56 @@ def test_the_server_side_hold_starts_when_the_row_is_granted() -> None:
     assert len(times.server_holds) == 2
     assert all(0 < h < wait / 2 for h in times.server_holds), times.server_holds
     assert len(times.holds) == 1  # the client-side figure: the lean loop's select only
+
+
+@pytest.mark.postgresql
+def test_the_server_side_hold_ends_at_the_commit_on_the_server() -> None:
+    """The server-side hold counts the work done under the lock up to ``COMMIT`` (a sleep on
+    the server before it), not the client's time after ``COMMIT`` returned (a sleep on the
+    client before it reads the marks); the return figure counts both. A transaction that
+    commits with its statement in one pipeline, as the package sends it, is marked too."""
+    require_postgresql()
+    import time
+
+    import psycopg
+
+    from benchmarks import lean_pg
+    from benchmarks.baseline_pg import psycopg_conninfo
+    from benchmarks.data import PostgresServer
+    from benchmarks.lock_hold import HoldTimes, install_lock_marks
+
+    server = PostgresServer(PG_ADMIN_URL)
+    under_lock, after_commit = 0.3, 0.5
+    times = HoldTimes()
+    try:
+        url = server.url(server.clone("empty"))
+        conninfo = psycopg_conninfo(url)
+        lean_pg.create_tables(url)
+        install_lock_marks(conninfo, lean_pg.EDGES_TABLE)
+        lean_pg.LeanLoop(url).record_passing("a", "1", "b", "1")
+        with psycopg.connect(conninfo) as con:
+            with con.transaction():
+                con.execute("UPDATE lean_edges SET uses = uses + 1")
+                con.execute("SELECT pg_sleep(%s)", (under_lock,))
+            time.sleep(after_commit)
+            times.committed(con.pgconn, time.time())
+            con.autocommit = True
+            with con.pipeline():
+                con.execute("BEGIN")
+                con.execute(
+                    "WITH r AS (UPDATE lean_edges SET uses = uses + 1 RETURNING id)"
+                    " INSERT INTO lean_events (edge_id, ts, weight_after)"
+                    " SELECT id, now(), 0.3 FROM r"
+                )
+                con.execute("COMMIT")
+            times.committed(con.pgconn, time.time())
+    finally:
+        server.close()
+    assert len(times.server_holds) == len(times.return_holds) == 2
+    slept, pipelined = times.server_holds
+    assert under_lock <= slept < under_lock + after_commit / 2
+    assert times.return_holds[0] >= under_lock + after_commit
+    assert 0 < pipelined < under_lock
 
 
 def test_quick_report_is_written_as_json_with_every_workload(
