@@ -40,6 +40,11 @@ __all__ = ["FULL", "QUICK", "WORKLOADS", "Check", "Report", "Result", "Sizes", "
 
 PKG, BASE, PG, BASE_PG = "package", "baseline", "package-pg", "baseline-pg"
 LEAN_PG = "lean-pg"
+# The targets the report checks (package / hand-written loop), as the performance issues set
+# them: a call, a turn, and the SQLite lock hold under 8 writers.
+PASSING_TARGET = 2.0
+TURN_TARGET = 1.1
+SQLITE_HOLD_TARGET = 1.0
 PG_IMPLS = (PG, BASE_PG, LEAN_PG)
 LABELS = {
     PKG: "package SQLite",
@@ -273,7 +278,13 @@ def bench_record_passing(b: Bench, report: Report) -> None:
             ratio,
         )
     )
-    report.verdicts.append(Verdict("record_passing ratio ≤ 2.5", _fmt(ratio, "×"), _le(ratio, 2.5)))
+    report.verdicts.append(
+        Verdict(
+            f"record_passing ratio ≤ {PASSING_TARGET}",
+            _fmt(ratio, "×"),
+            _le(ratio, PASSING_TARGET),
+        )
+    )
     _compare(report, "record_passing rows", snaps, lambda a, b_: a == b_)
 
 
@@ -310,10 +321,10 @@ def bench_record_turn(b: Bench, report: Report) -> None:
     )
     report.verdicts.append(
         Verdict(
-            "record_turn ratio ≤ 1.4",
+            f"record_turn ratio ≤ {TURN_TARGET}",
             f"{_fmt(ratio, '×')} ({_fmt(rates.get(PKG), ' /s')};"
             f" sqlite3 by hand: {_fmt(rates.get(BASE), ' /s')})",
-            _le(ratio, 1.4),
+            _le(ratio, TURN_TARGET),
         )
     )
     _compare(report, "record_turn rows", snaps, lambda a, b_: a == b_)
@@ -916,9 +927,14 @@ def _writers_verdicts(
                 share >= floor and mine["lost"] == 0,
             )
         )
-    for pkg, ref, target in (
-        (PKG, BASE, "lock hold on SQLite ≤ 1.3 × by hand"),
-        (PG, BASE_PG, "lock hold on PostgreSQL ≤ 1.3 × the psycopg reference (client-side)"),
+    for pkg, ref, target, ceiling in (
+        (PKG, BASE, f"lock hold on SQLite ≤ {SQLITE_HOLD_TARGET} × by hand", SQLITE_HOLD_TARGET),
+        (
+            PG,
+            BASE_PG,
+            "lock hold on PostgreSQL ≤ 1.3 × the psycopg reference (client-side)",
+            1.3,
+        ),
     ):
         mine, theirs = outcome.get(pkg), outcome.get(ref)
         if mine is None or theirs is None:
@@ -934,7 +950,7 @@ def _writers_verdicts(
                 target,
                 f"{hold:.2f} × ({mine['hold_us']:.0f} µs; by hand {theirs['hold_us']:.0f} µs;"
                 f" {_spread_text(holds[_pair((pkg, ref))])})",
-                hold <= 1.3,
+                hold <= ceiling,
             )
         )
     target = "PostgreSQL lock hold ≤ 0.7 × the hand-written loop's (server-side)"
