@@ -18,6 +18,7 @@ import contextlib
 import inspect
 import os
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol, Self, TypeVar
 
@@ -395,8 +396,8 @@ class KeptConnection:
         self._lock = threading.Lock()
         self._conn: Connection | None = None
         self._pool: Any = None
-        self._pid = os.getpid()
         self._closed = False
+        _KEPT.add(self)
 
     @contextlib.contextmanager
     def taken(self) -> Iterator[Connection | None]:
@@ -424,10 +425,6 @@ class KeptConnection:
     def _usable(self) -> Connection | None:
         if self._closed:
             return None
-        if os.getpid() != self._pid:  # a forked child: the parent's connection is its own
-            if self._conn is not None:
-                _LEFT_TO_PARENT.append(self._conn)
-            self._conn, self._pid = None, os.getpid()
         conn = self._conn
         if conn is not None and not self._trusted(conn):
             self._give_back()
@@ -455,8 +452,28 @@ class KeptConnection:
         """Return the connection to the pool for good (waiting for a write that has it)."""
         with self._lock:
             self._closed = True
-            if os.getpid() == self._pid:
-                self._give_back()
+            self._give_back()
+
+    def _forked(self) -> None:
+        """In a forked child, before any other thread runs: the parent's connection left to
+        it, and a lock of its own (a thread of the parent may have held the one copied)."""
+        if self._conn is not None:
+            _LEFT_TO_PARENT.append(self._conn)
+        self._conn = None
+        self._lock = threading.Lock()
+
+
+# Every KeptConnection, for a forked child to give each a fresh start.
+_KEPT: weakref.WeakSet[KeptConnection] = weakref.WeakSet()
+
+
+def _kept_after_fork() -> None:
+    for kept in list(_KEPT):
+        kept._forked()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_kept_after_fork)
 
 
 def written(

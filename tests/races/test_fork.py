@@ -386,6 +386,29 @@ def test_a_forked_child_leaves_the_connection_its_parent_kept_to_the_parent(
     assert store.record_passing("search", "1", "read", "1").uses == 3
 
 
+def test_a_child_forked_while_another_thread_has_the_kept_connection_writes_and_closes(
+    store: mnestoma.Mnestoma,
+) -> None:
+    """The thread that had the kept connection does not exist in the child: the child's
+    writes keep a connection of their own, and its close() does not wait for that thread."""
+    store.record_passing("search", "1", "read", "1")
+
+    def hold(inside: threading.Event, release: threading.Event) -> None:
+        with store._kept.taken() as conn:  # type: ignore[union-attr]
+            assert conn is not None
+            inside.set()
+            release.wait(CHILD_TIMEOUT)
+
+    def child() -> int:
+        uses = store.record_passing("search", "1", "read", "1").uses
+        store.close()
+        return uses
+
+    with another_thread(hold):
+        assert in_forked_child(child) == 2
+    assert store.record_passing("search", "1", "read", "1").uses == 3
+
+
 def test_a_store_on_the_caller_s_own_engine_gets_its_own_pool_in_a_forked_child(
     store_url: str,
 ) -> None:
