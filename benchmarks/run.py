@@ -839,24 +839,24 @@ def bench_writers(b: Bench, report: Report) -> None:
             f"; hold {_vs(pkg, ref)} = {_fmt(hold, '×')} ({_spread_text(holds[_pair((pkg, ref))])})"
         )
     if b.pg:
-        note += (
-            "; lock held per call, server-side (the server's mark as the row is granted →"
-            " its mark at COMMIT, before the commit record), µs, median (p90): "
-            + ", ".join(f"{LABELS[i]} {_us(outcome[i], 'server_hold')}" for i in PG_IMPLS)
+        note += _hold_note(
+            outcome,
+            server_pairs,
+            server_holds,
+            "server_hold",
+            "lock held per call, server-side (the server's mark as the row is granted →"
+            " its mark at COMMIT, before the commit record)",
+            "server-side hold",
         )
-        for pkg, ref in server_pairs:
-            hold = _over(outcome[pkg]["server_hold_us"], outcome[ref]["server_hold_us"])
-            spread = _spread_text(server_holds[_pair((pkg, ref))])
-            note += f"; server-side hold {_vs(pkg, ref)} = {_fmt(hold, '×')} ({spread})"
-        note += (
-            "; from the same mark to COMMIT returning at the client (with the WAL flush,"
-            " the release and the way back), µs, median (p90): "
-            + ", ".join(f"{LABELS[i]} {_us(outcome[i], 'return_hold')}" for i in PG_IMPLS)
+        note += _hold_note(
+            outcome,
+            server_pairs,
+            return_holds,
+            "return_hold",
+            "from the same mark to COMMIT returning at the client (with the WAL flush,"
+            " the release and the way back)",
+            "to COMMIT's return",
         )
-        for pkg, ref in server_pairs:
-            hold = _over(outcome[pkg]["return_hold_us"], outcome[ref]["return_hold_us"])
-            spread = _spread_text(return_holds[_pair((pkg, ref))])
-            note += f"; to COMMIT's return {_vs(pkg, ref)} = {_fmt(hold, '×')} ({spread})"
         if outcome[PG]["unmarked_locks"]:
             note += "; " + _unmarked_text(outcome[PG]["unmarked_locks"])
     report.results.append(
@@ -878,6 +878,26 @@ def bench_writers(b: Bench, report: Report) -> None:
     )
     ratios = {"calls_per_s": shares, "hold_us": holds, "server_hold_us": server_holds}
     _writers_verdicts(report, outcome, ratios, s.writers, kind)
+
+
+def _hold_note(
+    outcome: dict[str, Any],
+    pairs: Sequence[tuple[str, str]],
+    ratios: dict[str, Any],
+    key: str,
+    what: str,
+    short: str,
+) -> str:
+    """The note's text for one PostgreSQL hold figure (``key``: ``server_hold`` or
+    ``return_hold``): each side's median (p90), then each pair's ratio and its rounds."""
+    text = f"; {what}, µs, median (p90): " + ", ".join(
+        f"{LABELS[i]} {_us(outcome[i], key)}" for i in PG_IMPLS
+    )
+    for pkg, ref in pairs:
+        hold = _over(outcome[pkg][f"{key}_us"], outcome[ref][f"{key}_us"])
+        spread = _spread_text(ratios[_pair((pkg, ref))])
+        text += f"; {short} {_vs(pkg, ref)} = {_fmt(hold, '×')} ({spread})"
+    return text
 
 
 def _writers_outcome(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -14,25 +14,20 @@ Repositories never commit; these do.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
-import os
-import threading
-import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol, Self, TypeVar
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session, SessionTransaction, sessionmaker
 
-from mnestoma.core._sqla_compat import logs_as_its_engine
 from mnestoma.core.clock import Clock
 from mnestoma.core.errors import InvalidInput, translate_errors
 from mnestoma.core.retrying import MAX_ATTEMPTS, retry_pause, with_retries
 from mnestoma.core.settings import Settings, settings_of
-from mnestoma.engines.backend import backend_of
 from mnestoma.engines.locking import take_write_lock
 from mnestoma.engines.partitions import upkeep_after_commit
+from mnestoma.store.kept import KeptConnection
 from mnestoma.store.repository import CanonicalQueryRepository, MnestRepository, built
 
 __all__ = [
@@ -371,109 +366,6 @@ def repository_call(
 
 def _listed(value: Any) -> Any:
     return list(value) if isinstance(value, Iterator) else value
-
-
-# The connections a forked child found kept by its parent: never used, reset or closed there
-# (the parent's own), and never collected, which would return them to a pool.
-_LEFT_TO_PARENT: list[Connection] = []
-
-
-class KeptConnection:
-    """One connection of ``engine`` that a facade keeps checked out between its writes, for
-    whichever thread finds it free: such a write pays no pool checkout and check-in (and on
-    PostgreSQL no pre-ping), which is a good part of a short write's own time. A thread that
-    finds it taken goes to the pool, as ever.
-
-    It is replaced when it cannot be trusted as it is: after a call that failed, once it is
-    invalidated or closed, when the engine's pool was disposed (a fork, a service's
-    ``dispose()``), when the engine's SQL logging changed (a Connection reads it when it is
-    made), or when its backend says an idle connection may be lost (PostgreSQL: its socket
-    stirred, see :func:`~mnestoma.engines.postgresql.ping_when_stirred`). A forked child
-    leaves the parent's to the parent."""
-
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
-        self._lock = threading.Lock()
-        self._conn: Connection | None = None
-        self._pool: Any = None
-        self._closed = False
-        _KEPT.add(self)
-
-    @contextlib.contextmanager
-    def taken(self) -> Iterator[Connection | None]:
-        """The kept connection for the block, outside any transaction, or None when another
-        thread has it (or it is closed): the caller then checks one out of the pool. A block
-        that raises, or leaves a transaction open, gives it back to the pool."""
-        if not self._lock.acquire(blocking=False):
-            yield None
-            return
-        try:
-            conn = self._usable()
-            if conn is None:
-                yield None
-                return
-            try:
-                yield conn
-            except BaseException:
-                self._give_back()
-                raise
-            if conn.in_transaction() or conn.invalidated or conn.closed:
-                self._give_back()
-        finally:
-            self._lock.release()
-
-    def _usable(self) -> Connection | None:
-        if self._closed:
-            return None
-        conn = self._conn
-        if conn is not None and not self._trusted(conn):
-            self._give_back()
-            conn = None
-        if conn is None:
-            with translate_errors():
-                conn = self._engine.connect()
-            self._conn, self._pool = conn, self._engine.pool
-        return conn
-
-    def _trusted(self, conn: Connection) -> bool:
-        if conn.closed or conn.invalidated or conn.in_transaction():
-            return False
-        if self._engine.pool is not self._pool or not logs_as_its_engine(conn):
-            return False
-        return backend_of(conn).idle_connection_alive(conn.connection.dbapi_connection)
-
-    def _give_back(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            with contextlib.suppress(Exception):  # a lost connection: the pool discards it
-                conn.close()
-
-    def close(self) -> None:
-        """Return the connection to the pool for good (waiting for a write that has it)."""
-        with self._lock:
-            self._closed = True
-            self._give_back()
-
-    def _forked(self) -> None:
-        """In a forked child, before any other thread runs: the parent's connection left to
-        it, and a lock of its own (a thread of the parent may have held the one copied)."""
-        if self._conn is not None:
-            _LEFT_TO_PARENT.append(self._conn)
-        self._conn = None
-        self._lock = threading.Lock()
-
-
-# Every KeptConnection, for a forked child to give each a fresh start.
-_KEPT: weakref.WeakSet[KeptConnection] = weakref.WeakSet()
-
-
-def _kept_after_fork() -> None:
-    for kept in list(_KEPT):
-        kept._forked()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_kept_after_fork)
 
 
 def written(
