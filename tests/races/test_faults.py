@@ -328,7 +328,9 @@ def test_a_connection_terminated_while_idle_is_replaced_on_the_next_call(
     with plain_engine(store_url).connect() as killer:
         killer.execute(
             text(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                # waits until each backend has ended: its connection's socket then says so
+                # (one terminated but not yet gone fails at its first statement)
+                "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity"
                 " WHERE datname = current_database() AND pid <> pg_backend_pid()"
             )
         )
