@@ -8,7 +8,7 @@ session's connection; the statements of a one-passing write are looked up before
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -298,12 +298,14 @@ class RecordCommands(StoreBase):
             unique.setdefault(ident, []).append(p)
         if BY_NAME[ex.dialect].one_writer:
             # BEGIN IMMEDIATE: no other writer can create one of our keys meanwhile
-            result = self._record_many_once(ex, unique, turn_id, recorder, idents)
-            if result is None:
+            once = self._record_many_once(ex, unique, turn_id, recorder, idents)
+            if once is None:
                 raise ConflictError("another writer created a key of this turn meanwhile")
-            return [result[ident] for ident in idents]
-        # PostgreSQL: one statement for the whole turn, "now" read once before it (§4).
-        return pg.record_turn(ex, unique, idents, self._write_now(ex), turn_id, recorder)
+            rows = once
+        else:
+            # PostgreSQL: one statement for the whole turn, "now" read once before it (§4).
+            rows = pg.record_turn(ex, unique, idents, self._write_now(ex), turn_id, recorder)
+        return self._result(functools.partial(_turn_snapshots, rows, idents))
 
     def _record_many_once(
         self,
@@ -312,10 +314,11 @@ class RecordCommands(StoreBase):
         turn_id: str,
         recorder: str,
         order: list[Ident],
-    ) -> dict[Ident, Mnest] | None:
-        """A turn on SQLite, under the write lock (``order``: each passing's edge, as given);
-        None when another writer created one of its keys (it cannot: the lock keeps them out)."""
-        result: dict[Ident, Mnest] = {}
+    ) -> dict[Ident, Sequence[Any]] | None:
+        """A turn on SQLite, under the write lock (``order``: each passing's edge, as given):
+        each edge's row after it, for the snapshots built once the lock is let go; None when
+        another writer created one of its keys (it cannot: the lock keeps them out)."""
+        result: dict[Ident, Sequence[Any]] = {}
         rows = _lock_keys(ex, list(pending))
         now = self._write_now(ex)
         found = {(r.state == MnestState.ACTIVE, row_key(r)): r for r in rows}
@@ -346,7 +349,7 @@ class RecordCommands(StoreBase):
                 updates.append(values)  # run in order: one row's occurrences one after another
                 events.append(ev)
                 row = reinforced_row(row, values)
-            result[ident] = snap.mnest(row)
+            result[ident] = row
         ex.many(rec.UPDATE_REINFORCE, updates, rec.REINFORCE_ROW)
         if creations:
             # In key order, a plain batch: the write lock keeps other writers out.
@@ -355,7 +358,7 @@ class RecordCommands(StoreBase):
             ex.many(rec.INSERT_MNEST_LOCKED, params, MNEST_COLUMNS)
             for ident, values, new_events in creations:
                 events.extend(new_events)
-                result[ident] = snap.mnest(values)
+                result[ident] = values
         chains = _chain_rows(order, found, done, now)
         last = self._last_write(ex)
         if chains:
@@ -364,6 +367,13 @@ class RecordCommands(StoreBase):
         else:
             last(rec.INSERT_EVENT, events, rec.EVENT_ROW)
         return result
+
+
+def _turn_snapshots(rows: dict[Ident, Sequence[Any]], order: list[Ident]) -> list[Mnest]:
+    """A turn's result: each passing's edge as a snapshot, in the order given (an edge given
+    twice is the same snapshot twice)."""
+    built = {ident: snap.mnest(row) for ident, row in rows.items()}
+    return [built[ident] for ident in order]
 
 
 def _chain_rows(

@@ -9,7 +9,7 @@ writers out, and no race is run again.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -81,11 +81,11 @@ def record_turn(
     now: datetime,
     turn_id: str,
     recorder: str,
-) -> list[Mnest]:
+) -> dict[Ident, Sequence[Any]]:
     """A turn of several passings (``unique``: each edge's passings in order; ``idents``:
     each passing's edge, as given) as one statement that locks the turn's rows, computes
-    and writes every passing, its event and the turn's chains; each edge's row after it,
-    in the order of the passings."""
+    and writes every passing, its event and the turn's chains; each edge's row after it
+    (the columns of ``mnests``), for the snapshots built once the turn has committed."""
     new_rows_order = sorted(unique, key=sort_key)
     params = rec.pg_turn_params(unique, idents, new_rows_order, now, turn_id, recorder)
     conn = ex.conn
@@ -118,17 +118,17 @@ def record_turn(
         if found is not None:
             with translate_errors():
                 savepoint.commit()
-            return [found[ident] for ident in idents]
+            return found
         savepoint.rollback()
     raise RaceLost("could not record the turn: its edges kept changing under us")
 
 
 def _turn_once(
     ex: StatementRunner, params: dict[str, Any], edges: list[Ident]
-) -> dict[Ident, Mnest] | None:
+) -> dict[Ident, Sequence[Any]] | None:
     """One attempt at a turn: each edge's row after the turn; None when another
     transaction created one of its keys meanwhile (the attempt is then to be undone)."""
     rows = ex.rows(rec.pg_turn(), params)
     if len(rows) < len(edges):
         return None
-    return {edges[r[1] - 1]: snap.mnest(r[2:]) for r in rows}
+    return {edges[r[1] - 1]: r[2:] for r in rows}

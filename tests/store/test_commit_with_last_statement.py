@@ -15,6 +15,7 @@ import pytest
 from sqlalchemy import create_engine, event, text
 
 import mnestoma
+from mnestoma.schema import snapshots
 from mnestoma.schema.runner import DriverRunner
 
 EDGE = ("cl.src", "1", "cl.dst", "1")
@@ -111,6 +112,33 @@ def test_a_facades_turn_is_committed_and_the_lock_free_when_its_last_statement_r
         assert [r.uses for r in rows] == [3, 3]
         assert store.record_turn("t2", [EDGE, EDGE])[0].uses == 3  # again: nothing counted
     assert looking == ([1, 3, 3] if engine_name == "sqlite" else [])
+
+
+@pytest.fixture
+def building(free_uses: Probe, monkeypatch: pytest.MonkeyPatch) -> list[int | None]:
+    """What another connection sees of the edge each time a snapshot of a row is built."""
+    seen: list[int | None] = []
+    original = snapshots.mnest
+
+    def look(values: Any) -> Any:
+        seen.append(free_uses())
+        return original(values)
+
+    monkeypatch.setattr(snapshots, "mnest", look)
+    return seen
+
+
+def test_a_facades_passing_and_turn_build_their_snapshots_once_committed_with_the_lock_free(
+    store_url: str, building: list[int | None]
+) -> None:
+    """Building a snapshot is Python work other writers would wait for: it runs after the
+    commit. A turn builds one snapshot per edge, an edge given twice the same one."""
+    with mnestoma.Mnestoma(store_url) as store:
+        assert store.record_passing(*EDGE).uses == 1
+        rows = store.record_turn("t1", [EDGE, NEXT, EDGE])
+    assert [r.uses for r in rows] == [3, 1, 3]
+    assert rows[0] is rows[2]
+    assert building == [1, 3, 3]  # the passing's, then the turn's two edges, all committed
 
 
 def test_a_passing_in_the_callers_transaction_is_not_committed_by_its_last_statement(
