@@ -436,8 +436,9 @@ def _prepare(
 _OWN_LISTENERS: weakref.WeakSet[Callable[..., Any]] = weakref.WeakSet()
 _OBSERVING_EVENTS = ("before_execute", "after_execute", "after_cursor_execute")
 _DRIVER_CONNECTIONS: tuple[type, ...] = (sqlite3.Connection,)
-# The driver connections that can send a statement and its COMMIT in one round trip.
+# The driver connections that can run a statement and its COMMIT in one round trip.
 _PIPELINES: tuple[type, ...] = ()
+_IDLE: Any = None  # psycopg's transaction status of a connection outside any transaction
 try:
     import psycopg
 except ImportError:  # pragma: no cover - PostgreSQL is an extra
@@ -445,6 +446,7 @@ except ImportError:  # pragma: no cover - PostgreSQL is an extra
 else:
     _DRIVER_CONNECTIONS += (psycopg.Connection,)
     _PIPELINES += (psycopg.Connection,)
+    _IDLE = psycopg.pq.TransactionStatus.IDLE
 
 
 def own_listener(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -582,7 +584,8 @@ class DriverRunner(StatementRunner):
     ) -> list[tuple[Any, ...]]:
         """Run ``prepared`` on a driver cursor, after the package's own listeners, as
         SQLAlchemy would run them; its rows (none for a write without RETURNING); with
-        ``commit``, the COMMIT sent with it in one pipeline (psycopg only). A driver
+        ``commit``, committed with it in one round trip (psycopg only,
+        :func:`_committed_with`). A driver
         error is raised as the package's error, chained to SQLAlchemy's wrapper of it (as
         for the statements SQLAlchemy runs); a lost connection is invalidated."""
         sql = prepared.sql
@@ -595,10 +598,7 @@ class DriverRunner(StatementRunner):
                     cursor.executemany(sql, data)
                     return []
                 if commit:
-                    with dbapi.pipeline():
-                        cursor.execute(sql, data)
-                        dbapi.commit()
-                        return prepared.fetch(cursor)
+                    return _committed_with(dbapi, cursor, sql, data, prepared)
                 cursor.execute(sql, data)
                 return prepared.fetch(cursor)
             finally:
@@ -686,6 +686,32 @@ class DriverRunner(StatementRunner):
             return
         with translate_errors():
             self.conn.exec_driver_sql(prepared.sql, batch)
+
+
+def _committed_with(
+    dbapi: Any, cursor: Any, sql: str, data: Any, prepared: _Prepared
+) -> list[tuple[Any, ...]]:
+    """Run a statement that ends its transaction on psycopg's ``dbapi`` and commit it, in
+    one round trip; its rows. When the transaction has sent nothing yet, the statement is
+    sent alone in autocommit: the server runs it as a transaction of its own and commits
+    it, with no ``BEGIN`` before it and no ``COMMIT`` after (one message, a third of the
+    client's time of a pipeline, measured). Otherwise the ``COMMIT`` follows it in one
+    pipeline. A connection whose autocommit cannot be turned off again is closed, so that
+    its pool never hands it out in autocommit."""
+    if dbapi.info.transaction_status != _IDLE:
+        with dbapi.pipeline():
+            cursor.execute(sql, data)
+            dbapi.commit()
+            return prepared.fetch(cursor)
+    dbapi.autocommit = True
+    try:
+        cursor.execute(sql, data)
+        return prepared.fetch(cursor)
+    finally:
+        try:
+            dbapi.autocommit = False
+        except Exception:  # a lost connection: its own error is the one raised
+            dbapi.close()
 
 
 def dbapi_errors(conn: Connection) -> type[Exception]:

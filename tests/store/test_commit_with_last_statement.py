@@ -223,3 +223,88 @@ def test_a_commit_that_fails_at_the_driver_raises_the_packages_error_and_leaves_
         assert failed == [True]
         assert free_uses() == 1  # rolled back, the lock released
         assert store.record_passing(*EDGE).uses == 2
+
+
+def _traced(dbapi: Any, path: Path, work: Callable[[], Any]) -> tuple[list[str], str]:
+    """The protocol messages psycopg's connection ``dbapi`` exchanged while ``work`` ran
+    (direction and kind), and the whole trace."""
+    with path.open("w") as out:
+        dbapi.pgconn.trace(out.fileno())
+        try:
+            work()
+        finally:
+            dbapi.pgconn.untrace()
+    trace = path.read_text()
+    messages = []
+    for line in trace.splitlines():
+        parts = line.split("\t")
+        if len(parts) >= 4 and parts[1] in ("F", "B"):
+            messages.append(f"{parts[1]} {parts[3].split()[0]}")
+    return messages, trace
+
+
+def test_a_facades_passing_on_postgresql_is_one_message_the_server_commits_itself(
+    pg_store_url: str, tmp_path: Path
+) -> None:
+    """Its transaction sends nothing before it, so the statement goes alone, in autocommit:
+    no BEGIN, no COMMIT, one Sync, one answer; it is committed when it returns, and the
+    connection is out of autocommit again for whatever it runs next."""
+    with mnestoma.Mnestoma(pg_store_url) as store:
+        store.record_passing(*EDGE)
+        dbapi = store._kept._conn.connection.dbapi_connection  # type: ignore[union-attr]
+        messages, trace = _traced(dbapi, tmp_path / "trace", lambda: store.record_passing(*EDGE))
+        assert dbapi.autocommit is False
+        assert '"BEGIN"' not in trace and '"COMMIT"' not in trace, trace
+        assert "B CommandComplete" in messages, messages
+        assert messages.count("F Sync") == 1, messages
+        assert messages.count("B ReadyForQuery") == 1, messages
+        with store.unit_of_work() as unit:  # a transaction the caller ends, rolled back
+            unit.mnests.record_passing(*EDGE)
+        assert store.record_passing(*EDGE).uses == 3  # the rolled-back one not counted
+
+
+@pytest.mark.parametrize("begun", [False, True], ids=["alone", "after-a-statement"])
+def test_a_committing_statement_that_fails_leaves_the_driver_outside_autocommit_and_nothing_written(
+    pg_store_url: str, begun: bool
+) -> None:
+    """At psycopg's driver, a statement that ends its transaction and fails: its error is
+    raised, nothing of the transaction is kept, and the connection is left out of
+    autocommit and outside any transaction, reusable."""
+    import psycopg
+
+    from mnestoma.schema.runner import _committed_with
+
+    url = pg_store_url.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(url) as dbapi:
+        dbapi.execute("CREATE TEMPORARY TABLE kept (n int)")
+        dbapi.commit()
+        if begun:
+            dbapi.execute("INSERT INTO kept VALUES (1)")
+
+        class Fetch:
+            @staticmethod
+            def fetch(cursor: Any) -> list[tuple[Any, ...]]:
+                return list(cursor.fetchall())
+
+        cursor = psycopg.RawCursor(dbapi)
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            _committed_with(
+                dbapi,
+                cursor,
+                "INSERT INTO kept VALUES (2) RETURNING 1 / $1",
+                (0,),
+                Fetch(),  # type: ignore[arg-type]
+            )
+        assert dbapi.autocommit is False
+        dbapi.rollback()
+        assert dbapi.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        assert dbapi.execute("SELECT count(*) FROM kept").fetchone() == (0,)
+        found = _committed_with(
+            dbapi,
+            cursor,
+            "INSERT INTO kept VALUES (3) RETURNING n",
+            None,
+            Fetch(),  # type: ignore[arg-type]
+        )
+        assert found == [(3,)]
+        assert dbapi.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
