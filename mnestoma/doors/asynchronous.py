@@ -62,6 +62,7 @@ from mnestoma.engines.locking import (
 )
 from mnestoma.engines.replicas import NOT_READY, replica_urls
 from mnestoma.maintenance.ager import BatchProgress, ager_steps
+from mnestoma.maintenance.migration import MIGRATION_GATE
 from mnestoma.maintenance.retention import PruneProgress
 from mnestoma.maintenance.splitting import SplitProgress, SplitReport
 from mnestoma.maintenance.steps import OwnConnection, Pause, Read, Step, Write, drive_async
@@ -546,8 +547,11 @@ class AsyncMnestoma(FacadeBase[AsyncEngine], _MnestOperations):
         await asyncio.shield(check)
 
     async def _check_schema(self) -> None:
-        with translate_errors():
-            await greenlet_spawn(ensure_schema, self.engine.sync_engine)
+        # One migration at a time in the process, waited for without blocking the loop: a
+        # blocking wait in this greenlet would hold up the loop another door's needs.
+        async with MIGRATION_GATE.held_async():
+            with translate_errors():
+                await greenlet_spawn(ensure_schema, self.engine.sync_engine)
         self._at_head = True
 
     async def _call(

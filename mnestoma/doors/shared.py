@@ -25,7 +25,13 @@ from mnestoma.core.settings import Settings, settings_of
 from mnestoma.engines.locking import LOCK_TIMEOUT_OPTION
 from mnestoma.engines.replicas import ReplicaSet, replica_connect_args
 from mnestoma.engines.urls import is_sqlite, refuse_memory_sqlite
-from mnestoma.maintenance.migration import ensure_at_head, sqlite_store_missing
+from mnestoma.maintenance.migration import (
+    MIGRATION_GATE,
+    current_revision,
+    ensure_at_head,
+    head_revision,
+    sqlite_store_missing,
+)
 from mnestoma.maintenance.retention import PruneProgress, prune_steps
 from mnestoma.maintenance.splitting import SplitReport, split_steps
 from mnestoma.maintenance.steps import Steps
@@ -266,8 +272,14 @@ def with_lock_timeout(engine: Engine, seconds: float | None) -> Engine:
 
 
 def ensure_schema(engine: Engine) -> None:
-    """A new or empty SQLite store is migrated to head; any other must already be there."""
-    ensure_at_head(engine, auto_migrate=is_sqlite(engine) and _is_empty(engine))
+    """A new or empty SQLite store is migrated to head; any other must already be there.
+    A store found behind head is looked at again, and migrated, while no other thread of
+    the process migrates (:data:`~mnestoma.maintenance.migration.MIGRATION_GATE`): a store
+    another thread is creating is waited for, not found half made."""
+    if current_revision(engine) == head_revision():
+        return
+    with MIGRATION_GATE.held():
+        ensure_at_head(engine, auto_migrate=is_sqlite(engine) and _is_empty(engine))
 
 
 def _is_empty(engine: Engine) -> bool:

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import logging
 import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -594,6 +595,51 @@ def _revision_errors() -> Iterator[None]:
         raise InvalidInput(f"revision: {first_line}") from None
 
 
+class _MigrationGate:
+    """One Alembic command at a time in this process. Alembic keeps the running migration's
+    context in module globals (``alembic.context``, ``alembic.op``), so two migrations run
+    by threads of one process, or by coroutines of one event loop (the async door runs its
+    migration in a greenlet), would each overwrite the other's. The database's migration
+    lock serialises processes; this serialises a process's own callers. The same thread may
+    enter again (a migration that asks for another, an async caller's greenlet)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._owner: int | None = None
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """Held for the block, waiting for another thread's migration to end."""
+        me = threading.get_ident()
+        if self._owner == me:
+            yield
+            return
+        with self._lock:
+            self._owner = me
+            try:
+                yield
+            finally:
+                self._owner = None
+
+    @asynccontextmanager
+    async def held_async(self) -> AsyncIterator[None]:
+        """Held for the block, waiting without blocking the event loop (the holder may be
+        another coroutine of the same loop, which needs the loop to finish)."""
+        while not self._lock.acquire(blocking=False):
+            await asyncio.sleep(MIGRATION_GATE_POLL_S)
+        self._owner = threading.get_ident()
+        try:
+            yield
+        finally:
+            self._owner = None
+            self._lock.release()
+
+
+# How often an async caller looks whether another migration of the process has ended.
+MIGRATION_GATE_POLL_S = 0.005
+MIGRATION_GATE = _MigrationGate()
+
+
 def upgrade(
     url_or_engine: str | URL | Engine | Connection | None = None,
     revision: str = "head",
@@ -631,7 +677,7 @@ def upgrade(
     check_name(revision, "revision")
     seconds = migration_lock_timeout(lock_timeout)
     if isinstance(url_or_engine, Connection):
-        with translate_errors(), _revision_errors():
+        with translate_errors(), _revision_errors(), MIGRATION_GATE.held():
             _refuse_unknown_stamp(url_or_engine)
             cfg = alembic_config(url_or_engine)
             command.upgrade(cfg, revision)
@@ -644,7 +690,8 @@ def upgrade(
         _use_wal(engine)
         cfg = alembic_config(engine)
         cfg.attributes["lock_timeout"] = seconds
-        command.upgrade(cfg, revision)
+        with MIGRATION_GATE.held():
+            command.upgrade(cfg, revision)
         report = _report(cfg.attributes)
         with engine.begin() as conn:
             _analyze_if_migrated(conn, report)
@@ -715,7 +762,8 @@ def downgrade(
             _refuse_unknown_stamp(conn)
         cfg = alembic_config(engine)
         cfg.attributes["lock_timeout"] = seconds
-        command.downgrade(cfg, revision)
+        with MIGRATION_GATE.held():
+            command.downgrade(cfg, revision)
     return _report(cfg.attributes, down=True)
 
 
@@ -735,7 +783,7 @@ def offline_sql(
     cfg.attributes["skip_logging"] = True
     cfg.attributes["lock_timeout"] = migration_lock_timeout(lock_timeout)
     cfg.set_main_option("sqlalchemy.url", dialect_url)
-    with _revision_errors():
+    with _revision_errors(), MIGRATION_GATE.held():
         if _is_downgrade_range(ScriptDirectory.from_config(cfg), revision_range):
             command.downgrade(cfg, revision_range, sql=True)
         else:

@@ -1,0 +1,144 @@
+"""Threads and coroutines of one process making their first call on one store at once.
+
+Processes are serialised by the database's migration lock; callers inside one process also
+share Alembic's module-level migration context, so the package lets one migration of the
+process run at a time (``MIGRATION_GATE``). Without it, every caller could fail and leave a
+new SQLite store with no schema.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import mnestoma
+from mnestoma.aio import AsyncMnestoma
+from mnestoma.maintenance.migration import MIGRATION_GATE, head_revision
+
+EDGE = ("first.src", "1", "first.dst", "1")
+THREADS = 8
+
+
+def _at_once(n: int, work: Callable[[int], Any]) -> tuple[list[Any], list[BaseException]]:
+    """``work(i)`` in ``n`` threads released together: what each returned, what each raised."""
+    start = threading.Barrier(n)
+    results: list[Any] = []
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        start.wait()
+        try:
+            results.append(work(i))
+        except BaseException as err:  # every failure is reported
+            errors.append(err)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads), "a thread hung"
+    return results, errors
+
+
+def test_threads_opening_a_new_sqlite_store_at_once_all_record_and_none_sees_a_half_made_one(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'new.sqlite'}"
+
+    def first_call(_: int) -> int:
+        with mnestoma.Mnestoma(url) as store:
+            return store.record_passing(*EDGE).uses
+
+    results, errors = _at_once(THREADS, first_call)
+    assert errors == []
+    assert sorted(results) == list(range(1, THREADS + 1))
+    assert mnestoma.current_revision(url) == head_revision()
+
+
+def test_threads_upgrading_one_new_database_at_once_all_end_at_head(
+    engine_name: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    url = (
+        f"sqlite:///{tmp_path / 'new.sqlite'}"
+        if engine_name == "sqlite"
+        else request.getfixturevalue("pg_empty_db_url")
+    )
+    results, errors = _at_once(4, lambda _: mnestoma.upgrade(url))
+    assert errors == []
+    assert all(r.after == head_revision() for r in results)
+    assert sum(r.moved for r in results) == 1  # one did the work, three waited
+    assert mnestoma.current_revision(url) == head_revision()
+
+
+def test_async_doors_of_one_loop_opening_a_new_sqlite_store_at_once_all_record(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'new.sqlite'}"
+
+    async def main() -> list[Any]:
+        doors = [AsyncMnestoma(url) for _ in range(4)]
+        try:
+            return await asyncio.gather(
+                *(d.record_passing(*EDGE) for d in doors), return_exceptions=True
+            )
+        finally:
+            for d in doors:
+                await d.close()
+
+    results = asyncio.run(asyncio.wait_for(main(), 120))
+    assert [type(r).__name__ for r in results] == ["Mnest"] * 4
+    assert sorted(r.uses for r in results) == [1, 2, 3, 4]
+
+
+def test_an_async_door_waits_for_a_threads_migration_without_blocking_its_loop(
+    tmp_path: Path,
+) -> None:
+    """While another thread holds the gate, the loop keeps running its other work; the
+    door's first call completes once the gate is free."""
+    url = f"sqlite:///{tmp_path / 'new.sqlite'}"
+    held, release = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with MIGRATION_GATE.held():
+            held.set()
+            release.wait(30)
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    assert held.wait(10)
+
+    async def main() -> tuple[int, int]:
+        ticks = 0
+
+        async def ticking() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        ticker = asyncio.ensure_future(ticking())
+        door = AsyncMnestoma(url)
+        try:
+            call = asyncio.ensure_future(door.record_passing(*EDGE))
+            await asyncio.sleep(0.3)
+            assert not call.done()  # waiting for the gate
+            seen = ticks
+            release.set()
+            return (await asyncio.wait_for(call, 60)).uses, seen
+        finally:
+            ticker.cancel()
+            await door.close()
+
+    started = time.monotonic()
+    uses, ticks = asyncio.run(main())
+    thread.join(10)
+    assert uses == 1
+    assert ticks >= 10  # the loop ran its other work while the door waited
+    assert time.monotonic() - started < 60
