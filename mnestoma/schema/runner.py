@@ -696,9 +696,16 @@ def _committed_with(
     sent alone in autocommit: the server runs it as a transaction of its own and commits
     it, with no ``BEGIN`` before it and no ``COMMIT`` after (one message, a third of the
     client's time of a pipeline, measured). Otherwise the ``COMMIT`` follows it in one
-    pipeline. A connection whose autocommit cannot be turned off again is closed, so that
-    its pool never hands it out in autocommit."""
-    if dbapi.info.transaction_status != _IDLE:
+    pipeline, as it does where the connection asks its transactions for an isolation level,
+    read-only or deferrable (psycopg says so in the ``BEGIN``, which autocommit would leave
+    out). A connection whose autocommit cannot be turned off again is closed, so that its
+    pool never hands it out in autocommit."""
+    if (
+        dbapi.info.transaction_status != _IDLE
+        or dbapi.isolation_level is not None
+        or dbapi.read_only is not None
+        or dbapi.deferrable is not None
+    ):
         with dbapi.pipeline():
             cursor.execute(sql, data)
             dbapi.commit()

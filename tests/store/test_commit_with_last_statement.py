@@ -308,3 +308,48 @@ def test_a_committing_statement_that_fails_leaves_the_driver_outside_autocommit_
         )
         assert found == [(3,)]
         assert dbapi.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [("isolation_level", "REPEATABLE_READ"), ("read_only", True), ("deferrable", True)],
+    ids=["isolation_level", "read_only", "deferrable"],
+)
+def test_a_committing_statement_keeps_the_transaction_a_connection_asks_for(
+    pg_store_url: str, setting: tuple[str, Any]
+) -> None:
+    """A connection whose transactions begin with an isolation level, read-only or
+    deferrable (psycopg says so in its BEGIN): the statement runs in such a transaction, not
+    alone in autocommit, and is committed."""
+    import psycopg
+
+    from mnestoma.schema.runner import _committed_with
+
+    class Fetch:
+        @staticmethod
+        def fetch(cursor: Any) -> list[tuple[Any, ...]]:
+            return list(cursor.fetchall())
+
+    name, value = setting
+    if name == "isolation_level":
+        value = psycopg.IsolationLevel[value]
+    url = pg_store_url.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(url) as dbapi:
+        setattr(dbapi, name, value)
+        found = _committed_with(
+            dbapi,
+            psycopg.RawCursor(dbapi),
+            "SELECT current_setting('transaction_isolation'),"
+            " current_setting('transaction_read_only'),"
+            " current_setting('transaction_deferrable')",
+            None,
+            Fetch(),  # type: ignore[arg-type]
+        )
+        assert dbapi.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        assert dbapi.autocommit is False
+    expected = {
+        "isolation_level": ("repeatable read", "off", "off"),
+        "read_only": ("read committed", "on", "off"),
+        "deferrable": ("read committed", "off", "on"),
+    }[name]
+    assert found == [expected]
