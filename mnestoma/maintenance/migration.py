@@ -607,6 +607,12 @@ class _MigrationGate:
         self._lock = threading.Lock()
         self._owner: int | None = None
 
+    def _forked(self) -> None:
+        """In a forked child: a gate of its own, free (the thread of the parent that may
+        have held it is not in the child, and would never let it go)."""
+        self._lock = threading.Lock()
+        self._owner = None
+
     @contextmanager
     def held(self) -> Iterator[None]:
         """Held for the block, waiting for another thread's migration to end."""
@@ -638,6 +644,8 @@ class _MigrationGate:
 # How often an async caller looks whether another migration of the process has ended.
 MIGRATION_GATE_POLL_S = 0.005
 MIGRATION_GATE = _MigrationGate()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=MIGRATION_GATE._forked)
 
 
 def upgrade(

@@ -717,3 +717,25 @@ def test_a_child_forked_while_an_async_store_writes_in_another_thread_can_write(
     assert outcome == "ok" and took < QUICK_S, (outcome, took)
     with mnestoma.Mnestoma(store_url) as store:
         assert {e.src_executor for e in store.edges()} == {"parent", "child"}
+
+
+def test_a_child_forked_while_another_thread_holds_the_migration_gate_opens_a_new_store(
+    tmp_path: Path,
+) -> None:
+    """The thread of the parent that held the process's migration gate is not in the
+    child: the child's first call on a new store migrates it, not waits for ever."""
+    from mnestoma.maintenance.migration import MIGRATION_GATE
+
+    url = f"sqlite:///{tmp_path / 'new.sqlite'}"
+
+    def hold(inside: threading.Event, release: threading.Event) -> None:
+        with MIGRATION_GATE.held():
+            inside.set()
+            release.wait(CHILD_TIMEOUT)
+
+    def child() -> int:
+        with mnestoma.Mnestoma(url) as store:
+            return store.record_passing("search", "1", "read", "1").uses
+
+    with another_thread(hold):
+        assert in_forked_child(child) == 1
