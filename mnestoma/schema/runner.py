@@ -698,8 +698,12 @@ def _committed_with(
     client's time of a pipeline, measured). Otherwise the ``COMMIT`` follows it in one
     pipeline, as it does where the connection asks its transactions for an isolation level,
     read-only or deferrable (psycopg says so in the ``BEGIN``, which autocommit would leave
-    out). A connection whose autocommit cannot be turned off again is closed, so that its
-    pool never hands it out in autocommit."""
+    out). A connection already in autocommit (an engine's ``AUTOCOMMIT`` isolation level)
+    runs it as it is and stays so; one whose autocommit cannot be turned off again is
+    closed, so that its pool never hands it out in autocommit."""
+    if dbapi.autocommit:
+        cursor.execute(sql, data)
+        return prepared.fetch(cursor)
     if (
         dbapi.info.transaction_status != _IDLE
         or dbapi.isolation_level is not None

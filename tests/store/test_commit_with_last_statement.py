@@ -353,3 +353,30 @@ def test_a_committing_statement_keeps_the_transaction_a_connection_asks_for(
         "deferrable": ("read committed", "off", "on"),
     }[name]
     assert found == [expected]
+
+
+def test_a_facade_on_an_autocommit_engine_leaves_its_connections_in_autocommit(
+    pg_store_url: str,
+) -> None:
+    """A service's engine with ``isolation_level="AUTOCOMMIT"``: its connections stay in
+    autocommit after the package's passing, so the service's own statements on them are
+    still committed as they run."""
+    from sqlalchemy.pool import QueuePool
+
+    engine = create_engine(
+        pg_store_url, isolation_level="AUTOCOMMIT", poolclass=QueuePool, pool_size=1
+    )
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("CREATE TABLE service_rows (n int)"))
+        with mnestoma.Mnestoma(engine) as store:
+            assert store.record_passing(*EDGE).uses == 1
+            assert store.record_passing(*EDGE).uses == 2
+        with engine.connect() as conn:
+            assert conn.connection.dbapi_connection.autocommit is True  # type: ignore[union-attr]
+            conn.execute(text("INSERT INTO service_rows VALUES (1)"))  # no commit: autocommit
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT count(*) FROM service_rows")).scalar() == 1
+            conn.execute(text("DROP TABLE service_rows"))
+    finally:
+        engine.dispose()
