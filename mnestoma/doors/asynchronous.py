@@ -42,8 +42,9 @@ from mnestoma.doors.shared import (
     FacadeBase,
     MnestOperations,
     Replicas,
-    ensure_schema,
+    ensure_schema_handed,
     operation,
+    schema_at_head,
     store_url,
 )
 from mnestoma.engines import (
@@ -547,11 +548,15 @@ class AsyncMnestoma(FacadeBase[AsyncEngine], _MnestOperations):
         await asyncio.shield(check)
 
     async def _check_schema(self) -> None:
-        # One migration at a time in the process, waited for without blocking the loop: a
-        # blocking wait in this greenlet would hold up the loop another door's needs.
-        async with MIGRATION_GATE.held_async():
-            with translate_errors():
-                await greenlet_spawn(ensure_schema, self.engine.sync_engine)
+        sync = self.engine.sync_engine
+        with translate_errors():
+            at_head = await greenlet_spawn(schema_at_head, sync)
+        if not at_head:
+            # One migration at a time in the process, waited for without blocking the
+            # loop: a blocking wait in a greenlet would hold up the loop another door needs.
+            async with MIGRATION_GATE.held_async():
+                with translate_errors():
+                    await greenlet_spawn(ensure_schema_handed, sync)
         self._at_head = True
 
     async def _call(

@@ -276,10 +276,22 @@ def ensure_schema(engine: Engine) -> None:
     A store found behind head is looked at again, and migrated, while no other thread of
     the process migrates (:data:`~mnestoma.maintenance.migration.MIGRATION_GATE`): a store
     another thread is creating is waited for, not found half made."""
-    if current_revision(engine) == head_revision():
+    if schema_at_head(engine):
         return
     with MIGRATION_GATE.held():
         ensure_at_head(engine, auto_migrate=is_sqlite(engine) and _is_empty(engine))
+
+
+def schema_at_head(engine: Engine) -> bool:
+    """Whether the store's schema is at head already (one read: nothing to migrate)."""
+    return current_revision(engine) == head_revision()
+
+
+def ensure_schema_handed(engine: Engine) -> None:
+    """:func:`ensure_schema` in the greenlet of an async door that holds the migration gate
+    (:meth:`~mnestoma.maintenance.migration._MigrationGate.handed_here`)."""
+    with MIGRATION_GATE.handed_here():
+        ensure_schema(engine)
 
 
 def _is_empty(engine: Engine) -> bool:

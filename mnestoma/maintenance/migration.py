@@ -47,6 +47,14 @@ from mnestoma.schema.models import VIEW_NAME, Base
 from mnestoma.schema.sql.partitions import LAYOUT_NAMES, PARTITION_NAME, is_layout_name
 from mnestoma.schema.sql.partman import PARTMAN_NAME
 
+_getcurrent: Callable[[], object] | None
+try:  # SQLAlchemy's asyncio support runs on greenlets
+    from greenlet import getcurrent as _found  # type: ignore[import-untyped]
+
+    _getcurrent = _found
+except ImportError:  # pragma: no cover - no async support
+    _getcurrent = None
+
 __all__ = [
     "DEFAULT_MIGRATION_LOCK_TIMEOUT_S",
     "ENV_MIGRATION_LOCK_TIMEOUT",
@@ -595,31 +603,47 @@ def _revision_errors() -> Iterator[None]:
         raise InvalidInput(f"revision: {first_line}") from None
 
 
+def _running() -> object:
+    """Who runs this code: the greenlet (an async door runs its migration in one of its
+    own, inside the event loop's thread), else the thread."""
+    return _getcurrent() if _getcurrent is not None else threading.get_ident()
+
+
 class _MigrationGate:
     """One Alembic command at a time in this process. Alembic keeps the running migration's
     context in module globals (``alembic.context``, ``alembic.op``), so two migrations run
     by threads of one process, or by coroutines of one event loop (the async door runs its
     migration in a greenlet), would each overwrite the other's. The database's migration
-    lock serialises processes; this serialises a process's own callers. The same thread may
-    enter again (a migration that asks for another, an async caller's greenlet)."""
+    lock serialises processes; this serialises a process's own callers. Whoever holds it
+    may enter again (a migration that asks for another); an async holder hands it to the
+    greenlet that runs its migration (:meth:`handed_here`)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._owner: int | None = None
+        self._owner: object = None
+        self._loop_thread: int | None = None  # the event loop's thread of an async holder
 
     def _forked(self) -> None:
         """In a forked child: a gate of its own, free (the thread of the parent that may
         have held it is not in the child, and would never let it go)."""
         self._lock = threading.Lock()
         self._owner = None
+        self._loop_thread = None
 
     @contextmanager
     def held(self) -> Iterator[None]:
-        """Held for the block, waiting for another thread's migration to end."""
-        me = threading.get_ident()
-        if self._owner == me:
+        """Held for the block, waiting for another thread's migration to end. In the thread
+        of an event loop whose coroutine holds it, :class:`ConflictError` at once: a wait
+        there would stop the loop that coroutine needs to finish."""
+        me = _running()
+        if self._owner is not None and self._owner == me:
             yield
             return
+        if self._loop_thread == threading.get_ident() and self._lock.locked():
+            raise ConflictError(
+                "another migration of this process is running in this thread's event loop "
+                "(an async door opening a store); call again once it has ended"
+            )
         with self._lock:
             self._owner = me
             try:
@@ -630,15 +654,26 @@ class _MigrationGate:
     @asynccontextmanager
     async def held_async(self) -> AsyncIterator[None]:
         """Held for the block, waiting without blocking the event loop (the holder may be
-        another coroutine of the same loop, which needs the loop to finish)."""
+        another coroutine of the same loop, which needs the loop to finish). The migration
+        itself runs in a greenlet the block spawns, under :meth:`handed_here`."""
         while not self._lock.acquire(blocking=False):
             await asyncio.sleep(MIGRATION_GATE_POLL_S)
-        self._owner = threading.get_ident()
+        self._loop_thread = threading.get_ident()
         try:
             yield
         finally:
             self._owner = None
+            self._loop_thread = None
             self._lock.release()
+
+    @contextmanager
+    def handed_here(self) -> Iterator[None]:
+        """For the block, the gate an async holder took belongs to the greenlet running it."""
+        before, self._owner = self._owner, _running()
+        try:
+            yield
+        finally:
+            self._owner = before
 
 
 # How often an async caller looks whether another migration of the process has ended.

@@ -142,3 +142,52 @@ def test_an_async_door_waits_for_a_threads_migration_without_blocking_its_loop(
     assert uses == 1
     assert ticks >= 10  # the loop ran its other work while the door waited
     assert time.monotonic() - started < 60
+
+
+def test_a_sync_migration_in_the_loop_thread_of_an_async_holder_is_refused_not_run_alongside(
+    tmp_path: Path,
+) -> None:
+    """A coroutine holds the gate while its migration waits at an ``await``; sync code of
+    another coroutine of the same loop cannot wait for it (the loop would stop) and must not
+    run its migration alongside (Alembic's context is one per process): ConflictError, and
+    the new store is left unmade."""
+    url = f"sqlite:///{tmp_path / 'other.sqlite'}"
+
+    async def main() -> None:
+        async with MIGRATION_GATE.held_async():
+            with pytest.raises(mnestoma.ConflictError, match="event loop"):
+                mnestoma.Mnestoma(url)
+            with pytest.raises(mnestoma.ConflictError, match="event loop"):
+                mnestoma.upgrade(url)
+        with mnestoma.Mnestoma(url) as store:  # once the gate is free, as ever
+            assert store.record_passing(*EDGE).uses == 1
+
+    asyncio.run(main())
+
+
+def test_an_async_door_on_a_store_at_head_does_not_wait_for_the_gate(store_url: str) -> None:
+    """Only a store behind head needs the gate: another thread's long migration does not
+    hold up an async door whose store is at head."""
+    held, release = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with MIGRATION_GATE.held():
+            held.set()
+            release.wait(30)
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    try:
+        assert held.wait(10)
+
+        async def main() -> int:
+            door = AsyncMnestoma(store_url)
+            try:
+                return (await asyncio.wait_for(door.record_passing(*EDGE), 20)).uses
+            finally:
+                await door.close()
+
+        assert asyncio.run(main()) == 1
+    finally:
+        release.set()
+        thread.join(10)
