@@ -614,61 +614,102 @@ class _MigrationGate:
     context in module globals (``alembic.context``, ``alembic.op``), so two migrations run
     by threads of one process, or by coroutines of one event loop (the async door runs its
     migration in a greenlet), would each overwrite the other's. The database's migration
-    lock serialises processes; this serialises a process's own callers. Whoever holds it
-    may enter again (a migration that asks for another); an async holder hands it to the
-    greenlet that runs its migration (:meth:`handed_here`)."""
+    lock serialises processes; this serialises a process's own callers.
+
+    Whoever holds it may enter again (a migration that asks for another); an async holder
+    hands it to the greenlet that runs its migration (:meth:`handed_here`). A caller in
+    the thread of the holder that is not the holder cannot wait (the holder could only go
+    on once it returned): :class:`ConflictError` at once. A holder that can never let it go
+    (its event loop closed with the migration pending, or its thread gone) is found by
+    those waiting, who take the gate over."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._swap = threading.Lock()  # guards a take-over of an abandoned gate
         self._owner: object = None
-        self._loop_thread: int | None = None  # the event loop's thread of an async holder
+        self._thread: int | None = None  # the holder's thread
+        self._loop: asyncio.AbstractEventLoop | None = None  # an async holder's loop
 
     def _forked(self) -> None:
         """In a forked child: a gate of its own, free (the thread of the parent that may
         have held it is not in the child, and would never let it go)."""
-        self._lock = threading.Lock()
-        self._owner = None
-        self._loop_thread = None
+        self._lock, self._swap = threading.Lock(), threading.Lock()
+        self._owner = self._thread = self._loop = None
+
+    def _refuse_in_holders_thread(self) -> None:
+        self._take_over_if_abandoned(self._lock)  # (a thread's id is reused once it ends)
+        if self._lock.locked() and self._thread == threading.get_ident():
+            raise ConflictError(
+                "another migration of this process is running in this thread (another "
+                "coroutine of this thread's event loop); call again once it has ended"
+            )
+
+    def _take(self, blocking: bool) -> threading.Lock | None:
+        """The lock, once had (None when ``blocking`` is false and it is taken); an
+        abandoned holder's lock is replaced by a free one first."""
+        while True:
+            lock = self._lock
+            if lock.acquire(timeout=MIGRATION_GATE_LOOK_S) if blocking else lock.acquire(False):
+                if self._lock is lock:
+                    return lock
+                lock.release()  # taken over meanwhile: take the new one
+                continue
+            self._take_over_if_abandoned(lock)
+            if not blocking:
+                return None
+            self._refuse_in_holders_thread()
+
+    def _take_over_if_abandoned(self, lock: threading.Lock) -> None:
+        loop, thread = self._loop, self._thread
+        gone = (loop is not None and loop.is_closed()) or (
+            thread is not None and all(t.ident != thread for t in threading.enumerate())
+        )
+        if gone:
+            with self._swap:
+                if self._lock is lock:
+                    self._lock = threading.Lock()
+                    self._owner = self._thread = self._loop = None
+
+    def _let_go(self, lock: threading.Lock) -> None:
+        if self._lock is lock:
+            self._owner = self._thread = self._loop = None
+        lock.release()
 
     @contextmanager
     def held(self) -> Iterator[None]:
-        """Held for the block, waiting for another thread's migration to end. In the thread
-        of an event loop whose coroutine holds it, :class:`ConflictError` at once: a wait
-        there would stop the loop that coroutine needs to finish."""
+        """Held for the block, waiting for another thread's migration to end (see the
+        class for the holder's own thread)."""
         me = _running()
         if self._owner is not None and self._owner == me:
             yield
             return
-        if self._loop_thread == threading.get_ident() and self._lock.locked():
-            raise ConflictError(
-                "another migration of this process is running in this thread's event loop "
-                "(an async door opening a store); call again once it has ended"
-            )
-        with self._lock:
-            self._owner = me
-            try:
-                yield
-            finally:
-                self._owner = None
+        self._refuse_in_holders_thread()
+        lock = self._take(blocking=True)
+        assert lock is not None
+        self._owner, self._thread = me, threading.get_ident()
+        try:
+            yield
+        finally:
+            self._let_go(lock)
 
     @asynccontextmanager
     async def held_async(self) -> AsyncIterator[None]:
         """Held for the block, waiting without blocking the event loop (the holder may be
         another coroutine of the same loop, which needs the loop to finish). The migration
         itself runs in a greenlet the block spawns, under :meth:`handed_here`."""
-        while not self._lock.acquire(blocking=False):
+        while (lock := self._take(blocking=False)) is None:
             await asyncio.sleep(MIGRATION_GATE_POLL_S)
-        self._loop_thread = threading.get_ident()
+        self._thread, self._loop = threading.get_ident(), asyncio.get_running_loop()
         try:
             yield
         finally:
-            self._owner = None
-            self._loop_thread = None
-            self._lock.release()
+            self._let_go(lock)
 
     @contextmanager
     def handed_here(self) -> Iterator[None]:
         """For the block, the gate an async holder took belongs to the greenlet running it."""
+        if not self._lock.locked() or self._thread != threading.get_ident():
+            raise RuntimeError("the migration gate is handed on only by its async holder")
         before, self._owner = self._owner, _running()
         try:
             yield
@@ -678,6 +719,8 @@ class _MigrationGate:
 
 # How often an async caller looks whether another migration of the process has ended.
 MIGRATION_GATE_POLL_S = 0.005
+# How often a caller waiting in a thread looks whether the holder can still let it go.
+MIGRATION_GATE_LOOK_S = 0.5
 MIGRATION_GATE = _MigrationGate()
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=MIGRATION_GATE._forked)

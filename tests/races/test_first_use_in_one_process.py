@@ -150,7 +150,7 @@ def test_a_sync_migration_in_the_loop_thread_of_an_async_holder_is_refused_not_r
     """A coroutine holds the gate while its migration waits at an ``await``; sync code of
     another coroutine of the same loop cannot wait for it (the loop would stop) and must not
     run its migration alongside (Alembic's context is one per process): ConflictError, and
-    the new store is left unmade."""
+    the new store is not migrated."""
     url = f"sqlite:///{tmp_path / 'other.sqlite'}"
 
     async def main() -> None:
@@ -159,6 +159,7 @@ def test_a_sync_migration_in_the_loop_thread_of_an_async_holder_is_refused_not_r
                 mnestoma.Mnestoma(url)
             with pytest.raises(mnestoma.ConflictError, match="event loop"):
                 mnestoma.upgrade(url)
+            assert mnestoma.current_revision(url) is None
         with mnestoma.Mnestoma(url) as store:  # once the gate is free, as ever
             assert store.record_passing(*EDGE).uses == 1
 
@@ -191,3 +192,63 @@ def test_an_async_door_on_a_store_at_head_does_not_wait_for_the_gate(store_url: 
     finally:
         release.set()
         thread.join(10)
+
+
+def test_two_coroutines_migrating_through_run_sync_at_once_do_not_hang(tmp_path: Path) -> None:
+    """Two coroutines of one loop each run ``mnestoma.upgrade`` in a greenlet of their own
+    (``run_sync``): the second cannot wait for the first in the loop's thread, and gets
+    ConflictError at once; the first migrates."""
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    async def one(i: int) -> Any:
+        engine = create_async_engine(f"sqlite+aiosqlite:///{tmp_path / f'rs{i}.sqlite'}")
+        try:
+            async with engine.begin() as conn:
+                return (await conn.run_sync(mnestoma.upgrade)).after
+        finally:
+            await engine.dispose()
+
+    async def main() -> list[Any]:
+        return await asyncio.wait_for(asyncio.gather(one(1), one(2), return_exceptions=True), 60)
+
+    results = asyncio.run(main())
+    assert sorted(type(r).__name__ for r in results) == ["ConflictError", "str"]
+    assert head_revision() in results
+
+
+def test_a_migration_left_pending_by_a_closed_event_loop_does_not_hold_up_the_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An event loop closed while its async door was migrating (its task never resumed)
+    leaves the gate to the process: the next caller takes it over and migrates."""
+    from sqlalchemy.util import await_only
+
+    import mnestoma.doors.shared as shared
+
+    original = shared.ensure_at_head
+
+    def slow(engine: Any, *, auto_migrate: bool) -> None:
+        await_only(asyncio.sleep(0.5))
+        original(engine, auto_migrate=auto_migrate)
+
+    monkeypatch.setattr(shared, "ensure_at_head", slow)
+
+    def abandoned() -> None:
+        loop = asyncio.new_event_loop()
+        door = AsyncMnestoma(f"sqlite:///{tmp_path / 'left.sqlite'}")
+        with pytest.raises(TimeoutError):
+            loop.run_until_complete(asyncio.wait_for(door.record_passing(*EDGE), 0.2))
+        loop.close()
+
+    thread = threading.Thread(target=abandoned)
+    thread.start()
+    thread.join(30)
+    monkeypatch.setattr(shared, "ensure_at_head", original)
+    results, errors = _at_once(1, lambda _: _first_call(f"sqlite:///{tmp_path / 'next.sqlite'}"))
+    assert errors == []
+    assert results == [1]
+
+
+def _first_call(url: str) -> int:
+    with mnestoma.Mnestoma(url) as store:
+        return store.record_passing(*EDGE).uses
