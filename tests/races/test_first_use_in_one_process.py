@@ -9,9 +9,10 @@ new SQLite store with no schema.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,27 @@ def _at_once(n: int, work: Callable[[int], Any]) -> tuple[list[Any], list[BaseEx
         t.join(120)
     assert not any(t.is_alive() for t in threads), "a thread hung"
     return results, errors
+
+
+@contextlib.contextmanager
+def gate_held_by_another_thread() -> Iterator[threading.Event]:
+    """The process's migration gate held by another thread for the block, or until the
+    event given to the block is set."""
+    held, release = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with MIGRATION_GATE.held():
+            held.set()
+            release.wait(30)
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    try:
+        assert held.wait(10)
+        yield release
+    finally:
+        release.set()
+        thread.join(10)
 
 
 def test_threads_opening_a_new_sqlite_store_at_once_all_record_and_none_sees_a_half_made_one(
@@ -103,18 +125,8 @@ def test_an_async_door_waits_for_a_threads_migration_without_blocking_its_loop(
     """While another thread holds the gate, the loop keeps running its other work; the
     door's first call completes once the gate is free."""
     url = f"sqlite:///{tmp_path / 'new.sqlite'}"
-    held, release = threading.Event(), threading.Event()
 
-    def holder() -> None:
-        with MIGRATION_GATE.held():
-            held.set()
-            release.wait(30)
-
-    thread = threading.Thread(target=holder)
-    thread.start()
-    assert held.wait(10)
-
-    async def main() -> tuple[int, int]:
+    async def main(release: threading.Event) -> tuple[int, int]:
         ticks = 0
 
         async def ticking() -> None:
@@ -137,8 +149,8 @@ def test_an_async_door_waits_for_a_threads_migration_without_blocking_its_loop(
             await door.close()
 
     started = time.monotonic()
-    uses, ticks = asyncio.run(main())
-    thread.join(10)
+    with gate_held_by_another_thread() as release:
+        uses, ticks = asyncio.run(main(release))
     assert uses == 1
     assert ticks >= 10  # the loop ran its other work while the door waited
     assert time.monotonic() - started < 60
@@ -169,29 +181,16 @@ def test_a_sync_migration_in_the_loop_thread_of_an_async_holder_is_refused_not_r
 def test_an_async_door_on_a_store_at_head_does_not_wait_for_the_gate(store_url: str) -> None:
     """Only a store behind head needs the gate: another thread's long migration does not
     hold up an async door whose store is at head."""
-    held, release = threading.Event(), threading.Event()
 
-    def holder() -> None:
-        with MIGRATION_GATE.held():
-            held.set()
-            release.wait(30)
+    async def main() -> int:
+        door = AsyncMnestoma(store_url)
+        try:
+            return (await asyncio.wait_for(door.record_passing(*EDGE), 20)).uses
+        finally:
+            await door.close()
 
-    thread = threading.Thread(target=holder)
-    thread.start()
-    try:
-        assert held.wait(10)
-
-        async def main() -> int:
-            door = AsyncMnestoma(store_url)
-            try:
-                return (await asyncio.wait_for(door.record_passing(*EDGE), 20)).uses
-            finally:
-                await door.close()
-
+    with gate_held_by_another_thread():
         assert asyncio.run(main()) == 1
-    finally:
-        release.set()
-        thread.join(10)
 
 
 def test_two_coroutines_migrating_through_run_sync_at_once_do_not_hang(tmp_path: Path) -> None:
