@@ -694,7 +694,7 @@ def _committed_with(
     """Run a statement that ends its transaction on psycopg's ``dbapi`` and commit it, in
     one round trip; its rows. When the transaction has sent nothing yet, the statement is
     sent alone in autocommit: the server runs it as a transaction of its own and commits
-    it, with no ``BEGIN`` before it and no ``COMMIT`` after (one message, a third of the
+    it, with no ``BEGIN`` before it and no ``COMMIT`` after (one message, about half the
     client's time of a pipeline, measured). Otherwise the ``COMMIT`` follows it in one
     pipeline, as it does where the connection asks its transactions for an isolation level,
     read-only or deferrable (psycopg says so in the ``BEGIN``, which autocommit would leave
