@@ -355,7 +355,7 @@ class _AsyncUnit:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await _to_the_end(self._run(lambda: self._unit.__exit__(None, None, None)))
+        await _to_the_end(self._run(lambda: self._unit.__exit__(*exc)))
 
     async def _run(self, end: Callable[[], None]) -> None:
         await _settled(self.session)

@@ -15,6 +15,7 @@ Repositories never commit; these do.
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol, Self, TypeVar
 
@@ -22,7 +23,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session, SessionTransaction, sessionmaker
 
 from mnestoma.core.clock import Clock
-from mnestoma.core.errors import InvalidInput, translate_errors
+from mnestoma.core.errors import InvalidInput, MnestomaError, translate_errors
 from mnestoma.core.retrying import MAX_ATTEMPTS, retry_pause, with_retries
 from mnestoma.core.settings import Settings, settings_of
 from mnestoma.engines.locking import take_write_lock
@@ -104,10 +105,26 @@ class _Repositories:
         )
 
     def __exit__(self, *exc: object) -> None:
-        self.rollback()
+        ended(self.rollback, exc[1] if len(exc) > 1 else None)
 
     def rollback(self) -> None:
         raise NotImplementedError
+
+
+logger = logging.getLogger("mnestoma.uow")  # the logger's public name
+
+
+def ended(rollback: Callable[[], None], in_flight: object) -> None:
+    """Run a unit's closing ``rollback`` (each unit's own raises the package's errors).
+    When the block is leaving by an exception (``in_flight``), that exception goes on and a
+    failed rollback is only logged: it fails when the connection is lost, and the database
+    then discards the transaction itself; the caller's own error says more."""
+    try:
+        rollback()
+    except MnestomaError as err:
+        if in_flight is None:
+            raise
+        logger.warning("the unit of work could not roll back as its block raised: %s", err)
 
 
 def check_factory(
@@ -199,10 +216,15 @@ class JoinedUnitOfWork(_Repositories):
 
         Returns:
             None.
+
+        Raises:
+            StoreError: the database failed (:class:`DatabaseUnavailable`: the connection
+                was lost, and with it the caller's transaction).
         """
-        if self._savepoint is not None and self._savepoint.is_active:
-            self._savepoint.rollback()
-        self._savepoint = None
+        savepoint, self._savepoint = self._savepoint, None
+        if savepoint is not None and savepoint.is_active:
+            with translate_errors():
+                savepoint.rollback()
 
 
 class UnitOfWork(_Repositories):
@@ -250,7 +272,7 @@ class UnitOfWork(_Repositories):
 
     def __exit__(self, *exc: object) -> None:
         try:
-            self.session.rollback()
+            super().__exit__(*exc)
         finally:
             self.session.close()
 
@@ -270,7 +292,7 @@ class UnitOfWork(_Repositories):
             self.session.commit()
         if self._after_commit is not None:
             self._after_commit(self.session)
-            self.session.rollback()
+            self.rollback()
         upkeep_after_commit(self.session)  # PostgreSQL: months its writes reached (§12)
 
     def rollback(self) -> None:
@@ -278,8 +300,13 @@ class UnitOfWork(_Repositories):
 
         Returns:
             None.
+
+        Raises:
+            StoreError: the database failed (:class:`DatabaseUnavailable`: the connection
+                was lost, and with it the uncommitted work).
         """
-        self.session.rollback()
+        with translate_errors():
+            self.session.rollback()
 
     # ``UnitOfWork.joining(session, *, settings=None, clock=None, recorder=None)``: a unit of
     # work inside a session (and transaction) that the caller owns.
@@ -325,13 +352,15 @@ class ConnectionUnitOfWork(_Repositories):
         upkeep_after_commit(self.connection)
 
     def rollback(self) -> None:
-        """Throw away the work done since the last commit."""
+        """Throw away the work done since the last commit (the package's errors, as
+        :meth:`UnitOfWork.rollback`)."""
         if self.connection.in_transaction():
-            self.connection.rollback()
+            with translate_errors():
+                self.connection.rollback()
 
     def __exit__(self, *exc: object) -> None:
         try:
-            self.rollback()
+            super().__exit__(*exc)
         finally:
             if isinstance(self._bind, Engine):
                 self.connection.close()
