@@ -7,6 +7,7 @@ very module of its home; the other 0.4.0 paths import as their new home with a
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -32,40 +33,71 @@ PUBLIC = {
 
 def _fresh(code: str) -> dict[str, object]:
     """What ``code`` (which sets ``out``) finds in a new interpreter, with warnings recorded."""
-    script = (
-        "import json, warnings\n"
-        "with warnings.catch_warnings(record=True) as caught:\n"
-        "    warnings.simplefilter('always')\n"
-        + "".join(f"    {line}\n" for line in code.splitlines())
-        + "out['warnings'] = [str(w.message) for w in caught"
-        " if issubclass(w.category, DeprecationWarning)]\n"
-        "print(json.dumps(out))\n"
-    )
+    return _fresh_each((("only", code),))["only"]
+
+
+def _fresh_each(cases: tuple[tuple[str, str], ...]) -> dict[str, dict[str, object]]:
+    """What each case's code (which sets ``out``) finds, run one after the other in one new
+    interpreter, each with its own warnings recorded: the paths of one test are distinct
+    modules, so one import does not hide another's first import."""
+    script = "import json, warnings\nresults = {}\n"
+    for key, code in cases:
+        script += (
+            "with warnings.catch_warnings(record=True) as caught:\n"
+            "    warnings.simplefilter('always')\n"
+            + "".join(f"    {line}\n" for line in code.splitlines())
+            + "out['warnings'] = [str(w.message) for w in caught"
+            " if issubclass(w.category, DeprecationWarning)]\n"
+            f"results[{key!r}] = out\n"
+        )
+    script += "print(json.dumps(results))\n"
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=REPO
     )
     return json.loads(done.stdout)  # type: ignore[no-any-return]
 
 
+@functools.cache
+def _public_paths() -> dict[str, dict[str, object]]:
+    """Each public path imported first in one new interpreter (one for all of them)."""
+    return _fresh_each(
+        tuple(
+            (
+                path,
+                f"import importlib, sys\n"
+                f"m = importlib.import_module({path!r})\n"
+                f"out = {{'same': m is sys.modules[{home!r}], 'has': hasattr(m, {name!r})}}",
+            )
+            for path, (home, name) in sorted(PUBLIC.items())
+        )
+    )
+
+
+@functools.cache
+def _moved_paths() -> dict[str, dict[str, object]]:
+    """Each moved path imported first in one new interpreter (one for all of them)."""
+    return _fresh_each(
+        tuple(
+            (
+                old,
+                f"import importlib, sys\n"
+                f"m = importlib.import_module({old!r})\n"
+                f"out = {{'same': m is importlib.import_module({new!r})}}",
+            )
+            for old, new in sorted(mnestoma.MOVED.items())
+        )
+    )
+
+
 @pytest.mark.parametrize("path", sorted(PUBLIC))
 def test_a_public_path_of_the_contract_is_the_very_module_of_its_home(path: str) -> None:
-    home, name = PUBLIC[path]
-    out = _fresh(
-        f"import importlib, sys\n"
-        f"m = importlib.import_module({path!r})\n"
-        f"out = {{'same': m is sys.modules[{home!r}], 'has': hasattr(m, {name!r})}}"
-    )
-    assert out == {"same": True, "has": True, "warnings": []}
+    assert _public_paths()[path] == {"same": True, "has": True, "warnings": []}
 
 
 @pytest.mark.parametrize("old", sorted(mnestoma.MOVED))
 def test_a_moved_path_imports_as_its_new_home_with_a_deprecation(old: str) -> None:
     new = mnestoma.MOVED[old]
-    out = _fresh(
-        f"import importlib, sys\n"
-        f"m = importlib.import_module({old!r})\n"
-        f"out = {{'same': m is importlib.import_module({new!r})}}"
-    )
+    out = _moved_paths()[old]
     assert out["same"] is True
     assert out["warnings"] == [f"{old} moved to {new} in mnestoma 0.5.0; import it from there"]
 
