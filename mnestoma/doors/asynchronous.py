@@ -379,6 +379,10 @@ class _AsyncUnit:
 
         Returns:
             None, once rolled back.
+
+        Raises:
+            StoreError: the database failed (:class:`DatabaseUnavailable`: the connection
+                was lost, and with it the uncommitted work).
         """
         await self._run(self._unit.rollback)
 
