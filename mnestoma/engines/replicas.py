@@ -337,6 +337,18 @@ def _bind_to_deadlines(engine: Engine | AsyncEngine) -> None:
 
     replace_dialect_method(dialect, "do_ping", do_ping)
     event.listen(sync, "do_connect", _refuse_past_deadline)
+    # First among the pool's connect listeners: before SQLAlchemy's first connection sets
+    # the dialect up with queries of its own (a server that lets the login through and then
+    # never answers held those, and the read, for ever).
+    event.listen(sync, "connect", _watch_new_connection, insert=True)
+
+
+def _watch_new_connection(dbapi_connection: Any, _record: Any) -> None:
+    """A connection opened during a read on a replica is under that read's deadline from
+    its first query on."""
+    guard = _GUARD.get()
+    if guard is not None:
+        _WATCHDOG.watch(guard, getattr(dbapi_connection, "driver_connection", dbapi_connection))
 
 
 def _refuse_past_deadline(dialect: Dialect, _record: Any, _cargs: Any, _cparams: Any) -> None:
