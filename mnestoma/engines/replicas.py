@@ -68,9 +68,11 @@ __all__ = [
     "ReplicaMeasure",
     "ReplicaSet",
     "ReplicaState",
+    "bind_to_deadlines",
     "identity_difference",
     "lsn_of",
     "measure_replica",
+    "read_deadline",
     "replica_connect_args",
     "replica_urls",
     "server_identity",
@@ -321,7 +323,22 @@ _GUARD: contextvars.ContextVar[ReadGuard | None] = contextvars.ContextVar(
 )
 
 
-def _bind_to_deadlines(engine: Engine | AsyncEngine) -> None:
+@contextlib.contextmanager
+def read_deadline(timeout: float) -> Iterator[ReadGuard]:
+    """A deadline ``timeout`` seconds from now for what this thread (or task) reads on the
+    engines bound to deadlines (:func:`bind_to_deadlines`) meanwhile: past it, their
+    sockets are shut down and no new connection is opened."""
+    guard = ReadGuard(timeout)
+    _WATCHDOG.arm(guard)
+    token = _GUARD.set(guard)
+    try:
+        yield guard
+    finally:
+        _GUARD.reset(token)
+        _WATCHDOG.disarm(guard)
+
+
+def bind_to_deadlines(engine: Engine | AsyncEngine) -> None:
     """Put the connections of a replica's engine under the deadline of the read in progress:
     the pool's ping of a pooled connection (a frozen server would never answer it), and no
     new connection once the deadline has passed."""
@@ -409,7 +426,7 @@ class ReplicaSet:
     ) -> None:
         self.engines: list[Any] = list(engines)  # Engine (sync door) or AsyncEngine
         for engine in self.engines:
-            _bind_to_deadlines(engine)
+            bind_to_deadlines(engine)
         self.settings = settings
         self.states = [ReplicaState(redact_url(u)) for u in urls]
         self.written = -1  # the highest WAL position this facade's writes reached
@@ -542,18 +559,10 @@ class ReplicaSet:
 
     # --- one read on one replica ----------------------------------------------------------
 
-    @contextlib.contextmanager
-    def bounded(self) -> Iterator[ReadGuard]:
+    def bounded(self) -> contextlib.AbstractContextManager[ReadGuard]:
         """The deadline of one read on a replica (connecting, the pool's ping, the checks,
         the read and giving the connection back): ``settings.replica_read_timeout`` from now."""
-        guard = ReadGuard(self.settings.replica_read_timeout)
-        _WATCHDOG.arm(guard)
-        token = _GUARD.set(guard)
-        try:
-            yield guard
-        finally:
-            _GUARD.reset(token)
-            _WATCHDOG.disarm(guard)
+        return read_deadline(self.settings.replica_read_timeout)
 
     def attempt(self, conn: Connection, i: int, work: Callable[[Connection], T]) -> T | _NotReady:
         """``work`` on replica ``i``'s connection ``conn`` when that replica can serve this

@@ -39,9 +39,11 @@ from mnestoma.core.timefmt import ago, iso_utc, short_utc
 from mnestoma.core.types import parse_sqlite_timestamp
 from mnestoma.engines import backend_of, make_engine, redact_url, resolve_database_url
 from mnestoma.engines.replicas import (
+    bind_to_deadlines,
     identity_difference,
     lsn_of,
     measure_replica,
+    read_deadline,
     replica_connect_args,
     replica_urls,
     server_identity,
@@ -167,13 +169,13 @@ class ReplicaFacts:
         """The ``replica`` line of the status."""
         if self.standby is None:
             return f"replica    {self.database}: does not answer ({self.error})"
-        if not self.standby:
-            return f"replica    {self.database}: not a standby (promoted?): not used for reads"
         if self.refused is not None:
             return (
                 f"replica    {self.database}: not a replica of this store ({self.refused}): "
                 "not used for reads"
             )
+        if not self.standby:
+            return f"replica    {self.database}: not a standby (promoted?): not used for reads"
         behind = f" ({self.behind_bytes} bytes of WAL behind the primary)"
         if self.receiving is False:
             where = (
@@ -513,7 +515,9 @@ def collect_status(
         )
         urls = replica_urls(primary_url, replicas)
         primary = _primary_facts(url_or_engine)
-        status.replicas = [_replica_facts(u, primary) for u in urls]
+        status.replicas = [
+            _replica_facts(u, primary, settings.replica_read_timeout) for u in urls
+        ]
     return status
 
 
@@ -531,13 +535,17 @@ def _primary_facts(url_or_engine: str | URL | Engine | None) -> tuple[tuple[str,
             engine.dispose()
 
 
-def _replica_facts(url: URL, primary: tuple[tuple[str, str], int, float]) -> ReplicaFacts:
+def _replica_facts(
+    url: URL, primary: tuple[tuple[str, str], int, float], timeout: float
+) -> ReplicaFacts:
     """What the replica at ``url`` says of itself, against the primary's identity and WAL
-    position (it not answering is a fact, not an error)."""
+    position, within ``timeout`` seconds as a facade's read on it (it not answering is a
+    fact, not an error)."""
     where = redact_url(url)
     engine = make_engine(url, connect_args=replica_connect_args(url))
+    bind_to_deadlines(engine)
     try:
-        with translate_errors(), engine.connect() as conn:
+        with read_deadline(timeout), translate_errors(), engine.connect() as conn:
             measure = measure_replica(conn, primary[1], primary[2])
     except MnestomaError as err:
         return ReplicaFacts(where, None, error=str(err))
@@ -547,7 +555,7 @@ def _replica_facts(url: URL, primary: tuple[tuple[str, str], int, float]) -> Rep
         where,
         measure.standby,
         measure.lag_s,
-        behind_bytes=measure.behind_bytes,
+        behind_bytes=measure.behind_bytes if measure.standby else None,  # none replayed
         receiving=measure.receiving,
         refused=identity_difference(measure.identity, primary[0]),
     )

@@ -20,11 +20,14 @@ from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 import pytest
+from click.testing import CliRunner
 from sqlalchemy.engine import make_url
 
 from mnestoma import Mnestoma, Settings
+from mnestoma.cli import cli
 from mnestoma.core.rules import REPLICA_CONNECT_TIMEOUT_S
 from mnestoma.doors.asynchronous import AsyncMnestoma
+from mnestoma.maintenance.status import ReplicaFacts
 
 HANGING = Settings(replica_read_timeout=0.5, replica_skip=30.0)
 BOUND_S = max(HANGING.replica_read_timeout, REPLICA_CONNECT_TIMEOUT_S) + 1.5
@@ -153,3 +156,31 @@ def test_the_async_facade_bounds_a_read_on_a_replica_that_hangs_after_login(
 
     took = within(lambda: asyncio.run(main()))  # leaving the facade included
     assert took < BOUND_S, took
+
+
+def test_status_gives_up_on_a_replica_that_hangs_after_login_within_its_deadline(
+    pg_store_url: str, hanging_replica: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MNESTOMA_REPLICA_URLS", hanging_replica)
+
+    def status() -> tuple[int, str, float]:
+        started = time.monotonic()
+        done = CliRunner().invoke(cli, ["status", "--database-url", pg_store_url])
+        return done.exit_code, done.output, time.monotonic() - started
+
+    code, output, took = within(status)
+    assert code == 0, output
+    assert "does not answer" in output
+    default_timeout = Settings().replica_read_timeout
+    assert took < max(default_timeout, REPLICA_CONNECT_TIMEOUT_S) + 10.0, took
+
+
+def test_status_names_another_clusters_server_as_not_a_replica_of_this_store() -> None:
+    other = ReplicaFacts(
+        "postgresql://other/mnestoma",
+        standby=False,
+        behind_bytes=None,
+        refused="it is cluster 1, the primary is cluster 2: it is no standby of it",
+    )
+    assert "not a replica of this store (it is cluster 1" in other.line()
+    assert "promoted" not in other.line()
