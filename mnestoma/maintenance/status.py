@@ -515,9 +515,7 @@ def collect_status(
         )
         urls = replica_urls(primary_url, replicas)
         primary = _primary_facts(url_or_engine)
-        status.replicas = [
-            _replica_facts(u, primary, settings.replica_read_timeout) for u in urls
-        ]
+        status.replicas = [_replica_facts(u, primary, settings.replica_read_timeout) for u in urls]
     return status
 
 
