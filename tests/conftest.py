@@ -543,7 +543,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if _spawns_processes(item):
             item.add_marker(pytest.mark.slow)
     # The longest tests first (those that start processes, then those on a server), so that
-    # xdist's workers end together on short tests rather than one of them on a long one.
+    # xdist's workers end together on short tests rather than one of them on a long one: with
+    # --dist worksteal (addopts), an idle worker takes the later half of the longest queue.
     items.sort(key=_longest_first)
 
 
