@@ -57,35 +57,39 @@ def _fresh_each(cases: tuple[tuple[str, str], ...]) -> dict[str, dict[str, objec
     return json.loads(done.stdout)  # type: ignore[no-any-return]
 
 
-@functools.cache
-def _public_paths() -> dict[str, dict[str, object]]:
-    """Each public path imported first in one new interpreter (one for all of them)."""
+def _imported_first(checks: dict[str, str]) -> dict[str, dict[str, object]]:
+    """For each module path, what its check (an expression on ``m``, the module) finds once
+    the path is imported first, all in one new interpreter."""
     return _fresh_each(
         tuple(
             (
                 path,
-                f"import importlib, sys\n"
-                f"m = importlib.import_module({path!r})\n"
-                f"out = {{'same': m is sys.modules[{home!r}], 'has': hasattr(m, {name!r})}}",
+                f"import importlib, sys\nm = importlib.import_module({path!r})\nout = {check}",
             )
-            for path, (home, name) in sorted(PUBLIC.items())
+            for path, check in sorted(checks.items())
         )
     )
 
 
 @functools.cache
+def _public_paths() -> dict[str, dict[str, object]]:
+    """Each public path: the very module of its home, with the name the contract uses."""
+    return _imported_first(
+        {
+            path: f"{{'same': m is sys.modules[{home!r}], 'has': hasattr(m, {name!r})}}"
+            for path, (home, name) in PUBLIC.items()
+        }
+    )
+
+
+@functools.cache
 def _moved_paths() -> dict[str, dict[str, object]]:
-    """Each moved path imported first in one new interpreter (one for all of them)."""
-    return _fresh_each(
-        tuple(
-            (
-                old,
-                f"import importlib, sys\n"
-                f"m = importlib.import_module({old!r})\n"
-                f"out = {{'same': m is importlib.import_module({new!r})}}",
-            )
-            for old, new in sorted(mnestoma.MOVED.items())
-        )
+    """Each moved path: the very module of its new home."""
+    return _imported_first(
+        {
+            old: f"{{'same': m is importlib.import_module({new!r})}}"
+            for old, new in mnestoma.MOVED.items()
+        }
     )
 
 
