@@ -340,16 +340,14 @@ def read_deadline(timeout: float) -> Iterator[ReadGuard]:
 
 def bind_to_deadlines(engine: Engine | AsyncEngine) -> None:
     """Put the connections of a replica's engine under the deadline of the read in progress:
-    the pool's ping of a pooled connection (a frozen server would never answer it), and no
-    new connection once the deadline has passed."""
+    the pool's ping of a pooled connection (a frozen server would never answer it), a new
+    connection from its first query on, and no new connection once the deadline has passed."""
     sync = engine if isinstance(engine, Engine) else engine.sync_engine
     dialect = sync.dialect
     ping = dialect.do_ping
 
     def do_ping(dbapi_connection: Any) -> bool:
-        guard = _GUARD.get()
-        if guard is not None:
-            _WATCHDOG.watch(guard, getattr(dbapi_connection, "driver_connection", dbapi_connection))
+        _under_the_read(dbapi_connection)
         return ping(dbapi_connection)
 
     replace_dialect_method(dialect, "do_ping", do_ping)
@@ -357,12 +355,12 @@ def bind_to_deadlines(engine: Engine | AsyncEngine) -> None:
     # First among the pool's connect listeners: before SQLAlchemy's first connection sets
     # the dialect up with queries of its own (a server that lets the login through and then
     # never answers held those, and the read, for ever).
-    event.listen(sync, "connect", _watch_new_connection, insert=True)
+    event.listen(sync, "connect", lambda dbapi, _record: _under_the_read(dbapi), insert=True)
 
 
-def _watch_new_connection(dbapi_connection: Any, _record: Any) -> None:
-    """A connection opened during a read on a replica is under that read's deadline from
-    its first query on."""
+def _under_the_read(dbapi_connection: Any) -> None:
+    """Put ``dbapi_connection`` (SQLAlchemy's, or the driver's) under the deadline of the
+    read in progress in this thread or task, if any."""
     guard = _GUARD.get()
     if guard is not None:
         _WATCHDOG.watch(guard, getattr(dbapi_connection, "driver_connection", dbapi_connection))
@@ -573,9 +571,7 @@ class ReplicaSet:
         database, or no answer within the read's deadline) skips it and says NOT_READY; bad
         input raises as it would on the primary."""
         state = self.states[i]
-        guard = _GUARD.get()
-        if guard is not None:
-            _WATCHDOG.watch(guard, conn.connection.driver_connection)
+        _under_the_read(conn.connection.driver_connection)
         try:
             if not state.verified and not self._verify(conn, i):
                 return NOT_READY
