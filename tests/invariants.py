@@ -7,6 +7,7 @@ every row of every table, ordered, so a test can prove a failed call changed not
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import re
@@ -15,7 +16,7 @@ from collections import Counter, defaultdict
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import create_engine, inspect, text
+from sqlalchemy import NullPool, create_engine, inspect, text
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 
 __all__ = ["check_invariants", "dump_tables", "plain_engine", "wait_for_other_sessions_to_end"]
@@ -36,6 +37,22 @@ def plain_engine(url: str | URL) -> Engine:
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
     return create_engine(parsed)
+
+
+@functools.lru_cache(maxsize=16)
+def _reader(url: str) -> Engine:
+    """A plain engine for the checks below, kept per URL: a new engine's first connection
+    asks the server about itself (about 5 ms), and a test calls them several times on one
+    store. No connection outlives a check (NullPool), so no session is left behind."""
+    parsed = make_url(url)
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    return create_engine(parsed, poolclass=NullPool)
+
+
+def _connect(url: str | URL) -> Connection:
+    key = url.render_as_string(hide_password=False) if isinstance(url, URL) else url
+    return _reader(key).connect()
 
 
 OTHER_SESSIONS = text(
@@ -66,25 +83,18 @@ def _utc(value: Any) -> datetime | None:
 
 def dump_tables(url: str | URL) -> dict[str, list[tuple[Any, ...]]]:
     """Every row of every table (and the Alembic revision), ordered by primary key."""
-    engine = plain_engine(url)
-    try:
-        with engine.connect() as conn:
-            tables = dict(TABLES)
-            if inspect(conn).has_table(CHAINS):
-                tables[CHAINS] = CHAIN_KEY
-            out = {
-                table: [
-                    tuple(r) for r in conn.execute(text(f"SELECT * FROM {table} ORDER BY {key}"))
-                ]
-                for table, key in tables.items()
-            }
-            out["mnestoma_alembic_version"] = [
-                tuple(r)
-                for r in conn.execute(text("SELECT version_num FROM mnestoma_alembic_version"))
-            ]
-            return out
-    finally:
-        engine.dispose()
+    with _connect(url) as conn:
+        tables = dict(TABLES)
+        if inspect(conn).has_table(CHAINS):
+            tables[CHAINS] = CHAIN_KEY
+        out = {
+            table: [tuple(r) for r in conn.execute(text(f"SELECT * FROM {table} ORDER BY {key}"))]
+            for table, key in tables.items()
+        }
+        out["mnestoma_alembic_version"] = [
+            tuple(r) for r in conn.execute(text("SELECT version_num FROM mnestoma_alembic_version"))
+        ]
+        return out
 
 
 def _name_ok(value: Any) -> bool:
@@ -93,28 +103,24 @@ def _name_ok(value: Any) -> bool:
 
 def check_invariants(url: str | URL) -> None:
     """Assert every invariant of the contract on the database at ``url``."""
-    engine = plain_engine(url)
     problems: list[str] = []
-    try:
-        with engine.connect() as conn:
-            if engine.dialect.name == "sqlite":
-                integrity = [r[0] for r in conn.exec_driver_sql("PRAGMA integrity_check")]
-                if integrity != ["ok"]:
-                    problems.append(f"PRAGMA integrity_check: {integrity[:5]}")
-                fk = conn.exec_driver_sql("PRAGMA foreign_key_check").all()
-                if fk:
-                    problems.append(f"PRAGMA foreign_key_check: {fk[:5]}")
-            mnests = conn.execute(text("SELECT * FROM mnests ORDER BY id")).mappings().all()
-            events = conn.execute(text("SELECT * FROM events ORDER BY id")).mappings().all()
-            queries = conn.execute(text("SELECT * FROM canonical_query_log")).mappings().all()
-            view_ids = sorted(r[0] for r in conn.execute(text("SELECT id FROM v_mnestoma")))
-            chains = (
-                conn.execute(text(f"SELECT * FROM {CHAINS} ORDER BY {CHAIN_KEY}")).mappings().all()
-                if inspect(conn).has_table(CHAINS)
-                else []
-            )
-    finally:
-        engine.dispose()
+    with _connect(url) as conn:
+        if conn.dialect.name == "sqlite":
+            integrity = [r[0] for r in conn.exec_driver_sql("PRAGMA integrity_check")]
+            if integrity != ["ok"]:
+                problems.append(f"PRAGMA integrity_check: {integrity[:5]}")
+            fk = conn.exec_driver_sql("PRAGMA foreign_key_check").all()
+            if fk:
+                problems.append(f"PRAGMA foreign_key_check: {fk[:5]}")
+        mnests = conn.execute(text("SELECT * FROM mnests ORDER BY id")).mappings().all()
+        events = conn.execute(text("SELECT * FROM events ORDER BY id")).mappings().all()
+        queries = conn.execute(text("SELECT * FROM canonical_query_log")).mappings().all()
+        view_ids = sorted(r[0] for r in conn.execute(text("SELECT id FROM v_mnestoma")))
+        chains = (
+            conn.execute(text(f"SELECT * FROM {CHAINS} ORDER BY {CHAIN_KEY}")).mappings().all()
+            if inspect(conn).has_table(CHAINS)
+            else []
+        )
 
     rows = {r["id"]: r for r in mnests}
     _check_rows(mnests, problems)
