@@ -1,0 +1,56 @@
+"""The warm interpreter the guides' examples run in behaves as ``python -c`` does, for what
+an example can see: its exit status, its streams, its folder and environment, ``__main__``,
+threads and ``atexit`` at its end, and nothing left over from the run before."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+from helpers_proc import run_python
+from warm_python import run_python_warm
+
+SNIPPETS = {
+    "prints and ends": "import os, sys\nprint(__name__, os.getcwd(), sys.argv, os.environ['W'])"
+    "\nprint('to stderr', file=sys.stderr)",
+    "raises": "raise ValueError('an example that fails')",
+    "exits with a status": "import sys\nsys.exit(3)",
+    "exits with a message": "import sys\nsys.exit('a message')",
+    "ends its threads and atexit": "import atexit, threading, time\n"
+    "atexit.register(lambda: print('atexit ran'))\n"
+    "threading.Thread(target=lambda: (time.sleep(0.2), print('thread ended'))).start()",
+    "uses the package": "import mnestoma\nm = mnestoma.Mnestoma('sqlite:///w.db')\n"
+    "print(m.record_passing('a', '1', 'b', '1').uses)\nm.close()",
+    "finds its temporary folder": "import tempfile\nprint(tempfile.gettempdir())",
+}
+
+
+@pytest.mark.parametrize("code", SNIPPETS.values(), ids=SNIPPETS.keys())
+def test_the_warm_interpreter_runs_code_as_python_c_does(
+    code: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("W", "set by the test")
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    cold_dir, warm_dir = tmp_path / "cold", tmp_path / "warm"
+    cold_dir.mkdir()
+    warm_dir.mkdir()
+    cold, warm = run_python(code, cwd=cold_dir), run_python_warm(code, cwd=warm_dir)
+    assert warm.returncode == cold.returncode
+    assert warm.stdout.replace("warm", "cold") == cold.stdout.replace("warm", "cold")
+    assert warm.stderr.splitlines()[-1:] == cold.stderr.splitlines()[-1:]
+
+
+def test_a_warm_run_starts_without_what_the_run_before_imported_or_set(tmp_path: Path) -> None:
+    first = run_python_warm("import json, os\njson.left = 1\nos.environ['LEFT'] = '1'", tmp_path)
+    assert first.returncode == 0, first.stderr
+    second = run_python_warm(
+        "import json, os\nprint(hasattr(json, 'left'), 'LEFT' in os.environ)", tmp_path
+    )
+    assert second.stdout.split() == ["False", "False"]
+
+
+def test_a_warm_run_past_its_timeout_is_killed(tmp_path: Path) -> None:
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_python_warm("import time\ntime.sleep(30)", tmp_path, timeout=0.5)
+    assert run_python_warm("print('next')", tmp_path).stdout == "next\n"
