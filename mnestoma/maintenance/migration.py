@@ -324,9 +324,17 @@ def read_revision(conn: Connection) -> str | None:
     mnestoma revision left in ``alembic_version`` by an older release (adopted by upgrade)."""
     tables = set(inspect(conn).get_table_names())
     if VERSION_TABLE in tables:
+        # One row, read as it is: Alembic's context costs a look at the catalog more, which
+        # every facade's first call paid. Alembic says what is wrong with several rows.
+        rows = conn.execute(_READ_VERSION).scalars().all()
+        if len(rows) <= 1:
+            return rows[0] if rows else None
         ctx = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
         return ctx.get_current_revision()
     return _legacy_revision(conn, tables)
+
+
+_READ_VERSION = text(f"SELECT version_num FROM {VERSION_TABLE}")
 
 
 def _legacy_revision(conn: Connection, tables: set[str]) -> str | None:
