@@ -7,12 +7,14 @@ every row of every table, ordered, so a test can prove a failed call changed not
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import math
 import re
 import time
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -31,28 +33,41 @@ CHAINS = "mnest_chains"
 CHAIN_KEY = "prev_executor, src_executor, dst_executor"
 
 
-def plain_engine(url: str | URL) -> Engine:
-    """An engine that talks to the store without any of the package's configuration."""
+def _plain_url(url: str | URL) -> URL:
     parsed = make_url(url) if isinstance(url, str) else url
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
-    return create_engine(parsed)
+    return parsed
+
+
+def plain_engine(url: str | URL) -> Engine:
+    """An engine that talks to the store without any of the package's configuration."""
+    return create_engine(_plain_url(url))
 
 
 @functools.lru_cache(maxsize=16)
-def _reader(url: str) -> Engine:
-    """A plain engine for the checks below, kept per URL: a new engine's first connection
-    asks the server about itself (about 5 ms), and a test calls them several times on one
-    store. No connection outlives a check (NullPool), so no session is left behind."""
-    parsed = make_url(url)
-    if parsed.drivername in ("postgresql", "postgres"):
-        parsed = parsed.set(drivername="postgresql+psycopg")
-    return create_engine(parsed, poolclass=NullPool)
+def _server_reader(url: str) -> Engine:
+    """A plain engine for the checks below, kept per server URL: a new engine's first
+    connection asks the server about itself (about 5 ms), and a test calls them several
+    times on one store. No connection outlives a check (NullPool), so no session is left."""
+    return create_engine(_plain_url(url), poolclass=NullPool)
 
 
-def _connect(url: str | URL) -> Connection:
+@contextlib.contextmanager
+def _connected(url: str | URL) -> Iterator[Connection]:
+    """A connection to the store at ``url`` for one check. A SQLite file gets an engine of
+    its own each time (cheap; a relative path is found from the working folder of now)."""
     key = url.render_as_string(hide_password=False) if isinstance(url, URL) else url
-    return _reader(key).connect()
+    if make_url(key).get_backend_name() != "sqlite":
+        with _server_reader(key).connect() as conn:
+            yield conn
+        return
+    engine = plain_engine(key)
+    try:
+        with engine.connect() as conn:
+            yield conn
+    finally:
+        engine.dispose()
 
 
 OTHER_SESSIONS = text(
@@ -83,7 +98,7 @@ def _utc(value: Any) -> datetime | None:
 
 def dump_tables(url: str | URL) -> dict[str, list[tuple[Any, ...]]]:
     """Every row of every table (and the Alembic revision), ordered by primary key."""
-    with _connect(url) as conn:
+    with _connected(url) as conn:
         tables = dict(TABLES)
         if inspect(conn).has_table(CHAINS):
             tables[CHAINS] = CHAIN_KEY
@@ -104,7 +119,7 @@ def _name_ok(value: Any) -> bool:
 def check_invariants(url: str | URL) -> None:
     """Assert every invariant of the contract on the database at ``url``."""
     problems: list[str] = []
-    with _connect(url) as conn:
+    with _connected(url) as conn:
         if conn.dialect.name == "sqlite":
             integrity = [r[0] for r in conn.exec_driver_sql("PRAGMA integrity_check")]
             if integrity != ["ok"]:

@@ -1,18 +1,23 @@
 """``run_python_warm``: code run as ``python -c`` would run it, in a process forked from an
 interpreter that has already imported the package.
 
-The guides' examples run twice each, about 150 interpreters a suite, and each spent most of
-its second of CPU importing SQLAlchemy, Alembic and the package before the example's first
-line. Here one interpreter per test process (the *zygote*) imports them once and forks a
-child per run. The child is a new process: its own cwd, environment, ``__main__``, standard
-streams (files the caller reads), modules imported by the example; it ends as an interpreter
-ends (non-daemon threads joined, then the ``atexit`` functions, streams flushed). The zygote
-holds no thread, engine or connection when it forks.
+The guides' examples run twice each, and each run spent most of its second of CPU importing
+SQLAlchemy, Alembic and the package before the example's first line. Here an interpreter
+of the test process (a *zygote*) runs ``import mnestoma``, the one import of a new
+interpreter that runs an example, and nothing more, then forks a child per run. The child
+is a new process: its own folder, environment, ``__main__``, standard streams (files the
+caller reads), and the modules the example imports; it ends as an interpreter ends
+(non-daemon threads and their exit hooks, then the ``atexit`` functions, then the
+example's objects finalized and the streams flushed). The zygote holds no thread, engine
+or connection when it forks. Each ``zygote`` number is an interpreter of its own, with its
+own string hashing: two runs of one example on two of them are not hashed alike, as two
+new interpreters are not.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import signal
@@ -21,15 +26,21 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
+from typing import IO
 
-__all__ = ["run_python_warm"]
+__all__ = ["ZYGOTE_IMPORTS", "run_python_warm"]
+
+# What a zygote imports before it forks: what a new interpreter that runs a guide's
+# example imports first (tests/project/test_warm_python.py checks that the two agree).
+ZYGOTE_IMPORTS = "import mnestoma"
 
 # The zygote: imports, then forks one child per request line and reports its pid, then its
 # exit status. The child's body is ``_child`` below, sent as source (the zygote is ``-c``).
 _CHILD = r"""
 def _child(req):
-    import atexit, io, tempfile, threading, traceback, types
+    import atexit, gc, tempfile, threading, types
     status = 0
+    main = None
     try:
         null = os.open(os.devnull, os.O_RDONLY)
         out = os.open(req["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -37,9 +48,9 @@ def _child(req):
         for fd, target in ((null, 0), (out, 1), (err, 2)):
             os.dup2(fd, target)
             os.close(fd)
-        sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
-        sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False))
-        sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), line_buffering=True)
+        # the interpreter's own streams, on the descriptors just replaced (empty: the
+        # zygote flushes every line it writes)
+        sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__
         os.chdir(req["cwd"])
         os.environ.clear()
         os.environ.update(req["env"])
@@ -58,24 +69,32 @@ def _child(req):
         else:
             print(code, file=sys.stderr)
             status = 1
-    except BaseException:
-        traceback.print_exc()
+    except BaseException as err:  # reported as the interpreter reports it, from <string>
+        tb = err.__traceback__.tb_next if err.__traceback__ is not None else None
+        sys.excepthook(type(err), err, tb)
         status = 1
     try:  # as an interpreter ends
-        for thread in threading.enumerate():
-            if thread is not threading.main_thread() and not thread.daemon:
-                thread.join()
+        threading._shutdown()  # non-daemon threads joined, their exit hooks run
         atexit._run_exitfuncs()
-        sys.stdout.flush()
-        sys.stderr.flush()
+        if main is not None:
+            main.__dict__.clear()  # the example's objects finalized: files flushed, __del__
+        gc.collect()
+        for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+            try:
+                stream.flush()
+            except Exception:
+                pass
     finally:
         os._exit(status & 0xFF)
 """
 _ZYGOTE = (
     "import json, os, sys\n"
-    "import sqlalchemy.orm, alembic.command, mnestoma, mnestoma.cli\n"
+    + ZYGOTE_IMPORTS
+    + "\n"
     + _CHILD
     + r"""
+import gc
+gc.freeze()  # what the zygote holds is never collected again by a child (copy-on-write kept)
 for line in sys.stdin:
     req = json.loads(line)
     pid = os.fork()
@@ -88,37 +107,62 @@ for line in sys.stdin:
 )
 
 _lock = threading.Lock()
-_zygote: list[subprocess.Popen[str]] = []
+_zygotes: dict[int, tuple[subprocess.Popen[str], IO[bytes]]] = {}
 
 
-def _started() -> subprocess.Popen[str]:
-    """This process's zygote, started on first use (and again if it died)."""
-    if _zygote and _zygote[0].poll() is None:
-        return _zygote[0]
+def _started(number: int) -> subprocess.Popen[str]:
+    """Zygote ``number`` of this process, started on first use (and again if it ended)."""
+    if number in _zygotes and _zygotes[number][0].poll() is None:
+        return _zygotes[number][0]
+    _dropped(number)
+    # its own stderr, open while it lives, read when it ends unexpectedly
+    errors = tempfile.TemporaryFile()  # noqa: SIM115
     proc = subprocess.Popen(
         [sys.executable, "-c", _ZYGOTE],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
+        stderr=errors,
         text=True,
     )
-    _zygote[:] = [proc]
+    _zygotes[number] = (proc, errors)
     return proc
+
+
+def _dropped(number: int, *, kill: bool = False) -> str:
+    """Stop zygote ``number`` (ended by closing its input, else killed); what it wrote to
+    its stderr."""
+    if number not in _zygotes:
+        return ""
+    proc, errors = _zygotes.pop(number)
+    if kill:
+        proc.kill()
+    if proc.stdin is not None:
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    errors.seek(0)
+    said = errors.read().decode(errors="replace")
+    errors.close()
+    return said
 
 
 @atexit.register
 def _stop() -> None:
-    for proc in _zygote:
-        if proc.stdin is not None:
-            proc.stdin.close()
-        proc.wait(timeout=10)
+    for number in list(_zygotes):
+        _dropped(number)
 
 
 def run_python_warm(
-    code: str, cwd: Path | str | None = None, timeout: float = 120
+    code: str, cwd: Path | str | None = None, timeout: float = 120, *, zygote: int = 0
 ) -> subprocess.CompletedProcess[str]:
     """``code`` run as by ``python -c`` in a new process (in ``cwd``, with this process's
-    environment as it is now), its output captured as text; the caller judges the exit
-    code. On ``timeout`` the child is killed and ``subprocess.TimeoutExpired`` raised."""
+    environment as it is now), forked from zygote number ``zygote``; its output captured
+    as text; the caller judges the exit code. On ``timeout`` the child is killed and
+    ``subprocess.TimeoutExpired`` raised."""
     args = [sys.executable, "-c", code]
     with _lock, tempfile.TemporaryDirectory() as folder:
         out, err = Path(folder, "stdout"), Path(folder, "stderr")
@@ -129,26 +173,44 @@ def run_python_warm(
             "stdout": str(out),
             "stderr": str(err),
         }
-        zygote = _started()
-        assert zygote.stdin is not None and zygote.stdout is not None
-        zygote.stdin.write(json.dumps(request) + "\n")
-        zygote.stdin.flush()
-        pid = json.loads(zygote.stdout.readline())["pid"]
+        proc = _started(zygote)
+        assert proc.stdin is not None and proc.stdout is not None
         killed = threading.Event()
-
-        def kill() -> None:
-            killed.set()
-            os.kill(pid, signal.SIGKILL)
-
-        timer = threading.Timer(timeout, kill)
-        timer.start()
+        pid = None
         try:
-            answer = zygote.stdout.readline()
-        finally:
-            timer.cancel()
-        if not answer:
-            raise RuntimeError(f"the warm interpreter ended (exit {zygote.wait()})")
-        status = json.loads(answer)["status"]
+            proc.stdin.write(json.dumps(request) + "\n")
+            proc.stdin.flush()
+            started = proc.stdout.readline()
+            if not started:
+                said = _dropped(zygote)
+                raise RuntimeError(f"the warm interpreter ended before the run:\n{said}")
+            pid = json.loads(started)["pid"]
+
+            def kill() -> None:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:  # it ended meanwhile: no timeout
+                    return
+                killed.set()
+
+            timer = threading.Timer(timeout, kill)
+            timer.start()
+            try:
+                answer = proc.stdout.readline()
+            finally:
+                timer.cancel()
+            if not answer:
+                said = _dropped(zygote)
+                raise RuntimeError(f"the warm interpreter ended during the run:\n{said}")
+            status = json.loads(answer)["status"]
+        except BaseException:
+            # whatever stopped the call (an interrupt among them): the child and its zygote
+            # go, so that no answer of this run is read as the next run's
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            _dropped(zygote, kill=True)
+            raise
         stdout, stderr = out.read_text(errors="replace"), err.read_text(errors="replace")
         if killed.is_set():
             raise subprocess.TimeoutExpired(args, timeout, stdout, stderr)

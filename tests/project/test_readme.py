@@ -78,8 +78,9 @@ def test_a_readme_example_runs_twice_in_one_folder_alike(
             assert "1 passed" in done.stdout
         return
     # Each run a new process, as `python -c` runs it, forked from an interpreter that has
-    # imported the package already (warm_python): 150 runs, a second of imports each, saved.
-    runs = [run_python_warm(block, cwd=tmp_path) for _ in range(2)]
+    # imported the package already (warm_python), each run from one of its own: the two do
+    # not hash strings alike, as two new interpreters do not. A second of imports saved.
+    runs = [run_python_warm(block, cwd=tmp_path, zygote=run) for run in range(2)]
     for run, done in zip(("first", "second"), runs, strict=True):
         assert done.returncode == 0, f"{page}, python block {number}, {run} run:\n{done.stderr}"
     assert runs[1].stdout == runs[0].stdout, f"{page}, python block {number} printed otherwise"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from helpers_proc import run_python
-from warm_python import run_python_warm
+from warm_python import ZYGOTE_IMPORTS, run_python_warm
 
 SNIPPETS = {
     "prints and ends": "import os, sys\nprint(__name__, os.getcwd(), sys.argv, os.environ['W'])"
@@ -23,6 +23,13 @@ SNIPPETS = {
     "uses the package": "import mnestoma\nm = mnestoma.Mnestoma('sqlite:///w.db')\n"
     "print(m.record_passing('a', '1', 'b', '1').uses)\nm.close()",
     "finds its temporary folder": "import tempfile\nprint(tempfile.gettempdir())",
+    "leaves an executor open": "from concurrent.futures import ThreadPoolExecutor\n"
+    "pool = ThreadPoolExecutor(1)\nprint(pool.submit(lambda: 2).result())",
+    "leaves a file open and an object to finalize": "class Noisy:\n"
+    "    def __del__(self):\n        print('finalized')\n"
+    "kept = Noisy()\nleft = open('left.txt', 'w')\nleft.write('written at the end')",
+    "reports its own errors": "import sys\n"
+    "sys.excepthook = lambda *args: print('its own hook', file=sys.stderr)\nraise KeyError(1)",
 }
 
 
@@ -39,6 +46,26 @@ def test_the_warm_interpreter_runs_code_as_python_c_does(
     assert warm.returncode == cold.returncode
     assert warm.stdout.replace("warm", "cold") == cold.stdout.replace("warm", "cold")
     assert warm.stderr.splitlines()[-1:] == cold.stderr.splitlines()[-1:]
+    left = [(d / "left.txt").read_text() for d in (cold_dir, warm_dir) if (d / "left.txt").exists()]
+    assert left in ([], ["written at the end"] * 2)
+
+
+def test_a_zygote_holds_what_a_new_interpreter_running_an_example_holds(tmp_path: Path) -> None:
+    """The zygote imports no more than an example's first line does: a module the example
+    never imported is missing for it, as it is for a reader."""
+    shown = "import sys\nprint(*sorted(m for m in sys.modules if m.startswith('mnestoma')))"
+    cold = run_python(f"{ZYGOTE_IMPORTS}\n{shown}", cwd=tmp_path)
+    warm = run_python_warm(shown, tmp_path)
+    assert cold.returncode == warm.returncode == 0, cold.stderr + warm.stderr
+    assert warm.stdout.split() == cold.stdout.split()
+    assert "mnestoma" in warm.stdout.split()
+
+
+def test_two_zygotes_hash_strings_as_two_new_interpreters_do(tmp_path: Path) -> None:
+    code = "print(hash('mnestoma'))"
+    cold = {run_python(code, cwd=tmp_path).stdout for _ in range(2)}
+    warm = {run_python_warm(code, tmp_path, zygote=z).stdout for z in range(2)}
+    assert len(warm) == len(cold)
 
 
 def test_a_warm_run_starts_without_what_the_run_before_imported_or_set(tmp_path: Path) -> None:
