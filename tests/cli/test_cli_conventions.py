@@ -5,6 +5,7 @@ terminal, errors name commands, and ``-m "not postgresql"`` leaves PostgreSQL al
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import subprocess
 import sys
@@ -401,42 +402,86 @@ def test_help_states_the_exit_statuses() -> None:
 # --- markers: -m "not postgresql" and -m "not slow" mean what they say ----------------------
 
 
-def _collected(*args: str) -> list[str]:
-    """The test ids pytest selects for ``args`` (collection only, in a fresh process; one
-    process, as xdist's workers would each collect the same again)."""
+_MARKS_PLUGIN = """
+import json, os
+
+
+def pytest_collection_finish(session):
+    with open(os.environ["MARKS_OUT"], "w") as out:
+        marks = {i.nodeid: sorted({m.name for m in i.iter_markers()}) for i in session.items}
+        json.dump(marks, out)
+"""
+_THE_SERVER = ("tests/store/test_record.py", "tests/store/test_bad_input.py")
+_THE_SERVER += ("tests/store/test_open_errors.py",)
+_RENDERING = "tests/cli/test_cli_conventions.py"
+_SPAWNING = ("tests/project/test_packaging.py", "tests/races/test_faults.py")
+_SPAWNING += ("tests/project/test_readme.py",)
+
+
+@pytest.fixture(scope="module")
+def marks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, set[str]]:
+    """Each test of the files below and the marks the suite gives it, as a fresh pytest
+    collects them (one process for all, as xdist's workers would each collect the same
+    again); ``-m EXPR`` selects by these marks."""
+    folder = tmp_path_factory.mktemp("marks")
+    (folder / "marks_plugin.py").write_text(_MARKS_PLUGIN)
+    out = folder / "marks.json"
+    path = os.pathsep.join(p for p in (str(folder), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "MARKS_OUT": str(out), "PYTHONPATH": path}
+    files = (*_THE_SERVER, _RENDERING, *_SPAWNING)
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-         "-n", "0", *args],
-        cwd=REPO, capture_output=True, text=True, timeout=600, check=False,
+         "-p", "marks_plugin", "-n", "0", *files],
+        cwd=REPO, capture_output=True, text=True, timeout=600, check=False, env=env,
     )  # fmt: skip
-    assert done.returncode in (0, 5), done.stdout + done.stderr  # 5: nothing selected
-    return [line for line in done.stdout.splitlines() if "::" in line]
+    assert done.returncode == 0, done.stdout + done.stderr
+    return {test: set(names) for test, names in json.loads(out.read_text()).items()}
 
 
-def test_not_postgresql_deselects_every_test_that_needs_the_server() -> None:
-    files = ("tests/store/test_record.py", "tests/store/test_bad_input.py")
-    files += ("tests/store/test_open_errors.py",)
-    kept = _collected("-m", "not postgresql", *files)
-    on_pg = _collected("-m", "postgresql", *files)
+def _selected(
+    marks: dict[str, set[str]], files: tuple[str, ...], mark: str, *, has: bool
+) -> list[str]:
+    """What ``-m "MARK"`` (``has``) or ``-m "not MARK"`` selects of ``files``."""
+    return [t for t, names in marks.items() if t.startswith(files) and (mark in names) == has]
+
+
+def test_not_postgresql_deselects_every_test_that_needs_the_server(
+    marks: dict[str, set[str]],
+) -> None:
+    kept = _selected(marks, _THE_SERVER, "postgresql", has=False)
+    on_pg = _selected(marks, _THE_SERVER, "postgresql", has=True)
     assert kept and on_pg and not set(kept) & set(on_pg)
     assert [i for i in kept if "postgresql" in i] == []  # engine_name, the module fixture
     assert any("missing_database_on_a_live_server" in i for i in on_pg)  # require_postgresql()
     assert sum("[sqlite" in i for i in kept) == sum("[postgresql" in i for i in on_pg)
 
 
-def test_rendering_postgresql_sql_needs_no_server_and_stays_selected() -> None:
-    this = "tests/cli/test_cli_conventions.py"
-    kept = _collected("-m", "not postgresql", this, "-k", "db_sql")
-    assert f"{this}::test_db_sql_of_a_downward_range_prints_the_downgrade[postgresql]" in kept
+def test_rendering_postgresql_sql_needs_no_server_and_stays_selected(
+    marks: dict[str, set[str]],
+) -> None:
+    kept = _selected(marks, (_RENDERING,), "postgresql", has=False)
+    assert f"{_RENDERING}::test_db_sql_of_a_downward_range_prints_the_downgrade[postgresql]" in kept
 
 
-def test_not_slow_deselects_tests_that_spawn_processes_or_build_wheels() -> None:
-    files = ("tests/project/test_packaging.py", "tests/races/test_faults.py")
-    files += ("tests/project/test_readme.py",)
-    slow = _collected("-m", "slow", *files)
+def test_not_slow_deselects_tests_that_spawn_processes_or_build_wheels(
+    marks: dict[str, set[str]],
+) -> None:
+    slow = _selected(marks, _SPAWNING, "slow", has=True)
     assert any("installed_wheel" in i for i in slow)  # builds a wheel
     assert any("killed_after_any_statement" in i for i in slow)  # through a helper
     assert any("test_a_readme_example_runs" in i for i in slow)  # subprocess.run
-    fast = _collected("-m", "not slow", *files)
+    fast = _selected(marks, _SPAWNING, "slow", has=False)
     assert not set(fast) & set(slow)
     assert "tests/project/test_readme.py::test_the_readme_has_python_examples" in fast
+
+
+def test_the_m_option_selects_by_the_marks_the_suite_gives(marks: dict[str, set[str]]) -> None:
+    """One real ``-m`` run agrees with the selection read from the marks."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+         "-n", "0", "-m", "not postgresql", *_THE_SERVER],
+        cwd=REPO, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    listed = [line for line in done.stdout.splitlines() if "::" in line]
+    assert sorted(listed) == sorted(_selected(marks, _THE_SERVER, "postgresql", has=False))
