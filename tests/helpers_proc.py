@@ -8,6 +8,8 @@ dicts: how many passings each edge key was given, and every exception seen (as t
 from __future__ import annotations
 
 import itertools
+import multiprocessing
+import multiprocessing.context
 import os
 import random
 import signal
@@ -290,6 +292,17 @@ def turn_loop_process(url: str, prefix: str, size: int, ready: Any) -> None:
 def format_exception(err: BaseException) -> str:
     """The full traceback text of ``err`` (to check that no secret leaks through it)."""
     return "".join(traceback.format_exception(err))
+
+
+def warm_processes() -> multiprocessing.context.ForkServerContext:
+    """The start method for the suite's child processes that use the package: forkserver,
+    whose server imports the package once and forks each child from it, where spawn
+    imported it again in each (about a second of CPU apiece). Each child is still a process
+    of its own, with its own engines and connections; the server holds none when it forks.
+    (The server is this process's one forkserver: its imports are set before it starts.)"""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["mnestoma", "helpers_proc"])
+    return ctx
 
 
 def run_python(

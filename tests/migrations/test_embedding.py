@@ -7,7 +7,6 @@ at once. Every pattern runs on SQLite and PostgreSQL.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import sqlite3
 import subprocess
@@ -20,7 +19,7 @@ import pytest
 from alembic import command
 from click.testing import CliRunner
 from conftest import create_pg_database, drop_pg_database
-from helpers_proc import PLUGINS_OFF
+from helpers_proc import PLUGINS_OFF, warm_processes
 from service_patterns import (
     SERVICE_TABLE,
     migrate_main,
@@ -81,7 +80,7 @@ def test_a_services_own_engine_records_from_4_processes_x_50_turns_without_an_er
     store_url: str,
 ) -> None:
     _prepare_service(store_url)
-    ctx = multiprocessing.get_context("spawn")
+    ctx = warm_processes()
     out = ctx.Queue()
     procs = [
         ctx.Process(target=process_main, args=(store_url, "joined", 1, 50, f"p{i}", out))
@@ -175,7 +174,7 @@ def test_reading_tools_never_create_a_sqlite_file(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_four_processes_migrating_one_fresh_database_all_end_at_head(empty_db_url: str) -> None:
-    ctx = multiprocessing.get_context("spawn")
+    ctx = warm_processes()
     # Each child waits at the barrier once it has imported the package; the parent passes it
     # only when all four are there, so they start migrating together.
     start, out = ctx.Barrier(5), ctx.Queue()

@@ -13,7 +13,6 @@ longer.
 from __future__ import annotations
 
 import dataclasses
-import multiprocessing
 import os
 import queue
 import threading
@@ -29,6 +28,7 @@ from helpers_proc import (
     ager_process,
     key_of,
     same_turn_process,
+    warm_processes,
     writer_process,
 )
 from invariants import check_invariants, plain_engine, wait_for_other_sessions_to_end
@@ -38,7 +38,7 @@ from sqlalchemy.engine import make_url
 import mnestoma
 from mnestoma.engines import locking, make_engine
 
-CTX = multiprocessing.get_context("spawn")
+CTX = warm_processes()
 SOAK = os.environ.get("MNESTOMA_SOAK", "") not in ("", "0")
 PROCESSES = 4
 THREADS = 8
