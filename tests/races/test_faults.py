@@ -6,7 +6,6 @@ SQLite's integrity check passes), and the next call works.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import random
 import signal
@@ -23,6 +22,7 @@ from helpers_proc import (
     killed_at_commit_process,
     killed_turn_process,
     turn_loop_process,
+    warm_processes,
 )
 from invariants import (
     check_invariants,
@@ -35,8 +35,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 import mnestoma
 
-CTX = multiprocessing.get_context("forkserver")
-CTX.set_forkserver_preload(["mnestoma", "helpers_proc", "sqlalchemy", "psycopg"])
+CTX = warm_processes()
 MAX_KILL_POINTS = 40
 
 
