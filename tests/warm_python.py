@@ -25,10 +25,11 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import IO
 
-__all__ = ["ZYGOTE_IMPORTS", "run_python_warm"]
+__all__ = ["ZYGOTE_IMPORTS", "run_cli_warm", "run_python_warm"]
 
 # What a zygote imports before it forks: what a new interpreter that runs a guide's
 # example imports first (tests/project/test_warm_python.py checks that the two agree).
@@ -157,19 +158,25 @@ def _stop() -> None:
 
 
 def run_python_warm(
-    code: str, cwd: Path | str | None = None, timeout: float = 120, *, zygote: int = 0
+    code: str,
+    cwd: Path | str | None = None,
+    timeout: float = 120,
+    *,
+    zygote: int = 0,
+    env: Mapping[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """``code`` run as by ``python -c`` in a new process (in ``cwd``, with this process's
-    environment as it is now), forked from zygote number ``zygote``; its output captured
-    as text; the caller judges the exit code. On ``timeout`` the child is killed and
-    ``subprocess.TimeoutExpired`` raised."""
+    """``code`` run as by ``python -c`` in a new process (in ``cwd``, with ``env`` or this
+    process's environment as it is now), forked from zygote number ``zygote``; its output
+    captured as text; the caller judges the exit code. On ``timeout`` the child is killed
+    and ``subprocess.TimeoutExpired`` raised. (``PYTHONPATH`` in ``env`` moves no import:
+    the zygote's path was set when it started.)"""
     args = [sys.executable, "-c", code]
     with _lock, tempfile.TemporaryDirectory() as folder:
         out, err = Path(folder, "stdout"), Path(folder, "stderr")
         request = {
             "code": code,
             "cwd": str(Path(cwd or os.getcwd()).resolve()),
-            "env": dict(os.environ),
+            "env": dict(os.environ if env is None else env),
             "stdout": str(out),
             "stderr": str(err),
         }
@@ -215,3 +222,22 @@ def run_python_warm(
         if killed.is_set():
             raise subprocess.TimeoutExpired(args, timeout, stdout, stderr)
         return subprocess.CompletedProcess(args, status, stdout, stderr)
+
+
+def run_cli_warm(
+    *args: str,
+    cwd: Path | str | None = None,
+    timeout: float = 120,
+    env: Mapping[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """``python -m mnestoma ARGS`` as :func:`run_python_warm` runs code: the package's
+    ``__main__`` run as ``-m`` runs it (``sys.argv[0]`` its file)."""
+    code = (
+        "import runpy, sys\n"
+        f"sys.argv = ['-m', *{list(args)!r}]\n"
+        "runpy.run_module('mnestoma', run_name='__main__', alter_sys=True)\n"
+    )
+    done = run_python_warm(code, cwd, timeout, env=env)
+    return subprocess.CompletedProcess(
+        [sys.executable, "-m", "mnestoma", *args], done.returncode, done.stdout, done.stderr
+    )

@@ -5,11 +5,12 @@ threads and ``atexit`` at its end, and nothing left over from the run before."""
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from helpers_proc import run_python
-from warm_python import ZYGOTE_IMPORTS, run_python_warm
+from warm_python import ZYGOTE_IMPORTS, run_cli_warm, run_python_warm
 
 SNIPPETS = {
     "prints and ends": "import os, sys\nprint(__name__, os.getcwd(), sys.argv, os.environ['W'])"
@@ -81,3 +82,21 @@ def test_a_warm_run_past_its_timeout_is_killed(tmp_path: Path) -> None:
     with pytest.raises(subprocess.TimeoutExpired):
         run_python_warm("import time\ntime.sleep(30)", tmp_path, timeout=0.5)
     assert run_python_warm("print('next')", tmp_path).stdout == "next\n"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("--version",), ("record",), ("edges", "--database-url", "sqlite:///missing/store.db")],
+    ids=["version", "usage error", "no store"],
+)
+def test_the_warm_command_line_runs_as_python_m_mnestoma_does(
+    args: tuple[str, ...], tmp_path: Path
+) -> None:
+    cold = subprocess.run(
+        [sys.executable, "-m", "mnestoma", *args],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    warm = run_cli_warm(*args, cwd=tmp_path)
+    assert warm.returncode == cold.returncode
+    assert (warm.stdout, warm.stderr) == (cold.stdout, cold.stderr)
+    assert cold.returncode != 0 or cold.stdout

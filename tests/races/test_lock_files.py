@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 from conftest import REPO
 from sqlalchemy import make_url
+from warm_python import run_cli_warm
 
 import mnestoma
 from mnestoma import StoreError
@@ -42,15 +43,15 @@ NOBODY = 65534
 def cli(
     url: str, *args: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """``mnestoma --database-url url args`` in a process of its own, bounded in time."""
-    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "mnestoma", *args, "--database-url", url],
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S,
-        env=full_env,
+    """``mnestoma --database-url url args`` in a process of its own, bounded in time (forked
+    from an interpreter that has imported the package: ``warm_python``)."""
+    return run_cli_warm(
+        *args,
+        "--database-url",
+        url,
         cwd=tempfile.gettempdir(),
+        timeout=RUN_TIMEOUT_S,
+        env={**os.environ, **(env or {})},
     )
 
 
