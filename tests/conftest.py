@@ -274,6 +274,12 @@ _WRITTEN_TABLES = text(
 )
 
 
+_END_LEFT_SESSIONS = text(
+    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database()"
+    " AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
+)
+
+
 @functools.cache
 def _reset_engine(url: URL) -> Engine:
     """One engine per database for the resets; no connection is kept between them (tests
@@ -293,6 +299,10 @@ def _reset_pg(url: URL) -> None:
     # leaves one by one does not fire the trigger that truncating events whole would.
     tables = {"tables": [*TABLES, "event_turn_edges"]}
     with _reset_engine(url).begin() as conn:
+        # A session an earlier test left open (a facade it never closed, waiting for the
+        # garbage collector) is ended: it would hold locks, and tests that wait for every
+        # other session of their database to end would wait for it.
+        conn.execute(_END_LEFT_SESSIONS)
         written = list(conn.execute(_WRITTEN_TABLES, tables).scalars())
         if written:
             conn.execute(text("TRUNCATE " + ", ".join(written) + " RESTART IDENTITY"))
