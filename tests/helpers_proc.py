@@ -7,6 +7,7 @@ dicts: how many passings each edge key was given, and every exception seen (as t
 
 from __future__ import annotations
 
+import faulthandler
 import itertools
 import multiprocessing
 import multiprocessing.context
@@ -30,6 +31,11 @@ PLUGINS_OFF = tuple(
     for name in ("langsmith_plugin", "faker", "anyio", "hypothesispytest", "pytest_alembic")
     for arg in ("-p", f"no:{name}")
 )
+
+# A child that crashes in C (a segfault) prints every thread's Python stack before it dies:
+# its parent's test then says which call it was in (children forked from the forkserver
+# inherit the handler the server installed when it imported this module).
+faulthandler.enable()
 
 HOT_EDGE = ("hot", "1", "sink", "1")
 HOT_PROTO = ("hot", "1", "wish", None)

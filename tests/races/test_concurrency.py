@@ -49,17 +49,29 @@ DEADLINE = 300.0
 
 
 def run_children(targets: list[tuple[Any, tuple[Any, ...]]], start: Any, out: Any) -> list[dict]:
-    """Start every child, release them together, collect one result each, join them."""
+    """Start every child, release them together, collect one result each, join them. A
+    child that dies without its report (a crash: its stacks are on the worker's stderr,
+    see helpers_proc) fails the test at once, with every child's exit code, not after
+    :data:`DEADLINE` seconds."""
     procs = [CTX.Process(target=f, args=args, daemon=True) for f, args in targets]
     for p in procs:
         p.start()
     start.set()
     results = []
+    deadline = time.monotonic() + DEADLINE
     try:
-        for _ in procs:
-            results.append(out.get(timeout=DEADLINE))
-    except queue.Empty:
-        pytest.fail(f"only {len(results)} of {len(procs)} children reported in {DEADLINE}s")
+        while len(results) < len(procs):
+            try:
+                results.append(out.get(timeout=1.0))
+                continue
+            except queue.Empty:
+                pass
+            if any(p.exitcode not in (None, 0) for p in procs):
+                pytest.fail(
+                    f"a child died without its report: exit codes {[p.exitcode for p in procs]}"
+                )
+            if time.monotonic() > deadline:
+                pytest.fail(f"only {len(results)} of {len(procs)} children reported in {DEADLINE}s")
     finally:
         for p in procs:
             p.join(timeout=30)
