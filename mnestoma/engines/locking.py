@@ -642,7 +642,8 @@ def track_writes(engine: Any) -> None:
     rolling back or closing it would act on the parent's write.
     """
     dialect = engine.dialect
-    if not backend_of(engine).one_writer or getattr(dialect, "_mnestoma_tracks_writes", False):
+    # the mark first: asked at every write, set once
+    if getattr(dialect, "_mnestoma_tracks_writes", False) or not backend_of(engine).one_writer:
         return
     commit, rollback, close = dialect.do_commit, dialect.do_rollback, dialect.do_close
 

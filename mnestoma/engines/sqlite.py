@@ -142,5 +142,5 @@ class SQLiteBackend:
 SQLITE = SQLiteBackend()
 register_driver_codes(CODES)
 register_spelling(SQLITE.name, SPELLING)
-register_driver_path(SQLITE.name, DriverPath(sync_drivers=None, observed_at_driver=True))
+register_driver_path(SQLITE.name, DriverPath(sync_drivers=None, observed_at_driver=True, bare=True))
 register_backend(SQLITE)

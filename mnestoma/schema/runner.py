@@ -52,6 +52,7 @@ __all__ = [
     "StatementRunner",
     "as_mappings",
     "connection_of",
+    "end_at_driver",
     "own_listener",
     "register_driver_path",
     "runner_for",
@@ -80,6 +81,10 @@ class DriverPath:
     # rewriting its text at each execution (psycopg caches that rewriting only for texts of
     # at most 4,096 characters and 50 parameters, which a passing's one statement exceeds).
     native: tuple[str, Callable[[Any], Any]] | None = None
+    # The driver's connection holds a transaction by itself (SQLite's ``BEGIN IMMEDIATE``,
+    # sent by the write lock): an operation whose transaction is its own may run there
+    # without SQLAlchemy's transaction around it (see :meth:`DriverRunner.ready`).
+    bare: bool = False
 
 
 _DRIVER_PATHS: dict[str, DriverPath] = {}
@@ -100,8 +105,9 @@ class StatementRunner:
         self.conn = conn
         self.dialect: str = conn.dialect.name
 
-    def ready(self) -> None:
-        """Do now what the first statement would do before running (nothing here)."""
+    def ready(self, own: bool = False) -> None:
+        """Do now what the first statement would do before running (nothing here); ``own``:
+        the transaction is the operation's own, committed right after it."""
 
     def lock_held(self) -> None:
         """The operation's transaction holds the write lock from now on (nothing here)."""
@@ -434,7 +440,6 @@ def _prepare(
 # somebody observing the statements. Registered with ``retval=True``, so that SQLAlchemy
 # keeps the function itself in the engine's listener list.
 _OWN_LISTENERS: weakref.WeakSet[Callable[..., Any]] = weakref.WeakSet()
-_OBSERVING_EVENTS = ("before_execute", "after_execute", "after_cursor_execute")
 _DRIVER_CONNECTIONS: tuple[type, ...] = (sqlite3.Connection,)
 # The driver connections that can run a statement and its COMMIT in one round trip.
 _PIPELINES: tuple[type, ...] = ()
@@ -459,10 +464,12 @@ def unobserved(conn: Connection) -> bool:
     """True when nobody but the package watches this connection's statements: no engine
     or connection event listener of a service, no ``handle_error`` hook, no SQL logging."""
     dispatch = connection_listeners(conn)
-    if any(getattr(dispatch, name) for name in _OBSERVING_EVENTS):
+    # each asked by name: a passing asks at every call
+    if dispatch.before_execute or dispatch.after_execute or dispatch.after_cursor_execute:
         return False
-    if any(fn not in _OWN_LISTENERS for fn in dispatch.before_cursor_execute):
-        return False
+    for fn in dispatch.before_cursor_execute:
+        if fn not in _OWN_LISTENERS:
+            return False
     if dialect_error_hooks(conn):
         return False
     return not conn.engine.logger.isEnabledFor(logging.INFO)
@@ -474,6 +481,7 @@ class DriverRunner(StatementRunner):
     per-statement and per-row processing costs more than the database's own work."""
 
     __slots__ = (
+        "_bare",
         "_commits_here",
         "_core_fallback",
         "_dbapi",
@@ -496,6 +504,7 @@ class DriverRunner(StatementRunner):
         self._commits_here: Any = None
         self._own: tuple[Callable[..., Any], ...] = ()
         self._locked = False
+        self._bare = False
         # Each instant bound by the operation's statements, converted once: a passing binds
         # its now three times (ts_last, ts_weight, the event's ts).
         self._instants: dict[datetime, Any] = {}
@@ -534,10 +543,16 @@ class DriverRunner(StatementRunner):
             return plans[key]
         return _prepare(self.conn, stmt, columns, native=True)
 
-    def ready(self) -> None:
+    def ready(self, own: bool = False) -> None:
         """Look now whether a statement may run at the driver, and begin SQLAlchemy's
         transaction: before a write takes its lock, so that none of it is done while other
-        writers wait."""
+        writers wait. With ``own`` (the transaction is the operation's own, a facade's
+        write), where the driver holds a transaction by itself (:attr:`DriverPath.bare`) and
+        nobody observes the connection's transactions, SQLAlchemy's is not begun: the
+        transaction lives at the driver alone, begun by the write lock, committed by
+        :meth:`many_committing` (else by its unit of work, :func:`end_at_driver`). SQLAlchemy's
+        begin and commit around it were a tenth of a passing's time."""
+        self._bare = own and _DRIVER_PATHS[self.dialect].bare
         self._driver()
 
     def lock_held(self) -> None:
@@ -560,19 +575,28 @@ class DriverRunner(StatementRunner):
             self._unobserved = unobserved(conn)
         if not self._unobserved:
             return None
-        # Only the package's own listeners are left (SQLite's, which begins the driver's
-        # transaction the way each statement needs): they run before each statement here,
-        # as SQLAlchemy would run them, until the write lock is held.
-        if not self._locked:
-            self._own = tuple(connection_listeners(conn).before_cursor_execute)
-        if not conn.in_transaction():
-            with translate_errors():
-                conn.begin()  # what the first statement would do: commit() must see it
+        dispatch = connection_listeners(conn)
+        commits_seen = bool(dispatch.commit)
+        began = conn.in_transaction()
+        # A transaction at the driver alone only where nobody would miss SQLAlchemy's: no
+        # listener of its begin, commit or rollback, and none begun already.
+        if self._bare and (began or commits_seen or dispatch.begin or dispatch.rollback):
+            self._bare = False
+        if not self._bare:
+            # Only the package's own listeners are left (SQLite's, which begins the
+            # driver's transaction the way each statement needs): they run before each
+            # statement here, as SQLAlchemy would run them, until the write lock is held (a
+            # bare write takes it before its first statement).
+            if not self._locked:
+                self._own = tuple(dispatch.before_cursor_execute)
+            if not began:
+                with translate_errors():
+                    conn.begin()  # what the first statement would do: commit() must see it
         # Where nobody observes the connection's commits, :meth:`first_committing` and
         # :meth:`many_committing` commit at the driver (the pool's proxy of the driver's
         # connection, looked up now, before any lock); else SQLAlchemy commits, after the
         # listeners.
-        if not connection_listeners(conn).commit:
+        if not commits_seen:
             self._commits_here = conn.connection
         # An operation never ends its transaction midway: the rest of its statements can
         # run here too.
@@ -723,6 +747,35 @@ def _committed_with(
             dbapi.autocommit = False
         except Exception:  # a lost connection: its own error is the one raised
             dbapi.close()
+
+
+def end_at_driver(conn: Connection, *, commit: bool) -> None:
+    """Commit (or roll back) a transaction the driver holds that SQLAlchemy's ``conn`` does
+    not know of (a write run bare, see :meth:`DriverRunner.ready`), through the dialect as
+    SQLAlchemy ends one (the write's bookkeeping with it); nothing when there is none.
+    Driver errors become the package's."""
+    if conn.closed or conn.invalidated or conn.in_transaction():
+        return
+    fairy = conn.connection
+    dbapi = fairy.dbapi_connection
+    # only sqlite3's connections run bare (DriverPath.bare)
+    if not isinstance(dbapi, sqlite3.Connection) or not dbapi.in_transaction:
+        return
+    dialect = conn.dialect
+    try:
+        (dialect.do_commit if commit else dialect.do_rollback)(fairy)
+    except dbapi_errors(conn) as err:
+        wrapped = sa_exc.DBAPIError.instance(
+            "COMMIT" if commit else "ROLLBACK",
+            None,
+            err,
+            dialect.loaded_dbapi.Error,
+            connection_invalidated=dialect.is_disconnect(cast(Any, err), dbapi, None),
+            dialect=dialect,
+        )
+        if isinstance(wrapped, sa_exc.DBAPIError) and wrapped.connection_invalidated:
+            conn.invalidate(err)
+        raise translate(wrapped) from wrapped
 
 
 def dbapi_errors(conn: Connection) -> type[Exception]:

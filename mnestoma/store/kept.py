@@ -45,28 +45,46 @@ class KeptConnection:
         self._closed = False
         _KEPT.add(self)
 
-    @contextlib.contextmanager
-    def taken(self) -> Iterator[Connection | None]:
-        """The kept connection for the block, outside any transaction, or None when another
-        thread has it (or it is closed): the caller then checks one out of the pool. A block
-        that raises, or leaves a transaction open, gives it back to the pool."""
+    def take(self) -> Connection | None:
+        """The kept connection, outside any transaction, the caller's until it calls
+        :meth:`put_back`; None when another thread has it (or it is closed): the caller then
+        checks one out of the pool. (Two calls rather than a generator's context manager:
+        every write of a facade takes it.)"""
         if not self._lock.acquire(blocking=False):
-            yield None
-            return
+            return None
         try:
             conn = self._usable()
-            if conn is None:
-                yield None
-                return
-            try:
-                yield conn
-            except BaseException:
-                self._give_back()
-                raise
-            if conn.in_transaction() or conn.invalidated or conn.closed:
+        except BaseException:
+            self._lock.release()
+            raise
+        if conn is None:
+            self._lock.release()
+        return conn
+
+    def put_back(self, conn: Connection, *, failed: bool) -> None:
+        """End a :meth:`take`: the connection is given back to the pool when the work on it
+        ``failed``, or left a transaction open, or it can no longer serve; else kept."""
+        try:
+            if failed or conn.in_transaction() or conn.invalidated or conn.closed:
                 self._give_back()
         finally:
             self._lock.release()
+
+    @contextlib.contextmanager
+    def taken(self) -> Iterator[Connection | None]:
+        """:meth:`take` and :meth:`put_back` around a block: the kept connection for the
+        block, or None; a block that raises, or leaves a transaction open, gives it back to
+        the pool."""
+        conn = self.take()
+        if conn is None:
+            yield None
+            return
+        try:
+            yield conn
+        except BaseException:
+            self.put_back(conn, failed=True)
+            raise
+        self.put_back(conn, failed=False)
 
     def _usable(self) -> Connection | None:
         if self._closed:

@@ -58,7 +58,7 @@ class StoreBase:
         return runner_for(connection_of(self._session))
 
     def _write_ex(self, plans: Plans | None = None) -> StatementRunner:
-        return write_runner(self._session, self._before_write, plans)
+        return write_runner(self._session, self._before_write, plans, own=self._commits_itself)
 
     def _now(self) -> datetime:
         return self.settings.now()
@@ -129,19 +129,22 @@ def write_runner(
     session: Session | Connection,
     before_write: Callable[[], None] | None,
     plans: Plans | None = None,
+    *,
+    own: bool = False,
 ) -> StatementRunner:
     """A statement runner on the connection, in a transaction that holds the write lock
     (SQLite) before the first statement of a write: see :mod:`mnestoma.engines.locking`. What the
     runner's first statement would do (look whether anybody observes the statements, begin
     SQLAlchemy's transaction) and finding the compiled statements of ``plans`` (per
     dialect) are done before the lock is taken: other writers queue for as long as it is
-    held."""
+    held. ``own``: the transaction is the write's own, committed right after it (a facade's
+    write: see :meth:`StatementRunner.ready`)."""
     upkeep_before_write(session)  # PostgreSQL: the months' partitions, before any lock (§12)
     if before_write is not None:
         before_write()
     conn = connection_of(session)
     ex = runner_for(conn)
-    ex.ready()
+    ex.ready(own)
     if plans is not None:
         ex.plan_all(plans.get(ex.dialect, ()))
     with translate_errors():

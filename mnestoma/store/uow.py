@@ -28,6 +28,7 @@ from mnestoma.core.retrying import MAX_ATTEMPTS, retry_pause, with_retries
 from mnestoma.core.settings import Settings, settings_of
 from mnestoma.engines.locking import take_write_lock
 from mnestoma.engines.partitions import upkeep_after_commit
+from mnestoma.schema.runner import end_at_driver
 from mnestoma.store.kept import KeptConnection
 from mnestoma.store.repository import CanonicalQueryRepository, MnestRepository, built
 
@@ -346,17 +347,21 @@ class ConnectionUnitOfWork(_Repositories):
 
     def commit(self) -> None:
         """Commit the work done so far (then, on PostgreSQL, make the partitions of the
-        months its writes reached that were not made: contract §12)."""
+        months its writes reached that were not made: contract §12). A write run at the
+        driver alone (a facade's, see :meth:`~mnestoma.schema.runner.DriverRunner.ready`) is
+        committed there, if its last statement did not commit it already."""
         with translate_errors():
             self.connection.commit()
+        end_at_driver(self.connection, commit=True)
         upkeep_after_commit(self.connection)
 
     def rollback(self) -> None:
         """Throw away the work done since the last commit (the package's errors, as
-        :meth:`UnitOfWork.rollback`)."""
+        :meth:`UnitOfWork.rollback`), a write run at the driver alone included."""
         if self.connection.in_transaction():
             with translate_errors():
                 self.connection.rollback()
+        end_at_driver(self.connection, commit=False)
 
     def __exit__(self, *exc: object) -> None:
         try:
@@ -423,8 +428,16 @@ def written(
     def once() -> T:
         if kept is None:
             return in_unit(bind)
-        with kept.taken() as conn:
-            return in_unit(bind if conn is None else conn)
+        conn = kept.take()
+        if conn is None:
+            return in_unit(bind)
+        try:
+            result = in_unit(conn)
+        except BaseException:
+            kept.put_back(conn, failed=True)
+            raise
+        kept.put_back(conn, failed=False)
+        return result
 
     return with_retries(once)
 

@@ -17,6 +17,7 @@ from sqlalchemy import create_engine, event, text
 import mnestoma
 from mnestoma.schema import snapshots
 from mnestoma.schema.runner import DriverRunner
+from mnestoma.store import commands
 
 EDGE = ("cl.src", "1", "cl.dst", "1")
 NEXT = ("cl.dst", "1", "cl.end", "1")
@@ -223,6 +224,72 @@ def test_a_commit_that_fails_at_the_driver_raises_the_packages_error_and_leaves_
         assert failed == [True]
         assert free_uses() == 1  # rolled back, the lock released
         assert store.record_passing(*EDGE).uses == 2
+
+
+def test_a_facades_sqlite_write_whose_transactions_are_observed_begins_through_sqlalchemy(
+    tmp_path: Path,
+) -> None:
+    """A facade's SQLite write lives at the driver alone (``BEGIN IMMEDIATE``, then its
+    ``COMMIT``), with no SQLAlchemy transaction around it, only while nobody would miss
+    one: a service's ``begin`` listener on the engine sees each write's transaction."""
+    url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    mnestoma.upgrade(url)
+    begun: list[bool] = []
+    with mnestoma.Mnestoma(url) as store:
+        store.record_passing(*EDGE)
+        event.listen(store.engine, "begin", lambda conn: begun.append(True))
+        store.record_passing(*EDGE)
+        assert store.record_passing(*EDGE).uses == 3
+    assert begun == [True, True]
+
+
+def _failing_reinforcement(*args: Any, **kwargs: Any) -> Any:
+    raise mnestoma.StoreError("failed under the lock")
+
+
+def test_a_failed_sqlite_write_is_rolled_back_where_a_rollback_listener_sees_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    mnestoma.upgrade(url)
+    free_uses = next(_sqlite_probe(url))
+    engine = mnestoma.make_engine(url)
+    rolled_back: list[int | None] = []
+    try:
+        with mnestoma.Mnestoma(engine) as store:
+            store.record_passing(*EDGE)
+            event.listen(engine, "rollback", lambda conn: rolled_back.append(free_uses()))
+            monkeypatch.setattr(commands, "reinforcement", _failing_reinforcement)
+            with pytest.raises(mnestoma.StoreError, match="failed under the lock"):
+                store.record_passing(*EDGE)
+    finally:
+        engine.dispose()
+    assert rolled_back == [None]  # seen before the rollback, the lock still held
+    assert free_uses() == 1
+
+
+def test_a_facades_sqlite_write_that_fails_under_the_lock_rolls_back_in_its_unit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write run at the driver alone that fails once it holds the write lock is rolled
+    back by its unit of work, not left to the pool: on an engine whose pool resets nothing
+    on return, the connection would go back to it still holding the lock."""
+    url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    mnestoma.upgrade(url)
+    free_uses = next(_sqlite_probe(url))
+    engine = mnestoma.make_engine(url, pool_reset_on_return=None)
+    try:
+        with mnestoma.Mnestoma(engine) as store:
+            store.record_passing(*EDGE)
+
+            monkeypatch.setattr(commands, "reinforcement", _failing_reinforcement)
+            with pytest.raises(mnestoma.StoreError, match="failed under the lock"):
+                store.record_passing(*EDGE)
+            assert free_uses() == 1  # rolled back, the lock released
+            monkeypatch.undo()
+            assert store.record_passing(*EDGE).uses == 2
+    finally:
+        engine.dispose()
 
 
 def _traced(dbapi: Any, path: Path, work: Callable[[], Any]) -> tuple[list[str], str]:
