@@ -72,9 +72,18 @@ class Passing(NamedTuple):
 _NOT_A_NAME = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
+# Names that passed check_name lately (plain str only, whose content cannot change): the
+# same few executors and versions come back at every call, four names a passing, and a set
+# lookup costs less than the checks. Emptied when full, so it holds the names in use.
+_GOOD_NAMES: set[str] = set()
+_GOOD_NAMES_MAX = 4096
+
+
 def check_name(value: Any, what: str) -> str:
     """An executor name, version or turn id: a non-blank string of at most
     :data:`~mnestoma.rules.MAX_NAME_LENGTH` characters."""
+    if type(value) is str and value in _GOOD_NAMES:
+        return value
     if not isinstance(value, str):
         raise InvalidInput(f"{what} must be a string, got {type(value).__name__}")
     if not value.strip():
@@ -83,7 +92,12 @@ def check_name(value: Any, what: str) -> str:
         raise InvalidInput(
             f"{what} is {len(value)} characters long; the limit is {MAX_NAME_LENGTH}"
         )
-    return _check_characters(value, what)
+    _check_characters(value, what)
+    if type(value) is str:
+        if len(_GOOD_NAMES) >= _GOOD_NAMES_MAX:
+            _GOOD_NAMES.clear()
+        _GOOD_NAMES.add(value)
+    return value
 
 
 def _check_characters(value: str, what: str) -> str:
