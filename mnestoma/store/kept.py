@@ -110,6 +110,11 @@ class KeptConnection:
         conn, self._conn = self._conn, None
         if conn is not None:
             with contextlib.suppress(Exception):  # a lost connection: the pool discards it
+                if self._engine.pool is not self._pool:
+                    # its pool was disposed: closed now (invalidated), not handed back to a
+                    # pool nobody uses, where the server's session would stay open until
+                    # the garbage collector found it
+                    conn.invalidate()
                 conn.close()
 
     def close(self) -> None:

@@ -4,6 +4,7 @@ check-in per call), and replaces it whenever it could not be trusted as it is.""
 from __future__ import annotations
 
 import logging
+import sqlite3
 import threading
 from typing import Any
 
@@ -113,14 +114,30 @@ def test_sql_logging_turned_on_after_the_first_write_shows_the_next_ones(
         assert "FROM mnests" not in " ".join(r.getMessage() for r in caplog.records)
 
 
+def _driver_closed(dbapi: Any) -> bool:
+    """Whether a driver connection (sqlite3's or psycopg's) is closed."""
+    if isinstance(dbapi, sqlite3.Connection):
+        try:
+            dbapi.execute("SELECT 1")
+        except sqlite3.ProgrammingError:
+            return True
+        return False
+    return bool(dbapi.closed)
+
+
 def test_a_disposed_pool_is_left_for_a_connection_of_the_new_one(store_url: str) -> None:
     with mnestoma.Mnestoma(store_url) as store:
         store.record_passing(*EDGE)
         old = store.engine.pool
+        kept = store._kept._conn  # type: ignore[union-attr]
+        assert kept is not None
+        old_driver = kept.connection.dbapi_connection
         store.engine.dispose()
         assert store.record_passing(*EDGE).uses == 2
         assert store.engine.pool is not old
         assert store.engine.pool.checkedout() == 1
+        # the old one is closed, not left open in the disposed pool (a session on the server)
+        assert _driver_closed(old_driver)
 
 
 def test_threads_that_find_the_kept_connection_taken_write_through_the_pool(
