@@ -28,6 +28,7 @@ import pytest
 
 pytest.register_assert_rewrite("mnestoma.testing")  # the plugin below is imported early
 
+from invariants import END_OTHER_SESSIONS  # noqa: E402
 from sqlalchemy import Engine, NullPool, create_engine, text  # noqa: E402
 from sqlalchemy.engine import URL, make_url  # noqa: E402
 
@@ -170,14 +171,8 @@ def drop_pg_database(url: URL, *, later: bool = False) -> None:
         return
     admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
-        conn.execute(
-            text(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                "WHERE datname = :d AND pid <> pg_backend_pid()"
-            ),
-            {"d": url.database},
-        )
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{url.database}"'))
+        # FORCE: the server ends the sessions still connected to it first
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{url.database}" WITH (FORCE)'))
     admin.dispose()
 
 
@@ -274,12 +269,6 @@ _WRITTEN_TABLES = text(
 )
 
 
-_END_LEFT_SESSIONS = text(
-    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database()"
-    " AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
-)
-
-
 @functools.cache
 def _reset_engine(url: URL) -> Engine:
     """One engine per database for the resets; no connection is kept between them (tests
@@ -299,10 +288,12 @@ def _reset_pg(url: URL) -> None:
     # leaves one by one does not fire the trigger that truncating events whole would.
     tables = {"tables": [*TABLES, "event_turn_edges"]}
     with _reset_engine(url).begin() as conn:
-        # A session an earlier test left open (a facade it never closed, waiting for the
-        # garbage collector) is ended: it would hold locks, and tests that wait for every
-        # other session of their database to end would wait for it.
-        conn.execute(_END_LEFT_SESSIONS)
+        # A session an earlier test left open is ended: it would hold locks, and tests that
+        # wait for every other session of their database to end would wait for it. Those
+        # found so far were engines a test never disposed (their pool kept the connection
+        # until the garbage collector came: plain_engine has no pool now), a proxy whose
+        # sockets outlived it, and a kept connection of a disposed pool (closed now).
+        conn.execute(END_OTHER_SESSIONS)
         written = list(conn.execute(_WRITTEN_TABLES, tables).scalars())
         if written:
             conn.execute(text("TRUNCATE " + ", ".join(written) + " RESTART IDENTITY"))

@@ -41,8 +41,10 @@ def _plain_url(url: str | URL) -> URL:
 
 
 def plain_engine(url: str | URL) -> Engine:
-    """An engine that talks to the store without any of the package's configuration."""
-    return create_engine(_plain_url(url))
+    """An engine that talks to the store without any of the package's configuration. No
+    connection outlives its ``with`` block (NullPool): a test that never disposes the
+    engine leaves no session behind for the next test to wait for."""
+    return create_engine(_plain_url(url), poolclass=NullPool)
 
 
 @functools.lru_cache(maxsize=16)
@@ -70,10 +72,14 @@ def _connected(url: str | URL) -> Iterator[Connection]:
         engine.dispose()
 
 
-OTHER_SESSIONS = text(
-    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+# The other client sessions of the database the connection is in (not this one, not the
+# server's own processes): counted by the waits below, ended by the reset of a worker's store.
+_OTHER_SESSIONS_WHERE = (
+    "FROM pg_stat_activity WHERE datname = current_database()"
     " AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
 )
+OTHER_SESSIONS = text("SELECT count(*) " + _OTHER_SESSIONS_WHERE)
+END_OTHER_SESSIONS = text("SELECT pg_terminate_backend(pid) " + _OTHER_SESSIONS_WHERE)
 
 
 def wait_for_other_sessions_to_end(conn: Connection, timeout: float = 30.0) -> None:

@@ -95,7 +95,13 @@ class SwallowingProxy:
                     target.sendall(data)
 
     def close(self) -> None:
+        """Stop listening and end every proxied connection: shut down first, since a socket
+        closed while a thread waits in ``recv`` on it stays open until that call returns
+        (the server's session would outlive the test)."""
         for s in self._sockets:
+            with contextlib.suppress(OSError):
+                if s is not self._listener:
+                    s.shutdown(socket.SHUT_RDWR)
             with contextlib.suppress(OSError):
                 s.close()
 

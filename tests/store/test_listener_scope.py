@@ -219,5 +219,9 @@ def test_statements_that_only_read_the_view_still_run(
         session.execute(delete(Note).where(Note.body == src))
         session.commit()
     assert [uses for _, _, uses in _weights(store_url)] == [6]
-    with _service_engine(store_url).connect() as conn:
-        assert conn.execute(text("SELECT count(*) FROM v_mnestoma")).scalar_one() == 1
+    engine = _service_engine(store_url)
+    try:
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT count(*) FROM v_mnestoma")).scalar_one() == 1
+    finally:
+        engine.dispose()

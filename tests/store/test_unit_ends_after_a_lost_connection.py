@@ -40,8 +40,12 @@ def _lose(conn: Connection) -> None:
     """End ``conn``'s connection to the database under it."""
     if conn.dialect.name == "postgresql":
         pid = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
-        with make_engine(conn.engine.url).connect() as admin:
-            admin.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+        admin_engine = make_engine(conn.engine.url)
+        try:
+            with admin_engine.connect() as admin:
+                admin.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+        finally:
+            admin_engine.dispose()  # no session left for the next test to wait for
     else:
         dbapi = conn.connection.dbapi_connection
         assert dbapi is not None
