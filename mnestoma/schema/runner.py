@@ -628,24 +628,7 @@ class DriverRunner(StatementRunner):
             finally:
                 cursor.close()
         except dbapi_errors(self.conn) as err:
-            self._raise_translated(sql, data, err, dbapi)
-
-    def _raise_translated(self, sql: str, data: Any, err: Exception, dbapi: Any) -> NoReturn:
-        """Raise the driver error ``err`` as the package's error, chained to SQLAlchemy's
-        wrapper of it (as for the statements SQLAlchemy runs); a lost connection is
-        invalidated."""
-        dialect = self.conn.dialect
-        wrapped = sa_exc.DBAPIError.instance(
-            sql,
-            data,
-            err,
-            dialect.loaded_dbapi.Error,
-            connection_invalidated=dialect.is_disconnect(cast(Any, err), dbapi, None),
-            dialect=dialect,
-        )
-        if isinstance(wrapped, sa_exc.DBAPIError) and wrapped.connection_invalidated:
-            self.conn.invalidate(err)
-        raise translate(wrapped) from wrapped
+            _raise_translated(self.conn, sql, data, err, dbapi)
 
     def rows(self, stmt: Executable, params: Params | None = None) -> list[tuple[Any, ...]]:
         prepared = self._planned(stmt, ())
@@ -687,7 +670,7 @@ class DriverRunner(StatementRunner):
             try:
                 conn.dialect.do_commit(fairy)
             except dbapi_errors(conn) as err:
-                self._raise_translated("COMMIT", None, err, self._dbapi)
+                _raise_translated(self.conn, "COMMIT", None, err, self._dbapi)
 
     def many(self, stmt: Executable, rows: ParamRows, columns: Columns = None) -> None:
         if not rows:
@@ -765,17 +748,27 @@ def end_at_driver(conn: Connection, *, commit: bool) -> None:
     try:
         (dialect.do_commit if commit else dialect.do_rollback)(fairy)
     except dbapi_errors(conn) as err:
-        wrapped = sa_exc.DBAPIError.instance(
-            "COMMIT" if commit else "ROLLBACK",
-            None,
-            err,
-            dialect.loaded_dbapi.Error,
-            connection_invalidated=dialect.is_disconnect(cast(Any, err), dbapi, None),
-            dialect=dialect,
-        )
-        if isinstance(wrapped, sa_exc.DBAPIError) and wrapped.connection_invalidated:
-            conn.invalidate(err)
-        raise translate(wrapped) from wrapped
+        _raise_translated(conn, "COMMIT" if commit else "ROLLBACK", None, err, dbapi)
+
+
+def _raise_translated(
+    conn: Connection, sql: str, data: Any, err: Exception, dbapi: Any
+) -> NoReturn:
+    """Raise the driver error ``err`` (of ``conn``'s driver connection ``dbapi``) as the
+    package's error, chained to SQLAlchemy's wrapper of it (as for the statements
+    SQLAlchemy runs); a lost connection is invalidated."""
+    dialect = conn.dialect
+    wrapped = sa_exc.DBAPIError.instance(
+        sql,
+        data,
+        err,
+        dialect.loaded_dbapi.Error,
+        connection_invalidated=dialect.is_disconnect(cast(Any, err), dbapi, None),
+        dialect=dialect,
+    )
+    if isinstance(wrapped, sa_exc.DBAPIError) and wrapped.connection_invalidated:
+        conn.invalidate(err)
+    raise translate(wrapped) from wrapped
 
 
 def dbapi_errors(conn: Connection) -> type[Exception]:
