@@ -19,6 +19,7 @@ import re
 import secrets
 import shutil
 import threading
+import time
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -28,8 +29,8 @@ import pytest
 
 pytest.register_assert_rewrite("mnestoma.testing")  # the plugin below is imported early
 
-from invariants import END_OTHER_SESSIONS  # noqa: E402
-from sqlalchemy import Engine, NullPool, create_engine, text  # noqa: E402
+from invariants import END_OTHER_SESSIONS, OTHER_SESSIONS  # noqa: E402
+from sqlalchemy import Connection, Engine, NullPool, create_engine, text  # noqa: E402
 from sqlalchemy.engine import URL, make_url  # noqa: E402
 
 import mnestoma  # noqa: E402
@@ -288,12 +289,7 @@ def _reset_pg(url: URL) -> None:
     # leaves one by one does not fire the trigger that truncating events whole would.
     tables = {"tables": [*TABLES, "event_turn_edges"]}
     with _reset_engine(url).begin() as conn:
-        # A session an earlier test left open is ended: it would hold locks, and tests that
-        # wait for every other session of their database to end would wait for it. Those
-        # found so far were engines a test never disposed (their pool kept the connection
-        # until the garbage collector came: plain_engine has no pool now), a proxy whose
-        # sockets outlived it, and a kept connection of a disposed pool (closed now).
-        conn.execute(END_OTHER_SESSIONS)
+        left = _sessions_left(conn)
         written = list(conn.execute(_WRITTEN_TABLES, tables).scalars())
         if written:
             conn.execute(text("TRUNCATE " + ", ".join(written) + " RESTART IDENTITY"))
@@ -304,6 +300,41 @@ def _reset_pg(url: URL) -> None:
             ),
             {"head": mnestoma.head_revision()},
         )
+    if left:
+        pytest.fail(
+            f"{left} PostgreSQL session(s) of the worker's store outlived the test before this"
+            f" one ({_last_test[0]}): dispose the engines a test makes (plain_engine has no"
+            " pool), close the facades and proxies it starts",
+            pytrace=False,
+        )
+
+
+# Seconds the reset waits for the sessions of the test before to end by themselves: a
+# client's server process leaves pg_stat_activity shortly after the client has gone.
+LEFT_SESSION_GRACE_S = 5.0
+# The test that ended last in this worker (for the reset that follows to name it).
+_last_test = [""]
+
+
+def pytest_runtest_logfinish(nodeid: str, location: tuple[str, int | None, str]) -> None:
+    """Note which test ended last, for :func:`_sessions_left` to name."""
+    _last_test[0] = nodeid
+
+
+def _sessions_left(conn: Connection) -> int:
+    """How many other sessions of the store outlived the test before by
+    :data:`LEFT_SESSION_GRACE_S` (they are ended: they would hold locks, and hold every test
+    that waits for the other sessions of its database to end). Every leak found so far was a
+    test's engine never disposed, a proxy's socket left open, or the package's own (a kept
+    connection of a disposed pool, closed now); the reset fails the next test, naming the
+    test before, so that a new one is found at once."""
+    end = time.monotonic() + LEFT_SESSION_GRACE_S
+    while (others := conn.execute(OTHER_SESSIONS).scalar_one()) and time.monotonic() < end:
+        time.sleep(0.05)
+        conn.execute(text("SELECT pg_stat_clear_snapshot()"))  # the transaction's view, anew
+    if others:
+        conn.execute(END_OTHER_SESSIONS)
+    return int(others)
 
 
 @pytest.fixture(scope="module", params=ENGINES)
