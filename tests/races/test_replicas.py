@@ -487,6 +487,92 @@ def test_a_replica_cut_off_from_its_primary_serves_no_read_staler_than_the_bound
             pair.reconnect_replica()
 
 
+def test_the_async_facade_skips_a_replica_stopped_mid_run_and_no_read_fails(
+    pair: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def run() -> None:
+        async with AsyncMnestoma(
+            pair.primary_url, replicas=[pair.replica_url], settings=QUICK
+        ) as store:
+            m = await store.record_passing("a", "1", "b", "2")
+            await asyncio.to_thread(pair.wait_caught_up)
+            failures: list[BaseException] = []
+            stop = asyncio.Event()
+
+            async def reader() -> None:
+                while not stop.is_set():
+                    try:
+                        got = await store.get(m.id)
+                        assert got is not None and got.uses == 1
+                    except BaseException as err:
+                        failures.append(err)
+                        return
+                    await asyncio.sleep(0.005)
+
+            caplog.set_level(logging.WARNING, "mnestoma.replicas")
+            tasks = [asyncio.create_task(reader()) for _ in range(3)]
+            await asyncio.sleep(0.3)
+            await asyncio.to_thread(pair.stop_replica)
+            await asyncio.sleep(0.3)
+            stop.set()
+            await asyncio.wait_for(asyncio.gather(*tasks), timeout=30)
+            assert failures == []
+            warnings = [r for r in caplog.records if r.name == "mnestoma.replicas"]
+            assert len(warnings) == 1 and "skipped" in warnings[0].getMessage()
+            assert _stats(store)[1] == 1
+            # back once it answers again and the skip has run out
+            await asyncio.to_thread(pair.start_replica)
+            await asyncio.sleep(QUICK.replica_skip)
+            served, _ = _stats(store)
+            for _ in range(50):
+                await store.get(m.id)
+                if _stats(store)[0] > served:
+                    break
+                await asyncio.sleep(0.02)
+            assert _stats(store)[0] > served, store.replica_stats()
+            assert _stats(store)[1] == 1
+
+    asyncio.run(run())
+
+
+def test_the_async_facade_reads_nothing_staler_than_the_bound_from_a_cut_off_replica(
+    pair: Cluster,
+) -> None:
+    bound = Settings(replica_max_lag=1.0, replica_skip=30.0)
+
+    async def run() -> None:
+        async with AsyncMnestoma(
+            pair.primary_url, replicas=[pair.replica_url], settings=bound
+        ) as store:
+            with Mnestoma(pair.primary_url) as other:  # another process's writes
+                other.record_passing("a", "1", "b", "2")
+                await asyncio.to_thread(pair.wait_caught_up)
+                for _ in range(50):  # the replica once proven fresh (see _served_soon)
+                    await store.edges()
+                    if _stats(store)[0]:
+                        break
+                    await asyncio.sleep(0.02)
+                assert _stats(store)[0], store.replica_stats()
+                await asyncio.to_thread(pair.cut_off_replica)
+                try:
+                    other.record_passing("a", "1", "c", "2")
+                    committed = time.monotonic()
+                    stale: list[float] = []
+                    while time.monotonic() < committed + bound.replica_max_lag + 1.0:
+                        started = time.monotonic()
+                        edges = await store.edges()
+                        if len(edges) != 2 and started > committed + bound.replica_max_lag:
+                            stale.append(started - committed)
+                        await asyncio.sleep(0.02)
+                    assert stale == []  # no read begun past the bound missed the edge
+                    (replica,) = store.replica_stats()["replicas"]
+                    assert replica["skipped"] and "has not replayed" in replica["reason"]
+                finally:
+                    await asyncio.to_thread(pair.reconnect_replica)
+
+    asyncio.run(run())
+
+
 def test_a_write_after_an_idle_spell_does_not_get_a_replica_a_moment_behind_skipped(
     pair: Cluster,
 ) -> None:
