@@ -551,7 +551,7 @@ class DriverRunner(StatementRunner):
         nobody observes the connection's transactions, SQLAlchemy's is not begun: the
         transaction lives at the driver alone, begun by the write lock, committed by
         :meth:`many_committing` (else by its unit of work, :func:`end_at_driver`). SQLAlchemy's
-        begin and commit around it were a tenth of a passing's time."""
+        begin and commit around it were a few per cent of a passing's time."""
         self._bare = own and _DRIVER_PATHS[self.dialect].bare
         self._driver()
 

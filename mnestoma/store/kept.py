@@ -7,7 +7,6 @@ import contextlib
 import os
 import threading
 import weakref
-from collections.abc import Iterator
 from typing import Any
 
 from sqlalchemy import Connection, Engine
@@ -69,22 +68,6 @@ class KeptConnection:
                 self._give_back()
         finally:
             self._lock.release()
-
-    @contextlib.contextmanager
-    def taken(self) -> Iterator[Connection | None]:
-        """:meth:`take` and :meth:`put_back` around a block: the kept connection for the
-        block, or None; a block that raises, or leaves a transaction open, gives it back to
-        the pool."""
-        conn = self.take()
-        if conn is None:
-            yield None
-            return
-        try:
-            yield conn
-        except BaseException:
-            self.put_back(conn, failed=True)
-            raise
-        self.put_back(conn, failed=False)
 
     def _usable(self) -> Connection | None:
         if self._closed:

@@ -370,9 +370,14 @@ def test_a_forked_child_leaves_the_connection_its_parent_kept_to_the_parent(
     parent's: the child's writes keep one of their own, and the parent goes on with its."""
 
     def kept_driver() -> Any:
-        with store._kept.taken() as conn:  # type: ignore[union-attr]
-            assert conn is not None
+        kept = store._kept
+        assert kept is not None
+        conn = kept.take()
+        assert conn is not None
+        try:
             return conn.connection.dbapi_connection
+        finally:
+            kept.put_back(conn, failed=False)
 
     store.record_passing("search", "1", "read", "1")
     parent = kept_driver()
@@ -394,10 +399,15 @@ def test_a_child_forked_while_another_thread_has_the_kept_connection_writes_and_
     store.record_passing("search", "1", "read", "1")
 
     def hold(inside: threading.Event, release: threading.Event) -> None:
-        with store._kept.taken() as conn:  # type: ignore[union-attr]
-            assert conn is not None
+        kept = store._kept
+        assert kept is not None
+        conn = kept.take()
+        assert conn is not None
+        try:
             inside.set()
             release.wait(CHILD_TIMEOUT)
+        finally:
+            kept.put_back(conn, failed=False)
 
     def child() -> int:
         uses = store.record_passing("search", "1", "read", "1").uses
