@@ -10,7 +10,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
 import pytest
 from click.testing import CliRunner
@@ -81,6 +81,17 @@ def _served_soon(store: Mnestoma, read: Callable[[], object]) -> None:
         if _stats(store)[0] > before:
             return
         time.sleep(0.02)
+    raise AssertionError(f"the replica served none of 50 reads: {store.replica_stats()}")
+
+
+async def _served_soon_async(store: AsyncMnestoma, read: Callable[[], Awaitable[object]]) -> None:
+    """:func:`_served_soon`, through the async facade."""
+    before, _ = _stats(store)
+    for _ in range(50):
+        await read()
+        if _stats(store)[0] > before:
+            return
+        await asyncio.sleep(0.02)
     raise AssertionError(f"the replica served none of 50 reads: {store.replica_stats()}")
 
 
@@ -270,12 +281,11 @@ def test_the_async_facade_routes_the_same_way(pair: Cluster) -> None:
             await asyncio.gather(*(caller(n) for n in range(3)))
             assert failures == []
             await asyncio.to_thread(pair.wait_caught_up)
-            served = store.replica_stats()["replicas"][0]["reads"]
-            for _ in range(50):  # the replica once proven fresh (see _served_soon)
+
+            async def three_edges() -> None:
                 assert len(await store.edges()) == 3
-                if store.replica_stats()["replicas"][0]["reads"] > served:
-                    break
-                await asyncio.sleep(0.02)
+
+            await _served_soon_async(store, three_edges)
             served = store.replica_stats()["replicas"][0]["reads"]
             assert len(await store.edges()) == 3
             assert store.replica_stats()["replicas"][0]["reads"] == served + 1
@@ -409,11 +419,7 @@ def test_the_async_facade_skips_a_frozen_replica_within_the_bound(pair: Cluster)
         ) as store:
             m = await store.record_passing("a", "1", "b", "2")
             await asyncio.to_thread(pair.wait_caught_up)
-            for _ in range(50):
-                await store.get(m.id)
-                if _stats(store)[0]:
-                    break
-                await asyncio.sleep(0.02)
+            await _served_soon_async(store, lambda: store.get(m.id))
             took: list[float] = []
             stop = asyncio.Event()
 
@@ -523,13 +529,7 @@ def test_the_async_facade_skips_a_replica_stopped_mid_run_and_no_read_fails(
             # back once it answers again and the skip has run out
             await asyncio.to_thread(pair.start_replica)
             await asyncio.sleep(QUICK.replica_skip)
-            served, _ = _stats(store)
-            for _ in range(50):
-                await store.get(m.id)
-                if _stats(store)[0] > served:
-                    break
-                await asyncio.sleep(0.02)
-            assert _stats(store)[0] > served, store.replica_stats()
+            await _served_soon_async(store, lambda: store.get(m.id))
             assert _stats(store)[1] == 1
 
     asyncio.run(run())
@@ -547,12 +547,7 @@ def test_the_async_facade_reads_nothing_staler_than_the_bound_from_a_cut_off_rep
             with Mnestoma(pair.primary_url) as other:  # another process's writes
                 other.record_passing("a", "1", "b", "2")
                 await asyncio.to_thread(pair.wait_caught_up)
-                for _ in range(50):  # the replica once proven fresh (see _served_soon)
-                    await store.edges()
-                    if _stats(store)[0]:
-                        break
-                    await asyncio.sleep(0.02)
-                assert _stats(store)[0], store.replica_stats()
+                await _served_soon_async(store, store.edges)
                 await asyncio.to_thread(pair.cut_off_replica)
                 try:
                     other.record_passing("a", "1", "c", "2")
