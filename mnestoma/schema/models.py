@@ -480,3 +480,10 @@ def refuse_view_inserts(state: ORMExecuteState) -> None:
         target = getattr(target, "element", None)
     if target is not None:
         raise ReadOnlyError(f"{VIEW_NAME} is read-only; write through Mnest instead")
+
+
+# The package's mappers configured now, at import, not by the first snapshot a call builds:
+# an exception that lands inside SQLAlchemy's configuration (a KeyboardInterrupt, a signal
+# handler's exception during a process's first passing) leaves the registry unusable for the
+# rest of the process. Only this registry: a service's own mappers are left to SQLAlchemy.
+Base.registry.configure()
