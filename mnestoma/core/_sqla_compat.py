@@ -8,13 +8,12 @@ Imports nothing of the package: it sits at the bottom of the layers.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
 from sqlalchemy import Column, Connection, Table
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import ClassManager, Mapper
-from sqlalchemy.orm.attributes import instance_state
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.util import greenlet_spawn
 
@@ -110,14 +109,22 @@ def class_manager(mapper: Mapper[Any]) -> ClassManager[Any]:
     return mapper.class_manager
 
 
-def detached(manager: ClassManager[Any], cls: type[T], values: dict[str, Any], ident: Any) -> T:
-    """A detached instance of ``cls`` with ``values`` loaded as committed and identity
-    ``ident``: the textbook ``cls(**values)`` then ``make_transient_to_detached`` fires an
-    event per column (10× slower). ``new_instance``, the instance state's ``dict`` and
-    ``key`` are SQLAlchemy's internals; the key is what ``mapper.identity_key_from_primary_key``
-    builds."""
-    obj: T = manager.new_instance()
-    state = instance_state(obj)
-    state.dict.update(values)
+def detached(
+    manager: ClassManager[Any],
+    cls: type[T],
+    values: Mapping[str, Any] | Iterable[tuple[str, Any]],
+    ident: Any,
+) -> T:
+    """A detached instance of ``cls`` with ``values`` (a mapping, or name and value pairs)
+    loaded as committed and identity ``ident``. The textbook ``cls(**values)`` then
+    ``make_transient_to_detached`` fires an event per column (10× slower). This is what
+    ``manager.new_instance()`` does, written out so that the values go into the instance's
+    ``__dict__`` as they come (no mapping built first: half a snapshot's time).
+    ``_state_constructor``, ``_state_setter`` and the state's ``key`` are SQLAlchemy's
+    internals; the key is what ``mapper.identity_key_from_primary_key`` builds."""
+    obj: T = cls.__new__(cls)
+    state = manager._state_constructor(obj, manager)
+    manager._state_setter(obj, state)
+    obj.__dict__.update(values)
     state.key = (cls, (ident,), None)
     return obj

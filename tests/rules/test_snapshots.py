@@ -5,9 +5,11 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+import pytest
 from sqlalchemy import inspect
 from sqlalchemy.orm import make_transient_to_detached
 
+from mnestoma.errors import StoreError
 from mnestoma.schema import snapshots
 from mnestoma.schema.models import CanonicalQuery, Event, Mnest
 from mnestoma.schema.sql.tables import EVENT_COLUMNS, MNEST_COLUMNS, QUERY_COLUMNS
@@ -94,3 +96,15 @@ def test_a_snapshot_can_be_merged_into_a_session_without_a_query() -> None:
 def test_the_identity_key_is_the_mappers_own() -> None:
     ours = snapshots.mnest([MNEST[k] for k in MNEST_COLUMNS])
     assert inspect(ours).key == inspect(Mnest).identity_key_from_primary_key(["m-1"])
+
+
+def test_a_row_with_extra_trailing_values_gives_the_tables_columns_only() -> None:
+    # a lookup under the lock returns the row and a flag after its columns
+    ours = snapshots.mnest([*(MNEST[k] for k in MNEST_COLUMNS), True])
+    _same_state(ours, _textbook(Mnest, MNEST), MNEST_COLUMNS)
+    assert {k for k in vars(ours) if not k.startswith("_sa_")} == set(MNEST_COLUMNS)
+
+
+def test_a_row_short_of_the_tables_columns_is_the_packages_error() -> None:
+    with pytest.raises(StoreError, match="16 values for the 17 columns of Mnest"):
+        snapshots.mnest([MNEST[k] for k in MNEST_COLUMNS[:-1]])

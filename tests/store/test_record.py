@@ -308,3 +308,22 @@ def test_a_turn_finds_its_rows_through_the_unique_indexes(store: Mnestoma) -> No
         else:
             plan = " ".join(r[0] for r in conn.exec_driver_sql(f"EXPLAIN {compiled}", values))
             assert "Seq Scan" not in plan and "Index" in plan
+
+
+def test_a_turns_lookup_binds_each_key_in_its_slot_and_null_in_the_unused_ones() -> None:
+    from mnestoma.schema.sql.record import key_params, select_keys
+
+    akeys = [(f"s{i}", "1", f"d{i}", "2") for i in range(3)]
+    pkeys = [("p", "1", "q", None)]
+    params = key_params(akeys, pkeys)
+    slots = {b.key for b in select_keys(4, 1).compile().binds.values()}
+    assert set(params) == slots  # every slot of the shape bound, no other name
+    for i, (s, sv, d, dv) in enumerate(akeys):
+        assert (params[f"sa{i}"], params[f"sva{i}"], params[f"da{i}"], params[f"dva{i}"]) == (
+            s,
+            sv,
+            d,
+            dv,
+        )
+    assert (params["sa3"], params["sva3"], params["da3"], params["dva3"]) == (None,) * 4
+    assert (params["sp0"], params["svp0"], params["dp0"]) == ("p", "1", "q")

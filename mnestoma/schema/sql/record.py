@@ -6,6 +6,7 @@ Built once (at import, or once per dialect or shape); callers only bind paramete
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -114,15 +115,23 @@ def select_keys(n_active: int, n_proto: int) -> Select[Any]:
     return select(M).where(or_(*terms)).order_by(M.c.id).with_for_update()
 
 
+@functools.cache
+def _key_slots(n_active: int, n_proto: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The parameter names of :func:`select_keys`'s slots: four per versioned key, three per
+    proto key, in slot order (named once per shape, not at every turn)."""
+    active = tuple(f"{p}{i}" for i in range(n_active) for p in ("sa", "sva", "da", "dva"))
+    proto = tuple(f"{p}{j}" for j in range(n_proto) for p in ("sp", "svp", "dp"))
+    return active, proto
+
+
 def key_params(akeys: list[Key], pkeys: list[Key]) -> dict[str, Any]:
-    """The parameters of :func:`select_keys` for these keys, padded to the shape's size."""
-    params: dict[str, Any] = {}
-    for i in range(shape_size(len(akeys))):
-        s, sv, d, dv = akeys[i] if i < len(akeys) else (None, None, None, None)
-        params[f"sa{i}"], params[f"sva{i}"], params[f"da{i}"], params[f"dva{i}"] = s, sv, d, dv
-    for j in range(shape_size(len(pkeys))):
-        s, sv, d, _ = pkeys[j] if j < len(pkeys) else (None, None, None, None)
-        params[f"sp{j}"], params[f"svp{j}"], params[f"dp{j}"] = s, sv, d
+    """The parameters of :func:`select_keys` for these keys, padded to the shape's size
+    (an unused slot binds NULL, which matches nothing)."""
+    active, proto = _key_slots(shape_size(len(akeys)), shape_size(len(pkeys)))
+    params: dict[str, Any] = dict.fromkeys(active)
+    params.update(zip(active, itertools.chain.from_iterable(akeys), strict=False))
+    params.update(dict.fromkeys(proto))
+    params.update(zip(proto, itertools.chain.from_iterable(k[:3] for k in pkeys), strict=False))
     return params
 
 
