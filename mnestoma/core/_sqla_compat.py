@@ -119,7 +119,7 @@ def detached(
     loaded as committed and identity ``ident``. The textbook ``cls(**values)`` then
     ``make_transient_to_detached`` fires an event per column (10× slower). This is what
     ``manager.new_instance()`` does, written out so that the values go into the instance's
-    ``__dict__`` as they come (no mapping built first: half a snapshot's time).
+    ``__dict__`` as they come (no mapping built first: 2.0 µs a snapshot where it took 2.8).
     ``_state_constructor``, ``_state_setter`` and the state's ``key`` are SQLAlchemy's
     internals; the key is what ``mapper.identity_key_from_primary_key`` builds."""
     obj: T = cls.__new__(cls)

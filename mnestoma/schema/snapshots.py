@@ -3,7 +3,7 @@
 Built in this one place. ``Mnest(**values)`` followed by ``make_transient_to_detached``
 is the textbook spelling, but it fires an attribute event per column (30 µs a row, measured);
 here the instance comes from the mapper's class manager with its columns loaded as committed
-values and its identity key set, 1.5 µs a row. ``tests/test_snapshots.py`` checks that the
+values and its identity key set, 2 µs a row. ``tests/rules/test_snapshots.py`` checks that the
 result is indistinguishable from the textbook one, so an upgrade of SQLAlchemy that changed
 the mechanism fails a test, not a user.
 """
