@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 from sqlalchemy import inspect
-from sqlalchemy.orm import ClassManager, configure_mappers
+from sqlalchemy.orm import ClassManager
 
 from mnestoma.core._sqla_compat import class_manager, detached
 from mnestoma.core.errors import StoreError
@@ -26,18 +26,11 @@ __all__ = ["event", "mnest", "query", "query_from"]
 T = TypeVar("T")
 
 
-_MANAGERS: dict[type[Any], ClassManager[Any]] = {}
-
-
-def _manager(cls: type[Any]) -> ClassManager[Any]:
-    """The class manager of a mapped class, its mappers configured."""
-    manager = _MANAGERS.get(cls)
-    if manager is None:
-        mapper = inspect(cls)
-        if not mapper.configured:
-            configure_mappers()
-        manager = _MANAGERS[cls] = class_manager(mapper)
-    return manager
+# Each snapshot class's manager, which builds its instances: the mappers are configured when
+# the models are imported (mnestoma.schema.models).
+_MANAGERS: dict[type[Any], ClassManager[Any]] = {
+    cls: class_manager(inspect(cls)) for cls in (Mnest, Event, CanonicalQuery)
+}
 
 
 def _build(cls: type[T], columns: Sequence[str], values: Sequence[Any]) -> T:
@@ -48,8 +41,7 @@ def _build(cls: type[T], columns: Sequence[str], values: Sequence[Any]) -> T:
         raise StoreError(
             f"a row of {len(values)} values for the {len(columns)} columns of {cls.__name__}"
         )
-    manager = _MANAGERS.get(cls) or _manager(cls)
-    return detached(manager, cls, zip(columns, values, strict=False), values[0])
+    return detached(_MANAGERS[cls], cls, zip(columns, values, strict=False), values[0])
 
 
 def mnest(values: Sequence[Any]) -> Mnest:
