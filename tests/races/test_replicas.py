@@ -7,17 +7,18 @@ database, both doors, the command line; and SQLite, which has no replicas.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import pytest
 from click.testing import CliRunner
 from conftest import REQUIRE_PG
 
 from benchmarks.replication import Cluster, binaries_missing
-from mnestoma import InvalidInput, Mnestoma, Settings
+from mnestoma import InvalidInput, Mnest, Mnestoma, Settings
 from mnestoma.cli import cli
 from mnestoma.cli.options import split_replica_urls
 from mnestoma.core.rules import REPLICA_CONNECT_TIMEOUT_S
@@ -93,6 +94,20 @@ async def _served_soon_async(store: AsyncMnestoma, read: Callable[[], Awaitable[
             return
         await asyncio.sleep(0.02)
     raise AssertionError(f"the replica served none of 50 reads: {store.replica_stats()}")
+
+
+@contextlib.asynccontextmanager
+async def _async_store_with_an_edge(
+    pair: Cluster, settings: Settings
+) -> AsyncIterator[tuple[AsyncMnestoma, Mnest]]:
+    """An async facade reading from the pair's replica, with one edge written through it and
+    replayed by the replica."""
+    async with AsyncMnestoma(
+        pair.primary_url, replicas=[pair.replica_url], settings=settings
+    ) as store:
+        m = await store.record_passing("a", "1", "b", "2")
+        await asyncio.to_thread(pair.wait_caught_up)
+        yield store, m
 
 
 def test_reads_go_to_a_replica_that_has_replayed_and_never_miss_the_facades_own_write(
@@ -414,11 +429,7 @@ def test_a_frozen_replica_holds_no_read_past_the_bound_and_is_skipped(
 
 def test_the_async_facade_skips_a_frozen_replica_within_the_bound(pair: Cluster) -> None:
     async def run() -> None:
-        async with AsyncMnestoma(
-            pair.primary_url, replicas=[pair.replica_url], settings=FROZEN
-        ) as store:
-            m = await store.record_passing("a", "1", "b", "2")
-            await asyncio.to_thread(pair.wait_caught_up)
+        async with _async_store_with_an_edge(pair, FROZEN) as (store, m):
             await _served_soon_async(store, lambda: store.get(m.id))
             took: list[float] = []
             stop = asyncio.Event()
@@ -497,11 +508,7 @@ def test_the_async_facade_skips_a_replica_stopped_mid_run_and_no_read_fails(
     pair: Cluster, caplog: pytest.LogCaptureFixture
 ) -> None:
     async def run() -> None:
-        async with AsyncMnestoma(
-            pair.primary_url, replicas=[pair.replica_url], settings=QUICK
-        ) as store:
-            m = await store.record_passing("a", "1", "b", "2")
-            await asyncio.to_thread(pair.wait_caught_up)
+        async with _async_store_with_an_edge(pair, QUICK) as (store, m):
             failures: list[BaseException] = []
             stop = asyncio.Event()
 
