@@ -19,7 +19,6 @@ import re
 import secrets
 import shutil
 import threading
-import time
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -29,7 +28,7 @@ import pytest
 
 pytest.register_assert_rewrite("mnestoma.testing")  # the plugin below is imported early
 
-from invariants import END_OTHER_SESSIONS, OTHER_SESSIONS  # noqa: E402
+from invariants import END_OTHER_SESSIONS, other_sessions_after  # noqa: E402
 from sqlalchemy import Connection, Engine, NullPool, create_engine, text  # noqa: E402
 from sqlalchemy.engine import URL, make_url  # noqa: E402
 
@@ -328,13 +327,10 @@ def _sessions_left(conn: Connection) -> int:
     test's engine never disposed, a proxy's socket left open, or the package's own (a kept
     connection of a disposed pool, closed now); the reset fails the next test, naming the
     test before, so that a new one is found at once."""
-    end = time.monotonic() + LEFT_SESSION_GRACE_S
-    while (others := conn.execute(OTHER_SESSIONS).scalar_one()) and time.monotonic() < end:
-        time.sleep(0.05)
-        conn.execute(text("SELECT pg_stat_clear_snapshot()"))  # the transaction's view, anew
+    others = other_sessions_after(conn, LEFT_SESSION_GRACE_S)
     if others:
         conn.execute(END_OTHER_SESSIONS)
-    return int(others)
+    return others
 
 
 @pytest.fixture(scope="module", params=ENGINES)

@@ -82,16 +82,24 @@ OTHER_SESSIONS = text("SELECT count(*) " + _OTHER_SESSIONS_WHERE)
 END_OTHER_SESSIONS = text("SELECT pg_terminate_backend(pid) " + _OTHER_SESSIONS_WHERE)
 
 
-def wait_for_other_sessions_to_end(conn: Connection, timeout: float = 30.0) -> None:
-    """PostgreSQL: wait until no other client session of the database is left (a killed or
-    finished client's server process ends after it has committed and reported its
-    statistics). ``conn`` must run each statement on its own (AUTOCOMMIT): a transaction
-    would keep showing its first snapshot of ``pg_stat_activity``."""
+def other_sessions_after(conn: Connection, timeout: float) -> int:
+    """PostgreSQL: how many other client sessions of the database are left once they have
+    all ended or ``timeout`` seconds have passed (a killed or finished client's server
+    process ends after it has committed and reported its statistics). Each look takes a new
+    snapshot of ``pg_stat_activity``, also inside a transaction."""
     end = time.monotonic() + timeout
-    while (others := conn.execute(OTHER_SESSIONS).scalar_one()) > 0:
-        if time.monotonic() > end:
-            raise AssertionError(f"{others} other sessions still open after {timeout}s")
+    while (others := int(conn.execute(OTHER_SESSIONS).scalar_one())) and time.monotonic() < end:
         time.sleep(0.02)
+        conn.execute(text("SELECT pg_stat_clear_snapshot()"))
+    return others
+
+
+def wait_for_other_sessions_to_end(conn: Connection, timeout: float = 30.0) -> None:
+    """PostgreSQL: wait until no other client session of the database is left
+    (:func:`other_sessions_after`), else fail."""
+    others = other_sessions_after(conn, timeout)
+    if others:
+        raise AssertionError(f"{others} other sessions still open after {timeout}s")
 
 
 def _utc(value: Any) -> datetime | None:

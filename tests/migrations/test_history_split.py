@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import re
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -22,6 +21,7 @@ import pytest
 from cli_kit import run, run_ok
 from conftest import mnest_row, package_engine
 from helpers_proc import run_python
+from invariants import wait_for_other_sessions_to_end
 from sqlalchemy import Engine, NullPool, create_engine, event, insert, text
 
 import mnestoma
@@ -601,10 +601,6 @@ def test_copy_append_into_a_store_whose_older_months_are_plain(
 
 # --- retention after a split ------------------------------------------------------------------
 
-OTHER_SESSIONS = text(
-    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-    " AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
-)
 READS = text(
     "SELECT relname, seq_scan, seq_tup_read, coalesce(idx_scan, 0), coalesce(idx_tup_fetch, 0)"
     " FROM pg_stat_user_tables WHERE relname = ANY(:tables)"
@@ -618,10 +614,7 @@ def _reads(url: str, tables: list[str]) -> dict[str, tuple[int, ...]]:
     engine = create_engine(url, poolclass=NullPool)
     try:
         with engine.connect() as conn:
-            deadline = time.monotonic() + 30
-            while conn.execute(OTHER_SESSIONS).scalar():
-                assert time.monotonic() < deadline, "another session stayed connected"
-                time.sleep(0.02)
+            wait_for_other_sessions_to_end(conn)
             conn.execute(text("SELECT pg_stat_clear_snapshot()"))
             rows = conn.execute(READS, {"tables": tables}).all()
     finally:
