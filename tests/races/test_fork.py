@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine
+from sqlalchemy import Connection, create_engine
 from sqlalchemy.orm import sessionmaker
 from traced_tools import read, search
 
@@ -363,6 +363,20 @@ def test_a_forked_child_s_store_does_not_reuse_the_parent_s_pooled_connection(
     assert row.uses == 3
 
 
+@contextlib.contextmanager
+def _kept_connection(store: mnestoma.Mnestoma) -> Iterator[Connection]:
+    """The connection the facade keeps between its writes, taken as a write takes it (and
+    put back as a write that did not fail puts it back)."""
+    kept = store._kept
+    assert kept is not None
+    conn = kept.take()
+    assert conn is not None
+    try:
+        yield conn
+    finally:
+        kept.put_back(conn, failed=False)
+
+
 def test_a_forked_child_leaves_the_connection_its_parent_kept_to_the_parent(
     store: mnestoma.Mnestoma,
 ) -> None:
@@ -370,14 +384,8 @@ def test_a_forked_child_leaves_the_connection_its_parent_kept_to_the_parent(
     parent's: the child's writes keep one of their own, and the parent goes on with its."""
 
     def kept_driver() -> Any:
-        kept = store._kept
-        assert kept is not None
-        conn = kept.take()
-        assert conn is not None
-        try:
+        with _kept_connection(store) as conn:
             return conn.connection.dbapi_connection
-        finally:
-            kept.put_back(conn, failed=False)
 
     store.record_passing("search", "1", "read", "1")
     parent = kept_driver()
@@ -399,15 +407,9 @@ def test_a_child_forked_while_another_thread_has_the_kept_connection_writes_and_
     store.record_passing("search", "1", "read", "1")
 
     def hold(inside: threading.Event, release: threading.Event) -> None:
-        kept = store._kept
-        assert kept is not None
-        conn = kept.take()
-        assert conn is not None
-        try:
+        with _kept_connection(store):
             inside.set()
             release.wait(CHILD_TIMEOUT)
-        finally:
-            kept.put_back(conn, failed=False)
 
     def child() -> int:
         uses = store.record_passing("search", "1", "read", "1").uses
