@@ -246,15 +246,15 @@ def killed_turn_process(url: str, turn_id: str, passings: list[tuple[Any, ...]],
 
 def killed_at_commit_process(url: str, when: str) -> None:
     """Record one passing through the facade and SIGKILL this process ``when`` ("before" or
-    "after") the statement that commits it at the driver (SQLite: the event's INSERT and
-    the COMMIT right after it; PostgreSQL: the statement and its COMMIT, one pipeline).
-    Nobody observes the statements: a listener would send them through SQLAlchemy."""
+    "after") it is committed at the driver (SQLite: the COMMIT right after its statements,
+    which have run; PostgreSQL: the statement and its COMMIT, one pipeline). Nobody
+    observes the statements: a listener would send them through SQLAlchemy."""
     import mnestoma
     from mnestoma.schema.runner import DriverRunner
 
     store = mnestoma.Mnestoma(url)
     store.get("mn_warmupwarmupwarmup")
-    name = "first_committing" if store.engine.dialect.name == "postgresql" else "many_committing"
+    name = "first_committing" if store.engine.dialect.name == "postgresql" else "_commit_at_driver"
     original = getattr(DriverRunner, name)
 
     def killing(self: Any, *args: Any, **kwargs: Any) -> Any:

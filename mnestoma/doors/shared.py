@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import copy
 import functools
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from datetime import datetime
+from inspect import signature
 from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar, overload
 
 from sqlalchemy import Connection, Engine, inspect
@@ -36,7 +37,6 @@ from mnestoma.maintenance.retention import PruneProgress, prune_steps
 from mnestoma.maintenance.splitting import SplitReport, split_steps
 from mnestoma.maintenance.steps import Steps
 from mnestoma.store.repository import MnestRepository
-from mnestoma.store.uow import repository_call
 
 __all__ = [
     "AsyncDoor",
@@ -60,6 +60,37 @@ S = TypeVar("S", bound="SyncDoor")
 A = TypeVar("A", bound="AsyncDoor")
 # The read replicas a facade is given: their URLs (contract §12).
 Replicas = Sequence[str | URL] | None
+# The parameters of write operations that take a collection of items: a generator given
+# there is read once, before the first attempt, so that a retry replays the same items.
+ITEM_PARAMETERS = frozenset({"passings"})
+
+
+def repository_call(
+    op: Callable[..., T], *, write: bool
+) -> Callable[[tuple[Any, ...], dict[str, Any]], Callable[[Any], T]]:
+    """What a facade runs for one call of the repository's operation ``op``: given the call's
+    arguments, ``op`` on whichever repository a transaction gives it. For a write, the
+    one-shot iterators given to its :data:`ITEM_PARAMETERS` are read into lists first, once;
+    any other argument is passed as given, for the operation to check."""
+    names = list(signature(op).parameters)[1:]  # after self
+    items = [(i, name) for i, name in enumerate(names) if name in ITEM_PARAMETERS] if write else []
+
+    def bind(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Callable[[Any], T]:
+        listed, named = list(args), dict(kwargs)
+        for i, name in items:
+            if i < len(listed):
+                listed[i] = _listed(listed[i])
+            elif name in named:
+                named[name] = _listed(named[name])
+        return lambda repo: op(repo, *listed, **named)
+
+    return bind
+
+
+def _listed(value: Any) -> Any:
+    return list(value) if isinstance(value, Iterator) else value
+
+
 # One call's arguments bound to an operation: what runs it on a repository (repository_call).
 Bind = Callable[[tuple[Any, ...], dict[str, Any]], Callable[[Any], Any]]
 

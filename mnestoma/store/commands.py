@@ -267,10 +267,16 @@ class RecordCommands(StoreBase):
         of the rules) spends more time under the lock than the lookup and the arithmetic
         it saves (see docs/performance.md)."""
         found = ex.first(lookup, params)
+        commit = self._commits_itself  # the last statement commits (_last_write)
         if found is None:
             new, ev = creation(p, turn_id, now, recorder, occurrence)
-            ex.many(rec.INSERT_MNEST_LOCKED, [new], MNEST_COLUMNS)
-            self._last_write(ex)(rec.INSERT_EVENT, [ev], rec.EVENT_ROW)
+            ex.writes(
+                (
+                    (rec.INSERT_MNEST_LOCKED, new, MNEST_COLUMNS),
+                    (rec.INSERT_EVENT, ev, rec.EVENT_ROW),
+                ),
+                commit=commit,
+            )
             return functools.partial(snap.mnest, new)
         if turn_id is not None:
             if found[WIDTH]:  # the flag after the columns: the turn counted it already
@@ -278,8 +284,13 @@ class RecordCommands(StoreBase):
             found = found[:WIDTH]
         row = MnestRow._make(found)
         values, ev = reinforcement(row, p, turn_id, now, recorder, occurrence)
-        ex.many(rec.UPDATE_REINFORCE, [values], rec.REINFORCE_ROW)
-        self._last_write(ex)(rec.INSERT_EVENT, [ev], rec.EVENT_ROW)
+        ex.writes(
+            (
+                (rec.UPDATE_REINFORCE, values, rec.REINFORCE_ROW),
+                (rec.INSERT_EVENT, ev, rec.EVENT_ROW),
+            ),
+            commit=commit,
+        )
         return functools.partial(reinforced_mnest, row, values)
 
     def _last_write(self, ex: StatementRunner) -> Callable[[Executable, Any, Any], None]:

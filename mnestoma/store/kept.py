@@ -7,7 +7,8 @@ import contextlib
 import os
 import threading
 import weakref
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine
 
@@ -16,6 +17,8 @@ from mnestoma.core.errors import translate_errors
 from mnestoma.engines.backend import backend_of
 
 __all__ = ["KeptConnection"]
+
+U = TypeVar("U")
 
 
 # The connections a forked child found kept by its parent: never used, reset or closed there
@@ -41,6 +44,8 @@ class KeptConnection:
         self._lock = threading.Lock()
         self._conn: Connection | None = None
         self._pool: Any = None
+        # (connection, its maker's key, what the maker built): see unit()
+        self._unit: tuple[Connection, object, Any] | None = None
         self._closed = False
         _KEPT.add(self)
 
@@ -69,6 +74,16 @@ class KeptConnection:
         finally:
             self._lock.release()
 
+    def unit(self, conn: Connection, key: Any, make: Callable[[Connection, Any], U]) -> U:
+        """What ``make(conn, key)`` builds on the kept connection ``conn`` (a facade's unit
+        of work and its repositories), built once for as long as that connection is kept and
+        ``key`` (the facade's settings) is the same: a write on it builds none of its own.
+        The caller has ``conn`` from :meth:`take`, so no other thread uses it meanwhile."""
+        held = self._unit
+        if held is None or held[0] is not conn or held[1] is not key:
+            held = self._unit = (conn, key, make(conn, key))
+        return held[2]
+
     def _usable(self) -> Connection | None:
         if self._closed:
             return None
@@ -91,6 +106,7 @@ class KeptConnection:
 
     def _give_back(self) -> None:
         conn, self._conn = self._conn, None
+        self._unit = None
         if conn is not None:
             with contextlib.suppress(Exception):  # a lost connection: the pool discards it
                 if self._engine.pool is not self._pool:
@@ -112,6 +128,7 @@ class KeptConnection:
         if self._conn is not None:
             _LEFT_TO_PARENT.append(self._conn)
         self._conn = None
+        self._unit = None
         self._lock = threading.Lock()
 
 

@@ -26,7 +26,9 @@ SELECT_USES = (
     f" AND dst_executor = '{EDGE[2]}' AND state = 'active'"
 )
 # The method each engine's facade writes its last statement with.
-COMMITTING = {"sqlite": "many_committing", "postgresql": "first_committing"}
+# The runner's methods that run a write's last statement and its COMMIT: a passing's
+# steps on SQLite (writes), a turn's last batch (many_committing), PostgreSQL's statement.
+COMMITTING = {"sqlite": ("writes", "many_committing"), "postgresql": ("first_committing",)}
 
 Probe = Callable[[], "int | None"]
 
@@ -79,15 +81,15 @@ def looking(
     """What another connection sees as each write's last statement returns, before the
     facade's own commit runs."""
     seen: list[int | None] = []
-    name = COMMITTING[engine_name]
-    original = getattr(DriverRunner, name)
+    for name in COMMITTING[engine_name]:
+        original = getattr(DriverRunner, name)
 
-    def look(self: DriverRunner, *args: Any, **kwargs: Any) -> Any:
-        found = original(self, *args, **kwargs)
-        seen.append(free_uses())
-        return found
+        def look(self: DriverRunner, *args: Any, _run: Any = original, **kwargs: Any) -> Any:
+            found = _run(self, *args, **kwargs)
+            seen.append(free_uses())
+            return found
 
-    monkeypatch.setattr(DriverRunner, name, look)
+        monkeypatch.setattr(DriverRunner, name, look)
     return seen
 
 

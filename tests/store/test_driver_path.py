@@ -424,3 +424,61 @@ def test_a_reinforcement_writes_ts_last_and_ts_weight_each_in_its_column(
         assert seen.ts_weight == start + timedelta(days=10)  # never moved back
     (reinforced,) = [e for e in store.events(mnest_id=m.id) if e.kind == "reinforced"]
     assert reinforced.ts == start + timedelta(days=1)
+
+
+def _reinforce_and_event(m: Any) -> tuple[runner.WriteStep, runner.WriteStep]:
+    """A passing's two steps for the edge ``m``: its row to weight 0.9, and an event."""
+    from mnestoma.store.rows import event_values
+
+    row = (m.id, 0.9, m.ts_last, m.ts_weight, None, None, 0, 0, 1.0)
+    ev = event_values(m.id, EventKind.REINFORCED, m.ts_last, weight_after=0.9, recorder="call")
+    return (record.UPDATE_REINFORCE, row, record.REINFORCE_ROW), (
+        record.INSERT_EVENT,
+        ev,
+        record.EVENT_ROW,
+    )
+
+
+@OBSERVED
+def test_a_writes_steps_run_in_order_and_commit_with_the_last_when_asked(
+    store: mnestoma.Mnestoma, observed: bool
+) -> None:
+    m = store.record_passing(*EDGE)
+    with _observed_if(store, observed), store.engine.connect() as conn:
+        conn.begin()
+        if conn.dialect.name == "sqlite":
+            conn.exec_driver_sql("SELECT 1")  # the package's listener begins the transaction
+        ex = runner.runner_for(conn)
+        ex.writes(_reinforce_and_event(m))
+        assert store.get(m.id).weight == m.weight  # not committed: another connection
+        conn.rollback()
+        assert store.get(m.id).weight == m.weight
+        ex = runner.runner_for(conn)
+        ex.ready(own=True)
+        ex.writes(_reinforce_and_event(m), commit=True)
+        # committed by the last step where nobody observes the commits, else by its owner
+        conn.commit()
+    assert store.get(m.id).weight == 0.9
+    assert [e[0] for e in _event_rows(store, m.id)] == [
+        EventKind.CREATED.value,
+        EventKind.REINFORCED.value,
+    ]
+
+
+def test_a_writes_later_wrong_row_is_refused_before_its_first_step_runs(tmp_path) -> None:
+    """At SQLite's driver, every row is converted before the first statement runs: the
+    first step has not run when the second step's row is refused, in the same transaction
+    (elsewhere the steps run one at a time, and the transaction undoes them)."""
+    with mnestoma.Mnestoma(f"sqlite:///{tmp_path / 'store.db'}") as store:
+        m = store.record_passing(*EDGE)
+        update, (stmt, ev, columns) = _reinforce_and_event(m)
+        with store.engine.connect() as conn:
+            conn.begin()
+            conn.exec_driver_sql("SELECT 1")  # the package's listener begins the transaction
+            ex = runner.runner_for(conn)
+            assert ex._driver() is not None  # these statements run at the driver
+            with pytest.raises(StoreError):
+                ex.writes((update, (stmt, ev[:-1], columns)))
+            weight = conn.exec_driver_sql("SELECT weight FROM mnests WHERE id = ?", (m.id,))
+            assert weight.scalar() == m.weight
+            conn.rollback()

@@ -14,6 +14,7 @@ from sqlalchemy import Engine, event
 
 import mnestoma
 from mnestoma.errors import InvalidInput
+from mnestoma.store.uow import ConnectionUnitOfWork
 
 EDGE = ("a", "1", "b", "1")
 
@@ -66,6 +67,47 @@ def test_a_failed_write_gives_its_connection_back_and_the_next_write_works(
         assert store.engine.pool.checkedout() == 0  # given back to the pool
         assert store.record_passing(*EDGE).uses == 2
         assert store.engine.pool.checkedout() == 1
+
+
+def _units_built(monkeypatch: pytest.MonkeyPatch) -> list[ConnectionUnitOfWork]:
+    """Every connection unit of work built from now on."""
+    built: list[ConnectionUnitOfWork] = []
+    init = ConnectionUnitOfWork.__init__
+
+    def counting(self: ConnectionUnitOfWork, *args: Any, **kwargs: Any) -> None:
+        built.append(self)
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(ConnectionUnitOfWork, "__init__", counting)
+    return built
+
+
+def test_a_facades_writes_on_its_kept_connection_share_one_unit_of_work(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with mnestoma.Mnestoma(store_url) as store:
+        built = _units_built(monkeypatch)
+        store.record_passing(*EDGE)
+        for _ in range(4):
+            store.record_passing(*EDGE)
+        store.record_turn("t1", [EDGE, ("b", "1", "c", "1")])
+        assert len(built) == 1  # the kept connection's, built at its first write
+        assert store.record_passing(*EDGE).uses == 7
+        assert len(built) == 1
+
+
+def test_a_failed_write_gives_its_kept_unit_up_with_its_connection(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with mnestoma.Mnestoma(store_url) as store:
+        built = _units_built(monkeypatch)
+        store.record_passing(*EDGE)
+        with pytest.raises(InvalidInput):
+            store.record_passing(*EDGE, outcome="maybe")
+        assert store.record_passing(*EDGE).uses == 2
+        assert len(built) == 2  # a new connection kept, and a unit of its own
+        assert built[1].connection is not built[0].connection
+        assert built[0].connection.closed  # the first given back to the pool
 
 
 def test_close_returns_the_kept_connection_and_a_primary_view_leaves_it(
