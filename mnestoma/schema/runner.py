@@ -41,7 +41,12 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import ClauseElement
 from sqlalchemy.types import TypeEngine
 
-from mnestoma.core._sqla_compat import connection_listeners, dialect_error_hooks, prefetch_columns
+from mnestoma.core._sqla_compat import (
+    dialect_error_hooks,
+    listened,
+    listeners_of,
+    prefetch_columns,
+)
 from mnestoma.core.errors import StoreError, translate, translate_errors
 from mnestoma.core.types import UTCDateTime
 
@@ -472,14 +477,17 @@ def own_listener(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+# The events whose listeners watch a connection's statements (besides before_cursor_execute,
+# where the package's own listener may be).
+_STATEMENT_EVENTS = ("before_execute", "after_execute", "after_cursor_execute")
+
+
 def unobserved(conn: Connection) -> bool:
     """True when nobody but the package watches this connection's statements: no engine
     or connection event listener of a service, no ``handle_error`` hook, no SQL logging."""
-    dispatch = connection_listeners(conn)
-    # each asked by name: a passing asks at every call
-    if dispatch.before_execute or dispatch.after_execute or dispatch.after_cursor_execute:
+    if listened(conn, _STATEMENT_EVENTS):
         return False
-    for fn in dispatch.before_cursor_execute:
+    for fn in listeners_of(conn, "before_cursor_execute"):
         if fn not in _OWN_LISTENERS:
             return False
     if dialect_error_hooks(conn):
@@ -587,12 +595,11 @@ class DriverRunner(StatementRunner):
             self._unobserved = unobserved(conn)
         if not self._unobserved:
             return None
-        dispatch = connection_listeners(conn)
-        commits_seen = bool(dispatch.commit)
+        commits_seen = listened(conn, ("commit",))
         began = conn.in_transaction()
         # A transaction at the driver alone only where nobody would miss SQLAlchemy's: no
         # listener of its begin, commit or rollback, and none begun already.
-        if self._bare and (began or commits_seen or dispatch.begin or dispatch.rollback):
+        if self._bare and (began or commits_seen or listened(conn, ("begin", "rollback"))):
             self._bare = False
         if not self._bare:
             # Only the package's own listeners are left (SQLite's, which begins the
@@ -600,7 +607,7 @@ class DriverRunner(StatementRunner):
             # statement here, as SQLAlchemy would run them, until the write lock is held (a
             # bare write takes it before its first statement).
             if not self._locked:
-                self._own = tuple(dispatch.before_cursor_execute)
+                self._own = tuple(listeners_of(conn, "before_cursor_execute"))
             if not began:
                 with translate_errors():
                     conn.begin()  # what the first statement would do: commit() must see it

@@ -107,17 +107,57 @@ def test_prefetch_columns_names_the_python_side_defaults_of_a_write() -> None:
     assert [c.key for c in updated] == ["seen"]
 
 
-def test_connection_listeners_and_error_hooks_show_who_observes_the_statements() -> None:
+def test_listened_and_error_hooks_show_who_observes_the_statements() -> None:
     engine = create_engine("sqlite://")
     with engine.connect() as conn:
-        assert not compat.connection_listeners(conn).before_execute
+        assert not compat.listened(conn, ("before_execute",))
         assert not compat.dialect_error_hooks(conn)
     event.listen(engine, "before_execute", lambda *a: None)
     event.listen(engine, "handle_error", lambda ctx: None)
     with engine.connect() as conn:
-        assert compat.connection_listeners(conn).before_execute
-        assert list(compat.connection_listeners(conn).before_cursor_execute) == []
+        assert compat.listened(conn, ("after_execute", "before_execute"))
+        assert not compat.listened(conn, ("after_execute",))
+        assert compat.listeners_of(conn, "before_cursor_execute") == []
         assert compat.dialect_error_hooks(conn)
+    engine.dispose()
+
+
+def _listener(*_args: Any) -> None:
+    return None
+
+
+@pytest.mark.parametrize("where", ["engine", "connection", "Engine", "Connection"])
+def test_listened_answers_as_sqlalchemys_dispatcher_for_a_listener_at_each_level(
+    where: str,
+) -> None:
+    """A listener on the engine, on the connection, or on either's class: ``listened`` and
+    ``listeners_of`` read the collections SQLAlchemy's dispatcher answers from, and give
+    its answers (a release that moves them fails here)."""
+    from sqlalchemy import Connection as ConnectionClass
+    from sqlalchemy import Engine as EngineClass
+
+    engine = create_engine("sqlite://")
+    names = ("before_cursor_execute", "commit")
+    with engine.connect() as conn:
+        assert not compat.listened(conn, names)
+        target: Any = {
+            "engine": engine,
+            "connection": conn,
+            "Engine": EngineClass,
+            "Connection": ConnectionClass,
+        }[where]
+        event.listen(target, "commit", _listener)
+        try:
+            with engine.connect() as other:
+                # the connection's dispatcher as SQLAlchemy reads it, and ours
+                seen = conn if where == "connection" else other
+                assert bool(seen.dispatch.commit) and compat.listened(seen, names)
+                assert not compat.listened(seen, ("begin", "rollback"))
+                assert compat.listeners_of(seen, "commit") == list(seen.dispatch.commit)
+                assert compat.listeners_of(seen, "commit") == [_listener]
+        finally:
+            event.remove(target, "commit", _listener)
+        assert not compat.listened(conn, names)
     engine.dispose()
 
 
