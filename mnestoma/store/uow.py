@@ -407,6 +407,8 @@ def written(
             except BaseException as err:
                 ended(unit.rollback, err)  # what leaving the unit's block would do
                 raise
+            if unit.connection.in_transaction():  # what after_commit read: ended, as on exit
+                ended(unit.rollback, None)
         except BaseException:
             kept.put_back(conn, failed=True)
             raise

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 from conftest import MovableClock
-from sqlalchemy import Engine, event
+from sqlalchemy import Engine, event, text
 
 import mnestoma
 from mnestoma.errors import InvalidInput
-from mnestoma.store.uow import ConnectionUnitOfWork
+from mnestoma.store.uow import ConnectionUnitOfWork, written
 
 EDGE = ("a", "1", "b", "1")
 
@@ -108,6 +108,32 @@ def test_a_failed_write_gives_its_kept_unit_up_with_its_connection(
         assert len(built) == 2  # a new connection kept, and a unit of its own
         assert built[1].connection is not built[0].connection
         assert built[0].connection.closed  # the first given back to the pool
+
+
+def test_a_read_after_the_commit_keeps_the_connection_and_ends_its_transaction(
+    store_url: str,
+) -> None:
+    """A facade with replicas reads the primary's WAL position after each commit, in a
+    transaction of its own: it is ended as the unit's block ends, and the connection stays
+    kept (given back at each write, it would cost a checkout and a unit of its own)."""
+    with mnestoma.Mnestoma(store_url) as store:
+        seen: list[Any] = []
+
+        def read_after(conn: Any) -> None:
+            conn.execute(text("SELECT 1"))
+            seen.append(conn)
+
+        for _ in range(3):
+            written(
+                store.engine,
+                lambda u: u.mnests.record_passing(*EDGE),
+                after_commit=read_after,
+                kept=store._kept,
+            )
+        assert len(seen) == 3 and seen[0] is seen[1] is seen[2]  # the one kept connection
+        assert not seen[0].in_transaction()
+        assert store.engine.pool.checkedout() == 1
+        assert store.record_passing(*EDGE).uses == 4
 
 
 def test_close_returns_the_kept_connection_and_a_primary_view_leaves_it(
