@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -69,8 +70,11 @@ def test_a_failed_write_gives_its_connection_back_and_the_next_write_works(
         assert store.engine.pool.checkedout() == 1
 
 
-def _units_built(monkeypatch: pytest.MonkeyPatch) -> list[ConnectionUnitOfWork]:
-    """Every connection unit of work built from now on."""
+@pytest.fixture
+def counted(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[mnestoma.Mnestoma, list[ConnectionUnitOfWork]]]:
+    """A facade, and every connection unit of work built from its first call on."""
     built: list[ConnectionUnitOfWork] = []
     init = ConnectionUnitOfWork.__init__
 
@@ -78,36 +82,34 @@ def _units_built(monkeypatch: pytest.MonkeyPatch) -> list[ConnectionUnitOfWork]:
         built.append(self)
         init(self, *args, **kwargs)
 
-    monkeypatch.setattr(ConnectionUnitOfWork, "__init__", counting)
-    return built
+    with mnestoma.Mnestoma(store_url) as store:
+        monkeypatch.setattr(ConnectionUnitOfWork, "__init__", counting)
+        yield store, built
 
 
 def test_a_facades_writes_on_its_kept_connection_share_one_unit_of_work(
-    store_url: str, monkeypatch: pytest.MonkeyPatch
+    counted: tuple[mnestoma.Mnestoma, list[ConnectionUnitOfWork]],
 ) -> None:
-    with mnestoma.Mnestoma(store_url) as store:
-        built = _units_built(monkeypatch)
+    store, built = counted
+    for _ in range(5):
         store.record_passing(*EDGE)
-        for _ in range(4):
-            store.record_passing(*EDGE)
-        store.record_turn("t1", [EDGE, ("b", "1", "c", "1")])
-        assert len(built) == 1  # the kept connection's, built at its first write
-        assert store.record_passing(*EDGE).uses == 7
-        assert len(built) == 1
+    store.record_turn("t1", [EDGE, ("b", "1", "c", "1")])
+    assert len(built) == 1  # the kept connection's, built at its first write
+    assert store.record_passing(*EDGE).uses == 7
+    assert len(built) == 1
 
 
 def test_a_failed_write_gives_its_kept_unit_up_with_its_connection(
-    store_url: str, monkeypatch: pytest.MonkeyPatch
+    counted: tuple[mnestoma.Mnestoma, list[ConnectionUnitOfWork]],
 ) -> None:
-    with mnestoma.Mnestoma(store_url) as store:
-        built = _units_built(monkeypatch)
-        store.record_passing(*EDGE)
-        with pytest.raises(InvalidInput):
-            store.record_passing(*EDGE, outcome="maybe")
-        assert store.record_passing(*EDGE).uses == 2
-        assert len(built) == 2  # a new connection kept, and a unit of its own
-        assert built[1].connection is not built[0].connection
-        assert built[0].connection.closed  # the first given back to the pool
+    store, built = counted
+    store.record_passing(*EDGE)
+    with pytest.raises(InvalidInput):
+        store.record_passing(*EDGE, outcome="maybe")
+    assert store.record_passing(*EDGE).uses == 2
+    assert len(built) == 2  # a new connection kept, and a unit of its own
+    assert built[1].connection is not built[0].connection
+    assert built[0].connection.closed  # the first given back to the pool
 
 
 def test_a_read_after_the_commit_keeps_the_connection_and_ends_its_transaction(
