@@ -41,7 +41,12 @@ class KeptConnection:
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
-        self._lock = threading.Lock()
+        # Reentrant: it knows its owner from the instant it is had, so that an exception
+        # raised into a thread (a KeyboardInterrupt, a signal handler's) right as it takes
+        # the connection leaves it to that thread, whose close() gives it back (a plain lock
+        # would be held by nobody, and close() would wait forever).
+        self._lock = threading.RLock()
+        self._holder: int | None = None  # the thread whose write has the connection
         self._conn: Connection | None = None
         self._pool: Any = None
         # (connection, its maker's key, what the maker built): see unit()
@@ -54,15 +59,20 @@ class KeptConnection:
         :meth:`put_back`; None when another thread has it (or it is closed): the caller then
         checks one out of the pool. (Two calls rather than a generator's context manager:
         every write of a facade takes it.)"""
+        me = threading.get_ident()
         if not self._lock.acquire(blocking=False):
             return None
+        if self._holder == me:  # a write of this thread has it: one inside another
+            self._lock.release()
+            return None
         try:
+            self._holder = me
             conn = self._usable()
         except BaseException:
-            self._lock.release()
+            self._release()
             raise
         if conn is None:
-            self._lock.release()
+            self._release()
         return conn
 
     def put_back(self, conn: Connection, *, failed: bool) -> None:
@@ -72,7 +82,11 @@ class KeptConnection:
             if failed or conn.in_transaction() or conn.invalidated or conn.closed:
                 self._give_back()
         finally:
-            self._lock.release()
+            self._release()
+
+    def _release(self) -> None:
+        self._holder = None
+        self._lock.release()
 
     def unit(self, conn: Connection, key: Any, make: Callable[[Connection, Any], U]) -> U:
         """What ``make(conn, key)`` builds on the kept connection ``conn`` (a facade's unit
@@ -117,7 +131,8 @@ class KeptConnection:
                 conn.close()
 
     def close(self) -> None:
-        """Return the connection to the pool for good (waiting for a write that has it)."""
+        """Return the connection to the pool for good (waiting for a write of another
+        thread that has it; at once where this thread has it, its write stopped)."""
         with self._lock:
             self._closed = True
             self._give_back()
@@ -129,7 +144,8 @@ class KeptConnection:
             _LEFT_TO_PARENT.append(self._conn)
         self._conn = None
         self._unit = None
-        self._lock = threading.Lock()
+        self._holder = None
+        self._lock = threading.RLock()
 
 
 # Every KeptConnection, for a forked child to give each a fresh start.

@@ -234,3 +234,41 @@ def test_threads_that_find_the_kept_connection_taken_write_through_the_pool(
         assert errors == []
         assert store.record_passing(*EDGE).uses == 1 + 6 * 20 + 1
         assert store.engine.pool.checkedout() == 1
+
+
+def test_close_after_a_write_stopped_while_it_held_the_connection_gives_it_back(
+    store_url: str,
+) -> None:
+    """An exception raised into the thread (a KeyboardInterrupt) can stop a write between
+    taking the kept connection and the block that puts it back: close() in that thread
+    gives it back, where it waited for it forever."""
+    store = mnestoma.Mnestoma(store_url)
+    store.record_passing(*EDGE)
+    kept = store._kept
+    assert kept is not None
+
+    def stopped_write_then_close() -> None:
+        assert kept.take() is not None  # taken, and never put back
+        assert store.record_passing(*EDGE).uses == 2  # through the pool meanwhile
+        store.close()
+
+    writer = threading.Thread(target=stopped_write_then_close)
+    writer.start()
+    writer.join(10)
+    assert not writer.is_alive()
+    assert store.engine.pool.checkedout() == 0
+
+
+def test_a_write_inside_a_write_of_the_same_thread_does_not_take_its_connection(
+    store_url: str,
+) -> None:
+    with mnestoma.Mnestoma(store_url) as store:
+        store.record_passing(*EDGE)
+        kept = store._kept
+        assert kept is not None
+        outer = kept.take()
+        assert outer is not None
+        assert kept.take() is None  # the pool's, for the inner write
+        kept.put_back(outer, failed=False)
+        assert kept.take() is outer
+        kept.put_back(outer, failed=False)
