@@ -332,9 +332,17 @@ class Outcome(StrEnum):
     ERROR = "error"
 
 
+# What a passing of each outcome adds to ``(ok_count, error_count)``; an unknown one adds
+# nothing (an Outcome member finds its plain value's entry: a StrEnum hashes as its value).
+_OUTCOME_COUNTS: dict[str | None, tuple[int, int]] = {
+    Outcome.OK.value: (1, 0),
+    Outcome.ERROR.value: (0, 1),
+}
+
+
 def outcome_counts(outcome: str | None) -> tuple[int, int]:
     """What one passing adds to ``(ok_count, error_count)``."""
-    return (1 if outcome == Outcome.OK else 0, 1 if outcome == Outcome.ERROR else 0)
+    return _OUTCOME_COUNTS.get(outcome, (0, 0))
 
 
 def success_rate(ok: int, error: int) -> float:
@@ -674,6 +682,7 @@ __all__ += [
     "counted_passing",
     "decayed_count",
     "merged_count",
+    "passing_values",
     "spread_count",
 ]
 
@@ -682,6 +691,28 @@ def decayed_count(count: float, decay_lambda: float, ts_last: datetime, now: dat
     """A row's decayed count of passings at ``now``: ``count × exp(−λ × days(now − ts_last))``
     (the weight's decay, without its clamp)."""
     return decayed_weight(count, decay_lambda, ts_last, now)
+
+
+def passing_values(
+    weight: float,
+    count: float,
+    decay_lambda: float,
+    ts_weight: datetime,
+    ts_last: datetime,
+    now: datetime,
+) -> tuple[float, float, float]:
+    """What one passing at ``now`` makes of a row: its effective weight before it
+    (:func:`decayed_weight` from ``ts_weight``), its weight after it (:func:`reinforce`) and
+    its decayed count after it (:func:`counted_passing` from ``ts_last``). The same floats as
+    those functions, with one exponential where the two instants are the same (a row the
+    ager has not decayed since its last passing)."""
+    if ts_weight != ts_last or decay_lambda < NEGLIGIBLE_RATE:
+        before = decayed_weight(weight, decay_lambda, ts_weight, now)
+        return before, reinforce(before), counted_passing(count, decay_lambda, ts_last, now)
+    factor = math.exp(-min(decay_lambda * days_between(ts_last, now), MAX_EXPONENT))
+    before = 0.0 if weight < VANISHING else weight * factor
+    counted = (0.0 if count < VANISHING else count * factor) + 1.0
+    return before, reinforce(before), counted
 
 
 def counted_passing(count: float, decay_lambda: float, ts_last: datetime, now: datetime) -> float:

@@ -78,6 +78,19 @@ _ONE_PASSING_PLANS = {
 }
 
 
+# What :meth:`RecordCommands._record_many_once` runs on SQLite whatever the turn: looked up
+# once before the lock, as a passing's are (the lookups of its keys take the turn's shape).
+_TURN_PLANS: Plans = {
+    SQLITE.name: (
+        (rec.TURN_SEEN, ()),
+        (rec.UPDATE_REINFORCE, rec.REINFORCE_ROW),
+        (rec.INSERT_MNEST_LOCKED, MNEST_COLUMNS),
+        (rec.INSERT_EVENT, rec.EVENT_ROW),
+        (chains_sql.count_chains(SQLITE.name), chains_sql.CHAIN_ROW),
+    ),
+}
+
+
 def _one_writer(session: Session | Connection) -> bool:
     """Whether the store ``session`` writes to takes one writer at a time (SQLite), asked
     before the write lock: a Connection's dialect, else that of the bind the Session gives
@@ -300,7 +313,7 @@ class RecordCommands(StoreBase):
         return ex.many_committing if self._commits_itself else ex.many
 
     def _record_many(self, items: list[Passing], turn_id: str, recorder: str) -> list[Mnest]:
-        ex = self._write_ex()
+        ex = self._write_ex(_TURN_PLANS)
         # Each edge's passings in the order given: the k-th is its occurrence k (each with
         # its own outcome; the last tags / desired_sig given win).
         idents = [(p.dst_exists, key_of(p)) for p in items]  # each passing's edge, in order

@@ -18,11 +18,9 @@ from mnestoma.core.rules import (
     EventKind,
     MnestState,
     advance,
-    counted_passing,
-    decayed_weight,
     new_mnest_id,
     outcome_counts,
-    reinforce,
+    passing_values,
 )
 from mnestoma.core.validation import Passing
 from mnestoma.schema import snapshots as snap
@@ -151,8 +149,11 @@ def reinforcement(
     write lock is held)."""
     ts_last = advance(row.ts_last, now)
     ts_weight = advance(row.ts_weight, now)
-    before = decayed_weight(row.weight, row.decay_lambda, row.ts_weight, ts_weight)
-    after = reinforce(before)
+    # decayed to now, not to the advanced instants: a gap of days never runs backwards, so
+    # these are the same floats
+    before, after, counted = passing_values(
+        row.weight, row.decayed_uses, row.decay_lambda, row.ts_weight, row.ts_last, now
+    )
     mnest_id, state, outcome = row.id, row.state, p.outcome
     values = (
         mnest_id,
@@ -162,7 +163,7 @@ def reinforcement(
         p.tags if p.tags is not None else row.tags,
         p.desired_sig if p.desired_sig is not None else row.desired_sig,
         *outcome_counts(outcome),
-        counted_passing(row.decayed_uses, row.decay_lambda, row.ts_last, ts_last),
+        counted,
     )
     ev = (
         mnest_id,

@@ -126,6 +126,39 @@ def _row(ident: str, state: str, weight: float, *, dst_version: str | None = "1"
     return values | kw
 
 
+_T0 = datetime(2026, 3, 1, tzinfo=UTC)
+_gap_days = st.one_of(
+    st.floats(-400, 400), st.floats(0, 1e-6), st.sampled_from([0.0, 365.0 * 2900])
+)
+
+
+@given(
+    weight=st.one_of(st.floats(0, 1), st.sampled_from([0.0, 5e-324, 1e-101, 1.0])),
+    count=st.one_of(st.floats(0, 1e6), st.sampled_from([0.0, 1.0, 5e-324])),
+    lam=st.one_of(
+        st.floats(0, 1e300), st.sampled_from([0.0, 5e-324, 1e-151, rules.DEFAULT_DECAY_LAMBDA])
+    ),
+    since_weight=_gap_days,
+    since_last=st.one_of(st.just(None), _gap_days),
+)
+def test_a_passing_s_values_are_the_three_rules_bit_for_bit(
+    weight: float,
+    count: float,
+    lam: float,
+    since_weight: float,
+    since_last: float | None,
+) -> None:
+    """passing_values, with its one exponential where both instants are the same (None:
+    ts_last is ts_weight), gives the floats of decayed_weight, reinforce and counted_passing."""
+    now = _T0 + timedelta(days=2900 * 365)
+    ts_weight = now - timedelta(days=since_weight)
+    ts_last = ts_weight if since_last is None else now - timedelta(days=since_last)
+    before = decayed_weight(weight, lam, ts_weight, now)
+    want = (before, rules.reinforce(before), rules.counted_passing(count, lam, ts_last, now))
+    got = rules.passing_values(weight, count, lam, ts_weight, ts_last, now)
+    assert [x.hex() for x in got] == [x.hex() for x in want]
+
+
 def test_advance_moves_a_timestamp_to_now_but_never_backwards() -> None:
     assert rules.advance(T0, NOW) == NOW
     assert rules.advance(NOW, T0) == NOW
