@@ -71,6 +71,9 @@ ParamRows = Sequence[Params] | Sequence[Sequence[Any]]
 Columns = tuple[str, ...] | None
 # One statement of a write, for its one row: (statement, the row's values, their columns).
 WriteStep = tuple[Executable, Sequence[Any], tuple[str, ...]]
+# A read made ready before the write lock (StatementRunner.bind): the statement and its
+# parameters, and at the driver its compiled form and the parameters as the driver takes them.
+Bound = tuple[Executable, "Params | None", "_Prepared | None", Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +130,20 @@ class StatementRunner:
         """:meth:`plan` each (statement, columns) of ``plans``."""
         for stmt, columns in plans:
             self.plan(stmt, columns)
+
+    def bind(self, stmt: Executable, params: Params | None = None) -> Bound:
+        """A read made ready now, to run later with :meth:`first_bound`: at the driver its
+        parameters are converted now, before the write takes its lock (here, nothing)."""
+        return (stmt, params, None, None)
+
+    def first_bound(self, bound: Bound) -> tuple[Any, ...] | None:
+        """:meth:`first` of a read :meth:`bind` made ready."""
+        return self.first(bound[0], bound[1])
+
+    def convert_instant(self, when: datetime, stmt: Executable, columns: tuple[str, ...]) -> None:
+        """Convert ``when`` now as ``stmt`` binds its instants, for the statements that bind
+        it later in this operation (before the write lock: a passing binds its "now" three
+        times, inside it). Nothing here."""
 
     def execute(
         self, stmt: Executable, params: Params | Sequence[Params] | None = None
@@ -651,10 +668,42 @@ class DriverRunner(StatementRunner):
 
     def rows(self, stmt: Executable, params: Params | None = None) -> list[tuple[Any, ...]]:
         prepared = self._planned(stmt, ())
-        dbapi = None if prepared is None else self._driver()
-        if prepared is None or (dbapi is None and self._core_fallback):
+        if prepared is None:
             return super().rows(stmt, params)
-        args = prepared.args(params or {}, self._instants)
+        return self._rows_of(stmt, params, prepared, None)
+
+    def bind(self, stmt: Executable, params: Params | None = None) -> Bound:
+        prepared = self._planned(stmt, ())
+        if prepared is None:
+            return (stmt, params, None, None)
+        return (stmt, params, prepared, prepared.args(params or {}, self._instants))
+
+    def first_bound(self, bound: Bound) -> tuple[Any, ...] | None:
+        stmt, params, prepared, args = bound
+        if prepared is None:
+            return super().first(stmt, params)
+        found = self._rows_of(stmt, params, prepared, args)
+        return found[0] if found else None
+
+    def convert_instant(self, when: datetime, stmt: Executable, columns: tuple[str, ...]) -> None:
+        prepared = self._planned(stmt, columns)
+        if prepared is None or when in self._instants:
+            return
+        for _, convert, instant in prepared.converting:
+            if instant:
+                self._instants[when] = convert(when)
+                return
+
+    def _rows_of(
+        self, stmt: Executable, params: Params | None, prepared: _Prepared, args: Any
+    ) -> list[tuple[Any, ...]]:
+        """The rows of ``stmt`` compiled as ``prepared``, with ``args`` (its parameters as
+        the driver takes them; None: converted now)."""
+        dbapi = self._driver()
+        if dbapi is None and self._core_fallback:
+            return super().rows(stmt, params)
+        if args is None:
+            args = prepared.args(params or {}, self._instants)
         if dbapi is not None:
             return self._at_driver(dbapi, prepared, args, False)
         with translate_errors():

@@ -30,13 +30,13 @@ from mnestoma.engines.postgresql import POSTGRESQL
 from mnestoma.engines.sqlite import SQLITE
 from mnestoma.schema import snapshots as snap
 from mnestoma.schema.models import Mnest
-from mnestoma.schema.runner import StatementRunner
+from mnestoma.schema.runner import Bound, StatementRunner
 from mnestoma.schema.sql import chains as chains_sql
 from mnestoma.schema.sql import record as rec
 from mnestoma.schema.sql.tables import MNEST_COLUMNS
 from mnestoma.store import pg_writes as pg
 from mnestoma.store.pg_writes import RACE_ROUNDS
-from mnestoma.store.plumbing import Plans, StoreBase
+from mnestoma.store.plumbing import Plans, StoreBase, lock_for_write
 from mnestoma.store.rows import (
     WIDTH,
     Ident,
@@ -247,15 +247,19 @@ class RecordCommands(StoreBase):
         # the writers queued for the lock do not wait for the clock too (and no month's
         # partition to note: SQLite has none).
         now = self._now() if _one_writer(self._session) else None
-        ex = self._write_ex(_ONE_PASSING_PLANS[(proto, turn_id is not None)])
+        ex = self._write_ex(_ONE_PASSING_PLANS[(proto, turn_id is not None)], lock=False)
         if now is not None:
+            # Made ready before the lock, which other writers queue for: the lookup's
+            # parameters as the driver takes them, and "now" as the writes bind it.
             if turn_id is None:
-                return self._record_one_locked(ex, sel, params, p, None, recorder, occurrence, now)
-            lookup = rec.select_one_counted(proto)  # the row, and whether the turn counted it
-            counted = {**params, "turn_id": turn_id, "occ": occurrence}
-            return self._record_one_locked(
-                ex, lookup, counted, p, turn_id, recorder, occurrence, now
-            )
+                lookup = ex.bind(sel, params)
+            else:  # the row, and whether the turn counted it
+                counted = {**params, "turn_id": turn_id, "occ": occurrence}
+                lookup = ex.bind(rec.select_one_counted(proto), counted)
+            ex.convert_instant(now, rec.INSERT_EVENT, rec.EVENT_ROW)
+            lock_for_write(ex)
+            return self._record_one_locked(ex, lookup, p, turn_id, recorder, occurrence, now)
+        lock_for_write(ex)  # nothing to take on PostgreSQL: the runner's own steps
         # PostgreSQL: one statement, "now" read once before it (contract §4).
         now = self._write_now(ex)
         commit = self._commits_itself
@@ -264,8 +268,7 @@ class RecordCommands(StoreBase):
     def _record_one_locked(
         self,
         ex: StatementRunner,
-        lookup: Executable,
-        params: dict[str, Any],
+        lookup: Bound,
         p: Passing,
         turn_id: str | None,
         recorder: str,
@@ -279,7 +282,7 @@ class RecordCommands(StoreBase):
         (the event's INSERT ... SELECT, then UPDATE ... RETURNING, with the exact SQL twins
         of the rules) spends more time under the lock than the lookup and the arithmetic
         it saves (see docs/performance.md)."""
-        found = ex.first(lookup, params)
+        found = ex.first_bound(lookup)
         commit = self._commits_itself  # the last statement commits (_last_write)
         if found is None:
             new, ev = creation(p, turn_id, now, recorder, occurrence)

@@ -28,6 +28,7 @@ __all__ = [
     "built",
     "check_session",
     "connection_of",
+    "lock_for_write",
     "write_runner",
 ]
 
@@ -57,8 +58,10 @@ class StoreBase:
     def _ex(self) -> StatementRunner:
         return runner_for(connection_of(self._session))
 
-    def _write_ex(self, plans: Plans | None = None) -> StatementRunner:
-        return write_runner(self._session, self._before_write, plans, own=self._commits_itself)
+    def _write_ex(self, plans: Plans | None = None, *, lock: bool = True) -> StatementRunner:
+        return write_runner(
+            self._session, self._before_write, plans, own=self._commits_itself, lock=lock
+        )
 
     def _now(self) -> datetime:
         return self.settings.now()
@@ -131,6 +134,7 @@ def write_runner(
     plans: Plans | None = None,
     *,
     own: bool = False,
+    lock: bool = True,
 ) -> StatementRunner:
     """A statement runner on the connection, in a transaction that holds the write lock
     (SQLite) before the first statement of a write: see :mod:`mnestoma.engines.locking`. What the
@@ -138,7 +142,8 @@ def write_runner(
     SQLAlchemy's transaction) and finding the compiled statements of ``plans`` (per
     dialect) are done before the lock is taken: other writers queue for as long as it is
     held. ``own``: the transaction is the write's own, committed right after it (a facade's
-    write: see :meth:`StatementRunner.ready`)."""
+    write: see :meth:`StatementRunner.ready`). Without ``lock``, the caller takes it with
+    :func:`lock_for_write` once it has made ready what it can before."""
     upkeep_before_write(session)  # PostgreSQL: the months' partitions, before any lock (§12)
     if before_write is not None:
         before_write()
@@ -147,7 +152,14 @@ def write_runner(
     ex.ready(own)
     if plans is not None:
         ex.plan_all(plans.get(ex.dialect, ()))
-    with translate_errors():
-        take_write_lock(conn)
-    ex.lock_held()
+    if lock:
+        lock_for_write(ex)
     return ex
+
+
+def lock_for_write(ex: StatementRunner) -> None:
+    """Take the write lock for the runner's transaction (SQLite's ``BEGIN IMMEDIATE``,
+    waiting for it; nothing on PostgreSQL): see :func:`write_runner`."""
+    with translate_errors():
+        take_write_lock(ex.conn)
+    ex.lock_held()

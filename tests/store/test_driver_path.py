@@ -482,3 +482,69 @@ def test_a_writes_later_wrong_row_is_refused_before_its_first_step_runs(tmp_path
             weight = conn.exec_driver_sql("SELECT weight FROM mnests WHERE id = ?", (m.id,))
             assert weight.scalar() == m.weight
             conn.rollback()
+
+
+@pytest.mark.parametrize("observed", [False, True], ids=["at-the-driver", "through-sqlalchemy"])
+def test_a_read_made_ready_before_the_lock_finds_what_first_finds(
+    store: mnestoma.Mnestoma, observed: bool
+) -> None:
+    m = store.record_passing(*EDGE)
+    found = {"s": "plan", "sv": "1", "d": "search", "dv": "2"}
+    missing = {**found, "d": "nowhere"}
+    with _observed_if(store, observed), store.engine.connect() as conn:
+        ex = runner.runner_for(conn)
+        ready = ex.bind(record.SELECT_ONE_ACTIVE, found)
+        row = ex.first_bound(ready)
+        assert row is not None
+        assert row == ex.first(record.SELECT_ONE_ACTIVE, found)
+        assert row[0] == m.id
+        assert row[tables.MNEST_COLUMNS.index("ts_last")] == m.ts_last  # converted back
+        assert ex.first_bound(ex.bind(record.SELECT_ONE_ACTIVE, missing)) is None
+        conn.rollback()
+
+
+@pytest.mark.parametrize("turn", [None, "turn-1"], ids=["alone", "in-a-turn"])
+def test_a_sqlite_passing_converts_its_parameters_before_it_takes_the_write_lock(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, turn: str | None
+) -> None:
+    """Other writers queue for SQLite's write lock: the lookup's parameters and the instant
+    "now" (bound three times by the writes) are converted before ``BEGIN IMMEDIATE``, and
+    nothing inside converts an instant or a lookup's parameters again."""
+    from mnestoma.core import types
+    from mnestoma.engines import locking
+
+    held = [False]
+    inside: list[str] = []
+    begin, end = locking._begin_immediate, locking._end_write
+    to_text, args = types.sqlite_timestamp_text, runner._Prepared.args
+
+    def timed_begin(*a: Any, **kw: Any) -> None:
+        begin(*a, **kw)
+        held[0] = True
+
+    def timed_end(dbapi: Any) -> None:
+        held[0] = False
+        end(dbapi)
+
+    def noting_text(value: Any) -> Any:
+        if held[0]:
+            inside.append("instant")
+        return to_text(value)
+
+    def noting_args(self: Any, *a: Any) -> Any:
+        if held[0]:
+            inside.append(f"args of {self.sql[:30]}")
+        return args(self, *a)
+
+    with mnestoma.Mnestoma(f"sqlite:///{tmp_path / 'store.db'}") as store:
+        store.record_passing(*EDGE)  # warm: the statements compiled
+        monkeypatch.setattr(locking, "_begin_immediate", timed_begin)
+        monkeypatch.setattr(locking, "_end_write", timed_end)
+        monkeypatch.setattr(types, "sqlite_timestamp_text", noting_text)
+        monkeypatch.setattr(runner._Prepared, "args", noting_args)
+        reinforced = store.record_passing(*EDGE, turn_id=turn)
+        created = store.record_passing("plan", "1", "write", "1", turn_id=turn)
+        proto = store.record_proto("plan", "1", "summarise", turn_id=turn)
+        assert not held[0]  # every write's lock was taken and let go
+    assert (reinforced.uses, created.uses, proto.uses) == (2, 1, 1)
+    assert inside == []
