@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
-import operator
 import sqlite3
 import threading
 import weakref
@@ -217,6 +216,11 @@ class StatementRunner:
             self.conn.execute(stmt, params)
 
 
+def _wrong_width(row: Sequence[Any], width: int) -> NoReturn:
+    """Refuse a row given as a tuple whose length is not its columns' number."""
+    raise StoreError(f"a row of {len(row)} values for its {width} columns")
+
+
 def as_mappings(columns: tuple[str, ...], rows: Sequence[Sequence[Any]]) -> list[dict[str, Any]]:
     """Rows given as tuples in ``columns`` order, as the mappings SQLAlchemy takes (the
     package's error for a row of the wrong length)."""
@@ -250,8 +254,9 @@ class _Prepared:
     # one statement's text always gives the same. psycopg builds an object per column each
     # time its description is read, so it is read once.
     resolved: list[tuple[tuple[int, Processor], ...]] = field(default_factory=list)
-    # For rows given as tuples in ``columns`` order: what lists them in parameter order.
-    picked: list[Callable[[Sequence[Any]], list[Any]]] = field(default_factory=list)
+    # For rows given as tuples in ``columns`` order: what lists them in parameter order
+    # and converts them, in one step (see :meth:`fused`).
+    fusion: list[Callable[[Sequence[Any], dict[datetime, Any]], Any]] = field(default_factory=list)
     # The cursor the statement runs on, when compiled with the server's own placeholders
     # (see DriverPath.native); else the connection's.
     cursor: Callable[[Any], Any] | None = None
@@ -274,29 +279,61 @@ class _Prepared:
                 f"parameters do not fit the statement: missing {missing}, unknown {unknown}"
             )
 
-    def picker(self) -> Callable[[Sequence[Any]], list[Any]]:
-        """For rows given as tuples in :attr:`columns` order: the function that lists a
-        row's values in this statement's parameter order, worked out once; a parameter the
-        rows do not hold keeps its compiled value (a literal of the statement)."""
-        if self.picked:
-            return self.picked[0]
-        width = len(self.columns)
+    def fused(self) -> Callable[[Sequence[Any], dict[datetime, Any]], Any]:
+        """For rows given as tuples in :attr:`columns` order: a row's values listed in
+        parameter order and converted as :meth:`converted` converts them, by one function
+        written once for this statement (each parameter read from its place in the row, or
+        the statement's literal, and converted where its type converts it), as
+        ``namedtuple`` and ``dataclasses`` write theirs. A passing's two rows and a turn's
+        batches go through it: a third of the time of listing, then converting (0.5–0.7 µs
+        against 1.6 for a passing's two rows)."""
+        if self.fusion:
+            return self.fusion[0]
         where = {name: i for i, name in enumerate(self.columns)}
-        taken = [where[n] for n in self.names if n in where]
-        # the statement's own literals, inserted at their places (in ascending order)
-        constants = [(k, self.defaults[n]) for k, n in enumerate(self.names) if n not in where]
-        get = operator.itemgetter(*taken) if len(taken) > 1 else None
-
-        def pick(row: Sequence[Any]) -> list[Any]:
-            if len(row) != width:
-                raise StoreError(f"a row of {len(row)} values for its {width} columns")
-            out = list(get(row)) if get is not None else [row[i] for i in taken]
-            for k, value in constants:
-                out.insert(k, value)
-            return out
-
-        self.picked[:] = [pick]
-        return pick
+        converting = {k: (convert, instant) for k, convert, instant in self.converting}
+        scope: dict[str, Any] = {
+            "_datetime": datetime,
+            "_names": self.names,
+            "_wrong": _wrong_width,
+            "_width": len(self.columns),
+        }
+        body = ["    if len(row) != _width:", "        _wrong(row, _width)"]
+        values = []
+        for k, name in enumerate(self.names):
+            if name in where:
+                source = f"row[{where[name]}]"
+            else:  # the statement's own literal, converted as a value of the row would be
+                scope[f"_c{k}"] = self.defaults[name]
+                source = f"_c{k}"
+            if k not in converting:
+                values.append(source)
+                continue
+            convert, instant = converting[k]
+            scope[f"_f{k}"] = convert
+            body.append(f"    x{k} = {source}")
+            if instant:
+                body += [
+                    f"    if x{k} is not None:",
+                    f"        if isinstance(x{k}, _datetime):",
+                    f"            d = seen.get(x{k})",
+                    "            if d is None:",
+                    f"                d = seen[x{k}] = _f{k}(x{k})",
+                    f"            x{k} = d",
+                    "        else:",
+                    f"            x{k} = _f{k}(x{k})",
+                ]
+            else:
+                body.append(f"    if x{k} is not None:\n        x{k} = _f{k}(x{k})")
+            values.append(f"x{k}")
+        listed = "(" + "".join(f"{v}, " for v in values) + ")"
+        body.append(
+            f"    return dict(zip(_names, {listed}))" if self.named else f"    return {listed}"
+        )
+        source = "def fused(row, seen):\n" + "\n".join(body) + "\n"
+        exec(compile(source, f"<row of {self.sql[:40]!r}>", "exec"), scope)
+        made: Callable[[Sequence[Any], dict[datetime, Any]], Any] = scope["fused"]
+        self.fusion[:] = [made]
+        return made
 
     def converted(
         self, out: list[Any], seen: dict[datetime, Any]
@@ -762,7 +799,7 @@ class DriverRunner(StatementRunner):
             if prepared is None:
                 super().writes(steps, commit=commit)
                 return
-            ready.append((prepared.sql, prepared.converted(prepared.picker()(row), seen)))
+            ready.append((prepared.sql, prepared.fused()(row, seen)))
         sql, data = "", None
         try:
             cursor = dbapi.cursor()
@@ -789,8 +826,8 @@ class DriverRunner(StatementRunner):
             return
         seen = self._instants
         if columns is not None:
-            pick, convert = prepared.picker(), prepared.converted
-            data = [convert(pick(r), seen) for r in cast(Sequence[Sequence[Any]], rows)]
+            fused = prepared.fused()
+            data = [fused(r, seen) for r in cast(Sequence[Sequence[Any]], rows)]
         else:
             data = [prepared.args(r, seen) for r in cast(Sequence[Params], rows)]
         batch = data if len(data) > 1 else data[0]

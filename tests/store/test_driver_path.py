@@ -548,3 +548,50 @@ def test_a_sqlite_passing_converts_its_parameters_before_it_takes_the_write_lock
         assert not held[0]  # every write's lock was taken and let go
     assert (reinforced.uses, created.uses, proto.uses) == (2, 1, 1)
     assert inside == []
+
+
+def _listed_then_converted(prepared: Any, row: tuple[Any, ...]) -> Any:
+    """A row listed in the statement's parameter order (its literal where the row has no
+    such column), then converted: what ``fused`` must give."""
+    where = {name: i for i, name in enumerate(prepared.columns)}
+    out = [row[where[n]] if n in where else prepared.defaults[n] for n in prepared.names]
+    return prepared.converted(out, {})
+
+
+def _plain(args: Any) -> Any:
+    """Parameters as comparable values: psycopg's JSON wrappers compare by identity."""
+    if isinstance(args, dict):
+        return {k: getattr(v, "obj", v) for k, v in args.items()}
+    return tuple(getattr(v, "obj", v) for v in args)
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "driver-placeholders"])
+def test_a_row_listed_and_converted_in_one_step_is_what_the_two_steps_give(
+    store: mnestoma.Mnestoma, native: bool
+) -> None:
+    from mnestoma.schema.sql import chains
+
+    now = datetime(2026, 7, 1, 12, 30, 0, 123456, tzinfo=UTC)
+    later = now + timedelta(days=3)
+    cases = [
+        (record.INSERT_EVENT, record.EVENT_ROW, ("mn_a", "reinforced", now, "t", 0.3, 0.45)),
+        (record.INSERT_EVENT, record.EVENT_ROW, ("mn_b", "created", later, None, None, 1)),
+        (record.UPDATE_REINFORCE, record.REINFORCE_ROW, ("mn_a", 0.5, now, later, {"k": [1]})),
+        (record.UPDATE_REINFORCE, record.REINFORCE_ROW, ("mn_a", 1, None, now, None, "s")),
+        (chains.count_chains(store.engine.dialect.name), chains.CHAIN_ROW, ("a", "b", "c", 2)),
+    ]
+    with store.engine.connect() as conn:
+        for stmt, columns, head in cases:
+            prepared = runner._prepare(conn, stmt, columns, native=native)
+            assert prepared is not None
+            row = (*head, *([None] * (len(columns) - len(head))))
+            if columns is chains.CHAIN_ROW:
+                row = (*head, now)
+            fused = prepared.fused()
+            assert _plain(fused(row, {})) == _plain(_listed_then_converted(prepared, row))
+            seen: dict[datetime, Any] = {}
+            fused(row, seen)
+            if now in row:
+                assert now in seen  # each instant converted once per operation
+            with pytest.raises(StoreError, match="values for its"):
+                fused(row[:-1], {})
