@@ -316,7 +316,7 @@ class RecordCommands(StoreBase):
         return ex.many_committing if self._commits_itself else ex.many
 
     def _record_many(self, items: list[Passing], turn_id: str, recorder: str) -> list[Mnest]:
-        ex = self._write_ex(_TURN_PLANS)
+        ex = self._write_ex(_TURN_PLANS, lock=False)
         # Each edge's passings in the order given: the k-th is its occurrence k (each with
         # its own outcome; the last tags / desired_sig given win).
         idents = [(p.dst_exists, key_of(p)) for p in items]  # each passing's edge, in order
@@ -324,12 +324,17 @@ class RecordCommands(StoreBase):
         for ident, p in zip(idents, items, strict=True):
             unique.setdefault(ident, []).append(p)
         if BY_NAME[ex.dialect].one_writer:
+            # "now" read and converted before the lock, as a passing's (contract §4)
+            now = self._now()
+            ex.convert_instant(now, rec.INSERT_EVENT, rec.EVENT_ROW)
             # BEGIN IMMEDIATE: no other writer can create one of our keys meanwhile
-            once = self._record_many_once(ex, unique, turn_id, recorder, idents)
+            lock_for_write(ex)
+            once = self._record_many_once(ex, unique, turn_id, recorder, idents, now)
             if once is None:
                 raise ConflictError("another writer created a key of this turn meanwhile")
             rows = once
         else:
+            lock_for_write(ex)  # nothing to take on PostgreSQL: the runner's own steps
             # PostgreSQL: one statement for the whole turn, "now" read once before it (§4).
             rows = pg.record_turn(ex, unique, idents, self._write_now(ex), turn_id, recorder)
         return self._result(functools.partial(_turn_snapshots, rows, idents))
@@ -341,13 +346,14 @@ class RecordCommands(StoreBase):
         turn_id: str,
         recorder: str,
         order: list[Ident],
+        now: datetime,
     ) -> dict[Ident, Sequence[Any]] | None:
-        """A turn on SQLite, under the write lock (``order``: each passing's edge, as given):
-        each edge's row after it, for the snapshots built once the lock is let go; None when
-        another writer created one of its keys (it cannot: the lock keeps them out)."""
+        """A turn on SQLite, under the write lock, ``now`` read before it (``order``: each
+        passing's edge, as given): each edge's row after it, for the snapshots built once
+        the lock is let go; None when another writer created one of its keys (it cannot:
+        the lock keeps them out)."""
         result: dict[Ident, Sequence[Any]] = {}
         rows = _lock_keys(ex, list(pending))
-        now = self._write_now(ex)
         found = {(r.state == MnestState.ACTIVE, row_key(r)): r for r in rows}
         done: set[tuple[str, int]] = set()
         if found and ex.first(rec.TURN_SEEN, {"turn_id": turn_id}) is not None:

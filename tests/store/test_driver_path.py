@@ -546,8 +546,12 @@ def test_a_sqlite_passing_converts_its_parameters_before_it_takes_the_write_lock
         created = store.record_passing("plan", "1", "write", "1", turn_id=turn)
         proto = store.record_proto("plan", "1", "summarise", turn_id=turn)
         assert not held[0]  # every write's lock was taken and let go
-    assert (reinforced.uses, created.uses, proto.uses) == (2, 1, 1)
-    assert inside == []
+        assert (reinforced.uses, created.uses, proto.uses) == (2, 1, 1)
+        assert inside == []
+        # a turn of several passings: its now too (its keys' lookup is built for the turn)
+        rows = store.record_turn(f"batch-{turn}", [EDGE, ("plan", "1", "read", "1"), EDGE])
+        assert [m.uses for m in rows] == [4, 1, 4]
+        assert "instant" not in inside
 
 
 def _listed_then_converted(prepared: Any, row: tuple[Any, ...]) -> Any:
