@@ -254,6 +254,11 @@ class _Prepared:
     # one statement's text always gives the same. psycopg builds an object per column each
     # time its description is read, so it is read once.
     resolved: list[tuple[tuple[int, Processor], ...]] = field(default_factory=list)
+    # What converts the rows of a result, written once from those processors (see
+    # :meth:`converter`); None where no column needs converting.
+    converters: list[Callable[[list[Any]], list[tuple[Any, ...]]] | None] = field(
+        default_factory=list
+    )
     # For rows given as tuples in ``columns`` order: what lists them in parameter order
     # and converts them, in one step (see :meth:`fused`).
     fusion: list[Callable[[Sequence[Any], dict[datetime, Any]], Any]] = field(default_factory=list)
@@ -373,17 +378,36 @@ class _Prepared:
         if not self.result_types and not cursor.description:
             return []  # no result set (a write without RETURNING)
         raw = cursor.fetchall()
-        results = self.results(cursor)
-        if not results:
+        convert = self.converter(cursor)
+        if convert is None:
             return cast(list[tuple[Any, ...]], raw)
-        out = []
-        for r in raw:
-            values = list(r)
-            for i, process in results:
-                if values[i] is not None:
-                    values[i] = process(values[i])
-            out.append(tuple(values))
-        return out
+        return convert(raw)
+
+    def converter(self, cursor: Any) -> Callable[[list[Any]], list[tuple[Any, ...]]] | None:
+        """What converts this statement's rows, each column that has a result processor
+        through it (None left as it is), written once as one comprehension over the rows
+        (as :meth:`fused` writes its rows): a third less than converting each row's list
+        in a loop (a turn reads 50 rows of three instants each). None: no column needs it."""
+        if self.converters:
+            return self.converters[0]
+        results = dict(self.results(cursor))
+        width = len(cursor.description or ())
+        if not results:
+            made = None
+        else:
+            scope: dict[str, Any] = {f"_p{i}": process for i, process in results.items()}
+            values = [
+                f"(None if (v{i} := r[{i}]) is None else _p{i}(v{i}))"
+                if i in results
+                else f"r[{i}]"
+                for i in range(width)
+            ]
+            source = "def convert(raw):\n    return [(" + ", ".join(values) + ",) for r in raw]\n"
+            exec(compile(source, f"<rows of {self.sql[:40]!r}>", "exec"), scope)
+            made = scope["convert"]
+        if width:
+            self.converters[:] = [made]
+        return made
 
 
 # Compiled statements, least recently used first out. Each entry holds its statement: while
