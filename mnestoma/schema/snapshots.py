@@ -10,18 +10,18 @@ the mechanism fails a test, not a user.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, NoReturn, TypeVar
 
 from sqlalchemy import inspect
 from sqlalchemy.orm import ClassManager
 
-from mnestoma.core._sqla_compat import class_manager, detached
+from mnestoma.core._sqla_compat import class_manager, detached, detached_all
 from mnestoma.core.errors import StoreError
 from mnestoma.schema.models import CanonicalQuery, Event, Mnest
 from mnestoma.schema.sql.tables import EVENT_COLUMNS, MNEST_COLUMNS, QUERY_COLUMNS
 
-__all__ = ["event", "mnest", "query", "query_from"]
+__all__ = ["event", "mnest", "mnests", "query", "query_from"]
 
 T = TypeVar("T")
 
@@ -38,15 +38,33 @@ def _build(cls: type[T], columns: Sequence[str], values: Sequence[Any]) -> T:
     more, which are left out), without ``__init__`` or events; each table's first column is
     its ``id``."""
     if len(values) < len(columns):
+        _too_short(cls, columns)(values)
+    return detached(_MANAGERS[cls], cls, zip(columns, values, strict=False), values[0])
+
+
+def _too_short(cls: type[Any], columns: Sequence[str]) -> Callable[[Sequence[Any]], NoReturn]:
+    """What refuses a row with fewer values than ``cls`` has columns."""
+
+    def refuse(values: Sequence[Any]) -> NoReturn:
         raise StoreError(
             f"a row of {len(values)} values for the {len(columns)} columns of {cls.__name__}"
         )
-    return detached(_MANAGERS[cls], cls, zip(columns, values, strict=False), values[0])
+
+    return refuse
+
+
+_REFUSE_MNEST = _too_short(Mnest, MNEST_COLUMNS)
 
 
 def mnest(values: Sequence[Any]) -> Mnest:
     """A Mnest from the table's columns in order (a row of ``select(mnests)``)."""
     return _build(Mnest, MNEST_COLUMNS, values)
+
+
+def mnests(rows: Iterable[Sequence[Any]]) -> list[Mnest]:
+    """:func:`mnest` of each row, built in one loop (the rows a turn, a listing or a read
+    of many edges returns)."""
+    return detached_all(_MANAGERS[Mnest], Mnest, MNEST_COLUMNS, rows, _REFUSE_MNEST)
 
 
 def event(values: Sequence[Any]) -> Event:

@@ -405,7 +405,7 @@ class RecordCommands(StoreBase):
 def _turn_snapshots(rows: dict[Ident, Sequence[Any]], order: list[Ident]) -> list[Mnest]:
     """A turn's result: each passing's edge as a snapshot, in the order given (an edge given
     twice is the same snapshot twice)."""
-    built = {ident: snap.mnest(row) for ident, row in rows.items()}
+    built = dict(zip(rows, snap.mnests(rows.values()), strict=True))
     return [built[ident] for ident in order]
 
 

@@ -121,7 +121,7 @@ class Queries(StoreBase):
         stmt = rd.edges_statement(
             src_executor is not None, dst_executor is not None, st is not None, limit is not None
         )
-        return [snap.mnest(r) for r in self._ex().rows(stmt, params)]
+        return snap.mnests(self._ex().rows(stmt, params))
 
     def events(
         self,
@@ -372,4 +372,4 @@ class Queries(StoreBase):
         ex = self._ex()
         stmt = rd.recurring_protos_statement(ex.dialect)
         rows = ex.rows(stmt, {"uses": uses, "floor": floor, "now": self._now()})
-        return [snap.mnest(r) for r in rows]
+        return snap.mnests(rows)

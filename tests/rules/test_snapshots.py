@@ -108,3 +108,20 @@ def test_a_row_with_extra_trailing_values_gives_the_tables_columns_only() -> Non
 def test_a_row_short_of_the_tables_columns_is_the_packages_error() -> None:
     with pytest.raises(StoreError, match="16 values for the 17 columns of Mnest"):
         snapshots.mnest([MNEST[k] for k in MNEST_COLUMNS[:-1]])
+
+
+def test_mnests_built_in_one_loop_equal_the_textbook_ones_row_by_row() -> None:
+    second = MNEST | {"id": "m-2", "weight": 0.3, "tags": None}
+    rows = [
+        [MNEST[k] for k in MNEST_COLUMNS],
+        [*(second[k] for k in MNEST_COLUMNS), True],  # a flag after the columns is left out
+    ]
+    built = snapshots.mnests(rows)
+    assert [m.id for m in built] == ["m-1", "m-2"]
+    _same_state(built[0], _textbook(Mnest, MNEST), MNEST_COLUMNS)
+    _same_state(built[1], _textbook(Mnest, second), MNEST_COLUMNS)
+    assert {k for k in vars(built[1]) if not k.startswith("_sa_")} == set(MNEST_COLUMNS)
+    assert inspect(built[1]).key == inspect(Mnest).identity_key_from_primary_key(["m-2"])
+    assert snapshots.mnests([]) == []
+    with pytest.raises(StoreError, match="16 values for the 17 columns of Mnest"):
+        snapshots.mnests([rows[0], rows[0][:-1]])

@@ -121,13 +121,19 @@ def test_a_facades_turn_is_committed_and_the_lock_free_when_its_last_statement_r
 def building(free_uses: Probe, monkeypatch: pytest.MonkeyPatch) -> list[int | None]:
     """What another connection sees of the edge each time a snapshot of a row is built."""
     seen: list[int | None] = []
-    original = snapshots.mnest
+    one, many = snapshots.mnest, snapshots.mnests
 
     def look(values: Any) -> Any:
         seen.append(free_uses())
-        return original(values)
+        return one(values)
+
+    def look_at_each(rows: Any) -> Any:
+        rows = list(rows)
+        seen.extend(free_uses() for _ in rows)
+        return many(rows)
 
     monkeypatch.setattr(snapshots, "mnest", look)
+    monkeypatch.setattr(snapshots, "mnests", look_at_each)
     return seen
 
 
