@@ -540,11 +540,20 @@ NEGLIGIBLE_RATE = 1e-150
 def decayed_weight(weight: float, decay_lambda: float, since: datetime, now: datetime) -> float:
     """``weight × exp(−decay_lambda × days(now − since))``: the effective weight at ``now``
     (floored as :data:`MAX_EXPONENT` says)."""
-    if weight < VANISHING:
-        return 0.0
     if decay_lambda < NEGLIGIBLE_RATE:
-        return weight
-    return weight * math.exp(-min(decay_lambda * days_between(since, now), MAX_EXPONENT))
+        return 0.0 if weight < VANISHING else weight
+    return _decayed_by(weight, _decay_factor(decay_lambda, since, now))
+
+
+def _decay_factor(decay_lambda: float, since: datetime, now: datetime) -> float:
+    """``exp(−decay_lambda × days(now − since))``, its exponent capped at
+    :data:`MAX_EXPONENT`: what a value decays by from ``since`` to ``now``."""
+    return math.exp(-min(decay_lambda * days_between(since, now), MAX_EXPONENT))
+
+
+def _decayed_by(value: float, factor: float) -> float:
+    """``value × factor``, a value under :data:`VANISHING` decaying to 0."""
+    return 0.0 if value < VANISHING else value * factor
 
 
 def threshold_cut(threshold: float) -> float:
@@ -709,10 +718,9 @@ def passing_values(
     if ts_weight != ts_last or decay_lambda < NEGLIGIBLE_RATE:
         before = decayed_weight(weight, decay_lambda, ts_weight, now)
         return before, reinforce(before), counted_passing(count, decay_lambda, ts_last, now)
-    factor = math.exp(-min(decay_lambda * days_between(ts_last, now), MAX_EXPONENT))
-    before = 0.0 if weight < VANISHING else weight * factor
-    counted = (0.0 if count < VANISHING else count * factor) + 1.0
-    return before, reinforce(before), counted
+    factor = _decay_factor(decay_lambda, ts_last, now)
+    before = _decayed_by(weight, factor)
+    return before, reinforce(before), _decayed_by(count, factor) + 1.0
 
 
 def counted_passing(count: float, decay_lambda: float, ts_last: datetime, now: datetime) -> float:
