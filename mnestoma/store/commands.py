@@ -45,6 +45,7 @@ from mnestoma.store.rows import (
     creation,
     key_of,
     key_params,
+    late_mnest,
     reinforced_mnest,
     reinforced_row,
     reinforcement,
@@ -282,7 +283,7 @@ class RecordCommands(StoreBase):
         (the event's INSERT ... SELECT, then UPDATE ... RETURNING, with the exact SQL twins
         of the rules) spends more time under the lock than the lookup and the arithmetic
         it saves (see docs/performance.md)."""
-        found = ex.first_bound(lookup)
+        found = ex.first_bound(lookup)  # its late columns as stored (rec.LATE_COLUMNS)
         commit = self._commits_itself  # the last statement commits (_last_write)
         if found is None:
             new, ev = creation(p, turn_id, now, recorder, occurrence)
@@ -294,9 +295,10 @@ class RecordCommands(StoreBase):
                 commit=commit,
             )
             return functools.partial(snap.mnest, new)
+        late = rec.late_converter(ex.conn.dialect)
         if turn_id is not None:
             if found[WIDTH]:  # the flag after the columns: the turn counted it already
-                return functools.partial(snap.mnest, found)
+                return functools.partial(late_mnest, found, late)
             found = found[:WIDTH]
         row = MnestRow._make(found)
         values, ev = reinforcement(row, p, turn_id, now, recorder, occurrence)
@@ -307,7 +309,7 @@ class RecordCommands(StoreBase):
             ),
             commit=commit,
         )
-        return functools.partial(reinforced_mnest, row, values)
+        return functools.partial(reinforced_mnest, row, values, late)
 
     def _last_write(self, ex: StatementRunner) -> Callable[[Executable, Any, Any], None]:
         """How the last statement of a SQLite write runs: with its ``COMMIT`` right after it

@@ -9,6 +9,7 @@ statement's order: that is the shape the runner binds.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, NamedTuple
 
@@ -35,6 +36,7 @@ __all__ = [
     "event_values",
     "key_of",
     "key_params",
+    "late_mnest",
     "reinforced_mnest",
     "reinforced_row",
     "reinforcement",
@@ -160,8 +162,8 @@ def reinforcement(
         after,
         ts_last,
         ts_weight,
-        p.tags if p.tags is not None else row.tags,
-        p.desired_sig if p.desired_sig is not None else row.desired_sig,
+        p.tags,  # None: the row's stay (UPDATE_REINFORCE keeps them)
+        p.desired_sig,
         *outcome_counts(outcome),
         counted,
     )
@@ -226,8 +228,13 @@ def creation(
 
 def reinforced_row(row: MnestRow, values: Row) -> MnestRow:
     """The row as :data:`~mnestoma.schema.sql.record.UPDATE_REINFORCE` leaves it, given that
-    statement's values (:data:`~.record.REINFORCE_ROW` order)."""
+    statement's values (:data:`~.record.REINFORCE_ROW` order; a document given as None is
+    the row's)."""
     _, weight, ts_last, ts_weight, tags, sig, ok, error, count = values
+    if tags is None:
+        tags = row.tags
+    if sig is None:
+        sig = row.desired_sig
     return MnestRow(
         row.id,
         row.src_executor,
@@ -249,6 +256,16 @@ def reinforced_row(row: MnestRow, values: Row) -> MnestRow:
     )
 
 
-def reinforced_mnest(row: MnestRow, values: Row) -> Mnest:
-    """The snapshot of a reinforced row (see :func:`reinforced_row`)."""
-    return snap.mnest(reinforced_row(row, values))
+def late_mnest(row: Sequence[Any], late: Callable[[Sequence[Any]], tuple[Any, ...]]) -> Mnest:
+    """The snapshot of a row read with its late columns as stored, which ``late`` converts
+    (:func:`~mnestoma.schema.sql.record.late_converter`)."""
+    return snap.mnest(late(row))
+
+
+def reinforced_mnest(
+    row: MnestRow, values: Row, late: Callable[[Sequence[Any]], tuple[Any, ...]]
+) -> Mnest:
+    """The snapshot of a reinforced row (see :func:`reinforced_row`), read with its late
+    columns as stored, which ``late`` converts
+    (:func:`~mnestoma.schema.sql.record.late_converter`)."""
+    return snap.mnest(reinforced_row(MnestRow._make(late(row)), values))

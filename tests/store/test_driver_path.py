@@ -560,6 +560,101 @@ def test_a_sqlite_passing_converts_its_parameters_before_it_takes_the_write_lock
         assert "instant" not in inside
 
 
+TAGS = {"team": "search", "labels": ["a", "b"]}
+SIG = {"summary": "a draft", "inputs": ["text"]}
+
+
+@pytest.mark.parametrize("observed", [False, True], ids=["at-the-driver", "through-sqlalchemy"])
+@pytest.mark.parametrize("turn", [None, "turn-1"], ids=["alone", "in-a-turn"])
+def test_a_sqlite_reinforcement_leaves_the_rows_documents_and_first_instant_for_after_the_lock(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, turn: str | None, observed: bool
+) -> None:
+    """The row's tags, desired_sig and ts_first play no part in a reinforcement: SQLite's
+    passing reads them as stored, the UPDATE keeps what the passing does not give, and the
+    snapshot converts them once the write lock is let go. Under the lock no JSON document is
+    decoded or encoded, and only the two instants the arithmetic needs are parsed."""
+    import json
+
+    from mnestoma.core import types
+    from mnestoma.engines import locking
+
+    held = [False]
+    inside: list[str] = []
+    begin, end = locking._begin_immediate, locking._end_write
+    parse = types.parse_sqlite_timestamp
+
+    def timed_begin(*a: Any, **kw: Any) -> None:
+        begin(*a, **kw)
+        held[0] = True
+
+    def timed_end(dbapi: Any) -> None:
+        held[0] = False
+        end(dbapi)
+
+    def loads(text_: str) -> Any:
+        if held[0]:
+            inside.append("decoded")
+        return json.loads(text_)
+
+    def dumps(value: Any) -> str:
+        if held[0]:
+            inside.append("encoded")
+        return json.dumps(value)
+
+    def noting_parse(value: Any) -> Any:
+        if held[0]:
+            inside.append("instant parsed")
+        return parse(value)
+
+    engine = mnestoma.make_engine(
+        f"sqlite:///{tmp_path / 'store.db'}", json_serializer=dumps, json_deserializer=loads
+    )
+    with mnestoma.Mnestoma(engine) as store, _observed_if(store, observed):
+        first = store.record_passing(*EDGE, tags=TAGS)
+        wish = store.record_proto("plan", "1", "summarise", desired_sig=SIG, tags=TAGS)
+        monkeypatch.setattr(locking, "_begin_immediate", timed_begin)
+        monkeypatch.setattr(locking, "_end_write", timed_end)
+        monkeypatch.setattr(types, "parse_sqlite_timestamp", noting_parse)
+        again = store.record_passing(*EDGE, turn_id=turn)
+        wish_again = store.record_proto("plan", "1", "summarise", turn_id=turn)
+        assert not held[0]
+        assert inside == ["instant parsed"] * 4  # ts_last and ts_weight, of each row
+        assert (again.tags, again.ts_first, again.uses) == (TAGS, first.ts_first, 2)
+        assert (wish_again.desired_sig, wish_again.tags) == (SIG, TAGS)
+        assert wish_again.ts_first == wish.ts_first
+        # each snapshot is its row as stored
+        with store.engine.connect() as conn:
+            for m in (again, wish_again):
+                where = tables.MNESTS.c.id == m.id
+                stored = conn.execute(tables.MNESTS.select().where(where)).one()
+                assert tuple(stored) == tuple(getattr(m, c) for c in tables.MNEST_COLUMNS)
+        # documents given replace the row's
+        retagged = store.record_passing(*EDGE, tags={"team": "b"}, turn_id=turn and "turn-2")
+        assert retagged.tags == {"team": "b"}
+        if turn is not None:  # the turn counted this occurrence already: the row as it is
+            assert store.record_passing(*EDGE, turn_id="turn-2").tags == {"team": "b"}
+
+
+def test_a_turn_keeps_the_rows_documents_unless_a_passing_gives_them(store_url: str) -> None:
+    """A turn's reinforcements keep the tags a passing does not give; the last given win,
+    in the snapshot as in the row."""
+    with mnestoma.Mnestoma(store_url) as store:
+        store.record_passing(*EDGE, tags=TAGS)
+        kept, given = (
+            store.record_turn(
+                "turn-docs",
+                [EDGE, ("plan", "1", "read", "1")],
+            ),
+            store.record_turn(
+                "turn-docs-2",
+                [(*EDGE, True, {"team": "c"}), EDGE],
+            ),
+        )
+        assert kept[0].tags == TAGS
+        assert [m.tags for m in given] == [{"team": "c"}, {"team": "c"}]
+        assert store.get(given[0].id).tags == {"team": "c"}
+
+
 def _listed_then_converted(prepared: Any, row: tuple[Any, ...]) -> Any:
     """A row listed in the statement's parameter order (its literal where the row has no
     such column), then converted: what ``fused`` must give."""

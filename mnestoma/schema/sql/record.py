@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Mapping, Sequence
+import weakref
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -43,6 +44,8 @@ from sqlalchemy import (
     union_all,
     update,
 )
+from sqlalchemy.engine import Dialect
+from sqlalchemy.types import NullType
 
 from mnestoma.core import sqlrules
 from mnestoma.core.rules import (
@@ -71,6 +74,8 @@ __all__ = [
     "INSERT_MNEST_LOCKED",
     "INSERT_QUERY",
     "KEYS_PER_STATEMENT",
+    "LATE_COLUMNS",
+    "LATE_RAW",
     "PASSED_AGAIN",
     "PASSED_COUNTED",
     "PASSED_CREATED",
@@ -87,6 +92,7 @@ __all__ = [
     "UPDATE_REINFORCE",
     "key_params",
     "key_taken",
+    "late_converter",
     "pg_passing",
     "select_keys",
     "select_one_counted",
@@ -135,10 +141,33 @@ def key_params(akeys: list[Key], pkeys: list[Key]) -> dict[str, Any]:
     return params
 
 
+# The columns of a row a passing's arithmetic does not need: its first instant and its two
+# JSON documents. SQLite's passing reads them as stored (LATE_RAW), while it holds the write
+# lock, and converts them once it has let go (late_converter): a reinforcement keeps them
+# (UPDATE_REINFORCE leaves a document the passing does not give as it is).
+LATE_COLUMNS = ("ts_first", "tags", "desired_sig")
+_LATE_AT = tuple(MNEST_COLUMNS.index(name) for name in LATE_COLUMNS)
+_WIDTH = len(MNEST_COLUMNS)
+
+
+def _late_raw(name: str) -> ColumnElement[Any]:
+    """Column ``name`` of mnests; one of :data:`LATE_COLUMNS` read as stored (no result
+    processing), under its own name."""
+    if name not in LATE_COLUMNS:
+        return M.c[name]
+    return type_coerce(M.c[name], NullType()).label(name)
+
+
+# The columns of mnests in order, the late ones as stored (see LATE_COLUMNS).
+LATE_RAW = tuple(_late_raw(name) for name in MNEST_COLUMNS)
+
+# SQLite, under the write lock: the live row of a key, its late columns as stored.
 SELECT_ONE_ACTIVE = (
-    select(M).where(key_is(M, proto=False, state=MnestState.ACTIVE)).with_for_update()
+    select(*LATE_RAW).where(key_is(M, proto=False, state=MnestState.ACTIVE)).with_for_update()
 )
-SELECT_ONE_PROTO = select(M).where(key_is(M, proto=True, state=MnestState.PROTO)).with_for_update()
+SELECT_ONE_PROTO = (
+    select(*LATE_RAW).where(key_is(M, proto=True, state=MnestState.PROTO)).with_for_update()
+)
 SELECT_BY_ID_LOCKED = select(M).where(M.c.id == bindparam("id")).with_for_update()
 
 _COUNTED = kind_in(E, PASSING_KINDS)
@@ -167,7 +196,35 @@ def select_one_counted(proto: bool) -> Select[Any]:
             _COUNTED,
         )
     )
-    return select(M, counted.label("counted")).where(key_is(M, proto=proto, state=state))
+    return select(*LATE_RAW, counted.label("counted")).where(key_is(M, proto=proto, state=state))
+
+
+_LATE_CONVERTERS: weakref.WeakKeyDictionary[Dialect, Callable[[Sequence[Any]], tuple[Any, ...]]]
+_LATE_CONVERTERS = weakref.WeakKeyDictionary()
+
+
+def late_converter(dialect: Dialect) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
+    """What makes a row read with :data:`LATE_RAW` (a lookup of SQLite's passing) the row
+    ``select(mnests)`` reads: its :data:`LATE_COLUMNS` converted by their types' result
+    processors for ``dialect`` (its own JSON deserializer included), once per dialect."""
+    convert = _LATE_CONVERTERS.get(dialect)
+    if convert is not None:
+        return convert
+    processors = {
+        at: M.c[name].type.dialect_impl(dialect).result_processor(dialect, None)
+        for at, name in zip(_LATE_AT, LATE_COLUMNS, strict=True)
+    }
+
+    def converted(row: Sequence[Any]) -> tuple[Any, ...]:
+        out = list(row[:_WIDTH])
+        for at, process in processors.items():
+            value = out[at]
+            if value is not None and process is not None:
+                out[at] = process(value)
+        return tuple(out)
+
+    _LATE_CONVERTERS[dialect] = converted
+    return converted
 
 
 # The parameters of UPDATE_REINFORCE, in the order of the tuples the repository builds.
@@ -190,8 +247,11 @@ UPDATE_REINFORCE = (
         uses=M.c.uses + 1,
         ts_last=bindparam("b_ts_last"),
         ts_weight=bindparam("b_ts_weight"),
-        tags=bindparam("b_tags"),
-        desired_sig=bindparam("b_desired_sig"),
+        # a document the passing does not give (None) stays as stored
+        tags=func.coalesce(bindparam("b_tags", type_=M.c.tags.type), M.c.tags),
+        desired_sig=func.coalesce(
+            bindparam("b_desired_sig", type_=M.c.desired_sig.type), M.c.desired_sig
+        ),
         ok_count=M.c.ok_count + bindparam("b_ok", type_=Integer),
         error_count=M.c.error_count + bindparam("b_error", type_=Integer),
         decayed_uses=bindparam("b_decayed_uses", type_=Float),
