@@ -334,12 +334,14 @@ class RecordCommands(StoreBase):
             once = self._record_many_once(ex, unique, turn_id, recorder, idents, now)
             if once is None:
                 raise ConflictError("another writer created a key of this turn meanwhile")
-            rows = once
+            rows, stored = once
+            late = rec.late_converter(ex.conn.dialect)
         else:
             lock_for_write(ex)  # nothing to take on PostgreSQL: the runner's own steps
             # PostgreSQL: one statement for the whole turn, "now" read once before it (§4).
             rows = pg.record_turn(ex, unique, idents, self._write_now(ex), turn_id, recorder)
-        return self._result(functools.partial(_turn_snapshots, rows, idents))
+            stored, late = {}, None
+        return self._result(functools.partial(_turn_snapshots, rows, idents, stored, late))
 
     def _record_many_once(
         self,
@@ -349,12 +351,15 @@ class RecordCommands(StoreBase):
         recorder: str,
         order: list[Ident],
         now: datetime,
-    ) -> dict[Ident, Sequence[Any]] | None:
+    ) -> tuple[dict[Ident, Sequence[Any]], dict[Ident, Stored]] | None:
         """A turn on SQLite, under the write lock, ``now`` read before it (``order``: each
         passing's edge, as given): each edge's row after it, for the snapshots built once
-        the lock is let go; None when another writer created one of its keys (it cannot:
-        the lock keeps them out)."""
+        the lock is let go, and for each edge that was in the store its row as read, late
+        columns as stored (:data:`~mnestoma.schema.sql.record.LATE_COLUMNS`), with whether
+        the turn gave its tags and its desired_sig; None when another writer created one of
+        its keys (it cannot: the lock keeps them out)."""
         result: dict[Ident, Sequence[Any]] = {}
+        stored: dict[Ident, Stored] = {}
         rows = _lock_keys(ex, list(pending))
         found = {(r.state == MnestState.ACTIVE, row_key(r)): r for r in rows}
         done: set[tuple[str, int]] = set()
@@ -377,6 +382,7 @@ class RecordCommands(StoreBase):
                     new_events.append(ev)
                 creations.append((ident, new, new_events))
                 continue
+            as_read, tags, sig = row, False, False
             for k, p in enumerate(passings, 1):
                 if (row.id, k) in done:
                     continue
@@ -384,7 +390,9 @@ class RecordCommands(StoreBase):
                 updates.append(values)  # run in order: one row's occurrences one after another
                 events.append(ev)
                 row = reinforced_row(row, values)
+                tags, sig = tags or p.tags is not None, sig or p.desired_sig is not None
             result[ident] = row
+            stored[ident] = (as_read, tags, sig)
         ex.many(rec.UPDATE_REINFORCE, updates, rec.REINFORCE_ROW)
         if creations:
             # In key order, a plain batch: the write lock keeps other writers out.
@@ -401,12 +409,34 @@ class RecordCommands(StoreBase):
             last(chains_sql.count_chains(ex.dialect), chains, chains_sql.CHAIN_ROW)
         else:
             last(rec.INSERT_EVENT, events, rec.EVENT_ROW)
-        return result
+        return result, stored
 
 
-def _turn_snapshots(rows: dict[Ident, Sequence[Any]], order: list[Ident]) -> list[Mnest]:
+# An edge of a SQLite turn that was in the store: its row as read (late columns as stored),
+# and whether the turn gave its tags, its desired_sig.
+Stored = tuple[MnestRow, bool, bool]
+
+
+def _turn_snapshots(
+    rows: dict[Ident, Sequence[Any]],
+    order: list[Ident],
+    stored: dict[Ident, Stored],
+    late: Callable[[Sequence[Any]], tuple[Any, ...]] | None,
+) -> list[Mnest]:
     """A turn's result: each passing's edge as a snapshot, in the order given (an edge given
-    twice is the same snapshot twice)."""
+    twice is the same snapshot twice). The edges that were in the store get their late
+    columns converted by ``late`` first: their first instant, and each document the turn
+    did not give."""
+    if late is not None and stored:
+        rows = dict(rows)
+        for ident, (as_read, tags, sig) in stored.items():
+            was = MnestRow._make(late(as_read))
+            row = MnestRow._make(rows[ident])
+            rows[ident] = row._replace(
+                ts_first=was.ts_first,
+                tags=row.tags if tags else was.tags,
+                desired_sig=row.desired_sig if sig else was.desired_sig,
+            )
     built = dict(zip(rows, snap.mnests(rows.values()), strict=True))
     return [built[ident] for ident in order]
 

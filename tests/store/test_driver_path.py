@@ -622,6 +622,18 @@ def test_a_sqlite_reinforcement_leaves_the_rows_documents_and_first_instant_for_
         assert (again.tags, again.ts_first, again.uses) == (TAGS, first.ts_first, 2)
         assert (wish_again.desired_sig, wish_again.tags) == (SIG, TAGS)
         assert wish_again.ts_first == wish.ts_first
+        # a turn of several passings, each edge twice, one new edge: the same
+        inside.clear()
+        several = store.record_turn(
+            f"several-{turn}",
+            [EDGE, ("plan", "1", "summarise", None, False), ("plan", "1", "read", "1"), EDGE],
+        )
+        assert inside == ["instant parsed"] * 4
+        assert [m.uses for m in several] == [4, 3, 1, 4]
+        assert [m.tags for m in several] == [TAGS, TAGS, None, TAGS]
+        assert several[1].desired_sig == SIG
+        assert (several[0].ts_first, several[1].ts_first) == (first.ts_first, wish.ts_first)
+        again, wish_again = several[0], several[1]
         # each snapshot is its row as stored
         with store.engine.connect() as conn:
             for m in (again, wish_again):
@@ -653,6 +665,10 @@ def test_a_turn_keeps_the_rows_documents_unless_a_passing_gives_them(store_url: 
         assert kept[0].tags == TAGS
         assert [m.tags for m in given] == [{"team": "c"}, {"team": "c"}]
         assert store.get(given[0].id).tags == {"team": "c"}
+        # the turn again (counted already): its rows as they are, documents and all
+        retried = store.record_turn("turn-docs-2", [(*EDGE, True, {"team": "d"}), EDGE])
+        assert [(m.uses, m.tags) for m in retried] == [(given[0].uses, {"team": "c"})] * 2
+        assert retried[0].ts_first == kept[0].ts_first
 
 
 def _listed_then_converted(prepared: Any, row: tuple[Any, ...]) -> Any:

@@ -112,13 +112,14 @@ def shape_size(n: int) -> int:
 
 @functools.cache
 def select_keys(n_active: int, n_proto: int) -> Select[Any]:
-    """Lock and read the rows of ``n_active`` versioned keys and ``n_proto`` proto keys, in
-    id order. An OR of per-key equalities, so that each term can use a unique index (a
+    """SQLite, under the write lock: lock and read the rows of ``n_active`` versioned keys
+    and ``n_proto`` proto keys, in id order, their late columns as stored (:data:`LATE_RAW`).
+    An OR of per-key equalities, so that each term can use a unique index (a
     row-value IN list makes SQLite scan every active row). Sizes come from :func:`shape_size`.
     """
     terms = [key_is(M, f"a{i}", proto=False, state=MnestState.ACTIVE) for i in range(n_active)]
     terms += [key_is(M, f"p{j}", proto=True, state=MnestState.PROTO) for j in range(n_proto)]
-    return select(M).where(or_(*terms)).order_by(M.c.id).with_for_update()
+    return select(*LATE_RAW).where(or_(*terms)).order_by(M.c.id).with_for_update()
 
 
 @functools.cache
