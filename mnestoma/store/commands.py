@@ -17,7 +17,7 @@ from sqlalchemy.exc import UnboundExecutionError
 from sqlalchemy.orm import Session
 
 from mnestoma.core.errors import ConflictError, InvalidInput
-from mnestoma.core.rules import MnestState, chain_increments
+from mnestoma.core.rules import MnestState
 from mnestoma.core.validation import (
     Passing,
     check_name,
@@ -42,6 +42,8 @@ from mnestoma.store.rows import (
     Ident,
     MnestRow,
     Row,
+    Stored,
+    chain_rows,
     creation,
     key_of,
     key_params,
@@ -51,6 +53,7 @@ from mnestoma.store.rows import (
     reinforcement,
     row_key,
     sort_key,
+    turn_snapshots,
 )
 
 __all__ = ["RACE_ROUNDS", "RecordCommands"]
@@ -341,7 +344,7 @@ class RecordCommands(StoreBase):
             # PostgreSQL: one statement for the whole turn, "now" read once before it (§4).
             rows = pg.record_turn(ex, unique, idents, self._write_now(ex), turn_id, recorder)
             stored, late = {}, None
-        return self._result(functools.partial(_turn_snapshots, rows, idents, stored, late))
+        return self._result(functools.partial(turn_snapshots, rows, idents, stored, late))
 
     def _record_many_once(
         self,
@@ -402,7 +405,7 @@ class RecordCommands(StoreBase):
             for ident, values, new_events in creations:
                 events.extend(new_events)
                 result[ident] = values
-        chains = _chain_rows(order, found, done, now)
+        chains = chain_rows(order, found, done, now)
         last = self._last_write(ex)
         if chains:
             ex.many(rec.INSERT_EVENT, events, rec.EVENT_ROW)
@@ -410,59 +413,6 @@ class RecordCommands(StoreBase):
         else:
             last(rec.INSERT_EVENT, events, rec.EVENT_ROW)
         return result, stored
-
-
-# An edge of a SQLite turn that was in the store: its row as read (late columns as stored),
-# and whether the turn gave its tags, its desired_sig.
-Stored = tuple[MnestRow, bool, bool]
-
-
-def _turn_snapshots(
-    rows: dict[Ident, Sequence[Any]],
-    order: list[Ident],
-    stored: dict[Ident, Stored],
-    late: Callable[[Sequence[Any]], tuple[Any, ...]] | None,
-) -> list[Mnest]:
-    """A turn's result: each passing's edge as a snapshot, in the order given (an edge given
-    twice is the same snapshot twice). The edges that were in the store get their late
-    columns converted by ``late`` first: their first instant, and each document the turn
-    did not give."""
-    if late is not None and stored:
-        rows = dict(rows)
-        for ident, (as_read, tags, sig) in stored.items():
-            was = MnestRow._make(late(as_read))
-            row = MnestRow._make(rows[ident])
-            rows[ident] = row._replace(
-                ts_first=was.ts_first,
-                tags=row.tags if tags else was.tags,
-                desired_sig=row.desired_sig if sig else was.desired_sig,
-            )
-    built = dict(zip(rows, snap.mnests(rows.values()), strict=True))
-    return [built[ident] for ident in order]
-
-
-def _chain_rows(
-    order: list[Ident],
-    found: dict[Ident, MnestRow],
-    done: set[tuple[str, int]],
-    now: datetime,
-) -> list[Row]:
-    """The chain counts to add for the passings this attempt counted (contract §13), in key
-    order, written after every row lock of the turn is held. Links to protos are left out
-    of chains."""
-    seen: dict[Ident, int] = {}
-    links: list[tuple[str, str]] = []
-    counted: list[bool] = []
-    for ident in order:
-        exists, (src, _, dst, _) = ident
-        if not exists:
-            continue
-        k = seen[ident] = seen.get(ident, 0) + 1
-        row = found.get(ident)
-        links.append((src, dst))
-        counted.append(row is None or (row.id, k) not in done)
-    added = chain_increments(links, counted)
-    return [(*key, n, now) for key, n in sorted(added.items())]
 
 
 def _lock_keys(ex: StatementRunner, idents: list[Ident]) -> list[MnestRow]:

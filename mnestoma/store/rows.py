@@ -19,6 +19,7 @@ from mnestoma.core.rules import (
     EventKind,
     MnestState,
     advance,
+    chain_increments,
     new_mnest_id,
     outcome_counts,
     passing_values,
@@ -32,6 +33,8 @@ __all__ = [
     "Ident",
     "MnestRow",
     "Row",
+    "Stored",
+    "chain_rows",
     "creation",
     "event_values",
     "key_of",
@@ -42,6 +45,7 @@ __all__ = [
     "reinforcement",
     "row_key",
     "sort_key",
+    "turn_snapshots",
 ]
 
 Row = tuple[Any, ...]
@@ -269,3 +273,56 @@ def reinforced_mnest(
     columns as stored, which ``late`` converts
     (:func:`~mnestoma.schema.sql.record.late_converter`)."""
     return snap.mnest(reinforced_row(MnestRow._make(late(row)), values))
+
+
+# An edge of a SQLite turn that was in the store: its row as read (late columns as stored),
+# and whether the turn gave its tags, its desired_sig.
+Stored = tuple[MnestRow, bool, bool]
+
+
+def turn_snapshots(
+    rows: dict[Ident, Sequence[Any]],
+    order: list[Ident],
+    stored: dict[Ident, Stored],
+    late: Callable[[Sequence[Any]], tuple[Any, ...]] | None,
+) -> list[Mnest]:
+    """A turn's result: each passing's edge as a snapshot, in the order given (an edge given
+    twice is the same snapshot twice). The edges that were in the store get their late
+    columns converted by ``late`` first: their first instant, and each document the turn
+    did not give."""
+    if late is not None and stored:
+        rows = dict(rows)
+        for ident, (as_read, tags, sig) in stored.items():
+            was = MnestRow._make(late(as_read))
+            row = MnestRow._make(rows[ident])
+            rows[ident] = row._replace(
+                ts_first=was.ts_first,
+                tags=row.tags if tags else was.tags,
+                desired_sig=row.desired_sig if sig else was.desired_sig,
+            )
+    built = dict(zip(rows, snap.mnests(rows.values()), strict=True))
+    return [built[ident] for ident in order]
+
+
+def chain_rows(
+    order: list[Ident],
+    found: dict[Ident, MnestRow],
+    done: set[tuple[str, int]],
+    now: datetime,
+) -> list[Row]:
+    """The chain counts to add for the passings this attempt counted (contract §13), in key
+    order, written after every row lock of the turn is held. Links to protos are left out
+    of chains."""
+    seen: dict[Ident, int] = {}
+    links: list[tuple[str, str]] = []
+    counted: list[bool] = []
+    for ident in order:
+        exists, (src, _, dst, _) = ident
+        if not exists:
+            continue
+        k = seen[ident] = seen.get(ident, 0) + 1
+        row = found.get(ident)
+        links.append((src, dst))
+        counted.append(row is None or (row.id, k) not in done)
+    added = chain_increments(links, counted)
+    return [(*key, n, now) for key, n in sorted(added.items())]

@@ -509,20 +509,13 @@ def test_a_read_made_ready_before_the_lock_finds_what_first_finds(
         conn.rollback()
 
 
-@pytest.mark.parametrize("turn", [None, "turn-1"], ids=["alone", "in-a-turn"])
-def test_a_sqlite_passing_converts_its_parameters_before_it_takes_the_write_lock(
-    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, turn: str | None
-) -> None:
-    """Other writers queue for SQLite's write lock: the lookup's parameters and the instant
-    "now" (bound three times by the writes) are converted before ``BEGIN IMMEDIATE``, and
-    nothing inside converts an instant or a lookup's parameters again."""
-    from mnestoma.core import types
+def _watch_write_lock(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """A flag, ``[True]`` from the moment a write has SQLite's write lock (``BEGIN
+    IMMEDIATE`` returned) to the moment its transaction ends, for the rest of the test."""
     from mnestoma.engines import locking
 
     held = [False]
-    inside: list[str] = []
     begin, end = locking._begin_immediate, locking._end_write
-    to_text, args = types.sqlite_timestamp_text, runner._Prepared.args
 
     def timed_begin(*a: Any, **kw: Any) -> None:
         begin(*a, **kw)
@@ -531,6 +524,23 @@ def test_a_sqlite_passing_converts_its_parameters_before_it_takes_the_write_lock
     def timed_end(dbapi: Any) -> None:
         held[0] = False
         end(dbapi)
+
+    monkeypatch.setattr(locking, "_begin_immediate", timed_begin)
+    monkeypatch.setattr(locking, "_end_write", timed_end)
+    return held
+
+
+@pytest.mark.parametrize("turn", [None, "turn-1"], ids=["alone", "in-a-turn"])
+def test_a_sqlite_passing_converts_its_parameters_before_it_takes_the_write_lock(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, turn: str | None
+) -> None:
+    """Other writers queue for SQLite's write lock: the lookup's parameters and the instant
+    "now" (bound three times by the writes) are converted before ``BEGIN IMMEDIATE``, and
+    nothing inside converts an instant or a lookup's parameters again."""
+    from mnestoma.core import types
+
+    inside: list[str] = []
+    to_text, args = types.sqlite_timestamp_text, runner._Prepared.args
 
     def noting_text(value: Any) -> Any:
         if held[0]:
@@ -544,8 +554,7 @@ def test_a_sqlite_passing_converts_its_parameters_before_it_takes_the_write_lock
 
     with mnestoma.Mnestoma(f"sqlite:///{tmp_path / 'store.db'}") as store:
         store.record_passing(*EDGE)  # warm: the statements compiled
-        monkeypatch.setattr(locking, "_begin_immediate", timed_begin)
-        monkeypatch.setattr(locking, "_end_write", timed_end)
+        held = _watch_write_lock(monkeypatch)
         monkeypatch.setattr(types, "sqlite_timestamp_text", noting_text)
         monkeypatch.setattr(runner._Prepared, "args", noting_args)
         reinforced = store.record_passing(*EDGE, turn_id=turn)
@@ -576,20 +585,10 @@ def test_a_sqlite_reinforcement_leaves_the_rows_documents_and_first_instant_for_
     import json
 
     from mnestoma.core import types
-    from mnestoma.engines import locking
 
     held = [False]
     inside: list[str] = []
-    begin, end = locking._begin_immediate, locking._end_write
     parse = types.parse_sqlite_timestamp
-
-    def timed_begin(*a: Any, **kw: Any) -> None:
-        begin(*a, **kw)
-        held[0] = True
-
-    def timed_end(dbapi: Any) -> None:
-        held[0] = False
-        end(dbapi)
 
     def loads(text_: str) -> Any:
         if held[0]:
@@ -612,8 +611,7 @@ def test_a_sqlite_reinforcement_leaves_the_rows_documents_and_first_instant_for_
     with mnestoma.Mnestoma(engine) as store, _observed_if(store, observed):
         first = store.record_passing(*EDGE, tags=TAGS)
         wish = store.record_proto("plan", "1", "summarise", desired_sig=SIG, tags=TAGS)
-        monkeypatch.setattr(locking, "_begin_immediate", timed_begin)
-        monkeypatch.setattr(locking, "_end_write", timed_end)
+        held = _watch_write_lock(monkeypatch)
         monkeypatch.setattr(types, "parse_sqlite_timestamp", noting_parse)
         again = store.record_passing(*EDGE, turn_id=turn)
         wish_again = store.record_proto("plan", "1", "summarise", turn_id=turn)
@@ -664,7 +662,8 @@ def test_a_turn_keeps_the_rows_documents_unless_a_passing_gives_them(store_url: 
         )
         assert kept[0].tags == TAGS
         assert [m.tags for m in given] == [{"team": "c"}, {"team": "c"}]
-        assert store.get(given[0].id).tags == {"team": "c"}
+        read = store.get(given[0].id)
+        assert read is not None and read.tags == {"team": "c"}
         # the turn again (counted already): its rows as they are, documents and all
         retried = store.record_turn("turn-docs-2", [(*EDGE, True, {"team": "d"}), EDGE])
         assert [(m.uses, m.tags) for m in retried] == [(given[0].uses, {"team": "c"})] * 2
