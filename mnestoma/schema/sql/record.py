@@ -143,9 +143,9 @@ def key_params(akeys: list[Key], pkeys: list[Key]) -> dict[str, Any]:
 
 
 # The columns of a row a passing's arithmetic does not need: its first instant and its two
-# JSON documents. SQLite's passing reads them as stored (LATE_RAW), while it holds the write
-# lock, and converts them once it has let go (late_converter): a reinforcement keeps them
-# (UPDATE_REINFORCE leaves a document the passing does not give as it is).
+# JSON documents. SQLite's passings and turns read them as stored (LATE_RAW) while they hold
+# the write lock, and convert them once they have let go (late_converter): a reinforcement
+# keeps them (UPDATE_REINFORCE leaves a document the passing does not give as it is).
 LATE_COLUMNS = ("ts_first", "tags", "desired_sig")
 _LATE_AT = tuple(MNEST_COLUMNS.index(name) for name in LATE_COLUMNS)
 _WIDTH = len(MNEST_COLUMNS)
@@ -205,9 +205,10 @@ _LATE_CONVERTERS = weakref.WeakKeyDictionary()
 
 
 def late_converter(dialect: Dialect) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
-    """What makes a row read with :data:`LATE_RAW` (a lookup of SQLite's passing) the row
-    ``select(mnests)`` reads: its :data:`LATE_COLUMNS` converted by their types' result
-    processors for ``dialect`` (its own JSON deserializer included), once per dialect."""
+    """What makes a row read with :data:`LATE_RAW` (the lookups of SQLite's passings and
+    turns) the row ``select(mnests)`` reads: its :data:`LATE_COLUMNS` converted by their
+    types' result processors for ``dialect`` (its own JSON deserializer included), made
+    once per dialect."""
     convert = _LATE_CONVERTERS.get(dialect)
     if convert is not None:
         return convert
