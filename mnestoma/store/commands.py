@@ -261,8 +261,9 @@ class RecordCommands(StoreBase):
                 counted = {**params, "turn_id": turn_id, "occ": occurrence}
                 lookup = ex.bind(rec.select_one_counted(proto), counted)
             ex.convert_instant(now, rec.INSERT_EVENT, rec.EVENT_ROW)
+            late = rec.late_converter(ex.conn.dialect)  # made at its first use, if need be
             lock_for_write(ex)
-            return self._record_one_locked(ex, lookup, p, turn_id, recorder, occurrence, now)
+            return self._record_one_locked(ex, lookup, late, p, turn_id, recorder, occurrence, now)
         lock_for_write(ex)  # nothing to take on PostgreSQL: the runner's own steps
         # PostgreSQL: one statement, "now" read once before it (contract §4).
         now = self._write_now(ex)
@@ -273,6 +274,7 @@ class RecordCommands(StoreBase):
         self,
         ex: StatementRunner,
         lookup: Bound,
+        late: Callable[[Sequence[Any]], tuple[Any, ...]],
         p: Passing,
         turn_id: str | None,
         recorder: str,
@@ -285,7 +287,8 @@ class RecordCommands(StoreBase):
         two plain writes: SQLite computing the reinforcement itself in two statements
         (the event's INSERT ... SELECT, then UPDATE ... RETURNING, with the exact SQL twins
         of the rules) spends more time under the lock than the lookup and the arithmetic
-        it saves (see docs/performance.md)."""
+        it saves (see docs/performance.md). ``late``, found before the lock, converts the
+        row's late columns for the snapshot once the lock is let go."""
         found = ex.first_bound(lookup)  # its late columns as stored (rec.LATE_COLUMNS)
         commit = self._commits_itself  # the last statement commits (_last_write)
         if found is None:
@@ -298,7 +301,6 @@ class RecordCommands(StoreBase):
                 commit=commit,
             )
             return functools.partial(snap.mnest, new)
-        late = rec.late_converter(ex.conn.dialect)
         if turn_id is not None:
             if found[WIDTH]:  # the flag after the columns: the turn counted it already
                 return functools.partial(late_mnest, found, late)
@@ -332,13 +334,13 @@ class RecordCommands(StoreBase):
             # "now" read and converted before the lock, as a passing's (contract §4)
             now = self._now()
             ex.convert_instant(now, rec.INSERT_EVENT, rec.EVENT_ROW)
+            late = rec.late_converter(ex.conn.dialect)
             # BEGIN IMMEDIATE: no other writer can create one of our keys meanwhile
             lock_for_write(ex)
             once = self._record_many_once(ex, unique, turn_id, recorder, idents, now)
             if once is None:
                 raise ConflictError("another writer created a key of this turn meanwhile")
             rows, stored = once
-            late = rec.late_converter(ex.conn.dialect)
         else:
             lock_for_write(ex)  # nothing to take on PostgreSQL: the runner's own steps
             # PostgreSQL: one statement for the whole turn, "now" read once before it (§4).

@@ -981,7 +981,10 @@ def test_a_growing_batch_commits_at_the_step_a_writer_comes(
     """A writer that comes while a batch grows (SQLite: a write waiting for the lock;
     PostgreSQL: a transaction holding a writer's lock on mnests) ends the batch at the next
     step: the run commits there, lets the writer in, and goes on. (Without the writer this
-    run is one batch: its bound is made longer than the run.)"""
+    run is one batch: its bound is made longer than the run.) On SQLite the writer is in
+    once its transaction has ended, which the package notes right after its ``COMMIT``
+    (``locking._end_write``): what its call does after that, the snapshot it returns, may
+    run after the next batch, as its thread gets the interpreter back."""
     monkeypatch.setattr(ager, "AGER_BATCH_QUIET_TARGET_S", 1e-6)  # steps of a few rows
     monkeypatch.setattr(ager, "AGER_BATCH_GROWN_MAX_S", 600.0)
     monkeypatch.setattr(mnestoma.maintenance.ager, "AGER_BATCH_ROWS", 8)
@@ -994,7 +997,18 @@ def test_a_growing_batch_commits_at_the_step_a_writer_comes(
         holder = store.engine.connect() if store.engine.dialect.name != "sqlite" else None
         started: list[bool] = []
 
+        writer: list[int] = []
+        end_write = locking._end_write
+
+        def ended(dbapi: Any) -> None:
+            end_write(dbapi)
+            if threading.get_ident() in writer:
+                done.set()  # the writer's transaction has ended: it was let in
+
+        monkeypatch.setattr(locking, "_end_write", ended)
+
         def write() -> None:
+            writer.append(threading.get_ident())
             store.record_passing("mid", "1", "run", "1")
             done.set()
 
