@@ -148,7 +148,6 @@ def key_params(akeys: list[Key], pkeys: list[Key]) -> dict[str, Any]:
 # keeps them (UPDATE_REINFORCE leaves a document the passing does not give as it is).
 LATE_COLUMNS = ("ts_first", "tags", "desired_sig")
 _LATE_AT = tuple(MNEST_COLUMNS.index(name) for name in LATE_COLUMNS)
-_WIDTH = len(MNEST_COLUMNS)
 
 
 def _late_raw(name: str) -> ColumnElement[Any]:
@@ -208,20 +207,21 @@ def late_converter(dialect: Dialect) -> Callable[[Sequence[Any]], tuple[Any, ...
     """What makes a row read with :data:`LATE_RAW` (the lookups of SQLite's passings and
     turns) the row ``select(mnests)`` reads: its :data:`LATE_COLUMNS` converted by their
     types' result processors for ``dialect`` (its own JSON deserializer included), made
-    once per dialect."""
+    once per dialect; a value after the columns (a lookup's flag) is left as it is."""
     convert = _LATE_CONVERTERS.get(dialect)
     if convert is not None:
         return convert
-    processors = {
-        at: M.c[name].type.dialect_impl(dialect).result_processor(dialect, None)
+    found = (
+        (at, M.c[name].type.dialect_impl(dialect).result_processor(dialect, None))
         for at, name in zip(_LATE_AT, LATE_COLUMNS, strict=True)
-    }
+    )
+    processors = [(at, process) for at, process in found if process is not None]
 
     def converted(row: Sequence[Any]) -> tuple[Any, ...]:
-        out = list(row[:_WIDTH])
-        for at, process in processors.items():
+        out = list(row)
+        for at, process in processors:
             value = out[at]
-            if value is not None and process is not None:
+            if value is not None:
                 out[at] = process(value)
         return tuple(out)
 
