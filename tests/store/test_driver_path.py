@@ -17,6 +17,7 @@ from sqlalchemy import exc as sa_exc
 import mnestoma
 from mnestoma.core.errors import ConflictError, DatabaseUnavailable, StoreError
 from mnestoma.core.rules import EventKind, MnestState, Recorder
+from mnestoma.engines import locking
 from mnestoma.schema import runner
 from mnestoma.schema.sql import record, tables
 
@@ -512,8 +513,6 @@ def test_a_read_made_ready_before_the_lock_finds_what_first_finds(
 def _watch_write_lock(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     """A flag, ``[True]`` from the moment a write has SQLite's write lock (``BEGIN
     IMMEDIATE`` returned) to the moment its transaction ends, for the rest of the test."""
-    from mnestoma.engines import locking
-
     held = [False]
     begin, end = locking._begin_immediate, locking._end_write
 
@@ -715,3 +714,88 @@ def test_a_row_listed_and_converted_in_one_step_is_what_the_two_steps_give(
                 assert now in seen  # each instant converted once per operation
             with pytest.raises(StoreError, match="values for its"):
                 fused(row[:-1], {})
+
+
+def _driver_in_a_write(
+    path: str, isolation_level: str | None, cls: type = sqlite3.Connection
+) -> Any:
+    """A sqlite3 connection to ``path`` (a table ``t``) with a row inserted, uncommitted."""
+    driver = sqlite3.connect(path, isolation_level=isolation_level, factory=cls)
+    driver.execute("CREATE TABLE IF NOT EXISTS t (x INTEGER)")
+    if driver.in_transaction:
+        driver.commit()
+    if isolation_level is None:
+        driver.execute("BEGIN IMMEDIATE")
+    driver.execute("INSERT INTO t VALUES (1)")
+    assert driver.in_transaction
+    return driver
+
+
+def _rows_seen_elsewhere(path: str) -> int:
+    other = sqlite3.connect(path)
+    try:
+        return int(other.execute("SELECT count(*) FROM t").fetchone()[0])
+    finally:
+        other.close()
+
+
+def test_sqlite_commits_with_the_drivers_prepared_commit_only_where_statements_control_it(
+    tmp_path,
+) -> None:
+    """A transaction the connection controls by statements (``isolation_level`` None, as
+    make_engine sets it) is committed by the ``COMMIT`` statement the driver keeps prepared;
+    the driver's own transaction control, a subclass of the driver's connection (its own
+    ``commit`` may do more) and a connection outside any transaction are left to
+    ``commit()``: nothing is done to them."""
+    path = str(tmp_path / "commit.sqlite")
+    driver = _driver_in_a_write(path, None)
+    assert locking._commit_prepared(driver) is True
+    assert not driver.in_transaction
+    assert _rows_seen_elsewhere(path) == 1
+    assert locking._commit_prepared(driver) is False  # no transaction: nothing to commit
+    driver.close()
+
+    class OwnCommit(sqlite3.Connection):
+        pass
+
+    for isolation, cls in (("DEFERRED", sqlite3.Connection), (None, OwnCommit)):
+        driver = _driver_in_a_write(path, isolation, cls)
+        assert locking._commit_prepared(driver) is False
+        assert driver.in_transaction  # left to the dialect's commit
+        driver.rollback()
+        driver.close()
+    assert _rows_seen_elsewhere(path) == 1
+
+
+def test_a_sqlite_write_commits_with_the_drivers_prepared_commit_through_every_door(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A facade's passing and turn (committed at the driver right after the last statement)
+    and a unit of work's commit (through SQLAlchemy) all commit by the prepared statement,
+    and what they wrote is committed."""
+    prepared = locking._commit_prepared
+    results: list[bool] = []
+
+    def noting(dbapi: Any) -> bool:
+        results.append(prepared(dbapi))
+        return results[-1]
+
+    monkeypatch.setattr(locking, "_commit_prepared", noting)
+    url = f"sqlite:///{tmp_path / 'doors.sqlite'}"
+    mnestoma.upgrade(url)
+    with mnestoma.Mnestoma(url) as store:
+        results.clear()
+        store.record_passing(*EDGE)
+        store.record_turn("t1", [EDGE, ("search", "2", "answer", "1")])
+        assert results == [True, True]
+    engine = mnestoma.make_engine(url)
+    try:
+        with mnestoma.UnitOfWork(mnestoma.make_session_factory(engine)) as unit:
+            unit.mnests.record_passing(*EDGE)
+            unit.commit()
+        assert results[-1] is True
+    finally:
+        engine.dispose()
+    with mnestoma.Mnestoma(url) as again:
+        found = again.find(*EDGE)
+        assert found is not None and found.uses == 3
