@@ -81,6 +81,10 @@ if MnestRow._fields != MNEST_COLUMNS:  # pragma: no cover - a model change this 
 
 # How many values a MnestRow holds (a lookup may return more: a flag after the columns).
 WIDTH = len(MNEST_COLUMNS)
+# Where a row holds its late columns (see turn_snapshots): the documents side by side.
+_TS_FIRST, _TAGS, _SIG = (MNEST_COLUMNS.index(c) for c in ("ts_first", "tags", "desired_sig"))
+if _SIG != _TAGS + 1 or _TAGS <= _TS_FIRST:  # pragma: no cover - a model change to follow
+    raise RuntimeError("turn_snapshots expects ts_first before tags, then desired_sig")
 
 
 def key_of(p: Passing) -> Key:
@@ -293,12 +297,17 @@ def turn_snapshots(
     if late is not None and stored:
         rows = dict(rows)
         for ident, (as_read, tags, sig) in stored.items():
-            was = MnestRow._make(late(as_read))
-            row = MnestRow._make(rows[ident])
-            rows[ident] = row._replace(
-                ts_first=was.ts_first,
-                tags=row.tags if tags else was.tags,
-                desired_sig=row.desired_sig if sig else was.desired_sig,
+            was, row = late(as_read), rows[ident]
+            # the row with the first instant read, and each document the turn did not
+            # give, as stored: spelt by position (a NamedTuple's _replace took more than
+            # half of a turn's snapshots)
+            rows[ident] = (
+                *row[:_TS_FIRST],
+                was[_TS_FIRST],
+                *row[_TS_FIRST + 1 : _TAGS],
+                row[_TAGS] if tags else was[_TAGS],
+                row[_SIG] if sig else was[_SIG],
+                *row[_SIG + 1 : WIDTH],
             )
     built = dict(zip(rows, snap.mnests(rows.values()), strict=True))
     return [built[ident] for ident in order]
