@@ -27,6 +27,7 @@ from mnestoma.core.rules import (
 from mnestoma.core.validation import Passing
 from mnestoma.schema import snapshots as snap
 from mnestoma.schema.models import Mnest
+from mnestoma.schema.sql.record import LATE_AT, LATE_COLUMNS
 from mnestoma.schema.sql.tables import MNEST_COLUMNS, Key
 
 __all__ = [
@@ -82,9 +83,11 @@ if MnestRow._fields != MNEST_COLUMNS:  # pragma: no cover - a model change this 
 # How many values a MnestRow holds (a lookup may return more: a flag after the columns).
 WIDTH = len(MNEST_COLUMNS)
 # Where a row holds its late columns (see turn_snapshots): the documents side by side.
-_TS_FIRST, _TAGS, _SIG = (MNEST_COLUMNS.index(c) for c in ("ts_first", "tags", "desired_sig"))
-if _SIG != _TAGS + 1 or _TAGS <= _TS_FIRST:  # pragma: no cover - a model change to follow
-    raise RuntimeError("turn_snapshots expects ts_first before tags, then desired_sig")
+_TS_FIRST, _TAGS, _SIG = LATE_AT
+if LATE_COLUMNS != ("ts_first", "tags", "desired_sig") or _SIG != _TAGS + 1 or _TAGS <= _TS_FIRST:
+    raise RuntimeError(  # pragma: no cover - a model change to follow
+        "turn_snapshots expects ts_first before tags, then desired_sig"
+    )
 
 
 def key_of(p: Passing) -> Key:

@@ -74,6 +74,7 @@ __all__ = [
     "INSERT_MNEST_LOCKED",
     "INSERT_QUERY",
     "KEYS_PER_STATEMENT",
+    "LATE_AT",
     "LATE_COLUMNS",
     "LATE_RAW",
     "PASSED_AGAIN",
@@ -147,7 +148,8 @@ def key_params(akeys: list[Key], pkeys: list[Key]) -> dict[str, Any]:
 # the write lock, and convert them once they have let go (late_converter): a reinforcement
 # keeps them (UPDATE_REINFORCE leaves a document the passing does not give as it is).
 LATE_COLUMNS = ("ts_first", "tags", "desired_sig")
-_LATE_AT = tuple(MNEST_COLUMNS.index(name) for name in LATE_COLUMNS)
+# Where a row of select(mnests) holds them, in LATE_COLUMNS order.
+LATE_AT = tuple(MNEST_COLUMNS.index(name) for name in LATE_COLUMNS)
 
 
 def _late_raw(name: str) -> ColumnElement[Any]:
@@ -213,7 +215,7 @@ def late_converter(dialect: Dialect) -> Callable[[Sequence[Any]], tuple[Any, ...
         return convert
     found = (
         (at, M.c[name].type.dialect_impl(dialect).result_processor(dialect, None))
-        for at, name in zip(_LATE_AT, LATE_COLUMNS, strict=True)
+        for at, name in zip(LATE_AT, LATE_COLUMNS, strict=True)
     )
     processors = [(at, process) for at, process in found if process is not None]
 
