@@ -58,6 +58,8 @@ __all__ = [
     "STATUS_SAMPLED_IDS",
     "THRESHOLD_TOLERANCE",
     "TRIVIAL_NUMBER",
+    "WRITE_LOCK_FIRST_PAUSE_S",
+    "WRITE_LOCK_POLL_S",
     "AgerCount",
     "AgerReport",
     "EventKind",
@@ -221,12 +223,21 @@ AGER_BATCH_GROWN_MAX_S = 1.0
 # WAL so holds at most this much plus one batch's pages while the run goes on (the next
 # write after a checkpoint starts it again from its beginning).
 AGER_WAL_CHECKPOINT_MIB = 256
-# SQLite: a pause (seconds) in which writers waiting for the write lock take it (they try
-# again every 2 ms at most, see mnestoma.engines.locking): prune_events pauses this long
-# between every two batches (the SQLite backend's batch_pause_s); the ager now and then,
-# or between every two batches when it cannot see waiting writers (see
-# AGER_YIELD_EVERY_S). Small beside a batch, so that a run takes little longer than one
-# transaction would.
+# SQLite, a write that finds the write lock taken (seconds): each try takes the lock or
+# fails at once (no busy timeout), and the write sleeps between its tries,
+# WRITE_LOCK_FIRST_PAUSE_S after the first, then WRITE_LOCK_POLL_S while it says that it
+# waits (the ager and retention wait for such writes between their batches), or
+# WRITE_LOCK_FIRST_PAUSE_S again where it cannot say so (no lock file). Few wake-ups: under
+# eight writers on one edge, each waiter waking every millisecond or two (SQLite's busy
+# handler) kept the holder from running and handed the lock from process to process.
+WRITE_LOCK_FIRST_PAUSE_S = 0.001
+WRITE_LOCK_POLL_S = 0.010
+# SQLite: a pause (seconds) in which writers waiting for the write lock take it: the ager
+# now and then, or between every two batches when it cannot see waiting writers (see
+# AGER_YIELD_EVERY_S); prune_events between every two batches (the SQLite backend's
+# batch_pause_s), and then as long as writers say that they wait (AGER_YIELD_MAX_S at
+# most). Small beside a batch, so that a run takes little longer than one transaction
+# would; a write that cannot say it waits tries every WRITE_LOCK_FIRST_PAUSE_S.
 BATCH_PAUSE_S = 0.003
 # The ager on SQLite, between two batches: while writers of this package wait for the write
 # lock (each says so while it waits, see engines.locking.WaitingWriters), it waits for them,

@@ -57,6 +57,7 @@ from mnestoma.engines import (
 from mnestoma.engines.locking import (
     LOCK_TIMEOUT_OPTION,
     lock_timeout_of,
+    pauses_letting_writers_in,
     saying_it_waits,
     waiting_file,
     write_lock_timeout,
@@ -772,7 +773,8 @@ class AsyncMnestoma(FacadeBase[AsyncEngine], _MnestOperations):
         if isinstance(step, Write):
             return await self._call(lambda r: step.work(connection_of(r.session)), write=True)
         if isinstance(step, Pause):
-            await asyncio.sleep(step.seconds)
+            for seconds in pauses_letting_writers_in(self.engine.url, step.seconds):
+                await asyncio.sleep(seconds)
             return None
         await self._ready()
         cancelled = _Flag()

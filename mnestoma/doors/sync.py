@@ -31,6 +31,7 @@ from mnestoma.engines import (
     refuse_memory_sqlite,
     resolve_database_url,
 )
+from mnestoma.engines.locking import pauses_letting_writers_in
 from mnestoma.engines.replicas import NOT_READY, replica_urls
 from mnestoma.maintenance.ager import BatchProgress, ager_steps
 from mnestoma.maintenance.retention import PruneProgress
@@ -263,7 +264,8 @@ class Mnestoma(FacadeBase[Engine], SyncDoor, MnestOperations):
         if isinstance(step, Write):
             return self._write(lambda unit: step.work(unit.connection))
         if isinstance(step, Pause):
-            time.sleep(step.seconds)
+            for seconds in pauses_letting_writers_in(self.engine.url, step.seconds):
+                time.sleep(seconds)
             return None
         with translate_errors(), self._bind.connect() as conn:
             return self._noted(conn, step.work(conn, None))

@@ -76,7 +76,7 @@ def _begin_for(conn: Connection, statement: str) -> None:
     dbapi_conn = conn.connection.dbapi_connection
     if dbapi_conn is None:
         return
-    # A write of the package's that held the lock left its short busy timeout: every other
+    # A write of the package's that held the lock left its busy timeout of 0: every other
     # statement waits the lock timeout (the write's own statements do not come here).
     rest_before_statement(dbapi_conn, conn.connection.info)
     if not conn.in_transaction():

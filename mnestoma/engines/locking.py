@@ -38,6 +38,8 @@ from mnestoma.core.rules import (
     AGER_YIELD_POLL_S,
     BATCH_PAUSE_S,
     FORK_WAIT_S,
+    WRITE_LOCK_FIRST_PAUSE_S,
+    WRITE_LOCK_POLL_S,
 )
 from mnestoma.core.validation import check_lock_timeout, shorten
 from mnestoma.engines.backend import BY_NAME, backend_of
@@ -65,6 +67,7 @@ __all__ = [
     "memory_database",
     "open_beside_store",
     "pause_on",
+    "pauses_letting_writers_in",
     "rest_before_statement",
     "rest_busy_timeout",
     "saying_it_waits",
@@ -96,10 +99,6 @@ _BUSY_NOW_INFO = "mnestoma_busy_timeout_now_ms"
 _WAL_INFO = "mnestoma_wal"
 # Any 64-bit number is fine as long as it is this package's alone: "mnestoma" in ASCII.
 MIGRATION_LOCK_KEY = 0x6D6E6573746F6D61
-# A write waiting for SQLite's lock tries again at least this often (seconds). SQLite's own
-# busy handler sleeps up to 100 ms between its tries once it has waited a while: a writer
-# behind the ager would miss the short pause between two batches and wait for the run.
-WRITE_LOCK_POLL_S = 0.005
 
 # Connection info key: the driver-level transaction is a read snapshot this package began.
 SNAPSHOT_INFO = "mnestoma_snapshot_only"
@@ -234,12 +233,12 @@ def take_write_lock(conn: Connection) -> None:
 
 
 def _rests_after_write(conn: Connection, dbapi: Any, info: dict[Any, Any]) -> bool:
-    """True when the write about to begin may keep its short busy timeout (the lock's poll)
-    until its transaction ends, the resting one put back then (see :func:`track_writes`)
-    rather than once the lock is held, while other writers queue for it: its engine's
-    transactions are tracked, and the store is in WAL mode, where a statement of a
-    transaction that holds the write lock, its COMMIT included, never waits for another
-    connection. Read once per connection: a store cannot leave WAL mode while another
+    """True when the write about to begin may keep its busy timeout of 0 (see
+    :func:`_execute_waiting`) until its transaction ends, the resting one put back then (see
+    :func:`track_writes`) rather than once the lock is held, while other writers queue for
+    it: its engine's transactions are tracked, and the store is in WAL mode, where a
+    statement of a transaction that holds the write lock, its COMMIT included, never waits
+    for another connection. Read once per connection: a store cannot leave WAL mode while another
     connection to it is open."""
     if not getattr(conn.dialect, "_mnestoma_tracks_writes", False) or not isinstance(
         dbapi, sqlite3.Connection
@@ -308,27 +307,28 @@ def _execute_waiting(
     """``statement``, which needs SQLite's write lock, within ``timeout`` seconds in all, or
     WriteLockTimeout.
 
-    SQLite's busy handler waits inside each attempt for as long as the connection's busy
-    timeout: each attempt gets what is left of ``timeout``, and the connection's resting
-    busy timeout is put back afterwards (unchanged when it is the lock timeout already).
-    From its first attempt that finds the lock taken until it has it, the write says that
-    it waits (a shared ``flock`` on the file ``waiting()`` names, see
-    :class:`WaitingWriters`), so that an ager between two batches lets it in. With
-    ``rest_after``, a statement that succeeded leaves the resting busy timeout to be put
-    back when its transaction ends (:func:`track_writes`).
+    Each attempt runs with no busy timeout: it takes the lock or fails at once, and the
+    write sleeps between its attempts (:data:`~mnestoma.rules.WRITE_LOCK_FIRST_PAUSE_S`
+    after the first, then :data:`~mnestoma.rules.WRITE_LOCK_POLL_S` while it says that it
+    waits), within what is left of ``timeout``. SQLite's busy handler would wake it every
+    millisecond or two: under many writers those wake-ups kept the holder from running.
+    The connection's resting busy timeout is put back afterwards. From its first attempt
+    that finds the lock taken until it has it, the write says that it waits (a shared
+    ``flock`` on the file ``waiting()`` names, see :class:`WaitingWriters`), so that an
+    ager or a prune between two batches lets it in. With ``rest_after``, a statement that
+    succeeded leaves the busy timeout of 0 until its transaction ends
+    (:func:`track_writes`): in WAL mode nothing the transaction runs waits for another
+    connection.
     """
     if _BUSY_REST_INFO not in info:  # a connection make_engine did not open
         rest_busy_timeout(info, _read_busy_timeout(dbapi))
     deadline = time.monotonic() + timeout
-    left = timeout
     said = -1  # the descriptor holding the shared flock once the write says it waits
+    pause = WRITE_LOCK_FIRST_PAUSE_S
     done = False
     try:
+        _set_busy_timeout(dbapi, info, 0)
         while True:
-            # Each try waits in SQLite's busy handler for WRITE_LOCK_POLL_S at most (it then
-            # polls every few ms), and the next try follows at once.
-            _set_busy_timeout(dbapi, info, busy_timeout_ms(min(left, WRITE_LOCK_POLL_S)))
-            tried = time.monotonic()
             try:
                 dbapi.execute(statement)
                 done = True
@@ -339,15 +339,11 @@ def _execute_waiting(
                     raise
             if said < 0 and waiting is not None:
                 said = _say_waiting(waiting())
-            now = time.monotonic()
-            left = deadline - now
+            left = deadline - time.monotonic()
             if left <= 0:
                 raise write_lock_timeout(timeout) from None
-            if now - tried < WRITE_LOCK_POLL_S / 2:
-                # SQLite gave up before its busy timeout ran out (it does not call its busy
-                # handler in every case): wait a little here before the next try.
-                _pause(dbapi, min(0.001, left))
-                left = max(0.0, deadline - time.monotonic())
+            _pause(dbapi, min(pause, left))
+            pause = WRITE_LOCK_POLL_S if said >= 0 else WRITE_LOCK_FIRST_PAUSE_S
     finally:
         _stop_saying(said)  # releases the flock: no longer waiting
         if not (done and rest_after):
@@ -362,7 +358,7 @@ RESTS_AT_STATEMENTS = "_mnestoma_rests_at_statements"
 def rest_before_statement(dbapi: Any, info: dict[Any, Any]) -> None:
     """Before a statement SQLAlchemy (or the statement runner, for a transaction that does
     not hold the write lock) runs on a SQLite connection: the connection's resting busy
-    timeout, should a write have left it the short one (see :func:`take_write_lock`)."""
+    timeout, should a write have left it its busy timeout of 0 (see :func:`take_write_lock`)."""
     rest = info.get(_BUSY_REST_INFO)
     if rest is not None and info.get(_BUSY_NOW_INFO) != rest:
         _set_busy_timeout(dbapi, info, rest)
@@ -370,7 +366,7 @@ def rest_before_statement(dbapi: Any, info: dict[Any, Any]) -> None:
 
 def _rest_busy_timeout(dbapi: Any) -> None:
     """Once a transaction has ended: the connection's resting busy timeout back, when its
-    write kept the short one (``dbapi`` is the pool's proxy of the driver's connection,
+    write kept its busy timeout of 0 (``dbapi`` is the pool's proxy of the driver's connection,
     which carries the connection's ``info``)."""
     try:
         info = dbapi.info
@@ -654,7 +650,7 @@ def _file_key(path: str) -> tuple[int, int] | None:
 def track_writes(engine: Any) -> None:
     """Have the transactions of ``engine`` (a SQLite one; a sync Engine) end the writes
     :func:`write_begins` noted, once they have ended: SQLAlchemy commits, rolls back and
-    closes through its dialect. A write that kept its short busy timeout to the end (see
+    closes through its dialect. A write that kept its busy timeout of 0 to the end (see
     :func:`take_write_lock`) gets the resting one back there, once the lock is released,
     unless the engine's own listener puts it back before the next statement that is not
     that of a write holding the lock (:func:`rest_before_statement`, a ``make_engine``
@@ -780,13 +776,10 @@ class WaitingWriters:
         """True while some write of this package waits for the write lock."""
         if self._fd < 0:
             return False
-        try:
-            if not try_flock(self._fd, exclusive=True):
-                return True
-            _fcntl.flock(self._fd, _fcntl.LOCK_UN)
-        except OSError:  # no flock on this file system: fixed pauses from now on
+        found = _writes_wait(self._fd)
+        if found is None:  # no flock on this file system: fixed pauses from now on
             self.close()
-        return False
+        return bool(found)
 
     def waiting_now(self) -> bool:
         """Whether some write waits for the write lock now (asked between two steps of a
@@ -822,6 +815,37 @@ class WaitingWriters:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def pauses_letting_writers_in(url: URL, seconds: float) -> Iterator[float]:
+    """The sleeps of a pause of ``seconds`` between two batches of a run on the database at
+    ``url`` that holds no lock meanwhile (a prune): ``seconds``, then, on a SQLite file
+    database, :data:`~mnestoma.rules.AGER_YIELD_POLL_S` at a time while some write of this
+    package says that it waits (:data:`~mnestoma.rules.AGER_YIELD_MAX_S` at most): every
+    write queued behind the batch gets in before the next one, however long it sleeps
+    between its tries (:data:`~mnestoma.rules.WRITE_LOCK_POLL_S`)."""
+    yield seconds
+    fd = _open_lock_file(waiting_file(url)) if seconds > 0 else -1
+    if fd < 0:
+        return
+    try:
+        deadline = time.monotonic() + AGER_YIELD_MAX_S
+        while _writes_wait(fd) and time.monotonic() < deadline:
+            yield AGER_YIELD_POLL_S
+    finally:
+        os.close(fd)
+
+
+def _writes_wait(fd: int) -> bool | None:
+    """True while some write holds its shared ``flock`` on the waiting writers' lock file
+    ``fd`` (it waits for the write lock); None where ``flock`` fails on it."""
+    try:
+        if not try_flock(fd, exclusive=True):
+            return True
+        _fcntl.flock(fd, _fcntl.LOCK_UN)
+    except OSError:
+        return None
+    return False
 
 
 def write_lock_timeout(timeout: float) -> WriteLockTimeout:

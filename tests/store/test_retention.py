@@ -5,6 +5,7 @@ nothing; a replayed turn whose events are gone counts again; the command line an
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
@@ -21,6 +22,7 @@ from mnestoma import InvalidInput, Mnestoma, UnitOfWork, make_engine, make_sessi
 from mnestoma.core import rules
 from mnestoma.core.rules import PASSING, EventKind
 from mnestoma.doors.asynchronous import AsyncMnestoma
+from mnestoma.engines.locking import saying_it_waits, waiting_file
 from mnestoma.maintenance.retention import prunable_event_ids, prune_event_batch
 from mnestoma.maintenance.status import collect_status, render_status
 from mnestoma.maintenance.steps import Step, Write
@@ -664,3 +666,55 @@ def test_a_prunes_batches_from_an_instant_on_leave_the_events_before_it(
         engine.dispose()
     left = {e.id for e in store.events()}
     assert left & doomed == doomed - later
+
+
+# --- writers that wait between two batches ------------------------------------------------
+
+
+@pytest.mark.parametrize("door", ["sync", "async"])
+def test_a_prunes_pause_between_batches_lasts_while_a_write_says_that_it_waits(
+    store: Mnestoma,
+    clock: MovableClock,
+    store_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    door: str,
+) -> None:
+    """SQLite: after each batch the prune pauses BATCH_PAUSE_S, then AGER_YIELD_POLL_S at a
+    time while a write of the package says that it waits for the lock (it sleeps
+    WRITE_LOCK_POLL_S between its tries, longer than the pause). PostgreSQL: a pause of
+    nothing, whatever waits (a writer's rows never wait for a batch)."""
+    _twelve_prunable(store, clock)
+    monkeypatch.setattr(rules, "EVENT_PRUNE_BATCH", 5)
+    waiting = contextlib.ExitStack()
+    waiting.enter_context(saying_it_waits(waiting_file(store.engine.url)))
+    slept: list[float] = []
+    real_sleep, real_async_sleep = time.sleep, asyncio.sleep
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        if len(slept) == 3:
+            waiting.close()  # the write has the lock: no longer waits
+        real_sleep(0)
+
+    async def async_sleep(seconds: float) -> None:
+        sleep(seconds)
+        await real_async_sleep(0)
+
+    monkeypatch.setattr(time, "sleep", sleep)
+    monkeypatch.setattr(asyncio, "sleep", async_sleep)
+
+    async def pruned_async() -> int:
+        async with AsyncMnestoma(store_url, clock=clock) as am:
+            return await am.prune_events(clock())
+
+    try:
+        deleted = store.prune_events(clock()) if door == "sync" else asyncio.run(pruned_async())
+    finally:
+        waiting.close()
+    assert deleted == 12
+    if store.engine.dialect.name == "sqlite":
+        first, poll = rules.BATCH_PAUSE_S, rules.AGER_YIELD_POLL_S
+        assert slept[:3] == [first, poll, poll]  # the write said it waits, then took the lock
+        assert slept[3:] == [first] * 3  # the batches after: nobody waits
+    else:
+        assert slept == [0.0] * 4
