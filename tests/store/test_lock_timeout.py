@@ -1,8 +1,10 @@
 """One lock timeout on SQLite: ``MNESTOMA_LOCK_TIMEOUT`` (or the execution option) is how
 long a write waits for the write lock in all, on the sync and the async engine alike.
 
-SQLite's own busy handler waits inside ``BEGIN IMMEDIATE`` for as long as the connection's
-busy timeout; it must be the lock timeout (what is left of it), never 30 s more or less.
+A write of the package tries ``BEGIN IMMEDIATE`` without a busy timeout and sleeps between
+its tries within the lock timeout (tests/races/test_write_lock_wait.py). Every other wait of
+a connection ``make_engine`` made is SQLite's busy handler, whose busy timeout must be the
+lock timeout, never 30 s more or less.
 """
 
 from __future__ import annotations
@@ -106,8 +108,9 @@ def test_a_longer_busy_timeout_given_by_the_caller_does_not_stretch_the_lock_tim
 def test_sqlites_own_wait_for_the_lock_is_the_lock_timeout_above_30_s_too(
     store_url: str, monkeypatch: pytest.MonkeyPatch, seconds: str
 ) -> None:
-    """What SQLite's busy handler is given is the whole lock timeout: a write behind a
-    long writer waits that long in all, not 30 s first and the timeout again after."""
+    """What SQLite's busy handler is given between writes is the whole lock timeout: a
+    statement behind a long writer waits that long in all, not 30 s first and the timeout
+    again after."""
     monkeypatch.setenv(ENV_LOCK_TIMEOUT, seconds)
     with package_engine(store_url) as engine:
         with engine.begin() as conn:
