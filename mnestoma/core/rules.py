@@ -225,11 +225,12 @@ AGER_BATCH_GROWN_MAX_S = 1.0
 AGER_WAL_CHECKPOINT_MIB = 256
 # SQLite, a write that finds the write lock taken (seconds): each try takes the lock or
 # fails at once (no busy timeout), and the write sleeps between its tries,
-# WRITE_LOCK_FIRST_PAUSE_S after the first, then WRITE_LOCK_POLL_S while it says that it
-# waits (the ager and retention wait for such writes between their batches), or
-# WRITE_LOCK_FIRST_PAUSE_S again where it cannot say so (no lock file). Few wake-ups: under
-# eight writers on one edge, each waiter waking every millisecond or two (SQLite's busy
-# handler) kept the holder from running and handed the lock from process to process.
+# WRITE_LOCK_FIRST_PAUSE_S after the first, then WRITE_LOCK_POLL_S at most while it says
+# that it waits, on the store's doorbell, which the ager and a prune ring between their
+# batches (engines.doorbell); WRITE_LOCK_FIRST_PAUSE_S again where it cannot say so or has
+# no doorbell, and for the batches of those runs. Few wake-ups: under eight writers on one
+# edge, each waiter waking every millisecond or two (SQLite's busy handler) kept the
+# holder from running.
 WRITE_LOCK_FIRST_PAUSE_S = 0.001
 WRITE_LOCK_POLL_S = 0.010
 # SQLite: a pause (seconds) in which writers waiting for the write lock take it: the ager

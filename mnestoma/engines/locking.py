@@ -43,6 +43,7 @@ from mnestoma.core.rules import (
 )
 from mnestoma.core.validation import check_lock_timeout, shorten
 from mnestoma.engines.backend import BY_NAME, backend_of
+from mnestoma.engines.doorbell import Doorbell, doorbell
 
 __all__ = [
     "DEFAULT_LOCK_TIMEOUT_S",
@@ -54,6 +55,7 @@ __all__ = [
     "STORE_FILE_SUFFIXES",
     "WRITE_LOCK_POLL_S",
     "WaitingWriters",
+    "bell_file",
     "beside_store",
     "busy_timeout_ms",
     "driver_in_transaction",
@@ -189,8 +191,13 @@ def driver_in_transaction(dbapi: Any) -> bool:
     return bool(dbapi.in_transaction)
 
 
-def take_write_lock(conn: Connection) -> None:
+def take_write_lock(conn: Connection, *, maintenance: bool = False) -> None:
     """Begin the transaction with SQLite's write lock (``BEGIN IMMEDIATE``), waiting for it.
+
+    A write that finds the lock taken sleeps between its tries (see
+    :func:`_execute_waiting`); with ``maintenance`` (a batch of the ager or of a prune,
+    which writers wait for between batches) it tries every
+    :data:`~mnestoma.rules.WRITE_LOCK_FIRST_PAUSE_S`, since nothing rings for it.
 
     Does nothing on PostgreSQL, nor when the connection is already in a transaction that
     wrote or that began otherwise than by a read (an explicit BEGIN, a savepoint, any
@@ -225,6 +232,9 @@ def take_write_lock(conn: Connection) -> None:
             lock_timeout(conn),
             waiting=lambda: waiting_file(conn.engine.url),
             rest_after=_rests_after_write(conn, dbapi, info),
+            bell=(lambda: doorbell(bell_file(conn.engine.url)))
+            if isinstance(dbapi, sqlite3.Connection) and not maintenance
+            else None,
         )
     except BaseException:
         _end_write(dbapi)  # no transaction: the lock was not taken
@@ -286,12 +296,13 @@ def _begin_immediate(
     *,
     waiting: Callable[[], str | None] | None = None,
     rest_after: bool = False,
+    bell: Callable[[], Doorbell | None] | None = None,
 ) -> None:
     """``BEGIN IMMEDIATE`` within ``timeout`` seconds in all, or WriteLockTimeout (see
     :func:`_execute_waiting`); with ``rest_after``, the resting busy timeout is put back
     when the transaction ends, not once the lock is held (see :func:`_rests_after_write`)."""
     _execute_waiting(
-        dbapi, info, "BEGIN IMMEDIATE", timeout, waiting=waiting, rest_after=rest_after
+        dbapi, info, "BEGIN IMMEDIATE", timeout, waiting=waiting, rest_after=rest_after, bell=bell
     )
 
 
@@ -303,6 +314,7 @@ def _execute_waiting(
     *,
     waiting: Callable[[], str | None] | None = None,
     rest_after: bool = False,
+    bell: Callable[[], Doorbell | None] | None = None,
 ) -> None:
     """``statement``, which needs SQLite's write lock, within ``timeout`` seconds in all, or
     WriteLockTimeout.
@@ -310,7 +322,9 @@ def _execute_waiting(
     Each attempt runs with no busy timeout: it takes the lock or fails at once, and the
     write sleeps between its attempts (:data:`~mnestoma.rules.WRITE_LOCK_FIRST_PAUSE_S`
     after the first, then :data:`~mnestoma.rules.WRITE_LOCK_POLL_S` while it says that it
-    waits), within what is left of ``timeout``. SQLite's busy handler would wake it every
+    waits and sleeps on the store's doorbell, which ``bell()`` gives: a maintenance run
+    rings it between its batches, see :mod:`~.doorbell`), within what is left of
+    ``timeout``. SQLite's busy handler would wake it every
     millisecond or two: under many writers those wake-ups kept the holder from running.
     The connection's resting busy timeout is put back afterwards. From its first attempt
     that finds the lock taken until it has it, the write says that it waits (a shared
@@ -324,6 +338,7 @@ def _execute_waiting(
         rest_busy_timeout(info, _read_busy_timeout(dbapi))
     deadline = time.monotonic() + timeout
     said = -1  # the descriptor holding the shared flock once the write says it waits
+    rings: Doorbell | None = None  # the bell it sleeps on once it says it waits
     pause = WRITE_LOCK_FIRST_PAUSE_S
     done = False
     try:
@@ -342,8 +357,14 @@ def _execute_waiting(
             left = deadline - time.monotonic()
             if left <= 0:
                 raise write_lock_timeout(timeout) from None
-            _pause(dbapi, min(pause, left))
-            pause = WRITE_LOCK_POLL_S if said >= 0 else WRITE_LOCK_FIRST_PAUSE_S
+            if rings is None and said >= 0 and bell is not None:
+                rings = bell()
+            if rings is None:
+                _pause(dbapi, min(pause, left))
+            else:
+                rings.sleep(min(pause, left))
+                rings.drain()  # a ring after the next try is for it
+            pause = WRITE_LOCK_POLL_S if rings is not None else WRITE_LOCK_FIRST_PAUSE_S
     finally:
         _stop_saying(said)  # releases the flock: no longer waiting
         if not (done and rest_after):
@@ -770,6 +791,7 @@ class WaitingWriters:
     def __init__(self, conn: Connection) -> None:
         self._conn = conn
         self._fd = _open_lock_file(waiting_file(conn.engine.url))
+        self._bell: Doorbell | bool | None = False  # opened at its first ring
         self._paused = time.monotonic()
 
     def waiting(self) -> bool:
@@ -796,6 +818,7 @@ class WaitingWriters:
         if self.waiting():
             deadline = now + AGER_YIELD_MAX_S
             while self.waiting() and time.monotonic() < deadline:
+                self._ring()  # the lock is free: the writes sleeping on the bell wake
                 pause_on(self._conn, AGER_YIELD_POLL_S)
             self._paused = time.monotonic()
             return True
@@ -803,6 +826,13 @@ class WaitingWriters:
             pause_on(self._conn, BATCH_PAUSE_S)
             self._paused = time.monotonic()
         return False
+
+    def _ring(self) -> None:
+        """Ring the store's doorbell (opened the first time: only writes that wait made)."""
+        if self._bell is False:
+            self._bell = doorbell(bell_file(self._conn.engine.url))
+        if isinstance(self._bell, Doorbell):
+            self._bell.ring()
 
     def close(self) -> None:
         """Close the lock file."""
@@ -819,19 +849,30 @@ class WaitingWriters:
 
 def pauses_letting_writers_in(url: URL, seconds: float) -> Iterator[float]:
     """The sleeps of a pause of ``seconds`` between two batches of a run on the database at
-    ``url`` that holds no lock meanwhile (a prune): ``seconds``, then, on a SQLite file
-    database, :data:`~mnestoma.rules.AGER_YIELD_POLL_S` at a time while some write of this
-    package says that it waits (:data:`~mnestoma.rules.AGER_YIELD_MAX_S` at most): every
-    write queued behind the batch gets in before the next one, however long it sleeps
-    between its tries (:data:`~mnestoma.rules.WRITE_LOCK_POLL_S`)."""
-    yield seconds
+    ``url`` that holds no lock meanwhile (a prune): ``seconds`` in all (one sleep where no
+    write can say that it waits: PostgreSQL, no lock file), and on a SQLite file database
+    as long as some write of this package says that it waits
+    (:data:`~mnestoma.rules.AGER_YIELD_MAX_S` at most), in sleeps of
+    :data:`~mnestoma.rules.AGER_YIELD_POLL_S`, the store's doorbell rung before each while
+    writes wait: every write queued behind the batch gets in before the next one, at once,
+    however long it sleeps between its tries (:data:`~mnestoma.rules.WRITE_LOCK_POLL_S`)."""
     fd = _open_lock_file(waiting_file(url)) if seconds > 0 else -1
     if fd < 0:
+        yield seconds
         return
     try:
-        deadline = time.monotonic() + AGER_YIELD_MAX_S
-        while _writes_wait(fd) and time.monotonic() < deadline:
-            yield AGER_YIELD_POLL_S
+        bell = None
+        start = time.monotonic()
+        while True:
+            waits = _writes_wait(fd)
+            spent = time.monotonic() - start
+            if spent >= (AGER_YIELD_MAX_S if waits else seconds):
+                return
+            if waits:
+                bell = bell or doorbell(bell_file(url))
+                if bell is not None:
+                    bell.ring()  # the lock is free: the writes sleeping on the bell wake
+            yield min(AGER_YIELD_POLL_S, seconds - spent) if not waits else AGER_YIELD_POLL_S
     finally:
         os.close(fd)
 
@@ -884,6 +925,13 @@ def _pause(dbapi: Any, seconds: float) -> None:
         time.sleep(seconds)
 
 
+def bell_file(url: URL) -> str | None:
+    """The doorbell of the SQLite file database at ``url``: a FIFO on which the writes that
+    wait for its write lock sleep, and which a maintenance run rings between its batches
+    (see :mod:`~.doorbell`); None for an in-memory one or another engine's database."""
+    return beside_store(url, "-writers.bell")
+
+
 def waiting_file(url: URL) -> str | None:
     """The file on which the writes that wait for the write lock of the SQLite file database
     at ``url`` say so (see :class:`WaitingWriters`); None for an in-memory one or another
@@ -892,7 +940,14 @@ def waiting_file(url: URL) -> str | None:
 
 
 # What lies beside a SQLite database: SQLite's own journals, then this package's lock files.
-STORE_FILE_SUFFIXES = ("-wal", "-shm", "-journal", "-writers.lock", "-ager.lock")
+STORE_FILE_SUFFIXES = (
+    "-wal",
+    "-shm",
+    "-journal",
+    "-writers.lock",
+    "-writers.bell",
+    "-ager.lock",
+)
 
 
 def store_files(url: URL) -> tuple[str, ...]:

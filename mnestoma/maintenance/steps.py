@@ -107,5 +107,5 @@ def for_write(bind: Session | Connection) -> Connection:
     conn = connection_of(bind)
     runner_for(conn).ready()  # SQLAlchemy's transaction begun before the lock
     with translate_errors():
-        take_write_lock(conn)
+        take_write_lock(conn, maintenance=True)
     return conn

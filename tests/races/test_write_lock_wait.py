@@ -5,8 +5,13 @@ first, then longer while it says that it waits; the lock timeout bounds it all.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import os
 import sqlite3
+import stat
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,8 +22,10 @@ import mnestoma
 from mnestoma import WriteLockTimeout
 from mnestoma.core import rules
 from mnestoma.engines import locking
+from mnestoma.engines.doorbell import Doorbell, doorbell
 from mnestoma.engines.locking import (
     ENV_LOCK_TIMEOUT,
+    bell_file,
     pauses_letting_writers_in,
     saying_it_waits,
     waiting_file,
@@ -31,7 +38,9 @@ class Holder:
     """Another connection holding the store's write lock until :meth:`release`."""
 
     def __init__(self, url: str) -> None:
-        self.conn = sqlite3.connect(url.removeprefix("sqlite:///"), isolation_level=None)
+        self.conn = sqlite3.connect(
+            url.removeprefix("sqlite:///"), isolation_level=None, check_same_thread=False
+        )
         self.conn.execute("BEGIN IMMEDIATE")
 
     def release(self) -> None:
@@ -54,21 +63,42 @@ def holder(store_url: str) -> Iterator[Holder]:
 
 def record_pauses(
     monkeypatch: pytest.MonkeyPatch, holder: Holder, release_after: int | None
-) -> list[tuple[float, int, bool]]:
-    """Each pause of a waiting write: (seconds, the waiting connection's busy timeout then,
-    whether it says that it waits); the holder lets the lock go after ``release_after``."""
-    pauses: list[tuple[float, int, bool]] = []
-    real = locking._pause
+) -> list[tuple[float, bool]]:
+    """Each pause of a waiting write, on the doorbell or not: (seconds, whether it says that
+    it waits); the holder lets the lock go after ``release_after`` of them."""
+    pauses: list[tuple[float, bool]] = []
 
-    def pause(dbapi: Any, seconds: float) -> None:
-        busy = int(dbapi.execute("PRAGMA busy_timeout").fetchone()[0])
-        pauses.append((seconds, busy, bool(locking._SAYING)))
+    def noted(seconds: float) -> None:
+        pauses.append((seconds, bool(locking._SAYING)))
         if release_after is not None and len(pauses) == release_after:
             holder.release()
-        real(dbapi, seconds)
+
+    real_pause, real_sleep = locking._pause, Doorbell.sleep
+
+    def pause(dbapi: Any, seconds: float) -> None:
+        noted(seconds)
+        real_pause(dbapi, seconds)
+
+    def sleep(bell: Doorbell, seconds: float) -> None:
+        noted(seconds)
+        real_sleep(bell, seconds)
 
     monkeypatch.setattr(locking, "_pause", pause)
+    monkeypatch.setattr(Doorbell, "sleep", sleep)
     return pauses
+
+
+def record_busy_timeouts(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The busy timeouts the package gives SQLite connections from now on (ms)."""
+    given: list[int] = []
+    real = locking._set_busy_timeout
+
+    def set_busy_timeout(dbapi: Any, info: dict[Any, Any], ms: int) -> None:
+        given.append(ms)
+        real(dbapi, info, ms)
+
+    monkeypatch.setattr(locking, "_set_busy_timeout", set_busy_timeout)
+    return given
 
 
 def test_a_write_behind_the_lock_tries_without_a_busy_timeout_sleeping_short_then_long(
@@ -83,13 +113,15 @@ def test_a_write_behind_the_lock_tries_without_a_busy_timeout_sleeping_short_the
         holder = Holder(store_url)
         try:
             pauses = record_pauses(monkeypatch, holder, release_after=4)
+            busy = record_busy_timeouts(monkeypatch)
             done = store.record_passing("a", "1", "b", "1")
         finally:
             holder.close()
         assert done.uses == 2
         first, poll = rules.WRITE_LOCK_FIRST_PAUSE_S, rules.WRITE_LOCK_POLL_S
         assert [p[0] for p in pauses] == [first, poll, poll, poll]
-        assert all(busy == 0 and saying for _, busy, saying in pauses)
+        assert all(saying for _, saying in pauses)
+        assert set(busy) <= {0}  # no wait in SQLite's busy handler
         assert not locking._SAYING  # no longer says it waits
         with store.engine.connect() as conn:
             rest = conn.exec_driver_sql("PRAGMA busy_timeout").scalar()
@@ -123,26 +155,64 @@ def test_the_pauses_of_a_waiting_write_never_outlast_its_lock_timeout(
         holder.release()
         assert store.events() == []
     seconds = [p[0] for p in pauses]
-    assert seconds[:2] == [rules.WRITE_LOCK_FIRST_PAUSE_S, rules.WRITE_LOCK_POLL_S]
-    assert sum(seconds) <= 0.025 + 1e-9
-    assert seconds[-1] < rules.WRITE_LOCK_POLL_S  # cut to what was left
+    assert seconds[0] == rules.WRITE_LOCK_FIRST_PAUSE_S
+    assert all(0 < s <= rules.WRITE_LOCK_POLL_S for s in seconds)
+    assert sum(seconds) <= 0.025 + 1e-9  # each cut to what was left
 
 
 # --- a pause between two batches of a prune ---------------------------------------------------
 
 
+def slept_through(pauses: Iterator[float], then: Any = None) -> list[float]:
+    """The sleeps ``pauses`` asks for, each slept; ``then(n)`` after the n-th."""
+    slept: list[float] = []
+    for seconds in pauses:
+        time.sleep(seconds)
+        slept.append(seconds)
+        if then is not None:
+            then(len(slept))
+    return slept
+
+
 def test_a_pause_between_batches_lasts_while_a_write_says_that_it_waits(
-    store_url: str, monkeypatch: pytest.MonkeyPatch
+    store_url: str,
 ) -> None:
-    """The pause's own seconds, then AGER_YIELD_POLL_S at a time while some write holds
-    its shared flock on the waiting writers' file, and no more once it lets go."""
+    """AGER_YIELD_POLL_S at a time, the doorbell rung before each, while some write holds
+    its shared flock on the waiting writers' file; once it lets go, no longer than the
+    pause's own seconds in all."""
     url = make_url(store_url)
-    with saying_it_waits(waiting_file(url)):
-        pauses = pauses_letting_writers_in(url, rules.BATCH_PAUSE_S)
-        assert next(pauses) == rules.BATCH_PAUSE_S
-        assert [next(pauses) for _ in range(3)] == [rules.AGER_YIELD_POLL_S] * 3
-    assert list(pauses) == []  # the write took the lock: the pause ends
-    assert list(pauses_letting_writers_in(url, rules.BATCH_PAUSE_S)) == [rules.BATCH_PAUSE_S]
+    bell = doorbell(bell_file(url))
+    assert bell is not None
+    bell.drain()
+    waiting = contextlib.ExitStack()
+    waiting.enter_context(saying_it_waits(waiting_file(url)))
+    rung: list[bool] = []
+
+    def then(n: int) -> None:
+        rung.append(bool(os.read(bell.fd, 64)))  # each sleep followed a ring
+        if n == 8:  # 4 ms: longer than the pause's own 3 ms
+            waiting.close()
+
+    started = time.monotonic()
+    slept = slept_through(pauses_letting_writers_in(url, rules.BATCH_PAUSE_S), then)
+    assert slept[:8] == [rules.AGER_YIELD_POLL_S] * 8 and rung[:8] == [True] * 8
+    assert len(slept) <= 9  # it ended as the write let go
+    assert time.monotonic() - started < rules.AGER_YIELD_MAX_S
+
+
+def test_a_pause_with_no_write_waiting_lasts_its_own_seconds_without_ringing(
+    store_url: str,
+) -> None:
+    url = make_url(store_url)
+    bell = doorbell(bell_file(url))
+    assert bell is not None
+    bell.drain()
+    started = time.monotonic()
+    slept = slept_through(pauses_letting_writers_in(url, rules.BATCH_PAUSE_S))
+    assert time.monotonic() - started >= rules.BATCH_PAUSE_S
+    assert all(0 < s <= rules.AGER_YIELD_POLL_S for s in slept)
+    with pytest.raises(BlockingIOError):
+        os.read(bell.fd, 64)  # nothing rung
 
 
 def test_a_pause_waits_for_a_write_that_says_it_waits_ager_yield_max_at_most(
@@ -150,14 +220,14 @@ def test_a_pause_waits_for_a_write_that_says_it_waits_ager_yield_max_at_most(
 ) -> None:
     url = make_url(store_url)
     monkeypatch.setattr(locking, "AGER_YIELD_MAX_S", 0.02)
+    started = time.monotonic()
     with saying_it_waits(waiting_file(url)):
-        pauses = list(pauses_letting_writers_in(url, 0.001))
-    assert pauses[0] == 0.001 and len(pauses) > 1
-    # pauses are not slept here: the loop ends on the clock alone, within the bound
-    assert set(pauses[1:]) == {rules.AGER_YIELD_POLL_S}
+        slept = slept_through(pauses_letting_writers_in(url, 0.001))
+    assert 0.02 <= time.monotonic() - started < 0.5
+    assert set(slept) == {rules.AGER_YIELD_POLL_S}
 
 
-def test_a_pause_of_no_seconds_or_on_a_file_without_flock_is_just_that(
+def test_a_pause_of_no_seconds_or_on_a_file_without_flock_is_one_sleep(
     store_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     url = make_url(store_url)
@@ -168,4 +238,58 @@ def test_a_pause_of_no_seconds_or_on_a_file_without_flock_is_just_that(
             raise OSError("no flock here")
 
         monkeypatch.setattr(fcntl, "flock", no_flock)
-        assert list(pauses_letting_writers_in(url, 0.003)) == [0.003]
+        started = time.monotonic()
+        slept_through(pauses_letting_writers_in(url, 0.003))
+        assert 0.003 <= time.monotonic() - started < 0.5
+
+
+# --- the doorbell ------------------------------------------------------------------------------
+
+
+def test_a_write_sleeping_behind_the_lock_wakes_when_the_bell_rings(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write that says it waits sleeps on the store's doorbell; a ring (a maintenance run
+    between two batches) wakes it long before WRITE_LOCK_POLL_S, and its next try takes
+    the lock once free."""
+    monkeypatch.setattr(rules, "WRITE_LOCK_POLL_S", 5.0)  # read by locking at import
+    monkeypatch.setattr(locking, "WRITE_LOCK_POLL_S", 5.0)
+    with mnestoma.Mnestoma(store_url) as store:
+        store.record_passing("a", "1", "b", "1")
+        holder = Holder(store_url)
+        bell = doorbell(bell_file(make_url(store_url)))
+        assert bell is not None
+        sleeps: list[float] = []
+        real_sleep = Doorbell.sleep
+
+        def sleep(self: Doorbell, seconds: float) -> None:
+            sleeps.append(seconds)
+            if len(sleeps) == 2:  # the long one: let go and ring from another thread
+                threading.Timer(0.05, lambda: (holder.release(), bell.ring())).start()
+            real_sleep(self, seconds)
+
+        monkeypatch.setattr(Doorbell, "sleep", sleep)
+        started = time.monotonic()
+        try:
+            assert store.record_passing("a", "1", "b", "1").uses == 2
+        finally:
+            holder.close()
+        assert sleeps == [rules.WRITE_LOCK_FIRST_PAUSE_S, 5.0]
+        assert time.monotonic() - started < 2.0
+
+
+def test_the_doorbell_is_a_fifo_beside_the_store_and_nothing_else_serves(
+    store_url: str, tmp_path: Any
+) -> None:
+    """``<file>-writers.bell`` is made as a FIFO; a regular file or a link in its place is
+    not used (writes then try every WRITE_LOCK_FIRST_PAUSE_S), and a write still works."""
+    path = bell_file(make_url(store_url))
+    assert path is not None and path.endswith("-writers.bell")
+    assert doorbell(path) is not None and stat.S_ISFIFO(os.lstat(path).st_mode)
+    plain = tmp_path / "plain-writers.bell"
+    plain.write_text("")
+    assert doorbell(str(plain)) is None
+    link = tmp_path / "link-writers.bell"
+    link.symlink_to(path)
+    assert doorbell(str(link)) is None
+    assert doorbell(str(tmp_path / "no-such-folder" / "x-writers.bell")) is None

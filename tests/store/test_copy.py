@@ -607,7 +607,7 @@ def test_a_failed_copy_into_a_new_sqlite_file_removes_it_and_its_folders(
     assert result.exit_code == 1 and "injected" in result.stderr
     assert not (tmp_path / "new").exists()
     left = sorted(p.name for p in tmp_path.iterdir())
-    assert [n for n in left if not n.endswith(".lock")] == ["source.sqlite"]
+    assert [n for n in left if not n.endswith((".lock", ".bell"))] == ["source.sqlite"]
 
 
 def test_a_refused_copy_creates_no_target_file_nor_folder(

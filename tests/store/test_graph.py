@@ -612,7 +612,7 @@ def _rows(url: str) -> list[dict[str, Any]]:
         return [m.as_dict() for m in store.edges()]
 
 
-STORE_SUFFIXES = ["", "-wal", "-shm", "-journal", "-writers.lock", "-ager.lock"]
+STORE_SUFFIXES = ["", "-wal", "-shm", "-journal", "-writers.lock", "-writers.bell", "-ager.lock"]
 
 
 @pytest.mark.parametrize("how", ["its path", "a symlink", "a path through ..", "a link's path"])
