@@ -248,8 +248,8 @@ def _rests_after_write(conn: Connection, dbapi: Any, info: dict[Any, Any]) -> bo
     :func:`track_writes`) rather than once the lock is held, while other writers queue for
     it: its engine's transactions are tracked, and the store is in WAL mode, where a
     statement of a transaction that holds the write lock, its COMMIT included, never waits
-    for another connection. Read once per connection: a store cannot leave WAL mode while another
-    connection to it is open."""
+    for another connection. Read once per connection: a store cannot leave WAL mode while
+    another connection to it is open."""
     if not getattr(conn.dialect, "_mnestoma_tracks_writes", False) or not isinstance(
         dbapi, sqlite3.Connection
     ):
@@ -324,8 +324,8 @@ def _execute_waiting(
     after the first, then :data:`~mnestoma.rules.WRITE_LOCK_POLL_S` while it says that it
     waits and sleeps on the store's doorbell, which ``bell()`` gives: a maintenance run
     rings it between its batches, see :mod:`~.doorbell`), within what is left of
-    ``timeout``. SQLite's busy handler would wake it every
-    millisecond or two: under many writers those wake-ups kept the holder from running.
+    ``timeout``. SQLite's busy handler would wake it every millisecond or two: under many
+    writers those wake-ups kept the holder from running.
     The connection's resting busy timeout is put back afterwards. From its first attempt
     that finds the lock taken until it has it, the write says that it waits (a shared
     ``flock`` on the file ``waiting()`` names, see :class:`WaitingWriters`), so that an
@@ -791,7 +791,7 @@ class WaitingWriters:
     def __init__(self, conn: Connection) -> None:
         self._conn = conn
         self._fd = _open_lock_file(waiting_file(conn.engine.url))
-        self._bell: Doorbell | bool | None = False  # opened at its first ring
+        self._ring = _bell_ringer(conn.engine.url)
         self._paused = time.monotonic()
 
     def waiting(self) -> bool:
@@ -816,23 +816,14 @@ class WaitingWriters:
             return True
         now = time.monotonic()
         if self.waiting():
-            deadline = now + AGER_YIELD_MAX_S
-            while self.waiting() and time.monotonic() < deadline:
-                self._ring()  # the lock is free: the writes sleeping on the bell wake
-                pause_on(self._conn, AGER_YIELD_POLL_S)
+            for seconds in _sleeps_letting_in(self.waiting, self._ring, 0.0):
+                pause_on(self._conn, seconds)
             self._paused = time.monotonic()
             return True
         if now - self._paused >= AGER_YIELD_EVERY_S:
             pause_on(self._conn, BATCH_PAUSE_S)
             self._paused = time.monotonic()
         return False
-
-    def _ring(self) -> None:
-        """Ring the store's doorbell (opened the first time: only writes that wait made)."""
-        if self._bell is False:
-            self._bell = doorbell(bell_file(self._conn.engine.url))
-        if isinstance(self._bell, Doorbell):
-            self._bell.ring()
 
     def close(self) -> None:
         """Close the lock file."""
@@ -861,20 +852,42 @@ def pauses_letting_writers_in(url: URL, seconds: float) -> Iterator[float]:
         yield seconds
         return
     try:
-        bell = None
-        start = time.monotonic()
-        while True:
-            waits = _writes_wait(fd)
-            spent = time.monotonic() - start
-            if spent >= (AGER_YIELD_MAX_S if waits else seconds):
-                return
-            if waits:
-                bell = bell or doorbell(bell_file(url))
-                if bell is not None:
-                    bell.ring()  # the lock is free: the writes sleeping on the bell wake
-            yield min(AGER_YIELD_POLL_S, seconds - spent) if not waits else AGER_YIELD_POLL_S
+        yield from _sleeps_letting_in(lambda: _writes_wait(fd), _bell_ringer(url), seconds)
     finally:
         os.close(fd)
+
+
+def _sleeps_letting_in(
+    waits: Callable[[], bool | None], ring: Callable[[], None], least: float
+) -> Iterator[float]:
+    """The sleeps of a run between two batches, which holds no lock meanwhile: ``least``
+    seconds in all at least, and as long as ``waits()`` says some write waits
+    (:data:`~mnestoma.rules.AGER_YIELD_MAX_S` at most), in sleeps of
+    :data:`~mnestoma.rules.AGER_YIELD_POLL_S`, ``ring()`` before each while writes wait
+    (the lock is free: the writes sleeping on the doorbell wake)."""
+    start = time.monotonic()
+    while True:
+        found = waits()
+        spent = time.monotonic() - start
+        if spent >= (AGER_YIELD_MAX_S if found else least):
+            return
+        if found:
+            ring()
+        yield AGER_YIELD_POLL_S if found else min(AGER_YIELD_POLL_S, least - spent)
+
+
+def _bell_ringer(url: URL) -> Callable[[], None]:
+    """What rings the doorbell of the store at ``url``, opening it at the first ring (a
+    run with no write waiting makes none)."""
+    opened: list[Doorbell | None] = []
+
+    def ring() -> None:
+        if not opened:
+            opened.append(doorbell(bell_file(url)))
+        if opened[0] is not None:
+            opened[0].ring()
+
+    return ring
 
 
 def _writes_wait(fd: int) -> bool | None:

@@ -252,8 +252,7 @@ def test_a_write_sleeping_behind_the_lock_wakes_when_the_bell_rings(
     """A write that says it waits sleeps on the store's doorbell; a ring (a maintenance run
     between two batches) wakes it long before WRITE_LOCK_POLL_S, and its next try takes
     the lock once free."""
-    monkeypatch.setattr(rules, "WRITE_LOCK_POLL_S", 5.0)  # read by locking at import
-    monkeypatch.setattr(locking, "WRITE_LOCK_POLL_S", 5.0)
+    monkeypatch.setattr(locking, "WRITE_LOCK_POLL_S", 5.0)  # locking's copy is the one read
     with mnestoma.Mnestoma(store_url) as store:
         store.record_passing("a", "1", "b", "1")
         holder = Holder(store_url)
