@@ -1,17 +1,22 @@
-"""The doorbell of a SQLite store: a maintenance run (the ager, a prune) wakes the writes that
-wait for the write lock as soon as it lets the lock go between two batches.
+"""The doorbell of a SQLite store: a maintenance run (the ager, a prune) tells the writes that
+wait for the write lock that it lets the lock go.
 
 A write of this package that finds the lock taken sleeps between its tries, 10 ms once it
 says that it waits (:data:`~mnestoma.rules.WRITE_LOCK_POLL_S`): few wake-ups keep the holder
-running when many writers queue for one edge. Behind a maintenance run, though, the run
-waits between its batches for every write that says it waits, and each would take up to
-those 10 ms to notice. So the write sleeps on ``<file>-writers.bell``, a FIFO (named pipe)
-beside the store, and the run writes a byte into it while writes wait for it: they wake at
-once and try the lock.
+running when many writers queue for one edge. Behind a maintenance run, though, each would
+take up to those 10 ms to notice that the run's batch has ended. So the write sleeps on
+``<file>-writers.bell``, a FIFO (named pipe) beside the store, and the run rings it: it
+leaves a byte in it from the moment its batch commits until its pause between two batches
+ends (SQLite's checkpoint, which a commit may run, and the pause), and takes the byte back
+then. While the bell holds a byte it wakes every sleeper, and a write that finds it rung
+tries every :data:`~mnestoma.rules.WRITE_LOCK_FIRST_PAUSE_S`, as it did before the bell.
+A ring that each write took for itself would wake one of them only: under several
+writers, the others slept through the batch's checkpoint (measured: see the performance
+guide).
 
 The bell is only a hint; SQLite's lock stays the only lock:
-- a write drains the bell before each try, so a byte older than the try costs one try at
-  most, whoever wrote it;
+- a byte left by a run that died costs the writes their long sleeps (they try every
+  millisecond), until the next run's batch takes the lock and empties the bell;
 - without a bell (no FIFOs on the system, a folder the process cannot write in, something
   else in its place) a write tries every :data:`~mnestoma.rules.WRITE_LOCK_FIRST_PAUSE_S`,
   short enough for the run's pauses, as a write that cannot say it waits does;
@@ -30,7 +35,7 @@ import threading
 
 __all__ = ["Doorbell", "doorbell"]
 
-# Bytes read at once when draining: Linux's default pipe holds 64 KiB.
+# Bytes read at once when hushing: Linux's default pipe holds 64 KiB.
 _DRAIN_BYTES = 1 << 16
 _OPEN_FLAGS = (
     os.O_RDWR  # a FIFO opened for both ends never waits for a peer (Linux)
@@ -51,23 +56,32 @@ class Doorbell:
         self.fd = fd
 
     def ring(self) -> None:
-        """Wake the writes that sleep on the bell: one byte (none when the pipe is full,
-        which wakes them as well)."""
-        with contextlib.suppress(OSError):
-            os.write(self.fd, b"\0")
+        """Wake the writes that sleep on the bell, and keep it rung until :meth:`hush`: one
+        byte, unless it holds one already (none when the pipe is full, which rings it too)."""
+        if not self.rung():
+            with contextlib.suppress(OSError):
+                os.write(self.fd, b"\0")
 
-    def drain(self) -> None:
-        """Empty the bell before a try: every byte in it is older than the try."""
+    def hush(self) -> None:
+        """Take every byte out: the bell no longer rings (its ringer's batch holds the lock,
+        or its pause is over)."""
         with contextlib.suppress(OSError):
             while len(os.read(self.fd, _DRAIN_BYTES)) == _DRAIN_BYTES:
                 pass
 
+    def rung(self) -> bool:
+        """Whether the bell holds a byte: a maintenance run lets the write lock go."""
+        return bool(self._poller(0))
+
     def sleep(self, seconds: float) -> None:
-        """Sleep ``seconds`` at most, waking when the bell rings."""
+        """Sleep ``seconds`` at most, waking when the bell rings (at once if it is rung)."""
+        with contextlib.suppress(InterruptedError):
+            self._poller(max(0.0, seconds) * 1000.0)
+
+    def _poller(self, ms: float) -> list[tuple[int, int]]:
         poller = select.poll()
         poller.register(self.fd, select.POLLIN)
-        with contextlib.suppress(InterruptedError):
-            poller.poll(max(0.0, seconds) * 1000.0)
+        return poller.poll(ms)
 
     def close(self) -> None:
         with contextlib.suppress(OSError):

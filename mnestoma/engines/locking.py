@@ -102,6 +102,9 @@ _WAL_INFO = "mnestoma_wal"
 # Any 64-bit number is fine as long as it is this package's alone: "mnestoma" in ASCII.
 MIGRATION_LOCK_KEY = 0x6D6E6573746F6D61
 
+# Connection info key: the doorbell a maintenance batch's transaction rings as it commits,
+# and empties once the commit (and the checkpoint SQLite may run in it) is over.
+_RING_AT_COMMIT_INFO = "mnestoma_ring_at_commit"
 # Connection info key: the driver-level transaction is a read snapshot this package began.
 SNAPSHOT_INFO = "mnestoma_snapshot_only"
 _CONTROL_WORDS = frozenset({"BEGIN", "COMMIT", "END", "ROLLBACK", "RELEASE", "PRAGMA"})
@@ -197,7 +200,9 @@ def take_write_lock(conn: Connection, *, maintenance: bool = False) -> None:
     A write that finds the lock taken sleeps between its tries (see
     :func:`_execute_waiting`); with ``maintenance`` (a batch of the ager or of a prune,
     which writers wait for between batches) it tries every
-    :data:`~mnestoma.rules.WRITE_LOCK_FIRST_PAUSE_S`, since nothing rings for it.
+    :data:`~mnestoma.rules.WRITE_LOCK_FIRST_PAUSE_S`, since nothing rings for it; once it
+    holds the lock it empties the store's doorbell, and rings it as it commits (see
+    :func:`track_writes`).
 
     Does nothing on PostgreSQL, nor when the connection is already in a transaction that
     wrote or that began otherwise than by a read (an explicit BEGIN, a savepoint, any
@@ -240,6 +245,11 @@ def take_write_lock(conn: Connection, *, maintenance: bool = False) -> None:
         _end_write(dbapi)  # no transaction: the lock was not taken
         raise
     info.pop(SNAPSHOT_INFO, None)
+    if maintenance:
+        bell = doorbell(bell_file(conn.engine.url))
+        if bell is not None:
+            bell.hush()  # its batch holds the lock: nothing to wake for
+            info[_RING_AT_COMMIT_INFO] = bell
 
 
 def _rests_after_write(conn: Connection, dbapi: Any, info: dict[Any, Any]) -> bool:
@@ -322,10 +332,11 @@ def _execute_waiting(
     Each attempt runs with no busy timeout: it takes the lock or fails at once, and the
     write sleeps between its attempts (:data:`~mnestoma.rules.WRITE_LOCK_FIRST_PAUSE_S`
     after the first, then :data:`~mnestoma.rules.WRITE_LOCK_POLL_S` while it says that it
-    waits and sleeps on the store's doorbell, which ``bell()`` gives: a maintenance run
-    rings it between its batches, see :mod:`~.doorbell`), within what is left of
-    ``timeout``. SQLite's busy handler would wake it every millisecond or two: under many
-    writers those wake-ups kept the holder from running.
+    waits and sleeps on the store's doorbell, which ``bell()`` gives; while a maintenance
+    run rings it, from its batch's commit to the end of its pause, the write tries every
+    :data:`~mnestoma.rules.WRITE_LOCK_FIRST_PAUSE_S` again, see :mod:`~.doorbell`), within
+    what is left of ``timeout``. SQLite's busy handler would wake it every millisecond or
+    two: under many writers those wake-ups kept the holder from running.
     The connection's resting busy timeout is put back afterwards. From its first attempt
     that finds the lock taken until it has it, the write says that it waits (a shared
     ``flock`` on the file ``waiting()`` names, see :class:`WaitingWriters`), so that an
@@ -359,12 +370,11 @@ def _execute_waiting(
                 raise write_lock_timeout(timeout) from None
             if rings is None and said >= 0 and bell is not None:
                 rings = bell()
-            if rings is None:
-                _pause(dbapi, min(pause, left))
+            if rings is None or rings.rung():  # a maintenance run lets the lock go
+                _pause(dbapi, min(WRITE_LOCK_FIRST_PAUSE_S, left))
             else:
                 rings.sleep(min(pause, left))
-                rings.drain()  # a ring after the next try is for it
-            pause = WRITE_LOCK_POLL_S if rings is not None else WRITE_LOCK_FIRST_PAUSE_S
+                pause = WRITE_LOCK_POLL_S
     finally:
         _stop_saying(said)  # releases the flock: no longer waiting
         if not (done and rest_after):
@@ -694,12 +704,18 @@ def track_writes(engine: Any) -> None:
     def do_commit(dbapi: Any) -> None:
         if _inherited(dbapi):
             _refuse_if_forked_mid_write(_driver_of(dbapi), engine.url)
-        if not _commit_prepared(dbapi):
-            commit(dbapi)
+        bell = _ring_at_commit(dbapi)
+        try:
+            if not _commit_prepared(dbapi):
+                commit(dbapi)
+        finally:
+            if bell is not None:
+                bell.hush()
         ended(dbapi)
 
     def do_rollback(dbapi: Any) -> None:
         if not _inherited(dbapi):
+            _ring_at_commit(dbapi, ring=False)
             rollback(dbapi)
             ended(dbapi)
 
@@ -715,6 +731,21 @@ def track_writes(engine: Any) -> None:
     replace_dialect_method(dialect, "do_rollback", do_rollback)
     replace_dialect_method(dialect, "do_close", do_close)
     dialect._mnestoma_tracks_writes = True  # the package's own mark on the dialect
+
+
+def _ring_at_commit(dbapi: Any, *, ring: bool = True) -> Doorbell | None:
+    """The doorbell of a maintenance batch's transaction about to end on ``dbapi`` (the
+    pool's proxy of the driver's connection), rung: the writes that wait try every
+    :data:`~mnestoma.rules.WRITE_LOCK_FIRST_PAUSE_S` while the batch commits and SQLite
+    checkpoints in its commit, which holds no lock they need. None for any other
+    transaction."""
+    try:
+        bell: Doorbell | None = dbapi.info.pop(_RING_AT_COMMIT_INFO, None)
+    except (AttributeError, NotImplementedError):  # a bare connection
+        return None
+    if bell is not None and ring:
+        bell.ring()
+    return bell
 
 
 def _before_fork() -> None:
@@ -791,7 +822,7 @@ class WaitingWriters:
     def __init__(self, conn: Connection) -> None:
         self._conn = conn
         self._fd = _open_lock_file(waiting_file(conn.engine.url))
-        self._ring = _bell_ringer(conn.engine.url)
+        self._ring = _BellRinger(conn.engine.url)
         self._paused = time.monotonic()
 
     def waiting(self) -> bool:
@@ -852,42 +883,54 @@ def pauses_letting_writers_in(url: URL, seconds: float) -> Iterator[float]:
         yield seconds
         return
     try:
-        yield from _sleeps_letting_in(lambda: _writes_wait(fd), _bell_ringer(url), seconds)
+        yield from _sleeps_letting_in(lambda: _writes_wait(fd), _BellRinger(url), seconds)
     finally:
         os.close(fd)
 
 
 def _sleeps_letting_in(
-    waits: Callable[[], bool | None], ring: Callable[[], None], least: float
+    waits: Callable[[], bool | None], ring: _BellRinger, least: float
 ) -> Iterator[float]:
     """The sleeps of a run between two batches, which holds no lock meanwhile: ``least``
     seconds in all at least, and as long as ``waits()`` says some write waits
     (:data:`~mnestoma.rules.AGER_YIELD_MAX_S` at most), in sleeps of
-    :data:`~mnestoma.rules.AGER_YIELD_POLL_S`, ``ring()`` before each while writes wait
-    (the lock is free: the writes sleeping on the doorbell wake)."""
+    :data:`~mnestoma.rules.AGER_YIELD_POLL_S`, the doorbell rung before each while writes
+    wait (the lock is free: the writes sleeping on it wake, and try every
+    :data:`~mnestoma.rules.WRITE_LOCK_FIRST_PAUSE_S`), and emptied at the end."""
     start = time.monotonic()
-    while True:
-        found = waits()
-        spent = time.monotonic() - start
-        if spent >= (AGER_YIELD_MAX_S if found else least):
-            return
-        if found:
-            ring()
-        yield AGER_YIELD_POLL_S if found else min(AGER_YIELD_POLL_S, least - spent)
+    try:
+        while True:
+            found = waits()
+            spent = time.monotonic() - start
+            if spent >= (AGER_YIELD_MAX_S if found else least):
+                return
+            if found:
+                ring.ring()
+            yield AGER_YIELD_POLL_S if found else min(AGER_YIELD_POLL_S, least - spent)
+    finally:
+        ring.hush()
 
 
-def _bell_ringer(url: URL) -> Callable[[], None]:
-    """What rings the doorbell of the store at ``url``, opening it at the first ring (a
-    run with no write waiting makes none)."""
-    opened: list[Doorbell | None] = []
+class _BellRinger:
+    """What rings the doorbell of the store at ``url`` and empties it, opening it at the
+    first ring (a run with no write waiting makes none)."""
 
-    def ring() -> None:
-        if not opened:
-            opened.append(doorbell(bell_file(url)))
-        if opened[0] is not None:
-            opened[0].ring()
+    __slots__ = ("_bell", "_opened", "_url")
 
-    return ring
+    def __init__(self, url: URL) -> None:
+        self._url = url
+        self._opened = False
+        self._bell: Doorbell | None = None
+
+    def ring(self) -> None:
+        if not self._opened:
+            self._bell, self._opened = doorbell(bell_file(self._url)), True
+        if self._bell is not None:
+            self._bell.ring()
+
+    def hush(self) -> None:
+        if self._bell is not None:
+            self._bell.hush()
 
 
 def _writes_wait(fd: int) -> bool | None:

@@ -30,6 +30,7 @@ from mnestoma.engines.locking import (
     saying_it_waits,
     waiting_file,
 )
+from mnestoma.maintenance.steps import for_write
 
 pytestmark = pytest.mark.parametrize("engine_name", ["sqlite"])  # SQLite's write lock
 
@@ -183,13 +184,14 @@ def test_a_pause_between_batches_lasts_while_a_write_says_that_it_waits(
     url = make_url(store_url)
     bell = doorbell(bell_file(url))
     assert bell is not None
-    bell.drain()
+    bell.hush()
     waiting = contextlib.ExitStack()
     waiting.enter_context(saying_it_waits(waiting_file(url)))
     rung: list[bool] = []
 
     def then(n: int) -> None:
-        rung.append(bool(os.read(bell.fd, 64)))  # each sleep followed a ring
+        rung.append(bell.rung())  # each sleep followed a ring
+        os.read(bell.fd, 64)  # taken: the next sleep's ring is its own
         if n == 8:  # 4 ms: longer than the pause's own 3 ms
             waiting.close()
 
@@ -200,17 +202,39 @@ def test_a_pause_between_batches_lasts_while_a_write_says_that_it_waits(
     assert time.monotonic() - started < rules.AGER_YIELD_MAX_S
 
 
+def test_a_pause_leaves_the_bell_rung_while_it_lasts_and_empties_it_at_its_end(
+    store_url: str,
+) -> None:
+    """The ring is a byte left in the bell (every sleeper sees it, not only the first to
+    wake); the pause takes it back as it ends, so that writes behind other writes sleep
+    long again."""
+    url = make_url(store_url)
+    bell = doorbell(bell_file(url))
+    assert bell is not None
+    bell.hush()
+    rung: list[bool] = []
+    with saying_it_waits(waiting_file(url)):
+        pauses = pauses_letting_writers_in(url, rules.BATCH_PAUSE_S)
+        for _ in range(3):
+            time.sleep(next(pauses))
+            rung.append(bell.rung())
+    assert rung == [True] * 3
+    assert list(pauses)  # the write let go: the pause's own seconds are left
+    assert not bell.rung()
+
+
 def test_a_pause_with_no_write_waiting_lasts_its_own_seconds_without_ringing(
     store_url: str,
 ) -> None:
     url = make_url(store_url)
     bell = doorbell(bell_file(url))
     assert bell is not None
-    bell.drain()
+    bell.hush()
     started = time.monotonic()
     slept = slept_through(pauses_letting_writers_in(url, rules.BATCH_PAUSE_S))
     assert time.monotonic() - started >= rules.BATCH_PAUSE_S
     assert all(0 < s <= rules.AGER_YIELD_POLL_S for s in slept)
+    assert not bell.rung()
     with pytest.raises(BlockingIOError):
         os.read(bell.fd, 64)  # nothing rung
 
@@ -273,8 +297,92 @@ def test_a_write_sleeping_behind_the_lock_wakes_when_the_bell_rings(
             assert store.record_passing("a", "1", "b", "1").uses == 2
         finally:
             holder.close()
+            bell.hush()
         assert sleeps == [rules.WRITE_LOCK_FIRST_PAUSE_S, 5.0]
         assert time.monotonic() - started < 2.0
+
+
+def test_a_ring_wakes_every_write_asleep_on_the_bell(store_url: str) -> None:
+    """Two sleepers (two writes of one process; processes alike) both wake at one ring: a
+    ring that the first awake took for itself left the other asleep through a batch's
+    checkpoint."""
+    bell = doorbell(bell_file(make_url(store_url)))
+    assert bell is not None
+    bell.hush()
+    woke: list[float] = []
+
+    def sleeper() -> None:
+        started = time.monotonic()
+        bell.sleep(5.0)
+        woke.append(time.monotonic() - started)
+
+    threads = [threading.Thread(target=sleeper) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.05)
+    bell.ring()
+    bell.ring()  # a second ring adds nothing: one byte, until hushed
+    for thread in threads:
+        thread.join(10.0)
+    try:
+        assert len(woke) == 2 and max(woke) < 2.0
+        assert bell.rung()
+        assert len(os.read(bell.fd, 64)) == 1
+    finally:
+        bell.hush()
+
+
+def test_a_write_that_finds_the_bell_rung_tries_every_first_pause(
+    store_url: str, holder: Holder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While a maintenance run rings (its batch commits, or its pause lets writes in), a
+    write that finds the lock taken tries every WRITE_LOCK_FIRST_PAUSE_S, without sleeping
+    on the bell, which would wake it at once."""
+    bell = doorbell(bell_file(make_url(store_url)))
+    assert bell is not None
+    with mnestoma.Mnestoma(store_url) as store:
+        bell.ring()
+        try:
+            pauses = record_pauses(monkeypatch, holder, release_after=4)
+            assert store.record_passing("a", "1", "b", "1").uses == 1
+        finally:
+            bell.hush()
+    assert [p[0] for p in pauses] == [rules.WRITE_LOCK_FIRST_PAUSE_S] * 4
+    assert all(saying for _, saying in pauses)
+
+
+def test_a_maintenance_batch_empties_the_bell_and_rings_it_through_its_commit(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch of the ager or a prune, once it holds the lock, takes back a ring left by a
+    run that died; it rings as it commits (SQLite may checkpoint in the commit, which holds
+    no lock a write needs) and empties the bell once the commit is over; a batch rolled
+    back does not ring."""
+    url = make_url(store_url)
+    bell = doorbell(bell_file(url))
+    assert bell is not None
+    seen: list[bool] = []
+    real = locking._commit_prepared
+
+    def commit_prepared(dbapi: Any) -> bool:
+        seen.append(bell.rung())
+        return real(dbapi)
+
+    monkeypatch.setattr(locking, "_commit_prepared", commit_prepared)
+    with mnestoma.Mnestoma(store_url) as store:
+        store.record_passing("a", "1", "b", "1")
+        assert seen == [False]  # a write's commit does not ring
+        bell.ring()  # left by a run that died
+        with store.engine.connect() as conn:
+            for_write(conn)
+            assert not bell.rung()  # the batch holds the lock
+            conn.exec_driver_sql("UPDATE mnests SET weight = weight")
+            conn.commit()
+        assert seen[1:] == [True] and not bell.rung()
+        with store.engine.connect() as conn:
+            for_write(conn)
+            conn.rollback()
+        assert len(seen) == 2 and not bell.rung()
 
 
 def test_the_doorbell_is_a_fifo_beside_the_store_and_nothing_else_serves(
