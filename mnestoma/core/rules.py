@@ -226,9 +226,10 @@ AGER_WAL_CHECKPOINT_MIB = 256
 # SQLite, a write that finds the write lock taken (seconds): each try takes the lock or
 # fails at once (no busy timeout), and the write sleeps between its tries,
 # WRITE_LOCK_FIRST_PAUSE_S after the first, then WRITE_LOCK_POLL_S at most while it says
-# that it waits, on the store's doorbell, which the ager and a prune ring between their
-# batches (engines.doorbell); WRITE_LOCK_FIRST_PAUSE_S again where it cannot say so or has
-# no doorbell, and for the batches of those runs. Few wake-ups: under eight writers on one
+# that it waits, on the store's doorbell, which the ager and a prune ring from each batch's
+# commit to the end of the pause after it (engines.doorbell); WRITE_LOCK_FIRST_PAUSE_S
+# again while the bell is rung, where it cannot say so or has no doorbell, and for the
+# batches of those runs. Few wake-ups: under eight writers on one
 # edge, each waiter waking every millisecond or two (SQLite's busy handler) kept the
 # holder from running.
 WRITE_LOCK_FIRST_PAUSE_S = 0.001
