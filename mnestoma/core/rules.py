@@ -60,6 +60,7 @@ __all__ = [
     "TRIVIAL_NUMBER",
     "WRITE_LOCK_FIRST_PAUSE_S",
     "WRITE_LOCK_POLL_S",
+    "WRITTEN_ROWS_KEPT",
     "AgerCount",
     "AgerReport",
     "EventKind",
@@ -234,6 +235,11 @@ AGER_WAL_CHECKPOINT_MIB = 256
 # holder from running.
 WRITE_LOCK_FIRST_PAUSE_S = 0.001
 WRITE_LOCK_POLL_S = 0.010
+# SQLite: the rows a connection's own passings last wrote, kept by edge key while nothing
+# else writes to the store, so that its next passing of that edge needs no lookup under the
+# write lock (schema.runner.KeptRows); at most this many a connection (then none, and the
+# next passings keep theirs again).
+WRITTEN_ROWS_KEPT = 4096
 # SQLite: a pause (seconds) in which writers waiting for the write lock take it: the ager
 # now and then, or between every two batches when it cannot see waiting writers (see
 # AGER_YIELD_EVERY_S); prune_events between every two batches (the SQLite backend's

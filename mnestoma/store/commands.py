@@ -289,8 +289,14 @@ class RecordCommands(StoreBase):
         of the rules) spends more time under the lock than the lookup and the arithmetic
         it saves (see docs/performance.md). ``late``, found before the lock, converts the
         row's late columns for the snapshot once the lock is let go."""
-        found = ex.first_bound(lookup)  # its late columns as stored (rec.LATE_COLUMNS)
         commit = self._commits_itself  # the last statement commits (_last_write)
+        # The row this connection's last passing of the edge wrote, when nothing has
+        # written to the store since (KeptRows): no lookup under the lock.
+        kept = ex.kept_rows() if commit and turn_id is None else None
+        ident: Ident | None = (p.dst_exists, key_of(p)) if kept is not None else None
+        found = kept.look(ident) if kept is not None else None
+        if found is None:
+            found = ex.first_bound(lookup)  # its late columns as stored (rec.LATE_COLUMNS)
         if found is None:
             new, ev = creation(p, turn_id, now, recorder, occurrence)
             ex.writes(
@@ -300,6 +306,8 @@ class RecordCommands(StoreBase):
                 ),
                 commit=commit,
             )
+            if kept is not None:
+                kept.wrote(ident, None)
             return functools.partial(snap.mnest, new)
         if turn_id is not None:
             if found[WIDTH]:  # the flag after the columns: the turn counted it already
@@ -314,6 +322,10 @@ class RecordCommands(StoreBase):
             ),
             commit=commit,
         )
+        if kept is not None:
+            # the documents it gave are stored as the driver wrote them: looked up next time
+            same = p.tags is None and p.desired_sig is None
+            kept.wrote(ident, reinforced_row(row, values) if same else None)
         return functools.partial(reinforced_mnest, row, values, late)
 
     def _last_write(self, ex: StatementRunner) -> Callable[[Executable, Any, Any], None]:

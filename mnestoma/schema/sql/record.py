@@ -68,6 +68,7 @@ from mnestoma.schema.sql.tables import MNESTS as M
 from mnestoma.schema.sql.tables import QUERIES as Q
 
 __all__ = [
+    "DATA_VERSION",
     "EVENT_ROW",
     "HOLD_OFF_AGER",
     "INSERT_EVENT",
@@ -243,6 +244,10 @@ REINFORCE_ROW = (
     "b_error",
     "b_decayed_uses",
 )
+# SQLite: a number that changes whenever another connection has committed a change to the
+# store since this one last read it (its own commits leave it as it is).
+DATA_VERSION = "PRAGMA data_version"
+
 UPDATE_REINFORCE = (
     update(M)
     .where(M.c.id == bindparam("b_id"))
