@@ -73,6 +73,8 @@ ParamRows = Sequence[Params] | Sequence[Sequence[Any]]
 Columns = tuple[str, ...] | None
 # One statement of a write, for its one row: (statement, the row's values, their columns).
 WriteStep = tuple[Executable, Sequence[Any], tuple[str, ...]]
+# Write steps converted as the driver takes them: (SQL, parameters) each.
+ReadyWrites = list[tuple[str, "tuple[Any, ...] | dict[str, Any]"]]
 # A read made ready before the write lock (StatementRunner.bind): the statement and its
 # parameters, and at the driver its compiled form and the parameters as the driver takes them.
 Bound = tuple[Executable, "Params | None", "_Prepared | None", Any]
@@ -195,6 +197,16 @@ class StatementRunner:
         """The rows this connection's own passings wrote (:class:`KeptRows`), for a write
         that commits at SQLite's driver with its last statement; None elsewhere (here)."""
         return None
+
+    def ready_writes(self, steps: Sequence[WriteStep]) -> ReadyWrites | None:
+        """The statements and rows of :meth:`writes` converted now, as the driver takes
+        them, to be run later by :meth:`run_ready` (a write made ready before it takes the
+        lock); None where :meth:`writes` would not run them at SQLite's driver (here)."""
+        return None
+
+    def run_ready(self, ready: ReadyWrites, *, commit: bool = False) -> None:
+        """Run what :meth:`ready_writes` made ready, as :meth:`writes` would have."""
+        raise NotImplementedError("only a write made ready at the driver runs so")
 
     def writes(self, steps: Sequence[WriteStep], *, commit: bool = False) -> None:
         """Run each step's statement once, for its one row (a tuple in its columns' order),
@@ -832,18 +844,27 @@ class DriverRunner(StatementRunner):
         each, without its per-statement lookups, which timed at about 10 µs of a passing's
         105 (interleaved blocks, one process). Elsewhere (a statement Core must run, or
         not at SQLite's driver), as the base class runs them."""
-        dbapi = self._driver()
-        if dbapi is None or not isinstance(dbapi, sqlite3.Connection):
+        ready = self.ready_writes(steps)
+        if ready is None:
             super().writes(steps, commit=commit)
             return
+        self.run_ready(ready, commit=commit)
+
+    def ready_writes(self, steps: Sequence[WriteStep]) -> ReadyWrites | None:
+        dbapi = self._driver()
+        if dbapi is None or not isinstance(dbapi, sqlite3.Connection):
+            return None
         seen = self._instants
         ready: list[tuple[str, tuple[Any, ...] | dict[str, Any]]] = []
         for stmt, row, columns in steps:
             prepared = self._planned(stmt, columns)
             if prepared is None:
-                super().writes(steps, commit=commit)
-                return
+                return None
             ready.append((prepared.sql, prepared.fused()(row, seen)))
+        return ready
+
+    def run_ready(self, ready: ReadyWrites, *, commit: bool = False) -> None:
+        dbapi = self._dbapi
         sql, data = "", None
         try:
             cursor = dbapi.cursor()
@@ -905,6 +926,11 @@ class KeptRows:
         self._rows: dict[Any, tuple[Any, ...]] = {}
         self._stamp: tuple[int, int] | None = None  # (data_version, total_changes)
         self._version: int | None = None
+
+    def peek(self, key: Any) -> tuple[Any, ...] | None:
+        """``key``'s row as kept, before the write lock: a guess, which :meth:`look` under the
+        lock confirms or not."""
+        return self._rows.get(key)
 
     def look(self, key: Any) -> tuple[Any, ...] | None:
         """Under the write lock: ``key``'s row as its lookup would read it now, or None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple, cast
 
 from sqlalchemy import Connection, Executable
 from sqlalchemy.exc import UnboundExecutionError
@@ -30,7 +30,7 @@ from mnestoma.engines.postgresql import POSTGRESQL
 from mnestoma.engines.sqlite import SQLITE
 from mnestoma.schema import snapshots as snap
 from mnestoma.schema.models import Mnest
-from mnestoma.schema.runner import Bound, StatementRunner
+from mnestoma.schema.runner import Bound, KeptRows, ReadyWrites, StatementRunner
 from mnestoma.schema.sql import chains as chains_sql
 from mnestoma.schema.sql import record as rec
 from mnestoma.schema.sql.tables import MNEST_COLUMNS
@@ -108,6 +108,18 @@ def _one_writer(session: Session | Connection) -> bool:
             return False
     backend = BY_NAME.get(bind.dialect.name)
     return backend is not None and backend.one_writer
+
+
+class _Guess(NamedTuple):
+    """A passing made ready before the write lock from the row its connection kept
+    (:meth:`RecordCommands._guessed`): the row (None: none kept), its reinforcement's
+    values, and its statements as the driver takes them (None: not at the driver)."""
+
+    kept: KeptRows
+    ident: Ident
+    row: MnestRow | None
+    values: Row
+    ready: ReadyWrites | None
 
 
 class RecordCommands(StoreBase):
@@ -262,13 +274,49 @@ class RecordCommands(StoreBase):
                 lookup = ex.bind(rec.select_one_counted(proto), counted)
             ex.convert_instant(now, rec.INSERT_EVENT, rec.EVENT_ROW)
             late = rec.late_converter(ex.conn.dialect)  # made at its first use, if need be
+            guess = self._guessed(ex, p, turn_id, recorder, occurrence, now)
             lock_for_write(ex)
-            return self._record_one_locked(ex, lookup, late, p, turn_id, recorder, occurrence, now)
+            return self._record_one_locked(
+                ex, lookup, late, p, turn_id, recorder, occurrence, now, guess
+            )
         lock_for_write(ex)  # nothing to take on PostgreSQL: the runner's own steps
         # PostgreSQL: one statement, "now" read once before it (contract §4).
         now = self._write_now(ex)
         commit = self._commits_itself
         return pg.record_one(ex, p, params, now, turn_id, recorder, occurrence, commit=commit)
+
+    def _guessed(
+        self,
+        ex: StatementRunner,
+        p: Passing,
+        turn_id: str | None,
+        recorder: str,
+        occurrence: int,
+        now: datetime,
+    ) -> _Guess | None:
+        """SQLite, before the write lock: where this connection keeps the row its last
+        passing of the edge wrote (:class:`~mnestoma.schema.runner.KeptRows`; a call's own
+        transaction, no turn), the reinforcement of that row and its statements made ready,
+        which the lock's holder runs as they are if the row is still the store's; else None.
+        Only the write is then left under the lock."""
+        if turn_id is not None or not self._commits_itself:
+            return None
+        kept = ex.kept_rows()
+        if kept is None:
+            return None
+        ident: Ident = (p.dst_exists, key_of(p))
+        row = kept.peek(ident)
+        if row is None:
+            return _Guess(kept, ident, None, (), None)
+        mnest = cast(MnestRow, row)
+        values, ev = reinforcement(mnest, p, None, now, recorder, occurrence)
+        ready = ex.ready_writes(
+            (
+                (rec.UPDATE_REINFORCE, values, rec.REINFORCE_ROW),
+                (rec.INSERT_EVENT, ev, rec.EVENT_ROW),
+            )
+        )
+        return _Guess(kept, ident, mnest, values, ready)
 
     def _record_one_locked(
         self,
@@ -280,6 +328,7 @@ class RecordCommands(StoreBase):
         recorder: str,
         occurrence: int,
         now: datetime,
+        guess: _Guess | None = None,
     ) -> Callable[[], Mnest]:
         """SQLite, under the write lock (no other writer can create the key meanwhile), with
         ``now`` read before it: one lookup, which with a turn also says whether the turn
@@ -291,10 +340,12 @@ class RecordCommands(StoreBase):
         row's late columns for the snapshot once the lock is let go."""
         commit = self._commits_itself  # the last statement commits (_last_write)
         # The row this connection's last passing of the edge wrote, when nothing has
-        # written to the store since (KeptRows): no lookup under the lock.
-        kept = ex.kept_rows() if commit and turn_id is None else None
-        ident: Ident | None = (p.dst_exists, key_of(p)) if kept is not None else None
-        found = kept.look(ident) if kept is not None else None
+        # written to the store since (KeptRows): no lookup under the lock, and where it was
+        # guessed so before the lock, its write made ready then.
+        found = guess.kept.look(guess.ident) if guess is not None else None
+        if guess is not None and guess.ready is not None and found is guess.row is not None:
+            ex.run_ready(guess.ready, commit=commit)
+            return self._kept_reinforced(guess, p, late)
         if found is None:
             found = ex.first_bound(lookup)  # its late columns as stored (rec.LATE_COLUMNS)
         if found is None:
@@ -306,8 +357,8 @@ class RecordCommands(StoreBase):
                 ),
                 commit=commit,
             )
-            if kept is not None:
-                kept.wrote(ident, None)
+            if guess is not None:
+                guess.kept.wrote(guess.ident, None)
             return functools.partial(snap.mnest, new)
         if turn_id is not None:
             if found[WIDTH]:  # the flag after the columns: the turn counted it already
@@ -322,10 +373,20 @@ class RecordCommands(StoreBase):
             ),
             commit=commit,
         )
-        if kept is not None:
-            # the documents it gave are stored as the driver wrote them: looked up next time
-            same = p.tags is None and p.desired_sig is None
-            kept.wrote(ident, reinforced_row(row, values) if same else None)
+        if guess is not None:
+            return self._kept_reinforced(guess._replace(row=row, values=values), p, late)
+        return functools.partial(reinforced_mnest, row, values, late)
+
+    @staticmethod
+    def _kept_reinforced(
+        guess: _Guess, p: Passing, late: Callable[[Sequence[Any]], tuple[Any, ...]]
+    ) -> Callable[[], Mnest]:
+        """After a reinforcement committed: its row kept for the connection's next passing
+        of the edge (where it gave no document: one it gave is stored as the driver wrote
+        it, which the next passing looks up), and what builds its snapshot."""
+        row, values = cast(MnestRow, guess.row), guess.values
+        same = p.tags is None and p.desired_sig is None
+        guess.kept.wrote(guess.ident, reinforced_row(row, values) if same else None)
         return functools.partial(reinforced_mnest, row, values, late)
 
     def _last_write(self, ex: StatementRunner) -> Callable[[Executable, Any, Any], None]:
