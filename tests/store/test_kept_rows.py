@@ -1,0 +1,267 @@
+"""A SQLite connection keeps the rows its own passings wrote (``KeptRows``): its next passing
+of an edge skips the lookup under the write lock while SQLite says that nothing else wrote
+to the store (``PRAGMA data_version``, ``total_changes``). What a passing stores and
+returns is the same with or without them, whatever writes in between.
+"""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import create_engine
+from sqlalchemy.pool import StaticPool
+
+from mnestoma import Mnestoma, UnitOfWork, make_engine, make_session_factory
+from mnestoma.core import rules
+from mnestoma.schema import runner
+from mnestoma.schema.runner import DriverRunner, KeptRows
+from mnestoma.testing.clock import MovableClock
+
+EDGE = ("planner", "1", "search", "2")
+
+
+@pytest.fixture
+def lookups(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every lookup a passing makes under the write lock (the runner's bound reads)."""
+    seen: list[Any] = []
+    real = DriverRunner.first_bound
+
+    def first_bound(self: DriverRunner, bound: Any) -> Any:
+        seen.append(bound[0])
+        return real(self, bound)
+
+    monkeypatch.setattr(DriverRunner, "first_bound", first_bound)
+    return seen
+
+
+def raw(store_url: str) -> sqlite3.Connection:
+    """Another connection to the store's file."""
+    return sqlite3.connect(store_url.removeprefix("sqlite:///"), isolation_level=None)
+
+
+@pytest.mark.parametrize("engine_name", ["sqlite"])
+def test_a_connections_next_passing_of_an_edge_skips_the_lookup_while_nothing_else_wrote(
+    store_url: str, lookups: list[Any]
+) -> None:
+    with Mnestoma(store_url) as store:
+        store.record_passing(*EDGE)  # created: looked up, found nothing
+        store.record_passing(*EDGE)  # looked up once more: nothing kept after a creation
+        assert len(lookups) == 2
+        for _ in range(3):
+            done = store.record_passing(*EDGE, outcome="ok")
+        assert len(lookups) == 2  # the row it wrote, kept
+        assert (done.uses, done.ok_count) == (5, 3)
+        stored = store.get(done.id)
+        assert stored is not None and stored.uses == 5 and stored.weight == done.weight
+
+
+@pytest.mark.parametrize("engine_name", ["sqlite"])
+def test_a_commit_of_another_connection_makes_the_next_passing_look_the_row_up(
+    store_url: str, lookups: list[Any]
+) -> None:
+    with Mnestoma(store_url) as store:
+        store.record_passing(*EDGE)
+        store.record_passing(*EDGE)
+        other = raw(store_url)
+        try:
+            other.execute("UPDATE mnests SET weight = 0.9, uses = 40")
+        finally:
+            other.close()
+        before = len(lookups)
+        done = store.record_passing(*EDGE)
+        assert len(lookups) == before + 1
+        assert done.uses == 41 and done.weight == pytest.approx(1.0)  # 0.9 + 0.15, clamped
+
+
+@pytest.mark.parametrize("engine_name", ["sqlite"])
+def test_a_write_of_another_operation_on_the_same_connection_makes_it_look_the_row_up(
+    store_url: str, lookups: list[Any]
+) -> None:
+    """``total_changes``: a unit of work of a service on the very connection the facade's
+    passings use (its own statements, not seen by data_version) makes the next passing read
+    the row again."""
+    engine = create_engine(store_url, poolclass=StaticPool)
+    with Mnestoma(engine) as store:
+        store.record_passing(*EDGE)
+        store.record_passing(*EDGE)
+        with engine.begin() as conn:
+            conn.exec_driver_sql("UPDATE mnests SET uses = 70")
+        before = len(lookups)
+        assert store.record_passing(*EDGE).uses == 71
+        assert len(lookups) == before + 1
+
+
+@pytest.mark.parametrize("engine_name", ["sqlite"])
+def test_a_passing_that_gives_documents_makes_the_next_one_look_the_row_up(
+    store_url: str, lookups: list[Any]
+) -> None:
+    """Tags and signatures are stored as the driver wrote them: the next passing reads
+    them, and returns them as stored."""
+    wish = ("planner", "1", "wished")
+    with Mnestoma(store_url) as store:
+        store.record_proto(*wish)
+        store.record_proto(*wish)
+        store.record_proto(*wish, tags={"k": [1, 2]}, desired_sig={"args": ["x"]})
+        before = len(lookups)
+        done = store.record_proto(*wish)
+        assert len(lookups) == before + 1
+        assert done.tags == {"k": [1, 2]} and done.desired_sig == {"args": ["x"]}
+        again = store.record_proto(*wish)
+        assert len(lookups) == before + 1
+        assert again.tags == {"k": [1, 2]} and again.uses == 5
+
+
+@pytest.mark.parametrize("engine_name", ["sqlite"])
+def test_a_units_of_work_and_a_turns_passings_always_look_the_row_up(
+    store_url: str, lookups: list[Any]
+) -> None:
+    """Only a call's own transaction, committed at the driver with its last statement,
+    keeps its row: a unit of work may still roll back, a turn's lookup also asks whether
+    the turn counted the passing."""
+    engine = make_engine(store_url)
+    factory = make_session_factory(engine)
+    with Mnestoma(store_url) as store:
+        store.record_passing(*EDGE)
+        store.record_passing(*EDGE)
+        for i in range(2):
+            with UnitOfWork(factory) as u:
+                u.mnests.record_passing(*EDGE)
+                u.commit()
+            store.record_passing(*EDGE, turn_id=f"t{i}")
+        assert len(lookups) == 6
+        assert store.record_passing(*EDGE).uses == 7
+    engine.dispose()
+
+
+@pytest.mark.parametrize("engine_name", ["postgresql"])
+def test_on_postgresql_no_row_is_kept(store_url: str) -> None:
+    """PostgreSQL's passing is one statement that reads the row where it locks it."""
+    with Mnestoma(store_url) as store, store.engine.connect() as conn:
+        assert DriverRunner(conn).kept_rows() is None
+        for n in range(1, 4):
+            assert store.record_passing(*EDGE).uses == n
+
+
+# --- KeptRows itself, on a bare driver connection ---------------------------------------------
+
+
+@pytest.fixture
+def kept_on(tmp_path: Any) -> Iterator[tuple[KeptRows, sqlite3.Connection, sqlite3.Connection]]:
+    path = tmp_path / "k.sqlite"
+    own = sqlite3.connect(path, isolation_level=None)
+    own.execute("PRAGMA journal_mode = WAL")
+    own.execute("CREATE TABLE t (x INTEGER)")
+    other = sqlite3.connect(path, isolation_level=None)
+    engine = create_engine(f"sqlite:///{path}")
+    with engine.connect() as conn:
+        try:
+            yield KeptRows(own, conn), own, other
+        finally:
+            own.close()
+            other.close()
+    engine.dispose()
+
+
+def test_kept_rows_are_good_until_either_connection_writes(
+    kept_on: tuple[KeptRows, sqlite3.Connection, sqlite3.Connection],
+) -> None:
+    kept, own, other = kept_on
+    assert kept.look("a") is None
+    kept.wrote("a", (1,))
+    assert kept.look("a") == (1,) and kept.peek("a") == (1,)
+    kept.wrote("b", (2,))  # a second write, nothing else between: both good
+    assert kept.look("a") == (1,)
+    kept.wrote("a", (3,))
+    other.execute("INSERT INTO t VALUES (1)")  # another connection commits
+    assert kept.look("a") is None and kept.peek("b") is None
+    kept.wrote("a", (4,))
+    assert kept.look("a") == (4,)
+    kept.wrote("a", (4,))
+    own.execute("INSERT INTO t VALUES (2)")  # this connection writes something else
+    assert kept.look("a") is None
+
+
+def test_a_write_rolled_back_on_the_same_connection_forgets_the_rows(
+    kept_on: tuple[KeptRows, sqlite3.Connection, sqlite3.Connection],
+) -> None:
+    kept, own, _ = kept_on
+    kept.look("a")
+    kept.wrote("a", (1,))
+    own.execute("BEGIN IMMEDIATE")
+    own.execute("INSERT INTO t VALUES (1)")
+    own.execute("ROLLBACK")  # total_changes counted it all the same
+    assert kept.look("a") is None
+
+
+def test_a_connection_keeps_written_rows_kept_at_most(
+    kept_on: tuple[KeptRows, sqlite3.Connection, sqlite3.Connection],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(runner, "WRITTEN_ROWS_KEPT", 3)
+    kept, _, _ = kept_on
+    for key in "abc":
+        kept.look(key)
+        kept.wrote(key, (key,))
+    assert [kept.peek(k) for k in "abc"] == [("a",), ("b",), ("c",)]
+    kept.look("d")
+    kept.wrote("d", ("d",))  # full: the others go
+    assert [kept.peek(k) for k in "abcd"] == [None, None, None, ("d",)]
+    assert rules.WRITTEN_ROWS_KEPT == 4096
+
+
+# --- the same results with or without kept rows -------------------------------------------------
+
+
+@pytest.mark.parametrize("engine_name", ["sqlite"])
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_passings_store_and_return_the_same_with_or_without_kept_rows(
+    store_url: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch, seed: int
+) -> None:
+    """Random passings on three edges (outcomes, documents, protos, a clock that moves
+    back and forth by up to a year), with writes of another connection in between: every
+    snapshot and every stored row equal those of a store whose connection keeps nothing."""
+    plain_url = f"sqlite:///{tmp_path / 'plain.sqlite'}"
+    with open(store_url.removeprefix("sqlite:///"), "rb") as src:
+        (tmp_path / "plain.sqlite").write_bytes(src.read())
+    rng = random.Random(seed)
+    clock, plain_clock = MovableClock(), MovableClock()
+    edges = [EDGE, ("planner", "1", "fetch", "1"), ("planner", "1", "wished", None)]
+    got: list[list[Any]] = [[], []]
+    real = DriverRunner.kept_rows
+    with Mnestoma(store_url, clock=clock) as kept, Mnestoma(plain_url, clock=plain_clock) as plain:
+        for _ in range(120):
+            src, sv, dst, dv = rng.choice(edges)
+            kwargs: dict[str, Any] = {"outcome": rng.choice([None, "ok", "error"])}
+            if rng.random() < 0.1:
+                kwargs["tags"] = {"n": rng.randrange(5)}
+            days = rng.choice([0.0, 0.5, 3.0, -2.0, 365.0, -400.0])
+            clock.advance(days)
+            plain_clock.advance(days)
+            for i, store in enumerate((kept, plain)):
+                monkeypatch.setattr(
+                    DriverRunner, "kept_rows", real if i == 0 else lambda self: None
+                )
+                if dv is None:
+                    done = store.record_proto(src, sv, dst, tags=kwargs.get("tags"))
+                else:
+                    done = store.record_passing(src, sv, dst, dv, **kwargs)
+                got[i].append(_without_id(done))
+            if rng.random() < 0.1:  # another connection's write, on both stores
+                for url in (store_url, plain_url):
+                    other = raw(url)
+                    try:
+                        other.execute("UPDATE mnests SET weight = weight / 2")
+                    finally:
+                        other.close()
+        assert got[0] == got[1]
+        assert sorted(map(_without_id, kept.edges())) == sorted(map(_without_id, plain.edges()))
+
+
+def _without_id(m: Any) -> tuple[Any, ...]:
+    return tuple(
+        (k, v) for k, v in sorted(vars(m).items()) if k not in ("id",) and not k.startswith("_")
+    )
