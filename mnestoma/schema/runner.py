@@ -193,6 +193,11 @@ class StatementRunner:
         (its commit finds nothing left to commit otherwise)."""
         self.many(stmt, rows, columns)
 
+    def stored_instant(self, when: datetime) -> Any:
+        """``when`` as the operation's statements bound it at the driver (as SQLite stores
+        it, and a lookup reads a late column), or None (not bound so: here)."""
+        return None
+
     def kept_rows(self) -> KeptRows | None:
         """The rows this connection's own passings wrote (:class:`KeptRows`), for a write
         that commits at SQLite's driver with its last statement; None elsewhere (here)."""
@@ -825,6 +830,9 @@ class DriverRunner(StatementRunner):
                 conn.dialect.do_commit(fairy)
             except dbapi_errors(conn) as err:
                 _raise_translated(self.conn, "COMMIT", None, err, self._dbapi)
+
+    def stored_instant(self, when: datetime) -> Any:
+        return self._instants.get(when)
 
     def kept_rows(self) -> KeptRows | None:
         dbapi = self._driver()

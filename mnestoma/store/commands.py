@@ -122,6 +122,25 @@ class _Guess(NamedTuple):
     ready: ReadyWrites | None
 
 
+def _kept_reinforced(
+    kept: KeptRows,
+    ident: Ident,
+    row: MnestRow,
+    values: Row,
+    p: Passing,
+    late: Callable[[Sequence[Any]], tuple[Any, ...]],
+) -> Callable[[], Mnest]:
+    """After a reinforcement committed: its row kept for the connection's next passing of
+    the edge (where it gave no document: one it gave is stored as the driver wrote it,
+    which the next passing looks up), and what builds its snapshot."""
+    if p.tags is None and p.desired_sig is None:
+        after = reinforced_row(row, values)
+        kept.wrote(ident, after)
+        return functools.partial(late_mnest, after, late)
+    kept.wrote(ident, None)
+    return functools.partial(reinforced_mnest, row, values, late)
+
+
 class RecordCommands(StoreBase):
     """The recording commands of :class:`~mnestoma.MnestRepository` (contract §4, §13)."""
 
@@ -345,7 +364,7 @@ class RecordCommands(StoreBase):
         found = guess.kept.look(guess.ident) if guess is not None else None
         if guess is not None and guess.ready is not None and found is guess.row is not None:
             ex.run_ready(guess.ready, commit=commit)
-            return self._kept_reinforced(guess, p, late)
+            return _kept_reinforced(guess.kept, guess.ident, guess.row, guess.values, p, late)
         if found is None:
             found = ex.first_bound(lookup)  # its late columns as stored (rec.LATE_COLUMNS)
         if found is None:
@@ -358,7 +377,9 @@ class RecordCommands(StoreBase):
                 commit=commit,
             )
             if guess is not None:
-                guess.kept.wrote(guess.ident, None)
+                stored = ex.stored_instant(now)  # ts_first as the lookup reads it
+                plain = p.tags is None and p.desired_sig is None and stored is not None
+                guess.kept.wrote(guess.ident, new._replace(ts_first=stored) if plain else None)
             return functools.partial(snap.mnest, new)
         if turn_id is not None:
             if found[WIDTH]:  # the flag after the columns: the turn counted it already
@@ -374,19 +395,7 @@ class RecordCommands(StoreBase):
             commit=commit,
         )
         if guess is not None:
-            return self._kept_reinforced(guess._replace(row=row, values=values), p, late)
-        return functools.partial(reinforced_mnest, row, values, late)
-
-    @staticmethod
-    def _kept_reinforced(
-        guess: _Guess, p: Passing, late: Callable[[Sequence[Any]], tuple[Any, ...]]
-    ) -> Callable[[], Mnest]:
-        """After a reinforcement committed: its row kept for the connection's next passing
-        of the edge (where it gave no document: one it gave is stored as the driver wrote
-        it, which the next passing looks up), and what builds its snapshot."""
-        row, values = cast(MnestRow, guess.row), guess.values
-        same = p.tags is None and p.desired_sig is None
-        guess.kept.wrote(guess.ident, reinforced_row(row, values) if same else None)
+            return _kept_reinforced(guess.kept, guess.ident, row, values, p, late)
         return functools.partial(reinforced_mnest, row, values, late)
 
     def _last_write(self, ex: StatementRunner) -> Callable[[Executable, Any, Any], None]:
