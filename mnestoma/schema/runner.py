@@ -926,10 +926,11 @@ class KeptRows:
     (measured), its row unchanged. A write that failed changed ``total_changes`` if it ran
     any statement, which forgets every row; one that ran none changed nothing."""
 
-    __slots__ = ("_dbapi", "_rows", "_stamp", "_version", "conn")
+    __slots__ = ("_cursor", "_dbapi", "_rows", "_stamp", "_version", "conn")
 
     def __init__(self, dbapi: sqlite3.Connection, conn: Connection) -> None:
         self._dbapi = dbapi
+        self._cursor = dbapi.cursor()  # kept: one cursor less to make under the lock
         self.conn = conn  # the operation's, for its errors
         self._rows: dict[Any, tuple[Any, ...]] = {}
         self._stamp: tuple[int, int] | None = None  # (data_version, total_changes)
@@ -945,7 +946,7 @@ class KeptRows:
         (not kept, or the store changed since: every row is then forgotten)."""
         dbapi = self._dbapi
         try:
-            version = dbapi.execute(DATA_VERSION).fetchone()[0]
+            version = self._cursor.execute(DATA_VERSION).fetchone()[0]
         except sqlite3.Error as err:
             _raise_translated(self.conn, DATA_VERSION, (), err, dbapi)
         self._version = version
