@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
-from typing import Any, NamedTuple, cast
+from typing import Any
 
 from sqlalchemy import Connection, Executable
 from sqlalchemy.exc import UnboundExecutionError
@@ -28,17 +28,16 @@ from mnestoma.core.validation import (
 from mnestoma.engines.backend import BY_NAME
 from mnestoma.engines.postgresql import POSTGRESQL
 from mnestoma.engines.sqlite import SQLITE
-from mnestoma.schema import snapshots as snap
 from mnestoma.schema.models import Mnest
-from mnestoma.schema.runner import Bound, KeptRows, ReadyWrites, StatementRunner
+from mnestoma.schema.runner import StatementRunner
 from mnestoma.schema.sql import chains as chains_sql
 from mnestoma.schema.sql import record as rec
 from mnestoma.schema.sql.tables import MNEST_COLUMNS
 from mnestoma.store import pg_writes as pg
+from mnestoma.store import sqlite_writes as sq
 from mnestoma.store.pg_writes import RACE_ROUNDS
 from mnestoma.store.plumbing import Plans, StoreBase, lock_for_write
 from mnestoma.store.rows import (
-    WIDTH,
     Ident,
     MnestRow,
     Row,
@@ -47,8 +46,6 @@ from mnestoma.store.rows import (
     creation,
     key_of,
     key_params,
-    late_mnest,
-    reinforced_mnest,
     reinforced_row,
     reinforcement,
     row_key,
@@ -108,37 +105,6 @@ def _one_writer(session: Session | Connection) -> bool:
             return False
     backend = BY_NAME.get(bind.dialect.name)
     return backend is not None and backend.one_writer
-
-
-class _Guess(NamedTuple):
-    """A passing made ready before the write lock from the row its connection kept
-    (:meth:`RecordCommands._guessed`): the row (None: none kept), its reinforcement's
-    values, and its statements as the driver takes them (None: not at the driver)."""
-
-    kept: KeptRows
-    ident: Ident
-    row: MnestRow | None
-    values: Row
-    ready: ReadyWrites | None
-
-
-def _kept_reinforced(
-    kept: KeptRows,
-    ident: Ident,
-    row: MnestRow,
-    values: Row,
-    p: Passing,
-    late: Callable[[Sequence[Any]], tuple[Any, ...]],
-) -> Callable[[], Mnest]:
-    """After a reinforcement committed: its row kept for the connection's next passing of
-    the edge (where it gave no document: one it gave is stored as the driver wrote it,
-    which the next passing looks up), and what builds its snapshot."""
-    if p.tags is None and p.desired_sig is None:
-        after = reinforced_row(row, values)
-        kept.wrote(ident, after)
-        return functools.partial(late_mnest, after, late)
-    kept.wrote(ident, None)
-    return functools.partial(reinforced_mnest, row, values, late)
 
 
 class RecordCommands(StoreBase):
@@ -293,110 +259,17 @@ class RecordCommands(StoreBase):
                 lookup = ex.bind(rec.select_one_counted(proto), counted)
             ex.convert_instant(now, rec.INSERT_EVENT, rec.EVENT_ROW)
             late = rec.late_converter(ex.conn.dialect)  # made at its first use, if need be
-            guess = self._guessed(ex, p, turn_id, recorder, occurrence, now)
+            commit = self._commits_itself  # the last statement commits (_last_write)
+            guess = sq.guessed(ex, p, turn_id, recorder, occurrence, now, commit=commit)
             lock_for_write(ex)
-            return self._record_one_locked(
-                ex, lookup, late, p, turn_id, recorder, occurrence, now, guess
+            return sq.record_one_locked(
+                ex, lookup, late, p, turn_id, recorder, occurrence, now, guess, commit=commit
             )
         lock_for_write(ex)  # nothing to take on PostgreSQL: the runner's own steps
         # PostgreSQL: one statement, "now" read once before it (contract §4).
         now = self._write_now(ex)
         commit = self._commits_itself
         return pg.record_one(ex, p, params, now, turn_id, recorder, occurrence, commit=commit)
-
-    def _guessed(
-        self,
-        ex: StatementRunner,
-        p: Passing,
-        turn_id: str | None,
-        recorder: str,
-        occurrence: int,
-        now: datetime,
-    ) -> _Guess | None:
-        """SQLite, before the write lock: where this connection keeps the row its last
-        passing of the edge wrote (:class:`~mnestoma.schema.runner.KeptRows`; a call's own
-        transaction, no turn), the reinforcement of that row and its statements made ready,
-        which the lock's holder runs as they are if the row is still the store's; else None.
-        Only the write is then left under the lock."""
-        if turn_id is not None or not self._commits_itself:
-            return None
-        kept = ex.kept_rows()
-        if kept is None:
-            return None
-        ident: Ident = (p.dst_exists, key_of(p))
-        row = kept.peek(ident)
-        if row is None:
-            return _Guess(kept, ident, None, (), None)
-        mnest = cast(MnestRow, row)
-        values, ev = reinforcement(mnest, p, None, now, recorder, occurrence)
-        ready = ex.ready_writes(
-            (
-                (rec.UPDATE_REINFORCE, values, rec.REINFORCE_ROW),
-                (rec.INSERT_EVENT, ev, rec.EVENT_ROW),
-            )
-        )
-        return _Guess(kept, ident, mnest, values, ready)
-
-    def _record_one_locked(
-        self,
-        ex: StatementRunner,
-        lookup: Bound,
-        late: Callable[[Sequence[Any]], tuple[Any, ...]],
-        p: Passing,
-        turn_id: str | None,
-        recorder: str,
-        occurrence: int,
-        now: datetime,
-        guess: _Guess | None = None,
-    ) -> Callable[[], Mnest]:
-        """SQLite, under the write lock (no other writer can create the key meanwhile), with
-        ``now`` read before it: one lookup, which with a turn also says whether the turn
-        counted this occurrence already, then the row's write and its event. A read and
-        two plain writes: SQLite computing the reinforcement itself in two statements
-        (the event's INSERT ... SELECT, then UPDATE ... RETURNING, with the exact SQL twins
-        of the rules) spends more time under the lock than the lookup and the arithmetic
-        it saves (see docs/performance.md). ``late``, found before the lock, converts the
-        row's late columns for the snapshot once the lock is let go."""
-        commit = self._commits_itself  # the last statement commits (_last_write)
-        # The row this connection's last passing of the edge wrote, when nothing has
-        # written to the store since (KeptRows): no lookup under the lock, and where it was
-        # guessed so before the lock, its write made ready then.
-        found = guess.kept.look(guess.ident) if guess is not None else None
-        if guess is not None and guess.ready is not None and found is guess.row is not None:
-            ex.run_ready(guess.ready, commit=commit)
-            return _kept_reinforced(guess.kept, guess.ident, guess.row, guess.values, p, late)
-        if found is None:
-            found = ex.first_bound(lookup)  # its late columns as stored (rec.LATE_COLUMNS)
-        if found is None:
-            new, ev = creation(p, turn_id, now, recorder, occurrence)
-            ex.writes(
-                (
-                    (rec.INSERT_MNEST_LOCKED, new, MNEST_COLUMNS),
-                    (rec.INSERT_EVENT, ev, rec.EVENT_ROW),
-                ),
-                commit=commit,
-            )
-            if guess is not None:
-                stored = ex.stored_instant(now)  # ts_first as the lookup reads it
-                plain = p.tags is None and p.desired_sig is None and stored is not None
-                guess.kept.wrote(guess.ident, new._replace(ts_first=stored) if plain else None)
-            return functools.partial(snap.mnest, new)
-        if turn_id is not None:
-            if found[WIDTH]:  # the flag after the columns: the turn counted it already
-                return functools.partial(late_mnest, found, late)
-            found = found[:WIDTH]
-        row = MnestRow._make(found)
-        values, ev = reinforcement(row, p, turn_id, now, recorder, occurrence)
-        ex.writes(
-            (
-                (rec.UPDATE_REINFORCE, values, rec.REINFORCE_ROW),
-                (rec.INSERT_EVENT, ev, rec.EVENT_ROW),
-            ),
-            commit=commit,
-        )
-        if guess is not None:
-            return _kept_reinforced(guess.kept, guess.ident, row, values, p, late)
-        return functools.partial(reinforced_mnest, row, values, late)
 
     def _last_write(self, ex: StatementRunner) -> Callable[[Executable, Any, Any], None]:
         """How the last statement of a SQLite write runs: with its ``COMMIT`` right after it

@@ -2,8 +2,9 @@
 (``pg_passing`` and ``pg_turn`` in :mod:`mnestoma.schema.sql.record`), with "now" read once
 before it (contract §4) and the race rounds a statement that lost a race runs again.
 
-SQLite's steps stay in :mod:`mnestoma.store.commands`: there the write lock keeps other
-writers out, and no race is run again.
+SQLite's steps of a passing are in :mod:`mnestoma.store.sqlite_writes`, its turn's in
+:mod:`mnestoma.store.commands`: there the write lock keeps other writers out, and no race is
+run again.
 """
 
 from __future__ import annotations
