@@ -93,16 +93,21 @@ _BELLS: dict[str, Doorbell | None] = {}
 _OPENING = threading.Lock()
 
 
-def doorbell(path: str | None) -> Doorbell | None:
+def doorbell(path: str | None, *, create: bool = True) -> Doorbell | None:
     """This process's bell at ``path`` (the FIFO made if missing), or None: no path (an
     in-memory database), no FIFOs on this system (nor ``select.poll``), or a file there
-    that is not a FIFO this user can read and write."""
+    that is not a FIFO this user can read and write. Without ``create``, None as well
+    while no FIFO is there: no write has ever slept on it, so there is nobody to wake (a
+    maintenance batch's commit asks so, and leaves no file beside a store nobody waits
+    for)."""
     if path is None:
         return None
     try:
         return _BELLS[path]
     except KeyError:
         pass
+    if not create and not os.path.lexists(path):
+        return None
     with _OPENING:
         if path not in _BELLS:
             _BELLS[path] = _open(path)

@@ -246,7 +246,7 @@ def take_write_lock(conn: Connection, *, maintenance: bool = False) -> None:
         raise
     info.pop(SNAPSHOT_INFO, None)
     if maintenance:
-        bell = doorbell(bell_file(conn.engine.url))
+        bell = doorbell(bell_file(conn.engine.url), create=False)
         if bell is not None:
             bell.hush()  # its batch holds the lock: nothing to wake for
             info[_RING_AT_COMMIT_INFO] = bell

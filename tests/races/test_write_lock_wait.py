@@ -400,3 +400,18 @@ def test_the_doorbell_is_a_fifo_beside_the_store_and_nothing_else_serves(
     link.symlink_to(path)
     assert doorbell(str(link)) is None
     assert doorbell(str(tmp_path / "no-such-folder" / "x-writers.bell")) is None
+
+
+def test_a_maintenance_batch_makes_no_bell_where_no_write_ever_waited(store_url: str) -> None:
+    """The bell is made by the first write that sleeps on it: a batch's commit rings only
+    one that is there, and leaves no file beside a store nobody waits for."""
+    path = bell_file(make_url(store_url))
+    assert path is not None
+    with mnestoma.Mnestoma(store_url) as store:
+        store.record_passing("a", "1", "b", "1")
+        with store.engine.connect() as conn:
+            for_write(conn)
+            conn.exec_driver_sql("UPDATE mnests SET weight = weight")
+            conn.commit()
+        store.apply_ager()
+    assert not os.path.lexists(path)
