@@ -119,7 +119,10 @@ def record_one_locked(
     two plain writes: SQLite computing the reinforcement itself in two statements
     (the event's INSERT ... SELECT, then UPDATE ... RETURNING, with the exact SQL twins
     of the rules) spends more time under the lock than the lookup and the arithmetic
-    it saves (see docs/performance.md). ``late``, found before the lock, converts the
+    it saves (see docs/performance.md). With ``guess`` (:func:`guessed`), the connection's
+    kept row is checked first (:meth:`~mnestoma.schema.runner.KeptRows.look`): while it is
+    still the store's, the write made ready before the lock runs alone; either way the row
+    written is kept for the next passing. ``late``, found before the lock, converts the
     row's late columns for the snapshot once the lock is let go."""
     # The row this connection's last passing of the edge wrote, when nothing has
     # written to the store since (KeptRows): no lookup under the lock, and where it was

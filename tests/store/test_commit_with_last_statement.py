@@ -15,9 +15,10 @@ import pytest
 from sqlalchemy import create_engine, event, text
 
 import mnestoma
+from mnestoma.engines import locking
 from mnestoma.schema import snapshots
 from mnestoma.schema.runner import DriverRunner
-from mnestoma.store import commands
+from mnestoma.store import sqlite_writes
 
 EDGE = ("cl.src", "1", "cl.dst", "1")
 NEXT = ("cl.dst", "1", "cl.end", "1")
@@ -28,7 +29,8 @@ SELECT_USES = (
 # The method each engine's facade writes its last statement with.
 # The runner's methods that run a write's last statement and its COMMIT: a passing's
 # steps on SQLite (writes), a turn's last batch (many_committing), PostgreSQL's statement.
-COMMITTING = {"sqlite": ("writes", "many_committing"), "postgresql": ("first_committing",)}
+# A SQLite passing's writes run through run_ready, made ready before the lock or not.
+COMMITTING = {"sqlite": ("run_ready", "many_committing"), "postgresql": ("first_committing",)}
 
 Probe = Callable[[], "int | None"]
 
@@ -255,6 +257,17 @@ def _failing_reinforcement(*args: Any, **kwargs: Any) -> Any:
     raise mnestoma.StoreError("failed under the lock")
 
 
+def _failing_before_the_lock(*args: Any, **kwargs: Any) -> Any:
+    raise mnestoma.StoreError("failed before the lock")
+
+
+def _fail_under_the_lock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reinforcement fails, computed under the lock: the connection keeps no row, which
+    would have it computed before the lock (see the test after these)."""
+    monkeypatch.setattr(DriverRunner, "kept_rows", lambda self: None)
+    monkeypatch.setattr(sqlite_writes, "reinforcement", _failing_reinforcement)
+
+
 def test_a_failed_sqlite_write_is_rolled_back_where_a_rollback_listener_sees_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -267,7 +280,7 @@ def test_a_failed_sqlite_write_is_rolled_back_where_a_rollback_listener_sees_it(
         with mnestoma.Mnestoma(engine) as store:
             store.record_passing(*EDGE)
             event.listen(engine, "rollback", lambda conn: rolled_back.append(free_uses()))
-            monkeypatch.setattr(commands, "reinforcement", _failing_reinforcement)
+            _fail_under_the_lock(monkeypatch)
             with pytest.raises(mnestoma.StoreError, match="failed under the lock"):
                 store.record_passing(*EDGE)
     finally:
@@ -290,11 +303,41 @@ def test_a_facades_sqlite_write_that_fails_under_the_lock_rolls_back_in_its_unit
         with mnestoma.Mnestoma(engine) as store:
             store.record_passing(*EDGE)
 
-            monkeypatch.setattr(commands, "reinforcement", _failing_reinforcement)
+            _fail_under_the_lock(monkeypatch)
             with pytest.raises(mnestoma.StoreError, match="failed under the lock"):
                 store.record_passing(*EDGE)
             assert free_uses() == 1  # rolled back, the lock released
             monkeypatch.undo()
+            assert store.record_passing(*EDGE).uses == 2
+    finally:
+        engine.dispose()
+
+
+def test_a_kept_rows_write_that_fails_before_the_lock_takes_no_lock_and_writes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From the row its connection kept, a passing computes its reinforcement before the
+    write lock: failing there, it has taken no lock and written nothing, and the row it
+    kept is still good for the next passing."""
+    url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    mnestoma.upgrade(url)
+    free_uses = next(_sqlite_probe(url))
+    engine = mnestoma.make_engine(url)
+    locked: list[int] = []
+    real_begin = locking._begin_immediate
+    monkeypatch.setattr(
+        locking, "_begin_immediate", lambda *a, **k: (locked.append(1), real_begin(*a, **k))[1]
+    )
+    try:
+        with mnestoma.Mnestoma(engine) as store:
+            store.record_passing(*EDGE)
+            taken = len(locked)
+            with monkeypatch.context() as failing:
+                failing.setattr(sqlite_writes, "reinforcement", _failing_before_the_lock)
+                with pytest.raises(mnestoma.StoreError, match="failed before the lock"):
+                    store.record_passing(*EDGE)
+            assert len(locked) == taken  # no lock asked for
+            assert free_uses() == 1
             assert store.record_passing(*EDGE).uses == 2
     finally:
         engine.dispose()
