@@ -840,7 +840,7 @@ class DriverRunner(StatementRunner):
             return None  # observed, another driver, or committed by the transaction's owner
         info = self.conn.connection.info
         kept = info.get(_KEPT_ROWS_INFO)
-        if kept is None:
+        if kept is None or not kept.of(dbapi):  # none yet, or the record's connection is new
             kept = info[_KEPT_ROWS_INFO] = KeptRows(dbapi, self.conn)
         else:
             kept.conn = self.conn
@@ -935,6 +935,10 @@ class KeptRows:
         self._rows: dict[Any, tuple[Any, ...]] = {}
         self._stamp: tuple[int, int] | None = None  # (data_version, total_changes)
         self._version: int | None = None
+
+    def of(self, dbapi: Any) -> bool:
+        """Whether these rows are those of the driver connection ``dbapi``."""
+        return self._dbapi is dbapi
 
     def peek(self, key: Any) -> tuple[Any, ...] | None:
         """``key``'s row as kept, before the write lock: a guess, which :meth:`look` under the

@@ -135,6 +135,24 @@ def test_a_units_of_work_and_a_turns_passings_always_look_the_row_up(
     engine.dispose()
 
 
+@pytest.mark.parametrize("engine_name", ["sqlite"])
+def test_a_connection_reopened_under_the_same_pool_record_keeps_nothing_of_the_old_one(
+    store_url: str, lookups: list[Any]
+) -> None:
+    """A pool record whose driver connection was replaced (invalidated, then connected
+    again) starts with no row kept: the rows were the old connection's (SQLAlchemy empties
+    the record's info then, and the rows name the driver connection they are of)."""
+    engine = create_engine(store_url, poolclass=StaticPool)
+    with Mnestoma(engine) as store:
+        store.record_passing(*EDGE)
+        store.record_passing(*EDGE)
+        with engine.connect() as conn:
+            conn.invalidate()
+        before = len(lookups)
+        assert store.record_passing(*EDGE).uses == 3
+        assert len(lookups) == before + 1
+
+
 @pytest.mark.parametrize("engine_name", ["postgresql"])
 def test_on_postgresql_no_row_is_kept(store_url: str) -> None:
     """PostgreSQL's passing is one statement that reads the row where it locks it."""
@@ -168,6 +186,7 @@ def test_kept_rows_are_good_until_either_connection_writes(
     kept_on: tuple[KeptRows, sqlite3.Connection, sqlite3.Connection],
 ) -> None:
     kept, own, other = kept_on
+    assert kept.of(own) and not kept.of(other)
     assert kept.look("a") is None
     kept.wrote("a", (1,))
     assert kept.look("a") == (1,) and kept.peek("a") == (1,)
