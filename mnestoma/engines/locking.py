@@ -875,9 +875,10 @@ def pauses_letting_writers_in(url: URL, seconds: float) -> Iterator[float]:
     write can say that it waits: PostgreSQL, no lock file), and on a SQLite file database
     as long as some write of this package says that it waits
     (:data:`~mnestoma.rules.AGER_YIELD_MAX_S` at most), in sleeps of
-    :data:`~mnestoma.rules.AGER_YIELD_POLL_S`, the store's doorbell rung before each while
-    writes wait: every write queued behind the batch gets in before the next one, at once,
-    however long it sleeps between its tries (:data:`~mnestoma.rules.WRITE_LOCK_POLL_S`)."""
+    :data:`~mnestoma.rules.AGER_YIELD_POLL_S`, the store's doorbell kept rung while writes
+    wait and emptied at the end: every write queued behind the batch gets in before the
+    next one, at once, however long it sleeps between its tries
+    (:data:`~mnestoma.rules.WRITE_LOCK_POLL_S`)."""
     fd = _open_lock_file(waiting_file(url)) if seconds > 0 else -1
     if fd < 0:
         yield seconds
@@ -983,8 +984,9 @@ def _pause(dbapi: Any, seconds: float) -> None:
 
 def bell_file(url: URL) -> str | None:
     """The doorbell of the SQLite file database at ``url``: a FIFO on which the writes that
-    wait for its write lock sleep, and which a maintenance run rings between its batches
-    (see :mod:`~.doorbell`); None for an in-memory one or another engine's database."""
+    wait for its write lock sleep, and which a maintenance run rings from each batch's
+    commit to the end of the pause after it (see :mod:`~.doorbell`); None for an in-memory
+    one or another engine's database."""
     return beside_store(url, "-writers.bell")
 
 
