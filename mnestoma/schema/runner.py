@@ -948,6 +948,20 @@ class KeptRows:
     def look(self, key: Any) -> tuple[Any, ...] | None:
         """Under the write lock: ``key``'s row as its lookup would read it now, or None
         (not kept, or the store changed since: every row is then forgotten)."""
+        return self._rows.get(key) if self._unchanged() else None
+
+    def look_many(self, keys: Iterable[Any]) -> dict[Any, tuple[Any, ...]]:
+        """Under the write lock, for a write of several rows (a turn): those of ``keys`` kept,
+        as their lookups would read them now (none where the store changed since)."""
+        if not self._unchanged():
+            return {}
+        rows = self._rows
+        return {key: row for key in keys if (row := rows.get(key)) is not None}
+
+    def _unchanged(self) -> bool:
+        """Under the write lock: whether nothing has written to the store since this
+        connection's last kept write (else every row is forgotten). Notes SQLite's
+        ``data_version`` for :meth:`wrote`."""
         dbapi = self._dbapi
         try:
             version = self._cursor.execute(DATA_VERSION).fetchone()[0]
@@ -957,8 +971,8 @@ class KeptRows:
         if self._stamp != (version, dbapi.total_changes):
             self._stamp = None
             self._rows.clear()
-            return None
-        return self._rows.get(key)
+            return False
+        return True
 
     def wrote(self, key: Any, row: tuple[Any, ...] | None) -> None:
         """After the write that :meth:`look` began has committed at the driver: ``row`` is
@@ -973,6 +987,24 @@ class KeptRows:
             if len(rows) >= WRITTEN_ROWS_KEPT and key not in rows:
                 rows.clear()
             rows[key] = row
+        self._stamp = (version, self._dbapi.total_changes)
+
+    def wrote_many(self, rows: dict[Any, tuple[Any, ...]], forgotten: Iterable[Any]) -> None:
+        """:meth:`wrote` for a write of several rows (a turn), after the write that
+        :meth:`look_many` began has committed at the driver: ``rows`` by key as their lookups
+        would read them now, and the keys whose rows are not known here (``forgotten``).
+        Over ``WRITTEN_ROWS_KEPT`` rows, the others go."""
+        version, self._version = self._version, None
+        if version is None:
+            return
+        kept = self._rows
+        for key in forgotten:
+            kept.pop(key, None)
+        kept.update(rows)
+        if len(kept) > WRITTEN_ROWS_KEPT:
+            kept.clear()
+            if len(rows) <= WRITTEN_ROWS_KEPT:
+                kept.update(rows)
         self._stamp = (version, self._dbapi.total_changes)
 
 

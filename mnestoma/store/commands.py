@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import Connection, Executable
 from sqlalchemy.exc import UnboundExecutionError
@@ -29,7 +29,7 @@ from mnestoma.engines.backend import BY_NAME
 from mnestoma.engines.postgresql import POSTGRESQL
 from mnestoma.engines.sqlite import SQLITE
 from mnestoma.schema.models import Mnest
-from mnestoma.schema.runner import StatementRunner
+from mnestoma.schema.runner import KeptRows, StatementRunner
 from mnestoma.schema.sql import chains as chains_sql
 from mnestoma.schema.sql import record as rec
 from mnestoma.schema.sql.tables import MNEST_COLUMNS
@@ -290,9 +290,11 @@ class RecordCommands(StoreBase):
             now = self._now()
             ex.convert_instant(now, rec.INSERT_EVENT, rec.EVENT_ROW)
             late = rec.late_converter(ex.conn.dialect)
+            # the rows this connection's last writes left, where the turn commits itself
+            kept = ex.kept_rows() if self._commits_itself else None
             # BEGIN IMMEDIATE: no other writer can create one of our keys meanwhile
             lock_for_write(ex)
-            once = self._record_many_once(ex, unique, turn_id, recorder, idents, now)
+            once = self._record_many_once(ex, unique, turn_id, recorder, idents, now, kept)
             if once is None:
                 raise ConflictError("another writer created a key of this turn meanwhile")
             rows, stored = once
@@ -311,17 +313,25 @@ class RecordCommands(StoreBase):
         recorder: str,
         order: list[Ident],
         now: datetime,
+        kept: KeptRows | None,
     ) -> tuple[dict[Ident, Sequence[Any]], dict[Ident, Stored]] | None:
         """A turn on SQLite, under the write lock, ``now`` read before it (``order``: each
         passing's edge, as given): each edge's row after it, for the snapshots built once
         the lock is let go, and for each edge that was in the store its row as read, late
         columns as stored (:data:`~mnestoma.schema.sql.record.LATE_COLUMNS`), with whether
         the turn gave its tags and its desired_sig; None when another writer created one of
-        its keys (it cannot: the lock keeps them out)."""
+        its keys (it cannot: the lock keeps them out). With ``kept`` (the connection's
+        :class:`~mnestoma.schema.runner.KeptRows`), only the keys whose rows it does not
+        keep are looked up, and the rows the turn wrote are kept once it has committed."""
         result: dict[Ident, Sequence[Any]] = {}
         stored: dict[Ident, Stored] = {}
-        rows = _lock_keys(ex, list(pending))
-        found = {(r.state == MnestState.ACTIVE, row_key(r)): r for r in rows}
+        found: dict[Ident, MnestRow] = {}
+        if kept is not None:
+            found.update(cast(dict[Ident, MnestRow], kept.look_many(pending)))
+        missing = [i for i in pending if i not in found] if found else list(pending)
+        if missing:
+            rows = _lock_keys(ex, missing)
+            found.update(((r.state == MnestState.ACTIVE, row_key(r)), r) for r in rows)
         done: set[tuple[str, int]] = set()
         if found and ex.first(rec.TURN_SEEN, {"turn_id": turn_id}) is not None:
             # a retried (or continued) turn: which occurrences of its rows did it count?
@@ -331,16 +341,21 @@ class RecordCommands(StoreBase):
         updates: list[Row] = []
         creations: list[tuple[Ident, MnestRow, list[Row]]] = []
         events: list[Row] = []
+        documented: list[Ident] = []  # the edges the turn gave a document
         for ident, passings in pending.items():
             row = found.get(ident)
             if row is None:
                 new, ev = creation(passings[0], turn_id, now, recorder, 1)
                 new_events = [ev]
+                docs = passings[0].tags is not None or passings[0].desired_sig is not None
                 for k, p in enumerate(passings[1:], 2):
                     again, ev = reinforcement(new, p, turn_id, now, recorder, k)
                     new = reinforced_row(new, again)
                     new_events.append(ev)
+                    docs = docs or p.tags is not None or p.desired_sig is not None
                 creations.append((ident, new, new_events))
+                if docs:
+                    documented.append(ident)
                 continue
             as_read, tags, sig = row, False, False
             for k, p in enumerate(passings, 1):
@@ -353,6 +368,8 @@ class RecordCommands(StoreBase):
                 tags, sig = tags or p.tags is not None, sig or p.desired_sig is not None
             result[ident] = row
             stored[ident] = (as_read, tags, sig)
+            if tags or sig:
+                documented.append(ident)
         ex.many(rec.UPDATE_REINFORCE, updates, rec.REINFORCE_ROW)
         if creations:
             # In key order, a plain batch: the write lock keeps other writers out.
@@ -369,6 +386,8 @@ class RecordCommands(StoreBase):
             last(chains_sql.count_chains(ex.dialect), chains, chains_sql.CHAIN_ROW)
         else:
             last(rec.INSERT_EVENT, events, rec.EVENT_ROW)
+        if kept is not None:
+            sq.keep_turn(ex, kept, result, [c[0] for c in creations], documented, now)
         return result, stored
 
 

@@ -31,7 +31,7 @@ from mnestoma.store.rows import (
     reinforcement,
 )
 
-__all__ = ["Guess", "guessed", "record_one_locked"]
+__all__ = ["Guess", "guessed", "keep_turn", "record_one_locked"]
 
 
 class Guess(NamedTuple):
@@ -163,3 +163,30 @@ def record_one_locked(
     if guess is not None:
         return _kept_reinforced(guess.kept, guess.ident, row, values, p, late)
     return functools.partial(reinforced_mnest, row, values, late)
+
+
+def keep_turn(
+    ex: StatementRunner,
+    kept: KeptRows,
+    after: dict[Ident, Sequence[Any]],
+    created: list[Ident],
+    documented: list[Ident],
+    now: datetime,
+) -> None:
+    """After a turn committed at the driver: each of its rows, as :func:`record_one_locked`
+    keeps a passing's, for the connection's next write of the edge (``after``: each edge's
+    row after the turn; ``created``: the edges it created, whose ``ts_first`` is kept as the
+    driver bound it). The edges to which the turn gave a document (``documented``) keep
+    nothing: their next write reads the documents as stored."""
+    rows = cast(dict[Ident, tuple[Any, ...]], after)
+    if created or documented:
+        rows = dict(rows)
+        stored = ex.stored_instant(now)
+        for ident in created:
+            if stored is None:
+                documented.append(ident)
+            else:
+                rows[ident] = cast(MnestRow, rows[ident])._replace(ts_first=stored)
+        for ident in documented:
+            rows.pop(ident, None)
+    kept.wrote_many(rows, documented)

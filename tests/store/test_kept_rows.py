@@ -15,10 +15,11 @@ import pytest
 from sqlalchemy import create_engine
 from sqlalchemy.pool import StaticPool
 
-from mnestoma import Mnestoma, UnitOfWork, make_engine, make_session_factory
+from mnestoma import Mnestoma, Passing, UnitOfWork, make_engine, make_session_factory
 from mnestoma.core import rules
 from mnestoma.schema import runner
 from mnestoma.schema.runner import DriverRunner, KeptRows
+from mnestoma.store import commands
 from mnestoma.testing.clock import MovableClock
 
 EDGE = ("planner", "1", "search", "2")
@@ -114,12 +115,12 @@ def test_a_passing_that_gives_documents_makes_the_next_one_look_the_row_up(
 
 
 @pytest.mark.parametrize("engine_name", ["sqlite"])
-def test_a_units_of_work_and_a_turns_passings_always_look_the_row_up(
+def test_a_units_of_work_and_a_one_passing_turns_passings_always_look_the_row_up(
     store_url: str, lookups: list[Any]
 ) -> None:
     """Only a call's own transaction, committed at the driver with its last statement,
-    keeps its row: a unit of work may still roll back, a turn's lookup also asks whether
-    the turn counted the passing."""
+    keeps its row: a unit of work may still roll back, a turn of one passing's lookup also
+    asks whether the turn counted the passing."""
     engine = make_engine(store_url)
     factory = make_session_factory(engine)
     with Mnestoma(store_url) as store:
@@ -133,6 +134,97 @@ def test_a_units_of_work_and_a_turns_passings_always_look_the_row_up(
         assert len(lookups) == 5  # the first passing's, then every one of theirs
         assert store.record_passing(*EDGE).uses == 7
     engine.dispose()
+
+
+@pytest.fixture
+def turn_lookups(monkeypatch: pytest.MonkeyPatch) -> list[list[Any]]:
+    """The keys each turn looks up under the write lock."""
+    seen: list[list[Any]] = []
+    real = commands._lock_keys
+
+    def lock_keys(ex: Any, idents: list[Any]) -> Any:
+        seen.append([key[2] for _, key in idents])  # each key's destination
+        return real(ex, idents)
+
+    monkeypatch.setattr(commands, "_lock_keys", lock_keys)
+    return seen
+
+
+def _turn(*dsts: str) -> list[Passing]:
+    """Passings from the planner to each of ``dsts`` (a proto where the name says so)."""
+    return [
+        Passing("planner", "1", d, None, dst_exists=False)
+        if d.startswith("wish")
+        else Passing("planner", "1", d, "1")
+        for d in dsts
+    ]
+
+
+@pytest.mark.parametrize("engine_name", ["sqlite"])
+def test_a_turn_looks_up_only_the_keys_whose_rows_its_connection_does_not_keep(
+    store_url: str, lookups: list[Any], turn_lookups: list[list[Any]]
+) -> None:
+    with Mnestoma(store_url) as store:
+        store.record_turn("t1", _turn("a", "b", "wish"))  # created: every key looked up
+        store.record_passing("planner", "1", "c", "1")
+        done = store.record_turn("t2", _turn("a", "c", "d", "a", "wish"))
+        assert turn_lookups == [["a", "b", "wish"], ["d"]]
+        assert [m.uses for m in done] == [3, 2, 1, 3, 2]  # a twice: occurrences 1 and 2
+        # the turn's rows, created or reinforced, kept for the next passing and turn
+        assert store.record_passing("planner", "1", "d", "1").uses == 2
+        assert store.record_proto("planner", "1", "wish").uses == 3
+        assert len(lookups) == 1  # only c's creation
+        store.record_turn("t3", _turn("a", "b", "c", "d"))
+        assert turn_lookups[2:] == []
+        assert {m.dst_executor: m.uses for m in store.edges()} == {
+            "a": 4,
+            "b": 2,
+            "c": 3,
+            "d": 3,
+            "wish": 3,
+        }
+
+
+@pytest.mark.parametrize("engine_name", ["sqlite"])
+def test_a_retried_turn_counts_nothing_again_when_its_rows_are_kept(
+    store_url: str, turn_lookups: list[list[Any]]
+) -> None:
+    with Mnestoma(store_url) as store:
+        first = store.record_turn("t1", _turn("a", "b", "a"))
+        again = store.record_turn("t1", _turn("a", "b", "a", "b"))  # continued: b's 2nd
+        assert turn_lookups == [["a", "b"]]
+        assert [m.uses for m in first] == [2, 1, 2]
+        assert [m.uses for m in again] == [2, 2, 2, 2]
+        assert store.record_turn("t1", _turn("a", "b", "a", "b"))[0].uses == 2
+        assert len(store.events(turn_id="t1")) == 4  # a twice, b twice: each counted once
+
+
+@pytest.mark.parametrize("engine_name", ["sqlite"])
+def test_a_turn_that_gives_documents_makes_the_next_write_look_those_rows_up(
+    store_url: str, turn_lookups: list[list[Any]]
+) -> None:
+    with Mnestoma(store_url) as store:
+        store.record_turn("t1", _turn("a", "b"))
+        store.record_turn("t2", [Passing("planner", "1", "a", "1", tags={"k": 1}), *_turn("b")])
+        done = store.record_turn("t3", _turn("a", "b"))
+        assert turn_lookups == [["a", "b"], ["a"]]
+        assert done[0].tags == {"k": 1} and [m.uses for m in done] == [3, 3]
+
+
+@pytest.mark.parametrize("engine_name", ["sqlite"])
+def test_another_connections_commit_makes_a_turn_look_every_key_up(
+    store_url: str, turn_lookups: list[list[Any]]
+) -> None:
+    with Mnestoma(store_url) as store:
+        store.record_turn("t1", _turn("a", "b"))
+        other = raw(store_url)
+        try:
+            other.execute("UPDATE mnests SET uses = 30")
+        finally:
+            other.close()
+        done = store.record_turn("t2", _turn("a", "b"))
+        assert turn_lookups == [["a", "b"], ["a", "b"]]
+        assert [m.uses for m in done] == [31, 31]
 
 
 @pytest.mark.parametrize("engine_name", ["sqlite"])
@@ -230,17 +322,36 @@ def test_a_connection_keeps_written_rows_kept_at_most(
     assert rules.WRITTEN_ROWS_KEPT == 4096
 
 
+def test_a_turns_rows_are_kept_together_forgotten_by_key_and_bounded(
+    kept_on: tuple[KeptRows, sqlite3.Connection, sqlite3.Connection],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(runner, "WRITTEN_ROWS_KEPT", 3)
+    kept, _, other = kept_on
+    assert kept.look_many("ab") == {}
+    kept.wrote_many({"a": (1,), "b": (2,)}, ())
+    assert kept.look_many("abc") == {"a": (1,), "b": (2,)}
+    kept.wrote_many({"c": (3,)}, ["a"])  # a's row not known here: forgotten
+    assert kept.look_many("abc") == {"b": (2,), "c": (3,)}
+    kept.wrote_many({"d": (4,), "e": (5,)}, ())  # four rows, over three: the others go
+    assert kept.look_many("abcde") == {"d": (4,), "e": (5,)}
+    kept.wrote_many({}, ())
+    other.execute("INSERT INTO t VALUES (1)")
+    assert kept.look_many("de") == {}
+
+
 # --- the same results with or without kept rows -------------------------------------------------
 
 
 @pytest.mark.parametrize("engine_name", ["sqlite"])
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_passings_store_and_return_the_same_with_or_without_kept_rows(
+def test_passings_and_turns_store_and_return_the_same_with_or_without_kept_rows(
     store_url: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch, seed: int
 ) -> None:
-    """Random passings on three edges (outcomes, documents, protos, a clock that moves
-    back and forth by up to a year), with writes of another connection in between: every
-    snapshot and every stored row equal those of a store whose connection keeps nothing."""
+    """Random passings and turns on three edges (outcomes, documents, protos, turns retried,
+    a clock that moves back and forth by up to a year), with writes of another connection
+    in between: every snapshot and every stored row equal those of a store whose
+    connection keeps nothing."""
     plain_url = f"sqlite:///{tmp_path / 'plain.sqlite'}"
     with open(store_url.removeprefix("sqlite:///"), "rb") as src:
         (tmp_path / "plain.sqlite").write_bytes(src.read())
@@ -248,6 +359,7 @@ def test_passings_store_and_return_the_same_with_or_without_kept_rows(
     clock, plain_clock = MovableClock(), MovableClock()
     edges = [EDGE, ("planner", "1", "fetch", "1"), ("planner", "1", "wished", None)]
     got: list[list[Any]] = [[], []]
+    last_turn = "t0"
     real = DriverRunner.kept_rows
     with Mnestoma(store_url, clock=clock) as kept, Mnestoma(plain_url, clock=plain_clock) as plain:
         for _ in range(120):
@@ -255,18 +367,31 @@ def test_passings_store_and_return_the_same_with_or_without_kept_rows(
             kwargs: dict[str, Any] = {"outcome": rng.choice([None, "ok", "error"])}
             if rng.random() < 0.1:
                 kwargs["tags"] = {"n": rng.randrange(5)}
+            tags_of = {"tags": kwargs.get("tags")}
             days = rng.choice([0.0, 0.5, 3.0, -2.0, 365.0, -400.0])
             clock.advance(days)
             plain_clock.advance(days)
+            turn: list[Passing] = []
+            if rng.random() < 0.3:  # a turn of 2-4 passings, now and then one retried
+                turn_id = last_turn if rng.random() < 0.3 else f"t{len(got[0])}"
+                last_turn = turn_id
+                for e in rng.choices(edges, k=rng.randint(2, 4)):
+                    tags = {"t": rng.randrange(3)} if rng.random() < 0.1 else None
+                    if e[3] is None:
+                        turn.append(Passing(*e, dst_exists=False, tags=tags))
+                    else:
+                        outcome = rng.choice([None, "ok", "error"])
+                        turn.append(Passing(*e, tags=tags, outcome=outcome))
             for i, store in enumerate((kept, plain)):
                 monkeypatch.setattr(
                     DriverRunner, "kept_rows", real if i == 0 else lambda self: None
                 )
-                if dv is None:
-                    done = store.record_proto(src, sv, dst, tags=kwargs.get("tags"))
+                if turn:
+                    got[i].extend(map(_without_id, store.record_turn(turn_id, turn)))
+                elif dv is None:
+                    got[i].append(_without_id(store.record_proto(src, sv, dst, **tags_of)))
                 else:
-                    done = store.record_passing(src, sv, dst, dv, **kwargs)
-                got[i].append(_without_id(done))
+                    got[i].append(_without_id(store.record_passing(src, sv, dst, dv, **kwargs)))
             if rng.random() < 0.1:  # another connection's write, on both stores
                 for url in (store_url, plain_url):
                     other = raw(url)
