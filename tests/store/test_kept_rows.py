@@ -348,7 +348,7 @@ def test_a_turns_rows_are_kept_together_forgotten_by_key_and_bounded(
 def test_passings_and_turns_store_and_return_the_same_with_or_without_kept_rows(
     store_url: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch, seed: int
 ) -> None:
-    """Random passings and turns on three edges (outcomes, documents, protos, turns retried,
+    """Random passings and turns on four edges (outcomes, documents, protos, turns retried,
     a clock that moves back and forth by up to a year), with writes of another connection
     in between: every snapshot and every stored row equal those of a store whose
     connection keeps nothing."""
@@ -358,6 +358,7 @@ def test_passings_and_turns_store_and_return_the_same_with_or_without_kept_rows(
     rng = random.Random(seed)
     clock, plain_clock = MovableClock(), MovableClock()
     edges = [EDGE, ("planner", "1", "fetch", "1"), ("planner", "1", "wished", None)]
+    edges.append(("search", "2", "fetch", "1"))  # after EDGE in a turn: a chain
     got: list[list[Any]] = [[], []]
     last_turn = "t0"
     real = DriverRunner.kept_rows
@@ -401,6 +402,23 @@ def test_passings_and_turns_store_and_return_the_same_with_or_without_kept_rows(
                         other.close()
         assert got[0] == got[1]
         assert sorted(map(_without_id, kept.edges())) == sorted(map(_without_id, plain.edges()))
+    assert _chains_and_events(store_url) == _chains_and_events(plain_url)
+
+
+def _chains_and_events(url: str) -> tuple[list[Any], list[Any]]:
+    """The store's chains, and its events by edge key (ids left out)."""
+    conn = raw(url)
+    try:
+        chains = conn.execute("SELECT * FROM mnest_chains ORDER BY 1, 2, 3").fetchall()
+        events = conn.execute(
+            "SELECT m.src_executor, m.dst_executor, m.dst_version, e.kind, e.ts, e.turn_id,"
+            " e.outcome, e.occurrence FROM events e JOIN mnests m ON m.id = e.mnest_id"
+            " ORDER BY e.id"
+        ).fetchall()
+    finally:
+        conn.close()
+    assert chains and events
+    return chains, events
 
 
 def _without_id(m: Any) -> tuple[Any, ...]:
