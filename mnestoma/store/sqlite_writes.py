@@ -2,7 +2,8 @@
 write lock keeps other writers out, so the row is looked up, reinforced and written under
 it, with no race to run again; or, where the connection keeps the row its own last passing
 of the edge wrote (:class:`~mnestoma.schema.runner.KeptRows`), the write is made ready
-before the lock and only run under it. PostgreSQL's steps are in :mod:`~.pg_writes`.
+before the lock and only run under it. And the rows a turn keeps (:func:`keep_turn`).
+PostgreSQL's steps are in :mod:`~.pg_writes`.
 """
 
 from __future__ import annotations
