@@ -977,23 +977,16 @@ class KeptRows:
     def wrote(self, key: Any, row: tuple[Any, ...] | None) -> None:
         """After the write that :meth:`look` began has committed at the driver: ``row`` is
         ``key``'s row as its lookup would read it now (None: not known here)."""
-        version, self._version = self._version, None
-        if version is None:
-            return
-        rows = self._rows
         if row is None:
-            rows.pop(key, None)
+            self.wrote_many({}, (key,))
         else:
-            if len(rows) >= WRITTEN_ROWS_KEPT and key not in rows:
-                rows.clear()
-            rows[key] = row
-        self._stamp = (version, self._dbapi.total_changes)
+            self.wrote_many({key: row}, ())
 
     def wrote_many(self, rows: dict[Any, tuple[Any, ...]], forgotten: Iterable[Any]) -> None:
-        """:meth:`wrote` for a write of several rows (a turn), after the write that
-        :meth:`look_many` began has committed at the driver: ``rows`` by key as their lookups
-        would read them now, and the keys whose rows are not known here (``forgotten``).
-        Over ``WRITTEN_ROWS_KEPT`` rows, the others go."""
+        """After the write that :meth:`look` or :meth:`look_many` began has committed at the
+        driver: ``rows`` by key as their lookups would read them now, and the keys whose
+        rows are not known here (``forgotten``). Over ``WRITTEN_ROWS_KEPT`` rows, the others
+        go."""
         version, self._version = self._version, None
         if version is None:
             return

@@ -347,14 +347,12 @@ class RecordCommands(StoreBase):
             if row is None:
                 new, ev = creation(passings[0], turn_id, now, recorder, 1)
                 new_events = [ev]
-                docs = passings[0].tags is not None or passings[0].desired_sig is not None
                 for k, p in enumerate(passings[1:], 2):
                     again, ev = reinforcement(new, p, turn_id, now, recorder, k)
                     new = reinforced_row(new, again)
                     new_events.append(ev)
-                    docs = docs or p.tags is not None or p.desired_sig is not None
                 creations.append((ident, new, new_events))
-                if docs:
+                if any(map(sq.gives_documents, passings)):
                     documented.append(ident)
                 continue
             as_read, tags, sig = row, False, False

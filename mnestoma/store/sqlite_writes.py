@@ -32,7 +32,7 @@ from mnestoma.store.rows import (
     reinforcement,
 )
 
-__all__ = ["Guess", "guessed", "keep_turn", "record_one_locked"]
+__all__ = ["Guess", "gives_documents", "guessed", "keep_turn", "record_one_locked"]
 
 
 class Guess(NamedTuple):
@@ -47,6 +47,18 @@ class Guess(NamedTuple):
     ready: ReadyWrites | None
 
 
+def gives_documents(p: Passing) -> bool:
+    """Whether ``p`` gives tags or a signature: stored as the driver wrote them, so the row
+    it leaves is not kept, and the edge's next write reads them as stored."""
+    return p.tags is not None or p.desired_sig is not None
+
+
+def _created_as_read(new: MnestRow, stored: Any) -> MnestRow | None:
+    """A row just created, as its lookup would read it: its ``ts_first`` as the driver
+    bound it (``stored``; None: not bound so, and the row is not kept)."""
+    return None if stored is None else new._replace(ts_first=stored)
+
+
 def _kept_reinforced(
     kept: KeptRows,
     ident: Ident,
@@ -58,7 +70,7 @@ def _kept_reinforced(
     """After a reinforcement committed: its row kept for the connection's next passing of
     the edge (where it gave no document: one it gave is stored as the driver wrote it,
     which the next passing looks up), and what builds its snapshot."""
-    if p.tags is None and p.desired_sig is None:
+    if not gives_documents(p):
         after = reinforced_row(row, values)
         kept.wrote(ident, after)
         return functools.partial(late_mnest, after, late)
@@ -144,9 +156,8 @@ def record_one_locked(
             commit=commit,
         )
         if guess is not None:
-            stored = ex.stored_instant(now)  # ts_first as the lookup reads it
-            plain = p.tags is None and p.desired_sig is None and stored is not None
-            guess.kept.wrote(guess.ident, new._replace(ts_first=stored) if plain else None)
+            stored = None if gives_documents(p) else ex.stored_instant(now)
+            guess.kept.wrote(guess.ident, _created_as_read(new, stored))
         return functools.partial(snap.mnest, new)
     if turn_id is not None:
         if found[WIDTH]:  # the flag after the columns: the turn counted it already
@@ -184,10 +195,11 @@ def keep_turn(
         rows = dict(rows)
         stored = ex.stored_instant(now)
         for ident in created:
-            if stored is None:
+            row = _created_as_read(cast(MnestRow, rows[ident]), stored)
+            if row is None:
                 documented.append(ident)
             else:
-                rows[ident] = cast(MnestRow, rows[ident])._replace(ts_first=stored)
+                rows[ident] = row
         for ident in documented:
             rows.pop(ident, None)
     kept.wrote_many(rows, documented)
