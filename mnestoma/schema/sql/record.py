@@ -347,8 +347,8 @@ def pg_passing(proto: bool, turn: bool, creates: bool = True) -> Select[Any] | C
     the row's columns in :data:`~mnestoma.schema.sql.tables.MNEST_COLUMNS` order. Without
     ``creates``, for an edge whose live row the connection has seen (``known_edges`` in
     :mod:`mnestoma.store.pg_writes`): no branch that creates the row, whose plan the
-    server would start at every run (about a tenth of the server's CPU time a passing,
-    measured); where there is no live row it writes nothing and returns no row."""
+    server would start at every run (about a seventh of the statement's time on the
+    server, measured); where there is no live row it writes nothing and returns no row."""
     state = MnestState.PROTO if proto else MnestState.ACTIVE
     now = sqlrules.now_param()
     xmin: ColumnElement[Any] = literal_column("mnests.xmin")
