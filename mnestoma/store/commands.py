@@ -68,10 +68,7 @@ def _one_passing_plans(proto: bool, turn: bool) -> Plans:
             event,
             (rec.INSERT_MNEST_LOCKED, MNEST_COLUMNS),
         ),
-        POSTGRESQL.name: (
-            (rec.pg_passing(proto, turn), ()),
-            (rec.pg_passing(proto, turn, creates=False), ()),
-        ),
+        POSTGRESQL.name: ((rec.pg_passing(proto, turn), ()),),
     }
 
 

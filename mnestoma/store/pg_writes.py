@@ -12,19 +12,19 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any, cast
+from typing import Any
 
 from mnestoma.core.errors import ConflictError, RaceLost, translate_errors
 from mnestoma.core.errors import is_unique_violation as counted_meanwhile
-from mnestoma.core.rules import WRITTEN_ROWS_KEPT, new_mnest_id, outcome_counts
+from mnestoma.core.rules import new_mnest_id, outcome_counts
 from mnestoma.core.validation import Passing
 from mnestoma.schema import snapshots as snap
 from mnestoma.schema.models import Mnest
 from mnestoma.schema.runner import StatementRunner
 from mnestoma.schema.sql import record as rec
-from mnestoma.store.rows import Ident, key_of, sort_key
+from mnestoma.store.rows import Ident, sort_key
 
-__all__ = ["RACE_ROUNDS", "known_edges", "record_one", "record_turn"]
+__all__ = ["RACE_ROUNDS", "record_one", "record_turn"]
 
 # A passing whose INSERT finds its key created by another transaction meanwhile reads that
 # row again and reinforces it: a race round, not a retry of a failed transaction (those are
@@ -49,11 +49,8 @@ def record_one(
     computes and writes the passing and its event, or creates the row; what builds its
     snapshot. ``commit``: the transaction is the passing's own, and the statement commits
     it in the same round trip (a passing with a turn does not: a statement that must run
-    again does so with the row's lock held). An edge whose live row this connection has
-    seen (:func:`known_edges`) first runs the statement without its branch that creates;
-    should no live row be there any more, that one writes nothing, and the whole statement
-    follows."""
-    proto, turn = not p.dst_exists, turn_id is not None
+    again does so with the row's lock held)."""
+    stmt = rec.pg_passing(not p.dst_exists, turn_id is not None)
     ok, error = outcome_counts(p.outcome)
     params.update(
         now=now,
@@ -67,44 +64,15 @@ def record_one(
         outcome=p.outcome,
         occ=occurrence,
     )
-    run = ex.first_committing if commit and not turn else ex.first
-    known = known_edges(ex)
-    ident: Ident = (p.dst_exists, key_of(p))
-    creates = ident not in known
-    rounds = 0
-    while rounds < RACE_ROUNDS:
-        found = run(rec.pg_passing(proto, turn, creates), params)
-        if found is None and not creates:  # no live row now: the statement that creates
-            known.pop(ident, None)
-            creates = True
-            continue
-        rounds += 1
+    run = ex.first_committing if commit and turn_id is None else ex.first
+    for _ in range(RACE_ROUNDS):
+        found = run(stmt, params)
         # Nothing: another transaction created the key meanwhile; "again": another
         # committed a change to the row after this statement's snapshot, so whether the
         # turn counted it is asked again, the row's lock held by now.
         if found is not None and found[0] != rec.PASSED_AGAIN:
-            if creates:
-                if len(known) >= WRITTEN_ROWS_KEPT:
-                    known.clear()
-                known[ident] = None
             return functools.partial(snap.mnest, found[1:])
     raise RaceLost("could not record the passing: the edge kept changing under us")
-
-
-# Where a PostgreSQL connection notes the edges it has seen a live row of (its pool's info).
-_KNOWN_EDGES_INFO = "mnestoma_known_edges"
-
-
-def known_edges(ex: StatementRunner) -> dict[Ident, None]:
-    """The edges whose live row this connection's passings have written or found, by key
-    (at most :data:`~mnestoma.rules.WRITTEN_ROWS_KEPT`, then none and again): a guess, not
-    a cache of rows. A guess gone wrong (the row superseded, demoted or merged since, a
-    creation rolled back) costs one statement that writes nothing."""
-    info = ex.conn.connection.info
-    known = info.get(_KNOWN_EDGES_INFO)
-    if known is None:
-        known = info[_KNOWN_EDGES_INFO] = {}
-    return cast(dict[Ident, None], known)
 
 
 def record_turn(

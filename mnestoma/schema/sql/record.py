@@ -342,13 +342,9 @@ def _param(name: str, column: str, table: Any = M) -> Any:
 
 
 @functools.cache
-def pg_passing(proto: bool, turn: bool, creates: bool = True) -> Select[Any] | CompoundSelect[Any]:
+def pg_passing(proto: bool, turn: bool) -> CompoundSelect[Any]:
     """One passing on PostgreSQL as one statement; its rows: the flag (``PASSED_*``) then
-    the row's columns in :data:`~mnestoma.schema.sql.tables.MNEST_COLUMNS` order. Without
-    ``creates``, for an edge whose live row the connection has seen (``known_edges`` in
-    :mod:`mnestoma.store.pg_writes`): no branch that creates the row, whose plan the
-    server would start at every run (about a seventh of the statement's time on the
-    server, measured); where there is no live row it writes nothing and returns no row."""
+    the row's columns in :data:`~mnestoma.schema.sql.tables.MNEST_COLUMNS` order."""
     state = MnestState.PROTO if proto else MnestState.ACTIVE
     now = sqlrules.now_param()
     xmin: ColumnElement[Any] = literal_column("mnests.xmin")
@@ -393,10 +389,6 @@ def pg_passing(proto: bool, turn: bool, creates: bool = True) -> Select[Any] | C
             select(literal(PASSED_COUNTED), *as_it_is).where(o.counted),
             select(literal(PASSED_AGAIN), *as_it_is).where(~o.counted, ~same),
         ]
-    turn_id = _param("turn_id", "turn_id", E)
-    recorder = _param("recorder", "recorder", E)
-    outcome = _param("outcome", "outcome", E)
-    occ = _param("occ", "occurrence", E)
     upd = (
         update(M)
         .where(*guard)
@@ -414,25 +406,6 @@ def pg_passing(proto: bool, turn: bool, creates: bool = True) -> Select[Any] | C
         .returning(*M.c, o.weight_before)
         .cte("reinforced_row")
     )
-    u = upd.c
-    reinforced_event = tables.EventRow(
-        mnest_id=u.id,
-        kind=literal_column(f"'{EventKind.REINFORCED.value}'", String),
-        ts=u.ts_last,
-        turn_id=turn_id,
-        weight_before=u.weight_before,
-        weight_after=u.weight,
-        state_before=u.state,
-        state_after=u.state,
-        recorder=recorder,
-        outcome=outcome,
-        occurrence=occ,
-    )
-    event_of_reinforced = select(*reinforced_event.select_list()).select_from(upd)
-    reinforced = select(literal(PASSED_REINFORCED), *(u[n] for n in MNEST_COLUMNS))
-    if not creates:
-        events = insert(E).from_select(list(EVENT_ROW), event_of_reinforced).cte("written_events")
-        return (union_all(reinforced, *extra) if extra else reinforced).add_cte(events)
     new_row = {
         "id": _param("new_id", "id"),
         "src_executor": bindparam("s", type_=M.c.src_executor.type),
@@ -463,7 +436,24 @@ def pg_passing(proto: bool, turn: bool, creates: bool = True) -> Select[Any] | C
         .returning(*M.c)
         .cte("created_row")
     )
-    c = created.c
+    u, c = upd.c, created.c
+    turn_id = _param("turn_id", "turn_id", E)
+    recorder = _param("recorder", "recorder", E)
+    outcome = _param("outcome", "outcome", E)
+    occ = _param("occ", "occurrence", E)
+    reinforced_event = tables.EventRow(
+        mnest_id=u.id,
+        kind=literal_column(f"'{EventKind.REINFORCED.value}'", String),
+        ts=u.ts_last,
+        turn_id=turn_id,
+        weight_before=u.weight_before,
+        weight_after=u.weight,
+        state_before=u.state,
+        state_after=u.state,
+        recorder=recorder,
+        outcome=outcome,
+        occurrence=occ,
+    )
     created_event = tables.EventRow(
         mnest_id=c.id,
         kind=literal_column(f"'{EventKind.CREATED.value}'", String),
@@ -480,14 +470,14 @@ def pg_passing(proto: bool, turn: bool, creates: bool = True) -> Select[Any] | C
         .from_select(
             list(EVENT_ROW),
             union_all(
-                event_of_reinforced,
+                select(*reinforced_event.select_list()).select_from(upd),
                 select(*created_event.select_list()).select_from(created),
             ),
         )
         .cte("written_events")
     )
     rows = union_all(
-        reinforced,
+        select(literal(PASSED_REINFORCED), *(u[n] for n in MNEST_COLUMNS)),
         select(literal(PASSED_CREATED), *(c[n] for n in MNEST_COLUMNS)),
         *extra,
     )
