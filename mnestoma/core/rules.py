@@ -237,10 +237,8 @@ WRITE_LOCK_FIRST_PAUSE_S = 0.001
 WRITE_LOCK_POLL_S = 0.010
 # SQLite: the rows a connection's own passings last wrote, kept by edge key while nothing
 # else writes to the store, so that its next passing of that edge needs no lookup under the
-# write lock (schema.runner.KeptRows); PostgreSQL: the edges whose live row a connection's
-# passings wrote or found, whose next passing runs without the branch that creates
-# (store.pg_writes.known_edges). At most this many a connection (then none, and the next
-# passings keep theirs again).
+# write lock (schema.runner.KeptRows); at most this many a connection (then none, and the
+# next passings keep theirs again).
 WRITTEN_ROWS_KEPT = 4096
 # SQLite: a pause (seconds) in which writers waiting for the write lock take it: the ager
 # now and then, or between every two batches when it cannot see waiting writers (see
