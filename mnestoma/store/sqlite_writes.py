@@ -191,15 +191,16 @@ def keep_turn(
     driver bound it). The edges to which the turn gave a document (``documented``) keep
     nothing: their next write reads the documents as stored."""
     rows = cast(dict[Ident, tuple[Any, ...]], after)
-    if created or documented:
+    forgotten = list(documented)  # the caller's list left as it is
+    if created or forgotten:
         rows = dict(rows)
         stored = ex.stored_instant(now)
         for ident in created:
             row = _created_as_read(cast(MnestRow, rows[ident]), stored)
             if row is None:
-                documented.append(ident)
+                forgotten.append(ident)
             else:
                 rows[ident] = row
-        for ident in documented:
+        for ident in forgotten:
             rows.pop(ident, None)
-    kept.wrote_many(rows, documented)
+    kept.wrote_many(rows, forgotten)
