@@ -44,6 +44,15 @@ def raw(store_url: str) -> sqlite3.Connection:
     return sqlite3.connect(store_url.removeprefix("sqlite:///"), isolation_level=None)
 
 
+def write_elsewhere(store_url: str, sql: str) -> None:
+    """``sql`` committed by another connection to the store's file."""
+    other = raw(store_url)
+    try:
+        other.execute(sql)
+    finally:
+        other.close()
+
+
 @pytest.mark.parametrize("engine_name", ["sqlite"])
 def test_a_connections_next_passing_of_an_edge_skips_the_lookup_while_nothing_else_wrote(
     store_url: str, lookups: list[Any]
@@ -65,11 +74,7 @@ def test_a_commit_of_another_connection_makes_the_next_passing_look_the_row_up(
     with Mnestoma(store_url) as store:
         store.record_passing(*EDGE)
         store.record_passing(*EDGE)
-        other = raw(store_url)
-        try:
-            other.execute("UPDATE mnests SET weight = 0.9, uses = 40")
-        finally:
-            other.close()
+        write_elsewhere(store_url, "UPDATE mnests SET weight = 0.9, uses = 40")
         before = len(lookups)
         done = store.record_passing(*EDGE)
         assert len(lookups) == before + 1
@@ -217,11 +222,7 @@ def test_another_connections_commit_makes_a_turn_look_every_key_up(
 ) -> None:
     with Mnestoma(store_url) as store:
         store.record_turn("t1", _turn("a", "b"))
-        other = raw(store_url)
-        try:
-            other.execute("UPDATE mnests SET uses = 30")
-        finally:
-            other.close()
+        write_elsewhere(store_url, "UPDATE mnests SET uses = 30")
         done = store.record_turn("t2", _turn("a", "b"))
         assert turn_lookups == [["a", "b"], ["a", "b"]]
         assert [m.uses for m in done] == [31, 31]
@@ -395,11 +396,7 @@ def test_passings_and_turns_store_and_return_the_same_with_or_without_kept_rows(
                     got[i].append(_without_id(store.record_passing(src, sv, dst, dv, **kwargs)))
             if rng.random() < 0.1:  # another connection's write, on both stores
                 for url in (store_url, plain_url):
-                    other = raw(url)
-                    try:
-                        other.execute("UPDATE mnests SET weight = weight / 2")
-                    finally:
-                        other.close()
+                    write_elsewhere(url, "UPDATE mnests SET weight = weight / 2")
         assert got[0] == got[1]
         assert sorted(map(_without_id, kept.edges())) == sorted(map(_without_id, plain.edges()))
     assert _chains_and_events(store_url) == _chains_and_events(plain_url)
