@@ -267,6 +267,11 @@ def test_each_engines_error_codes_are_read_from_its_home() -> None:
             assert isinstance(err, DatabaseUnavailable)
     for state in POSTGRESQL.codes.retryable_sqlstates:
         assert errors.is_retryable(_wrapped("conflict", state))
+        # a deadlock or serialization failure (not an IntegrityError) is a ConflictError too
+        conflict = errors.translate(_wrapped("conflict", state))
+        assert type(conflict) is ConflictError
+        assert conflict.args[0] == f"{errors.TRANSIENT_CONFLICT}: conflict"
+    assert type(errors.translate(_wrapped("syntax error", "42601"))) is errors.StoreError
     assert errors.is_lock_not_available(_wrapped("timeout", errors.LOCK_NOT_AVAILABLE))
     assert not errors.is_retryable(_wrapped("syntax error", "42601"))
 
