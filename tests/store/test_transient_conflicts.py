@@ -5,6 +5,7 @@ serialization failure too (they were a plain ``StoreError``)."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Iterator
 
@@ -13,6 +14,7 @@ from conftest import package_engine
 from sqlalchemy import Engine, text
 
 from mnestoma import MnestRepository, UnitOfWork, make_session_factory
+from mnestoma.aio import AsyncUnitOfWork, make_async_engine, make_async_session_factory
 from mnestoma.core.errors import (
     TRANSIENT_CONFLICT,
     ConflictError,
@@ -133,3 +135,36 @@ def test_a_serializable_unit_whose_row_changed_since_its_snapshot_gets_conflict_
             uow.mnests.record_passing(*FIRST)
             uow.commit()
         assert _uses(plain) == {"plan": 3}
+
+
+def test_an_async_unit_whose_row_changed_since_its_snapshot_gets_conflict_error_too(
+    pg_store_url: str, clock: MovableClock
+) -> None:
+    """The async door translates the same way: a SERIALIZABLE async unit's serialization
+    failure is a ConflictError, nothing of the unit kept."""
+    with package_engine(pg_store_url) as plain:
+        with UnitOfWork(make_session_factory(plain), clock=clock) as uow:
+            uow.mnests.record_passing(*FIRST)
+            uow.commit()
+
+        async def serializable_unit() -> None:
+            engine = make_async_engine(pg_store_url)
+            try:
+                serializable = engine.execution_options(isolation_level="SERIALIZABLE")
+                async with make_async_session_factory(serializable)() as session:
+                    await session.execute(text("SELECT count(*) FROM mnests"))  # the snapshot
+                    with UnitOfWork(make_session_factory(plain), clock=clock) as other:
+                        other.mnests.record_passing(*FIRST)
+                        other.commit()
+                    async with AsyncUnitOfWork.joining(session, clock=clock) as unit:
+                        await unit.mnests.record_passing(*FIRST)
+                        await unit.commit()
+                    await session.commit()
+            finally:
+                await engine.dispose()
+
+        with pytest.raises(MnestomaError) as raised:
+            asyncio.run(serializable_unit())
+        assert type(raised.value) is ConflictError
+        assert str(raised.value).startswith(TRANSIENT_CONFLICT) and is_retryable(raised.value)
+        assert _uses(plain) == {"plan": 2}
