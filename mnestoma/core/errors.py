@@ -49,7 +49,9 @@ class NotFound(MnestomaError, LookupError):
 
 
 class ConflictError(MnestomaError):
-    """The change would give a second row the key another row already holds."""
+    """The write collided with another: it would give a second row the key another row
+    already holds, or another transaction held or changed what it needed (a lock, a
+    deadlock, a serialization failure: run it again)."""
 
 
 class ReadOnlyError(MnestomaError):
