@@ -159,8 +159,8 @@ def translate(err: sa_exc.SQLAlchemyError) -> MnestomaError:
         if codes.busy_messages and any(m in low for m in codes.busy_messages):
             return ConflictError(codes.busy_explanation)
     if getattr(err.orig, "sqlstate", None) in _RETRYABLE:
-        # a deadlock or a serialization failure: the server rolled the transaction back,
-        # and the same work run again normally succeeds, as after SQLite's busy above
+        # a deadlock or a serialization failure: the server aborted the transaction, and
+        # the same work run again normally succeeds, as after SQLite's busy above
         return ConflictError(f"{TRANSIENT_CONFLICT}: {msg}")
     if err.connection_invalidated or _looks_unreachable(msg):
         return DatabaseUnavailable(f"database unavailable: {msg}")
@@ -223,7 +223,7 @@ def register_driver_codes(codes: DriverCodes) -> None:
 # What the ConflictError of a transient conflict with another transaction (a deadlock, a
 # serialization failure) says before the driver's words.
 TRANSIENT_CONFLICT = (
-    "another transaction conflicted with this one, which was rolled back: run it again"
+    "another transaction conflicted with this one, which the database aborted: run it again"
 )
 # PostgreSQL's lock_not_available: a lock_timeout ran out.
 LOCK_NOT_AVAILABLE = "55P03"
