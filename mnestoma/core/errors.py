@@ -12,6 +12,7 @@ from mnestoma.core.redaction import redact_text, scrub_exception
 
 __all__ = [
     "LOCK_NOT_AVAILABLE",
+    "TRANSIENT_CONFLICT",
     "ConflictError",
     "CopyVerificationError",
     "DatabaseUnavailable",
