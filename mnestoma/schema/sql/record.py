@@ -418,7 +418,7 @@ def pg_passing(proto: bool, turn: bool) -> CompoundSelect[Any]:
         "ts_last": now,
         "ts_weight": now,
         "decay_lambda": literal(DEFAULT_DECAY_LAMBDA, Float),
-        "state": literal_column(f"'{state.value}'", String),
+        "state": _text(state.value),
         "tags": _param("tags", "tags"),
         "desired_sig": _param("desired_sig", "desired_sig"),
         "ok_count": bindparam("ok", type_=Integer),
@@ -437,33 +437,30 @@ def pg_passing(proto: bool, turn: bool) -> CompoundSelect[Any]:
         .cte("created_row")
     )
     u, c = upd.c, created.c
-    turn_id = _param("turn_id", "turn_id", E)
-    recorder = _param("recorder", "recorder", E)
-    outcome = _param("outcome", "outcome", E)
-    occ = _param("occ", "occurrence", E)
+    # What both events take from the call: its turn, recorder, outcome and occurrence.
+    called = {
+        "turn_id": _param("turn_id", "turn_id", E),
+        "recorder": _param("recorder", "recorder", E),
+        "outcome": _param("outcome", "outcome", E),
+        "occurrence": _param("occ", "occurrence", E),
+    }
     reinforced_event = tables.EventRow(
         mnest_id=u.id,
-        kind=literal_column(f"'{EventKind.REINFORCED.value}'", String),
+        kind=_text(EventKind.REINFORCED.value),
         ts=u.ts_last,
-        turn_id=turn_id,
         weight_before=u.weight_before,
         weight_after=u.weight,
         state_before=u.state,
         state_after=u.state,
-        recorder=recorder,
-        outcome=outcome,
-        occurrence=occ,
+        **called,
     )
     created_event = tables.EventRow(
         mnest_id=c.id,
-        kind=literal_column(f"'{EventKind.CREATED.value}'", String),
+        kind=_text(EventKind.CREATED.value),
         ts=c.ts_first,
-        turn_id=turn_id,
         weight_after=c.weight,
         state_after=c.state,
-        recorder=recorder,
-        outcome=outcome,
-        occurrence=occ,
+        **called,
     )
     events = (
         insert(E)
